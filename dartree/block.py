@@ -1,0 +1,114 @@
+"""What a drafter hands to a tree builder, and the correction-head protocol.
+
+A drafter runs once per round and returns a :class:`DraftBlock`: base (marginal) logits for each
+of the next ``gamma`` positions, optional hidden representations, and the root token.  A
+:class:`CorrectionHead` re-scores candidate tokens given the tokens drafted before them on their
+own branch (path-conditioned correction, as in Domino and DSpark).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+from torch import Tensor
+
+__all__ = ["DraftBlock", "CorrectionHead", "check_finite"]
+
+
+def check_finite(name: str, x: Tensor) -> None:
+    """Raise ``ValueError`` if ``x`` holds NaN or +-inf.
+
+    This is a host-device synchronisation (one ``.item()``); callers run it once per round, on
+    purpose, so that a NaN from a drafter is reported instead of silently building a garbage tree.
+    """
+    if not bool(torch.isfinite(x).all()):
+        raise ValueError(f"{name}: must be finite (found NaN or inf)")
+
+
+@dataclass(frozen=True)
+class DraftBlock:
+    """Drafter output for one round.
+
+    Shape:
+        logits: float ``[b, gamma, V]`` base logits of draft positions 1..gamma.
+        hidden: float ``[b, gamma, H]`` or ``None``; the shared representations ``H_d``.
+        root:   int64 ``[b]`` the last committed token (the tree's root, not yet in the target's cache).
+
+    Construction checks ranks, dtypes, batch sizes and devices (no host-device sync).  Finiteness
+    of the logits is checked by the builders (:func:`check_finite`).
+    """
+
+    logits: Tensor
+    root: Tensor
+    hidden: Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.logits, Tensor) or self.logits.dim() != 3:
+            raise ValueError("logits: expected a float tensor of shape [b, gamma, V]")
+        if not self.logits.is_floating_point():
+            raise ValueError(f"logits: expected a floating dtype, got {self.logits.dtype}")
+        b, gamma, vocab = self.logits.shape
+        if b < 1 or gamma < 1 or vocab < 1:
+            raise ValueError(f"logits: every dimension must be >= 1, got shape {tuple(self.logits.shape)}")
+        if not isinstance(self.root, Tensor) or self.root.dtype != torch.int64 or self.root.shape != (b,):
+            got = (
+                f"{self.root.dtype} {tuple(self.root.shape)}" if isinstance(self.root, Tensor) else type(self.root)
+            )
+            raise ValueError(f"root: expected int64 tensor of shape [{b}] (batch of logits), got {got}")
+        if self.root.device != self.logits.device:
+            raise ValueError(f"root: on {self.root.device}, but logits are on {self.logits.device}")
+        if self.hidden is not None:
+            h = self.hidden
+            if not isinstance(h, Tensor) or h.dim() != 3 or h.shape[:2] != (b, gamma):
+                got = tuple(h.shape) if isinstance(h, Tensor) else type(h)
+                raise ValueError(f"hidden: expected shape [{b}, {gamma}, H] to match logits, got {got}")
+            if not h.is_floating_point():
+                raise ValueError(f"hidden: expected a floating dtype, got {h.dtype}")
+            if h.device != self.logits.device:
+                raise ValueError(f"hidden: on {h.device}, but logits are on {self.logits.device}")
+
+    @property
+    def batch_size(self) -> int:
+        return self.logits.shape[0]
+
+    @property
+    def gamma(self) -> int:
+        return self.logits.shape[1]
+
+    @property
+    def vocab_size(self) -> int:
+        return self.logits.shape[2]
+
+    @property
+    def device(self) -> torch.device:
+        return self.logits.device
+
+    def rows(self, index: int | slice | Tensor) -> DraftBlock:
+        """The block restricted to some rows of the batch (``index`` as in tensor indexing)."""
+        if isinstance(index, int):
+            index = slice(index, index + 1)
+        hidden = None if self.hidden is None else self.hidden[index]
+        return DraftBlock(logits=self.logits[index], root=self.root[index], hidden=hidden)
+
+
+@runtime_checkable
+class CorrectionHead(Protocol):
+    """Path-conditioned re-scoring of draft candidates.  ``depth`` is 1-based.
+
+    Shape:
+        initial_state -> ``[b, S]`` the state at the root.
+        logits:  states ``[b, m, S]`` (m branches at depth-1), candidates int64 ``[b, K]`` (the set
+                 ``C_depth``) -> corrected logits ``[b, m, K]`` of the K candidates on each branch.
+        advance: states ``[b, m, S]``, tokens int64 ``[b, m]`` appended at ``depth`` -> ``[b, m, S]``.
+
+    ``b`` is the batch of ``block``; builders may pass a sub-block (``block.rows(...)``) with the
+    matching states, so a head must index the block by the batch it is given, never cache by row.
+    """
+
+    def initial_state(self, block: DraftBlock) -> Tensor: ...
+
+    def logits(self, block: DraftBlock, depth: int, states: Tensor, candidates: Tensor) -> Tensor: ...
+
+    def advance(self, block: DraftBlock, depth: int, states: Tensor, tokens: Tensor) -> Tensor: ...
