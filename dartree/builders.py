@@ -1,0 +1,219 @@
+"""The TreeBuilder facade: validated configs, the registry name -> (ref, fast), ``make_builder``.
+
+    builder = make_builder("dartree-pruned", backend="ref", budget=64, width=12, topk=64, beta=-0.2)
+    tree = builder.build(block, head)
+
+Backend dispatch happens here and nowhere else.  Researchers add a strategy with
+:func:`register_builder`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from dartree.block import CorrectionHead, DraftBlock, check_finite
+from dartree.scoring import NORMALIZE_CHOICES, Normalize
+from dartree.tree import DraftTree
+
+__all__ = ["ChainConfig", "TreeConfig", "PrunedConfig", "BuilderSpec", "TreeBuilder", "BUILDERS", "BACKENDS",
+           "make_builder", "register_builder", "builder_spec"]
+
+BACKENDS: tuple[str, ...] = ("ref", "fast")
+
+
+def _check_int(name: str, value: Any, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name}: must be an integer >= {low}, got {value!r}")
+
+
+def _check_normalize(value: Any) -> None:
+    if value not in NORMALIZE_CHOICES:
+        raise ValueError(f"normalize: must be one of {NORMALIZE_CHOICES}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ChainConfig:
+    """Chains (``chain``, ``corrected-chain``): one node per depth, gamma draft nodes.
+
+    topk: candidates per depth (``1 <= topk <= V``); the chain picks the best of them.
+    normalize: ``"vocab"`` or ``"candidates"`` (what log q is normalised over; see dartree.scoring).
+    """
+
+    topk: int = 1
+    normalize: Normalize = "vocab"
+
+    def __post_init__(self) -> None:
+        _check_int("topk", self.topk, 1)
+        _check_normalize(self.normalize)
+
+
+@dataclass(frozen=True)
+class TreeConfig:
+    """Budgeted trees (``ddtree``, ``corrected-chain-ddtree``, ``sequential-heap``, ``dartree-fixed``).
+
+    budget: draft nodes (root excluded), ``>= 1``; a tree is smaller only if the candidate trie is.
+    topk: candidates per depth, ``1 <= topk <= V``.
+    normalize: ``"vocab"`` or ``"candidates"``.
+    """
+
+    budget: int = 64
+    topk: int = 64
+    normalize: Normalize = "vocab"
+
+    def __post_init__(self) -> None:
+        _check_int("budget", self.budget, 1)
+        _check_int("topk", self.topk, 1)
+        _check_normalize(self.normalize)
+
+
+@dataclass(frozen=True)
+class PrunedConfig:
+    """``dartree-pruned``: a supertree of ``width`` nodes per depth, then the global top-``budget``.
+
+    beta: depth bonus added to every node's score, ``<= 0`` (prefix closure needs it; see Lemma 1).
+    """
+
+    budget: int = 64
+    width: int = 12
+    topk: int = 64
+    beta: float = -0.2
+    normalize: Normalize = "candidates"
+
+    def __post_init__(self) -> None:
+        _check_int("budget", self.budget, 1)
+        _check_int("width", self.width, 1)
+        _check_int("topk", self.topk, 1)
+        _check_normalize(self.normalize)
+        if isinstance(self.beta, bool) or not isinstance(self.beta, int | float) or not self.beta <= 0:
+            raise ValueError(f"beta: must be a finite number <= 0 (a positive depth bonus breaks prefix "
+                             f"closure), got {self.beta!r}")
+        if self.beta != self.beta or self.beta == float("-inf"):
+            raise ValueError(f"beta: must be a finite number <= 0, got {self.beta!r}")
+
+
+BuildFn = Callable[[DraftBlock, "CorrectionHead | None", Any], DraftTree]
+
+
+@dataclass(frozen=True)
+class BuilderSpec:
+    """A registry entry: how to configure a strategy and the functions of each backend."""
+
+    name: str
+    config_cls: type
+    needs_head: bool
+    ref: BuildFn
+    fast: BuildFn | None = None
+    defaults: tuple[tuple[str, Any], ...] = ()
+    description: str = ""
+
+
+_REGISTRY: dict[str, BuilderSpec] = {}
+
+
+def register_builder(spec: BuilderSpec) -> None:
+    """Add (or replace) a strategy in the registry."""
+    _REGISTRY[spec.name] = spec
+
+
+def builder_spec(name: str) -> BuilderSpec:
+    if name not in _REGISTRY:
+        raise ValueError(f"name: unknown builder {name!r}; registered: {sorted(_REGISTRY)}")
+    return _REGISTRY[name]
+
+
+class TreeBuilder:
+    """A configured tree-construction strategy on one backend.  Call :meth:`build` once per round."""
+
+    def __init__(self, spec: BuilderSpec, backend: str, config: Any) -> None:
+        self.spec = spec
+        self.backend = backend
+        self.config = config
+        fn = spec.ref if backend == "ref" else spec.fast
+        assert fn is not None
+        self._fn = fn
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def needs_head(self) -> bool:
+        return self.spec.needs_head
+
+    def __repr__(self) -> str:
+        return f"TreeBuilder({self.name!r}, backend={self.backend!r}, {self.config})"
+
+    def build(self, block: DraftBlock, head: CorrectionHead | None = None) -> DraftTree:
+        """Build one draft tree per row of ``block``.
+
+        Shape:
+            block.logits ``[b, gamma, V]`` -> DraftTree with ``b`` rows.
+        """
+        if not isinstance(block, DraftBlock):
+            raise ValueError(f"block: expected a DraftBlock, got {type(block).__name__}")
+        if self.needs_head and head is None:
+            raise ValueError(f"head: builder {self.name!r} needs a CorrectionHead, got None")
+        if not self.needs_head and head is not None:
+            raise ValueError(f"head: builder {self.name!r} uses no correction head; pass head=None")
+        topk = self.config.topk
+        if topk > block.vocab_size:
+            raise ValueError(f"topk: {topk} is outside the allowed range 1..V={block.vocab_size} (the block's vocabulary)")
+        check_finite("block.logits", block.logits)  # one sync per round, on purpose (see check_finite)
+        return self._fn(block, head, self.config)
+
+
+def make_builder(name: str, backend: str = "ref", **config: Any) -> TreeBuilder:
+    """A :class:`TreeBuilder` for registry entry ``name`` on ``backend`` (``"ref"`` or ``"fast"``).
+
+    ``config`` holds the fields of the entry's config dataclass; unknown fields are an error.
+    """
+    spec = builder_spec(name)
+    if backend not in BACKENDS:
+        raise ValueError(f"backend: must be one of {BACKENDS}, got {backend!r}")
+    if backend == "fast" and spec.fast is None:
+        raise ValueError(f"backend: 'fast' is not available for builder {name!r}; use backend='ref'")
+    fields = {f.name for f in dataclasses.fields(spec.config_cls)}
+    unknown = sorted(set(config) - fields)
+    if unknown:
+        raise ValueError(f"{unknown[0]}: not a field of builder {name!r}; allowed fields: {sorted(fields)}")
+    return TreeBuilder(spec, backend, spec.config_cls(**{**dict(spec.defaults), **config}))
+
+
+def _register_defaults() -> None:
+    from dartree.ref import builders as ref
+
+    # The fast backend is registered when its module exists; an import error inside it is a bug
+    # and propagates.
+    fast = importlib.import_module("dartree.fast.builders") if importlib.util.find_spec(
+        "dartree.fast.builders") is not None else None
+
+    def fast_fn(attr: str) -> BuildFn | None:
+        return getattr(fast, attr, None) if fast is not None else None
+
+    corrected = (("topk", 64), ("normalize", "candidates"))
+    table = [
+        ("chain", ChainConfig, False, "chain", (), "argmax of the base logits at every depth (DFlash)"),
+        ("ddtree", TreeConfig, False, "ddtree", (), "best-first heap over base marginals, top-B prefixes (DDTree)"),
+        ("corrected-chain", ChainConfig, True, "corrected_chain", corrected,
+         "greedy chain re-scored by the head along its own path (Domino)"),
+        ("corrected-chain-ddtree", TreeConfig, True, "corrected_chain_ddtree", corrected[1:],
+         "head along the corrected chain; DDTree heap over those per-depth distributions"),
+        ("sequential-heap", TreeConfig, True, "sequential_heap", corrected[1:],
+         "exact best-first under corrected scores, one head call per popped node"),
+        ("dartree-fixed", TreeConfig, True, "dartree_fixed", corrected[1:],
+         "depth-wise batched expansion, quota per depth from the budget, no pruning (DARTree fixed)"),
+        ("dartree-pruned", PrunedConfig, True, "dartree_pruned", (),
+         "depth-wise supertree of width W, then one global top-B by s_beta (DARTree pruned)"),
+    ]
+    for name, cls, needs_head, attr, defaults, text in table:
+        register_builder(BuilderSpec(name=name, config_cls=cls, needs_head=needs_head, ref=getattr(ref, attr),
+                                     fast=fast_fn(attr), defaults=defaults, description=text))
+
+
+_register_defaults()
+BUILDERS: tuple[str, ...] = tuple(_REGISTRY)

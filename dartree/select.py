@@ -1,0 +1,64 @@
+"""Selection on a materialised prefix tree: best-first (max-heap) and global top-B.
+
+Lemma 1 of the paper: on any prefix tree whose scores never increase along a path, best-first
+search with a max-heap pops exactly the global top-B set under the total order, and that set is
+prefix-closed.  These two functions let the lemma be tested on its own, on any ``DraftTree``.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import torch
+from torch import Tensor
+
+from dartree.tree import DraftTree, rank_path_key
+
+__all__ = ["best_first_select", "top_b_select"]
+
+
+def _check_budget(budget: int) -> None:
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
+        raise ValueError(f"budget: must be an integer >= 0, got {budget!r}")
+
+
+def top_b_select(tree: DraftTree, budget: int) -> Tensor:
+    """bool ``[b, n]``: the root plus the ``budget`` best draft nodes of each row in the total order.
+
+    The result need not be prefix-closed when scores can increase along a path (beta > 0).
+    """
+    _check_budget(budget)
+    keep = torch.zeros(tree.tokens.shape, dtype=torch.bool)
+    for r in range(tree.batch_size):
+        scores = tree.scores[r].tolist()
+        paths = tree.rank_paths(r)
+        order = sorted(range(1, len(paths)), key=lambda i: rank_path_key(scores[i], paths[i]))
+        keep[r, [0] + order[:budget]] = True
+    return keep.to(tree.device)
+
+
+def best_first_select(tree: DraftTree, budget: int) -> Tensor:
+    """bool ``[b, n]``: the root plus the first ``budget`` nodes popped by best-first search.
+
+    Start from the root; pop the best node of the heap in the total order, push its children.
+    """
+    _check_budget(budget)
+    keep = torch.zeros(tree.tokens.shape, dtype=torch.bool)
+    for r in range(tree.batch_size):
+        scores = tree.scores[r].tolist()
+        paths = tree.rank_paths(r)
+        kids: dict[int, list[int]] = {}
+        for i, p in enumerate(tree.parents[r, : len(paths)].tolist()):
+            if i > 0:
+                kids.setdefault(p, []).append(i)
+        heap = [(rank_path_key(scores[i], paths[i]), i) for i in kids.get(0, [])]
+        heapq.heapify(heap)
+        keep[r, 0] = True
+        taken = 0
+        while heap and taken < budget:
+            _, i = heapq.heappop(heap)
+            keep[r, i] = True
+            taken += 1
+            for c in kids.get(i, []):
+                heapq.heappush(heap, (rank_path_key(scores[c], paths[c]), c))
+    return keep.to(tree.device)

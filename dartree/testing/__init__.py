@@ -1,0 +1,5 @@
+"""Test utilities for users checking their own drafters, heads and builders the way our tests do."""
+
+from dartree.testing.heads import IdentityHead, PathHashHead
+
+__all__ = ["IdentityHead", "PathHashHead"]

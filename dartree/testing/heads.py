@@ -1,0 +1,64 @@
+"""Cheap deterministic correction heads for tests and for users checking their own builders.
+
+Both use only element-wise float32 arithmetic, so their outputs are bit-identical whether a
+builder calls them for one branch, for many branches, or for many rows at once.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from dartree.block import DraftBlock
+
+__all__ = ["IdentityHead", "PathHashHead"]
+
+
+def _base_candidate_logits(block: DraftBlock, depth: int, candidates: Tensor, m: int) -> Tensor:
+    """float32 ``[b, m, K]``: the block's base logits of ``candidates`` at ``depth``."""
+    base = torch.gather(block.logits[:, depth - 1].float(), 1, candidates)  # [b, K]
+    return base[:, None, :].expand(-1, m, -1)
+
+
+class IdentityHead:
+    """Returns the base logits unchanged: corrected builders then equal their uncorrected twins.
+
+    State: float32 ``[b, 1]`` of zeros (no information).
+    """
+
+    def initial_state(self, block: DraftBlock) -> Tensor:
+        return torch.zeros(block.batch_size, 1, device=block.device)
+
+    def logits(self, block: DraftBlock, depth: int, states: Tensor, candidates: Tensor) -> Tensor:
+        return _base_candidate_logits(block, depth, candidates, states.shape[1])
+
+    def advance(self, block: DraftBlock, depth: int, states: Tensor, tokens: Tensor) -> Tensor:
+        return torch.zeros(*tokens.shape, 1, device=block.device)
+
+
+class PathHashHead:
+    """A head whose correction depends on every token of the branch (through a rolling hash).
+
+    State: float32 ``[b, 2]`` = (rolling hash of the branch's tokens mod 1009, last token).
+    Corrected logit of candidate c at depth d = base logit + strength * cos(0.7 h + 1.3 c + 0.37 d + 0.11 last).
+    All values stay integers below 2**24 before the cosine, so float32 holds them exactly.
+    """
+
+    def __init__(self, strength: float = 2.0) -> None:
+        self.strength = float(strength)
+
+    def initial_state(self, block: DraftBlock) -> Tensor:
+        root = block.root.float()
+        return torch.stack([torch.remainder(root, 1009.0), root], dim=-1)
+
+    def logits(self, block: DraftBlock, depth: int, states: Tensor, candidates: Tensor) -> Tensor:
+        m = states.shape[1]
+        base = _base_candidate_logits(block, depth, candidates, m)
+        h, last = states[..., 0:1], states[..., 1:2]  # [b, m, 1]
+        phase = 0.7 * h + 1.3 * candidates[:, None, :].float() + 0.37 * depth + 0.11 * last
+        return base + self.strength * torch.cos(phase)
+
+    def advance(self, block: DraftBlock, depth: int, states: Tensor, tokens: Tensor) -> Tensor:
+        tok = tokens.float()
+        h = torch.remainder(states[..., 0] * 31.0 + tok, 1009.0)
+        return torch.stack([h, tok], dim=-1)
