@@ -162,7 +162,7 @@ class TreeBuilder:
             raise ValueError(f"head: builder {self.name!r} uses no correction head; pass head=None")
         topk = self.config.topk
         if topk > block.vocab_size:
-            raise ValueError(f"topk: {topk} is outside the allowed range 1..V={block.vocab_size} (the block's vocabulary)")
+            raise ValueError(f"topk: {topk} is outside the allowed range 1..V={block.vocab_size} (block vocabulary)")
         check_finite("block.logits", block.logits)  # one sync per round, on purpose (see check_finite)
         return self._fn(block, head, self.config)
 
