@@ -1,0 +1,242 @@
+"""HFTarget: any Hugging Face causal LM as a speculative-decoding target.
+
+The wrapper owns the target's KV cache and keeps one invariant between calls: the cache holds the
+committed tokens *except the last one* (the root of the next tree, which is scored by the next
+forward).  A round is
+
+    inputs = target.tree_inputs(tree)        # ids, positions, mask for the current cache
+    out = target.forward_tree(inputs)        # appends the n tree slots to the cache (pending)
+    ...verify...
+    target.commit(result.accepted, count)    # keep prefix + root + count-1 accepted nodes
+
+and ``extend`` appends tokens with ordinary causal attention (prefill and the AR baseline).
+
+Hidden states of ``layer_ids`` (0-based decoder layers; layer i is HF's ``hidden_states[i + 1]``,
+which for the last layer is the final-normed state) are returned with every forward, concatenated
+along the feature axis in ``layer_ids`` order: drafters condition on them.
+
+Supported attention implementations: ``eager`` (additive float tree mask) and ``sdpa`` (bool).
+Caches: ``"dynamic"`` (``DynamicCache``) or ``"static"`` (``StaticCache`` of ``max_cache_len``).
+Batched forwards are supported with one shared prefix length (rows of equal length).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+from transformers.cache_utils import Cache, DynamicCache, StaticCache
+
+from dartree.tree import DraftTree
+from dartree.verify.cache import gather_cache, keep_indices
+from dartree.verify.inputs import ATTENTION_IMPLEMENTATIONS, TreeInputs, tree_inputs
+
+__all__ = ["HFTarget", "TargetOutput", "CACHE_KINDS"]
+
+CACHE_KINDS = ("dynamic", "static")
+
+
+@dataclass(frozen=True)
+class TargetOutput:
+    """Target logits (and captured hidden states) at the positions of one forward.
+
+    Shape:
+        logits: float ``[b, m, V]`` next-token logits at each of the m positions.
+        hidden: float ``[b, m, len(layer_ids) * H]`` or ``None`` when ``layer_ids`` is empty.
+    """
+
+    logits: Tensor
+    hidden: Tensor | None
+
+
+class HFTarget:
+    """Prefill, tree forward, commit and hidden-state capture around a HF causal LM.
+
+    Args:
+        model: a ``transformers`` causal LM (``*ForCausalLM``) whose ``config._attn_implementation``
+            is ``"eager"`` or ``"sdpa"``.  Put it in eval mode and on its device yourself.
+        layer_ids: decoder layers whose hidden states are captured (0-based, in ``[0, num_layers)``).
+        cache: ``"dynamic"`` or ``"static"``.
+        max_cache_len: capacity of a static cache (default: ``config.max_position_embeddings``).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        layer_ids: tuple[int, ...] | list[int] = (),
+        cache: str = "dynamic",
+        max_cache_len: int | None = None,
+    ) -> None:
+        config = getattr(model, "config", None)
+        if not isinstance(model, nn.Module) or config is None:
+            raise ValueError(f"model: expected a transformers causal LM module, got {type(model).__name__}")
+        impl = getattr(config, "_attn_implementation", None)
+        if impl not in ATTENTION_IMPLEMENTATIONS:
+            raise ValueError(f"model: config._attn_implementation must be one of {ATTENTION_IMPLEMENTATIONS} "
+                             f"(tree attention needs an arbitrary mask), got {impl!r}")
+        text_config = config.get_text_config(decoder=True)
+        num_layers = int(text_config.num_hidden_layers)
+        layer_ids = tuple(layer_ids)
+        bad = [i for i in layer_ids if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < num_layers]
+        if bad:
+            raise ValueError(f"layer_ids: each must be an int in [0, {num_layers}), got {list(layer_ids)}")
+        if cache not in CACHE_KINDS:
+            raise ValueError(f"cache: expected one of {CACHE_KINDS}, got {cache!r}")
+        self.max_positions: int | None = getattr(text_config, "max_position_embeddings", None)
+        if cache == "static":
+            if max_cache_len is None:
+                max_cache_len = self.max_positions
+            if isinstance(max_cache_len, bool) or not isinstance(max_cache_len, int) or max_cache_len < 1:
+                raise ValueError(f"max_cache_len: expected an int >= 1 for a static cache, got {max_cache_len!r}")
+        elif max_cache_len is not None:
+            raise ValueError("max_cache_len: only meaningful with cache='static'")
+        self.model = model
+        self.layer_ids = layer_ids
+        self.cache_kind = cache
+        self.max_cache_len = max_cache_len
+        self.attn_implementation: str = impl
+        self.vocab_size = int(text_config.vocab_size)
+        self.hidden_size = int(text_config.hidden_size)
+        param = next(model.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        self._cache: Cache | None = None
+        self._length = 0            # committed slots in the cache (Python int: no device sync)
+        self._pending: int | None = None   # tree slots appended by forward_tree, awaiting commit
+
+    # ------------------------------------------------------------------------------------ state
+    @property
+    def cache(self) -> Cache | None:
+        return self._cache
+
+    @property
+    def length(self) -> int:
+        """Committed slots in the cache (excludes pending tree slots)."""
+        return self._length
+
+    @property
+    def capacity(self) -> int | None:
+        """Most slots the cache can hold (``None``: unbounded dynamic cache)."""
+        return self.max_cache_len
+
+    def reset(self) -> None:
+        """Forget everything: a fresh, empty cache."""
+        if self.cache_kind == "static":
+            self._cache = StaticCache(config=self.model.config, max_cache_len=self.max_cache_len)
+        else:
+            self._cache = DynamicCache(config=self.model.config)
+        self._length = 0
+        self._pending = None
+
+    # --------------------------------------------------------------------------------- forwards
+    def _check_ids(self, input_ids: Tensor) -> None:
+        if not isinstance(input_ids, Tensor) or input_ids.dtype != torch.int64 or input_ids.dim() != 2:
+            raise ValueError("input_ids: expected an int64 tensor [b, m]")
+
+    def _run(self, input_ids: Tensor, position_ids: Tensor, attention_mask: Tensor | None) -> TargetOutput:
+        out = self.model(
+            input_ids=input_ids,
+            position_ids=position_ids,
+            attention_mask=attention_mask,
+            cache=self._cache,
+            use_cache=True,
+            output_hidden_states=bool(self.layer_ids),
+        )
+        hidden = None
+        if self.layer_ids:
+            hidden = torch.cat([out.hidden_states[i + 1] for i in self.layer_ids], dim=-1)
+        return TargetOutput(logits=out.logits, hidden=hidden)
+
+    def _check_room(self, count: int, name: str) -> None:
+        if self.max_cache_len is not None and self._length + count > self.max_cache_len:
+            raise ValueError(f"{name}: {count} more slots exceed the static cache's capacity "
+                             f"{self.max_cache_len} (holding {self._length})")
+
+    @torch.no_grad()
+    def prefill(self, input_ids: Tensor) -> TargetOutput:
+        """Reset the cache and run ``input_ids`` causally (``m = 0`` gives empty outputs).
+
+        Shape:
+            input_ids: int64 ``[b, m]``.
+        """
+        self._check_ids(input_ids)
+        if self.max_cache_len is not None and input_ids.shape[1] > self.max_cache_len:
+            raise ValueError(f"input_ids: {input_ids.shape[1]} tokens exceed the static cache's capacity "
+                             f"{self.max_cache_len}")
+        self.reset()
+        return self.extend(input_ids)
+
+    @torch.no_grad()
+    def extend(self, input_ids: Tensor) -> TargetOutput:
+        """Append ``input_ids`` to the committed cache with causal attention.
+
+        Shape:
+            input_ids: int64 ``[b, m]``.
+        """
+        self._check_ids(input_ids)
+        if self._pending is not None:
+            raise ValueError("input_ids: a tree forward is pending; commit or rollback first")
+        if self._cache is None:
+            self.reset()
+        b, m = input_ids.shape
+        if m == 0:
+            width = len(self.layer_ids) * self.hidden_size
+            hidden = torch.zeros(b, 0, width, dtype=self.dtype, device=self.device) if self.layer_ids else None
+            return TargetOutput(torch.zeros(b, 0, self.vocab_size, dtype=self.dtype, device=self.device), hidden)
+        self._check_room(m, "input_ids")
+        positions = torch.arange(self._length, self._length + m, device=self.device).expand(b, m)
+        out = self._run(input_ids.to(self.device), positions, None)
+        self._length += m
+        return out
+
+    def tree_inputs(self, tree: DraftTree) -> TreeInputs:
+        """Inputs that score ``tree`` right after the committed cache (see ``dartree.verify.tree_inputs``)."""
+        if not isinstance(tree, DraftTree):
+            raise ValueError(f"tree: expected a DraftTree, got {type(tree).__name__}")
+        kv_len = self.max_cache_len if self.cache_kind == "static" else None
+        return tree_inputs(tree, self._length, kv_len=kv_len)
+
+    @torch.no_grad()
+    def forward_tree(self, inputs: TreeInputs) -> TargetOutput:
+        """Score every tree node in one forward; the n node slots stay in the cache until ``commit``.
+
+        Shape:
+            returns logits ``[b, n, V]`` (logits at node i predict the token after node i).
+        """
+        if self._pending is not None:
+            raise ValueError("inputs: a tree forward is already pending; commit or rollback first")
+        if self._cache is None:
+            self.reset()
+        n = inputs.input_ids.shape[1]
+        expected = self.max_cache_len if self.cache_kind == "static" else self._length + n
+        if inputs.kv_len != expected:
+            raise ValueError(f"inputs: built for {inputs.kv_len} key columns, the cache needs {expected}; "
+                             f"build them with target.tree_inputs(tree)")
+        self._check_room(n, "inputs")
+        mask = inputs.mask_for(self.attn_implementation, self.dtype)
+        out = self._run(inputs.input_ids, inputs.position_ids, mask)
+        self._pending = n
+        return out
+
+    @torch.no_grad()
+    def commit(self, accepted: Tensor, count: int) -> None:
+        """Keep the prefix plus the first ``count`` accepted nodes (root first) of the pending tree.
+
+        Shape:
+            accepted: int64 ``[b, n]`` (``VerifyResult.accepted``).
+        """
+        if self._pending is None:
+            raise ValueError("accepted: no tree forward is pending")
+        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= self._pending:
+            raise ValueError(f"count: expected an int in [1, {self._pending}], got {count!r}")
+        gather_cache(self._cache, keep_indices(self._length, accepted.to(self.device), count))
+        self._length += count
+        self._pending = None
+
+    @torch.no_grad()
+    def rollback(self) -> None:
+        """Drop the pending tree slots (nothing committed)."""
+        if self._pending is None:
+            return
+        self._cache.crop(-self._pending)
+        self._pending = None

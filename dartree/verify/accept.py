@@ -1,0 +1,129 @@
+"""Greedy and sampled verification of a draft tree against the target's logits at its nodes.
+
+Both rules pick one target token per node (argmax, or one sample from the temperature-scaled
+target distribution) and walk from the root to the child whose token equals the parent's pick,
+stopping when no child does; the pick at the last node is the bonus token.  Siblings carry
+distinct tokens, so the walk is unique.  Sampled verification is *exact target-sample matching*:
+every committed token is a fresh draw from the target's conditional distribution, so the output
+distribution is the target's for any tree that does not depend on those draws.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from dartree.tree import PAD, DraftTree
+from dartree.verify.sampling import Sampler
+from dartree.verify.structure import path_all
+
+__all__ = ["VerifyResult", "verify_greedy", "verify_sampled", "accept_picks"]
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    """Outcome of verifying a batch of trees.
+
+    Shape:
+        accepted:        int64 ``[b, n]`` node indices of the accepted path, root first, then
+                         ``accepted_length`` draft nodes in root-to-leaf order; -1 after.
+        accepted_length: int64 ``[b]`` accepted draft nodes (root excluded).
+        bonus:           int64 ``[b]`` the target's pick at the last accepted node.
+        tokens:          int64 ``[b, n]`` committed tokens: the accepted draft tokens, then the
+                         bonus (``accepted_length + 1`` of them); -1 after.
+        picks:           int64 ``[b, n]`` the target's pick at every node; -1 in padding.
+    """
+
+    accepted: Tensor
+    accepted_length: Tensor
+    bonus: Tensor
+    tokens: Tensor
+    picks: Tensor
+
+    @property
+    def committed(self) -> Tensor:
+        """int64 ``[b]``: tokens committed per row (accepted draft tokens + 1 bonus)."""
+        return self.accepted_length + 1
+
+
+def _check_logits(tree: DraftTree, target_logits: Tensor) -> None:
+    b, n = tree.tokens.shape
+    if not isinstance(target_logits, Tensor) or target_logits.dim() != 3 or target_logits.shape[:2] != (b, n):
+        got = tuple(target_logits.shape) if isinstance(target_logits, Tensor) else type(target_logits).__name__
+        raise ValueError(f"target_logits: expected shape [{b}, {n}, V] (the tree's batch and nodes), got {got}")
+    if not target_logits.is_floating_point():
+        raise ValueError(f"target_logits: expected a floating dtype, got {target_logits.dtype}")
+    if target_logits.device != tree.device:
+        raise ValueError(f"target_logits: on {target_logits.device}, tree on {tree.device}")
+
+
+def accept_picks(tree: DraftTree, picks: Tensor) -> VerifyResult:
+    """Walk each tree from its root following the target's ``picks``; no host sync.
+
+    Shape:
+        picks: int64 ``[b, n]`` the target's token at each node.
+    """
+    b, n = tree.tokens.shape
+    if picks.shape != (b, n) or picks.dtype != torch.int64:
+        raise ValueError(f"picks: expected int64 [{b}, {n}], got {picks.dtype} {tuple(picks.shape)}")
+    valid = tree.valid()
+    picks = torch.where(valid, picks, torch.full_like(picks, PAD))
+    parent_pick = torch.gather(picks, 1, tree.parents.clamp(min=0))
+    match = valid & (tree.tokens == parent_pick)
+    on_path = path_all(tree, match)                       # a chain from the root: siblings are distinct
+    accepted_length = on_path.sum(1) - 1
+    depth_on_path = torch.where(on_path, tree.depths, torch.full_like(tree.depths, -1))
+    last = depth_on_path.argmax(1, keepdim=True)          # the deepest accepted node
+    bonus = torch.gather(picks, 1, last)[:, 0]
+
+    # Parents precede children, so index order along the chain is root-to-leaf order.
+    order = torch.sort((~on_path).to(torch.int8), dim=1, stable=True).indices
+    slots = torch.arange(n, device=tree.device)[None, :]
+    accepted = torch.where(slots <= accepted_length[:, None], order, torch.full_like(order, PAD))
+    # committed token k is the token of accepted node k + 1, or the bonus at k == accepted_length.
+    next_node = torch.cat([accepted[:, 1:], torch.full_like(accepted[:, :1], PAD)], dim=1)
+    draft_tok = torch.gather(tree.tokens, 1, next_node.clamp(min=0))
+    tokens = torch.where(slots < accepted_length[:, None], draft_tok, torch.full_like(draft_tok, PAD))
+    tokens = torch.where(slots == accepted_length[:, None], bonus[:, None], tokens)
+    return VerifyResult(accepted=accepted, accepted_length=accepted_length, bonus=bonus, tokens=tokens,
+                        picks=picks)
+
+
+def verify_greedy(tree: DraftTree, target_logits: Tensor) -> VerifyResult:
+    """Greedy (T=0) verification: the target's pick at each node is its argmax.
+
+    Shape:
+        target_logits: float ``[b, n, V]`` the target's next-token logits at each node.
+    """
+    _check_logits(tree, target_logits)
+    return accept_picks(tree, target_logits.argmax(dim=-1))
+
+
+def verify_sampled(
+    tree: DraftTree,
+    target_logits: Tensor,
+    temperature: float,
+    sampler: Sampler,
+    prefix_len: int | Tensor = 0,
+) -> VerifyResult:
+    """Sampled (T>0) verification by exact target-sample matching.
+
+    One token is drawn from ``softmax(target_logits / temperature)`` at every node; the token drawn
+    at node i will occupy absolute position ``prefix_len + depth_i + 1``, which is the position a
+    keyed sampler is given.
+
+    Shape:
+        target_logits: float ``[b, n, V]``.
+        prefix_len:    int or int64 ``[b]`` (the root's absolute position).
+    """
+    _check_logits(tree, target_logits)
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature > 0 \
+            or temperature == float("inf"):
+        raise ValueError(f"temperature: expected a finite number > 0 (use verify_greedy for 0), got {temperature!r}")
+    if not hasattr(sampler, "sample"):
+        raise ValueError(f"sampler: expected an object with sample(logits, positions), got {type(sampler).__name__}")
+    positions = tree.positions(prefix_len) + 1
+    picks = sampler.sample(target_logits / temperature, positions)
+    return accept_picks(tree, picks.to(torch.int64))

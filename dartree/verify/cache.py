@@ -1,0 +1,85 @@
+"""KV-cache compaction: keep some sequence slots of a transformers cache, in a given order.
+
+After a tree forward the cache holds ``prefix + n`` slots (the committed prefix and every tree node).
+Committing keeps the prefix, the root and the accepted nodes, in order; transformers has no API that
+gathers arbitrary positions, so we index ``cache.layers[i].keys / .values`` along the sequence axis
+(dim -2) ourselves.
+
+Supported: ``DynamicCache`` and ``StaticCache`` whose layers all attend to the full sequence
+(``DynamicLayer`` / ``StaticLayer``).  Sliding-window and linear-attention layers drop or fold old
+positions, so a gather is not defined for them: they raise ``ValueError``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from transformers.cache_utils import Cache, DynamicLayer, StaticLayer
+
+__all__ = ["keep_indices", "gather_cache", "cache_length"]
+
+
+def _layers(cache: Cache) -> list:
+    if not isinstance(cache, Cache):
+        raise ValueError(f"cache: expected a transformers Cache, got {type(cache).__name__}")
+    for i, layer in enumerate(cache.layers):
+        if type(layer) not in (DynamicLayer, StaticLayer):
+            raise ValueError(f"cache: layer {i} is a {type(layer).__name__}; only full-attention DynamicLayer "
+                             f"and StaticLayer can be compacted")
+    return cache.layers
+
+
+def cache_length(cache: Cache) -> int:
+    """Slots in use (a Python int; a ``StaticLayer`` keeps it on the device, so this syncs for static caches)."""
+    layers = _layers(cache)
+    if not layers or not layers[0].is_initialized:
+        return 0
+    return int(layers[0].get_seq_length())
+
+
+def keep_indices(prefix_len: int, accepted: Tensor, count: int) -> Tensor:
+    """int64 ``[b, prefix_len + count]``: cache slots of the prefix, then of the first ``count``
+    accepted nodes (root first; node i sits at slot ``prefix_len + i``).
+
+    Shape:
+        accepted: int64 ``[b, n]`` accepted node indices, root first (``VerifyResult.accepted``);
+                  the first ``count`` must be valid in every row.
+    """
+    if count < 1 or count > accepted.shape[1]:
+        raise ValueError(f"count: expected 1 <= count <= {accepted.shape[1]}, got {count}")
+    b = accepted.shape[0]
+    prefix = torch.arange(prefix_len, device=accepted.device, dtype=torch.int64).expand(b, prefix_len)
+    return torch.cat([prefix, prefix_len + accepted[:, :count]], dim=1)
+
+
+def gather_cache(cache: Cache, keep: Tensor) -> None:
+    """Compact ``cache`` in place to the slots ``keep`` (per row, in order).
+
+    Afterwards the cache holds ``keep.shape[1]`` slots: slot k of row r is the old slot ``keep[r, k]``.
+    A ``StaticCache`` keeps its buffers (static addresses) and moves the kept slots to the front.
+
+    Shape:
+        keep: int64 ``[b, k]`` (every index below the current length; not checked, to avoid a sync).
+    """
+    layers = _layers(cache)
+    if not isinstance(keep, Tensor) or keep.dtype != torch.int64 or keep.dim() != 2:
+        raise ValueError("keep: expected an int64 tensor [b, k]")
+    k = keep.shape[1]
+    live = [layer for layer in layers if layer.is_initialized]
+    for layer in live:                                  # check everything before touching anything
+        if keep.shape[0] != layer.keys.shape[0]:
+            raise ValueError(f"keep: batch {keep.shape[0]} differs from the cache's batch {layer.keys.shape[0]}")
+        if isinstance(layer, StaticLayer) and k > layer.max_cache_len:
+            raise ValueError(f"keep: {k} slots exceed the static cache's capacity {layer.max_cache_len}")
+    for layer in live:
+        b, heads, _, _ = layer.keys.shape
+        idx = keep.to(layer.keys.device)[:, None, :, None]
+        keys = torch.gather(layer.keys, 2, idx.expand(b, heads, k, layer.keys.shape[-1]))
+        values = torch.gather(layer.values, 2, idx.expand(b, heads, k, layer.values.shape[-1]))
+        if isinstance(layer, StaticLayer):
+            layer.keys[:, :, :k] = keys                 # in place: static buffers keep their address
+            layer.values[:, :, :k] = values
+            layer.cumulative_length.fill_(k)
+        else:
+            layer.keys = keys
+            layer.values = values

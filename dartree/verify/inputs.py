@@ -1,0 +1,136 @@
+"""Tree inputs for the target: input ids, position ids and the tree attention mask.
+
+The target sees the committed prefix (already in its KV cache) followed by the ``n`` slots of a
+:class:`~dartree.tree.DraftTree`.  Node ``i`` of row ``r`` sits at cache column ``cache_len + i``,
+has position id ``prefix_len[r] + depth[r, i]`` and attends to
+
+* the committed prefix of its row, columns ``[0, prefix_len[r])``;
+* itself and its ancestors among the tree's nodes (``DraftTree.ancestor_mask``).
+
+Padding slots (``i >= num_nodes[r]``) are invisible: no real node attends to them.  A padding slot
+attends only to itself, so that its softmax row stays finite: a query row with no visible key gives
+NaN in ``sdpa``, the NaN flows into that slot's keys and values in the next layer, and ``0 * NaN``
+then poisons the real rows that mask it.  Its input id is 0 (any valid embedding index would do;
+validity is carried by ``valid``, never by a token value).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from dartree.tree import DraftTree
+from dartree.verify.structure import ancestor_mask
+
+__all__ = ["TreeInputs", "tree_inputs", "ATTENTION_IMPLEMENTATIONS"]
+
+#: Attention implementations whose mask format we know: ``eager`` adds a float mask to the scores
+#: (a bool mask there is silently *added* as 0/1 and gives wrong logits); ``sdpa`` takes bool.
+ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa")
+
+
+@dataclass(frozen=True)
+class TreeInputs:
+    """Everything the target needs to score a batch of trees in one forward pass.
+
+    Shape:
+        input_ids:    int64 ``[b, n]`` node tokens, 0 in padding slots.
+        position_ids: int64 ``[b, n]`` ``prefix_len + depth`` (padding: ``prefix_len``).
+        valid:        bool ``[b, n]`` which slots hold a node.
+        mask:         bool ``[b, 1, n, kv_len]`` True where a node may attend.
+    """
+
+    input_ids: Tensor
+    position_ids: Tensor
+    valid: Tensor
+    mask: Tensor
+
+    @property
+    def kv_len(self) -> int:
+        return self.mask.shape[-1]
+
+    def additive_mask(self, dtype: torch.dtype) -> Tensor:
+        """float ``[b, 1, n, kv_len]``: 0 where allowed, ``finfo(dtype).min`` where masked (eager).
+
+        ``finfo.min`` rather than ``-inf`` so that no softmax row can become NaN.
+        """
+        if not dtype.is_floating_point:
+            raise ValueError(f"dtype: expected a floating dtype for the additive mask, got {dtype}")
+        zero = torch.zeros((), dtype=dtype, device=self.mask.device)
+        low = torch.full((), torch.finfo(dtype).min, dtype=dtype, device=self.mask.device)
+        return torch.where(self.mask, zero, low)
+
+    def mask_for(self, attn_implementation: str, dtype: torch.dtype) -> Tensor:
+        """The mask in the form ``attn_implementation`` expects: additive float (eager) or bool (sdpa)."""
+        if attn_implementation == "eager":
+            return self.additive_mask(dtype)
+        if attn_implementation == "sdpa":
+            return self.mask
+        raise ValueError(
+            f"attn_implementation: tree attention needs an arbitrary mask; expected one of "
+            f"{ATTENTION_IMPLEMENTATIONS}, got {attn_implementation!r}"
+        )
+
+
+def tree_inputs(
+    tree: DraftTree,
+    prefix_len: int | Tensor,
+    *,
+    cache_len: int | None = None,
+    kv_len: int | None = None,
+) -> TreeInputs:
+    """Build input ids, position ids and the tree attention mask for ``tree``.
+
+    Args:
+        tree: the batch of trees to score.
+        prefix_len: committed tokens each row attends to: an int shared by all rows, or int64 ``[b]``
+            (a right-padded batch cache: row ``r`` sees columns ``[0, prefix_len[r])``).
+        cache_len: cache column of node 0 (how many slots the cache holds before the tree is written).
+            Defaults to ``prefix_len`` when that is an int; required when it is a tensor (taking the
+            maximum would synchronise with the device).
+        kv_len: total key columns the attention sees.  Defaults to ``cache_len + n`` (a growing cache);
+            a static cache passes its capacity.
+
+    Shape:
+        prefix_len: int or int64 ``[b]``.
+        returns: see :class:`TreeInputs`.
+    """
+    b, n = tree.tokens.shape
+    device = tree.device
+    if isinstance(prefix_len, Tensor):
+        if prefix_len.dtype != torch.int64 or prefix_len.shape != (b,):
+            raise ValueError(f"prefix_len: expected an int or an int64 tensor of shape [{b}], got "
+                             f"{prefix_len.dtype} {tuple(prefix_len.shape)}")
+        if cache_len is None:
+            raise ValueError("cache_len: required when prefix_len is a tensor")
+        prefix = prefix_len.to(device)
+    else:
+        if isinstance(prefix_len, bool) or not isinstance(prefix_len, int) or prefix_len < 0:
+            raise ValueError(f"prefix_len: expected an int >= 0 or an int64 tensor [b], got {prefix_len!r}")
+        if cache_len is None:
+            cache_len = prefix_len
+        if prefix_len > cache_len:
+            raise ValueError(f"prefix_len: {prefix_len} exceeds cache_len={cache_len}")
+        prefix = torch.full((b,), prefix_len, dtype=torch.int64, device=device)
+    if cache_len < 0:
+        raise ValueError(f"cache_len: expected >= 0, got {cache_len}")
+    if kv_len is None:
+        kv_len = cache_len + n
+    if kv_len < cache_len + n:
+        raise ValueError(f"kv_len: {kv_len} cannot hold cache_len + n = {cache_len} + {n}")
+
+    valid = tree.valid()
+    input_ids = torch.where(valid, tree.tokens, torch.zeros_like(tree.tokens))
+    position_ids = tree.positions(prefix)
+
+    cols = torch.arange(kv_len, device=device)
+    sees_prefix = cols[None, :] < prefix[:, None]                                     # [b, kv]
+    mask = torch.zeros(b, n, kv_len, dtype=torch.bool, device=device)
+    mask |= sees_prefix[:, None, :] & valid[:, :, None]
+    nodes = ancestor_mask(tree)                                                        # [b, n, n]
+    diag = torch.eye(n, dtype=torch.bool, device=device)[None]
+    nodes = nodes | (diag & ~valid[:, :, None])        # a padding slot sees only itself
+    mask[:, :, cache_len:cache_len + n] = nodes
+    return TreeInputs(input_ids=input_ids, position_ids=position_ids, valid=valid, mask=mask[:, None])

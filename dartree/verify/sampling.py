@@ -1,0 +1,115 @@
+"""Samplers: draw one token per scored position from temperature-scaled target logits.
+
+A sampler is any object with ``sample(logits, positions) -> tokens``.  ``positions`` is the absolute
+position the sampled token will occupy in the sequence; a sampler may ignore it
+(:class:`GeneratorSampler`) or derive its randomness from it (:class:`KeyedSampler`).
+
+The keyed sampler is Gumbel-max with noise that is a pure function of
+``(seed, absolute position, token id)``: the token drawn for a position does not depend on how many
+other positions were sampled before it, so speculative decoding (which samples at every tree node,
+most of them thrown away) reproduces autoregressive sampling token for token.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import torch
+from torch import Tensor
+
+__all__ = ["Sampler", "GeneratorSampler", "KeyedSampler", "hash32"]
+
+_MASK32 = 0xFFFFFFFF
+
+
+@runtime_checkable
+class Sampler(Protocol):
+    """Draws one token per row of temperature-scaled logits.
+
+    Shape:
+        logits:    float ``[..., V]`` already divided by the temperature.
+        positions: int64 ``[...]`` absolute position of the token being drawn.
+        returns:   int64 ``[...]``.
+    """
+
+    def sample(self, logits: Tensor, positions: Tensor) -> Tensor: ...
+
+
+class GeneratorSampler:
+    """Categorical sampling with a ``torch.Generator`` (``None``: torch's global generator).
+
+    Each call consumes fresh randomness, so speculative and autoregressive runs agree in
+    distribution, not token for token.
+    """
+
+    def __init__(self, generator: torch.Generator | None = None) -> None:
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise ValueError(f"generator: expected a torch.Generator or None, got {type(generator).__name__}")
+        self.generator = generator
+
+    def sample(self, logits: Tensor, positions: Tensor) -> Tensor:
+        probs = torch.softmax(logits.float(), dim=-1)
+        flat = probs.reshape(-1, probs.shape[-1])
+        if self.generator is not None and self.generator.device != flat.device:
+            raise ValueError(f"generator: on {self.generator.device}, logits on {flat.device}")
+        out = torch.multinomial(flat, 1, generator=self.generator)
+        return out.reshape(probs.shape[:-1])
+
+
+def _mul32(x: Tensor, c: int) -> Tensor:
+    """``(x * c) mod 2**32`` for ``0 <= x < 2**32`` held in int64, without int64 overflow."""
+    lo = (x & 0xFFFF) * c                       # < 2**48
+    hi = ((x >> 16) * c) & 0xFFFF               # only the low 16 bits survive the << 16
+    return (lo + (hi << 16)) & _MASK32
+
+
+def hash32(x: Tensor) -> Tensor:
+    """The murmur3 32-bit finaliser on int64 tensors holding values in ``[0, 2**32)``.
+
+    Pure integer arithmetic that never overflows int64, so every device gives the same bits.
+    """
+    x = x & _MASK32
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x85EBCA6B)
+    x = x ^ (x >> 13)
+    x = _mul32(x, 0xC2B2AE35)
+    return x ^ (x >> 16)
+
+
+class KeyedSampler:
+    """Gumbel-max sampling whose noise is a pure function of (seed, absolute position, token id).
+
+    ``u = (hash(seed, position, token) >> 8 + 0.5) / 2**24`` is exact in float32 and identical on
+    every device; the Gumbel noise ``-log(-log(u))`` is computed in float64 (CPU and CUDA ``log``
+    agree to the last bit in practice; the uniform bits agree exactly).
+
+    Shape:
+        logits:    float ``[..., V]`` already divided by the temperature.
+        positions: int64 ``[...]``.
+        returns:   int64 ``[...]`` ``argmax(logits + gumbel(seed, position, token))``.
+    """
+
+    def __init__(self, seed: int) -> None:
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+            raise ValueError(f"seed: expected an int in [0, 2**63), got {seed!r}")
+        self.seed = seed
+
+    def noise(self, positions: Tensor, vocab_size: int) -> Tensor:
+        """float64 ``[..., V]``: the Gumbel noise of every token at each position."""
+        if positions.dtype != torch.int64:
+            raise ValueError(f"positions: expected int64, got {positions.dtype}")
+        device = positions.device
+        s = hash32(torch.tensor([self.seed & _MASK32], device=device)) ^ hash32(
+            torch.tensor([(self.seed >> 32) + 0x9E3779B9], device=device))
+        h = hash32(s ^ hash32(positions[..., None] & _MASK32))
+        tokens = torch.arange(vocab_size, device=device, dtype=torch.int64)
+        h = hash32(h ^ _mul32(tokens + 1, 0x27D4EB2F))
+        u = ((h >> 8).to(torch.float64) + 0.5) / float(1 << 24)
+        return -torch.log(-torch.log(u))
+
+    def sample(self, logits: Tensor, positions: Tensor) -> Tensor:
+        if positions.shape != logits.shape[:-1]:
+            raise ValueError(f"positions: shape {tuple(positions.shape)} must equal logits' leading shape "
+                             f"{tuple(logits.shape[:-1])}")
+        g = self.noise(positions.to(logits.device), logits.shape[-1])
+        return torch.argmax(logits.to(torch.float64) + g, dim=-1)
