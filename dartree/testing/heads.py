@@ -1,7 +1,9 @@
 """Cheap deterministic correction heads for tests and for users checking their own builders.
 
-Both use only element-wise float32 arithmetic, so their outputs are bit-identical whether a
-builder calls them for one branch, for many branches, or for many rows at once.
+Both use only exact element-wise float32 arithmetic (small integers, divisions by powers of two),
+so their outputs are bit-identical whether a builder calls them for one branch, for many branches,
+or for many rows at once.  (Transcendentals are avoided on purpose: the CPU's vectorised ``cos``
+takes a different code path, with different rounding, depending on the other lanes of its vector.)
 """
 
 from __future__ import annotations
@@ -40,11 +42,11 @@ class PathHashHead:
     """A head whose correction depends on every token of the branch (through a rolling hash).
 
     State: float32 ``[b, 2]`` = (rolling hash of the branch's tokens mod 1009, last token).
-    Corrected logit of candidate c at depth d = base logit + strength * cos(0.7 h + 1.3 c + 0.37 d + 0.11 last).
-    All values stay integers below 2**24 before the cosine, so float32 holds them exactly.
+    Corrected logit of candidate c at depth d = base logit + strength * (((7h + 13c + 5d + 3 last) mod 17) - 8) / 8.
+    Every intermediate is an integer below 2**24, so float32 holds it exactly.
     """
 
-    def __init__(self, strength: float = 2.0) -> None:
+    def __init__(self, strength: float = 0.5) -> None:
         self.strength = float(strength)
 
     def initial_state(self, block: DraftBlock) -> Tensor:
@@ -55,8 +57,8 @@ class PathHashHead:
         m = states.shape[1]
         base = _base_candidate_logits(block, depth, candidates, m)
         h, last = states[..., 0:1], states[..., 1:2]  # [b, m, 1]
-        phase = 0.7 * h + 1.3 * candidates[:, None, :].float() + 0.37 * depth + 0.11 * last
-        return base + self.strength * torch.cos(phase)
+        mix = torch.remainder(7.0 * h + 13.0 * candidates[:, None, :].float() + 5.0 * depth + 3.0 * last, 17.0)
+        return base + self.strength * ((mix - 8.0) / 8.0)
 
     def advance(self, block: DraftBlock, depth: int, states: Tensor, tokens: Tensor) -> Tensor:
         tok = tokens.float()
