@@ -102,7 +102,8 @@ def test_golden_budget_larger_than_trie() -> None:
     logits = torch.tensor([[[0.0, 1.0, 0.0], [5.0, 0.0, 0.0], [0.0, 0.0, 2.0]]])
     block = DraftBlock(logits=logits, root=torch.tensor([2]))
     for name in ("ddtree", "dartree-fixed", "dartree-pruned", "sequential-heap"):
-        builder = make_builder(name, budget=10, topk=1, normalize="candidates")
+        extra = {"beta": 0.0} if name == "dartree-pruned" else {}
+        builder = make_builder(name, budget=10, topk=1, normalize="candidates", **extra)
         tree = builder.build(block, head_a() if builder.needs_head else None)
         assert tree.paths(0) == [(), (1,), (1, 0), (1, 0, 2)], name
         assert tree.scores[0].tolist() == [0.0, 0.0, 0.0, 0.0]  # one candidate: log q = 0 under "candidates"
