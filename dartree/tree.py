@@ -202,6 +202,24 @@ class DraftTree:
             out.append({p: sc[i] for i, p in enumerate(self.paths(r))})
         return out
 
+    def format(self, row: int = 0, token_text=str) -> str:
+        """A text rendering of one row, depth-first, children in node (total) order."""
+        tok, sc, par = self.tokens[row].tolist(), self.scores[row].tolist(), self.parents[row].tolist()
+        kids: dict[int, list[int]] = {}
+        for i in range(1, int(self.num_nodes[row])):
+            kids.setdefault(par[i], []).append(i)
+        lines = [f"{token_text(tok[0])!s}  (root)"]
+
+        def walk(i: int, indent: str) -> None:
+            children = kids.get(i, [])
+            for j, c in enumerate(children):
+                last = j == len(children) - 1
+                lines.append(f"{indent}{'└─ ' if last else '├─ '}{token_text(tok[c])!s}  [{sc[c]:.3f}]")
+                walk(c, indent + ("   " if last else "│  "))
+
+        walk(0, "")
+        return "\n".join(lines)
+
     def select(self, keep: Tensor) -> DraftTree:
         """The sub-tree of the nodes where ``keep`` (bool ``[b, n]``) is True, order preserved.
 

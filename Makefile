@@ -1,0 +1,29 @@
+# Two commands from a fresh clone:  `make demo` (main job) and `make test` (full test suite).
+# Both create .venv and install everything first; torch==2.13.0 (CPU) is installed before any
+# package that depends on torch, so pip never pulls a multi-GB CUDA build.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: setup demo test bench lint
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[test,eval]'
+	touch $@
+
+demo: setup
+	$(PY) examples/build_trees.py
+
+test: setup
+	$(PY) -m pytest --benchmark-disable
+
+bench: setup
+	$(PY) -m pytest benchmarks --benchmark-only --benchmark-columns=median,iqr,rounds
+
+lint: setup
+	$(VENV)/bin/ruff check dartree tests benchmarks examples

@@ -1,0 +1,74 @@
+"""DraftTree: validation, derived structure (masks, positions, links, paths), selection."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dartree import DraftBlock, DraftTree, make_builder
+from dartree.tree import PAD
+
+
+def two_rows() -> DraftTree:
+    """Row 0: root(7) -> a(1) -> c(3); root -> b(2).  Row 1: root(8) -> a(5).  Padded to n=4."""
+    return DraftTree(
+        tokens=torch.tensor([[7, 1, 2, 3], [8, 5, PAD, PAD]]),
+        parents=torch.tensor([[PAD, 0, 0, 1], [PAD, 0, PAD, PAD]]),
+        depths=torch.tensor([[0, 1, 1, 2], [0, 1, PAD, PAD]]),
+        scores=torch.tensor([[0.0, -0.1, -0.5, -0.7], [0.0, -0.2, float("-inf"), float("-inf")]]),
+        ranks=torch.tensor([[PAD, 0, 1, 0], [PAD, 0, PAD, PAD]]),
+        num_nodes=torch.tensor([4, 2]),
+    )
+
+
+def test_derived_structure() -> None:
+    tree = two_rows().validate(gamma=2, budget=3)
+    mask = tree.ancestor_mask()
+    assert mask[0].int().tolist() == [[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]]
+    assert mask[1].int().tolist() == [[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0]]
+    assert tree.positions(torch.tensor([10, 3])).tolist() == [[10, 11, 11, 12], [3, 4, 3, 3]]
+    first, nxt = tree.links()
+    assert first.tolist() == [[1, 3, -1, -1], [1, -1, -1, -1]]
+    assert nxt.tolist() == [[-1, 2, -1, -1], [-1, -1, -1, -1]]
+    assert tree.paths(0) == [(), (1,), (2,), (1, 3)]
+    assert tree.rank_paths(0) == [(), (0,), (1,), (0, 0)]
+    assert tree.canonical()[1] == {(): 0.0, (5,): pytest.approx(-0.2)}
+
+
+def test_select_keeps_order_and_remaps_parents() -> None:
+    tree = two_rows()
+    sub = tree.select(torch.tensor([[True, True, False, True], [True, False, False, False]]))
+    sub.validate()
+    assert sub.tokens.tolist() == [[7, 1, 3], [8, PAD, PAD]]
+    assert sub.parents.tolist() == [[PAD, 0, 1], [PAD, PAD, PAD]]
+    with pytest.raises(ValueError, match="^keep: must be prefix-closed"):
+        tree.select(torch.tensor([[True, False, True, True], [True, True, False, False]]))
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("parents", [[PAD, 0, 0, 3], [PAD, 0, PAD, PAD]], "^parents: row 0 node 3"),
+    ("depths", [[0, 1, 1, 1], [0, 1, PAD, PAD]], "^depths: row 0 node 3"),
+    ("tokens", [[7, 1, 1, 3], [8, 5, PAD, PAD]], "^tokens: row 0 node 2 repeats a sibling"),
+    ("scores", [[0.0, -0.1, -0.5, 0.5], [0.0, -0.2, 0.0, 0.0]], "^scores: row 0 node 3 outscores"),
+    ("tokens", [[7, 1, 2, 3], [8, 5, 4, PAD]], "^row 1: padding slot 2"),
+])
+def test_validate_reports_the_broken_invariant(field: str, value: list, message: str) -> None:
+    tree = two_rows()
+    dtype = torch.float32 if field == "scores" else torch.int64
+    fields = {f: getattr(tree, f) for f in ("tokens", "parents", "depths", "scores", "ranks", "num_nodes")}
+    fields[field] = torch.tensor(value, dtype=dtype)
+    with pytest.raises(ValueError, match=message):
+        DraftTree(**fields).validate()
+    with pytest.raises(ValueError, match="^num_nodes:"):
+        tree.validate(budget=2)
+
+
+def test_builder_tree_mask_matches_paths() -> None:
+    """The ancestor mask of a built tree agrees with its root-to-node paths, node by node."""
+    block = DraftBlock(logits=torch.randn(3, 5, 40, generator=torch.Generator().manual_seed(0)),
+                       root=torch.tensor([1, 2, 3]))
+    tree = make_builder("ddtree", budget=23, topk=5).build(block)
+    mask = tree.ancestor_mask()
+    for r in range(3):
+        for i, path in enumerate(tree.node_paths(r)):
+            assert mask[r, i].nonzero().flatten().tolist() == sorted([0] + path)
