@@ -84,7 +84,7 @@ def lazy_ddtree(block: DraftBlock, topk: int, normalize: str, budget: int) -> li
         # Within a depth, candidates are already sorted by base logit, hence by log q (ties by rank).
         canon = {(): 0.0}
 
-        def score_of(parent_score: float, depth: int, k: int) -> float:
+        def score_of(parent_score: float, depth: int, k: int, log_q=log_q) -> float:
             s = child_scores(torch.tensor([parent_score]), torch.tensor([[log_q[depth - 1][k]]]), 0.0)
             return s.item()
 
