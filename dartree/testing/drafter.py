@@ -1,0 +1,148 @@
+"""A synthetic drafter that proposes the target's own continuation, with controllable noise.
+
+Use it to check a target, a builder or a head end to end the way our tests do: with no noise a
+chain is always fully accepted; ``demote`` and ``drop`` make partial and zero acceptance happen.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+from transformers.cache_utils import DynamicCache
+
+from dartree.block import DraftBlock
+from dartree.verify.sampling import KeyedSampler
+
+__all__ = ["OracleDrafter"]
+
+
+class OracleDrafter:
+    """Follows the :class:`dartree.decode.Drafter` protocol by running the target model itself.
+
+    At each ``draft(root)`` it computes the target's continuation ``c_1..c_gamma`` of
+    ``context + root`` (greedy, or with ``sampler`` at ``temperature``: a :class:`KeyedSampler`
+    makes it the exact continuation speculative sampling will draw) and returns logits that rank
+    ``c_d`` at depth d
+
+    * first, with probability ``1 - demote - drop``;
+    * second (a random wrong token first), with probability ``demote``: a chain misses it, a
+      tree with two candidates per depth can still accept it;
+    * last, with probability ``drop``: no builder with ``topk < V`` proposes it.
+
+    The other tokens get random logits.  Noise comes from a CPU generator re-seeded by ``reset``,
+    so a run is reproducible and device independent.  Batch 1 only.
+
+    Args:
+        model: the target's HF causal LM (the drafter keeps its own KV cache for it).
+        gamma: block length (draft positions per round), ``>= 1``.
+        demote, drop: probabilities in ``[0, 1]`` with ``demote + drop <= 1``.
+        seed: seed of the noise.
+        temperature, sampler: how the continuation is chosen (``temperature == 0``: greedy;
+            ``sampler`` must then be ``None`` or a ``KeyedSampler``).
+        target_layer_ids: layers whose hidden states it asks for; it records what it receives in
+            ``context_hidden`` (so that tests can check them) and otherwise ignores them.
+        margin: logit gap between the ranked tokens and the random ones.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        gamma: int,
+        *,
+        demote: float = 0.0,
+        drop: float = 0.0,
+        seed: int = 0,
+        temperature: float = 0.0,
+        sampler: KeyedSampler | None = None,
+        target_layer_ids: tuple[int, ...] = (),
+        margin: float = 4.0,
+    ) -> None:
+        if not isinstance(model, nn.Module) or getattr(model, "config", None) is None:
+            raise ValueError(f"model: expected a transformers causal LM, got {type(model).__name__}")
+        if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
+            raise ValueError(f"gamma: expected an int >= 1, got {gamma!r}")
+        for name, p in (("demote", demote), ("drop", drop)):
+            if not isinstance(p, int | float) or not 0.0 <= p <= 1.0:
+                raise ValueError(f"{name}: expected a probability in [0, 1], got {p!r}")
+        if demote + drop > 1.0:
+            raise ValueError(f"drop: demote + drop must be <= 1, got {demote} + {drop}")
+        if not isinstance(temperature, int | float) or not temperature >= 0:
+            raise ValueError(f"temperature: expected a number >= 0, got {temperature!r}")
+        if sampler is not None and not isinstance(sampler, KeyedSampler):
+            raise ValueError("sampler: expected None or a KeyedSampler (a generator's draws cannot be foreseen)")
+        if not margin > 0:
+            raise ValueError(f"margin: expected > 0, got {margin!r}")
+        self.model = model
+        self.gamma = gamma
+        self.demote, self.drop = float(demote), float(drop)
+        self.seed = seed
+        self.temperature = float(temperature)
+        self.sampler = sampler if temperature > 0 else None
+        self.target_layer_ids = tuple(target_layer_ids)
+        self.margin = float(margin)
+        self.vocab_size = int(model.config.get_text_config(decoder=True).vocab_size)
+        self.device = next(model.parameters()).device
+        self.context_hidden: list[Tensor | None] = []
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the context and re-seed the noise."""
+        self._cache = DynamicCache(config=self.model.config)
+        self._context = torch.zeros(1, 0, dtype=torch.int64, device=self.device)
+        self._fed = 0                      # context tokens already in the private cache
+        self._noise = torch.Generator().manual_seed(self.seed)
+        self.context_hidden = []
+
+    @property
+    def context(self) -> Tensor:
+        """int64 ``[1, m]``: every token appended so far (= the target's cache contents)."""
+        return self._context
+
+    def append_context(self, hidden_states: Tensor | None, tokens: Tensor) -> None:
+        if tokens.dim() != 2 or tokens.shape[0] != 1:
+            raise ValueError(f"tokens: expected int64 [1, m], got {tuple(tokens.shape)}")
+        self._context = torch.cat([self._context, tokens.to(self.device)], dim=1)
+        self.context_hidden.append(hidden_states)
+
+    def _pick(self, logits: Tensor, position: int) -> Tensor:
+        if self.sampler is None:
+            return logits.argmax(dim=-1)
+        pos = torch.full((logits.shape[0],), position, dtype=torch.int64, device=logits.device)
+        return self.sampler.sample(logits / self.temperature, pos)
+
+    @torch.no_grad()
+    def continuation(self, root: Tensor) -> Tensor:
+        """int64 ``[1, gamma]``: the target's continuation of ``context + root``."""
+        feed = torch.cat([self._context[:, self._fed:], root.to(self.device)[:, None]], dim=1)
+        start = self._context.shape[1] + 1            # absolute position of c_1
+        picks = []
+        ids, offset = feed, self._fed
+        for d in range(self.gamma):
+            pos = torch.arange(offset, offset + ids.shape[1], device=self.device)[None]
+            logits = self.model(input_ids=ids, position_ids=pos, cache=self._cache, use_cache=True).logits[:, -1]
+            offset += ids.shape[1]
+            nxt = self._pick(logits.float(), start + d)
+            picks.append(nxt)
+            ids = nxt[:, None]
+        # Keep only the context in the private cache: drop root and c_1..c_{gamma-1}.
+        self._cache.crop(-self.gamma)
+        self._fed = self._context.shape[1]
+        return torch.stack(picks, dim=1)
+
+    def draft(self, root: Tensor) -> DraftBlock:
+        """The block for ``root`` (int64 ``[1]``): noisy logits ranking the true continuation."""
+        if not isinstance(root, Tensor) or root.shape != (1,):
+            raise ValueError("root: expected an int64 tensor of shape [1] (batch 1 only)")
+        truth = self.continuation(root)[0].cpu()                                  # [gamma]
+        g, v = self.gamma, self.vocab_size
+        logits = torch.randn(g, v, generator=self._noise)
+        u = torch.rand(g, generator=self._noise)
+        wrong = (truth + 1 + torch.randint(0, max(1, v - 1), (g,), generator=self._noise)) % v
+        top = logits.max(dim=1).values
+        rows = torch.arange(g)
+        demoted = (u >= self.drop) & (u < self.drop + self.demote)
+        dropped = u < self.drop
+        logits[rows, truth] = top + 2 * self.margin
+        logits[rows[demoted], wrong[demoted]] = top[demoted] + 3 * self.margin
+        logits[rows[dropped], truth[dropped]] = logits.min(dim=1).values[dropped] - self.margin
+        return DraftBlock(logits=logits[None].to(self.device), root=root.to(self.device))

@@ -1,0 +1,249 @@
+"""Greedy and sampled verification, samplers, and the chi-square losslessness test."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import dartree
+from dartree.models.target import HFTarget
+from dartree.testing import OracleDrafter
+from dartree.tree import DraftTree
+from dartree.verify import GeneratorSampler, KeyedSampler, accept_picks, hash32, verify_greedy, verify_sampled
+from tests.verify.helpers import GOLDEN, random_tree
+
+V = 32
+
+
+def one_hot_logits(picks: list[list[int]], vocab: int = V) -> torch.Tensor:
+    """Logits whose argmax at node i of row r is picks[r][i]."""
+    t = torch.tensor(picks)
+    return torch.nn.functional.one_hot(t, vocab).float() * 5.0 + 0.1 * torch.randn(*t.shape, vocab).clamp(-1, 1)
+
+
+def test_golden_greedy_batch_of_different_sizes():
+    # Row 0: root(10) -> a(11) -> c(13); root -> b(12).  Row 1: root(20) -> d(21), one padding slot.
+    # Row 0 target picks: at root 11 (-> a), at a 13 (-> c), at c 7 (bonus).  Full path accepted.
+    # Row 1 target picks: at root 5 (no child 5): zero accepted, bonus 5.
+    res = verify_greedy(GOLDEN, one_hot_logits([[11, 13, 3, 7], [5, 9, 0, 0]]))
+    assert res.accepted_length.tolist() == [2, 0]
+    assert res.accepted.tolist() == [[0, 1, 3, -1], [0, -1, -1, -1]]
+    assert res.bonus.tolist() == [7, 5]
+    assert res.tokens.tolist() == [[11, 13, 7, -1], [5, -1, -1, -1]]
+    assert res.committed.tolist() == [3, 1]
+    assert res.picks[1].tolist() == [5, 9, -1, -1]       # padding picks are -1
+
+
+def test_golden_partial_and_sibling():
+    # root picks 12 (-> b, the second child); b is a leaf: bonus = pick at b.
+    res = verify_greedy(GOLDEN, one_hot_logits([[12, 13, 4, 1], [21, 21, 0, 0]]))
+    assert res.accepted.tolist() == [[0, 2, -1, -1], [0, 1, -1, -1]]
+    assert res.tokens.tolist() == [[12, 4, -1, -1], [21, 21, -1, -1]]
+    assert res.bonus.tolist() == [4, 21]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_accept_picks_matches_walk(seed):
+    tree = random_tree([15, 6, 1], seed)
+    g = torch.Generator().manual_seed(seed)
+    # picks drawn from the node tokens so that deep walks happen
+    picks = torch.randint(1, 15, tree.tokens.shape, generator=g)
+    res = accept_picks(tree, picks)
+    for r in range(tree.batch_size):
+        par = tree.parents[r].tolist()
+        tok = tree.tokens[r].tolist()
+        count = int(tree.num_nodes[r])
+        node, path = 0, [0]
+        while True:
+            nxt = [i for i in range(1, count) if par[i] == node and tok[i] == int(picks[r, node])]
+            if not nxt:
+                break
+            node = nxt[0]
+            path.append(node)
+        assert res.accepted[r, : len(path)].tolist() == path
+        assert res.accepted_length[r].item() == len(path) - 1
+        assert res.bonus[r].item() == int(picks[r, node])
+        assert res.tokens[r, : len(path)].tolist() == [tok[i] for i in path[1:]] + [int(picks[r, node])]
+
+
+class FixedSampler:
+    """Returns preset picks and records what it was given."""
+
+    def __init__(self, picks):
+        self.picks = picks
+
+    def sample(self, logits, positions):
+        self.logits, self.positions = logits, positions
+        return self.picks
+
+
+def test_sampled_uses_sampler_positions_and_temperature():
+    logits = torch.randn(2, 4, V)
+    picks = torch.tensor([[11, 13, 0, 2], [21, 3, 0, 0]])
+    s = FixedSampler(picks)
+    res = verify_sampled(GOLDEN, logits, 0.5, s, prefix_len=7)
+    assert res.tokens.tolist() == [[11, 13, 2, -1], [21, 3, -1, -1]]
+    torch.testing.assert_close(s.logits, logits / 0.5)
+    # the token drawn at node i occupies position prefix + depth + 1
+    assert s.positions.tolist() == [[8, 9, 9, 10], [8, 9, 8, 8]]
+
+
+def test_bad_inputs():
+    with pytest.raises(ValueError, match="target_logits"):
+        verify_greedy(GOLDEN, torch.randn(2, 3, V))
+    with pytest.raises(ValueError, match="target_logits"):
+        verify_greedy(GOLDEN, torch.zeros(2, 4, V, dtype=torch.int64))
+    for t in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="temperature"):
+            verify_sampled(GOLDEN, torch.randn(2, 4, V), t, KeyedSampler(0))
+    with pytest.raises(ValueError, match="sampler"):
+        verify_sampled(GOLDEN, torch.randn(2, 4, V), 1.0, None)
+    with pytest.raises(ValueError, match="picks"):
+        accept_picks(GOLDEN, torch.zeros(2, 4, dtype=torch.int32))
+
+
+# ------------------------------------------------------------------------------------ samplers
+def fmix32(x: int) -> int:
+    x &= 0xFFFFFFFF
+    x ^= x >> 16
+    x = (x * 0x85EBCA6B) & 0xFFFFFFFF
+    x ^= x >> 13
+    x = (x * 0xC2B2AE35) & 0xFFFFFFFF
+    return x ^ (x >> 16)
+
+
+def test_hash32_is_murmur3_fmix32():
+    xs = [0, 1, 2, 12345, 0xFFFF, 0x10000, 0x7FFFFFFF, 0x80000000, 0xDEADBEEF, 0xFFFFFFFF]
+    assert hash32(torch.tensor(xs)).tolist() == [fmix32(x) for x in xs]
+    assert fmix32(1) == 0x514E28B7
+
+
+def test_keyed_sampler_is_a_pure_function_of_seed_position_token():
+    s = KeyedSampler(1234)
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 5, V, generator=g)
+    pos = torch.arange(15).reshape(3, 5) + 40
+    full = s.sample(logits, pos)
+    # element-wise: sampling one position alone gives the same token
+    for r in range(3):
+        for c in range(5):
+            alone = s.sample(logits[r, c][None], pos[r, c][None])
+            assert alone.item() == full[r, c].item()
+    assert torch.equal(KeyedSampler(1234).noise(pos, V), s.noise(pos, V))
+    assert not torch.equal(KeyedSampler(1235).noise(pos, V), s.noise(pos, V))
+    assert not torch.equal(s.noise(pos + 1, V), s.noise(pos, V))
+    with pytest.raises(ValueError, match="seed"):
+        KeyedSampler(-1)
+    with pytest.raises(ValueError, match="positions"):
+        s.sample(logits, pos[:, :2])
+
+
+def chi2_pvalue(observed: torch.Tensor, expected: torch.Tensor) -> float:
+    """Pearson chi-square p-value; cells with expected < 5 are pooled into one."""
+    small = expected < 5
+    obs = torch.cat([observed[~small], observed[small].sum()[None]]) if small.any() else observed
+    exp = torch.cat([expected[~small], expected[small].sum()[None]]) if small.any() else expected
+    stat = ((obs - exp) ** 2 / exp).sum()
+    df = obs.numel() - 1
+    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), stat.double() / 2))
+
+
+@pytest.mark.parametrize("sampler", [KeyedSampler(3), GeneratorSampler(torch.Generator().manual_seed(3))],
+                         ids=["keyed", "generator"])
+def test_sampler_marginals(sampler):
+    logits = torch.tensor([1.0, 0.0, -1.0, 2.0, 0.5, -3.0])
+    n = 20000
+    picks = sampler.sample(logits.expand(n, 6), torch.arange(n))
+    observed = torch.bincount(picks, minlength=6).double()
+    assert chi2_pvalue(observed, torch.softmax(logits.double(), 0) * n) > 1e-3
+
+
+# ------------------------------------------------------------------ chi-square, exact matching
+TINY_V = 6
+
+
+@pytest.fixture(scope="module")
+def tiny_round():
+    """A tree on a tiny target and the target's logits at its nodes (one forward)."""
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=TINY_V, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+                      attn_implementation="eager", initializer_range=0.1)
+    model = LlamaForCausalLM(cfg).eval()
+    prompt = torch.tensor([[1, 4, 2]])
+    target = HFTarget(model)
+    target.prefill(prompt[:, :-1])
+    drafter = OracleDrafter(model, 3, demote=0.5, seed=5)
+    drafter.append_context(None, prompt[:, :-1])
+    block = drafter.draft(prompt[:, -1])
+    tree = dartree.make_builder("ddtree", budget=7, topk=3).build(block).validate()
+    logits = target.forward_tree(target.tree_inputs(tree)).logits
+    return tree, logits
+
+
+def expand(tree: DraftTree, n: int) -> DraftTree:
+    return DraftTree(*(getattr(tree, f).expand(n, *getattr(tree, f).shape[1:]) for f in
+                       ("tokens", "parents", "depths", "scores", "ranks", "num_nodes")))
+
+
+def exact_cells(tree: DraftTree, probs: torch.Tensor) -> dict[tuple[int, int], float]:
+    """P(the walk ends at node u with bonus v) = P(path to u) * p_u(v), v not a child token of u."""
+    par, tok = tree.parents[0].tolist(), tree.tokens[0].tolist()
+    count = int(tree.num_nodes[0])
+    reach = [1.0] + [0.0] * (count - 1)
+    for i in range(1, count):
+        reach[i] = reach[par[i]] * float(probs[par[i], tok[i]])
+    cells = {}
+    for u in range(count):
+        children = {tok[i] for i in range(1, count) if par[i] == u}
+        for v in range(TINY_V):
+            if v not in children:
+                cells[(u, v)] = reach[u] * float(probs[u, v])
+    return cells
+
+
+def lenient_verify(tree, logits, temperature, sampler):
+    """A deliberately wrong verifier: also accepts a child the target likes at least as much as its
+    own sample (a bias towards draft tokens)."""
+    probs = torch.softmax(logits / temperature, -1)
+    picks = sampler.sample(logits / temperature, tree.positions(0) + 1)
+    p_pick = torch.gather(probs, 2, picks[..., None])[..., 0]
+    valid = tree.valid()
+    par = tree.parents.clamp(min=0)
+    p_child = torch.gather(probs, 1, par[..., None].expand(-1, -1, probs.shape[-1]))
+    p_child = torch.gather(p_child, 2, tree.tokens.clamp(min=0)[..., None])[..., 0]
+    likes = valid & (torch.arange(tree.max_nodes) > 0) & (p_child >= torch.gather(p_pick, 1, par))
+    # the liked child (first by index) replaces the parent's pick
+    better = picks.clone()
+    for i in reversed(range(1, tree.max_nodes)):
+        row = likes[:, i]
+        better[row, par[row, i]] = tree.tokens[row, i]
+    return accept_picks(tree, better)
+
+
+@pytest.mark.parametrize("temperature", [0.7, 1.0])
+def test_chi_square_exact_target_sample_matching(tiny_round, temperature):
+    tree, logits = tiny_round
+    n = 20000
+    probs = torch.softmax(logits[0].double() / temperature, -1)
+    cells = exact_cells(tree, probs)
+    keys = list(cells)
+    expected = torch.tensor([cells[k] for k in keys], dtype=torch.float64)
+    assert abs(float(expected.sum()) - 1.0) < 1e-9
+    expected = expected * n
+
+    def observed(res):
+        last = torch.gather(res.accepted, 1, res.accepted_length[:, None])[:, 0]
+        counts = {k: 0 for k in keys}
+        for u, v in zip(last.tolist(), res.bonus.tolist(), strict=True):
+            counts[(u, v)] += 1          # KeyError would mean the walk ended somewhere impossible
+        return torch.tensor([counts[k] for k in keys], dtype=torch.float64)
+
+    big, big_logits = expand(tree, n), logits.expand(n, -1, -1)
+    good = verify_sampled(big, big_logits, temperature, GeneratorSampler(torch.Generator().manual_seed(11)))
+    assert chi2_pvalue(observed(good), expected) > 1e-3
+    deep = good.accepted_length.float().mean()
+    assert deep > 0.3                    # the tree is actually walked, not just the root
+    bad = lenient_verify(big, big_logits, temperature, GeneratorSampler(torch.Generator().manual_seed(11)))
+    assert chi2_pvalue(observed(bad), expected) < 1e-6
