@@ -1,0 +1,230 @@
+"""Tensorized depth-wise search and tree assembly shared by the fast builders (all rows at once).
+
+The kept nodes of every depth are held in rank-path lexicographic order, so the tie-break key of a
+child is simply its flat index ``parent * K + rank`` (see :func:`dartree.fast.ops.depth_step`).
+The supertree (the union of every depth's kept nodes) is put into the total order at the end: its
+pre-order (children by rank) is the rank-path order with a prefix first; it is computed by stable
+sorts of mixed-radix words of per-depth indices (:mod:`dartree.fast.keys`), and one top-B over the
+scores laid out in pre-order then breaks ties by pre-order position.
+
+Every depth has the same number of kept nodes in every row (it depends only on the budget, the
+width, K and the depth), so widths are Python ints, rows never need padding and nothing here
+synchronises with the device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from dartree.block import CorrectionHead, DraftBlock
+from dartree.fast import ops
+from dartree.fast.keys import lexsort, word_plan
+from dartree.fast.results import CandidateSet
+from dartree.scoring import log_normalize
+from dartree.tree import PAD, DraftTree
+
+__all__ = ["Supertree", "candidate_set", "expand", "assemble", "pruned_widths", "beam_widths", "quota_widths"]
+
+
+@dataclass(frozen=True)
+class Supertree:
+    """Kept nodes of each depth (a list over depths 1..D), each depth in rank-path lex order.
+
+    Shape (per depth d, W_d kept nodes):
+        parents[d-1]: int64 ``[b, W_d]`` index into depth d-1's kept nodes (depth 1: 0, the root).
+        ranks, tokens: int64 ``[b, W_d]``; scores: float32 ``[b, W_d]``.
+        log_q: float32 ``[b, gamma, K]`` the per-depth log q of the single branch, when traced.
+    """
+
+    parents: list[Tensor]
+    ranks: list[Tensor]
+    tokens: list[Tensor]
+    scores: list[Tensor]
+    log_q: Tensor | None = None
+
+    @property
+    def widths(self) -> list[int]:
+        return [p.shape[1] for p in self.parents]
+
+
+def candidate_set(block: DraftBlock, topk: int, normalize: str) -> CandidateSet:
+    """``C_d`` and base log q of every depth of every row (one dispatched kernel)."""
+    return ops.topk_candidates(block.logits, topk, normalize == "vocab")
+
+
+def _check_head(out: Tensor, what: str, shape: tuple[int, ...]) -> Tensor:
+    if tuple(out.shape[: len(shape)]) != shape or out.dim() != len(shape) + (what == "advance"):
+        raise ValueError(f"head.{what}: returned shape {tuple(out.shape)}, expected {list(shape)}"
+                         f"{' + [S]' if what == 'advance' else ''}")
+    return out
+
+
+def head_logits(head: CorrectionHead, block: DraftBlock, depth: int, states: Tensor, cand_tokens: Tensor) -> Tensor:
+    """Corrected logits ``[b, m, K]`` of ``C_depth`` after each of ``m`` branch states ``[b, m, S]``."""
+    out = head.logits(block, depth, states, cand_tokens)
+    return _check_head(out, "logits", (states.shape[0], states.shape[1], cand_tokens.shape[-1]))
+
+
+def head_advance(head: CorrectionHead, block: DraftBlock, depth: int, states: Tensor, tokens: Tensor) -> Tensor:
+    """States ``[b, m, S]`` after appending ``tokens`` ``[b, m]`` at ``depth``."""
+    return _check_head(head.advance(block, depth, states, tokens), "advance", tuple(tokens.shape))
+
+
+def head_initial(head: CorrectionHead, block: DraftBlock) -> Tensor:
+    """Root states ``[b, 1, S]``."""
+    out = head.initial_state(block)
+    if out.dim() != 2 or out.shape[0] != block.batch_size:
+        raise ValueError(f"head.initial_state: returned shape {tuple(out.shape)}, expected [b={block.batch_size}, S]")
+    return out[:, None]
+
+
+def expand(block: DraftBlock, cands: CandidateSet, widths: list[int], head: CorrectionHead | None = None,
+           beta: float = 0.0, log_q: Tensor | None = None, trace: bool = False) -> Supertree:
+    """Depth-wise batched expansion: at depth d keep the best ``widths[d-1]`` children of the kept nodes.
+
+    With a head, each depth makes exactly two head calls for all branches of all rows (``logits`` and
+    ``advance``).  Without one, every branch of depth d shares ``log_q[:, d-1]`` (default: the base
+    log q of the candidates).  ``trace`` records the ``[b, 1, K]`` log q of each depth (chains only).
+
+    Shape:
+        cands: :class:`CandidateSet` ``[b, gamma, K]``; log_q: float32 ``[b, gamma, K]`` or None.
+    """
+    b = block.batch_size
+    scores = torch.zeros(b, 1, dtype=torch.float32, device=block.device)  # the root
+    states = head_initial(head, block) if head is not None else None
+    shared = cands.log_q if log_q is None else log_q
+    tree = Supertree(parents=[], ranks=[], tokens=[], scores=[])
+    traced: list[Tensor] = []
+    for depth, width in enumerate(widths, start=1):
+        cand_tokens = cands.tokens[:, depth - 1]  # [b, K]
+        if head is not None:
+            logits = head_logits(head, block, depth, states, cand_tokens)
+            lq = log_normalize(logits, cands.rest_lse[:, depth - 1, None])  # [b, m, K], the one formula
+        else:
+            lq = shared[:, depth - 1 : depth]  # [b, 1, K] shared by every branch
+        if trace:
+            traced.append(lq)
+        step = ops.depth_step(scores, lq, beta, width)
+        tokens = torch.gather(cand_tokens, 1, step.ranks)
+        if head is not None:
+            idx = step.parents[:, :, None].expand(-1, -1, states.shape[-1])
+            states = head_advance(head, block, depth, torch.gather(states, 1, idx), tokens)
+        tree.parents.append(step.parents)
+        tree.ranks.append(step.ranks)
+        tree.tokens.append(tokens)
+        tree.scores.append(step.scores)
+        scores = step.scores
+    if trace:
+        return Supertree(tree.parents, tree.ranks, tree.tokens, tree.scores, log_q=torch.cat(traced, dim=1))
+    return tree
+
+
+def _flatten(tree: Supertree) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """All kept nodes depth after depth: parents (flat index, -1 = root), tokens, ranks, scores, depths."""
+    offsets = [0]
+    for w in tree.widths:
+        offsets.append(offsets[-1] + w)
+    parents = torch.cat([torch.full_like(tree.parents[0], PAD)]
+                        + [p + offsets[d - 1] for d, p in enumerate(tree.parents) if d > 0], dim=1)
+    ref = tree.parents[0]
+    depths = torch.cat([torch.full((w,), d, dtype=torch.int64, device=ref.device)
+                        for d, w in enumerate(tree.widths, start=1)])
+    return (parents, torch.cat(tree.tokens, 1), torch.cat(tree.ranks, 1), torch.cat(tree.scores, 1),
+            depths.expand(ref.shape[0], -1))
+
+
+def preorder(tree: Supertree) -> Tensor:
+    """int64 ``[b, N]``: the flat nodes in pre-order (children by rank) = rank-path lex order, prefix first.
+
+    Each node's word digits are the 1-based indices of its ancestors-or-self within their depths
+    (lex order there), 0 below its own depth.
+    """
+    plan = word_plan([w + 1 for w in tree.widths])
+    b = tree.parents[0].shape[0]
+    dev = tree.parents[0].device
+    words = torch.zeros(b, 1, plan.num_words, dtype=torch.int64, device=dev)
+    per_depth = []
+    for depth, parents in enumerate(tree.parents, start=1):
+        words = torch.gather(words, 1, parents[:, :, None].expand(-1, -1, plan.num_words)).clone()
+        digits = torch.arange(1, parents.shape[1] + 1, device=dev) * plan.place[depth]
+        words[:, :, plan.word[depth]] += digits
+        per_depth.append(words)
+    return lexsort(torch.cat(per_depth, dim=1))
+
+
+def assemble(block: DraftBlock, tree: Supertree, budget: int | None, path: bool = False) -> DraftTree:
+    """The DraftTree of the best ``budget`` supertree nodes (all when None), sorted by the total order.
+
+    ``path`` says the supertree is a single chain (width 1 everywhere): then the total order is the
+    depth order (scores never increase along a path, ties put the prefix first) and no sort is needed.
+    """
+    parents, tokens, ranks, scores, depths = _flatten(tree)
+    b, total = scores.shape
+    n_out = total if budget is None else min(budget, total)
+    dev = scores.device
+    if path:
+        sel = torch.arange(n_out, device=dev).expand(b, -1)
+    else:
+        perm = preorder(tree)
+        sel = torch.gather(perm, 1, ops.top_b(torch.gather(scores, 1, perm), n_out))  # [b, n_out] total order
+    slot = torch.full((b, total), PAD, dtype=torch.int64, device=dev)
+    slot.scatter_(1, sel, torch.arange(1, n_out + 1, device=dev).expand(b, -1))
+    par = torch.gather(parents, 1, sel)
+    par = torch.where(par < 0, torch.zeros_like(par), torch.gather(slot, 1, par.clamp(min=0)))
+
+    def with_root(root: Tensor, rest: Tensor) -> Tensor:
+        return torch.cat([root[:, None], rest], dim=1)
+
+    pad = torch.full((b,), PAD, dtype=torch.int64, device=dev)
+    return DraftTree(
+        tokens=with_root(block.root, torch.gather(tokens, 1, sel)),
+        parents=with_root(pad, par),
+        depths=with_root(torch.zeros_like(pad), torch.gather(depths, 1, sel)),
+        scores=with_root(torch.zeros(b, dtype=torch.float32, device=dev), torch.gather(scores, 1, sel)),
+        ranks=with_root(pad, torch.gather(ranks, 1, sel)),
+        num_nodes=torch.full((b,), n_out + 1, dtype=torch.int64, device=dev),
+    )
+
+
+# ------------------------------------------------------------------------------- width schedules
+def pruned_widths(width: int, topk: int, gamma: int) -> list[int]:
+    """``min(width, kept nodes of the previous depth * K)`` at every depth."""
+    out, prev = [], 1
+    for _ in range(gamma):
+        prev = min(width, prev * topk)
+        out.append(prev)
+    return out
+
+
+def beam_widths(budget: int, topk: int, gamma: int) -> list[int]:
+    """Widths whose supertree holds the global top-``budget`` of the whole candidate trie.
+
+    A node at depth d in the top-B has its d-1 ancestors before it, so at most ``B - d + 1`` nodes of
+    depth d are in the top-B, and they are among the best ``B - d + 1`` children of the kept nodes
+    of depth d-1 (any better child is also better globally).
+    """
+    out, prev = [], 1
+    for depth in range(1, gamma + 1):
+        keep = min(budget - depth + 1, prev * topk)
+        if keep <= 0:
+            break
+        out.append(keep)
+        prev = keep
+    return out
+
+
+def quota_widths(budget: int, topk: int, gamma: int) -> list[int]:
+    """DARTree (fixed): ``ceil(remaining budget / remaining depths)`` per depth, capped by the children."""
+    out, prev, used = [], 1, 0
+    for depth in range(1, gamma + 1):
+        quota = -(-(budget - used) // (gamma - depth + 1))
+        if quota <= 0:
+            break
+        keep = min(quota, prev * topk)
+        out.append(keep)
+        used += keep
+        prev = keep
+    return out

@@ -1,0 +1,99 @@
+"""Sortable integer keys for the one total order (score descending, rank path ascending).
+
+A float32 score maps to an int32 whose signed order is the float order (``-0.0`` is folded into
+``+0.0`` first, so the two tie as they do under float comparison).  Packed with a tie-break index
+``tie`` (``0 <= tie < 2**32``, smaller is better) into one int64::
+
+    key = order32(score) << 32 | (2**32 - 1 - tie)
+
+a larger key is a better node: higher score first, then the smaller tie index.  Rank paths are
+compared through *words*: each depth contributes one digit (``1 + index``; 0 means "no node at this
+depth", so a prefix sorts before its extensions) in a mixed-radix int64 word; depths that do not fit
+in one word spill into the next, and comparing the words in order is comparing the paths.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+__all__ = ["TIE_MAX", "WORD_LIMIT", "order32", "pack", "unpack_tie", "WordPlan", "word_plan", "lexsort"]
+
+TIE_MAX = 0xFFFFFFFF
+WORD_LIMIT = 1 << 62  # every word < 2**62, so int64 max is free as a "no entry" sentinel
+
+
+def order32(x: Tensor) -> Tensor:
+    """int32 with the same order as the float32 ``x`` (``-0.0 == +0.0``; NaN unsupported).
+
+    Shape: ``[...]`` -> ``[...]``.
+    """
+    x = x.float()
+    x = torch.where(x == 0, torch.zeros_like(x), x)  # fold -0.0 into +0.0
+    bits = x.view(torch.int32)
+    return torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+
+
+def pack(score: Tensor, tie: Tensor) -> Tensor:
+    """int64 key: larger means higher score, then smaller ``tie`` (``0 <= tie < 2**32``).
+
+    Shape: score float ``[...]``, tie int64 broadcastable -> int64 ``[...]``.
+    """
+    return (order32(score).to(torch.int64) << 32) | (TIE_MAX - tie)
+
+
+def unpack_tie(key: Tensor) -> Tensor:
+    """The ``tie`` index stored in a packed key.  Shape: ``[...]`` -> ``[...]``."""
+    return TIE_MAX - (key & TIE_MAX)
+
+
+@dataclass(frozen=True)
+class WordPlan:
+    """Where each depth's digit lives: ``word[d]`` and ``place[d]`` (its multiplier), depth 1-based.
+
+    ``word[0]``/``place[0]`` describe the root (no digit) and are unused.
+    """
+
+    word: tuple[int, ...]
+    place: tuple[int, ...]
+    num_words: int
+
+
+def word_plan(bases: list[int]) -> WordPlan:
+    """Pack one digit per depth (digit ``< bases[d-1]``) into as few int64 words as fit below 2**62."""
+    groups: list[list[int]] = [[]]
+    prod = 1
+    for depth, base in enumerate(bases, start=1):
+        if base >= WORD_LIMIT:
+            raise ValueError(f"bases: digit base {base} at depth {depth} does not fit in one word")
+        if prod * base >= WORD_LIMIT:
+            groups.append([])
+            prod = 1
+        groups[-1].append(depth)
+        prod *= base
+    word = [0] * (len(bases) + 1)
+    place = [0] * (len(bases) + 1)
+    for w, depths in enumerate(groups):
+        p = 1
+        for depth in reversed(depths):
+            word[depth], place[depth] = w, p
+            p *= bases[depth - 1]
+    return WordPlan(word=tuple(word), place=tuple(place), num_words=max(1, len(groups)))
+
+
+def lexsort(words: Tensor) -> Tensor:
+    """int64 ``[b, N]``: the permutation that sorts the rows of ``words`` lexicographically.
+
+    Least-significant word first, with stable sorts (one per word).
+
+    Shape: words int64 ``[b, N, w]`` -> ``[b, N]``.
+    """
+    perm: Tensor | None = None
+    for j in reversed(range(words.shape[-1])):
+        key = words[..., j] if perm is None else torch.gather(words[..., j], 1, perm)
+        order = torch.sort(key, dim=1, stable=True).indices
+        perm = order if perm is None else torch.gather(perm, 1, order)
+    assert perm is not None
+    return perm

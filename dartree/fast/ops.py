@@ -1,0 +1,106 @@
+"""The hot operations of the fast backend, dispatched in ONE place.
+
+Every op has two implementations with identical signatures and output contracts: a Triton kernel
+(:mod:`dartree.fast.triton_kernels`) and its torch twin (:mod:`dartree.fast.twins`).  :func:`backend`
+picks one: CUDA tensors go to Triton, everything else to the twin; :func:`force_backend` overrides
+that (tests use it to run the kernels on the CPU under ``TRITON_INTERPRET=1``).  The Triton module is
+imported lazily, on first use, so that ``TRITON_INTERPRET`` can be set before any kernel is defined.
+
+Exactness: integer outputs (tokens, ranks, parents, indices, masks) are equal on both paths.  Scores
+are float32 and the selection keys are built from them, so ``depth_step`` computes
+``(parent + log_q) + beta`` with the same two IEEE additions in both; ``rest_lse``/``log_q`` of
+``topk_candidates`` are reductions and agree to rounding (allclose) — the fast builders therefore
+normalise head logits with :func:`dartree.scoring.log_normalize` in torch, so with
+``normalize="candidates"`` (``rest_lse = -inf``) scores are exact on both paths, and with
+``normalize="vocab"`` only the Triton path's ``rest_lse`` may differ from the reference in the last
+bits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from collections.abc import Iterator
+from types import ModuleType
+
+from torch import Tensor
+
+from dartree.fast import twins
+from dartree.fast.results import CandidateSet, DepthStep, GreedyWalk, TreeStructure
+
+__all__ = ["KERNEL_BACKENDS", "backend", "force_backend", "topk_candidates", "depth_step", "top_b",
+           "tree_structure", "greedy_walk"]
+
+KERNEL_BACKENDS: tuple[str, ...] = ("torch", "triton")
+_forced: str | None = None
+
+
+def backend(x: Tensor) -> str:
+    """``"triton"`` for CUDA tensors, ``"torch"`` otherwise, unless :func:`force_backend` is active."""
+    if _forced is not None:
+        return _forced
+    return "triton" if x.is_cuda else "torch"
+
+
+@contextlib.contextmanager
+def force_backend(name: str) -> Iterator[None]:
+    """Run every op on ``name`` (``"torch"`` or ``"triton"``) inside the ``with`` block."""
+    global _forced
+    if name not in KERNEL_BACKENDS:
+        raise ValueError(f"name: must be one of {KERNEL_BACKENDS}, got {name!r}")
+    previous, _forced = _forced, name
+    try:
+        yield
+    finally:
+        _forced = previous
+
+
+def _impl(x: Tensor) -> ModuleType:
+    if backend(x) == "triton":
+        return importlib.import_module("dartree.fast.triton_kernels")
+    return twins
+
+
+def topk_candidates(logits: Tensor, topk: int, vocab_normalize: bool) -> CandidateSet:
+    """Top-K candidates per position with log q (see :func:`dartree.fast.twins.topk_candidates`).
+
+    Shape:
+        logits: float ``[b, gamma, V]``; ``1 <= topk <= V`` -> :class:`CandidateSet` ``[b, gamma, K]``.
+    """
+    return _impl(logits).topk_candidates(logits, topk, vocab_normalize)
+
+
+def depth_step(parent_scores: Tensor, log_q: Tensor, beta: float, width: int) -> DepthStep:
+    """Top-``width`` children of ``m`` lex-ordered branches (see :func:`dartree.fast.twins.depth_step`).
+
+    Shape:
+        parent_scores ``[b, m]``, log_q ``[b, m | 1, K]`` -> :class:`DepthStep` ``[b, width]``.
+    """
+    return _impl(parent_scores).depth_step(parent_scores, log_q, beta, width)
+
+
+def top_b(scores: Tensor, budget: int) -> Tensor:
+    """Positions of the best ``budget`` scores, best first, ties by position.
+
+    Shape:
+        scores: float32 ``[b, N]`` -> int64 ``[b, budget]``.
+    """
+    return _impl(scores).top_b(scores, budget)
+
+
+def tree_structure(parents: Tensor, num_nodes: Tensor, prefix_len: int | Tensor = 0) -> TreeStructure:
+    """Ancestor mask, positions and links of a padded tree.
+
+    Shape:
+        parents ``[b, n]``, num_nodes ``[b]`` -> :class:`TreeStructure`.
+    """
+    return _impl(parents).tree_structure(parents, num_nodes, prefix_len)
+
+
+def greedy_walk(tokens: Tensor, parents: Tensor, num_nodes: Tensor, picks: Tensor) -> GreedyWalk:
+    """Greedy verification walk of a padded tree given the target's pick at each node.
+
+    Shape:
+        tokens, parents, picks ``[b, n]``, num_nodes ``[b]`` -> :class:`GreedyWalk`.
+    """
+    return _impl(tokens).greedy_walk(tokens, parents, num_nodes, picks)

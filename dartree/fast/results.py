@@ -1,0 +1,70 @@
+"""Result types of the fast kernels (shared by the torch twins and the Triton kernels)."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from torch import Tensor
+
+__all__ = ["CandidateSet", "DepthStep", "TreeStructure", "GreedyWalk"]
+
+
+class CandidateSet(NamedTuple):
+    """Per-position top-K candidates with their log-probabilities.
+
+    Shape:
+        tokens:   int64 ``[b, gamma, K]`` base logit descending, ties by token id ascending.
+        logits:   float32 ``[b, gamma, K]`` base logits of those tokens.
+        rest_lse: float32 ``[b, gamma]`` log-sum-exp of the logits outside the candidates (``-inf``
+                  for ``normalize="candidates"`` or ``K == V``).
+        log_q:    float32 ``[b, gamma, K]`` ``logits - logaddexp(logsumexp(logits), rest_lse)``.
+    """
+
+    tokens: Tensor
+    logits: Tensor
+    rest_lse: Tensor
+    log_q: Tensor
+
+
+class DepthStep(NamedTuple):
+    """The children kept at one depth, in rank-path lexicographic order.
+
+    Shape:
+        parents: int64 ``[b, W]`` branch index (into the previous depth's kept nodes) of each child.
+        ranks:   int64 ``[b, W]`` candidate rank of each child.
+        scores:  float32 ``[b, W]`` ``(parent + log_q) + beta``.
+    """
+
+    parents: Tensor
+    ranks: Tensor
+    scores: Tensor
+
+
+class TreeStructure(NamedTuple):
+    """What verification derives from a tree's parents.
+
+    Shape:
+        mask:         bool ``[b, n, n]`` ``mask[r, i, j]`` iff node j is node i or an ancestor of it.
+        positions:    int64 ``[b, n]`` ``prefix_len + depth`` (padding: ``prefix_len``).
+        first_child:  int64 ``[b, n]`` smallest child index, -1 if none.
+        next_sibling: int64 ``[b, n]`` next larger index with the same parent, -1 if none.
+    """
+
+    mask: Tensor
+    positions: Tensor
+    first_child: Tensor
+    next_sibling: Tensor
+
+
+class GreedyWalk(NamedTuple):
+    """The greedy walk of verification (the fields of ``dartree.verify.VerifyResult`` it decides).
+
+    Shape:
+        accepted:        int64 ``[b, n]`` root, then the accepted draft nodes root-to-leaf; -1 after.
+        accepted_length: int64 ``[b]`` accepted draft nodes (root excluded).
+        bonus:           int64 ``[b]`` the target's pick at the last accepted node.
+    """
+
+    accepted: Tensor
+    accepted_length: Tensor
+    bonus: Tensor
