@@ -23,7 +23,8 @@ from torch import Tensor
 
 from dartree.block import DraftBlock
 
-__all__ = ["Candidates", "Normalize", "NORMALIZE_CHOICES", "candidates", "log_normalize", "child_scores"]
+__all__ = ["Candidates", "Normalize", "NORMALIZE_CHOICES", "candidates", "child_scores", "log_normalize",
+           "pairwise_sum"]
 
 Normalize = Literal["vocab", "candidates"]
 NORMALIZE_CHOICES: tuple[str, ...] = ("vocab", "candidates")
@@ -66,15 +67,38 @@ def candidates(block: DraftBlock, topk: int, normalize: Normalize) -> Candidates
     return Candidates(tokens=tokens.contiguous(), logits=values.contiguous(), rest_lse=rest_lse)
 
 
+def pairwise_sum(x: Tensor) -> Tensor:
+    """Sum over the last dimension in a fixed pairwise order, independent of the leading shape.
+
+    ``torch.sum``/``logsumexp`` pick their reduction order from the tensor's shape (a ``[m, 4]``
+    tensor may be reduced across rows with vector lanes), so the same row can round differently
+    inside a bigger batch.  Builders compare scores exactly, so every backend sums this way: pad to
+    a power of two with zeros (exact) and add halves until one column is left.
+
+    Shape:
+        x ``[..., K]`` -> ``[...]``.
+    """
+    k = x.shape[-1]
+    width = 1 << (k - 1).bit_length()
+    if width != k:
+        x = torch.nn.functional.pad(x, (0, width - k))
+    while x.shape[-1] > 1:
+        half = x.shape[-1] // 2
+        x = x[..., :half] + x[..., half:]
+    return x[..., 0]
+
+
 def log_normalize(cand_logits: Tensor, rest_lse: Tensor) -> Tensor:
-    """log q of K candidates.
+    """log q of K candidates: ``z - logaddexp(lse(z), rest_lse)``, bit-identical for any batching.
 
     Shape:
         cand_logits: float32 ``[..., K]``; rest_lse: float32 ``[...]`` (broadcast) -> ``[..., K]``.
     """
-    cand_logits = cand_logits.float()
-    total = torch.logaddexp(torch.logsumexp(cand_logits, dim=-1), rest_lse)
-    return cand_logits - total.unsqueeze(-1)
+    z = cand_logits.float()
+    top = z.amax(dim=-1, keepdim=True)  # max is exact in any order
+    lse = top.squeeze(-1) + torch.log(pairwise_sum(torch.exp(z - top)))
+    total = torch.logaddexp(lse, rest_lse)
+    return z - total.unsqueeze(-1)
 
 
 def child_scores(parent_scores: Tensor, log_q: Tensor, beta: float) -> Tensor:

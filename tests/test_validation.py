@@ -96,3 +96,14 @@ def test_head_output_mismatch(name: str, head, method: str) -> None:
     builder = make_builder(name, topk=3)
     with pytest.raises(ValueError, match=rf"^head\.{method}: returned shape"):
         builder.build(block(), head)
+
+
+class NaNHead(PathHashHead):
+    def logits(self, block, depth, states, candidates):
+        return super().logits(block, depth, states, candidates) * float("nan")
+
+
+@pytest.mark.parametrize("name", ["corrected-chain", "sequential-heap", "dartree-pruned"])
+def test_head_non_finite_logits(name: str) -> None:
+    with pytest.raises(ValueError, match=r"^head\.logits: must be finite"):
+        make_builder(name, topk=3, backend="ref").build(block(), NaNHead())

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from dartree.block import CorrectionHead, DraftBlock
+from dartree.block import CorrectionHead, DraftBlock, check_finite
 from dartree.scoring import Candidates, child_scores, log_normalize
 from dartree.tree import PAD, DraftTree, rank_path_key
 
@@ -87,6 +87,7 @@ def head_log_q(head: CorrectionHead, block: DraftBlock, cands: Candidates, row: 
     expected = (1, states.shape[0], cands.topk)
     if tuple(logits.shape) != expected:
         raise ValueError(f"head.logits: returned shape {tuple(logits.shape)}, expected [b, m, K] = {expected}")
+    check_finite("head.logits", logits)
     return log_normalize(logits[0], cands.rest_lse[row, depth - 1])
 
 
