@@ -193,6 +193,9 @@ class HFTarget:
         """Inputs that score ``tree`` right after the committed cache (see ``dartree.verify.tree_inputs``)."""
         if not isinstance(tree, DraftTree):
             raise ValueError(f"tree: expected a DraftTree, got {type(tree).__name__}")
+        if self.max_cache_len is not None and self._length + tree.max_nodes > self.max_cache_len:
+            raise ValueError(f"tree: {tree.max_nodes} nodes after {self._length} cached slots exceed the static "
+                             f"cache's capacity {self.max_cache_len}")
         kv_len = self.max_cache_len if self.cache_kind == "static" else None
         return tree_inputs(tree, self._length, kv_len=kv_len)
 

@@ -1,0 +1,92 @@
+"""KV-cache compaction: after a commit the cache equals a fresh prefill of the committed tokens."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers.cache_utils import DynamicCache, DynamicSlidingWindowLayer
+
+from dartree.models.target import HFTarget
+from dartree.verify import cache_length, gather_cache, keep_indices, verify_greedy
+from tests.verify.helpers import ARCHS, make_tree, tiny_lm
+
+V = 128
+
+
+def layer_kv(target: HFTarget, length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(layer.keys[:, :, :length], layer.values[:, :, :length]) for layer in target.cache.layers]
+
+
+@pytest.mark.parametrize("kind", ["dynamic", "static"])
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_commit_equals_fresh_prefill(arch, attn, kind):
+    model = tiny_lm(arch, attn, vocab=V)
+    prompt = torch.tensor([[5, 17, 3, 99, 42]])
+    # root -> 7 -> 8 -> 9 (a chain), root -> 11, 7 -> 12
+    tree = make_tree([([42, 7, 11, 8, 12, 9], [-1, 0, 0, 1, 1, 3])])
+    # force the walk root -> 7 -> 8 -> 9 with hand-made picks
+    picks = torch.tensor([[7, 8, 0, 9, 0, 55]])
+    res = verify_greedy(tree, torch.nn.functional.one_hot(picks, V).float())
+    assert res.accepted[0, :4].tolist() == [0, 1, 3, 5]
+    for count in (4, 2, 1):                                    # the whole path, a truncated one, root only
+        target = HFTarget(model, cache=kind, max_cache_len=32 if kind == "static" else None)
+        target.prefill(prompt[:, :-1])
+        target.forward_tree(target.tree_inputs(tree))
+        assert cache_length(target.cache) == 4 + 6
+        if count == 2:                                         # rollback, then redo the round
+            target.rollback()
+            assert cache_length(target.cache) == 4 and target.length == 4
+            target.forward_tree(target.tree_inputs(tree))
+        target.commit(res.accepted, count)
+        committed = torch.cat([prompt[:, :-1], tree.tokens[:, res.accepted[0, :count]]], dim=1)
+        fresh = HFTarget(model)
+        fresh.prefill(committed)
+        assert target.length == committed.shape[1] == cache_length(target.cache)
+        for (k, v), (fk, fv) in zip(layer_kv(target, target.length), layer_kv(fresh, target.length), strict=True):
+            torch.testing.assert_close(k, fk, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(v, fv, atol=1e-5, rtol=1e-5)
+
+
+def random_cache(b: int, length: int, layers: int = 2) -> DynamicCache:
+    g = torch.Generator().manual_seed(0)
+    data = [(torch.randn(b, 2, length, 4, generator=g), torch.randn(b, 2, length, 3, generator=g))
+            for _ in range(layers)]
+    return DynamicCache(data)
+
+
+def test_gather_batch_rows_keep_their_own_slots():
+    cache = random_cache(2, 7)
+    before = [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
+    keep = torch.tensor([[0, 1, 2, 6], [0, 1, 4, 5]])
+    gather_cache(cache, keep)
+    for layer, (k, v) in zip(cache.layers, before, strict=True):
+        for r in range(2):
+            assert torch.equal(layer.keys[r], k[r][:, keep[r]])
+            assert torch.equal(layer.values[r], v[r][:, keep[r]])
+    assert cache_length(cache) == 4
+
+
+def test_keep_indices():
+    accepted = torch.tensor([[0, 2, 5, -1], [0, 1, -1, -1]])
+    assert keep_indices(3, accepted, 2).tolist() == [[0, 1, 2, 3, 5], [0, 1, 2, 3, 4]]
+    with pytest.raises(ValueError, match="count"):
+        keep_indices(3, accepted, 0)
+    with pytest.raises(ValueError, match="count"):
+        keep_indices(3, accepted, 5)
+
+
+def test_gather_bad_inputs_leave_cache_untouched():
+    cache = random_cache(2, 5)
+    before = [layer.keys.clone() for layer in cache.layers]
+    with pytest.raises(ValueError, match="keep"):
+        gather_cache(cache, torch.tensor([[0, 1]]))                  # batch 1 vs 2
+    with pytest.raises(ValueError, match="keep"):
+        gather_cache(cache, torch.tensor([[0, 1], [0, 1]], dtype=torch.int32))
+    assert all(torch.equal(layer.keys, k) for layer, k in zip(cache.layers, before, strict=True))
+    with pytest.raises(ValueError, match="cache"):
+        gather_cache("not a cache", torch.tensor([[0]]))
+    sliding = DynamicCache()
+    sliding.layers = [DynamicSlidingWindowLayer(sliding_window=4)]
+    with pytest.raises(ValueError, match="DynamicSlidingWindowLayer"):
+        gather_cache(sliding, torch.tensor([[0]]))
