@@ -1,0 +1,487 @@
+"""The ``dartree`` command line: generate, bench, sweep, show-tree, tune.
+
+    dartree generate --prompt "def fib(n):" --method dartree-pruned:budget=32,width=8
+    dartree bench --preset demo                 # AR + six methods on the bundled zoo, tables + plots
+    dartree sweep --param budget --methods ddtree dartree-pruned
+    dartree show-tree --method dartree-pruned --round 3
+    dartree tune --method dartree-pruned        # adaptive budget for this machine (Appendix B)
+
+Methods are ``ar`` or ``BUILDER[:KEY=VALUE,...]`` (see :mod:`dartree.eval.methods`); ``--budget``,
+``--width``, ``--topk`` and ``--beta`` set those fields for every method that has them and does not
+set them itself.  ``--model tiny-random`` runs any command on a toy model in seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["main", "build_parser", "PRESETS"]
+
+DEFAULT_MODEL = "pystdlib-tiny"
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # `make demo`: a few minutes on 2 CPU cores, greedy, the six methods of the issue plus the tuned budget.
+    "demo": {
+        "methods": ["chain", "ddtree", "corrected-chain", "dartree-fixed", "dartree-pruned",
+                    "dartree-pruned:budget=auto,width=auto"],
+        "datasets": ["humaneval", "stdlib"],
+        "temperatures": [0.0],
+        "num_prompts": 3,
+        "max_new_tokens": 64,
+        "budget": 16,
+        "out": "results/demo",
+    },
+    # The full Table 1 grid of the paper on the zoo: both temperatures, three datasets, every builder.
+    "paper": {
+        "methods": ["chain", "ddtree", "corrected-chain", "corrected-chain-ddtree", "sequential-heap",
+                    "dartree-fixed", "dartree-pruned", "dartree-pruned:budget=auto,width=auto"],
+        "datasets": ["humaneval", "stdlib", "packages"],
+        "temperatures": [0.0, 1.0],
+        "num_prompts": 10,
+        "max_new_tokens": 128,
+        "budget": 16,
+        "out": "results/paper",
+    },
+}
+BENCH_DEFAULTS: dict[str, Any] = {
+    "methods": ["chain", "ddtree", "corrected-chain", "dartree-fixed", "dartree-pruned"],
+    "datasets": ["humaneval"],
+    "temperatures": [0.0],
+    "num_prompts": 4,
+    "max_new_tokens": 64,
+    "budget": None,
+    "out": "results/bench",
+}
+
+
+# ---------------------------------------------------------------------------------------------- parsing
+def _budget(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1 or 'auto', got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1 or 'auto', got {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
+def _temperature(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+    return value
+
+
+def _numbers(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+
+
+def _ints(text: str) -> list[int]:
+    values = _numbers(text)
+    if not values or any(v != int(v) or v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1, got {text!r}")
+    return [int(v) for v in values]
+
+
+def _common() -> argparse.ArgumentParser:
+    from dartree.eval.methods import BACKEND_CHOICES
+
+    p = argparse.ArgumentParser(add_help=False)
+    g = p.add_argument_group("model and runtime")
+    g.add_argument("--model", default=DEFAULT_MODEL,
+                   help=f"bundled zoo model, or 'tiny-random' (a toy for trying commands) (default {DEFAULT_MODEL})")
+    g.add_argument("--backend", choices=BACKEND_CHOICES, default="auto",
+                   help="tree builders: fast when registered (auto), or force ref / fast")
+    g.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads (default: torch's)")
+    g.add_argument("--seed", type=int, default=0, help="keyed-sampler seed for T > 0 (default 0)")
+    return p
+
+
+def _method_defaults(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("tree settings applied to every method that has them (unless the method sets its own)")
+    g.add_argument("--budget", type=_budget, default=None, help="draft nodes per tree, or 'auto' (tuned here)")
+    g.add_argument("--width", type=_budget, default=None, help="dartree-pruned supertree width, or 'auto'")
+    g.add_argument("--topk", type=_positive_int, default=None, help="candidates per depth")
+    g.add_argument("--beta", type=float, default=None, help="dartree-pruned depth bonus (<= 0)")
+
+
+def _prompt_args(p: argparse.ArgumentParser, dataset_default: str = "humaneval") -> None:
+    from dartree.eval.datasets import DATASETS
+
+    g = p.add_argument_group("prompts")
+    g.add_argument("--dataset", choices=DATASETS, default=dataset_default, help="prompt set")
+    g.add_argument("--num-prompts", type=_positive_int, default=2, help="prompts (default 2)")
+    g.add_argument("--max-new-tokens", type=_positive_int, default=64, help="tokens per prompt (default 64)")
+    g.add_argument("--temperature", type=_temperature, default=0.0, help="0 = greedy (default)")
+    g.add_argument("--max-prompt-tokens", type=_positive_int, default=256, help="prompts keep their last N tokens")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argparse parser of ``dartree`` (exposed for tests and docs)."""
+    from dartree.eval.datasets import DATASETS
+    from dartree.eval.sweep import SWEEP_PARAMS
+
+    common = _common()
+    parser = argparse.ArgumentParser(prog="dartree", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    g = sub.add_parser("generate", parents=[common], help="prompt in, streamed text out, round statistics")
+    g.add_argument("--prompt", help="the prompt text")
+    g.add_argument("--prompt-file", type=Path, help="read the prompt from a file")
+    g.add_argument("--method", default="dartree-pruned", help="ar or BUILDER[:KEY=VALUE,...] (default dartree-pruned)")
+    g.add_argument("--max-new-tokens", type=_positive_int, default=128)
+    g.add_argument("--temperature", type=_temperature, default=0.0)
+    g.add_argument("--no-stream", action="store_true", help="print the text once at the end")
+    g.add_argument("--no-stop", action="store_true", help="do not stop at the end-of-text token")
+    _method_defaults(g)
+
+    b = sub.add_parser("bench", parents=[common], help="methods x datasets x temperatures: tables, plots, lossless")
+    b.add_argument("--preset", choices=sorted(PRESETS), help="a named configuration; other options override it")
+    b.add_argument("--methods", nargs="+", metavar="METHOD", help="methods to compare with AR (ar always runs)")
+    b.add_argument("--datasets", nargs="+", choices=DATASETS, help="prompt sets")
+    b.add_argument("--temperatures", nargs="+", type=_temperature, help="e.g. 0 1")
+    b.add_argument("--num-prompts", type=_positive_int, help="prompts per dataset")
+    b.add_argument("--max-new-tokens", type=_positive_int, help="tokens per prompt")
+    b.add_argument("--max-prompt-tokens", type=_positive_int, default=256)
+    b.add_argument("--calibration-prompts", type=_positive_int, default=2, help="prompts used by budget=auto")
+    b.add_argument("--tune-budgets", type=_ints, default=[4, 8, 16, 32, 64], help="budgets tried by auto")
+    b.add_argument("--tune-widths", type=_ints, default=[4, 8, 16], help="widths tried by auto")
+    b.add_argument("--stop-at-eos", action="store_true", help="stop a prompt at the end-of-text token")
+    b.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up generation")
+    b.add_argument("--out", type=Path, help="output directory (results.md, results.json, plots)")
+    _method_defaults(b)
+
+    s = sub.add_parser("sweep", parents=[common], help="width / budget / beta / top-K sweeps: table + plot")
+    s.add_argument("--param", choices=SWEEP_PARAMS, required=True)
+    s.add_argument("--values", type=_numbers, help="comma-separated values (default: a standard grid)")
+    s.add_argument("--methods", nargs="+", metavar="METHOD", help="builders that have the setting")
+    s.add_argument("--out", type=Path, default=Path("results/sweep"))
+    _prompt_args(s)
+    _method_defaults(s)
+
+    t = sub.add_parser("show-tree", parents=[common], help="render one round's tree (PNG) and depth distributions")
+    t.add_argument("--method", default="dartree-pruned", help="the method whose tree is drawn")
+    t.add_argument("--prompt", help="prompt text (default: the first prompt of --dataset)")
+    t.add_argument("--round", type=_positive_int, default=1, help="which round to draw (1-based, default 1)")
+    t.add_argument("--depth-methods", nargs="+", metavar="METHOD",
+                   default=["ddtree", "dartree-fixed", "dartree-pruned"], help="methods of the depth plot")
+    t.add_argument("--out", type=Path, default=Path("results/trees"))
+    _prompt_args(t)
+    _method_defaults(t)
+
+    u = sub.add_parser("tune", parents=[common], help="adaptive budget: measure this machine, pick B and W")
+    u.add_argument("--method", default="dartree-pruned", help="a builder with a budget")
+    u.add_argument("--budgets", type=_ints, default=[4, 8, 16, 32, 64])
+    u.add_argument("--widths", type=_ints, default=[4, 8, 16])
+    u.add_argument("--out", type=Path, default=Path("results/tune"))
+    _prompt_args(u)
+    _method_defaults(u)
+    return parser
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _defaults(args: argparse.Namespace) -> dict[str, Any]:
+    return {k: getattr(args, k) for k in ("budget", "width", "topk", "beta") if getattr(args, k, None) is not None}
+
+
+def _load(args: argparse.Namespace):
+    import torch
+
+    from dartree.eval.bundles import load_bundle
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    start = time.perf_counter()
+    bundle = load_bundle(args.model)
+    _log(f"model {bundle.name} loaded in {time.perf_counter() - start:.1f} s")
+    return bundle
+
+
+def _prompt_ids(bundle, text: str, limit: int) -> list[int]:
+    from dartree.eval.bundles import encode
+
+    ids = encode(bundle.tokenizer, text)[-limit:]
+    if not ids:
+        raise ValueError("prompt: the prompt encodes to no tokens; give a non-empty prompt")
+    return ids
+
+
+def _refs(bundle, args: argparse.Namespace, offset: int = 0):
+    from dartree.eval.datasets import load_prompts
+    from dartree.eval.simulate import reference
+
+    prompts = load_prompts(args.dataset, args.num_prompts, offset=offset)
+    return [reference(bundle, _prompt_ids(bundle, p.text, args.max_prompt_tokens), args.max_new_tokens,
+                      args.temperature, args.seed) for p in prompts]
+
+
+def _round_summary(result) -> str:
+    rounds = result.rounds
+    if not rounds:
+        return "no rounds"
+    n = len(rounds)
+    stages = result.stage_seconds()
+    per = {k: 1000 * v / n for k, v in stages.items() if k != "prefill"}
+    total = sum(per.values())
+    tokens = result.tokens.shape[1]
+    hist: dict[int, int] = {}
+    for r in rounds:
+        hist[r.accepted_length] = hist.get(r.accepted_length, 0) + 1
+    lines = [f"{tokens} tokens in {n} rounds: tau {result.tau:.2f} tokens/round, mean tree size "
+             f"{sum(r.tree_size for r in rounds) / n:.1f}, prefill {1000 * result.prefill_s:.1f} ms",
+             "per round: " + ", ".join(f"{k} {v:.2f} ms" for k, v in per.items()) + f" = {total:.2f} ms "
+             f"({tokens / max(1e-9, sum(stages.values()) - result.prefill_s):.1f} tokens/s)",
+             "accepted length histogram: " + ", ".join(f"L={k}: {hist[k]}" for k in sorted(hist))]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------- commands
+def cmd_generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    import torch
+
+    from dartree.decode import generate_ar
+    from dartree.eval.bundles import decode, stop_token_id
+    from dartree.eval.methods import make_decoder, parse_method
+    from dartree.eval.streaming import stream_generate
+    from dartree.verify.sampling import KeyedSampler
+
+    if (args.prompt is None) == (args.prompt_file is None):
+        parser.error("generate: give exactly one of --prompt and --prompt-file")
+    if args.budget == "auto" or args.width == "auto":
+        parser.error("--budget/--width: 'auto' is for bench and tune; run `dartree tune` and pass the numbers")
+    try:
+        method = parse_method(args.method, _defaults(args))
+    except ValueError as e:
+        parser.error(str(e))
+    text = args.prompt if args.prompt is not None else args.prompt_file.read_text()
+    bundle = _load(args)
+    ids = torch.tensor([_prompt_ids(bundle, text, 1 << 30)], dtype=torch.int64)
+    stop = None if args.no_stop else stop_token_id(bundle)
+    stops = None if stop is None else [stop]
+    sampler = KeyedSampler(args.seed) if args.temperature > 0 else None
+    out = sys.stdout
+    out.write(text)
+    out.flush()
+    generated: list[int] = []
+    shown = [0]
+
+    def show(tokens: list[int]) -> None:
+        generated.extend(tokens)
+        full = decode(bundle.tokenizer, generated)
+        out.write(full[shown[0]:])
+        out.flush()
+        shown[0] = len(full)
+
+    start = time.perf_counter()
+    if method.is_ar:
+        result = generate_ar(bundle.target, ids, args.max_new_tokens, args.temperature, sampler, stops)
+        show(result.tokens[0].tolist())
+    else:
+        decoder = make_decoder(bundle, method, args.backend)
+        if args.no_stream:
+            result = decoder.generate(ids, args.max_new_tokens, args.temperature, sampler, stops)
+            show(result.tokens[0].tolist())
+        else:
+            result = stream_generate(decoder, ids, args.max_new_tokens, show, args.temperature, sampler, stops)
+    seconds = time.perf_counter() - start
+    out.write("\n")
+    _log(f"--- {method.label} ({bundle.name}), T={args.temperature:g}, stop: {result.stop_reason}, "
+         f"{seconds:.2f} s wall")
+    _log(_round_summary(result))
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from dartree.eval.bench import BenchConfig, run_bench
+    from dartree.eval.methods import parse_methods
+    from dartree.eval.plots import plot_acceptance, plot_tuning
+    from dartree.eval.report import bench_markdown, write_bench
+
+    preset = dict(BENCH_DEFAULTS if args.preset is None else PRESETS[args.preset])
+    for key in ("methods", "datasets", "temperatures", "num_prompts", "max_new_tokens", "budget", "out"):
+        if getattr(args, key) is not None:
+            preset[key] = getattr(args, key)
+    defaults = _defaults(args)
+    if "budget" not in defaults and preset["budget"] is not None:
+        defaults["budget"] = preset["budget"]
+    try:
+        methods = parse_methods([m for m in preset["methods"] if m != "ar"] or ["ar"], defaults)
+        config = BenchConfig(
+            methods=tuple(m for m in methods if not m.is_ar), datasets=tuple(dict.fromkeys(preset["datasets"])),
+            temperatures=tuple(dict.fromkeys(float(t) for t in preset["temperatures"])),
+            num_prompts=preset["num_prompts"], max_new_tokens=preset["max_new_tokens"],
+            max_prompt_tokens=args.max_prompt_tokens, seed=args.seed, backend=args.backend,
+            warmup=not args.no_warmup, stop_at_eos=args.stop_at_eos, calibration_prompts=args.calibration_prompts,
+            tune_budgets=tuple(args.tune_budgets), tune_widths=tuple(args.tune_widths))
+    except ValueError as e:
+        parser.error(str(e))
+    out = Path(preset["out"])
+    bundle = _load(args)
+    argv = ["dartree", *sys.argv[1:]] if args.argv is None else ["dartree", *args.argv]
+    start = time.perf_counter()
+    result = run_bench(bundle, config, argv=argv, log=_log)
+    paths = write_bench(result, out)
+    plot = plot_acceptance(result.summaries, out / "acceptance.png")
+    tuning_plots = [plot_tuning(t, out / f"tuning_{t.builder}.png") for t in result.tuning]
+    print(bench_markdown(result))
+    _log(f"wrote {paths['markdown']}, {paths['json']}, {plot}" + "".join(f", {p}" for p in tuning_plots)
+         + f" in {time.perf_counter() - start:.0f} s")
+    if not result.lossless:
+        _log("LOSSLESS CHECK FAILED: some method's output differs from AR (see the table's lossless column)")
+        return 1
+    return 0
+
+
+def cmd_sweep(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from dataclasses import asdict
+
+    from dartree.eval.methods import parse_methods
+    from dartree.eval.plots import plot_sweep
+    from dartree.eval.sweep import DEFAULT_VALUES, run_sweep, sweep_table
+
+    names = args.methods or (["dartree-pruned"] if args.param in ("width", "beta")
+                             else ["ddtree", "dartree-fixed", "dartree-pruned"])
+    values = args.values or list(DEFAULT_VALUES[args.param])
+    try:
+        methods = parse_methods(names, _defaults(args))
+        for m in methods:
+            if m.is_ar or args.param not in m.fields():
+                raise ValueError(f"methods: {m.label!r} has no setting {args.param!r}")
+            if m.auto_fields:
+                raise ValueError(f"methods: {m.label!r}: 'auto' settings cannot be swept; give numbers")
+    except ValueError as e:
+        parser.error(str(e))
+    bundle = _load(args)
+    refs = _refs(bundle, args)
+    result = run_sweep(bundle, methods, args.param, values, refs, args.backend, progress=_log)
+    args.out.mkdir(parents=True, exist_ok=True)
+    table = sweep_table(result)
+    (args.out / f"sweep_{args.param}.md").write_text(
+        f"# Sweep of {args.param} on {bundle.name}, {args.dataset}, T={args.temperature:g}\n\n{table}\n")
+    (args.out / f"sweep_{args.param}.json").write_text(json.dumps(asdict(result), indent=1))
+    plot = plot_sweep(args.param, result.series(), args.out / f"sweep_{args.param}.png")
+    print(table)
+    _log(f"wrote {args.out / f'sweep_{args.param}.md'}, {plot}")
+    return 0
+
+
+def cmd_show_tree(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from dartree.eval.bundles import decode
+    from dartree.eval.methods import parse_method, parse_methods
+    from dartree.eval.plots import plot_depth_distribution, plot_tree
+    from dartree.eval.simulate import reference
+    from dartree.eval.trees import depth_counts, recorded_rounds
+
+    try:
+        method = parse_method(args.method, _defaults(args))
+        depth_methods = parse_methods(args.depth_methods, _defaults(args))
+        for m in (method, *depth_methods):
+            if m.is_ar:
+                raise ValueError("method: 'ar' builds no tree; pick tree builders")
+            if m.auto_fields:
+                raise ValueError(f"method: {m.label!r}: give numbers instead of 'auto' to draw trees")
+    except ValueError as e:
+        parser.error(str(e))
+    bundle = _load(args)
+    if args.prompt is not None:
+        refs = [reference(bundle, _prompt_ids(bundle, args.prompt, args.max_prompt_tokens), args.max_new_tokens,
+                          args.temperature, args.seed)]
+    else:
+        refs = _refs(bundle, args)
+    rounds = recorded_rounds(bundle, method, refs[0], args.backend)
+    if args.round > len(rounds):
+        parser.error(f"--round: the first prompt took {len(rounds)} rounds; pick 1..{len(rounds)}")
+    r = rounds[args.round - 1]
+    args.out.mkdir(parents=True, exist_ok=True)
+    safe = method.label.replace(":", "_").replace(",", "_").replace("=", "")
+    tree_png = plot_tree(r.tree, r.accepted, lambda t: decode(bundle.tokenizer, [t]),
+                         args.out / f"tree_{safe}_round{args.round}.png",
+                         title=f"{method.label}, round {args.round}: {r.tree_size} draft nodes, "
+                               f"{r.accepted_length} accepted (green)")
+    print(r.tree.format(0, lambda t: repr(decode(bundle.tokenizer, [t]))))
+    gamma = int(getattr(bundle.drafter, "gamma", 0)) or max(int(x.tree.depths.max()) for x in rounds)
+    counts = {}
+    for m in depth_methods:
+        all_rounds = [x for ref in refs for x in recorded_rounds(bundle, m, ref, args.backend)]
+        counts[m.label] = depth_counts(all_rounds, gamma)
+    depth_png = plot_depth_distribution(counts, args.out / "depth_distribution.png")
+    _log(f"wrote {tree_png}, {depth_png}")
+    return 0
+
+
+def cmd_tune(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from dataclasses import asdict
+
+    from dartree.eval.methods import parse_method
+    from dartree.eval.plots import plot_tuning
+    from dartree.eval.report import tuning_table
+    from dartree.eval.tune import tune
+
+    try:
+        method = parse_method(args.method, _defaults(args))      # unset budget / width are searched
+        if method.is_ar or "budget" not in method.fields():
+            raise ValueError(f"method: {method.label!r} has no budget to tune")
+    except ValueError as e:
+        parser.error(str(e))
+    bundle = _load(args)
+    refs = _refs(bundle, args)
+    result = tune(bundle, method, refs, args.backend, args.budgets, args.widths, progress=_log)
+    args.out.mkdir(parents=True, exist_ok=True)
+    table = tuning_table(result)
+    (args.out / f"tune_{method.builder}.md").write_text(f"# Adaptive budget for {method.label} on {bundle.name}\n\n"
+                                                        f"{table}\n")
+    (args.out / f"tune_{method.builder}.json").write_text(json.dumps(asdict(result), indent=1))
+    plot = plot_tuning(result, args.out / f"tune_{method.builder}.png")
+    print(table)
+    chosen = " ".join(f"--{k} {v}" for k, v in result.settings().items())
+    print(f"\nchosen: {chosen}  (expected {result.best.tokens_per_s:.1f} tokens/s, "
+          f"{result.best.tokens_per_s / result.ar_tokens_per_s:.2f}x AR)")
+    _log(f"wrote {args.out / f'tune_{method.builder}.md'}, {plot}")
+    return 0
+
+
+COMMANDS = {"generate": cmd_generate, "bench": cmd_bench, "sweep": cmd_sweep, "show-tree": cmd_show_tree,
+            "tune": cmd_tune}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``dartree`` console script; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.argv = list(argv) if argv is not None else None
+    sub = parser._subparsers._group_actions[0].choices[args.command]   # the subcommand's parser, for errors
+    return COMMANDS[args.command](args, sub)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

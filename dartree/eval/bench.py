@@ -1,0 +1,281 @@
+"""The benchmark: methods x datasets x temperatures on one bundle, AR measured in the same run.
+
+For every (dataset, temperature, prompt) the AR baseline runs first, then every method, one after
+the other (interleaved, so that a machine whose load drifts penalises every method alike).  Each
+method's output is compared with AR's token for token: at T=0 greedy decoding, at T>0 both draw
+with the same :class:`~dartree.KeyedSampler` seed, so speculative output must be identical -- the
+lossless property checked for free on every benchmark prompt.
+
+Speedup is tokens per second over AR's tokens per second (wall time of the whole ``generate``
+call, prefill included); tau is committed tokens per round.  Nothing here catches an exception:
+a failing method stops the benchmark.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import platform
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from dartree.decode import GenerationResult, generate_ar
+from dartree.eval.bundles import Bundle, encode, stop_token_id
+from dartree.eval.datasets import load_prompts
+from dartree.eval.methods import AR, MethodSpec, make_decoder, resolve_backend
+from dartree.eval.simulate import reference
+from dartree.eval.tune import TuneResult, tune
+from dartree.verify.sampling import KeyedSampler
+
+__all__ = ["BenchConfig", "RunRecord", "Summary", "BenchResult", "run_bench", "summarize", "STAGES",
+           "acceptance_curve"]
+
+STAGES: tuple[str, ...] = ("draft", "build", "mask", "verify", "commit")
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """What to run.  ``methods`` need not include ``ar``: AR always runs (it is the reference).
+
+    max_prompt_tokens: prompts are cut to their last this-many tokens.
+    calibration_prompts: prompts (of the first dataset, after the evaluation prompts) that tune
+    methods with ``budget=auto`` / ``width=auto``.
+    """
+
+    methods: tuple[MethodSpec, ...]
+    datasets: tuple[str, ...] = ("humaneval",)
+    temperatures: tuple[float, ...] = (0.0,)
+    num_prompts: int = 4
+    max_new_tokens: int = 64
+    max_prompt_tokens: int = 256
+    prompt_chars: int = 600
+    seed: int = 0
+    backend: str = "auto"
+    warmup: bool = True
+    stop_at_eos: bool = False
+    calibration_prompts: int = 2
+    tune_budgets: tuple[int, ...] = (4, 8, 16, 32, 64)
+    tune_widths: tuple[int, ...] = (4, 8, 16)
+
+    def __post_init__(self) -> None:
+        if not self.methods:
+            raise ValueError("methods: need at least one method")
+        if not self.datasets:
+            raise ValueError("datasets: need at least one dataset")
+        if not self.temperatures or any(not (t >= 0 and t < float("inf")) for t in self.temperatures):
+            raise ValueError(f"temperatures: need finite numbers >= 0, got {self.temperatures}")
+        for name in ("num_prompts", "max_new_tokens", "max_prompt_tokens", "calibration_prompts"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}: must be an integer >= 1, got {value!r}")
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One generation of one prompt by one method."""
+
+    method: str
+    dataset: str
+    temperature: float
+    prompt_id: str
+    prompt_tokens: int
+    new_tokens: int
+    seconds: float
+    prefill_s: float
+    accepted_lengths: tuple[int, ...]
+    committed: tuple[int, ...]
+    tree_sizes: tuple[int, ...]
+    stage_s: tuple[float, ...]            # summed over rounds, in STAGES order
+    matches_ar: bool
+
+    @property
+    def rounds(self) -> int:
+        return len(self.committed)
+
+
+@dataclass(frozen=True)
+class Summary:
+    """One method on one (dataset, temperature), pooled over prompts (a Table 1 / Table 2 cell)."""
+
+    method: str
+    builder: str
+    settings: dict[str, Any]
+    backend: str
+    dataset: str
+    temperature: float
+    prompts: int
+    tokens: int
+    seconds: float
+    tokens_per_s: float
+    speedup: float
+    tau: float
+    rounds: int
+    mean_tree_size: float
+    stage_ms: dict[str, float]            # mean per round
+    round_ms: float
+    lossless_prompts: int
+    acceptance: tuple[float, ...]         # Pr(L >= t) for t = 1..gamma
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    """Everything a benchmark produced; ``to_json`` is what ``results.json`` holds."""
+
+    config: BenchConfig
+    meta: dict[str, Any]
+    records: tuple[RunRecord, ...]
+    summaries: tuple[Summary, ...]
+    tuning: tuple[TuneResult, ...] = field(default=())
+
+    @property
+    def lossless(self) -> bool:
+        return all(r.matches_ar for r in self.records)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "meta": self.meta,
+            "config": dataclasses.asdict(self.config),
+            "lossless": self.lossless,
+            "summaries": [dataclasses.asdict(s) for s in self.summaries],
+            "tuning": [dataclasses.asdict(t) for t in self.tuning],
+            "records": [dataclasses.asdict(r) for r in self.records],
+        }
+
+
+def acceptance_curve(accepted_lengths: Sequence[int], gamma: int) -> tuple[float, ...]:
+    """``Pr(L >= t)`` for ``t = 1..gamma`` over rounds (the paper's Figure 5)."""
+    n = max(1, len(accepted_lengths))
+    return tuple(sum(1 for a in accepted_lengths if a >= t) / n for t in range(1, gamma + 1))
+
+
+def _record(method: str, dataset: str, temperature: float, prompt_id: str, result: GenerationResult,
+            seconds: float, ar_tokens: torch.Tensor | None) -> RunRecord:
+    stage = tuple(sum(getattr(r, f"{s}_s") for r in result.rounds) for s in STAGES)
+    matches = True if ar_tokens is None else bool(torch.equal(result.tokens.cpu(), ar_tokens))
+    return RunRecord(method, dataset, temperature, prompt_id, result.prompt.shape[1], result.tokens.shape[1], seconds,
+                     result.prefill_s, tuple(r.accepted_length for r in result.rounds),
+                     tuple(r.committed for r in result.rounds), tuple(r.tree_size for r in result.rounds), stage,
+                     matches)
+
+
+def summarize(records: Sequence[RunRecord], methods: Sequence[MethodSpec], backend: str,
+              gamma: int) -> tuple[Summary, ...]:
+    """Pool records per (method, dataset, temperature); speedup against AR of the same cell."""
+    cells: dict[tuple[str, str, float], list[RunRecord]] = {}
+    for r in records:
+        cells.setdefault((r.method, r.dataset, r.temperature), []).append(r)
+    by_label = {m.label: m for m in methods}
+    out = []
+    for (label, dataset, temperature), rs in cells.items():
+        tokens = sum(r.new_tokens for r in rs)
+        seconds = sum(r.seconds for r in rs)
+        rounds = sum(r.rounds for r in rs)
+        ar = cells[(AR, dataset, temperature)]
+        ar_rate = sum(r.new_tokens for r in ar) / sum(r.seconds for r in ar)
+        rate = tokens / seconds
+        stage_ms = {s: 1000.0 * sum(r.stage_s[i] for r in rs) / rounds for i, s in enumerate(STAGES)}
+        accepted = [a for r in rs for a in r.accepted_lengths]
+        spec = by_label[label]
+        out.append(Summary(
+            method=label, builder=spec.builder, settings=spec.config,
+            backend="-" if spec.is_ar else resolve_backend(spec.builder, backend),
+            dataset=dataset, temperature=temperature, prompts=len(rs), tokens=tokens, seconds=seconds,
+            tokens_per_s=rate, speedup=rate / ar_rate, tau=sum(sum(r.committed) for r in rs) / rounds,
+            rounds=rounds, mean_tree_size=sum(sum(r.tree_sizes) for r in rs) / rounds, stage_ms=stage_ms,
+            round_ms=sum(stage_ms.values()), lossless_prompts=sum(r.matches_ar for r in rs),
+            acceptance=acceptance_curve(accepted, gamma) if not spec.is_ar else (),
+        ))
+    return tuple(out)
+
+
+def _timed(fn: Callable[[], GenerationResult]) -> tuple[GenerationResult, float]:
+    start = time.perf_counter()
+    result = fn()
+    return result, time.perf_counter() - start
+
+
+def _meta(bundle: Bundle, argv: Sequence[str] | None) -> dict[str, Any]:
+    return {
+        "model": bundle.name,
+        "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "command": " ".join(argv) if argv is not None else None,
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "machine": f"{platform.system()} {platform.machine()}",
+        "processor": platform.processor() or platform.machine(),
+        "torch_threads": torch.get_num_threads(),
+        "device": str(next(bundle.target.parameters()).device),
+    }
+
+
+def run_bench(bundle: Bundle, config: BenchConfig, argv: Sequence[str] | None = None,
+              log: Callable[[str], None] = print, progress: bool = True) -> BenchResult:
+    """Run the benchmark described by ``config`` on ``bundle`` (see the module docstring)."""
+    from tqdm import tqdm
+
+    gamma = int(getattr(bundle.drafter, "gamma", 0)) or 16
+    stop = stop_token_id(bundle) if config.stop_at_eos else None
+    limit = config.max_prompt_tokens
+    prompts = {d: [(p.id, encode(bundle.tokenizer, p.text)[-limit:])
+                   for p in load_prompts(d, config.num_prompts, prompt_chars=config.prompt_chars)]
+               for d in config.datasets}
+    device = next(bundle.target.parameters()).device
+
+    # Resolve budget=auto / width=auto on calibration prompts disjoint from the evaluation prompts.
+    methods = list(config.methods)
+    tuning: list[TuneResult] = []
+    if any(m.auto_fields for m in methods):
+        calib = load_prompts(config.datasets[0], config.calibration_prompts, offset=config.num_prompts,
+                             prompt_chars=config.prompt_chars)
+        refs = [reference(bundle, encode(bundle.tokenizer, p.text)[-limit:], config.max_new_tokens)
+                for p in calib]
+        for i, m in enumerate(methods):
+            if m.auto_fields:
+                result = tune(bundle, m, refs, config.backend, config.tune_budgets, config.tune_widths,
+                              progress=(lambda s: log(f"tune: {s}")) if progress else None)
+                tuning.append(result)
+                methods[i] = m.with_settings(**result.settings())
+                log(f"tune: {m.label} -> {result.settings()} (expected {result.best.tokens_per_s:.1f} tok/s, "
+                    f"tau {result.best.tau:.2f})")
+    methods_t = tuple(methods)
+    timed = [m for m in methods_t if not m.is_ar]
+    ar_spec = MethodSpec(AR, label=AR)
+    decoders = {m.label: make_decoder(bundle, m, config.backend) for m in timed}
+
+    def run(label: str, ids: torch.Tensor, max_new: int, temperature: float) -> GenerationResult:
+        sampler = KeyedSampler(config.seed) if temperature > 0 else None
+        if label == AR:
+            return generate_ar(bundle.target, ids, max_new, temperature, sampler,
+                               stop_token_ids=None if stop is None else [stop])
+        return decoders[label].generate(ids, max_new, temperature, sampler,
+                                        stop_token_ids=None if stop is None else [stop])
+
+    if config.warmup:                          # first calls allocate caches and pick kernels: untimed
+        first = torch.tensor([next(iter(prompts.values()))[0][1]], dtype=torch.int64, device=device)
+        for label in (AR, *decoders):
+            run(label, first, min(8, config.max_new_tokens), 0.0)
+
+    records: list[RunRecord] = []
+    total = len(config.datasets) * len(config.temperatures) * config.num_prompts * (1 + len(timed))
+    bar = tqdm(total=total, desc="bench", disable=not progress, file=sys.stderr)
+    for dataset in config.datasets:
+        for temperature in config.temperatures:
+            for prompt_id, ids_list in prompts[dataset]:
+                ids = torch.tensor([ids_list], dtype=torch.int64, device=device)
+                ar, seconds = _timed(lambda: run(AR, ids, config.max_new_tokens, temperature))  # noqa: B023
+                ar_tokens = ar.tokens.cpu()
+                records.append(_record(AR, dataset, temperature, prompt_id, ar, seconds, None))
+                bar.update(1)
+                for m in timed:
+                    res, seconds = _timed(lambda: run(m.label, ids, config.max_new_tokens, temperature))  # noqa: B023
+                    records.append(_record(m.label, dataset, temperature, prompt_id, res, seconds, ar_tokens))
+                    bar.set_postfix_str(f"{dataset} T={temperature:g} {m.label}", refresh=False)
+                    bar.update(1)
+    bar.close()
+    summaries = summarize(records, (ar_spec, *methods_t), config.backend, gamma)
+    return BenchResult(config=dataclasses.replace(config, methods=methods_t), meta=_meta(bundle, argv),
+                       records=tuple(records), summaries=summaries, tuning=tuple(tuning))

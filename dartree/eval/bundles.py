@@ -1,0 +1,99 @@
+"""Model bundles for the harness: a target, its tokenizer, a drafter and correction heads.
+
+``load_bundle(name)`` returns the bundled zoo model ``name`` (``dartree.models.zoo.load``) or, for
+``"tiny-random"``, a seconds-to-build toy: a random 2-layer Qwen3 target over bytes, the
+:class:`~dartree.testing.OracleDrafter` (the target's own continuation with noise) and the
+deterministic test heads of :mod:`dartree.testing`.  The toy exists so that every command runs
+(and is tested) without trained weights; its numbers mean nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["Bundle", "ByteTokenizer", "TINY_RANDOM", "load_bundle", "tiny_random_bundle", "encode", "decode",
+           "stop_token_id"]
+
+TINY_RANDOM = "tiny-random"
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as tokens 0..255, ``<|endoftext|>`` = 256 (the toy bundle's tokenizer)."""
+
+    eos_token_id = 256
+    vocab_size = 257
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: list[int]) -> str:
+        return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """What the harness needs of a model: target (HF causal LM), tokenizer, drafter, heads by name."""
+
+    name: str
+    target: nn.Module
+    tokenizer: Any
+    drafter: Any
+    heads: dict[str, Any] = field(default_factory=dict)
+
+
+def encode(tokenizer: Any, text: str) -> list[int]:
+    """Token ids of ``text`` for a ``tokenizers.Tokenizer``, a transformers tokenizer or :class:`ByteTokenizer`."""
+    out = tokenizer.encode(text)
+    return list(out.ids) if hasattr(out, "ids") else list(out)
+
+
+def decode(tokenizer: Any, ids: list[int]) -> str:
+    """Text of ``ids`` (any tokenizer accepted by :func:`encode`)."""
+    return tokenizer.decode(list(ids))
+
+
+def stop_token_id(bundle: Bundle) -> int | None:
+    """The end-of-text token of ``bundle`` (from the target's config), or ``None`` if it has none."""
+    eos = getattr(bundle.target.config, "eos_token_id", None)
+    if isinstance(eos, list):
+        eos = eos[0] if eos else None
+    return eos if isinstance(eos, int) else None
+
+
+def tiny_random_bundle(seed: int = 0, gamma: int = 8, demote: float = 0.3, drop: float = 0.1) -> Bundle:
+    """The toy bundle: random 2-layer Qwen3 over bytes, oracle drafter with noise, test heads."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from dartree.testing import PathHashHead
+    from dartree.testing.drafter import OracleDrafter
+
+    tokenizer = ByteTokenizer()
+    config = Qwen3Config(vocab_size=tokenizer.vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=4096,
+                         tie_word_embeddings=True, bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.eos_token_id)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(config).eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    drafter = OracleDrafter(model, gamma, demote=demote, drop=drop, seed=seed)
+    heads = {"gru": PathHashHead(strength=0.5), "markov": PathHashHead(strength=0.25)}
+    return Bundle(TINY_RANDOM, model, tokenizer, drafter, heads)
+
+
+def load_bundle(name: str) -> Bundle:
+    """The bundle called ``name``: ``"tiny-random"`` or a zoo model (``dartree.models.zoo``)."""
+    if name == TINY_RANDOM:
+        return tiny_random_bundle()
+    from dartree.models import zoo
+
+    known = tuple(getattr(zoo, "NAMES", ()))
+    if known and name not in known:
+        raise ValueError(f"model: must be one of {(TINY_RANDOM, *known)}, got {name!r}")
+    z = zoo.load(name)
+    return Bundle(name, z.target, z.tokenizer, z.drafter, dict(z.heads))

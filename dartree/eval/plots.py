@@ -1,0 +1,166 @@
+"""Figures: acceptance by position (Figure 5), sweeps (Figures 4, 6), trees (Figures 8-11), depths (Figure 7).
+
+Every function writes one PNG with matplotlib's object API (no pyplot state, no display needed) and
+returns its path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from matplotlib.figure import Figure
+
+from dartree.eval.bench import Summary
+from dartree.eval.tune import TuneResult
+from dartree.tree import DraftTree
+
+__all__ = ["plot_acceptance", "plot_sweep", "plot_tree", "plot_depth_distribution", "plot_tuning", "token_label"]
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    return path
+
+
+def plot_acceptance(summaries: Sequence[Summary], path: Path) -> Path:
+    """Pr(L >= t) against t, one line per method; one panel per (temperature, dataset)."""
+    cells = [(t, d) for t in dict.fromkeys(s.temperature for s in summaries)
+             for d in dict.fromkeys(s.dataset for s in summaries)]
+    fig = Figure(figsize=(4.5 * len(cells), 3.6))
+    axes = fig.subplots(1, len(cells), squeeze=False)[0]
+    for ax, (t, d) in zip(axes, cells, strict=True):
+        for s in summaries:
+            if s.temperature == t and s.dataset == d and s.acceptance:
+                ax.plot(range(1, len(s.acceptance) + 1), s.acceptance, marker="o", markersize=3,
+                        label=f"{s.method} (tau {s.tau:.2f})")
+        ax.set_title(f"{d}, T={t:g}")
+        ax.set_xlabel("position t")
+        ax.set_ylabel("Pr(L >= t)")
+        ax.set_ylim(0, 1.02)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def plot_sweep(param: str, series: Mapping[str, Sequence[tuple[float, float, float]]], path: Path) -> Path:
+    """A sweep of ``param``: ``series[method] = [(value, tau, expected speedup), ...]``; two panels."""
+    fig = Figure(figsize=(10, 3.8))
+    left, right = fig.subplots(1, 2)
+    for method, points in series.items():
+        xs = [p[0] for p in points]
+        left.plot(xs, [p[1] for p in points], marker="o", label=method)
+        right.plot(xs, [p[2] for p in points], marker="o", label=method)
+    for ax, ylabel in ((left, "tau (tokens per round)"), (right, "expected speedup over AR")):
+        ax.set_xlabel(param)
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        if param in ("budget", "width", "topk") and all(p[0] > 0 for pts in series.values() for p in pts):
+            ax.set_xscale("log", base=2)
+    right.axhline(1.0, color="gray", lw=0.8, ls="--")
+    return _save(fig, path)
+
+
+def token_label(text: str, limit: int = 10) -> str:
+    """A token's text made visible on a node: newline as ↵, tab as ⇥, space as ·."""
+    shown = text.replace("\n", "↵").replace("\t", "⇥").replace(" ", "·")
+    return shown if len(shown) <= limit else shown[: limit - 1] + "…"
+
+
+def plot_tree(tree: DraftTree, accepted: Sequence[int], token_text: Callable[[int], str], path: Path,
+              title: str = "", row: int = 0) -> Path:
+    """Render row ``row`` of ``tree``: depth left to right, accepted path (node indices) highlighted."""
+    n = int(tree.num_nodes[row])
+    parents = tree.parents[row, :n].tolist()
+    depths = tree.depths[row, :n].tolist()
+    tokens = tree.tokens[row, :n].tolist()
+    children: dict[int, list[int]] = {}
+    for i in range(1, n):
+        children.setdefault(parents[i], []).append(i)
+    y: dict[int, float] = {}
+    next_leaf = [0.0]
+
+    def place(i: int) -> None:            # leaves top to bottom in depth-first order, parents centred
+        kids = children.get(i, [])
+        for c in kids:
+            place(c)
+        if kids:
+            y[i] = sum(y[c] for c in kids) / len(kids)
+        else:
+            y[i] = next_leaf[0]
+            next_leaf[0] += 1.0
+
+    place(0)
+    leaves = max(1.0, next_leaf[0])
+    max_depth = max(depths)
+    on_path = set(accepted)
+    fig = Figure(figsize=(1.6 + 1.25 * (max_depth + 1), 0.9 + 0.32 * leaves))
+    ax = fig.subplots()
+    for i in range(1, n):
+        p = parents[i]
+        good = i in on_path and p in on_path
+        ax.plot([depths[p], depths[i]], [y[p], y[i]], color="#2e7d32" if good else "#9e9e9e",
+                lw=2.2 if good else 0.8, zorder=1)
+    for i in range(n):
+        good = i in on_path
+        label = "root" if i == 0 else ""
+        ax.text(depths[i], y[i], token_label(token_text(tokens[i])) + (f"\n({label})" if label else ""),
+                ha="center", va="center", fontsize=7, zorder=2,
+                bbox={"boxstyle": "round,pad=0.25", "fc": "#c8e6c9" if good else "white",
+                      "ec": "#2e7d32" if good else "#757575", "lw": 1.2 if good else 0.6})
+    ax.set_xlim(-0.6, max_depth + 0.6)
+    ax.set_ylim(leaves - 0.5, -0.5)
+    ax.set_xlabel("depth")
+    ax.set_yticks([])
+    ax.set_xticks(range(max_depth + 1))
+    for side in ("top", "right", "left"):
+        ax.spines[side].set_visible(False)
+    ax.set_title(title or f"{n - 1} draft nodes, {len(on_path) - 1} accepted", fontsize=9)
+    return _save(fig, path)
+
+
+def plot_depth_distribution(depth_counts: Mapping[str, Sequence[float]], path: Path) -> Path:
+    """Mean draft nodes per depth per tree, one bar group per method (Figure 7)."""
+    fig = Figure(figsize=(8, 3.8))
+    ax = fig.subplots()
+    methods = list(depth_counts)
+    width = 0.8 / max(1, len(methods))
+    for k, method in enumerate(methods):
+        counts = depth_counts[method]
+        xs = [d + 1 + (k - (len(methods) - 1) / 2) * width for d in range(len(counts))]
+        ax.bar(xs, counts, width=width, label=method)
+    ax.set_xlabel("depth")
+    ax.set_ylabel("nodes per tree (mean)")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def plot_tuning(result: TuneResult, path: Path) -> Path:
+    """Measured verify cost by tree size, and the cost model's expected tokens/s by budget (per width)."""
+    fig = Figure(figsize=(10, 3.8))
+    left, right = fig.subplots(1, 2)
+    cost = result.verify_cost
+    left.plot(cost.sizes, [1000 * s for s in cost.seconds], marker="o")
+    left.set_xlabel("tree nodes n (root included)")
+    left.set_ylabel("verify ms (inputs + target forward)")
+    left.set_title(f"verify cost on this machine (prefix {cost.prefix_len})", fontsize=9)
+    left.grid(alpha=0.3)
+    widths = list(dict.fromkeys(c.width for c in result.candidates))
+    for w in widths:
+        cs = [c for c in result.candidates if c.width == w]
+        right.plot([c.budget for c in cs], [c.tokens_per_s for c in cs], marker="o",
+                   label="no width" if w is None else f"W={w}")
+    best = result.best
+    right.scatter([best.budget], [best.tokens_per_s], s=120, facecolors="none", edgecolors="red", zorder=3,
+                  label=f"chosen B={best.budget}" + ("" if best.width is None else f" W={best.width}"))
+    right.axhline(result.ar_tokens_per_s, color="gray", ls="--", lw=0.8, label="AR")
+    right.set_xscale("log", base=2)
+    right.set_xlabel("budget B")
+    right.set_ylabel("expected tokens / s")
+    right.set_title(f"cost model for {result.method}", fontsize=9)
+    right.grid(alpha=0.3)
+    right.legend(fontsize=7)
+    return _save(fig, path)

@@ -1,0 +1,128 @@
+"""Markdown tables of benchmark, tuning and sweep results (the paper's Tables 1, 2 and 4)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from dartree.eval.bench import STAGES, BenchResult, Summary
+from dartree.eval.methods import AR
+from dartree.eval.tune import TuneResult
+
+__all__ = ["markdown_table", "table1", "table2", "tuning_table", "bench_markdown", "write_bench"]
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A GitHub markdown table; every row must have ``len(header)`` cells."""
+    for row in rows:
+        if len(row) != len(header):
+            raise ValueError(f"rows: each row needs {len(header)} cells, got {len(row)}: {row}")
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _settings(s: Summary) -> str:
+    keys = ("budget", "width", "topk", "beta")
+    return " ".join(f"{k[0].upper() if k != 'topk' else 'K'}={s.settings[k]}" for k in keys if k in s.settings)
+
+
+def _methods(summaries: Sequence[Summary]) -> list[str]:
+    seen: list[str] = []
+    for s in summaries:
+        if s.method not in seen:
+            seen.append(s.method)
+    return seen
+
+
+def table1(summaries: Sequence[Summary], temperature: float) -> str:
+    """Rows: methods; per dataset: speedup over AR and tau; then lossless prompts (Table 1)."""
+    cells = {(s.method, s.dataset): s for s in summaries if s.temperature == temperature}
+    datasets = list(dict.fromkeys(s.dataset for s in summaries if s.temperature == temperature))
+    header = ["method", "settings"]
+    for d in datasets:
+        header += [f"{d} speedup", f"{d} tau"]
+    header += ["tok/s", "lossless"]
+    rows = []
+    for method in _methods([s for s in summaries if s.temperature == temperature]):
+        row: list[Any] = [method, ""]
+        ok = total = 0
+        tokens = seconds = 0.0
+        for d in datasets:
+            s = cells.get((method, d))
+            if s is None:
+                row += ["-", "-"]
+                continue
+            row[1] = _settings(s)
+            row += [f"{s.speedup:.2f}x", f"{s.tau:.2f}"]
+            ok, total = ok + s.lossless_prompts, total + s.prompts
+            tokens, seconds = tokens + s.tokens, seconds + s.seconds
+        row += [f"{tokens / seconds:.1f}" if seconds else "-", "-" if method == AR else f"{ok}/{total}"]
+        rows.append(row)
+    return markdown_table(header, rows)
+
+
+def table2(summaries: Sequence[Summary], temperature: float) -> str:
+    """Rows: methods; mean ms per round of each stage, pooled over datasets (Table 2)."""
+    rows = []
+    for method in _methods([s for s in summaries if s.temperature == temperature]):
+        group = [s for s in summaries if s.method == method and s.temperature == temperature]
+        rounds = sum(s.rounds for s in group)
+        ms = {st: sum(s.stage_ms[st] * s.rounds for s in group) / rounds for st in STAGES}
+        tree = sum(s.mean_tree_size * s.rounds for s in group) / rounds
+        tau = sum(s.tau * s.rounds for s in group) / rounds
+        rows.append([method, *(f"{ms[st]:.2f}" for st in STAGES), f"{sum(ms.values()):.2f}", f"{tree:.1f}",
+                     f"{tau:.2f}", f"{sum(ms.values()) / tau:.2f}"])
+    header = ["method", *(f"{st} ms" for st in STAGES), "round ms", "tree size", "tau", "ms/token"]
+    return markdown_table(header, rows)
+
+
+def tuning_table(result: TuneResult) -> str:
+    """Every (B, W) the tuner scored, best marked (Table 4)."""
+    rows = []
+    for c in result.candidates:
+        mark = " **(chosen)**" if c == result.best else ""
+        rows.append([f"{c.budget}{mark}", "-" if c.width is None else c.width, f"{c.tau:.2f}",
+                     f"{c.mean_tree_size:.1f}", f"{1000 * c.draft_s:.2f}", f"{1000 * c.build_s:.2f}",
+                     f"{1000 * c.verify_s:.2f}", f"{1000 * c.overhead_s:.2f}", f"{1000 * c.round_s:.2f}",
+                     f"{c.tokens_per_s:.1f}", f"{c.tokens_per_s / result.ar_tokens_per_s:.2f}x"])
+    header = ["budget", "width", "tau", "tree size", "draft ms", "build ms", "verify ms (model)", "commit ms",
+              "round ms", "expected tok/s", "expected speedup"]
+    return markdown_table(header, rows)
+
+
+def bench_markdown(result: BenchResult) -> str:
+    """The whole benchmark report: Table 1 and Table 2 per temperature, tuning tables, lossless line."""
+    meta = result.meta
+    parts = [f"# dartree bench: {meta['model']}", "",
+             f"{meta['date_utc']}; {meta['machine']}, torch {meta['torch']}, {meta['torch_threads']} threads, "
+             f"device {meta['device']}; {result.config.num_prompts} prompts per dataset, "
+             f"{result.config.max_new_tokens} new tokens each."]
+    if meta.get("command"):
+        parts += ["", f"Command: `{meta['command']}`"]
+    temps = list(dict.fromkeys(s.temperature for s in result.summaries))
+    for t in temps:
+        parts += ["", f"## Speedup over AR and tau, T={t:g}", "", table1(result.summaries, t)]
+        parts += ["", f"## Time per round (ms), T={t:g}", "", table2(result.summaries, t)]
+    for tr in result.tuning:
+        parts += ["", f"## Adaptive budget for {tr.method}", "",
+                  f"Verify cost measured on this machine at prefix {tr.verify_cost.prefix_len}: " + ", ".join(
+                      f"n={n}: {1000 * s:.2f} ms"
+                      for n, s in zip(tr.verify_cost.sizes, tr.verify_cost.seconds, strict=True)),
+                  "", tuning_table(tr)]
+    bad = [r for r in result.records if not r.matches_ar]
+    parts += ["", "Lossless check: every method's output equals AR's token for token on every prompt."
+              if not bad else f"Lossless check FAILED on {len(bad)} runs: " + ", ".join(
+                  f"{r.method}/{r.dataset}/T={r.temperature:g}/{r.prompt_id}" for r in bad)]
+    return "\n".join(parts) + "\n"
+
+
+def write_bench(result: BenchResult, out: Path) -> dict[str, Path]:
+    """Write ``results.md`` and ``results.json`` into ``out``; returns their paths."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"markdown": out / "results.md", "json": out / "results.json"}
+    paths["markdown"].write_text(bench_markdown(result))
+    paths["json"].write_text(json.dumps(result.to_json(), indent=1, default=str))
+    return paths

@@ -1,0 +1,139 @@
+"""Replay speculative rounds against a known continuation, without running the target on any tree.
+
+Speculative decoding is lossless: with greedy decoding (or a :class:`~dartree.KeyedSampler` at T>0)
+it commits exactly the tokens that :func:`~dartree.generate_ar` produces.  So once that reference
+continuation is known, a round is fully determined by the drafter and the builder: the target's pick
+at a tree node of depth d on the reference path *is* reference token d+1, and the accepted path is
+the longest root path of the tree that spells a prefix of the reference.  :func:`simulate` walks the
+rounds that way: draft, build, accept against the reference, append the committed tokens' hidden
+states (taken from one causal forward of the whole reference sequence) to the drafter, repeat.
+
+That makes acceptance of many tree configurations cheap (sweeps, the budget tuner, tree pictures):
+one AR decode per prompt, then per configuration only the drafter and the builder run.  The trees
+and accepted lengths are those real decoding produces, up to floating-point differences between
+the target's tree forward and its causal forward in the hidden states handed to the drafter.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from dartree.block import CorrectionHead
+from dartree.decode import generate_ar
+from dartree.eval.bundles import Bundle
+from dartree.models.target import HFTarget
+from dartree.tree import PAD, DraftTree
+from dartree.verify.accept import accept_picks
+from dartree.verify.sampling import KeyedSampler
+
+__all__ = ["Reference", "SimulatedRound", "Simulation", "reference", "simulate"]
+
+
+@dataclass(frozen=True)
+class Reference:
+    """A prompt and the target's own continuation of it.
+
+    Shape:
+        sequence: int64 ``[1, L + m]`` prompt then the m reference tokens.
+        hidden:   float ``[1, L + m, F]`` the target's hidden states (drafter layers) of every token,
+                  or ``None`` when the drafter reads none.
+    """
+
+    sequence: Tensor
+    hidden: Tensor | None
+    prompt_len: int
+    ar_seconds: float
+
+    @property
+    def new_tokens(self) -> int:
+        return self.sequence.shape[1] - self.prompt_len
+
+
+@dataclass(frozen=True)
+class SimulatedRound:
+    """One replayed round; ``tree`` and ``accepted`` (node indices, root first) only when recorded."""
+
+    accepted_length: int
+    committed: int
+    tree_size: int
+    draft_s: float
+    build_s: float
+    tree: DraftTree | None = None
+    accepted: tuple[int, ...] = ()
+    position: int = 0
+
+
+@dataclass(frozen=True)
+class Simulation:
+    """All rounds of one replayed prompt."""
+
+    rounds: tuple[SimulatedRound, ...]
+    gamma: int
+
+    @property
+    def tau(self) -> float:
+        return sum(r.committed for r in self.rounds) / max(1, len(self.rounds))
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)   # stage timing needs the device idle at the boundary
+
+
+def reference(bundle: Bundle, prompt: list[int], max_new_tokens: int, temperature: float = 0.0,
+              seed: int = 0) -> Reference:
+    """The target's continuation of ``prompt`` (greedy, or keyed sampling with ``seed`` at T>0)."""
+    target = HFTarget(bundle.target, layer_ids=tuple(bundle.drafter.target_layer_ids))
+    ids = torch.tensor([prompt], dtype=torch.int64, device=target.device)
+    sampler = KeyedSampler(seed) if temperature > 0 else None
+    start = time.perf_counter()
+    result = generate_ar(target, ids, max_new_tokens, temperature=temperature, sampler=sampler)
+    ar_seconds = time.perf_counter() - start
+    sequence = result.sequence
+    hidden = target.prefill(sequence).hidden
+    target.reset()
+    return Reference(sequence=sequence, hidden=hidden, prompt_len=len(prompt), ar_seconds=ar_seconds)
+
+
+def simulate(bundle: Bundle, builder, head: CorrectionHead | None, ref: Reference, record: bool = False) -> Simulation:
+    """Replay the rounds of decoding ``ref`` with ``builder`` (and ``head``); see the module docstring.
+
+    ``record`` keeps every round's tree (on the CPU) and its accepted node indices.
+    """
+    drafter = bundle.drafter
+    seq = ref.sequence
+    device = seq.device
+    end = seq.shape[1]
+    hidden = ref.hidden
+    drafter.reset()
+    p = ref.prompt_len - 1                                   # position of the current root
+    drafter.append_context(None if hidden is None else hidden[:, :p], seq[:, :p])
+    rounds: list[SimulatedRound] = []
+    gamma = 0
+    while p < end - 1:
+        t0 = time.perf_counter()
+        block = drafter.draft(seq[:, p])
+        _sync(device)
+        t1 = time.perf_counter()
+        tree = builder.build(block, head)
+        _sync(device)
+        t2 = time.perf_counter()
+        gamma = block.gamma
+        # The target's pick at a node of depth d is reference token p + 1 + d (PAD past the end).
+        truth = torch.full((gamma + 1,), PAD, dtype=torch.int64, device=device)
+        future = seq[0, p + 1: p + 2 + gamma]
+        truth[: future.shape[0]] = future
+        result = accept_picks(tree, truth[tree.depths.clamp(min=0)])
+        accepted_length = int(result.accepted_length[0])    # one sync per round, on purpose: the walk needs it
+        count = min(accepted_length + 1, end - 1 - p)
+        drafter.append_context(None if hidden is None else hidden[:, p: p + count], seq[:, p: p + count])
+        size = int(tree.num_nodes[0]) - 1
+        kept = tuple(int(i) for i in result.accepted[0, : accepted_length + 1]) if record else ()
+        rounds.append(SimulatedRound(accepted_length, count, size, t1 - t0, t2 - t1,
+                                     tree.to("cpu") if record else None, kept, p))
+        p += count
+    return Simulation(tuple(rounds), gamma)

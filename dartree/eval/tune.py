@@ -1,0 +1,274 @@
+"""Adaptive budget (the paper's Appendix B): pick the tree budget B and width W for *this* machine.
+
+A bigger tree is accepted further (tau grows with B) but costs more to verify, and how much more
+depends on the hardware: on a GPU a forward of 64 tree nodes costs about as much as one of 1 node,
+on a CPU it costs far more.  The tuner therefore measures both sides on the running machine:
+
+1. verify cost ``t_v(n)``: wall time of building the tree inputs and running the target's tree
+   forward for trees of ``n`` nodes after a prefix of typical length (:func:`measure_verify_cost`);
+2. acceptance: tau and the mean tree size of every (B, W) on the grid, plus the draft and build
+   time per round, by replaying rounds on a few calibration prompts (:mod:`dartree.eval.simulate`);
+3. a fixed per-round overhead (commit: KV-cache compaction and the drafter's context update),
+   measured from one real decode.
+
+and scores each candidate with the cost model (the expected tokens per second)::
+
+    round_s(B, W)    = draft_s + build_s(B, W) + mean over rounds of t_v(tree_size + 1) + overhead_s
+    tokens_per_s     = tau(B, W) / round_s(B, W)
+
+The best candidate maximises ``tokens_per_s``; ties go to the smaller budget, then the smaller width
+(:func:`pick_best`), so the choice is deterministic for a given set of measurements.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from dartree.builders import make_builder
+from dartree.eval.bundles import Bundle
+from dartree.eval.methods import AUTO, MethodSpec, make_decoder, resolve_backend
+from dartree.eval.simulate import Reference, simulate
+from dartree.models.target import HFTarget
+from dartree.tree import DraftTree
+
+__all__ = ["VerifyCost", "ConfigStats", "Candidate", "TuneResult", "measure_verify_cost", "replay_stats",
+           "score_candidates", "pick_best", "tune", "measure_overhead", "DEFAULT_BUDGETS", "DEFAULT_WIDTHS"]
+
+DEFAULT_BUDGETS: tuple[int, ...] = (4, 8, 16, 32, 64)
+DEFAULT_WIDTHS: tuple[int, ...] = (4, 8, 16)
+
+
+@dataclass(frozen=True)
+class VerifyCost:
+    """Measured seconds of one tree verification (inputs + target forward) by tree size.
+
+    sizes: tree nodes, root included, strictly increasing; seconds: median wall time at each size.
+    """
+
+    sizes: tuple[int, ...]
+    seconds: tuple[float, ...]
+    prefix_len: int = 0
+
+    def __post_init__(self) -> None:
+        if len(self.sizes) < 2 or len(self.sizes) != len(self.seconds):
+            raise ValueError(f"sizes: need >= 2 sizes with one time each, got {len(self.sizes)} sizes and "
+                             f"{len(self.seconds)} times")
+        if any(b <= a for a, b in zip(self.sizes[:-1], self.sizes[1:], strict=True)) or self.sizes[0] < 1:
+            raise ValueError(f"sizes: must be strictly increasing integers >= 1, got {self.sizes}")
+        if any(not s >= 0 for s in self.seconds):
+            raise ValueError(f"seconds: must be finite and >= 0, got {self.seconds}")
+
+    def at(self, nodes: float) -> float:
+        """Seconds for a tree of ``nodes`` nodes: piecewise linear, extrapolated linearly past the ends."""
+        xs, ys = self.sizes, self.seconds
+        i = 1
+        while i < len(xs) - 1 and nodes > xs[i]:
+            i += 1
+        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+        return max(0.0, y0 + (y1 - y0) * (nodes - x0) / (x1 - x0))
+
+
+@dataclass(frozen=True)
+class ConfigStats:
+    """Replayed rounds of one configuration over the calibration prompts."""
+
+    tau: float
+    mean_tree_size: float
+    draft_s: float                 # mean per round
+    build_s: float                 # mean per round
+    rounds: int
+    tree_sizes: tuple[int, ...]
+    accepted_lengths: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One (budget, width) scored by the cost model; ``width`` is ``None`` for builders without one."""
+
+    budget: int
+    width: int | None
+    tau: float
+    mean_tree_size: float
+    draft_s: float
+    build_s: float
+    verify_s: float
+    overhead_s: float
+    round_s: float
+    tokens_per_s: float
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    """The tuner's measurements and choice for one method."""
+
+    method: str
+    builder: str
+    candidates: tuple[Candidate, ...]
+    best: Candidate
+    verify_cost: VerifyCost
+    overhead_s: float
+    ar_tokens_per_s: float
+
+    def settings(self) -> dict[str, int]:
+        """The chosen config fields (``budget``, and ``width`` when the builder has one)."""
+        out = {"budget": self.best.budget}
+        if self.best.width is not None:
+            out["width"] = self.best.width
+        return out
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)   # timing needs the device idle at the boundary
+
+
+def _synthetic_tree(nodes: int, gamma: int, device: torch.device) -> DraftTree:
+    """A valid tree of ``nodes`` nodes and depth <= ``gamma`` (w chains of equal length; w minimal)."""
+    width = max(1, -(-(nodes - 1) // gamma))
+    idx = torch.arange(nodes, device=device)
+    parents = torch.where(idx > width, idx - width, torch.zeros_like(idx))
+    parents[0] = -1
+    depths = torch.where(idx > 0, (idx - 1) // width + 1, torch.zeros_like(idx))
+    tokens = (idx * 7 + 3) % 97
+    ranks = torch.where(idx > 0, (idx - 1) % width, torch.full_like(idx, -1))
+    scores = -depths.float()
+    return DraftTree(tokens[None], parents[None], depths[None], scores[None], ranks[None],
+                     torch.tensor([nodes], device=device))
+
+
+@torch.no_grad()
+def measure_verify_cost(model: torch.nn.Module, layer_ids: Sequence[int] = (), prefix_len: int = 256,
+                        sizes: Sequence[int] = (1, 2, 4, 8, 16, 32, 64, 128), gamma: int = 15,
+                        repeats: int = 5) -> VerifyCost:
+    """Median seconds of tree inputs + tree forward for each tree size in ``sizes`` (root included).
+
+    The prefix is random tokens (attention cost depends on its length, not on its content).
+    """
+    sizes = tuple(sorted(set(int(s) for s in sizes)))
+    if not sizes or sizes[0] < 1:
+        raise ValueError(f"sizes: need tree sizes >= 1, got {sizes}")
+    if repeats < 1:
+        raise ValueError(f"repeats: must be >= 1, got {repeats}")
+    target = HFTarget(model, layer_ids=tuple(layer_ids))
+    gen = torch.Generator().manual_seed(0)
+    prefix = torch.randint(0, target.vocab_size, (1, prefix_len), generator=gen).to(target.device)
+    target.prefill(prefix)
+    seconds = []
+    for n in sizes:
+        tree = _synthetic_tree(n, gamma, target.device)
+        times = []
+        for _ in range(repeats + 1):                       # the first run warms up and is dropped
+            _sync(target.device)
+            start = time.perf_counter()
+            target.forward_tree(target.tree_inputs(tree))
+            _sync(target.device)
+            times.append(time.perf_counter() - start)
+            target.rollback()
+        seconds.append(statistics.median(times[1:]))
+    target.reset()
+    return VerifyCost(sizes, tuple(seconds), prefix_len)
+
+
+def measure_overhead(bundle: Bundle, method: MethodSpec, ref: Reference, backend: str) -> float:
+    """Mean commit seconds per round (KV compaction + drafter context update) of one real decode."""
+    decoded = make_decoder(bundle, method, backend).generate(ref.sequence[:, : ref.prompt_len],
+                                                             max(1, min(ref.new_tokens, 32)))
+    return sum(r.commit_s for r in decoded.rounds) / max(1, decoded.num_rounds)
+
+
+def replay_stats(bundle: Bundle, method: MethodSpec, refs: Iterable[Reference], backend: str) -> ConfigStats:
+    """Replay ``method`` (concrete settings) on every reference; pooled per-round statistics."""
+    builder = make_builder(method.builder, resolve_backend(method.builder, backend), **method.config)
+    head = bundle.heads[method.head] if method.head is not None else None
+    rounds = []
+    for ref in refs:
+        rounds.extend(simulate(bundle, builder, head, ref).rounds)
+    n = max(1, len(rounds))
+    return ConfigStats(
+        tau=sum(r.committed for r in rounds) / n,
+        mean_tree_size=sum(r.tree_size for r in rounds) / n,
+        draft_s=sum(r.draft_s for r in rounds) / n,
+        build_s=sum(r.build_s for r in rounds) / n,
+        rounds=len(rounds),
+        tree_sizes=tuple(r.tree_size for r in rounds),
+        accepted_lengths=tuple(r.accepted_length for r in rounds),
+    )
+
+
+def score_candidates(stats: dict[tuple[int, int | None], ConfigStats], cost: VerifyCost,
+                     overhead_s: float) -> tuple[Candidate, ...]:
+    """Apply the cost model (module docstring) to every measured (budget, width)."""
+    out = []
+    for (budget, width), s in sorted(stats.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
+        sizes = s.tree_sizes or (round(s.mean_tree_size),)
+        verify_s = sum(cost.at(size + 1) for size in sizes) / len(sizes)
+        round_s = s.draft_s + s.build_s + verify_s + overhead_s
+        out.append(Candidate(budget, width, s.tau, s.mean_tree_size, s.draft_s, s.build_s, verify_s, overhead_s,
+                             round_s, s.tau / round_s if round_s > 0 else float("inf")))
+    return tuple(out)
+
+
+def pick_best(candidates: Sequence[Candidate]) -> Candidate:
+    """Highest expected tokens per second; ties to the smaller budget, then the smaller width."""
+    if not candidates:
+        raise ValueError("candidates: need at least one candidate")
+    return min(candidates, key=lambda c: (-c.tokens_per_s, c.budget, c.width or 0))
+
+
+def tune(
+    bundle: Bundle,
+    method: MethodSpec,
+    refs: Sequence[Reference],
+    backend: str = "auto",
+    budgets: Sequence[int] = DEFAULT_BUDGETS,
+    widths: Sequence[int] = DEFAULT_WIDTHS,
+    verify_cost: VerifyCost | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> TuneResult:
+    """Choose ``budget`` (and ``width`` when ``method``'s builder has one) for this machine.
+
+    Fields of ``method`` already set to a number stay fixed; those set to ``"auto"`` (or unset) are
+    searched over ``budgets`` / ``widths``.  ``refs`` are calibration references
+    (:func:`dartree.eval.simulate.reference`), disjoint from the prompts the result is reported on.
+    """
+    if method.is_ar:
+        raise ValueError("method: 'ar' has no budget to tune")
+    fields = method.fields()
+    if "budget" not in fields:
+        raise ValueError(f"method: {method.builder!r} has no budget to tune (fields: {fields})")
+    if not refs:
+        raise ValueError("refs: need at least one calibration reference")
+    config = method.config
+    budget_grid = tuple(budgets) if config.get("budget", AUTO) == AUTO else (config["budget"],)
+    has_width = "width" in fields
+    width_grid: tuple[int | None, ...] = (None,)
+    if has_width:
+        width_grid = tuple(widths) if config.get("width", AUTO) == AUTO else (config["width"],)
+    for name, grid in (("budgets", budget_grid), ("widths", width_grid if has_width else (1,))):
+        if not grid or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in grid):
+            raise ValueError(f"{name}: need integers >= 1, got {grid}")
+    gamma = int(getattr(bundle.drafter, "gamma", 15))
+    if verify_cost is None:
+        prefix_len = int(sum(r.sequence.shape[1] for r in refs) / len(refs))
+        largest = max(budget_grid) + 1
+        sizes = sorted({1, 2, 4, 8, 16, 32, 64, 128, largest} & set(range(1, largest + 1)) | {largest})
+        verify_cost = measure_verify_cost(bundle.target, bundle.drafter.target_layer_ids, prefix_len, sizes, gamma)
+    probe = method.with_settings(budget=min(budget_grid), **({"width": min(width_grid)} if has_width else {}))
+    overhead_s = measure_overhead(bundle, probe, refs[0], backend)
+    stats = {}
+    for budget in budget_grid:
+        for width in width_grid:
+            if progress is not None:
+                progress(f"{method.builder} B={budget}" + (f" W={width}" if width is not None else ""))
+            concrete = method.with_settings(budget=budget, **({"width": width} if width is not None else {}))
+            stats[(budget, width)] = replay_stats(bundle, concrete, refs, backend)
+    candidates = score_candidates(stats, verify_cost, overhead_s)
+    ar_tokens = sum(r.new_tokens for r in refs)
+    ar_seconds = sum(r.ar_seconds for r in refs)
+    return TuneResult(method.label, method.builder, candidates, pick_best(candidates), verify_cost, overhead_s,
+                      ar_tokens / ar_seconds if ar_seconds > 0 else float("inf"))
