@@ -1,0 +1,266 @@
+"""End to end: speculative decoding is lossless (T=0 vs HF generate; T>0 vs AR with a keyed
+sampler) for every registry builder, and every stopping rule and bad input behaves as documented."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import dartree
+from dartree.builders import builder_spec
+from dartree.decode import GenerationResult, SpeculativeDecoder, generate_ar
+from dartree.models.target import HFTarget
+from dartree.testing import OracleDrafter, PathHashHead
+from dartree.verify import GeneratorSampler, KeyedSampler
+from tests.verify.helpers import ARCHS, tiny_lm
+
+V = 128
+GAMMA = 4
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models run fastest on one thread; oversubscribed shared cores make them ~10x slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+_MODELS: dict[tuple, torch.nn.Module] = {}
+
+
+def model_for(arch: str, attn: str, **kw) -> torch.nn.Module:
+    key = (arch, attn, tuple(sorted(kw.items())))
+    if key not in _MODELS:
+        _MODELS[key] = tiny_lm(arch, attn, vocab=V, **kw)
+    return _MODELS[key]
+
+
+def builder_and_head(name: str):
+    fields = {f.name for f in dataclasses.fields(builder_spec(name).config_cls)}
+    config = {"topk": 4}
+    if "budget" in fields:
+        config["budget"] = 8
+    if "width" in fields:
+        config["width"] = 3
+    builder = dartree.make_builder(name, backend="ref", **config)
+    return builder, (PathHashHead() if builder.needs_head else None)
+
+
+@torch.no_grad()
+def hf_greedy(model, prompt: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+    out = model.generate(prompt, do_sample=False, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens)
+    return out[:, prompt.shape[1]:]
+
+
+def check_stats(result: GenerationResult, gamma: int = GAMMA) -> None:
+    assert sum(r.committed for r in result.rounds) == result.tokens.shape[1]
+    for r in result.rounds:
+        assert 0 <= r.accepted_length <= gamma and 1 <= r.committed <= r.accepted_length + 1
+        assert r.tree_size >= 1 and min(r.draft_s, r.build_s, r.mask_s, r.verify_s, r.commit_s) >= 0
+    assert result.tau == pytest.approx(result.tokens.shape[1] / result.num_rounds)
+
+
+PROMPTS = [(torch.tensor([[7]]), 13), (torch.tensor([[3, 14, 15, 92, 65, 35]]), 9)]
+
+
+@pytest.mark.parametrize("name", dartree.BUILDERS)
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_lossless_greedy_every_builder(arch, attn, name):
+    model = model_for(arch, attn)
+    builder, head = builder_and_head(name)
+    for (prompt, length), (demote, drop) in zip(PROMPTS, [(0.3, 0.2), (0.0, 0.0)], strict=True):
+        drafter = OracleDrafter(model, GAMMA, demote=demote, drop=drop, seed=length)
+        result = SpeculativeDecoder(model, drafter, builder, head).generate(prompt, length)
+        assert result.tokens.tolist() == hf_greedy(model, prompt, length).tolist()
+        assert result.stop_reason == "max_new_tokens"
+        check_stats(result)
+
+
+@pytest.mark.parametrize("temperature", [0.7, 1.0])
+@pytest.mark.parametrize("name", dartree.BUILDERS)
+def test_lossless_keyed_sampling_every_builder(name, temperature):
+    model = model_for("qwen3", "sdpa")
+    builder, head = builder_and_head(name)
+    prompt = torch.tensor([[11, 22, 33]])
+    sampler = KeyedSampler(2024)
+    ar = generate_ar(model, prompt, 14, temperature=temperature, sampler=sampler)
+    drafter = OracleDrafter(model, GAMMA, demote=0.3, drop=0.1, seed=1, temperature=temperature, sampler=sampler)
+    spec = SpeculativeDecoder(model, drafter, builder, head).generate(prompt, 14, temperature=temperature,
+                                                                      sampler=sampler)
+    assert spec.tokens.tolist() == ar.tokens.tolist()
+    assert spec.num_rounds < ar.num_rounds                 # the drafter foresaw some samples
+    check_stats(spec)
+    # a different seed gives a different sample (the test is not vacuous)
+    other = generate_ar(model, prompt, 14, temperature=temperature, sampler=KeyedSampler(7))
+    assert other.tokens.tolist() != ar.tokens.tolist()
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_ar_greedy_equals_hf(arch, attn):
+    model = model_for(arch, attn)
+    prompt = torch.tensor([[1, 2, 3, 4]])
+    ar = generate_ar(model, prompt, 10)
+    assert ar.tokens.tolist() == hf_greedy(model, prompt, 10).tolist()
+    assert ar.tau == 1.0 and ar.num_rounds == 10
+    assert torch.equal(ar.sequence, torch.cat([prompt, ar.tokens], 1))
+
+
+def test_acceptance_regimes():
+    model = model_for("llama", "sdpa")
+    prompt = torch.tensor([[5, 6, 7]])
+    want = hf_greedy(model, prompt, 15).tolist()
+    chain, _ = builder_and_head("chain")
+    ddtree, _ = builder_and_head("ddtree")
+    full = SpeculativeDecoder(model, OracleDrafter(model, GAMMA), chain).generate(prompt, 15)
+    assert [(r.accepted_length, r.committed) for r in full.rounds] == [(4, 5)] * 3     # 15 = 3 x (4 + 1)
+    assert full.tau == GAMMA + 1
+    zero = SpeculativeDecoder(model, OracleDrafter(model, GAMMA, drop=1.0), ddtree).generate(prompt, 15)
+    assert {r.accepted_length for r in zero.rounds} == {0} and zero.tau == 1.0
+    # demoted true tokens: a chain misses them, a tree with two candidates per depth still accepts them
+    chain_partial = SpeculativeDecoder(model, OracleDrafter(model, GAMMA, demote=0.5, seed=3), chain).generate(
+        prompt, 15)
+    tree_partial = SpeculativeDecoder(model, OracleDrafter(model, GAMMA, demote=0.5, seed=3), ddtree).generate(
+        prompt, 15)
+    assert 1.0 < chain_partial.tau < tree_partial.tau < GAMMA + 1
+    for result in (full, zero, chain_partial, tree_partial):
+        assert result.tokens.tolist() == want
+        check_stats(result)
+    assert set(full.stage_seconds()) == {"prefill", "draft", "build", "mask", "verify", "commit"}
+
+
+def test_truncate_exactly_at_max_new_tokens():
+    model = model_for("qwen3", "eager")
+    prompt = torch.tensor([[9, 8, 7]])
+    chain, _ = builder_and_head("chain")
+    drafter = OracleDrafter(model, GAMMA)
+    result = SpeculativeDecoder(model, drafter, chain).generate(prompt, 7)
+    assert result.tokens.tolist() == hf_greedy(model, prompt, 7).tolist()
+    # round 1 commits 4 accepted + bonus; round 2 accepts 4 but only 2 fit
+    assert [(r.accepted_length, r.committed) for r in result.rounds] == [(4, 5), (4, 2)]
+    # the target and the drafter hold exactly prompt + output minus its last token
+    assert drafter.context.tolist() == torch.cat([prompt, result.tokens[:, :-1]], 1).tolist()
+
+
+def test_stop_token_inside_accepted_path():
+    model = model_for("qwen3", "eager")
+    prompt = torch.tensor([[9, 8, 7]])
+    ref = hf_greedy(model, prompt, 12)[0].tolist()
+    chain, _ = builder_and_head("chain")
+    for index in (2, 4, 6):                 # inside round 1's path, round 1's bonus, inside round 2
+        stop = ref[index]
+        first = ref.index(stop)
+        result = SpeculativeDecoder(model, OracleDrafter(model, GAMMA), chain).generate(
+            prompt, 12, stop_token_ids=[stop, V - 1] if V - 1 not in ref else [stop])
+        assert result.tokens[0].tolist() == ref[: first + 1]
+        assert result.stop_reason == "stop_token"
+        check_stats(result)
+        ar = generate_ar(model, prompt, 12, stop_token_ids={stop})
+        assert ar.tokens.tolist() == result.tokens.tolist() and ar.stop_reason == "stop_token"
+    # a stop token that never appears: decoding runs to max_new_tokens
+    absent = next(t for t in range(V) if t not in ref)
+    result = SpeculativeDecoder(model, OracleDrafter(model, GAMMA), chain).generate(prompt, 12, stop_token_ids=absent)
+    assert result.tokens[0].tolist() == ref and result.stop_reason == "max_new_tokens"
+
+
+def test_drafter_receives_hidden_states_of_committed_tokens():
+    model = model_for("llama", "eager")
+    prompt = torch.tensor([[2, 4, 6, 8]])
+    ddtree, _ = builder_and_head("ddtree")
+    drafter = OracleDrafter(model, GAMMA, demote=0.4, seed=2, target_layer_ids=(1, 0))
+    result = SpeculativeDecoder(model, drafter, ddtree).generate(prompt, 11)
+    cached = torch.cat([prompt, result.tokens[:, :-1]], 1)
+    assert drafter.context.tolist() == cached.tolist()
+    got = torch.cat(drafter.context_hidden, dim=1)
+    with torch.no_grad():
+        full = model(input_ids=cached, output_hidden_states=True).hidden_states
+    torch.testing.assert_close(got, torch.cat([full[2], full[1]], -1), atol=1e-5, rtol=1e-5)
+    assert len(drafter.context_hidden) == result.num_rounds + 1            # prefill + one per round
+
+
+def test_static_cache_and_maximum_positions():
+    model = model_for("qwen3", "sdpa", max_positions=24)
+    prompt = torch.tensor([[1, 3, 5, 7]])
+    want = hf_greedy(model, prompt, 20).tolist()                          # 4 + 20 == max positions
+    for name in ("ddtree", "dartree-pruned"):
+        builder, head = builder_and_head(name)
+        for target in (HFTarget(model), HFTarget(model, cache="static", max_cache_len=24)):
+            drafter = OracleDrafter(model, 6, demote=0.2, seed=4)
+            result = SpeculativeDecoder(target, drafter, builder, head).generate(prompt, 20)
+            assert result.tokens.tolist() == want
+            check_stats(result, gamma=6)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        SpeculativeDecoder(model, OracleDrafter(model, 2), builder_and_head("chain")[0]).generate(prompt, 21)
+
+
+def test_sampling_with_generators_is_reproducible():
+    model = model_for("qwen3", "sdpa")
+    prompt = torch.tensor([[1, 2]])
+    dec = SpeculativeDecoder(model, OracleDrafter(model, GAMMA, demote=0.3), builder_and_head("ddtree")[0])
+    a = dec.generate(prompt, 6, temperature=1.0, sampler=GeneratorSampler(torch.Generator().manual_seed(5)))
+    b = dec.generate(prompt, 6, temperature=1.0, sampler=GeneratorSampler(torch.Generator().manual_seed(5)))
+    assert a.tokens.tolist() == b.tokens.tolist()
+    torch.manual_seed(9)
+    c = dec.generate(prompt, 6, temperature=1.0)                          # default: torch's global generator
+    torch.manual_seed(9)
+    d = dec.generate(prompt, 6, temperature=1.0)
+    assert c.tokens.tolist() == d.tokens.tolist()
+    check_stats(c)
+
+
+def test_bad_inputs():
+    model = model_for("llama", "eager", max_positions=16)
+    chain, _ = builder_and_head("chain")
+    drafter = OracleDrafter(model, GAMMA)
+    dec = SpeculativeDecoder(model, drafter, chain)
+    ok = torch.tensor([[1, 2, 3]])
+    cases = [
+        (dict(input_ids=torch.zeros(1, 0, dtype=torch.int64)), "input_ids"),
+        (dict(input_ids=torch.zeros(1, 17, dtype=torch.int64)), "input_ids"),
+        (dict(input_ids=torch.zeros(2, 3, dtype=torch.int64)), "input_ids"),
+        (dict(input_ids=torch.zeros(1, 1, 3, dtype=torch.int64)), "input_ids"),
+        (dict(input_ids=torch.zeros(1, 3)), "input_ids"),
+        (dict(input_ids=torch.tensor([[1, V]])), "input_ids"),
+        (dict(input_ids=torch.tensor([[-1, 2]])), "input_ids"),
+        (dict(max_new_tokens=0), "max_new_tokens"),
+        (dict(max_new_tokens=True), "max_new_tokens"),
+        (dict(max_new_tokens=14), "max_new_tokens"),                       # 3 + 14 > 16 positions
+        (dict(temperature=-0.5), "temperature"),
+        (dict(temperature=float("nan")), "temperature"),
+        (dict(temperature=1.0, sampler="gumbel"), "sampler"),
+        (dict(stop_token_ids=[V]), "stop_token_ids"),
+        (dict(stop_token_ids=["a"]), "stop_token_ids"),
+    ]
+    for kwargs, field in cases:
+        args = {"input_ids": ok, "max_new_tokens": 5, **kwargs}
+        for fn in (dec.generate, lambda **a: generate_ar(model, **a)):
+            with pytest.raises(ValueError, match=field):
+                fn(**args)
+    assert drafter.context.shape == (1, 0)                                 # nothing was started
+    # a prompt of exactly the maximum positions is fine with ... no room left: max_new_tokens names it
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        dec.generate(torch.zeros(1, 16, dtype=torch.int64), 1)
+    pruned, head = builder_and_head("dartree-pruned")
+    with pytest.raises(ValueError, match="head"):
+        SpeculativeDecoder(model, drafter, pruned)
+    with pytest.raises(ValueError, match="head"):
+        SpeculativeDecoder(model, drafter, chain, PathHashHead())
+    with pytest.raises(ValueError, match="builder"):
+        SpeculativeDecoder(model, drafter, "chain")
+    with pytest.raises(ValueError, match="drafter"):
+        SpeculativeDecoder(model, object(), chain)
+    with pytest.raises(ValueError, match="target"):
+        SpeculativeDecoder(HFTarget(model, layer_ids=(0,)), drafter, chain)
+    with pytest.raises(ValueError, match="target"):
+        SpeculativeDecoder("llama", drafter, chain)
+    with pytest.raises(ValueError, match="gamma"):
+        OracleDrafter(model, 0)
+    with pytest.raises(ValueError, match="drop"):
+        OracleDrafter(model, 2, demote=0.6, drop=0.6)
+    with pytest.raises(ValueError, match="sampler"):
+        OracleDrafter(model, 2, temperature=1.0, sampler=GeneratorSampler())
