@@ -130,3 +130,22 @@ def test_bad_arguments():
         dynamic.forward_tree(stale)                              # built for an older cache length
     with pytest.raises(ValueError, match="tree"):
         dynamic.tree_inputs("tree")
+
+
+def test_bool_mask_under_eager_gives_wrong_logits():
+    """Why the eager path gets an additive float mask: eager *adds* the mask to the scores, so a bool
+    mask becomes +0/+1 and silently attends everywhere."""
+    model = tiny_lm("llama", "eager", vocab=V)
+    context = torch.tensor([[3, 1, 4, 1, 5]])
+    tree = make_tree([([9, 2, 6], [-1, 0, 0])])
+    target = HFTarget(model)
+    target.prefill(context)
+    inputs = target.tree_inputs(tree)
+    right = target.forward_tree(inputs).logits
+    target.rollback()
+    with torch.no_grad():
+        wrong = model(input_ids=inputs.input_ids, position_ids=inputs.position_ids, attention_mask=inputs.mask,
+                      cache=target.cache, use_cache=True).logits
+    alone = path_alone(model, context, [9, 6])[0]
+    assert float((right[0, 2] - alone).abs().max()) < 1e-5
+    assert float((wrong[0, 2] - alone).abs().max()) > 1e-3
