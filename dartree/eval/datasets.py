@@ -14,6 +14,7 @@ arguments give the same prompts on every machine with the same installed files.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import hashlib
 import json
@@ -85,11 +86,15 @@ def _code_files(files: list[tuple[str, Path]], dataset: str, limit: int, prompt_
     return prompts
 
 
-def _stdlib(limit: int, prompt_chars: int) -> list[Prompt]:
+@functools.cache
+def _held_out_stdlib() -> tuple[tuple[str, Path], ...]:
     from dartree.models.train_zoo import is_validation, stdlib_files
 
-    held_out = [(rel, path) for rel, path in stdlib_files() if is_validation(rel)]
-    return _code_files(held_out, "stdlib", limit, prompt_chars)
+    return tuple((rel, path) for rel, path in stdlib_files() if is_validation(rel))
+
+
+def _stdlib(limit: int, prompt_chars: int) -> list[Prompt]:
+    return _code_files(list(_held_out_stdlib()), "stdlib", limit, prompt_chars)
 
 
 def _packages(limit: int, prompt_chars: int) -> list[Prompt]:

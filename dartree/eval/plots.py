@@ -25,12 +25,13 @@ def _save(fig: Figure, path: Path) -> Path:
 
 
 def plot_acceptance(summaries: Sequence[Summary], path: Path) -> Path:
-    """Pr(L >= t) against t, one line per method; one panel per (temperature, dataset)."""
-    cells = [(t, d) for t in dict.fromkeys(s.temperature for s in summaries)
-             for d in dict.fromkeys(s.dataset for s in summaries)]
-    fig = Figure(figsize=(4.5 * len(cells), 3.6))
-    axes = fig.subplots(1, len(cells), squeeze=False)[0]
-    for ax, (t, d) in zip(axes, cells, strict=True):
+    """Pr(L >= t) against t, one line per method; panels: a row per temperature, a column per dataset."""
+    temps = list(dict.fromkeys(s.temperature for s in summaries))
+    datasets = list(dict.fromkeys(s.dataset for s in summaries))
+    fig = Figure(figsize=(4.8 * len(datasets), 3.6 * len(temps)))
+    grid = fig.subplots(len(temps), len(datasets), squeeze=False)
+    for (t, d), ax in ((cell, grid[i][j]) for i, t_ in enumerate(temps) for j, d_ in enumerate(datasets)
+                       for cell in [(t_, d_)]):
         for s in summaries:
             if s.temperature == t and s.dataset == d and s.acceptance:
                 ax.plot(range(1, len(s.acceptance) + 1), s.acceptance, marker="o", markersize=3,
@@ -64,8 +65,9 @@ def plot_sweep(param: str, series: Mapping[str, Sequence[tuple[float, float, flo
 
 
 def token_label(text: str, limit: int = 10) -> str:
-    """A token's text made visible on a node: newline as ↵, tab as ⇥, space as ·."""
+    """A token's text made visible on a node: newline as ↵, tab as ⇥, space as ·, other controls escaped."""
     shown = text.replace("\n", "↵").replace("\t", "⇥").replace(" ", "·")
+    shown = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in shown)
     return shown if len(shown) <= limit else shown[: limit - 1] + "…"
 
 

@@ -11,7 +11,8 @@ states (taken from one causal forward of the whole reference sequence) to the dr
 That makes acceptance of many tree configurations cheap (sweeps, the budget tuner, tree pictures):
 one AR decode per prompt, then per configuration only the drafter and the builder run.  The trees
 and accepted lengths are those real decoding produces, up to floating-point differences between
-the target's tree forward and its causal forward in the hidden states handed to the drafter.
+the target's tree forward and its causal forward in the hidden states handed to the drafter; one
+difference by construction: the last round's accepted length cannot run past the reference's end.
 """
 
 from __future__ import annotations

@@ -1,0 +1,71 @@
+import json
+
+import pytest
+
+from dartree.eval.bench import STAGES, BenchConfig, acceptance_curve, run_bench
+from dartree.eval.methods import parse_methods
+from dartree.eval.plots import plot_acceptance
+from dartree.eval.report import bench_markdown, table1, table2, write_bench
+
+
+@pytest.fixture(scope="module")
+def result(bundle):
+    methods = parse_methods(["chain", "dartree-pruned:budget=auto,width=auto"])
+    config = BenchConfig(methods=methods, datasets=("humaneval", "stdlib"), temperatures=(0.0, 1.0), num_prompts=1,
+                         max_new_tokens=10, max_prompt_tokens=32, backend="ref", calibration_prompts=1, warmup=False,
+                         tune_budgets=(2, 5), tune_widths=(2,))
+    return run_bench(bundle, config, argv=["dartree", "bench"], log=lambda s: None, progress=False)
+
+
+def test_records_cover_the_grid_and_are_lossless(result):
+    assert len(result.records) == 2 * 2 * 1 * 3          # datasets x temperatures x prompts x (ar + 2 methods)
+    assert result.lossless and all(r.matches_ar for r in result.records)
+    assert {r.method for r in result.records} == {"ar", "chain", "dartree-pruned:budget=auto,width=auto"}
+
+
+def test_per_round_stats_add_up(result):
+    for r in result.records:
+        assert sum(r.committed) == r.new_tokens == 10
+        assert all(c == a + 1 for c, a in zip(r.committed[:-1], r.accepted_lengths[:-1], strict=True))
+        assert sum(r.stage_s) + r.prefill_s <= r.seconds
+        assert len(r.stage_s) == len(STAGES)
+    for s in result.summaries:
+        cell = [r for r in result.records if (r.method, r.dataset, r.temperature) == (s.method, s.dataset,
+                                                                                      s.temperature)]
+        assert s.tokens == sum(r.new_tokens for r in cell) and s.rounds == sum(r.rounds for r in cell)
+        assert s.tau == pytest.approx(s.tokens / s.rounds)
+        assert s.round_ms == pytest.approx(sum(s.stage_ms.values()))
+        assert s.speedup == (1.0 if s.method == "ar" else pytest.approx(s.speedup))
+        if s.method != "ar":
+            assert len(s.acceptance) == 6 and list(s.acceptance) == sorted(s.acceptance, reverse=True)
+
+
+def test_auto_budget_is_resolved_and_reported(result):
+    (tuned,) = result.tuning
+    pruned = [s for s in result.summaries if s.builder == "dartree-pruned"]
+    assert pruned and all(s.settings == {**tuned.settings(), "width": 2} for s in pruned)
+    assert tuned.best.budget in (2, 5)
+
+
+def test_tables_and_json_shapes(result, tmp_path):
+    t1 = table1(result.summaries, 0.0).splitlines()
+    assert t1[0].count("|") == 2 + 2 * 2 + 2 + 1 and len(t1) == 2 + 3
+    t2 = table2(result.summaries, 1.0).splitlines()
+    assert "draft ms" in t2[0] and len(t2) == 2 + 3
+    md = bench_markdown(result)
+    assert "Adaptive budget" in md and "Lossless check: every method" in md and "T=1" in md
+    paths = write_bench(result, tmp_path)
+    data = json.loads(paths["json"].read_text())
+    assert set(data) == {"meta", "config", "lossless", "summaries", "tuning", "records"}
+    assert len(data["summaries"]) == 3 * 2 * 2 and data["lossless"] is True
+    assert data["meta"]["command"] == "dartree bench"
+    png = plot_acceptance(result.summaries, tmp_path / "acc.png")
+    assert png.stat().st_size > 1000
+
+
+def test_acceptance_curve_and_config_errors():
+    assert acceptance_curve([0, 2, 3, 1], 4) == (0.75, 0.5, 0.25, 0.0)
+    with pytest.raises(ValueError, match="temperatures"):
+        BenchConfig(methods=parse_methods(["chain"]), temperatures=(-1.0,))
+    with pytest.raises(ValueError, match="num_prompts"):
+        BenchConfig(methods=parse_methods(["chain"]), num_prompts=0)

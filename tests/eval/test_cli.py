@@ -1,0 +1,72 @@
+import json
+
+import pytest
+
+from dartree.cli import build_parser, main
+
+TOY = ["--model", "tiny-random", "--threads", "1", "--backend", "ref"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    ([], "required: COMMAND"),
+    (["bench", "--methods", "beam"], "method: unknown method 'beam'"),
+    (["bench", "--datasets", "wiki"], "invalid choice: 'wiki'"),
+    (["bench", "--num-prompts", "0"], "expected an integer >= 1"),
+    (["bench", "--budget", "-3"], "expected an integer >= 1 or 'auto'"),
+    (["bench", "--temperatures", "-1"], "expected a finite number >= 0"),
+    (["bench", "--preset", "huge"], "invalid choice: 'huge'"),
+    (["generate"], "exactly one of --prompt and --prompt-file"),
+    (["generate", "--prompt", "x", "--budget", "auto"], "'auto' is for bench and tune"),
+    (["generate", "--prompt", "x", "--method", "chain:width=3"], "width: not a setting of 'chain'"),
+    (["sweep", "--param", "width", "--methods", "ddtree"], "has no setting 'width'"),
+    (["sweep", "--param", "depth"], "invalid choice: 'depth'"),
+    (["show-tree", "--method", "ar"], "'ar' builds no tree"),
+    (["tune", "--method", "chain"], "has no budget to tune"),
+    (["tune", "--budgets", "4,x"], "comma-separated"),
+])
+def test_argument_errors_exit_2_with_a_message(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_every_command_has_help():
+    parser = build_parser()
+    for command in ("generate", "bench", "sweep", "show-tree", "tune"):
+        with pytest.raises(SystemExit) as e:
+            parser.parse_args([command, "--help"])
+        assert e.value.code == 0
+
+
+def test_generate_streams_text_and_prints_round_stats(capsys):
+    assert main(["generate", *TOY, "--prompt", "def f(x):", "--method", "ddtree:budget=4", "--max-new-tokens",
+                 "12", "--no-stop"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("def f(x):") and "12 tokens in" in err and "tau" in err and "verify" in err
+
+
+def test_bench_writes_tables_json_and_plot(tmp_path, capsys):
+    out = tmp_path / "bench"
+    assert main(["bench", *TOY, "--methods", "chain", "dartree-pruned:budget=4,width=2", "--num-prompts", "1",
+                 "--max-new-tokens", "8", "--max-prompt-tokens", "32", "--no-warmup", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "## Speedup over AR and tau, T=0" in printed and "## Time per round (ms), T=0" in printed
+    assert {p.name for p in out.iterdir()} == {"results.md", "results.json", "acceptance.png"}
+    data = json.loads((out / "results.json").read_text())
+    assert [s["method"] for s in data["summaries"]] == ["ar", "chain", "dartree-pruned:budget=4,width=2"]
+    assert data["meta"]["command"].startswith("dartree bench --model tiny-random")
+
+
+def test_sweep_show_tree_and_tune_write_their_files(tmp_path, capsys):
+    common = [*TOY, "--num-prompts", "1", "--max-new-tokens", "8", "--max-prompt-tokens", "32"]
+    assert main(["sweep", *common, "--param", "width", "--values", "1,3", "--budget", "4", "--out",
+                 str(tmp_path / "s")]) == 0
+    assert {p.name for p in (tmp_path / "s").iterdir()} == {"sweep_width.md", "sweep_width.json", "sweep_width.png"}
+    assert main(["show-tree", *common, "--method", "dartree-pruned:budget=5", "--depth-methods", "ddtree:budget=5",
+                 "--out", str(tmp_path / "t")]) == 0
+    assert {p.name for p in (tmp_path / "t").iterdir()} == {"tree_dartree-pruned_budget5_round1.png",
+                                                           "depth_distribution.png"}
+    assert main(["tune", *common, "--method", "ddtree", "--budgets", "2,4", "--out", str(tmp_path / "u")]) == 0
+    assert "chosen: --budget" in capsys.readouterr().out
+    assert (tmp_path / "u" / "tune_ddtree.png").stat().st_size > 1000

@@ -1,0 +1,40 @@
+import pytest
+
+from dartree.eval.methods import AUTO, make_method_builder, parse_method, parse_methods, resolve_backend
+
+
+def test_parse_settings_head_and_defaults():
+    m = parse_method("dartree-pruned:budget=32,width=8,head=markov", {"beta": -0.1, "budget": 99})
+    assert m.builder == "dartree-pruned" and m.head == "markov"
+    assert m.config == {"budget": 32, "width": 8, "beta": -0.1}        # the method's own budget wins
+    assert parse_method("chain", {"budget": 16}).config == {}            # chain has no budget
+    assert parse_method("ddtree").head is None and parse_method("corrected-chain").head == "gru"
+    auto = parse_method("ddtree:budget=auto")
+    assert auto.auto_fields == ("budget",) and auto.config["budget"] == AUTO
+    assert make_method_builder(parse_method("ddtree:budget=5"), "ref").config.budget == 5
+    assert parse_method("ar").is_ar
+
+
+@pytest.mark.parametrize("text, match", [
+    ("beam", "method: unknown method 'beam'"),
+    ("ar:budget=3", "'ar' takes no settings"),
+    ("chain:budget=3", "budget: not a setting of 'chain'"),
+    ("ddtree:head=gru", "head: builder 'ddtree' uses no correction head"),
+    ("ddtree:budget=x", "budget: expected an integer or 'auto'"),
+    ("ddtree:budget=0", "budget: must be an integer >= 1"),
+    ("dartree-pruned:beta=0.5", "beta: must be a finite number <= 0"),
+    ("ddtree:topk=auto", "topk: 'auto' is allowed only for"),
+    ("ddtree:budget", "expected KEY=VALUE"),
+])
+def test_bad_methods_name_the_argument(text, match):
+    with pytest.raises(ValueError, match=match):
+        parse_method(text)
+
+
+def test_duplicates_backend_and_unresolved_auto():
+    with pytest.raises(ValueError, match="repeated"):
+        parse_methods(["chain", "chain"])
+    with pytest.raises(ValueError, match="backend: must be one of"):
+        resolve_backend("chain", "gpu")
+    with pytest.raises(ValueError, match="tune it first"):
+        make_method_builder(parse_method("ddtree:budget=auto"), "ref")

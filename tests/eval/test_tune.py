@@ -1,0 +1,68 @@
+import pytest
+
+from dartree.eval.bundles import encode
+from dartree.eval.methods import parse_method
+from dartree.eval.simulate import reference
+from dartree.eval.tune import (
+    ConfigStats,
+    VerifyCost,
+    measure_verify_cost,
+    pick_best,
+    score_candidates,
+    tune,
+)
+
+
+def _stats(tau: float, size: float, build_s: float = 0.0) -> ConfigStats:
+    return ConfigStats(tau=tau, mean_tree_size=size, draft_s=0.002, build_s=build_s, rounds=10,
+                       tree_sizes=(int(size),) * 10, accepted_lengths=())
+
+
+def test_verify_cost_interpolates_and_extrapolates():
+    cost = VerifyCost((1, 5, 9), (0.010, 0.014, 0.030))
+    assert cost.at(1) == pytest.approx(0.010)
+    assert cost.at(3) == pytest.approx(0.012)
+    assert cost.at(7) == pytest.approx(0.022)
+    assert cost.at(13) == pytest.approx(0.046)          # past the last size: the last slope continues
+    with pytest.raises(ValueError, match="sizes: must be strictly increasing"):
+        VerifyCost((4, 2), (0.1, 0.2))
+    with pytest.raises(ValueError, match="sizes: need >= 2 sizes"):
+        VerifyCost((4,), (0.1,))
+
+
+def test_synthetic_cost_model_picks_budget_deterministically():
+    # Acceptance saturates while verify cost grows linearly: the knee wins, and only there.
+    stats = {(4, None): _stats(2.0, 4), (8, None): _stats(2.8, 8), (16, None): _stats(3.2, 16),
+             (32, None): _stats(3.3, 32)}
+    gpu_like = VerifyCost((1, 64), (0.010, 0.011))         # flat: the biggest tree is best
+    cpu_like = VerifyCost((1, 64), (0.010, 0.074))         # 1 ms per node: a middle budget is best
+    best_gpu = pick_best(score_candidates(stats, gpu_like, overhead_s=0.001))
+    best_cpu = pick_best(score_candidates(stats, cpu_like, overhead_s=0.001))
+    assert best_gpu.budget == 32
+    assert best_cpu.budget == 8
+    c = next(c for c in score_candidates(stats, cpu_like, 0.001) if c.budget == 8)
+    assert c.round_s == pytest.approx(0.002 + 0.0 + cpu_like.at(9) + 0.001)   # draft + build + verify + commit
+    assert c.tokens_per_s == pytest.approx(2.8 / c.round_s)
+    assert pick_best(score_candidates(stats, cpu_like, 0.001)) == best_cpu  # same input, same answer
+
+
+def test_ties_go_to_the_smaller_budget_then_width():
+    stats = {(8, 4): _stats(2.0, 8), (8, 2): _stats(2.0, 8), (16, 2): _stats(2.0, 8)}
+    best = pick_best(score_candidates(stats, VerifyCost((1, 64), (0.01, 0.01)), 0.0))
+    assert (best.budget, best.width) == (8, 2)
+    with pytest.raises(ValueError, match="candidates"):
+        pick_best([])
+
+
+def test_tune_on_the_toy_model(bundle):
+    refs = [reference(bundle, encode(bundle.tokenizer, "def f(x):\n"), 12)]
+    cost = measure_verify_cost(bundle.target, (), prefix_len=16, sizes=(1, 4, 9), repeats=1)
+    assert cost.sizes == (1, 4, 9) and all(s > 0 for s in cost.seconds)
+    result = tune(bundle, parse_method("dartree-pruned:budget=auto,width=auto"), refs, "ref",
+                  budgets=(2, 6), widths=(2, 3), verify_cost=cost)
+    assert len(result.candidates) == 4 and result.best in result.candidates
+    assert set(result.settings()) == {"budget", "width"}
+    fixed_width = tune(bundle, parse_method("dartree-pruned:width=2"), refs, "ref", budgets=(2, 6), verify_cost=cost)
+    assert {c.width for c in fixed_width.candidates} == {2}
+    with pytest.raises(ValueError, match="method: 'chain' has no budget"):
+        tune(bundle, parse_method("chain"), refs)
