@@ -21,19 +21,20 @@ _NEG = -9223372036854775807  # below every packed key (the smallest is order32(-
 
 
 def _pow2(x: int) -> int:
-    return triton.next_power_of_2(max(int(x), 1))
+    """The next power of two, at least 2 (the bitonic network needs one pair)."""
+    return triton.next_power_of_2(max(int(x), 2))
 
 
-@triton.jit
-def _order32(x):
-    x = tl.where(x == 0.0, 0.0, x)  # fold -0.0 into +0.0
-    bits = x.to(tl.int32, bitcast=True)
-    return tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+def _log2(x: int) -> int:
+    return int(x).bit_length() - 1
 
 
 @triton.jit
 def _pack(x, tie):
-    return (_order32(x).to(tl.int64) << 32) | (0xFFFFFFFF - tie.to(tl.int64))
+    """int64 key, larger = better: float order of x (-0.0 folded into +0.0), then smaller tie."""
+    bits = tl.where(x == 0.0, 0.0, x).to(tl.int32, bitcast=True)
+    order = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+    return (order.to(tl.int64) << 32) | (0xFFFFFFFF - tie.to(tl.int64))
 
 
 @triton.jit
@@ -41,18 +42,42 @@ def _unpack_tie(key):
     return 0xFFFFFFFF - (key & 0xFFFFFFFF)
 
 
+# Bitonic top-k / sort of a 1-D power-of-two tensor, descending (after triton.language.standard.sort_impl,
+# written as one function: the CPU interpreter pays for every nested jit call).  The partner of each
+# element in a compare-and-swap is found with max/min over the pair axis instead of an xor reduction:
+# the same network, and min/max reductions are native in the interpreter.
 @triton.jit
-def _head(x, N: tl.constexpr, KP: tl.constexpr):
-    """The first KP entries of a 1-D int64 tensor of N (a multiple of KP)."""
-    rows = tl.reshape(x, [N // KP, KP])
-    first = tl.arange(0, N // KP)[:, None] == 0
-    return tl.max(tl.where(first, rows, -9223372036854775807), axis=0)
+def _top(x, LOG_N: tl.constexpr, LOG_K: tl.constexpr):
+    """The 2**LOG_K largest entries of a 1-D tensor of 2**LOG_N (LOG_N >= 1), largest first."""
+    if LOG_K == 0:
+        out = tl.max(x, 0, keep_dims=True)
+    else:
+        h = tl.reshape(x, [2] * LOG_N)
+        for i in tl.static_range(1, LOG_N + 1):
+            n_dims: tl.constexpr = LOG_N if i <= LOG_K else LOG_N - (i - LOG_K)
+            stage: tl.constexpr = i if i <= LOG_K else LOG_K
+            if i > LOG_K:  # keep the larger half (bitonic top-k)
+                h = tl.max(h, axis=n_dims - LOG_K)
+            if i < LOG_N:
+                flip = tl.reshape(tl.arange(0, 2), [1] * (n_dims - stage - 1) + [2] + [1] * stage)
+            else:
+                flip = 1  # the last merge sorts descending
+            for s in tl.static_range(stage):
+                j: tl.constexpr = stage - 1 - s
+                hi = tl.max(h, n_dims - 1 - j, keep_dims=True)
+                lo = tl.min(h, n_dims - 1 - j, keep_dims=True)
+                partner = tl.where(h == hi, lo, hi)
+                is_right = tl.reshape(tl.arange(0, 2), [1] * (n_dims - j - 1) + [2] + [1] * j)
+                h = tl.where((h > partner) != (flip ^ is_right).to(tl.int1), partner, h)
+        out = tl.reshape(h, [2**LOG_K])
+    return out
 
 
 # ----------------------------------------------------------------------------------- candidates
 @triton.jit
 def _topk_candidates_kernel(logits_ptr, tokens_ptr, values_ptr, rest_ptr, logq_ptr, V, K,
-                            VOCAB_NORM: tl.constexpr, BLOCK_V: tl.constexpr, KP: tl.constexpr):
+                            VOCAB_NORM: tl.constexpr, BLOCK_V: tl.constexpr, KP: tl.constexpr,
+                            LOG_V: tl.constexpr, LOG_K: tl.constexpr):
     pos = tl.program_id(0).to(tl.int64)  # one (row, depth) position
     base = logits_ptr + pos * V
     offs = tl.arange(0, BLOCK_V)
@@ -61,9 +86,8 @@ def _topk_candidates_kernel(logits_ptr, tokens_ptr, values_ptr, rest_ptr, logq_p
         idx = start + offs
         x = tl.load(base + idx, mask=idx < V, other=0.0).to(tl.float32)
         key = tl.where(idx < V, _pack(x, idx), -9223372036854775807)
-        chunk = _head(tl.sort(key, descending=True), BLOCK_V, KP)
-        merged = tl.sort(tl.reshape(tl.join(best, chunk), [2 * KP]), descending=True)
-        best = _head(merged, 2 * KP, KP)
+        chunk = _top(key, LOG_V, LOG_K)
+        best = _top(tl.reshape(tl.join(best, chunk), [2 * KP]), LOG_K + 1, LOG_K)
     k = tl.arange(0, KP)
     keep = k < K
     kth = tl.max(tl.where(k == K - 1, best, -9223372036854775807), axis=0)
@@ -114,14 +138,15 @@ def topk_candidates(logits: Tensor, topk: int, vocab_normalize: bool, block_v: i
     rest = torch.empty(b, gamma, dtype=torch.float32, device=dev)
     log_q = torch.empty(b, gamma, topk, dtype=torch.float32, device=dev)
     _topk_candidates_kernel[(b * gamma,)](x, tokens, values, rest, log_q, vocab, topk,
-                                          VOCAB_NORM=bool(vocab_normalize and topk < vocab), BLOCK_V=block, KP=kp)
+                                          VOCAB_NORM=bool(vocab_normalize and topk < vocab), BLOCK_V=block, KP=kp,
+                                          LOG_V=_log2(block), LOG_K=_log2(kp))
     return CandidateSet(tokens=tokens, logits=values, rest_lse=rest, log_q=log_q)
 
 
 # ----------------------------------------------------------------------------------- selection
 @triton.jit
 def _depth_step_kernel(parent_ptr, logq_ptr, parents_out, ranks_out, scores_out, m, K, lq_sb, lq_sm, beta,
-                       W, MKP: tl.constexpr):
+                       W, MKP: tl.constexpr, WP: tl.constexpr, LOG_N: tl.constexpr, LOG_W: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     f = tl.arange(0, MKP)
     valid = f < m * K
@@ -131,17 +156,17 @@ def _depth_step_kernel(parent_ptr, logq_ptr, parents_out, ranks_out, scores_out,
     lq = tl.load(logq_ptr + row * lq_sb + p * lq_sm + r, mask=valid, other=0.0)
     s = (ps + lq) + beta
     key = tl.where(valid, _pack(s, f), -9223372036854775807)
-    ordered = tl.sort(key, descending=True)
-    kth = tl.max(tl.where(f == W - 1, ordered, -9223372036854775807), axis=0)
-    lex = tl.sort(tl.where(valid & (key >= kth), f, 2147483647))  # the kept flat indices, ascending
-    out = f < W
+    w = tl.arange(0, WP)
+    kth = tl.max(tl.where(w == W - 1, _top(key, LOG_N, LOG_W), -9223372036854775807), axis=0)
+    lex = -_top(tl.where(valid & (key >= kth), -f, -2147483647), LOG_N, LOG_W)  # kept flat indices, ascending
+    out = w < W
     lp = lex // K
     lr = lex % K
     ps2 = tl.load(parent_ptr + row * m + lp, mask=out, other=0.0)
     lq2 = tl.load(logq_ptr + row * lq_sb + lp * lq_sm + lr, mask=out, other=0.0)
-    tl.store(parents_out + row * W + f, lp.to(tl.int64), mask=out)
-    tl.store(ranks_out + row * W + f, lr.to(tl.int64), mask=out)
-    tl.store(scores_out + row * W + f, (ps2 + lq2) + beta, mask=out)
+    tl.store(parents_out + row * W + w, lp.to(tl.int64), mask=out)
+    tl.store(ranks_out + row * W + w, lr.to(tl.int64), mask=out)
+    tl.store(scores_out + row * W + w, (ps2 + lq2) + beta, mask=out)
 
 
 def depth_step(parent_scores: Tensor, log_q: Tensor, beta: float, width: int) -> DepthStep:
@@ -160,18 +185,21 @@ def depth_step(parent_scores: Tensor, log_q: Tensor, beta: float, width: int) ->
     scores = torch.empty(b, width, dtype=torch.float32, device=dev)
     stride_m = 0 if lq.shape[1] == 1 else topk
     _depth_step_kernel[(b,)](ps, lq, parents, ranks, scores, m, topk, lq.shape[1] * topk, stride_m, float(beta),
-                             width, MKP=_pow2(m * topk))
+                             width, MKP=_pow2(m * topk), WP=_pow2(width), LOG_N=_log2(_pow2(m * topk)),
+                             LOG_W=_log2(_pow2(width)))
     return DepthStep(parents=parents, ranks=ranks, scores=scores)
 
 
 @triton.jit
-def _top_b_kernel(scores_ptr, out_ptr, N, B, NP: tl.constexpr):
+def _top_b_kernel(scores_ptr, out_ptr, N, B, NP: tl.constexpr, BP: tl.constexpr, LOG_N: tl.constexpr,
+                  LOG_B: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     f = tl.arange(0, NP)
     s = tl.load(scores_ptr + row * N + f, mask=f < N, other=0.0)
     key = tl.where(f < N, _pack(s, f), -9223372036854775807)
-    ordered = tl.sort(key, descending=True)
-    tl.store(out_ptr + row * B + f, _unpack_tie(ordered), mask=f < B)
+    best = _top(key, LOG_N, LOG_B)
+    j = tl.arange(0, BP)
+    tl.store(out_ptr + row * B + j, _unpack_tie(best), mask=j < B)
 
 
 def top_b(scores: Tensor, budget: int) -> Tensor:
@@ -181,7 +209,8 @@ def top_b(scores: Tensor, budget: int) -> Tensor:
         raise ValueError(f"budget: {budget} outside 1..{n}")
     s = scores.float().contiguous()
     out = torch.empty(b, budget, dtype=torch.int64, device=s.device)
-    _top_b_kernel[(b,)](s, out, n, budget, NP=_pow2(n))
+    np_, bp = _pow2(n), _pow2(budget)
+    _top_b_kernel[(b,)](s, out, n, budget, NP=np_, BP=bp, LOG_N=_log2(np_), LOG_B=_log2(bp))
     return out
 
 

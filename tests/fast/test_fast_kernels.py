@@ -1,0 +1,187 @@
+"""Each Triton kernel equals its torch twin (integers exactly, floats allclose), and twins equal the
+reference they replace.  Without CUDA the kernels run in Triton's CPU interpreter (tests/conftest.py
+sets TRITON_INTERPRET=1), which is ~1000x slower: shapes here are tiny on purpose.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dartree import DraftBlock, DraftTree, make_builder
+from dartree.fast import ops, twins
+from dartree.fast.keys import lexsort, order32, pack, word_plan
+from dartree.scoring import candidates
+from dartree.testing import PathHashHead
+from dartree.verify.accept import accept_picks
+from tests.strategies import random_logits
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def on_triton(fn, *args, **kwargs):
+    with ops.force_backend("triton"):
+        return getattr(ops, fn)(*args, **kwargs)
+
+
+def assert_equal(a, b) -> None:
+    for x, y in zip(a, b, strict=True):
+        if x.is_floating_point():
+            torch.testing.assert_close(x, y, rtol=1e-6, atol=1e-6)
+        else:
+            assert x.dtype == y.dtype and torch.equal(x.cpu(), y.cpu())
+
+
+# ----------------------------------------------------------------------------------------- keys
+def test_order32_is_the_float_order() -> None:
+    x = torch.tensor([float("-inf"), -3.5, -1e-30, -0.0, 0.0, 1e-30, 2.0, float("inf")])
+    k = order32(x)
+    assert torch.equal(k[1:] >= k[:-1], torch.ones(7, dtype=torch.bool))
+    assert k[3] == k[4]  # -0.0 ties with +0.0, as under float comparison
+    assert (torch.diff(k)[[0, 1, 2, 4, 5, 6]] > 0).all()
+
+
+def test_pack_orders_by_score_then_smaller_tie() -> None:
+    scores = torch.tensor([1.0, 1.0, 2.0, -0.0, 0.0])
+    key = pack(scores, torch.tensor([5, 3, 9, 1, 0]))
+    assert torch.argsort(key, descending=True).tolist() == [2, 1, 0, 4, 3]
+
+
+def test_word_plan_and_lexsort_give_prefix_first_lex_order() -> None:
+    plan = word_plan([2**31] * 3)  # one digit per word: three words
+    assert plan.num_words == 3
+    paths = [(1,), (1, 2), (0, 5, 1), (0, 5), (1, 0), ()]
+    words = torch.zeros(1, len(paths), 3, dtype=torch.int64)
+    for i, p in enumerate(paths):
+        for d, r in enumerate(p, start=1):
+            words[0, i, plan.word[d]] += (r + 1) * plan.place[d]
+    assert [paths[i] for i in lexsort(words)[0].tolist()] == sorted(paths)
+
+
+# ---------------------------------------------------------------------------------- candidates
+@pytest.mark.parametrize("vocab_normalize", [True, False])
+@pytest.mark.parametrize(("shape", "topk", "block_v", "ties"),
+                         [((1, 2, 111), 1, 64, True), ((1, 2, 111), 6, 64, False), ((2, 1, 13), 13, None, True)])
+def test_topk_candidates_kernel_equals_twin(shape, topk, block_v, ties, vocab_normalize) -> None:
+    logits = random_logits(sum(shape) + topk, shape, ties).to(DEVICE)
+    twin = twins.topk_candidates(logits, topk, vocab_normalize)
+    with ops.force_backend("triton"):
+        from dartree.fast import triton_kernels
+
+        kernel = triton_kernels.topk_candidates(logits, topk, vocab_normalize, block_v=block_v)
+    assert_equal(twin, kernel)
+    assert torch.equal(twin.logits, kernel.logits)  # gathered, not computed: exact
+    ref = candidates(DraftBlock(logits=logits, root=torch.zeros(shape[0], dtype=torch.int64, device=DEVICE)), topk,
+                     "vocab" if vocab_normalize else "candidates")
+    assert torch.equal(twin.tokens, ref.tokens) and torch.equal(twin.logits, ref.logits)
+    assert torch.equal(twin.rest_lse, ref.rest_lse)
+
+
+def test_topk_candidates_twin_equals_scoring_on_larger_vocab() -> None:
+    logits = random_logits(7, (3, 4, 5000), True)
+    twin = twins.topk_candidates(logits, 64, True)
+    ref = candidates(DraftBlock(logits=logits, root=torch.zeros(3, dtype=torch.int64)), 64, "vocab")
+    assert torch.equal(twin.tokens, ref.tokens) and torch.equal(twin.rest_lse, ref.rest_lse)
+
+
+# ---------------------------------------------------------------------------------- selection
+@pytest.mark.parametrize(("m", "topk", "width", "shared"), [(1, 5, 3, False), (3, 4, 12, True), (4, 3, 5, False)])
+def test_depth_step_kernel_equals_twin(m: int, topk: int, width: int, shared: bool) -> None:
+    g = torch.Generator().manual_seed(m * 10 + topk)
+    parents = -torch.randint(0, 3, (3, m), generator=g).float().to(DEVICE)
+    log_q = -torch.randint(0, 3, (3, 1 if shared else m, topk), generator=g).float().to(DEVICE)  # many ties
+    twin = twins.depth_step(parents, log_q, -0.2, width)
+    kernel = on_triton("depth_step", parents, log_q, -0.2, width)
+    assert_equal(twin, kernel)
+    assert torch.equal(twin.scores, kernel.scores)  # (parent + log_q) + beta: the same two float additions
+    # Brute force: sort every child by (score desc, flat index asc), keep width, list them by flat index.
+    scores = ((parents[:, :, None] + log_q) + -0.2).expand(3, m, topk).reshape(3, -1).cpu().tolist()
+    for r in range(3):
+        best = sorted(range(m * topk), key=lambda f, r=r: (-scores[r][f], f))[:width]
+        assert sorted(best) == (twin.parents[r] * topk + twin.ranks[r]).tolist()
+
+
+@pytest.mark.parametrize(("n", "budget"), [(1, 1), (9, 4), (20, 20)])
+def test_top_b_kernel_equals_twin(n: int, budget: int) -> None:
+    scores = -torch.randint(0, 4, (3, n), generator=torch.Generator().manual_seed(n)).float().to(DEVICE)
+    scores[0, 0] = -0.0
+    twin = twins.top_b(scores, budget)
+    assert torch.equal(twin.cpu(), on_triton("top_b", scores, budget).cpu())
+    flat = scores.cpu().tolist()
+    for r in range(3):
+        assert twin[r].tolist() == sorted(range(n), key=lambda i, r=r: (-flat[r][i], i))[:budget]
+
+
+# --------------------------------------------------------------------------------- structure
+def small_trees() -> list[DraftTree]:
+    block = DraftBlock(logits=random_logits(3, (3, 4, 20), True), root=torch.tensor([1, 2, 3]))
+    return [
+        make_builder("ddtree", budget=11, topk=3).build(block),
+        make_builder("dartree-pruned", budget=9, width=3, topk=4).build(block, PathHashHead()),
+        make_builder("chain").build(block.rows(slice(0, 2))),
+    ]
+
+
+def ragged(tree: DraftTree) -> DraftTree:
+    """The same tree with row 0 cut to its first 3 nodes (a prefix-closed selection): padding."""
+    keep = tree.valid().clone()
+    keep[0, 3:] = False
+    return tree.select(keep)
+
+
+@pytest.mark.parametrize("index", range(3))
+def test_tree_structure_kernel_equals_twin_and_tree(index: int) -> None:
+    tree = small_trees()[index]
+    for t in (tree, ragged(tree)):
+        t = t.to(DEVICE)
+        prefix = torch.tensor([5, 0, 7][: t.batch_size], device=DEVICE)
+        twin = twins.tree_structure(t.parents, t.num_nodes, prefix)
+        kernel = on_triton("tree_structure", t.parents, t.num_nodes, prefix)
+        assert_equal(twin, kernel)
+        first, nxt = t.links()
+        assert torch.equal(twin.mask, t.ancestor_mask())
+        assert torch.equal(twin.positions, t.positions(prefix))
+        assert torch.equal(twin.first_child, first) and torch.equal(twin.next_sibling, nxt)
+
+
+@pytest.mark.parametrize("index", range(3))
+def test_greedy_walk_kernel_equals_twin_and_verify(index: int) -> None:
+    tree = small_trees()[index]
+    for t in (tree, ragged(tree)):
+        t = t.to(DEVICE)
+        g = torch.Generator().manual_seed(index)
+        # Picks that follow some child at most nodes (deep walks), random elsewhere.
+        picks = torch.randint(0, 20, t.tokens.shape, generator=g).to(DEVICE)
+        first, _ = t.links()
+        follow = (first >= 0) & (torch.rand(t.tokens.shape, generator=g).to(DEVICE) < 0.8)
+        picks = torch.where(follow, torch.gather(t.tokens, 1, first.clamp(min=0)), picks)
+        twin = twins.greedy_walk(t.tokens, t.parents, t.num_nodes, picks)
+        kernel = on_triton("greedy_walk", t.tokens, t.parents, t.num_nodes, picks)
+        assert_equal(twin, kernel)
+        ref = accept_picks(t, picks)
+        assert_equal(twin, (ref.accepted, ref.accepted_length, ref.bonus))
+
+
+# ------------------------------------------------------------------------------------ builders
+@pytest.mark.parametrize(("name", "cfg"), [("dartree-pruned", {"budget": 5, "width": 3, "topk": 4}),
+                                           ("ddtree", {"budget": 6, "topk": 3, "normalize": "candidates"})])
+def test_fast_builder_on_the_triton_path_equals_ref(name: str, cfg: dict) -> None:
+    """Every kernel of a build on the Triton path; normalize="candidates" keeps scores exact."""
+    block = DraftBlock(logits=random_logits(4, (3, 2, 13), True).to(DEVICE), root=torch.tensor([1, 2, 3]).to(DEVICE))
+    head = PathHashHead() if name == "dartree-pruned" else None
+    ref = make_builder(name, backend="ref", **cfg).build(block, head)
+    with ops.force_backend("triton"):
+        fast = make_builder(name, backend="fast", **cfg).build(block, head)
+    for field in ("tokens", "parents", "depths", "scores", "ranks", "num_nodes"):
+        assert torch.equal(getattr(ref, field), getattr(fast, field)), field
+
+
+def test_dispatch_picks_the_twin_on_cpu_and_can_be_forced() -> None:
+    x = torch.zeros(1, 2)
+    assert ops.backend(x) == "torch"
+    with ops.force_backend("triton"):
+        assert ops.backend(x) == "triton"
+    assert ops.backend(x) == "torch"
+    with pytest.raises(ValueError, match="name"):
+        with ops.force_backend("cuda"):
+            pass

@@ -1,0 +1,143 @@
+"""fast == ref: every registry entry builds the identical tree (same tensors, same float32 scores)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from dartree import BUILDERS, DraftBlock, DraftTree, make_builder
+from dartree.testing import IdentityHead, PathHashHead
+from tests.strategies import blocks, config_for, random_logits
+
+FIELDS = ("tokens", "parents", "depths", "scores", "ranks", "num_nodes")
+HEADS = {"identity": IdentityHead(), "path-hash": PathHashHead()}
+
+
+def assert_same_tree(ref: DraftTree, fast: DraftTree) -> None:
+    assert fast.canonical() == ref.canonical()
+    for name in FIELDS:
+        a, b = getattr(ref, name), getattr(fast, name)
+        assert a.dtype == b.dtype and torch.equal(a, b), name
+
+
+def build_both(name: str, block: DraftBlock, cfg: dict, head_name: str) -> tuple[DraftTree, DraftTree]:
+    ref = make_builder(name, backend="ref", **cfg)
+    fast = make_builder(name, backend="fast", **cfg)
+    head = HEADS[head_name] if ref.needs_head else None
+    return ref.build(block, head), fast.build(block, head)
+
+
+def awkward_block(b: int, gamma: int, vocab: int, seed: int, ties: bool) -> DraftBlock:
+    root = torch.randint(0, vocab, (b,), generator=torch.Generator().manual_seed(seed))
+    return DraftBlock(logits=random_logits(seed, (b, gamma, vocab), ties), root=root)
+
+
+@pytest.mark.parametrize("head_name", list(HEADS))
+@pytest.mark.parametrize("name", BUILDERS)
+@given(data=st.data())
+def test_fast_equals_ref(name: str, head_name: str, data) -> None:
+    if head_name == "identity" and not make_builder(name).needs_head:
+        return  # uncorrected builders take no head: one head variant is enough
+    block = data.draw(blocks(max_vocab=120, max_gamma=8))
+    cfg = config_for(data.draw, name, block.vocab_size, max_budget=70, max_width=12, max_topk=12)
+    ref, fast = build_both(name, block, cfg, head_name)
+    fast.validate(gamma=block.gamma, budget=cfg.get("budget"))
+    assert_same_tree(ref, fast)
+
+
+CASES = [  # (b, gamma, V, topk, budget, width): the awkward shapes of the design's testing matrix
+    (1, 1, 111, 1, 1, 1),
+    (3, 1, 111, 7, 5, 3),
+    (3, 5, 111, 1, 3, 1),
+    (1, 6, 111, 5, 37, 7),
+    (3, 4, 111, 111, 19, 13),
+    (3, 9, 111, 3, 100, 5),
+    (1, 3, 2, 2, 14, 20),  # budget larger than the whole trie
+]
+
+
+@pytest.mark.parametrize("ties", [False, True])
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("name", BUILDERS)
+def test_fast_equals_ref_awkward_shapes(name: str, case: tuple[int, ...], ties: bool) -> None:
+    b, gamma, vocab, topk, budget, width = case
+    block = awkward_block(b, gamma, vocab, seed=sum(case), ties=ties)
+    for normalize in ("vocab", "candidates"):
+        cfg: dict = {"topk": topk, "normalize": normalize}
+        if name not in ("chain", "corrected-chain"):
+            cfg["budget"] = budget
+        if name == "dartree-pruned":
+            cfg.update(width=width, beta=-0.2 if ties else 0.0)
+        for head_name in HEADS:
+            assert_same_tree(*build_both(name, block, cfg, head_name))
+
+
+@settings(max_examples=min(10, settings().max_examples))
+@given(seed=st.integers(0, 2**16), width=st.integers(1, 40), budget=st.integers(1, 90))
+@example(seed=0, width=32, budget=64)
+def test_pruned_parity_at_wide_gamma(seed: int, width: int, budget: int) -> None:
+    """Long blocks (gamma=16) with several rank-path words, ties everywhere (4-valued logits)."""
+    block = awkward_block(2, 16, 40, seed, ties=True)
+    cfg = {"budget": budget, "width": width, "topk": 40, "beta": -0.5}
+    assert_same_tree(*build_both("dartree-pruned", block, cfg, "path-hash"))
+
+
+class CountingHead:
+    """PathHashHead that counts its calls per (method, depth) and the rows it was given."""
+
+    def __init__(self) -> None:
+        self.inner = PathHashHead()
+        self.calls: list[tuple[str, int, int, int]] = []
+
+    def initial_state(self, block: DraftBlock) -> torch.Tensor:
+        return self.inner.initial_state(block)
+
+    def logits(self, block: DraftBlock, depth: int, states: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+        self.calls.append(("logits", depth, states.shape[0], states.shape[1]))
+        return self.inner.logits(block, depth, states, candidates)
+
+    def advance(self, block: DraftBlock, depth: int, states: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        self.calls.append(("advance", depth, states.shape[0], states.shape[1]))
+        return self.inner.advance(block, depth, states, tokens)
+
+
+@pytest.mark.parametrize("name", ["dartree-fixed", "dartree-pruned"])
+def test_two_head_calls_per_depth_for_all_rows(name: str) -> None:
+    block = awkward_block(3, 6, 50, seed=5, ties=False)
+    cfg = {"budget": 40, "topk": 8} | ({"width": 5} if name == "dartree-pruned" else {})
+    head = CountingHead()
+    make_builder(name, backend="fast", **cfg).build(block, head)
+    depths = sorted({d for _, d, _, _ in head.calls})
+    assert depths == list(range(1, block.gamma + 1))
+    for d in depths:
+        at_d = [c for c in head.calls if c[1] == d]
+        assert sorted(c[0] for c in at_d) == ["advance", "logits"], at_d
+        assert all(c[2] == block.batch_size for c in at_d)  # all rows in one call
+
+
+def test_sequential_heap_batches_rows_at_the_same_depth() -> None:
+    """Rows whose popped nodes share a depth share one head call (identical logits: same depths)."""
+    block = DraftBlock(logits=random_logits(1, (1, 5, 30), False).expand(3, -1, -1).contiguous(),
+                       root=torch.tensor([4, 4, 4]))
+    head = CountingHead()
+    make_builder("sequential-heap", backend="fast", budget=20, topk=6).build(block, head)
+    assert all(c[2] == 3 for c in head.calls)
+    assert sum(c[0] == "logits" for c in head.calls) == 20  # root + 19 popped nodes (not the last)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA to detect host-device syncs")
+@pytest.mark.parametrize("name", ["chain", "ddtree", "corrected-chain", "corrected-chain-ddtree", "dartree-fixed",
+                                  "dartree-pruned"])
+def test_no_host_sync_on_cuda(name: str) -> None:
+    block = awkward_block(3, 8, 500, seed=2, ties=False)
+    block = DraftBlock(logits=block.logits.cuda(), root=block.root.cuda())
+    builder = make_builder(name, backend="fast", **({"budget": 30} if "chain" != name[-5:] else {}))
+    head = PathHashHead() if builder.needs_head else None
+    builder._fn(block, head, builder.config)  # warm-up (kernel compilation)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        builder._fn(block, head, builder.config)  # the builder alone: TreeBuilder.build adds a finite check
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
