@@ -14,19 +14,10 @@ from dartree.decode import GenerationResult, SpeculativeDecoder, generate_ar
 from dartree.models.target import HFTarget
 from dartree.testing import OracleDrafter, PathHashHead
 from dartree.verify import GeneratorSampler, KeyedSampler
-from tests.verify.helpers import ARCHS, tiny_lm
+from tests.verify.helpers import ARCHS, one_thread, tiny_lm  # noqa: F401 (autouse fixture)
 
 V = 128
 GAMMA = 4
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run fastest on one thread; oversubscribed shared cores make them ~10x slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 _MODELS: dict[tuple, torch.nn.Module] = {}

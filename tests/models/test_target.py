@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from dartree.models.target import HFTarget
-from tests.verify.helpers import ARCHS, make_tree, random_tree, tiny_lm
+from tests.verify.helpers import ARCHS, make_tree, one_thread, random_tree, tiny_lm  # noqa: F401 (autouse fixture)
 
 V = 128
 

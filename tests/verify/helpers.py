@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from dartree.tree import PAD, DraftTree
 
 ARCHS = ("qwen3", "llama")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models run fastest on one thread; on oversubscribed shared cores, torch's default
+    thread pool makes them ~10x slower.  Import this fixture into a test module to use it."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def make_tree(rows: list[tuple[list[int], list[int]]]) -> DraftTree:

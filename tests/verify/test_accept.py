@@ -11,7 +11,7 @@ from dartree.models.target import HFTarget
 from dartree.testing import OracleDrafter
 from dartree.tree import DraftTree
 from dartree.verify import GeneratorSampler, KeyedSampler, accept_picks, hash32, verify_greedy, verify_sampled
-from tests.verify.helpers import GOLDEN, random_tree
+from tests.verify.helpers import GOLDEN, one_thread, random_tree  # noqa: F401 (autouse fixture)
 
 V = 32
 

@@ -8,7 +8,7 @@ from transformers.cache_utils import DynamicCache, DynamicSlidingWindowLayer
 
 from dartree.models.target import HFTarget
 from dartree.verify import cache_length, gather_cache, keep_indices, verify_greedy
-from tests.verify.helpers import ARCHS, make_tree, tiny_lm
+from tests.verify.helpers import ARCHS, make_tree, one_thread, tiny_lm  # noqa: F401 (autouse fixture)
 
 V = 128
 
