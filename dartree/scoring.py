@@ -89,16 +89,23 @@ def pairwise_sum(x: Tensor) -> Tensor:
 
 
 def log_normalize(cand_logits: Tensor, rest_lse: Tensor) -> Tensor:
-    """log q of K candidates: ``z - logaddexp(lse(z), rest_lse)``, bit-identical for any batching.
+    """log q of K candidates: ``z - logaddexp(lse(z), rest_lse)``, identical for any batching.
+
+    Computed in float64 and rounded once to float32.  On the CPU, element-wise ``exp``/``log``
+    run a vectorised routine on full vector lanes and a scalar one on the tail, which differ in the
+    last bit, so a float32 computation of the same row can round differently inside a bigger batch.
+    In float64 those differences sit ~2**29 times below a float32 rounding step and vanish in the
+    final rounding (a miss needs a float64 result within one float64 ulp of a float32 midpoint).
+    The candidate sum uses a fixed pairwise order (:func:`pairwise_sum`) for the same reason.
 
     Shape:
-        cand_logits: float32 ``[..., K]``; rest_lse: float32 ``[...]`` (broadcast) -> ``[..., K]``.
+        cand_logits: float ``[..., K]``; rest_lse: float ``[...]`` (broadcast) -> float32 ``[..., K]``.
     """
-    z = cand_logits.float()
+    z = cand_logits.double()
     top = z.amax(dim=-1, keepdim=True)  # max is exact in any order
     lse = top.squeeze(-1) + torch.log(pairwise_sum(torch.exp(z - top)))
-    total = torch.logaddexp(lse, rest_lse)
-    return z - total.unsqueeze(-1)
+    total = torch.logaddexp(lse, rest_lse.double())
+    return (z - total.unsqueeze(-1)).float()
 
 
 def child_scores(parent_scores: Tensor, log_q: Tensor, beta: float) -> Tensor:
