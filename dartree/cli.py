@@ -23,7 +23,7 @@ from typing import Any
 
 __all__ = ["main", "build_parser", "PRESETS"]
 
-DEFAULT_MODEL = "pystdlib-tiny"
+DEFAULT_MODEL = "pystdlib-tiny"          # dartree.models.zoo.DEFAULT_NAME (not imported: keeps --help fast)
 
 PRESETS: dict[str, dict[str, Any]] = {
     # `make demo`: a few minutes on 2 CPU cores, greedy, the six methods of the issue plus the tuned budget.
@@ -213,7 +213,7 @@ def _defaults(args: argparse.Namespace) -> dict[str, Any]:
     return {k: getattr(args, k) for k in ("budget", "width", "topk", "beta") if getattr(args, k, None) is not None}
 
 
-def _load(args: argparse.Namespace):
+def _load(args: argparse.Namespace, parser: argparse.ArgumentParser):
     import torch
 
     from dartree.eval.bundles import load_bundle
@@ -222,7 +222,10 @@ def _load(args: argparse.Namespace):
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     start = time.perf_counter()
-    bundle = load_bundle(args.model)
+    try:
+        bundle = load_bundle(args.model)
+    except ValueError as e:          # an unknown --model is an argument error
+        parser.error(str(e))
     _log(f"model {bundle.name} loaded in {time.perf_counter() - start:.1f} s")
     return bundle
 
@@ -284,7 +287,7 @@ def cmd_generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
     except ValueError as e:
         parser.error(str(e))
     text = args.prompt if args.prompt is not None else args.prompt_file.read_text()
-    bundle = _load(args)
+    bundle = _load(args, parser)
     ids = torch.tensor([_prompt_ids(bundle, text, 1 << 30)], dtype=torch.int64)
     stop = None if args.no_stop else stop_token_id(bundle)
     stops = None if stop is None else [stop]
@@ -346,7 +349,7 @@ def cmd_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     except ValueError as e:
         parser.error(str(e))
     out = Path(preset["out"])
-    bundle = _load(args)
+    bundle = _load(args, parser)
     argv = ["dartree", *sys.argv[1:]] if args.argv is None else ["dartree", *args.argv]
     start = time.perf_counter()
     result = run_bench(bundle, config, argv=argv, log=_log)
@@ -381,7 +384,7 @@ def cmd_sweep(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                 raise ValueError(f"methods: {m.label!r}: 'auto' settings cannot be swept; give numbers")
     except ValueError as e:
         parser.error(str(e))
-    bundle = _load(args)
+    bundle = _load(args, parser)
     refs = _refs(bundle, args)
     result = run_sweep(bundle, methods, args.param, values, refs, args.backend, progress=_log)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -412,7 +415,7 @@ def cmd_show_tree(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
                 raise ValueError(f"method: {m.label!r}: give numbers instead of 'auto' to draw trees")
     except ValueError as e:
         parser.error(str(e))
-    bundle = _load(args)
+    bundle = _load(args, parser)
     if args.prompt is not None:
         refs = [reference(bundle, _prompt_ids(bundle, args.prompt, args.max_prompt_tokens), args.max_new_tokens,
                           args.temperature, args.seed)]
@@ -453,7 +456,7 @@ def cmd_tune(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             raise ValueError(f"method: {method.label!r} has no budget to tune")
     except ValueError as e:
         parser.error(str(e))
-    bundle = _load(args)
+    bundle = _load(args, parser)
     refs = _refs(bundle, args)
     result = tune(bundle, method, refs, args.backend, args.budgets, args.widths, progress=_log)
     args.out.mkdir(parents=True, exist_ok=True)

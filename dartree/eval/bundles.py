@@ -92,8 +92,9 @@ def load_bundle(name: str) -> Bundle:
         return tiny_random_bundle()
     from dartree.models import zoo
 
-    known = tuple(getattr(zoo, "NAMES", ()))
-    if known and name not in known:
-        raise ValueError(f"model: must be one of {(TINY_RANDOM, *known)}, got {name!r}")
+    known = tuple(zoo.available())
+    if name not in known:
+        hint = "" if known else " (no zoo weights are installed: train them with `python -m dartree.models.train_zoo`)"
+        raise ValueError(f"model: must be one of {(TINY_RANDOM, *known)}, got {name!r}{hint}")
     z = zoo.load(name)
     return Bundle(name, z.target, z.tokenizer, z.drafter, dict(z.heads))
