@@ -1,0 +1,431 @@
+"""DFlash-style block-parallel drafter.
+
+The drafter protocol (``dartree.decode.Drafter``; what ``SpeculativeDecoder`` calls)
+-----------------------------------------------------------------------------------
+A drafter keeps its own cache of *context features*: one entry per token in the target's KV
+cache, built from the target's hidden states at ``drafter.target_layer_ids``.  Its length always
+equals the target's committed cache length (``HFTarget.length``): every committed token except
+the last one, which is the root of the next tree.  One decoding session::
+
+    drafter.bind(target_model)                        # share embedding + LM head (load_drafter / zoo do it)
+    target = HFTarget(target_model, layer_ids=drafter.target_layer_ids)
+    drafter.reset()                                   # new prompt
+    out = target.prefill(prompt[:, :-1])
+    drafter.append_context(out.hidden, prompt[:, :-1])   # hidden [b, m, len(target_layer_ids) * H]
+    root = prompt[:, -1]
+    loop:
+        block = drafter.draft(root)                   # DraftBlock: logits [b, gamma, V], hidden [b, gamma, H], root
+        ... build tree, verify, target.commit(accepted, count) ...
+        drafter.append_context(hidden of the committed slots, their tokens)   # root first
+        root = bonus token
+
+``append_context`` costs O(new tokens) per round (keys/values of the new context features are
+computed once per draft layer and cached); ``draft`` attends to the cached context and keeps
+nothing (the block's keys/values are scratch), so a round's cost does not grow with a re-encoding
+of the whole context.  ``crop(length)`` drops context entries past ``length``;
+``context_length`` reports the current length.  An empty context is allowed (one-token prompt).
+
+Block layout: slot 0 holds the root (the last committed token, at position ``context_length``),
+slots 1..block_size-1 hold the mask token.  The drafter predicts the tokens at slots 1..gamma, so
+``gamma = block_size - 1``; the returned ``DraftBlock.logits[:, d - 1]`` is the marginal of the
+token at depth ``d`` (position ``context_length + d``), and ``DraftBlock.hidden[:, d - 1]`` the
+final-normed draft hidden state ``H_d`` whose LM-head projection gives those logits.
+
+Architecture (DFlash, arXiv 2602.06036): context features = concat of the target's hidden states
+after layers ``target_layer_ids`` -> ``fc`` (no bias) -> RMSNorm (``hidden_norm``); each draft
+layer is a Qwen3-style decoder layer whose attention queries come from the block and whose keys /
+values are ``k_proj`` / ``v_proj`` of [context features; block] (per-head ``q_norm`` / ``k_norm``,
+RoPE at absolute positions); attention is non-causal (every block slot sees the whole context and
+the whole block).  Token embeddings and the LM head are the target's.  Weight names match the
+released z-lab checkpoints (``layers.{i}.self_attn.q_proj.weight``, ``fc.weight``, ...).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from dartree.block import DraftBlock
+
+__all__ = ["DFlashConfig", "DFlashDrafter", "dflash_target_layer_ids"]
+
+
+def dflash_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
+    """Target layers the released DFlash drafters read: one layer per draft layer, evenly spaced.
+
+    One draft layer reads the middle layer; otherwise the layers are spread from layer 1 to layer
+    ``num_target_layers - 3`` (rounded), as in the public checkpoints.
+    """
+    if num_target_layers < 1:
+        raise ValueError(f"num_target_layers: expected >= 1, got {num_target_layers}")
+    if num_draft_layers < 1:
+        raise ValueError(f"num_draft_layers: expected >= 1, got {num_draft_layers}")
+    if num_draft_layers == 1:
+        return [num_target_layers // 2]
+    start, end = 1, max(1, num_target_layers - 3)
+    span = end - start
+    return [int(round(start + i * span / (num_draft_layers - 1))) for i in range(num_draft_layers)]
+
+
+@dataclass
+class DFlashConfig:
+    """Shape of a DFlash drafter.  ``hidden_size`` must equal the target's hidden size."""
+
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    intermediate_size: int
+    vocab_size: int
+    target_layer_ids: list[int]
+    mask_token_id: int
+    block_size: int = 16
+    head_dim: int | None = None
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    num_target_layers: int | None = None
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                     "intermediate_size", "vocab_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
+        if self.block_size < 2:
+            raise ValueError(f"block_size: expected >= 2 (root + at least one draft slot), got {self.block_size}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"num_key_value_heads: must divide num_attention_heads={self.num_attention_heads}, "
+                             f"got {self.num_key_value_heads}")
+        if self.head_dim is None:
+            if self.hidden_size % self.num_attention_heads:
+                raise ValueError("head_dim: required when hidden_size is not a multiple of num_attention_heads")
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim: must be even for RoPE, got {self.head_dim}")
+        self.target_layer_ids = [int(i) for i in self.target_layer_ids]
+        if not self.target_layer_ids or min(self.target_layer_ids) < 0:
+            raise ValueError(f"target_layer_ids: expected a non-empty list of layer indices >= 0, "
+                             f"got {self.target_layer_ids}")
+        if not 0 <= self.mask_token_id < self.vocab_size:
+            raise ValueError(f"mask_token_id: expected in [0, {self.vocab_size}), got {self.mask_token_id}")
+
+    @property
+    def gamma(self) -> int:
+        return self.block_size - 1
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm with a learned scale (``weight``), computed in float32."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rope(x: Tensor, positions: Tensor, theta: float) -> Tensor:
+    """Rotary embedding (rotate-half convention, as Qwen3).
+
+    Shape:
+        x: ``[b, heads, t, head_dim]``; positions: int64 ``[b, t]`` or ``[t]``.
+    """
+    dim = x.shape[-1]
+    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, device=x.device, dtype=torch.float32) / dim))
+    angles = positions.to(torch.float32)[..., None] * inv_freq  # [b, t, dim/2]
+    emb = torch.cat([angles, angles], dim=-1)
+    if emb.dim() == 2:
+        emb = emb[None]
+    cos, sin = emb.cos()[:, None].to(x.dtype), emb.sin()[:, None].to(x.dtype)
+    x1, x2 = x[..., : dim // 2], x[..., dim // 2 :]
+    rotated = torch.cat([-x2, x1], dim=-1)
+    return x * cos + rotated * sin
+
+
+class DFlashAttention(nn.Module):
+    """Block queries attending to [context; block] keys and values (non-causal)."""
+
+    def __init__(self, config: DFlashConfig) -> None:
+        super().__init__()
+        h, hd = config.hidden_size, config.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, hd
+        self.theta = config.rope_theta
+        self.q_proj = nn.Linear(h, self.num_heads * hd, bias=False)
+        self.k_proj = nn.Linear(h, self.num_kv_heads * hd, bias=False)
+        self.v_proj = nn.Linear(h, self.num_kv_heads * hd, bias=False)
+        self.o_proj = nn.Linear(self.num_heads * hd, h, bias=False)
+        self.q_norm = RMSNorm(hd, config.rms_norm_eps)
+        self.k_norm = RMSNorm(hd, config.rms_norm_eps)
+
+    def key_values(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys (normed, rotated) and values of ``x``.
+
+        Shape:
+            x: ``[b, t, H]``; positions: ``[b, t]`` or ``[t]`` -> two ``[b, kv_heads, t, head_dim]``.
+        """
+        b, t, _ = x.shape
+        k = self.k_norm(self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        return rope(k, positions, self.theta), v
+
+    def forward(self, x: Tensor, positions: Tensor, ctx_k: Tensor, ctx_v: Tensor, mask: Tensor | None) -> Tensor:
+        """Shape: x ``[b, t, H]``; ctx_k/ctx_v ``[b, kv_heads, c, head_dim]``; mask bool ``[b, 1, t, c + t]``."""
+        b, t, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(b, t, self.num_heads, self.head_dim)).transpose(1, 2)
+        q = rope(q, positions, self.theta)
+        k, v = self.key_values(x, positions)
+        k = torch.cat([ctx_k, k], dim=2)
+        v = torch.cat([ctx_v, v], dim=2)
+        groups = self.num_heads // self.num_kv_heads
+        if groups > 1:
+            k = k.repeat_interleave(groups, dim=1)
+            v = v.repeat_interleave(groups, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0 / math.sqrt(self.head_dim))
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+
+class DFlashMLP(nn.Module):
+    def __init__(self, config: DFlashConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DFlashLayer(nn.Module):
+    def __init__(self, config: DFlashConfig) -> None:
+        super().__init__()
+        self.self_attn = DFlashAttention(config)
+        self.mlp = DFlashMLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, x: Tensor, positions: Tensor, ctx_k: Tensor, ctx_v: Tensor, mask: Tensor | None) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), positions, ctx_k, ctx_v, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DFlashDrafter(nn.Module):
+    """Block-parallel drafter conditioned on target hidden states (see the module docstring).
+
+    Args:
+        config: the drafter's shape.
+        target: optional HF causal LM whose input embedding and output head the drafter shares
+            (same as calling :meth:`bind`).
+
+    Attributes:
+        target_layer_ids: target decoder layers (0-based) whose hidden states the drafter needs.
+        block_size: slots per block (root + gamma mask slots).
+        gamma: draft depths per round, ``block_size - 1``.
+        heads: correction heads shipped with the checkpoint (filled by ``load_drafter``).
+    """
+
+    def __init__(self, config: DFlashConfig, target: nn.Module | None = None) -> None:
+        super().__init__()
+        self.config = config
+        self.layers = nn.ModuleList(DFlashLayer(config) for _ in range(config.num_hidden_layers))
+        self.fc = nn.Linear(len(config.target_layer_ids) * config.hidden_size, config.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.heads: dict[str, object] = {}
+        self._embedding: Tensor | None = None
+        self._lm_head: Tensor | None = None
+        self._ctx: list[tuple[Tensor, Tensor]] | None = None
+        self._length = 0
+        if target is not None:
+            self.bind(target)
+
+    # ----------------------------------------------------------------------------- properties
+    @property
+    def target_layer_ids(self) -> tuple[int, ...]:
+        return tuple(self.config.target_layer_ids)
+
+    @property
+    def block_size(self) -> int:
+        return self.config.block_size
+
+    @property
+    def gamma(self) -> int:
+        return self.config.block_size - 1
+
+    @property
+    def mask_token_id(self) -> int:
+        return self.config.mask_token_id
+
+    @property
+    def context_length(self) -> int:
+        """Context entries held (equals the target's committed cache length during decoding)."""
+        return self._length
+
+    @property
+    def embedding_weight(self) -> Tensor:
+        """The shared token-embedding matrix ``[V, H]`` (the target's, after :meth:`bind`)."""
+        if self._embedding is None:
+            raise ValueError("target: the drafter is not bound to a target; call drafter.bind(target_model)")
+        return self._embedding
+
+    @property
+    def lm_head_weight(self) -> Tensor:
+        """The shared LM-head matrix ``[V, H]`` (the target's, after :meth:`bind`)."""
+        if self._lm_head is None:
+            raise ValueError("target: the drafter is not bound to a target; call drafter.bind(target_model)")
+        return self._lm_head
+
+    def bind(self, target: nn.Module) -> DFlashDrafter:
+        """Share ``target``'s input embedding and LM head (not copied, not part of ``state_dict``)."""
+        emb = target.get_input_embeddings() if hasattr(target, "get_input_embeddings") else None
+        head = target.get_output_embeddings() if hasattr(target, "get_output_embeddings") else None
+        if emb is None or head is None:
+            raise ValueError("target: expected a HF causal LM with input embeddings and an output head")
+        self.set_shared_weights(emb.weight, head.weight)
+        return self
+
+    def set_shared_weights(self, embedding: Tensor, lm_head: Tensor) -> None:
+        """Use ``embedding`` / ``lm_head`` (both ``[V, H]``) as the shared token matrices."""
+        shape = (self.config.vocab_size, self.config.hidden_size)
+        for name, w in (("embedding", embedding), ("lm_head", lm_head)):
+            if not isinstance(w, Tensor) or tuple(w.shape) != shape:
+                got = tuple(w.shape) if isinstance(w, Tensor) else type(w).__name__
+                raise ValueError(f"{name}: expected shape {shape} (vocab_size, hidden_size), got {got}")
+        # plain attributes, not registered: the target owns these parameters (no state_dict entry,
+        # no gradient through drafter.parameters())
+        object.__setattr__(self, "_embedding", embedding)
+        object.__setattr__(self, "_lm_head", lm_head)
+
+    # ---------------------------------------------------------------------------- context cache
+    def reset(self) -> None:
+        """Forget the context (start of a new sequence)."""
+        self._ctx = None
+        self._length = 0
+
+    def crop(self, length: int) -> None:
+        """Keep only the first ``length`` context entries."""
+        if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= self._length:
+            raise ValueError(f"length: expected an int in [0, {self._length}], got {length!r}")
+        if self._ctx is not None:
+            self._ctx = [(k[:, :, :length], v[:, :, :length]) for k, v in self._ctx]
+        self._length = length
+
+    def context_features(self, hidden_states: Tensor) -> Tensor:
+        """``hidden_norm(fc(hidden_states))``.
+
+        Shape:
+            hidden_states: ``[b, m, len(target_layer_ids) * H]`` -> ``[b, m, H]``.
+        """
+        width = len(self.config.target_layer_ids) * self.config.hidden_size
+        if not isinstance(hidden_states, Tensor) or hidden_states.dim() != 3 or hidden_states.shape[-1] != width:
+            got = tuple(hidden_states.shape) if isinstance(hidden_states, Tensor) else type(hidden_states).__name__
+            raise ValueError(f"hidden_states: expected [b, m, {width}] (target layers "
+                             f"{list(self.target_layer_ids)} concatenated), got {got}")
+        return self.hidden_norm(self.fc(hidden_states.to(self.fc.weight.dtype)))
+
+    def context_key_values(self, features: Tensor, positions: Tensor) -> list[tuple[Tensor, Tensor]]:
+        """Per-layer keys/values of context features.
+
+        Shape:
+            features: ``[b, m, H]``; positions: ``[b, m]`` or ``[m]`` -> per layer two ``[b, kv, m, hd]``.
+        """
+        return [layer.self_attn.key_values(features, positions) for layer in self.layers]
+
+    @torch.no_grad()
+    def append_context(self, hidden_states: Tensor | list[Tensor], tokens: Tensor | None = None) -> None:
+        """Append the target's hidden states of newly cached tokens (positions ``context_length..``).
+
+        Shape:
+            hidden_states: ``[b, m, len(target_layer_ids) * H]`` (``TargetOutput.hidden``), or a list
+            of ``[b, m, H]`` tensors, one per target layer in ``target_layer_ids`` order.
+            tokens: optional int64 ``[b, m]``, the tokens those states belong to (only checked: the
+            drafter conditions on hidden states, the tokens are already in them).
+        """
+        if isinstance(hidden_states, (list, tuple)):
+            if len(hidden_states) != len(self.config.target_layer_ids):
+                raise ValueError(f"hidden_states: expected {len(self.config.target_layer_ids)} tensors "
+                                 f"(one per target layer), got {len(hidden_states)}")
+            hidden_states = torch.cat(list(hidden_states), dim=-1)
+        if hidden_states is None:
+            raise ValueError("hidden_states: the DFlash drafter needs the target's hidden states, got None")
+        feats = self.context_features(hidden_states)
+        b, m, _ = feats.shape
+        if tokens is not None and (not isinstance(tokens, Tensor) or tuple(tokens.shape) != (b, m)):
+            got = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
+            raise ValueError(f"tokens: expected shape {(b, m)} to match hidden_states, got {got}")
+        if self._ctx is not None and self._ctx[0][0].shape[0] != b:
+            raise ValueError(f"hidden_states: batch {b} differs from the context's batch {self._ctx[0][0].shape[0]}")
+        positions = torch.arange(self._length, self._length + m, device=feats.device)
+        new = self.context_key_values(feats, positions)
+        if self._ctx is None:
+            self._ctx = new
+        else:
+            self._ctx = [
+                (torch.cat([k0, k1], 2), torch.cat([v0, v1], 2))
+                for (k0, v0), (k1, v1) in zip(self._ctx, new, strict=True)
+            ]
+        self._length += m
+
+    def _empty_context(self, b: int, device: torch.device) -> list[tuple[Tensor, Tensor]]:
+        c = self.config
+        empty = torch.zeros(b, c.num_key_value_heads, 0, c.head_dim, device=device, dtype=self.fc.weight.dtype)
+        return [(empty, empty) for _ in self.layers]
+
+    # ---------------------------------------------------------------------------------- drafting
+    def block_hidden(
+        self,
+        root: Tensor,
+        positions: Tensor,
+        ctx: list[tuple[Tensor, Tensor]],
+        mask: Tensor | None = None,
+    ) -> Tensor:
+        """Final-normed hidden states of blocks ``[root, mask, ..., mask]``.
+
+        Shape:
+            root: int64 ``[b, n]`` (n blocks per row); positions: ``[b, n * block_size]`` (block slot
+            positions); ctx: per layer keys/values ``[b, kv, c, hd]``; mask: bool
+            ``[b, 1, n * block_size, c + n * block_size]`` or ``None`` (everything visible)
+            -> ``[b, n * block_size, H]``.
+        """
+        b, n = root.shape
+        ids = torch.full((b, n, self.block_size), self.mask_token_id, dtype=torch.int64, device=root.device)
+        ids[:, :, 0] = root
+        x = F.embedding(ids.view(b, n * self.block_size), self.embedding_weight).to(self.fc.weight.dtype)
+        for layer, (k, v) in zip(self.layers, ctx, strict=True):
+            x = layer(x, positions, k, v, mask)
+        return self.norm(x)
+
+    @torch.no_grad()
+    def draft(self, root: Tensor) -> DraftBlock:
+        """One block: marginals of the next ``gamma`` tokens after ``root``.
+
+        Shape:
+            root: int64 ``[b]`` (the last committed token, at position ``context_length``)
+            -> ``DraftBlock(logits [b, gamma, V], hidden [b, gamma, H], root [b])``.
+        """
+        if not isinstance(root, Tensor) or root.dtype != torch.int64 or root.dim() != 1:
+            raise ValueError("root: expected an int64 tensor of shape [b]")
+        b = root.shape[0]
+        ctx = self._ctx if self._ctx is not None else self._empty_context(b, root.device)
+        if ctx[0][0].shape[0] != b:
+            raise ValueError(f"root: batch {b} differs from the context's batch {ctx[0][0].shape[0]}")
+        positions = torch.arange(self._length, self._length + self.block_size, device=root.device)
+        hidden = self.block_hidden(root[:, None], positions, ctx)[:, 1:]
+        logits = F.linear(hidden, self.lm_head_weight.to(hidden.dtype))
+        return DraftBlock(logits=logits, root=root, hidden=hidden)
+
+    def forward(self, root: Tensor) -> DraftBlock:
+        """Same as :meth:`draft`."""
+        return self.draft(root)

@@ -1,0 +1,119 @@
+"""GRU (Domino) and Markov (DSpark) heads: protocol, batched == per-branch, candidate-only scoring."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.testing import assert_close
+
+from dartree.block import CorrectionHead, DraftBlock
+from dartree.models.heads import GRUHead, MarkovHead
+
+B, GAMMA, V, H = 3, 4, 111, 32
+
+
+def make_block(seed: int = 0) -> DraftBlock:
+    g = torch.Generator().manual_seed(seed)
+    return DraftBlock(logits=torch.randn(B, GAMMA, V, generator=g), root=torch.randint(0, V, (B,), generator=g),
+                      hidden=torch.randn(B, GAMMA, H, generator=g))
+
+
+def branch_inputs(head, block: DraftBlock, m: int, seed: int = 1):
+    """States of m random branches at depth 2 (root + one token each), and K candidates at depth 3."""
+    g = torch.Generator().manual_seed(seed)
+    s0 = head.initial_state(block)                                       # [b, S]
+    tokens = torch.randint(0, V, (B, m), generator=g)
+    states = head.advance(block, 1, s0[:, None, :].expand(-1, m, -1).contiguous(), tokens)
+    candidates = torch.stack([torch.randperm(V, generator=g)[:7] for _ in range(B)])
+    return states, candidates
+
+
+@pytest.mark.parametrize("which", ["gru", "markov"])
+def test_protocol(tiny_heads, which):
+    head = dict(zip(["gru", "markov"], tiny_heads, strict=True))[which]
+    assert isinstance(head, CorrectionHead)
+
+
+@pytest.mark.parametrize("which", ["gru", "markov"])
+def test_batched_branches_equal_single_branches_and_sub_blocks(tiny_heads, which):
+    head = dict(zip(["gru", "markov"], tiny_heads, strict=True))[which]
+    block = make_block()
+    states, candidates = branch_inputs(head, block, m=5)
+    with torch.no_grad():
+        batched = head.logits(block, 3, states, candidates)               # [b, m, K]
+        assert batched.shape == (B, 5, 7) and batched.dtype == torch.float32
+        nxt = torch.randint(0, V, (B, 5))
+        advanced = head.advance(block, 3, states, nxt)
+        for r in range(B):
+            sub = block.rows(r)
+            for j in range(5):
+                one = head.logits(sub, 3, states[r : r + 1, j : j + 1], candidates[r : r + 1])
+                assert_close(one[0, 0], batched[r, j], atol=1e-5, rtol=1e-5)
+                adv = head.advance(sub, 3, states[r : r + 1, j : j + 1], nxt[r : r + 1, j : j + 1])
+                assert_close(adv[0, 0], advanced[r, j], atol=1e-6, rtol=1e-6)
+        rows = torch.tensor([2, 0])
+        sub = head.logits(block.rows(rows), 3, states[rows], candidates[rows])
+        assert_close(sub, batched[rows], atol=1e-5, rtol=1e-5)
+
+
+def test_gru_logits_are_the_full_vocab_correction_at_the_candidates(tiny_heads):
+    gru, _ = tiny_heads
+    block = make_block()
+    states, candidates = branch_inputs(gru, block, m=2)
+    with torch.no_grad():
+        got = gru.logits(block, 3, states, candidates)
+        full = gru.full_logits(block.logits[:, 2:3].expand(-1, 2, -1), block.hidden[:, 2:3].expand(-1, 2, -1), states)
+        assert_close(got, torch.gather(full, 2, candidates[:, None, :].expand(-1, 2, -1)), atol=1e-5, rtol=1e-5)
+        # depth 1 (Domino's pure-draft prefix) is the base logits
+        s0 = gru.initial_state(block)[:, None]
+        assert torch.equal(gru.logits(block, 1, s0, candidates)[:, 0], torch.gather(block.logits[:, 0], 1, candidates))
+
+
+def test_gru_steps_equal_the_sequence_gru(tiny_heads):
+    """The stepwise state used by builders equals nn.GRU over [root, t1, t2] (the training path)."""
+    gru, _ = tiny_heads
+    block = make_block()
+    path = torch.randint(0, V, (B, 2))
+    with torch.no_grad():
+        s = gru.initial_state(block)[:, None]
+        for d in (1, 2):
+            s = gru.advance(block, d, s, path[:, d - 1 : d])
+        seq = torch.cat([block.root[:, None], path], dim=1)
+        out, _ = gru.prefix_gru(F.embedding(seq, gru.embedding_weight))
+    assert_close(s[:, 0], out[:, -1], atol=1e-5, rtol=1e-5)
+
+
+def test_markov_bias_is_the_low_rank_bigram(tiny_heads):
+    _, markov = tiny_heads
+    block = make_block()
+    cand = torch.arange(V)[None].expand(B, -1)
+    with torch.no_grad():
+        s0 = markov.initial_state(block)[:, None]
+        got = markov.logits(block, 1, s0, cand)[:, 0]
+        want = block.logits[:, 0] + markov.markov_w2(markov.markov_w1(block.root))
+    assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert torch.equal(markov.advance(block, 1, s0, torch.tensor([[4], [5], [6]]))[..., 0],
+                       torch.tensor([[4.0], [5.0], [6.0]]))
+
+
+def test_bad_inputs(tiny_heads):
+    gru, markov = tiny_heads
+    block = make_block()
+    states, candidates = branch_inputs(gru, block, m=2)
+    with pytest.raises(ValueError, match="depth"):
+        gru.logits(block, 0, states, candidates)
+    with pytest.raises(ValueError, match="depth"):
+        markov.advance(block, GAMMA + 1, torch.zeros(B, 2, 1), torch.zeros(B, 2, dtype=torch.int64))
+    with pytest.raises(ValueError, match="states"):
+        gru.logits(block, 2, states[..., :3], candidates)
+    with pytest.raises(ValueError, match="candidates"):
+        markov.logits(block, 2, torch.zeros(B, 2, 1), candidates.float())
+    with pytest.raises(ValueError, match="tokens"):
+        gru.advance(block, 2, states, torch.zeros(B, 3, dtype=torch.int64))
+    with pytest.raises(ValueError, match="hidden"):
+        gru.logits(DraftBlock(logits=block.logits, root=block.root), 2, states, candidates)
+    with pytest.raises(ValueError, match="embedding"):
+        GRUHead(H, V, 4, 4).initial_state(block)
+    with pytest.raises(ValueError, match="markov_rank"):
+        MarkovHead(V, 0)
