@@ -23,6 +23,19 @@ from typing import Any
 
 __all__ = ["main", "build_parser", "PRESETS"]
 
+DESCRIPTION = """Draft-tree speculative decoding: generate, benchmark, sweep, draw trees, tune the budget.
+
+examples:
+  dartree generate --prompt "def fib(n):" --method dartree-pruned:budget=32,width=8
+  dartree bench --preset demo          # AR + six methods on the bundled zoo: tables, plots, lossless check
+  dartree sweep --param budget --methods ddtree dartree-pruned
+  dartree show-tree --method dartree-pruned --round 3
+  dartree tune --method dartree-pruned # adaptive budget for this machine (Appendix B of the paper)
+
+A method is 'ar' or BUILDER[:KEY=VALUE,...], e.g. dartree-pruned:budget=32,width=8,head=markov.
+--budget/--width/--topk/--beta set those fields for every method that has them and does not set
+them itself. --model tiny-random runs any command on a toy model in seconds.
+"""
 DEFAULT_MODEL = "pystdlib-tiny"          # dartree.models.zoo.DEFAULT_NAME (not imported: keeps --help fast)
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -146,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     from dartree.eval.sweep import SWEEP_PARAMS
 
     common = _common()
-    parser = argparse.ArgumentParser(prog="dartree", description=__doc__,
+    parser = argparse.ArgumentParser(prog="dartree", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -430,7 +443,8 @@ def cmd_show_tree(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     tree_png = plot_tree(r.tree, r.accepted, lambda t: decode(bundle.tokenizer, [t]),
                          args.out / f"tree_{safe}_round{args.round}.png",
                          title=f"{method.label}, round {args.round}: {r.tree_size} draft nodes, "
-                               f"{r.accepted_length} accepted (green)")
+                               f"{r.accepted_length} accepted (green), then the target's bonus token "
+                               f"{decode(bundle.tokenizer, [r.bonus]) if r.bonus >= 0 else '(end)'!r}")
     print(r.tree.format(0, lambda t: repr(decode(bundle.tokenizer, [t]))))
     gamma = int(getattr(bundle.drafter, "gamma", 0)) or max(int(x.tree.depths.max()) for x in rounds)
     counts = {}

@@ -56,7 +56,11 @@ class Reference:
 
 @dataclass(frozen=True)
 class SimulatedRound:
-    """One replayed round; ``tree`` and ``accepted`` (node indices, root first) only when recorded."""
+    """One replayed round; ``tree`` and ``accepted`` (node indices, root first) only when recorded.
+
+    position: absolute position of the round's root; bonus: the target's token after the accepted
+    path (``PAD`` when the reference ends first).
+    """
 
     accepted_length: int
     committed: int
@@ -66,6 +70,7 @@ class SimulatedRound:
     tree: DraftTree | None = None
     accepted: tuple[int, ...] = ()
     position: int = 0
+    bonus: int = PAD
 
 
 @dataclass(frozen=True)
@@ -134,7 +139,8 @@ def simulate(bundle: Bundle, builder, head: CorrectionHead | None, ref: Referenc
         drafter.append_context(None if hidden is None else hidden[:, p: p + count], seq[:, p: p + count])
         size = int(tree.num_nodes[0]) - 1
         kept = tuple(int(i) for i in result.accepted[0, : accepted_length + 1]) if record else ()
+        bonus = int(truth[accepted_length]) if record else PAD
         rounds.append(SimulatedRound(accepted_length, count, size, t1 - t0, t2 - t1,
-                                     tree.to("cpu") if record else None, kept, p))
+                                     tree.to("cpu") if record else None, kept, p, bonus))
         p += count
     return Simulation(tuple(rounds), gamma)
