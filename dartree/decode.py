@@ -55,6 +55,7 @@ import torch
 from torch import Tensor, nn
 
 from dartree.block import CorrectionHead, DraftBlock
+from dartree.builders import TreeBuilder
 from dartree.models.target import HFTarget
 from dartree.tree import DraftTree
 from dartree.verify.accept import verify_greedy, verify_sampled
@@ -264,7 +265,13 @@ class SpeculativeDecoder:
         head: the correction head, required iff ``builder.needs_head``.
     """
 
-    def __init__(self, target: HFTarget | nn.Module, drafter: Drafter, builder, head: CorrectionHead | None = None):
+    def __init__(
+        self,
+        target: HFTarget | nn.Module,
+        drafter: Drafter,
+        builder: TreeBuilder,
+        head: CorrectionHead | None = None,
+    ) -> None:
         for attr in ("reset", "append_context", "draft", "target_layer_ids"):
             if not hasattr(drafter, attr):
                 raise ValueError(f"drafter: missing {attr!r}; a drafter needs target_layer_ids, reset(), "
@@ -333,6 +340,9 @@ class SpeculativeDecoder:
             block = drafter.draft(root)
             if not isinstance(block, DraftBlock) or block.batch_size != 1:
                 raise ValueError("drafter: draft(root) must return a DraftBlock of batch 1")
+            if block.vocab_size > target.vocab_size:
+                raise ValueError(f"drafter: block vocabulary {block.vocab_size} exceeds the target's "
+                                 f"{target.vocab_size}; draft tokens must be valid target tokens")
             draft_s = clock.lap()
             tree = self._fit(self.builder.build(block, self.head), block.gamma)
             build_s = clock.lap()
@@ -399,7 +409,7 @@ def generate_ar(
             nxt = logits.argmax(dim=-1)
         else:
             position = torch.full((1,), target.length, dtype=torch.int64, device=target.device)
-            nxt = req.sampler.sample(logits / req.temperature, position).to(torch.int64)
+            nxt = req.sampler.sample(logits.float() / req.temperature, position).to(torch.int64)
         verify_s = clock.lap()
         token = int(nxt[0])            # one sync per step, on purpose: stop tokens are checked on the host
         generated.append(token)

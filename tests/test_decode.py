@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import dartree
+from dartree.block import DraftBlock
 from dartree.builders import builder_spec
 from dartree.decode import GenerationResult, SpeculativeDecoder, generate_ar
 from dartree.models.target import HFTarget
@@ -55,7 +56,9 @@ def check_stats(result: GenerationResult, gamma: int = GAMMA) -> None:
     assert result.tau == pytest.approx(result.tokens.shape[1] / result.num_rounds)
 
 
-PROMPTS = [(torch.tensor([[7]]), 13), (torch.tensor([[3, 14, 15, 92, 65, 35]]), 9)]
+PROMPTS = [(torch.tensor([[7]]), 13), (torch.tensor([[3, 14, 15, 92, 65, 35]]), 9),
+           (torch.arange(40, 52)[None], 5)]
+NOISE = [(0.3, 0.2), (0.0, 0.0), (0.5, 0.0)]
 
 
 @pytest.mark.parametrize("name", dartree.BUILDERS)
@@ -64,7 +67,7 @@ PROMPTS = [(torch.tensor([[7]]), 13), (torch.tensor([[3, 14, 15, 92, 65, 35]]), 
 def test_lossless_greedy_every_builder(arch, attn, name):
     model = model_for(arch, attn)
     builder, head = builder_and_head(name)
-    for (prompt, length), (demote, drop) in zip(PROMPTS, [(0.3, 0.2), (0.0, 0.0)], strict=True):
+    for (prompt, length), (demote, drop) in zip(PROMPTS, NOISE, strict=True):
         drafter = OracleDrafter(model, GAMMA, demote=demote, drop=drop, seed=length)
         result = SpeculativeDecoder(model, drafter, builder, head).generate(prompt, length)
         assert result.tokens.tolist() == hf_greedy(model, prompt, length).tolist()
@@ -249,6 +252,10 @@ def test_bad_inputs():
         SpeculativeDecoder(HFTarget(model, layer_ids=(0,)), drafter, chain)
     with pytest.raises(ValueError, match="target"):
         SpeculativeDecoder("llama", drafter, chain)
+    wide = OracleDrafter(model, 2)
+    wide.draft = lambda root: DraftBlock(logits=torch.zeros(1, 2, V + 1), root=root)
+    with pytest.raises(ValueError, match="drafter"):
+        SpeculativeDecoder(model, wide, chain).generate(ok, 3)
     with pytest.raises(ValueError, match="gamma"):
         OracleDrafter(model, 0)
     with pytest.raises(ValueError, match="drop"):

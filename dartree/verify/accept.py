@@ -110,7 +110,7 @@ def verify_sampled(
 ) -> VerifyResult:
     """Sampled (T>0) verification by exact target-sample matching.
 
-    One token is drawn from ``softmax(target_logits / temperature)`` at every node; the token drawn
+    One token is drawn from ``softmax(target_logits.float() / temperature)`` at every node; the token drawn
     at node i will occupy absolute position ``prefix_len + depth_i + 1``, which is the position a
     keyed sampler is given.
 
@@ -125,5 +125,5 @@ def verify_sampled(
     if not hasattr(sampler, "sample"):
         raise ValueError(f"sampler: expected an object with sample(logits, positions), got {type(sampler).__name__}")
     positions = tree.positions(prefix_len) + 1
-    picks = sampler.sample(target_logits / temperature, positions)
+    picks = sampler.sample(target_logits.float() / temperature, positions)   # float32: same as generate_ar
     return accept_picks(tree, picks.to(torch.int64))
