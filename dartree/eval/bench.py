@@ -91,6 +91,7 @@ class RunRecord:
     tree_sizes: tuple[int, ...]
     stage_s: tuple[float, ...]            # summed over rounds, in STAGES order
     matches_ar: bool
+    first_difference: int = -1            # index of the first token that differs from AR's (-1: none)
 
     @property
     def rounds(self) -> int:
@@ -155,11 +156,15 @@ def acceptance_curve(accepted_lengths: Sequence[int], gamma: int) -> tuple[float
 def _record(method: str, dataset: str, temperature: float, prompt_id: str, result: GenerationResult,
             seconds: float, ar_tokens: torch.Tensor | None) -> RunRecord:
     stage = tuple(sum(getattr(r, f"{s}_s") for r in result.rounds) for s in STAGES)
-    matches = True if ar_tokens is None else bool(torch.equal(result.tokens.cpu(), ar_tokens))
+    first = -1
+    if ar_tokens is not None:
+        mine, ref = result.tokens[0].cpu().tolist(), ar_tokens[0].tolist()
+        first = next((i for i, (a, b) in enumerate(zip(mine, ref, strict=False)) if a != b),
+                     -1 if len(mine) == len(ref) else min(len(mine), len(ref)))
     return RunRecord(method, dataset, temperature, prompt_id, result.prompt.shape[1], result.tokens.shape[1], seconds,
                      result.prefill_s, tuple(r.accepted_length for r in result.rounds),
                      tuple(r.committed for r in result.rounds), tuple(r.tree_size for r in result.rounds), stage,
-                     matches)
+                     first == -1, first)
 
 
 def summarize(records: Sequence[RunRecord], methods: Sequence[MethodSpec], backend: str,

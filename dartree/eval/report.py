@@ -115,7 +115,8 @@ def bench_markdown(result: BenchResult) -> str:
     bad = [r for r in result.records if not r.matches_ar]
     parts += ["", "Lossless check: every method's output equals AR's token for token on every prompt."
               if not bad else f"Lossless check FAILED on {len(bad)} runs: " + ", ".join(
-                  f"{r.method}/{r.dataset}/T={r.temperature:g}/{r.prompt_id}" for r in bad)]
+                  f"{r.method}/{r.dataset}/T={r.temperature:g}/{r.prompt_id} (from token {r.first_difference})"
+                  for r in bad)]
     return "\n".join(parts) + "\n"
 
 

@@ -69,3 +69,17 @@ def test_acceptance_curve_and_config_errors():
         BenchConfig(methods=parse_methods(["chain"]), temperatures=(-1.0,))
     with pytest.raises(ValueError, match="num_prompts"):
         BenchConfig(methods=parse_methods(["chain"]), num_prompts=0)
+
+
+def test_a_difference_from_ar_is_recorded_with_its_first_token():
+    import torch
+
+    from dartree.decode import GenerationResult, RoundStats
+    from dartree.eval.bench import _record
+
+    rounds = (RoundStats(2, 3, 4, 0.0, 0.0, 0.0, 0.0, 0.0), RoundStats(0, 1, 4, 0.0, 0.0, 0.0, 0.0, 0.0))
+    result = GenerationResult(torch.tensor([[5, 6, 7, 8]]), torch.tensor([[1]]), rounds, "max_new_tokens", 0.0)
+    same = _record("m", "d", 0.0, "p", result, 1.0, torch.tensor([[5, 6, 7, 8]]))
+    differs = _record("m", "d", 0.0, "p", result, 1.0, torch.tensor([[5, 6, 9, 8]]))
+    assert (same.matches_ar, same.first_difference) == (True, -1)
+    assert (differs.matches_ar, differs.first_difference) == (False, 2)
