@@ -48,7 +48,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "num_prompts": 3,
         "max_new_tokens": 64,
         "budget": 16,
-        "out": "results/demo",
+        "out": "runs/demo",
     },
     # The full Table 1 grid of the paper on the zoo: both temperatures, three datasets, every builder.
     "paper": {
@@ -59,7 +59,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "num_prompts": 10,
         "max_new_tokens": 128,
         "budget": 16,
-        "out": "results/paper",
+        "out": "runs/paper",
     },
 }
 BENCH_DEFAULTS: dict[str, Any] = {
@@ -69,7 +69,7 @@ BENCH_DEFAULTS: dict[str, Any] = {
     "num_prompts": 4,
     "max_new_tokens": 64,
     "budget": None,
-    "out": "results/bench",
+    "out": "runs/bench",
 }
 
 
@@ -194,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--param", choices=SWEEP_PARAMS, required=True)
     s.add_argument("--values", type=_numbers, help="comma-separated values (default: a standard grid)")
     s.add_argument("--methods", nargs="+", metavar="METHOD", help="builders that have the setting")
-    s.add_argument("--out", type=Path, default=Path("results/sweep"))
+    s.add_argument("--out", type=Path, default=Path("runs/sweep"))
     _prompt_args(s)
     _method_defaults(s)
 
@@ -204,7 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--round", type=_positive_int, default=1, help="which round to draw (1-based, default 1)")
     t.add_argument("--depth-methods", nargs="+", metavar="METHOD",
                    default=["ddtree", "dartree-fixed", "dartree-pruned"], help="methods of the depth plot")
-    t.add_argument("--out", type=Path, default=Path("results/trees"))
+    t.add_argument("--out", type=Path, default=Path("runs/show-tree"))
     _prompt_args(t)
     _method_defaults(t)
 
@@ -212,7 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--method", default="dartree-pruned", help="a builder with a budget")
     u.add_argument("--budgets", type=_ints, default=[4, 8, 16, 32, 64])
     u.add_argument("--widths", type=_ints, default=[4, 8, 16])
-    u.add_argument("--out", type=Path, default=Path("results/tune"))
+    u.add_argument("--out", type=Path, default=Path("runs/tune"))
     _prompt_args(u)
     _method_defaults(u)
     return parser
