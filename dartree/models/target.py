@@ -103,6 +103,11 @@ class HFTarget:
         self._cache: Cache | None = None
         self._length = 0            # committed slots in the cache (Python int: no device sync)
         self._pending: int | None = None   # tree slots appended by forward_tree, awaiting commit
+        probe = self._new_cache()
+        kinds = sorted({type(layer).__name__ for layer in probe.layers} - {"DynamicLayer", "StaticLayer"})
+        if kinds:
+            raise ValueError(f"model: its cache has {kinds} layers; tree verification needs full-attention "
+                             f"layers whose KV slots can be gathered (DynamicLayer / StaticLayer)")
 
     # ------------------------------------------------------------------------------------ state
     @property
@@ -119,12 +124,14 @@ class HFTarget:
         """Most slots the cache can hold (``None``: unbounded dynamic cache)."""
         return self.max_cache_len
 
+    def _new_cache(self) -> Cache:
+        if self.cache_kind == "static":
+            return StaticCache(config=self.model.config, max_cache_len=self.max_cache_len)
+        return DynamicCache(config=self.model.config)
+
     def reset(self) -> None:
         """Forget everything: a fresh, empty cache."""
-        if self.cache_kind == "static":
-            self._cache = StaticCache(config=self.model.config, max_cache_len=self.max_cache_len)
-        else:
-            self._cache = DynamicCache(config=self.model.config)
+        self._cache = self._new_cache()
         self._length = 0
         self._pending = None
 

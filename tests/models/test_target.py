@@ -96,6 +96,11 @@ def test_bad_arguments():
         HFTarget(model, layer_ids=(2,))
     with pytest.raises(ValueError, match="cache"):
         HFTarget(model, cache="paged")
+    sliding = tiny_lm("qwen3", "sdpa", vocab=V)
+    sliding.config.use_sliding_window, sliding.config.sliding_window = True, 4
+    sliding.config.layer_types = ["sliding_attention", "full_attention"]
+    with pytest.raises(ValueError, match="DynamicSlidingWindowLayer"):
+        HFTarget(sliding)
     with pytest.raises(ValueError, match="max_cache_len"):
         HFTarget(model, max_cache_len=8)
     with pytest.raises(ValueError, match="max_cache_len"):
