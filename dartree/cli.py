@@ -312,12 +312,15 @@ def cmd_generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
     generated: list[int] = []
     shown = [0]
 
-    def show(tokens: list[int]) -> None:
+    def show(tokens: list[int], final: bool = False) -> None:
         generated.extend(tokens)
         full = decode(bundle.tokenizer, generated)
-        out.write(full[shown[0]:])
-        out.flush()
-        shown[0] = len(full)
+        if not final:                 # an incomplete UTF-8 sequence decodes to U+FFFD: wait for its bytes
+            full = full.rstrip("\ufffd")
+        if len(full) > shown[0]:
+            out.write(full[shown[0]:])
+            out.flush()
+            shown[0] = len(full)
 
     start = time.perf_counter()
     if method.is_ar:
@@ -331,6 +334,7 @@ def cmd_generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
         else:
             result = stream_generate(decoder, ids, args.max_new_tokens, show, args.temperature, sampler, stops)
     seconds = time.perf_counter() - start
+    show([], final=True)
     out.write("\n")
     _log(f"--- {method.label} ({bundle.name}), T={args.temperature:g}, stop: {result.stop_reason}, "
          f"{seconds:.2f} s wall")
@@ -499,7 +503,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.argv = list(argv) if argv is not None else None
     sub = parser._subparsers._group_actions[0].choices[args.command]   # the subcommand's parser, for errors
-    return COMMANDS[args.command](args, sub)
+    import torch
+
+    with torch.no_grad():              # inference only: no autograd graph through heads or drafters
+        return COMMANDS[args.command](args, sub)
 
 
 if __name__ == "__main__":

@@ -217,6 +217,7 @@ def _meta(bundle: Bundle, argv: Sequence[str] | None) -> dict[str, Any]:
     }
 
 
+@torch.no_grad()
 def run_bench(bundle: Bundle, config: BenchConfig, argv: Sequence[str] | None = None,
               log: Callable[[str], None] = print, progress: bool = True) -> BenchResult:
     """Run the benchmark described by ``config`` on ``bundle`` (see the module docstring)."""

@@ -90,6 +90,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)   # stage timing needs the device idle at the boundary
 
 
+@torch.no_grad()
 def reference(bundle: Bundle, prompt: list[int], max_new_tokens: int, temperature: float = 0.0,
               seed: int = 0) -> Reference:
     """The target's continuation of ``prompt`` (greedy, or keyed sampling with ``seed`` at T>0)."""
@@ -105,6 +106,7 @@ def reference(bundle: Bundle, prompt: list[int], max_new_tokens: int, temperatur
     return Reference(sequence=sequence, hidden=hidden, prompt_len=len(prompt), ar_seconds=ar_seconds)
 
 
+@torch.no_grad()
 def simulate(bundle: Bundle, builder, head: CorrectionHead | None, ref: Reference, record: bool = False) -> Simulation:
     """Replay the rounds of decoding ``ref`` with ``builder`` (and ``head``); see the module docstring.
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from dartree.decode import GenerationResult, SpeculativeDecoder
@@ -50,6 +51,7 @@ class StreamingDrafter:
         return self.inner.draft(root)
 
 
+@torch.no_grad()
 def stream_generate(decoder: SpeculativeDecoder, input_ids: Tensor, max_new_tokens: int,
                     on_tokens: Callable[[list[int]], None], temperature: float = 0.0,
                     sampler: Sampler | None = None, stop_token_ids: list[int] | None = None) -> GenerationResult:

@@ -174,6 +174,7 @@ def measure_verify_cost(model: torch.nn.Module, layer_ids: Sequence[int] = (), p
     return VerifyCost(sizes, tuple(seconds), prefix_len)
 
 
+@torch.no_grad()
 def measure_overhead(bundle: Bundle, method: MethodSpec, ref: Reference, backend: str) -> float:
     """Mean commit seconds per round (KV compaction + drafter context update) of one real decode."""
     decoded = make_decoder(bundle, method, backend).generate(ref.sequence[:, : ref.prompt_len],
@@ -181,6 +182,7 @@ def measure_overhead(bundle: Bundle, method: MethodSpec, ref: Reference, backend
     return sum(r.commit_s for r in decoded.rounds) / max(1, decoded.num_rounds)
 
 
+@torch.no_grad()
 def replay_stats(bundle: Bundle, method: MethodSpec, refs: Iterable[Reference], backend: str) -> ConfigStats:
     """Replay ``method`` (concrete settings) on every reference; pooled per-round statistics."""
     builder = make_builder(method.builder, resolve_backend(method.builder, backend), **method.config)
