@@ -27,13 +27,14 @@ __all__ = ["chain", "ddtree", "corrected_chain", "corrected_chain_ddtree", "sequ
 def chain(block: DraftBlock, head: None, config) -> DraftTree:
     """DFlash: the argmax of the base logits at every depth (gamma draft nodes)."""
     cands = candidate_set(block, config.topk, config.normalize)
-    return assemble(block, expand(block, cands, [1] * block.gamma), None, path=True)
+    return assemble(block, expand(block, cands, [1] * block.gamma, words=False), None, path=True)
 
 
 def corrected_chain(block: DraftBlock, head: CorrectionHead, config) -> DraftTree:
     """Domino: a greedy chain, each depth re-scored by the head along the chain's own path."""
     cands = candidate_set(block, config.topk, config.normalize)
-    return assemble(block, expand(block, cands, [1] * block.gamma, head=head), None, path=True)
+    return assemble(block, expand(block, cands, [1] * block.gamma, head=head, words=False), None,
+                    path=True)
 
 
 def ddtree(block: DraftBlock, head: None, config) -> DraftTree:
@@ -46,7 +47,7 @@ def ddtree(block: DraftBlock, head: None, config) -> DraftTree:
 def corrected_chain_ddtree(block: DraftBlock, head: CorrectionHead, config) -> DraftTree:
     """Head run along the corrected greedy chain; the DDTree top-B over those per-depth distributions."""
     cands = candidate_set(block, config.topk, config.normalize)
-    chain_log_q = expand(block, cands, [1] * block.gamma, head=head, trace=True).log_q
+    chain_log_q = expand(block, cands, [1] * block.gamma, head=head, trace=True, words=False).log_q
     widths = beam_widths(config.budget, config.topk, block.gamma)
     return assemble(block, expand(block, cands, widths, log_q=chain_log_q), config.budget)
 

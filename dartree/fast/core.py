@@ -4,8 +4,9 @@ The kept nodes of every depth are held in rank-path lexicographic order, so the 
 child is simply its flat index ``parent * K + rank`` (see :func:`dartree.fast.ops.depth_step`).
 The supertree (the union of every depth's kept nodes) is put into the total order at the end: its
 pre-order (children by rank) is the rank-path order with a prefix first; it is computed by stable
-sorts of mixed-radix words of per-depth indices (:mod:`dartree.fast.keys`), and one top-B over the
-scores laid out in pre-order then breaks ties by pre-order position.
+sorts of mixed-radix words whose digits are each ancestor's index in its depth's lex order
+(:mod:`dartree.fast.keys`), and one top-B over the scores laid out in pre-order then breaks ties by
+pre-order position.
 
 Every depth has the same number of kept nodes in every row (it depends only on the budget, the
 width, K and the depth), so widths are Python ints, rows never need padding and nothing here
@@ -14,6 +15,7 @@ synchronises with the device.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -26,7 +28,8 @@ from dartree.fast.results import CandidateSet
 from dartree.scoring import log_normalize
 from dartree.tree import PAD, DraftTree
 
-__all__ = ["Supertree", "candidate_set", "expand", "assemble", "pruned_widths", "beam_widths", "quota_widths"]
+__all__ = ["Supertree", "candidate_set", "expand", "assemble", "pruned_widths", "beam_widths", "quota_widths",
+           "head_logits", "head_advance", "head_initial"]
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,7 @@ class Supertree:
     Shape (per depth d, W_d kept nodes):
         parents[d-1]: int64 ``[b, W_d]`` index into depth d-1's kept nodes (depth 1: 0, the root).
         ranks, tokens: int64 ``[b, W_d]``; scores: float32 ``[b, W_d]``.
+        words: int64 ``[b, W_d, w]`` rank-path words (digits: 1-based lex index per depth), or empty.
         log_q: float32 ``[b, gamma, K]`` the per-depth log q of the single branch, when traced.
     """
 
@@ -43,6 +47,7 @@ class Supertree:
     ranks: list[Tensor]
     tokens: list[Tensor]
     scores: list[Tensor]
+    words: list[Tensor]
     log_q: Tensor | None = None
 
     @property
@@ -81,13 +86,28 @@ def head_initial(head: CorrectionHead, block: DraftBlock) -> Tensor:
     return out[:, None]
 
 
+@functools.lru_cache(maxsize=256)
+def _layout(widths: tuple[int, ...], device: torch.device) -> tuple[list[Tensor], Tensor, int]:
+    """Per-depth digit rows ``[W_d, w]`` (each kept node's 1-based index at its word's place), the
+    depth of every flat supertree node ``[N]``, and the number of words.  Cached: widths repeat."""
+    plan = word_plan([w + 1 for w in widths])
+    digits = []
+    for depth, width in enumerate(widths, start=1):
+        row = torch.zeros(width, plan.num_words, dtype=torch.int64)
+        row[:, plan.word[depth]] = torch.arange(1, width + 1) * plan.place[depth]
+        digits.append(row.to(device))
+    depths = torch.cat([torch.full((w,), d, dtype=torch.int64) for d, w in enumerate(widths, start=1)])
+    return digits, depths.to(device), plan.num_words
+
+
 def expand(block: DraftBlock, cands: CandidateSet, widths: list[int], head: CorrectionHead | None = None,
-           beta: float = 0.0, log_q: Tensor | None = None, trace: bool = False) -> Supertree:
+           beta: float = 0.0, log_q: Tensor | None = None, trace: bool = False, words: bool = True) -> Supertree:
     """Depth-wise batched expansion: at depth d keep the best ``widths[d-1]`` children of the kept nodes.
 
     With a head, each depth makes exactly two head calls for all branches of all rows (``logits`` and
     ``advance``).  Without one, every branch of depth d shares ``log_q[:, d-1]`` (default: the base
-    log q of the candidates).  ``trace`` records the ``[b, 1, K]`` log q of each depth (chains only).
+    log q of the candidates).  ``trace`` records the ``[b, 1, K]`` log q of each depth (chains only);
+    ``words`` builds the rank-path words that :func:`assemble` needs to sort a branching supertree.
 
     Shape:
         cands: :class:`CandidateSet` ``[b, gamma, K]``; log_q: float32 ``[b, gamma, K]`` or None.
@@ -96,7 +116,9 @@ def expand(block: DraftBlock, cands: CandidateSet, widths: list[int], head: Corr
     scores = torch.zeros(b, 1, dtype=torch.float32, device=block.device)  # the root
     states = head_initial(head, block) if head is not None else None
     shared = cands.log_q if log_q is None else log_q
-    tree = Supertree(parents=[], ranks=[], tokens=[], scores=[])
+    digits, _, num_words = _layout(tuple(widths), block.device)
+    path_words = torch.zeros(b, 1, num_words, dtype=torch.int64, device=block.device)
+    tree = Supertree(parents=[], ranks=[], tokens=[], scores=[], words=[])
     traced: list[Tensor] = []
     for depth, width in enumerate(widths, start=1):
         cand_tokens = cands.tokens[:, depth - 1]  # [b, K]
@@ -112,47 +134,29 @@ def expand(block: DraftBlock, cands: CandidateSet, widths: list[int], head: Corr
         if head is not None:
             idx = step.parents[:, :, None].expand(-1, -1, states.shape[-1])
             states = head_advance(head, block, depth, torch.gather(states, 1, idx), tokens)
+        if words:
+            idx = step.parents[:, :, None].expand(-1, -1, num_words)
+            path_words = torch.gather(path_words, 1, idx) + digits[depth - 1]
+            tree.words.append(path_words)
         tree.parents.append(step.parents)
         tree.ranks.append(step.ranks)
         tree.tokens.append(tokens)
         tree.scores.append(step.scores)
         scores = step.scores
     if trace:
-        return Supertree(tree.parents, tree.ranks, tree.tokens, tree.scores, log_q=torch.cat(traced, dim=1))
+        return Supertree(tree.parents, tree.ranks, tree.tokens, tree.scores, tree.words,
+                         log_q=torch.cat(traced, dim=1))
     return tree
 
 
-def _flatten(tree: Supertree) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """All kept nodes depth after depth: parents (flat index, -1 = root), tokens, ranks, scores, depths."""
+def _flatten(tree: Supertree) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """All kept nodes depth after depth: parents (flat index, -1 = the root), tokens, ranks, scores."""
     offsets = [0]
     for w in tree.widths:
         offsets.append(offsets[-1] + w)
     parents = torch.cat([torch.full_like(tree.parents[0], PAD)]
                         + [p + offsets[d - 1] for d, p in enumerate(tree.parents) if d > 0], dim=1)
-    ref = tree.parents[0]
-    depths = torch.cat([torch.full((w,), d, dtype=torch.int64, device=ref.device)
-                        for d, w in enumerate(tree.widths, start=1)])
-    return (parents, torch.cat(tree.tokens, 1), torch.cat(tree.ranks, 1), torch.cat(tree.scores, 1),
-            depths.expand(ref.shape[0], -1))
-
-
-def preorder(tree: Supertree) -> Tensor:
-    """int64 ``[b, N]``: the flat nodes in pre-order (children by rank) = rank-path lex order, prefix first.
-
-    Each node's word digits are the 1-based indices of its ancestors-or-self within their depths
-    (lex order there), 0 below its own depth.
-    """
-    plan = word_plan([w + 1 for w in tree.widths])
-    b = tree.parents[0].shape[0]
-    dev = tree.parents[0].device
-    words = torch.zeros(b, 1, plan.num_words, dtype=torch.int64, device=dev)
-    per_depth = []
-    for depth, parents in enumerate(tree.parents, start=1):
-        words = torch.gather(words, 1, parents[:, :, None].expand(-1, -1, plan.num_words)).clone()
-        digits = torch.arange(1, parents.shape[1] + 1, device=dev) * plan.place[depth]
-        words[:, :, plan.word[depth]] += digits
-        per_depth.append(words)
-    return lexsort(torch.cat(per_depth, dim=1))
+    return parents, torch.cat(tree.tokens, 1), torch.cat(tree.ranks, 1), torch.cat(tree.scores, 1)
 
 
 def assemble(block: DraftBlock, tree: Supertree, budget: int | None, path: bool = False) -> DraftTree:
@@ -161,14 +165,17 @@ def assemble(block: DraftBlock, tree: Supertree, budget: int | None, path: bool 
     ``path`` says the supertree is a single chain (width 1 everywhere): then the total order is the
     depth order (scores never increase along a path, ties put the prefix first) and no sort is needed.
     """
-    parents, tokens, ranks, scores, depths = _flatten(tree)
+    parents, tokens, ranks, scores = _flatten(tree)
     b, total = scores.shape
     n_out = total if budget is None else min(budget, total)
     dev = scores.device
+    depths = _layout(tuple(tree.widths), dev)[1].expand(b, -1)
     if path:
         sel = torch.arange(n_out, device=dev).expand(b, -1)
     else:
-        perm = preorder(tree)
+        # Lay the nodes out in pre-order (= rank-path order, prefix first); then a top-B whose ties
+        # go to the smaller position is exactly the total order.
+        perm = lexsort(torch.cat(tree.words, dim=1))
         sel = torch.gather(perm, 1, ops.top_b(torch.gather(scores, 1, perm), n_out))  # [b, n_out] total order
     slot = torch.full((b, total), PAD, dtype=torch.int64, device=dev)
     slot.scatter_(1, sel, torch.arange(1, n_out + 1, device=dev).expand(b, -1))

@@ -30,10 +30,8 @@ def order32(x: Tensor) -> Tensor:
 
     Shape: ``[...]`` -> ``[...]``.
     """
-    x = x.float()
-    x = torch.where(x == 0, torch.zeros_like(x), x)  # fold -0.0 into +0.0
-    bits = x.view(torch.int32)
-    return torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+    bits = (x.float() + 0.0).view(torch.int32)  # -0.0 + 0.0 = +0.0: the two zeros tie
+    return bits ^ ((bits >> 31) & 0x7FFFFFFF)  # negative floats: flip the magnitude bits
 
 
 def pack(score: Tensor, tie: Tensor) -> Tensor:

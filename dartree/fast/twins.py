@@ -51,8 +51,8 @@ def depth_step(parent_scores: Tensor, log_q: Tensor, beta: float, width: int) ->
     b, m = parent_scores.shape
     topk = log_q.shape[-1]
     scores = child_scores(parent_scores, log_q, beta).expand(b, m, topk).reshape(b, m * topk)
-    flat = torch.arange(m * topk, device=scores.device)
-    best = torch.topk(pack(scores, flat), width, dim=1, largest=True, sorted=False).indices
+    # A stable descending sort keeps equal scores in flat-index order: the total order in one pass.
+    best = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :width]
     lex = torch.sort(best, dim=1).values
     return DepthStep(parents=lex // topk, ranks=lex % topk, scores=torch.gather(scores, 1, lex))
 
@@ -63,8 +63,7 @@ def top_b(scores: Tensor, budget: int) -> Tensor:
     Shape:
         scores: float32 ``[b, N]``, ``budget <= N``.
     """
-    pos = torch.arange(scores.shape[1], device=scores.device)
-    return torch.topk(pack(scores, pos), budget, dim=1, largest=True, sorted=True).indices
+    return torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :budget]
 
 
 def _doubling_steps(n: int) -> int:
