@@ -31,14 +31,14 @@ def model_for(arch: str, attn: str, **kw) -> torch.nn.Module:
     return _MODELS[key]
 
 
-def builder_and_head(name: str):
+def builder_and_head(name: str, backend: str = "ref"):
     fields = {f.name for f in dataclasses.fields(builder_spec(name).config_cls)}
     config = {"topk": 4}
     if "budget" in fields:
         config["budget"] = 8
     if "width" in fields:
         config["width"] = 3
-    builder = dartree.make_builder(name, backend="ref", **config)
+    builder = dartree.make_builder(name, backend=backend, **config)
     return builder, (PathHashHead() if builder.needs_head else None)
 
 
@@ -92,6 +92,21 @@ def test_lossless_keyed_sampling_every_builder(name, temperature):
     # a different seed gives a different sample (the test is not vacuous)
     other = generate_ar(model, prompt, 14, temperature=temperature, sampler=KeyedSampler(7))
     assert other.tokens.tolist() != ar.tokens.tolist()
+
+
+@pytest.mark.parametrize("name", dartree.BUILDERS)
+def test_lossless_fast_backend(name):
+    """The fast backend is a drop-in: greedy equals HF generate, keyed sampling equals AR."""
+    builder, head = builder_and_head(name, backend="fast")
+    model = model_for("llama", "eager")
+    prompt = torch.tensor([[8, 6, 7, 5]])
+    drafter = OracleDrafter(model, GAMMA, demote=0.3, drop=0.1, seed=6)
+    greedy = SpeculativeDecoder(model, drafter, builder, head).generate(prompt, 10)
+    assert greedy.tokens.tolist() == hf_greedy(model, prompt, 10).tolist()
+    sampler = KeyedSampler(99)
+    drafter = OracleDrafter(model, GAMMA, demote=0.3, seed=6, temperature=1.0, sampler=sampler)
+    sampled = SpeculativeDecoder(model, drafter, builder, head).generate(prompt, 10, temperature=1.0, sampler=sampler)
+    assert sampled.tokens.tolist() == generate_ar(model, prompt, 10, temperature=1.0, sampler=sampler).tokens.tolist()
 
 
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
