@@ -56,8 +56,14 @@ class Supertree:
 
 
 def candidate_set(block: DraftBlock, topk: int, normalize: str) -> CandidateSet:
-    """``C_d`` and base log q of every depth of every row (one dispatched kernel)."""
-    return ops.topk_candidates(block.logits, topk, normalize == "vocab")
+    """``C_d`` and base log q of every depth of every row (one dispatched kernel).
+
+    ``log_q`` is recomputed from the kernel's exact outputs (gathered logits, ``rest_lse``) with
+    :func:`dartree.scoring.log_normalize`, the formula of the reference, so that tree scores do not
+    depend on the kernel's own (allclose) log-softmax.
+    """
+    cands = ops.topk_candidates(block.logits, topk, normalize == "vocab")
+    return cands._replace(log_q=log_normalize(cands.logits, cands.rest_lse))
 
 
 def _check_head(out: Tensor, what: str, shape: tuple[int, ...]) -> Tensor:

@@ -9,11 +9,13 @@ imported lazily, on first use, so that ``TRITON_INTERPRET`` can be set before an
 Exactness: integer outputs (tokens, ranks, parents, indices, masks) are equal on both paths.  Scores
 are float32 and the selection keys are built from them, so ``depth_step`` computes
 ``(parent + log_q) + beta`` with the same two IEEE additions in both; ``rest_lse``/``log_q`` of
-``topk_candidates`` are reductions and agree to rounding (allclose) — the fast builders therefore
-normalise head logits with :func:`dartree.scoring.log_normalize` in torch, so with
-``normalize="candidates"`` (``rest_lse = -inf``) scores are exact on both paths, and with
-``normalize="vocab"`` only the Triton path's ``rest_lse`` may differ from the reference in the last
-bits.
+``topk_candidates`` are reductions and agree to rounding (allclose).  The fast builders therefore
+take only the exact outputs of ``topk_candidates`` (tokens, gathered logits) plus ``rest_lse``, and
+compute every log q with :func:`dartree.scoring.log_normalize` in torch, the reference's formula: on
+the torch path trees are bit-identical to the reference; on the Triton path they are too with
+``normalize="candidates"`` (``rest_lse = -inf`` exactly), and with ``normalize="vocab"`` only the
+kernel's ``rest_lse`` may differ from the reference in the last bits (a tree can then differ only
+where two scores are within that rounding of each other).
 """
 
 from __future__ import annotations
