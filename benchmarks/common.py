@@ -1,0 +1,50 @@
+"""What the benchmark suites share: the size grid, draft blocks, the GRU head, the timing call.
+
+Sizes: by default only the smallest configuration of each group runs, so that the CI run
+(``pytest benchmarks --benchmark-disable``) takes seconds; ``DARTREE_BENCH=full`` selects the whole
+grid of the issue (B in {16, 64, 128}, W in {4, 12, 32}, V in {4096, 151936}, K=64, gamma=16).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+from dartree import DraftBlock
+
+FULL = os.environ.get("DARTREE_BENCH", "").lower() == "full"
+GAMMA, TOPK = 16, 64
+HIDDEN, GRU_HIDDEN, EMB_DIM = 512, 512, 256  # the GRU head's size (Domino layout, see dartree.models.heads)
+
+VOCABS = (4096, 151936) if FULL else (4096,)
+BUDGETS = (16, 64, 128) if FULL else (16,)
+WIDTHS = (4, 12, 32) if FULL else (4,)
+ROUNDS = 7
+
+
+@functools.cache
+def draft_block(vocab: int, batch: int = 1) -> DraftBlock:
+    """A drafter output of realistic spread: logits ~ N(0, 2^2), hidden ~ N(0, 1)."""
+    g = torch.Generator().manual_seed(vocab)
+    return DraftBlock(logits=torch.randn(batch, GAMMA, vocab, generator=g) * 2.0,
+                      root=torch.randint(0, vocab, (batch,), generator=g),
+                      hidden=torch.randn(batch, GAMMA, HIDDEN, generator=g))
+
+
+@functools.cache
+def gru_head(vocab: int):
+    """A random-weights ``dartree.models.GRUHead`` (H=512, G=512, E=256), no autograd."""
+    from dartree.models.heads import GRUHead
+
+    torch.manual_seed(vocab)
+    embedding = torch.randn(vocab, HIDDEN) * 0.02
+    head = GRUHead(hidden_size=HIDDEN, vocab_size=vocab, gru_hidden_dim=GRU_HIDDEN, emb_dim=EMB_DIM,
+                   embedding=embedding)
+    return head.requires_grad_(False).eval()
+
+
+def run(benchmark, fn, *args):
+    """Median-friendly timing: one warm-up, then ``ROUNDS`` rounds of one call each."""
+    return benchmark.pedantic(fn, args=args, rounds=ROUNDS, iterations=1, warmup_rounds=1)
