@@ -21,15 +21,23 @@ __all__ = ["topk_candidates", "depth_step", "top_b", "tree_structure", "greedy_w
 def topk_candidates(logits: Tensor, topk: int, vocab_normalize: bool) -> CandidateSet:
     """Top-K candidates per position (logit descending, ties by token id) and their log q.
 
-    One ``topk`` over packed (logit, token id) keys instead of a full sort of the vocabulary.
+    A float ``topk`` selects the right set unless the K-th largest logit is tied with a logit left
+    out; then (and only then) one ``topk`` over packed (logit, token id) keys picks the smallest ids.
+    That branch reads one bool on the host: free here, since the twin serves CPU tensors (CUDA
+    tensors go to the Triton kernel, which is branch-free).  Either way the K tokens are then put in
+    the total order by a stable sort, never by a full sort of the vocabulary.
 
     Shape:
         logits: float ``[b, gamma, V]`` -> :class:`CandidateSet` with ``K = topk``.
     """
     x = logits.float()
     vocab = x.shape[-1]
-    ids = torch.arange(vocab, device=x.device)
-    tokens = torch.topk(pack(x, ids), topk, dim=-1, largest=True, sorted=True).indices  # [b, gamma, K]
+    values, tokens = torch.topk(x, topk, dim=-1, largest=True, sorted=True)
+    if bool(((x >= values[..., -1:]).sum(-1) > topk).any()):  # a tie straddles the K-th place
+        tokens = torch.topk(pack(x, torch.arange(vocab, device=x.device)), topk, dim=-1).indices
+    tokens = torch.sort(tokens, dim=-1).values  # token id order, then a stable sort by logit
+    order = torch.sort(torch.gather(x, -1, tokens), dim=-1, descending=True, stable=True).indices
+    tokens = torch.gather(tokens, -1, order)
     values = torch.gather(x, -1, tokens)
     if vocab_normalize and topk < vocab:
         rest_lse = torch.logsumexp(x.scatter(-1, tokens, float("-inf")), dim=-1)  # as dartree.scoring
