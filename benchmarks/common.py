@@ -3,6 +3,7 @@
 Sizes: by default only the smallest configuration of each group runs, so that the CI run
 (``pytest benchmarks --benchmark-disable``) takes seconds; ``DARTREE_BENCH=full`` selects the whole
 grid of the issue (B in {16, 64, 128}, W in {4, 12, 32}, V in {4096, 151936}, K=64, gamma=16).
+``DARTREE_BENCH_ROUNDS`` sets the timed rounds per benchmark (default 7).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ HIDDEN, GRU_HIDDEN, EMB_DIM = 512, 512, 256  # the GRU head's size (Domino layou
 VOCABS = (4096, 151936) if FULL else (4096,)
 BUDGETS = (16, 64, 128) if FULL else (16,)
 WIDTHS = (4, 12, 32) if FULL else (4,)
-ROUNDS = 7
+ROUNDS = int(os.environ.get("DARTREE_BENCH_ROUNDS", "7"))  # timed rounds per benchmark (after one warm-up)
 
 
 @functools.cache
