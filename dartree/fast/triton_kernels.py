@@ -97,7 +97,7 @@ def _topk_candidates_kernel(logits_ptr, tokens_ptr, values_ptr, rest_ptr, logq_p
     tl.store(tokens_ptr + out, tokens, mask=keep)
     tl.store(values_ptr + out, z, mask=keep)
 
-    rest = -float("inf")
+    rest = tl.full([], -float("inf"), tl.float32)
     if VOCAB_NORM:  # online log-sum-exp of the tokens outside the candidates (key below the K-th)
         mx = tl.full([BLOCK_V], -float("inf"), tl.float32)
         acc = tl.zeros([BLOCK_V], tl.float32)
@@ -275,15 +275,15 @@ def _greedy_walk_kernel(tokens_ptr, parents_ptr, num_ptr, picks_ptr, accepted_pt
     vj = (j < count) & (j > 0)
     pj = tl.load(parents_ptr + row * n + j, mask=vj, other=-1)
     tj = tl.load(tokens_ptr + row * n + j, mask=vj, other=-1)
-    tl.store(accepted_ptr + row * n, 0)
-    cur = 0
-    length = 0
+    tl.store(accepted_ptr + row * n, tl.full([], 0, tl.int64))
+    cur = tl.full([], 0, tl.int32)
+    length = tl.full([], 0, tl.int32)
     pick = tl.load(picks_ptr + row * n)
     nxt = tl.min(tl.where(vj & (pj == cur) & (tj == pick), j, NP), axis=0)
     while nxt < NP:  # follow the unique child whose token is the parent's pick
         length += 1
         tl.store(accepted_ptr + row * n + length, nxt.to(tl.int64))
-        cur = nxt
+        cur = nxt.to(tl.int32)
         pick = tl.load(picks_ptr + row * n + cur)
         nxt = tl.min(tl.where(vj & (pj == cur) & (tj == pick), j, NP), axis=0)
     tl.store(accepted_ptr + row * n + j, tl.full([NP], -1, tl.int64), mask=(j > length) & (j < n))
