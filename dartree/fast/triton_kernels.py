@@ -17,7 +17,8 @@ from dartree.fast.results import CandidateSet, DepthStep, GreedyWalk, TreeStruct
 
 __all__ = ["topk_candidates", "depth_step", "top_b", "tree_structure", "greedy_walk"]
 
-_NEG = -9223372036854775807  # below every packed key (the smallest is order32(-inf) << 32)
+# -9223372036854775807 below is the "no entry" key: smaller than every packed key (the smallest real
+# one is order32(-inf) << 32).
 
 
 def _pow2(x: int) -> int:

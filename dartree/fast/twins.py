@@ -57,7 +57,11 @@ def depth_step(parent_scores: Tensor, log_q: Tensor, beta: float, width: int) ->
         all branches); ``1 <= width <= m * K`` -> :class:`DepthStep` of ``[b, width]``.
     """
     b, m = parent_scores.shape
+    if log_q.dim() != 3 or log_q.shape[0] != b or log_q.shape[1] not in (1, m):
+        raise ValueError(f"log_q: expected [{b}, {m} or 1, K], got {tuple(log_q.shape)}")
     topk = log_q.shape[-1]
+    if not 1 <= width <= m * topk:
+        raise ValueError(f"width: {width} outside 1..{m * topk} (branches x candidates)")
     scores = child_scores(parent_scores, log_q, beta).expand(b, m, topk).reshape(b, m * topk)
     # A stable descending sort keeps equal scores in flat-index order: the total order in one pass.
     best = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :width]
@@ -71,6 +75,8 @@ def top_b(scores: Tensor, budget: int) -> Tensor:
     Shape:
         scores: float32 ``[b, N]``, ``budget <= N``.
     """
+    if not 1 <= budget <= scores.shape[1]:
+        raise ValueError(f"budget: {budget} outside 1..{scores.shape[1]}")
     return torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :budget]
 
 

@@ -185,3 +185,15 @@ def test_dispatch_picks_the_twin_on_cpu_and_can_be_forced() -> None:
     with pytest.raises(ValueError, match="name"):
         with ops.force_backend("cuda"):
             pass
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_selection_ops_reject_bad_sizes_alike(backend: str) -> None:
+    scores = torch.zeros(2, 3, device=DEVICE)
+    with ops.force_backend(backend):
+        with pytest.raises(ValueError, match="^width"):
+            ops.depth_step(scores, torch.zeros(2, 3, 2, device=DEVICE), 0.0, 7)
+        with pytest.raises(ValueError, match="^log_q"):
+            ops.depth_step(scores, torch.zeros(2, 2, 2, device=DEVICE), 0.0, 1)
+        with pytest.raises(ValueError, match="^budget"):
+            ops.top_b(scores, 4)
