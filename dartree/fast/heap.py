@@ -22,6 +22,7 @@ from __future__ import annotations
 import heapq
 
 import torch
+from torch import Tensor
 
 from dartree.block import CorrectionHead, DraftBlock
 from dartree.fast.core import candidate_set, head_advance, head_initial, head_logits
@@ -54,6 +55,7 @@ def sequential_heap(block: DraftBlock, head: CorrectionHead, config) -> DraftTre
     root_state = head_initial(head, block)[:, 0]                   # [b, S]
     states = root_state.new_zeros((b, n_out, root_state.shape[-1]))  # head state of expanded node t
     states[:, 0] = root_state
+    all_rows = torch.arange(b, device=dev)
 
     heaps: list[list[Entry]] = [[] for _ in range(b)]
     siblings: list[list[tuple[list[float], list[int]]]] = [[([], [])] * n_out for _ in range(b)]
@@ -70,17 +72,18 @@ def sequential_heap(block: DraftBlock, head: CorrectionHead, config) -> DraftTre
                 groups.setdefault(depth, []).append(r)
         for depth, members in groups.items():
             whole = len(members) == b
-            rows = torch.arange(b, device=dev) if whole else torch.tensor(members, device=dev)
+            rows = all_rows if whole else torch.tensor(members, device=dev)
+            sel: Tensor | slice = slice(None) if whole else rows  # plain slicing when every row is here
             sub = block if whole else block.rows(rows)
             if t == 0:
-                state = states[rows, 0]
+                state = states[sel, 0]
             else:
                 src = torch.tensor([sources[r] for r in members], device=dev)
                 tok = torch.tensor([[tokens[r]] for r in members], device=dev)
                 state = head_advance(head, sub, depth, states[rows, src][:, None], tok)[:, 0]
-                states[rows, t] = state
-            logits = head_logits(head, sub, depth + 1, state[:, None], cands.tokens[rows, depth])[:, 0]  # [r, K]
-            log_q = log_normalize(logits, cands.rest_lse[rows, depth])
+                states[sel, t] = state
+            logits = head_logits(head, sub, depth + 1, state[:, None], cands.tokens[sel, depth])[:, 0]  # [r, K]
+            log_q = log_normalize(logits, cands.rest_lse[sel, depth])
             parent = torch.tensor([out[r]["scores"][t] for r in members], dtype=torch.float32, device=dev)
             scores = child_scores(parent[:, None], log_q[:, None], 0.0)[:, 0]
             # Siblings by corrected score, ties by rank (the total order among siblings): a stable sort.
