@@ -141,3 +141,13 @@ def test_no_host_sync_on_cuda(name: str) -> None:
         builder._fn(block, head, builder.config)  # the builder alone: TreeBuilder.build adds a finite check
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+def test_sequential_heap_splits_rows_popping_at_different_depths() -> None:
+    """Rows whose popped nodes sit at different depths are scored in separate head calls (sub-blocks)."""
+    block = awkward_block(3, 5, 40, seed=11, ties=False)
+    head = CountingHead()
+    fast = make_builder("sequential-heap", backend="fast", budget=20, topk=5).build(block, head)
+    assert any(c[2] < 3 for c in head.calls)  # some pop had rows at different depths
+    ref = make_builder("sequential-heap", backend="ref", budget=20, topk=5).build(block, PathHashHead())
+    assert_same_tree(ref, fast)
