@@ -122,24 +122,22 @@ class DraftTree:
         return self
 
     # ---------------------------------------------------------------------------- derived data
+    def structure(self, prefix_len: int | Tensor = 0):
+        """Ancestor mask, positions and first-child / next-sibling links in one pass, without host syncs.
+
+        Computed by :func:`dartree.fast.ops.tree_structure` (the one dispatch point: a Triton kernel
+        for CUDA tensors, its torch twin otherwise).  Returns a ``TreeStructure`` named tuple.
+        """
+        from dartree.fast import ops  # local import: dartree.fast imports this module
+
+        return ops.tree_structure(self.parents, self.num_nodes, prefix_len)
+
     def ancestor_mask(self) -> Tensor:
         """bool ``[b, n, n]``: ``mask[r, i, j]`` iff node j is node i or one of its ancestors.
 
         Padding rows and columns are all False.
         """
-        b, n = self.tokens.shape
-        valid = self.valid()
-        mask = torch.zeros(b, n, n, dtype=torch.bool, device=self.device)
-        rows = torch.arange(b, device=self.device)[:, None].expand(b, n)
-        cols = torch.arange(n, device=self.device)[None, :].expand(b, n)
-        cur = torch.where(valid, cols, torch.full_like(cols, PAD))
-        # Walk every node up to the root at once: depth <= n - 1 steps.
-        for _ in range(n):
-            live = cur >= 0
-            mask[rows[live], cols[live], cur[live]] = True
-            safe = cur.clamp(min=0)
-            cur = torch.where(live, torch.gather(self.parents, 1, safe), cur)
-        return mask
+        return self.structure().mask
 
     def positions(self, prefix_len: int | Tensor) -> Tensor:
         """int64 ``[b, n]``: position ids ``prefix_len + depth`` (padding gets ``prefix_len``)."""
@@ -153,24 +151,8 @@ class DraftTree:
 
         Children are linked in node-index order (which is the total order).
         """
-        b, n = self.tokens.shape
-        valid = self.valid()
-        idx = torch.arange(n, device=self.device).expand(b, n)
-        first = torch.full((b, n), PAD, dtype=torch.int64, device=self.device)
-        nxt = torch.full((b, n), PAD, dtype=torch.int64, device=self.device)
-        child = valid & (idx > 0)
-        # first child: the smallest index among children -> scatter_reduce amin
-        big = torch.full((b, n), n, dtype=torch.int64, device=self.device)
-        par = torch.where(child, self.parents, torch.zeros_like(self.parents))
-        big.scatter_reduce_(1, par, torch.where(child, idx, torch.full_like(idx, n)), reduce="amin")
-        first = torch.where(big < n, big, first)
-        # next sibling: for child i, the smallest j > i with the same parent.
-        same = (par[:, :, None] == par[:, None, :]) & child[:, :, None] & child[:, None, :]
-        later = idx[:, None, :] > idx[:, :, None]
-        cand = torch.where(same & later, idx[:, None, :].expand(b, n, n), torch.full((b, n, n), n, device=self.device))
-        nmin = cand.amin(dim=2)
-        nxt = torch.where(nmin < n, nmin, nxt)
-        return first, nxt
+        s = self.structure()
+        return s.first_child, s.next_sibling
 
     def node_paths(self, row: int) -> list[list[int]]:
         """Node indices on the root-to-node path of each valid node of ``row`` (root excluded)."""

@@ -4,7 +4,6 @@ from dartree.verify.accept import VerifyResult, accept_picks, verify_greedy, ver
 from dartree.verify.cache import cache_length, gather_cache, keep_indices
 from dartree.verify.inputs import ATTENTION_IMPLEMENTATIONS, TreeInputs, tree_inputs
 from dartree.verify.sampling import GeneratorSampler, KeyedSampler, Sampler, hash32
-from dartree.verify.structure import ancestor_mask, path_all
 
 __all__ = [
     "ATTENTION_IMPLEMENTATIONS",
@@ -14,12 +13,10 @@ __all__ = [
     "TreeInputs",
     "VerifyResult",
     "accept_picks",
-    "ancestor_mask",
     "cache_length",
     "gather_cache",
     "hash32",
     "keep_indices",
-    "path_all",
     "tree_inputs",
     "verify_greedy",
     "verify_sampled",

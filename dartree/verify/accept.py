@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from dartree.fast import ops
 from dartree.tree import PAD, DraftTree
 from dartree.verify.sampling import Sampler
-from dartree.verify.structure import path_all
 
 __all__ = ["VerifyResult", "verify_greedy", "verify_sampled", "accept_picks"]
 
@@ -70,18 +70,9 @@ def accept_picks(tree: DraftTree, picks: Tensor) -> VerifyResult:
         raise ValueError(f"picks: expected int64 [{b}, {n}], got {picks.dtype} {tuple(picks.shape)}")
     valid = tree.valid()
     picks = torch.where(valid, picks, torch.full_like(picks, PAD))
-    parent_pick = torch.gather(picks, 1, tree.parents.clamp(min=0))
-    match = valid & (tree.tokens == parent_pick)
-    on_path = path_all(tree, match)                       # a chain from the root: siblings are distinct
-    accepted_length = on_path.sum(1) - 1
-    depth_on_path = torch.where(on_path, tree.depths, torch.full_like(tree.depths, -1))
-    last = depth_on_path.argmax(1, keepdim=True)          # the deepest accepted node
-    bonus = torch.gather(picks, 1, last)[:, 0]
-
-    # Parents precede children, so index order along the chain is root-to-leaf order.
-    order = torch.sort((~on_path).to(torch.int8), dim=1, stable=True).indices
+    walk = ops.greedy_walk(tree.tokens, tree.parents, tree.num_nodes, picks)
+    accepted, accepted_length, bonus = walk.accepted, walk.accepted_length, walk.bonus
     slots = torch.arange(n, device=tree.device)[None, :]
-    accepted = torch.where(slots <= accepted_length[:, None], order, torch.full_like(order, PAD))
     # committed token k is the token of accepted node k + 1, or the bonus at k == accepted_length.
     next_node = torch.cat([accepted[:, 1:], torch.full_like(accepted[:, :1], PAD)], dim=1)
     draft_tok = torch.gather(tree.tokens, 1, next_node.clamp(min=0))

@@ -22,7 +22,6 @@ import torch
 from torch import Tensor
 
 from dartree.tree import DraftTree
-from dartree.verify.structure import ancestor_mask
 
 __all__ = ["TreeInputs", "tree_inputs", "ATTENTION_IMPLEMENTATIONS"]
 
@@ -129,7 +128,7 @@ def tree_inputs(
     sees_prefix = cols[None, :] < prefix[:, None]                                     # [b, kv]
     mask = torch.zeros(b, n, kv_len, dtype=torch.bool, device=device)
     mask |= sees_prefix[:, None, :] & valid[:, :, None]
-    nodes = ancestor_mask(tree)                                                        # [b, n, n]
+    nodes = tree.ancestor_mask()                                                       # [b, n, n]
     diag = torch.eye(n, dtype=torch.bool, device=device)[None]
     nodes = nodes | (diag & ~valid[:, :, None])        # a padding slot sees only itself
     mask[:, :, cache_len:cache_len + n] = nodes

@@ -1,32 +1,24 @@
-"""Tree inputs: sync-free structure, position ids and the tree attention mask (bool and additive)."""
+"""Tree inputs: ancestor mask, position ids and the tree attention mask (bool and additive)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from dartree.verify import TreeInputs, ancestor_mask, path_all, tree_inputs
+from dartree.verify import TreeInputs, tree_inputs
 from tests.verify.helpers import GOLDEN, random_tree
 
 
 @pytest.mark.parametrize("sizes", [[1], [2], [5, 1], [17, 9, 3], [33]])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_ancestor_mask_matches_tree(sizes, seed):
+def test_ancestor_mask_matches_paths(sizes, seed):
     tree = random_tree(sizes, seed).validate()
-    assert torch.equal(ancestor_mask(tree), tree.ancestor_mask())
-
-
-@pytest.mark.parametrize("seed", range(4))
-def test_path_all_matches_brute_force(seed):
-    tree = random_tree([12, 7], seed)
-    g = torch.Generator().manual_seed(100 + seed)
-    flags = torch.rand(tree.tokens.shape, generator=g) < 0.7
-    got = path_all(tree, flags)
+    mask = tree.ancestor_mask()
     for r in range(tree.batch_size):
         paths = tree.node_paths(r)
         for i in range(tree.max_nodes):
-            want = i < len(paths) and all(bool(flags[r, j]) for j in paths[i])
-            assert bool(got[r, i]) == want
+            want = sorted([0] + paths[i]) if i < len(paths) else []
+            assert mask[r, i].nonzero().flatten().tolist() == want
 
 
 def test_golden_inputs():
