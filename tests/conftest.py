@@ -17,6 +17,6 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 _common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-settings.register_profile("ci", max_examples=25, derandomize=True, print_blob=True, **_common)
+settings.register_profile("ci", max_examples=50, derandomize=True, print_blob=True, **_common)
 settings.register_profile("long", max_examples=500, **_common)
 settings.load_profile(os.environ.get("DARTREE_HYPOTHESIS_PROFILE", "ci"))
