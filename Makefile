@@ -18,6 +18,7 @@ $(VENV)/.installed: pyproject.toml
 
 demo: setup
 	$(PY) examples/build_trees.py
+	$(VENV)/bin/dartree bench --preset demo
 
 test: setup
 	$(PY) -m pytest --benchmark-disable

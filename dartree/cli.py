@@ -49,6 +49,9 @@ PRESETS: dict[str, dict[str, Any]] = {
         "max_new_tokens": 64,
         "budget": 16,
         "out": "runs/demo",
+        # One thread: two threads on a 2-core machine that anything else is using oversubscribe
+        # OpenMP and make every timing several times slower (measured: AR 8 ms -> 23 ms per token).
+        "threads": 1,
     },
     # The full Table 1 grid of the paper on the zoo: both temperatures, three datasets, every builder.
     "paper": {
@@ -60,6 +63,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "max_new_tokens": 128,
         "budget": 16,
         "out": "runs/paper",
+        "threads": 1,
     },
 }
 BENCH_DEFAULTS: dict[str, Any] = {
@@ -70,6 +74,7 @@ BENCH_DEFAULTS: dict[str, Any] = {
     "max_new_tokens": 64,
     "budget": None,
     "out": "runs/bench",
+    "threads": None,
 }
 
 
@@ -367,6 +372,8 @@ def cmd_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     except ValueError as e:
         parser.error(str(e))
     out = Path(preset["out"])
+    if args.threads is None:
+        args.threads = preset["threads"]
     bundle = _load(args, parser)
     argv = ["dartree", *sys.argv[1:]] if args.argv is None else ["dartree", *args.argv]
     start = time.perf_counter()

@@ -70,3 +70,12 @@ def test_sweep_show_tree_and_tune_write_their_files(tmp_path, capsys):
     assert main(["tune", *common, "--method", "ddtree", "--budgets", "2,4", "--out", str(tmp_path / "u")]) == 0
     assert "chosen: --budget" in capsys.readouterr().out
     assert (tmp_path / "u" / "tune_ddtree.png").stat().st_size > 1000
+
+
+def test_demo_preset_compares_the_six_methods_and_the_tuned_budget_at_greedy():
+    from dartree.cli import PRESETS
+
+    demo = PRESETS["demo"]
+    assert [m.split(":")[0] for m in demo["methods"]] == ["chain", "ddtree", "corrected-chain", "dartree-fixed",
+                                                         "dartree-pruned", "dartree-pruned"]
+    assert "budget=auto" in demo["methods"][-1] and demo["temperatures"] == [0.0] and demo["threads"] == 1
