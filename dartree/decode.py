@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -311,6 +311,7 @@ class SpeculativeDecoder:
         temperature: float = 0.0,
         sampler: Sampler | None = None,
         stop_token_ids: Iterable[int] | None = None,
+        on_round: Callable[[RoundStats, list[int]], None] | None = None,
     ) -> GenerationResult:
         """Decode ``max_new_tokens`` tokens (fewer if a stop token is committed) after ``input_ids``.
 
@@ -318,6 +319,8 @@ class SpeculativeDecoder:
         (default: ``GeneratorSampler()`` on torch's global generator).  Output is lossless: greedy
         equals the target's own greedy decoding; sampled output follows the target's distribution,
         and with a ``KeyedSampler`` equals :func:`generate_ar` with the same sampler token for token.
+        ``on_round(stats, tokens)``, if given, is called after every round with that round's
+        statistics and the tokens it committed (for streaming).
 
         Shape:
             input_ids: integer ``[L]`` or ``[1, L]``, ``L >= 1``.
@@ -373,6 +376,8 @@ class SpeculativeDecoder:
             generated.extend(kept)
             commit_s = clock.lap()
             rounds.append(RoundStats(accepted_length, count, tree_size, draft_s, build_s, mask_s, verify_s, commit_s))
+            if on_round is not None:
+                on_round(rounds[-1], kept)
 
         tokens = torch.tensor([generated], dtype=torch.int64, device=target.device)
         return GenerationResult(tokens=tokens, prompt=req.prompt, rounds=tuple(rounds),

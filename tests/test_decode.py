@@ -277,3 +277,15 @@ def test_bad_inputs():
         OracleDrafter(model, 2, demote=0.6, drop=0.6)
     with pytest.raises(ValueError, match="sampler"):
         OracleDrafter(model, 2, temperature=1.0, sampler=GeneratorSampler())
+
+
+def test_on_round_streams_every_committed_token_once():
+    model = model_for("qwen3", "sdpa")
+    prompt = torch.tensor([[5, 6, 7]])
+    builder, _ = builder_and_head("ddtree")
+    seen = []
+    result = SpeculativeDecoder(model, OracleDrafter(model, GAMMA, demote=0.5, seed=1), builder).generate(
+        prompt, 13, on_round=lambda stats, tokens: seen.append((stats, list(tokens))))
+    assert [stats for stats, _ in seen] == list(result.rounds)
+    assert [t for _, tokens in seen for t in tokens] == result.tokens[0].tolist()
+    assert all(len(tokens) == stats.committed for stats, tokens in seen)
