@@ -83,12 +83,9 @@ def _budget(text: str) -> int | str:
     if text == "auto":
         return text
     try:
-        value = int(text)
-    except ValueError:
+        return _positive_int(text)
+    except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1 or 'auto', got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1 or 'auto', got {text!r}")
-    return value
 
 
 def _positive_int(text: str) -> int:
