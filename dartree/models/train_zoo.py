@@ -150,6 +150,20 @@ def lr_at(step: int, frac: float, peak: float, warmup: int) -> float:
 
 
 @torch.no_grad()
+def optimizer_step(opt, loss: torch.Tensor, params, lr: float, state: dict, started: float, bar) -> None:
+    """One clipped optimizer step at learning rate ``lr``, plus the step / wall-clock budget bookkeeping
+    shared by every stage (``state`` holds ``step`` and ``elapsed``; ``started`` is the step's start time)."""
+    for group in opt.param_groups:
+        group["lr"] = lr
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    opt.step()
+    state["step"] += 1
+    state["elapsed"] += time.time() - started
+    bar.update(1)
+
+
 def eval_target(model, ids: torch.Tensor, seq: int, batches: int = 8, batch: int = 16) -> float:
     model.eval()
     gen = torch.Generator().manual_seed(1234)
@@ -196,17 +210,10 @@ def stage_target(work: Path, args: argparse.Namespace) -> None:
     while state["elapsed"] < budget:
         t0 = time.time()
         x = random_windows(train, args.batch, args.seq + 1, gen)
-        for g in opt.param_groups:
-            g["lr"] = lr_at(state["step"], state["elapsed"] / budget, args.target_lr, 100)
         out = model(input_ids=x[:, :-1])
         loss = F.cross_entropy(out.logits.flatten(0, 1), x[:, 1:].flatten())
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        state["step"] += 1
-        state["elapsed"] += time.time() - t0
-        bar.update(1)
+        lr = lr_at(state["step"], state["elapsed"] / budget, args.target_lr, 100)
+        optimizer_step(opt, loss, model.parameters(), lr, state, t0, bar)
         bar.set_postfix(loss=f"{loss.item():.3f}")
         if state["step"] % 250 == 0:
             val = eval_target(model, data["validation"], args.seq)
@@ -423,15 +430,8 @@ def stage_drafter(work: Path, args: argparse.Namespace) -> None:
         y = block_labels(labels, anchors, config.gamma)
         ce = F.cross_entropy(logits.flatten(0, 2), y.flatten(), reduction="none").view(y.shape)
         loss = (ce * weights).mean()
-        for g in opt.param_groups:
-            g["lr"] = lr_at(state["step"], state["elapsed"] / budget, args.drafter_lr, 50)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        state["step"] += 1
-        state["elapsed"] += time.time() - t0
-        bar.update(1)
+        lr = lr_at(state["step"], state["elapsed"] / budget, args.drafter_lr, 50)
+        optimizer_step(opt, loss, params, lr, state, t0, bar)
         bar.set_postfix(loss=f"{loss.item():.3f}")
         if state["step"] % 200 == 0:
             drafter.eval()
@@ -564,15 +564,8 @@ def stage_heads(work: Path, args: argparse.Namespace) -> None:
         h, base, y, previous = head_batch(drafter, model, x, anchors)
         g, mk = head_losses(gru, markov, h, base, y, previous)
         loss = g + mk
-        for group in opt.param_groups:
-            group["lr"] = lr_at(state["step"], state["elapsed"] / budget, args.heads_lr, 30)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        state["step"] += 1
-        state["elapsed"] += time.time() - t0
-        bar.update(1)
+        lr = lr_at(state["step"], state["elapsed"] / budget, args.heads_lr, 30)
+        optimizer_step(opt, loss, params, lr, state, t0, bar)
         bar.set_postfix(gru=f"{g.item():.3f}", markov=f"{mk.item():.3f}")
         if time.time() - last_save > 300:
             torch.save({"gru": gru.state_dict(), "markov": markov.state_dict(), "opt": opt.state_dict(),
