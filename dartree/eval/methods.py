@@ -91,23 +91,30 @@ def parse_method(text: str, defaults: dict[str, Any] | None = None) -> MethodSpe
     Raises ``ValueError`` naming the bad part and the allowed values.  The builder config itself is
     validated here too (by building it), so a bad value fails before any model runs.
     """
-    name, _, rest = text.strip().partition(":")
+    name, _, rest = text.partition(":")
+    name = name.strip()
     allowed = (AR, *BUILDERS)
     if name not in allowed:
         raise ValueError(f"method: unknown method {name!r}; allowed: {allowed}")
     if name == AR:
-        if rest:
+        if rest.strip():
             raise ValueError(f"method: 'ar' takes no settings, got {text!r}")
         return MethodSpec(AR, label=AR)
     spec = builder_spec(name)
     fields = tuple(f.name for f in dataclasses.fields(spec.config_cls))
     settings: dict[str, Any] = {}
     head: str | None = "gru" if spec.needs_head else None
+    items: list[str] = []                          # KEY=VALUE as given, spaces stripped: the label
+    seen: set[str] = set()
     for item in filter(None, (s.strip() for s in rest.split(","))):
         key, eq, raw = item.partition("=")
         key = key.strip()
         if not eq:
             raise ValueError(f"method: expected KEY=VALUE in {text!r}, got {item!r}")
+        if key in seen:
+            raise ValueError(f"{key}: set twice in {text!r}; give each setting once")
+        seen.add(key)
+        items.append(f"{key}={raw.strip()}")
         if key == "head":
             if not spec.needs_head:
                 raise ValueError(f"head: builder {name!r} uses no correction head")
@@ -117,7 +124,7 @@ def parse_method(text: str, defaults: dict[str, Any] | None = None) -> MethodSpe
             allowed_keys = (*fields, "head") if spec.needs_head else fields
             raise ValueError(f"{key}: not a setting of {name!r}; allowed: {allowed_keys}")
         settings[key] = _value(key, raw.strip())
-    label = text.strip()
+    label = name + (":" + ",".join(items) if items else "")
     for key, value in (defaults or {}).items():
         if key in fields and key not in settings and value is not None:
             settings[key] = value

@@ -38,3 +38,14 @@ def test_duplicates_backend_and_unresolved_auto():
         resolve_backend("chain", "gpu")
     with pytest.raises(ValueError, match="tune it first"):
         make_method_builder(parse_method("ddtree:budget=auto"), "ref")
+
+
+def test_spaces_around_names_and_settings_are_stripped_and_a_repeated_key_is_an_error():
+    m = parse_method("  ddtree : budget = 8 , topk=4 ")
+    assert (m.builder, m.config, m.label) == ("ddtree", {"budget": 8, "topk": 4}, "ddtree:budget=8,topk=4")
+    assert parse_method(" ar ").is_ar and parse_method("ddtree:").label == "ddtree"
+    with pytest.raises(ValueError, match="repeated"):            # the same method written two ways
+        parse_methods(["ddtree:budget=8", "ddtree: budget=8"])
+    for text in ("ddtree:budget=8,budget=4", "dartree-pruned:head=gru,head=markov", "ddtree:topk=4, topk =4"):
+        with pytest.raises(ValueError, match="set twice"):
+            parse_method(text)
