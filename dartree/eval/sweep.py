@@ -8,6 +8,7 @@ per second and speedup over AR (:mod:`dartree.eval.tune`: verify cost measured o
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -17,7 +18,8 @@ from dartree.eval.report import markdown_table
 from dartree.eval.simulate import Reference
 from dartree.eval.tune import VerifyCost, measure_overhead, measure_verify_cost, replay_stats, score_candidates
 
-__all__ = ["SWEEP_PARAMS", "DEFAULT_VALUES", "SweepPoint", "SweepResult", "run_sweep", "sweep_table"]
+__all__ = ["SWEEP_PARAMS", "DEFAULT_VALUES", "SweepPoint", "SweepResult", "check_sweep_values", "run_sweep",
+           "sweep_table"]
 
 SWEEP_PARAMS: tuple[str, ...] = ("width", "budget", "beta", "topk")
 DEFAULT_VALUES: dict[str, tuple[float, ...]] = {
@@ -59,6 +61,25 @@ class SweepResult:
         return out
 
 
+def check_sweep_values(param: str, values: Sequence[float]) -> None:
+    """``ValueError`` unless ``values`` are valid for ``param``: at least one, all distinct; ``beta`` finite
+    and <= 0 (a depth penalty), the others integers >= 1."""
+    if param not in SWEEP_PARAMS:
+        raise ValueError(f"param: must be one of {SWEEP_PARAMS}, got {param!r}")
+    if not values:
+        raise ValueError("values: need at least one value")
+    for v in values:
+        if not math.isfinite(v):
+            raise ValueError(f"values: {param} takes finite numbers, got {v!r}")
+        if param == "beta" and v > 0:
+            raise ValueError(f"values: beta is a depth penalty and must be <= 0, got {v:g}")
+        if param != "beta" and (v != int(v) or v < 1):
+            raise ValueError(f"values: {param} takes integers >= 1, got {v:g}")
+    repeated = sorted({v for v in values if list(values).count(v) > 1})
+    if repeated:
+        raise ValueError(f"values: each value must appear once, repeated: {', '.join(f'{v:g}' for v in repeated)}")
+
+
 def run_sweep(
     bundle: Bundle,
     methods: Sequence[MethodSpec],
@@ -70,18 +91,10 @@ def run_sweep(
     progress: Callable[[str], None] | None = None,
 ) -> SweepResult:
     """Sweep ``param`` over ``values`` for every method that has that setting."""
-    if param not in SWEEP_PARAMS:
-        raise ValueError(f"param: must be one of {SWEEP_PARAMS}, got {param!r}")
-    if not values:
-        raise ValueError("values: need at least one value")
+    check_sweep_values(param, values)
     if not refs:
         raise ValueError("refs: need at least one calibration reference")
     cast = float if param == "beta" else int
-    for v in values:
-        if cast is int and (float(v) != int(v) or v < 1):
-            raise ValueError(f"values: {param} takes integers >= 1, got {v!r}")
-        if param == "beta" and v > 0:
-            raise ValueError(f"values: beta must be <= 0, got {v!r}")
     for m in methods:
         if m.is_ar or param not in m.fields():
             raise ValueError(f"methods: {m.label!r} has no setting {param!r}; sweep it on a builder that has one")

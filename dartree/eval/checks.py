@@ -1,0 +1,95 @@
+"""Checks of a command's inputs against files and the loaded model, run before anything is decoded.
+
+Each check raises ``ValueError`` naming the option and the allowed values, so that a mistake is
+reported in one line (``dartree: error: ...``) before minutes of benchmarking, not as a traceback
+in the middle of it.  Checks that need no model (prompt files, dataset sizes) run before the model
+loads; the others (:func:`check_methods_fit`, :func:`check_positions`) right after.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from dartree.builders import builder_spec
+from dartree.eval.bundles import Bundle
+from dartree.eval.methods import MethodSpec
+
+__all__ = ["read_prompt_file", "vocab_size", "max_positions", "check_methods_fit", "check_positions"]
+
+
+def read_prompt_file(path: Path) -> str:
+    """The UTF-8 text of ``path``; ``ValueError`` naming the file when it is missing, a folder or not UTF-8."""
+    if not path.exists():
+        raise ValueError(f"--prompt-file: {path} does not exist")
+    if path.is_dir():
+        raise ValueError(f"--prompt-file: {path} is a folder; give a text file")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"--prompt-file: {path} is not UTF-8 text (byte {e.start}: {e.reason})") from None
+    except OSError as e:
+        raise ValueError(f"--prompt-file: cannot read {path}: {e.strerror or e}") from None
+
+
+def vocab_size(bundle: Bundle) -> int:
+    """Size of the drafter's vocabulary (the largest ``topk`` a builder can take), else the target's."""
+    drafter = bundle.drafter
+    size = getattr(drafter, "vocab_size", None) or getattr(getattr(drafter, "config", None), "vocab_size", None)
+    if size is None:
+        size = bundle.target.config.get_text_config(decoder=True).vocab_size
+    return int(size)
+
+
+def max_positions(bundle: Bundle) -> int | None:
+    """The target's ``max_position_embeddings`` (``None`` when its config sets none)."""
+    limit = getattr(bundle.target.config.get_text_config(decoder=True), "max_position_embeddings", None)
+    return int(limit) if limit is not None else None
+
+
+def _topk(method: MethodSpec) -> int | None:
+    if "topk" in method.config:
+        return int(method.config["topk"])
+    for f in dataclasses.fields(builder_spec(method.builder).config_cls):
+        if f.name == "topk":
+            return int(f.default)
+    return None
+
+
+def check_methods_fit(bundle: Bundle, methods: Iterable[MethodSpec], topk_values: Sequence[int] = ()) -> None:
+    """Every method's head exists in ``bundle`` and its ``topk`` (and every ``topk_values``) fits the vocabulary."""
+    vocab = vocab_size(bundle)
+    for m in methods:
+        if m.is_ar:
+            continue
+        if m.head is not None and m.head not in bundle.heads:
+            raise ValueError(f"head: model {bundle.name!r} has heads {sorted(bundle.heads)}, got {m.head!r} "
+                             f"(in method {m.label!r})")
+        topk = _topk(m)
+        if topk is not None and topk > vocab:
+            raise ValueError(f"topk: {topk} exceeds the vocabulary of model {bundle.name!r} (V={vocab}) in method "
+                             f"{m.label!r}; allowed 1..{vocab}")
+    for topk in topk_values:
+        if topk > vocab:
+            raise ValueError(f"values: topk {topk:g} exceeds the vocabulary of model {bundle.name!r} (V={vocab}); "
+                             f"allowed 1..{vocab}")
+
+
+def check_positions(bundle: Bundle, prompt_lengths: Iterable[int], max_new_tokens: int,
+                    prompt_option: str = "") -> None:
+    """Each prompt plus ``max_new_tokens`` fits the target's maximum positions.
+
+    ``prompt_option`` names the option that shortens prompts, for the message (e.g. ``--max-prompt-tokens``).
+    """
+    limit = max_positions(bundle)
+    if limit is None:
+        return
+    longest = max(prompt_lengths, default=0)
+    if longest + max_new_tokens > limit:
+        if longest >= limit:
+            raise ValueError(f"prompt: {longest} tokens; model {bundle.name!r} holds at most {limit} positions, "
+                             "give a shorter prompt" + (f" (or a smaller {prompt_option})" if prompt_option else ""))
+        raise ValueError(f"--max-new-tokens: a prompt of {longest} tokens + {max_new_tokens} new tokens exceeds the "
+                         f"{limit} positions model {bundle.name!r} holds; allowed <= {limit - longest}"
+                         + (f" (or a smaller {prompt_option})" if prompt_option else ""))

@@ -1,0 +1,164 @@
+"""Every user error of the command line: one line ``dartree: error: ...``, exit status 2, no traceback,
+found before the model loads when it can be; run folders are never replaced silently; a bench that is
+not lossless fails; a bug keeps its traceback.  ``main`` runs in-process on the session's toy bundle."""
+
+import dataclasses
+import json
+
+import pytest
+
+import dartree.eval.bench
+import dartree.eval.bundles
+from dartree.cli import UsageError, main
+
+TOY = ["--model", "tiny-random", "--threads", "1", "--backend", "ref"]
+QUICK = ["--num-prompts", "1", "--max-new-tokens", "4", "--max-prompt-tokens", "16"]
+BENCH = ["bench", *TOY, *QUICK, "--methods", "chain", "--no-warmup"]
+
+
+@pytest.fixture
+def loads(monkeypatch, bundle):
+    """Count model loads; every load returns the session's toy bundle (no model is built per test)."""
+    calls = []
+
+    def load(name):
+        calls.append(name)
+        return bundle
+
+    monkeypatch.setattr(dartree.eval.bundles, "load_bundle", load)
+    return calls
+
+
+def fails(argv, capsys) -> str:
+    """Run ``main(argv)``: it must exit 2, its last stderr line the only error line; returns that line.
+
+    (Progress lines such as "model ... loaded" may come before it.)
+    """
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("dartree: error: ") and not any("error" in line for line in err[:-1]), err
+    return err[-1]
+
+
+@pytest.fixture
+def files(tmp_path):
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "latin1.py").write_bytes(b"caf\xe9 = 1\n")
+    (tmp_path / "empty.py").write_text("")
+    (tmp_path / "a_file").write_text("x")
+    return tmp_path
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["generate", "--prompt-file", "{tmp}/missing.py"], "--prompt-file: {tmp}/missing.py does not exist"),
+    (["generate", "--prompt-file", "{tmp}/folder"], "is a folder; give a text file"),
+    (["generate", "--prompt-file", "{tmp}/latin1.py"], "is not UTF-8 text (byte 3"),
+    (["generate", "--prompt-file", "{tmp}/empty.py"], "--prompt-file: the prompt is empty"),
+    (["generate", "--prompt", ""], "--prompt: the prompt is empty"),
+    (["show-tree", "--prompt", "", "--out", "{tmp}/t"], "--prompt: the prompt is empty"),
+    (["generate", "--prompt", "x", "--method", "ddtree:budget=8,budget=4"], "budget: set twice"),
+    (["generate", "--prompt", "x", "--method", "dartree-pruned:beta=0.5"], "beta: must be"),
+    (["bench", "--num-prompts", "200", "--out", "{tmp}/b"], "dataset 'humaneval' has 164 prompts, asked for 200"),
+    (["bench", "--methods", "ddtree:budget=auto", "--num-prompts", "163", "--out", "{tmp}/b"],
+     "after an offset of 163"),                                   # no calibration prompt left for budget=auto
+    (["bench", "--out", "{tmp}/a_file"], "--out: {tmp}/a_file is a file"),
+    (["bench", "--out", "{tmp}/a_file/sub"], "--out: cannot write to {tmp}/a_file/sub"),
+    (["tune", "--method", "ddtree", "--out", "{tmp}/a_file"], "is a file"),
+    (["sweep", "--param", "width", "--values", "0.5", "--out", "{tmp}/s"], "width takes integers >= 1, got 0.5"),
+    (["sweep", "--param", "beta", "--values", "0.2", "--out", "{tmp}/s"], "beta is a depth penalty and must be <= 0"),
+    (["sweep", "--param", "budget", "--values", "4,8,4", "--out", "{tmp}/s"], "repeated: 4"),
+    (["sweep", "--param", "budget", "--values", "0,4", "--out", "{tmp}/s"], "budget takes integers >= 1, got 0"),
+    (["show-tree", "--method", "ar", "--out", "{tmp}/t"], "'ar' builds no tree"),
+])
+def test_errors_found_before_the_model_loads(argv, message, files, loads, capsys):
+    argv = [a.replace("{tmp}", str(files)) for a in argv]
+    line = fails([argv[0], *TOY, *argv[1:]], capsys)
+    assert message.replace("{tmp}", str(files)) in line
+    assert loads == []
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--seed", "-1"], "argument --seed: expected an integer in [0, 2**63)"),
+    (["--seed", str(2**63)], "argument --seed"),
+    (["--threads", "100000"], "argument --threads: expected an integer in 1.."),
+    (["--values", ""], "argument --values: expected comma-separated finite numbers"),
+    (["--values", "1,,2"], "argument --values"),
+    (["--values", "nan"], "argument --values"),
+    (["--values", "inf"], "argument --values"),
+])
+def test_argument_types(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["sweep", "--param", "width", *argv])
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["generate", "--prompt", "x", "--method", "dartree-pruned:head=nope"],
+     "head: model 'tiny-random' has heads ['gru', 'markov'], got 'nope'"),
+    (["generate", "--prompt", "x", "--topk", "300", "--method", "ddtree"], "topk: 300 exceeds the vocabulary"),
+    (["generate", "--prompt", "x" * 5000], "prompt: 5000 tokens; model 'tiny-random' holds at most 4096 positions"),
+    (["generate", "--prompt", "x", "--max-new-tokens", "5000"], "--max-new-tokens: a prompt of 1 tokens + 5000"),
+    (["bench", *QUICK[:2], "--max-new-tokens", "4090", "--out", "{tmp}/b"],
+     "a prompt of 256 tokens + 4090 new tokens exceeds the 4096 positions model 'tiny-random' holds; "
+     "allowed <= 3840 (or a smaller --max-prompt-tokens)"),
+    (["bench", "--methods", "corrected-chain:head=x", "--out", "{tmp}/b"], "got 'x'"),
+    (["sweep", "--param", "topk", "--values", "4,500", "--methods", "ddtree", *QUICK, "--out", "{tmp}/s"],
+     "values: topk 500 exceeds the vocabulary"),
+    (["show-tree", "--round", "99", "--method", "ddtree:budget=3", *QUICK, "--out", "{tmp}/t"],
+     "--round: the first prompt took"),
+    (["tune", "--method", "dartree-fixed:head=y", *QUICK, "--out", "{tmp}/u"], "got 'y'"),
+])
+def test_errors_found_once_the_model_is_loaded(argv, message, files, loads, capsys):
+    argv = [a.replace("{tmp}", str(files)) for a in argv]
+    line = fails([argv[0], *TOY, *argv[1:]], capsys)
+    assert message.replace("{tmp}", str(files)) in line and loads == ["tiny-random"]
+
+
+def test_a_run_folder_is_never_replaced_silently(tmp_path, loads, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "results.md").write_text("earlier run")
+    (out / "tuning_ddtree.png").write_bytes(b"stale plot of the earlier run")
+    line = fails([*BENCH, "--out", str(out)], capsys)
+    assert "already holds files (results.md, tuning_ddtree.png); pass --force" in line and loads == []
+    assert (out / "results.md").read_text() == "earlier run"
+
+    assert main([*BENCH, "--out", str(out), "--force"]) == 0
+    assert {p.name for p in out.iterdir()} == {"results.md", "results.json", "acceptance.png"}   # stale plot gone
+    assert json.loads((out / "results.json").read_text())["lossless"] is True
+
+    (out / "notes.txt").write_text("mine")                        # a file dartree did not write: never deleted
+    line = fails([*BENCH, "--out", str(out), "--force"], capsys)
+    assert "holds files that dartree did not write (notes.txt)" in line
+    assert (out / "notes.txt").read_text() == "mine" and (out / "results.md").exists()
+
+
+def test_bench_is_strict_by_default(tmp_path, loads, monkeypatch, capsys):
+    real = dartree.eval.bench.run_bench
+
+    def differs_from_ar(*args, **kwargs):       # the method's first record differs from AR at token 2
+        result = real(*args, **kwargs)
+        records = list(result.records)
+        i = next(i for i, r in enumerate(records) if r.method != "ar")
+        records[i] = dataclasses.replace(records[i], matches_ar=False, first_difference=2)
+        return dataclasses.replace(result, records=tuple(records))
+
+    monkeypatch.setattr(dartree.eval.bench, "run_bench", differs_from_ar)
+    assert main([*BENCH, "--out", str(tmp_path / "strict")]) == 1
+    captured = capsys.readouterr()
+    assert "LOSSLESS CHECK FAILED: 1 of 2 outputs differ" in captured.err
+    assert "Lossless check FAILED on 1 runs: chain/humaneval/T=0/HumanEval/0 (from token 2)" in captured.out
+    assert main([*BENCH, "--out", str(tmp_path / "lenient"), "--no-strict"]) == 0
+    assert "exit status 0 because of --no-strict" in capsys.readouterr().err
+
+
+def test_a_bug_keeps_its_traceback(tmp_path, loads, monkeypatch):
+    def bug(*args, **kwargs):
+        raise ValueError("an internal check failed")
+
+    monkeypatch.setattr(dartree.eval.bench, "run_bench", bug)
+    with pytest.raises(ValueError, match="an internal check failed") as e:
+        main([*BENCH, "--out", str(tmp_path / "b")])
+    assert not isinstance(e.value, UsageError)
