@@ -12,9 +12,23 @@ from dartree.block import CorrectionHead
 from dartree.decode import Drafter, SpeculativeDecoder
 from dartree.models import DFlashDrafter, GRUHead, MarkovHead, zoo
 
-pytestmark = pytest.mark.skipif(zoo.DEFAULT_NAME not in zoo.available(), reason="zoo weights not committed yet")
-
 NEW_TOKENS = 16
+FILES = ("tokenizer.json", "target/config.json", "target/model.safetensors", "drafter/config.json",
+         "drafter/model.safetensors", "gru_head/config.json", "gru_head/model.safetensors",
+         "markov_head/config.json", "markov_head/model.safetensors")
+
+
+def test_the_default_weights_are_installed():
+    """A package or checkout without the zoo's weights is broken: fail (never skip) and name what is missing."""
+    root = zoo.ZOO_DIR / zoo.DEFAULT_NAME
+    missing = [f for f in FILES if not (root / f).is_file()]
+    assert not missing, f"zoo weights missing under {root}: {missing}"
+    for f in FILES:                 # real tensors, not a Git LFS pointer or an empty file
+        if f.endswith(".safetensors"):
+            with open(root / f, "rb") as stream:
+                head = stream.read(64)
+            assert (root / f).stat().st_size > 100_000 and not head.startswith(b"version "), f"{f}: not weights"
+    assert zoo.DEFAULT_NAME in zoo.available()
 
 
 @pytest.fixture(scope="module")
