@@ -199,7 +199,7 @@ def _method_defaults(p: argparse.ArgumentParser) -> None:
     g.add_argument("--budget", type=_budget, default=None, help="draft nodes per tree, or 'auto' (tuned here)")
     g.add_argument("--width", type=_budget, default=None, help="dartree-pruned supertree width, or 'auto'")
     g.add_argument("--topk", type=_positive_int, default=None, help="candidates per depth")
-    g.add_argument("--beta", type=float, default=None, help="dartree-pruned depth bonus (<= 0)")
+    g.add_argument("--beta", type=float, default=None, help="dartree-pruned depth penalty (<= 0)")
 
 
 def _prompt_args(p: argparse.ArgumentParser, dataset_default: str = "humaneval") -> None:
