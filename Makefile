@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml
 
 demo: setup
 	$(PY) examples/build_trees.py
-	$(VENV)/bin/dartree bench --preset demo
+	$(VENV)/bin/dartree bench --preset demo --force
 
 test: setup
 	$(PY) -m pytest --benchmark-disable
