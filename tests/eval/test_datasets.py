@@ -12,7 +12,7 @@ def test_every_dataset_loads_real_text_deterministically(name):
 
 
 def test_offset_gives_disjoint_prompts_and_stdlib_is_the_held_out_split():
-    from dartree.models.train_zoo import is_validation
+    from dartree.training.data import is_validation
 
     a, b = load_prompts("stdlib", 2), load_prompts("stdlib", 2, offset=2)
     assert not {p.id for p in a} & {p.id for p in b}

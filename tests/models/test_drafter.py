@@ -9,7 +9,7 @@ from torch.testing import assert_close
 from dartree.block import DraftBlock
 from dartree.decode import Drafter
 from dartree.models.drafter import DFlashConfig, DFlashDrafter, dflash_target_layer_ids
-from dartree.models.train_zoo import anchored_blocks
+from dartree.training.drafter import anchored_blocks
 
 
 def test_target_layer_ids_match_released_spacing():

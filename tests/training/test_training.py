@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dartree.models.train_zoo import is_validation, lr_at, parse_args, stdlib_files
+from dartree.training.common import lr_at
+from dartree.training.data import is_validation, stdlib_files
+from dartree.training.pipeline import parse_args
 
 
 def test_corpus_is_the_stdlib_without_tests_or_site_packages():

@@ -1,0 +1,44 @@
+"""What every training stage shares: the zoo's name and special tokens, logging, the learning-rate
+schedule over a wall-clock budget, and one optimizer step with its budget bookkeeping."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+
+__all__ = ["ZOO_NAME", "SPECIAL_TOKENS", "log", "lr_at", "optimizer_step"]
+
+ZOO_NAME = "pystdlib-tiny"
+SPECIAL_TOKENS = ["<|endoftext|>", "<|mask|>"]
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def lr_at(step: int, frac: float, peak: float, warmup: int) -> float:
+    """Linear warm-up over ``warmup`` steps, then cosine decay to 10% over the time budget.
+
+    ``frac`` is the fraction of the wall-clock budget already spent: the CPU is shared, so the
+    schedule follows time, not a step count.
+    """
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
+
+
+@torch.no_grad()
+def optimizer_step(opt, loss: torch.Tensor, params, lr: float, state: dict, started: float, bar) -> None:
+    """One clipped optimizer step at learning rate ``lr``, plus the step / wall-clock budget bookkeeping
+    shared by every stage (``state`` holds ``step`` and ``elapsed``; ``started`` is the step's start time)."""
+    for group in opt.param_groups:
+        group["lr"] = lr
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    opt.step()
+    state["step"] += 1
+    state["elapsed"] += time.time() - started
+    bar.update(1)
