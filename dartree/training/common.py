@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import math
 import time
+from pathlib import Path
 
 import torch
 
-__all__ = ["ZOO_NAME", "SPECIAL_TOKENS", "log", "lr_at", "optimizer_step"]
+__all__ = ["ZOO_NAME", "SPECIAL_TOKENS", "log", "lr_at", "optimizer_step", "resume", "save_checkpoint"]
 
 ZOO_NAME = "pystdlib-tiny"
 SPECIAL_TOKENS = ["<|endoftext|>", "<|mask|>"]
@@ -42,3 +43,22 @@ def optimizer_step(opt, loss: torch.Tensor, params, lr: float, state: dict, star
     state["step"] += 1
     state["elapsed"] += time.time() - started
     bar.update(1)
+
+
+def resume(path: Path, stage: str, modules: dict[str, torch.nn.Module], opt) -> dict:
+    """The training state of ``stage``: fresh, or restored from its checkpoint ``path`` when one exists
+    (then ``modules`` and ``opt`` are loaded in place).  The state holds ``step``, ``elapsed`` and ``history``."""
+    if not path.exists():
+        return {"step": 0, "elapsed": 0.0, "history": []}
+    ck = torch.load(path, weights_only=False)
+    for key, module in modules.items():
+        module.load_state_dict(ck[key])
+    opt.load_state_dict(ck["opt"])
+    state = ck["state"]
+    log(f"{stage}: resumed at step {state['step']}, {state['elapsed'] / 60:.1f} min done")
+    return state
+
+
+def save_checkpoint(path: Path, modules: dict[str, torch.nn.Module], opt, state: dict) -> None:
+    """What :func:`resume` reads: each module's weights under its key, the optimizer and the state."""
+    torch.save({**{key: m.state_dict() for key, m in modules.items()}, "opt": opt.state_dict(), "state": state}, path)

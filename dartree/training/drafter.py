@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from dartree.training.common import log, lr_at, optimizer_step
+from dartree.training.common import log, lr_at, optimizer_step, resume, save_checkpoint
 from dartree.training.target import load_target
 
 __all__ = ["mask_token_id", "drafter_config", "target_features", "anchored_blocks", "sample_anchors",
@@ -133,13 +133,7 @@ def stage_drafter(work: Path, args: argparse.Namespace) -> None:
     params = [p for p in drafter.parameters()]
     opt = torch.optim.AdamW(params, lr=args.drafter_lr, betas=(0.9, 0.95), weight_decay=0.01)
     ckpt_path = work / "drafter_ckpt.pt"
-    state = {"step": 0, "elapsed": 0.0, "history": []}
-    if ckpt_path.exists():
-        ck = torch.load(ckpt_path, weights_only=False)
-        drafter.load_state_dict(ck["model"])
-        opt.load_state_dict(ck["opt"])
-        state = ck["state"]
-        log(f"drafter: resumed at step {state['step']}, {state['elapsed'] / 60:.1f} min done")
+    state = resume(ckpt_path, "drafter", {"model": drafter}, opt)
     n_params = sum(p.numel() for p in params)
     log(f"drafter: {n_params / 1e6:.2f}M parameters, target layers {config.target_layer_ids}")
     train = distill["train"]
@@ -171,7 +165,7 @@ def stage_drafter(work: Path, args: argparse.Namespace) -> None:
             log(f"drafter step {state['step']}: train {loss.item():.3f} validation {ev['loss']:.3f} "
                 f"chain tau {ev['chain_tau']:.2f}")
         if time.time() - last_save > 300:
-            torch.save({"model": drafter.state_dict(), "opt": opt.state_dict(), "state": state}, ckpt_path)
+            save_checkpoint(ckpt_path, {"model": drafter}, opt, state)
             last_save = time.time()
     bar.close()
     drafter.eval()

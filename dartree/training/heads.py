@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from dartree.training.common import log, lr_at, optimizer_step
+from dartree.training.common import log, lr_at, optimizer_step, resume, save_checkpoint
 from dartree.training.drafter import (
     anchored_blocks,
     block_labels,
@@ -96,14 +96,7 @@ def stage_heads(work: Path, args: argparse.Namespace) -> None:
     params = list(gru.parameters()) + list(markov.parameters())
     opt = torch.optim.AdamW(params, lr=args.heads_lr, betas=(0.9, 0.95), weight_decay=0.0)
     ckpt_path = work / "heads_ckpt.pt"
-    state = {"step": 0, "elapsed": 0.0, "history": []}
-    if ckpt_path.exists():
-        ck = torch.load(ckpt_path, weights_only=False)
-        gru.load_state_dict(ck["gru"])
-        markov.load_state_dict(ck["markov"])
-        opt.load_state_dict(ck["opt"])
-        state = ck["state"]
-        log(f"heads: resumed at step {state['step']}, {state['elapsed'] / 60:.1f} min done")
+    state = resume(ckpt_path, "heads", {"gru": gru, "markov": markov}, opt)
     ev = eval_heads(gru, markov, drafter, model, distill["validation"][:32], args)
     log(f"heads: before training {ev}")
     train = distill["train"]
@@ -123,8 +116,7 @@ def stage_heads(work: Path, args: argparse.Namespace) -> None:
         optimizer_step(opt, loss, params, lr, state, t0, bar)
         bar.set_postfix(gru=f"{g.item():.3f}", markov=f"{mk.item():.3f}")
         if time.time() - last_save > 300:
-            torch.save({"gru": gru.state_dict(), "markov": markov.state_dict(), "opt": opt.state_dict(),
-                        "state": state}, ckpt_path)
+            save_checkpoint(ckpt_path, {"gru": gru, "markov": markov}, opt, state)
             last_save = time.time()
     bar.close()
     ev = eval_heads(gru, markov, drafter, model, distill["validation"], args)

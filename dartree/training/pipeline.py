@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -21,6 +22,24 @@ from dartree.training.tau import stage_tau
 __all__ = ["parse_args", "main"]
 
 ZOO_DIR = Path(__file__).resolve().parents[1] / "models" / "zoo_weights"
+# Every stage, in the order they run; each skips itself when its output already exists in --work.
+STAGES: dict[str, Callable[[Path, argparse.Namespace], None]] = {
+    "data": lambda work, args: stage_data(work, args.vocab),
+    "target": stage_target,
+    "distill": stage_distill,
+    "drafter": stage_drafter,
+    "heads": stage_heads,
+    "export": stage_export,
+    "tau": stage_tau,
+}
+
+
+def _stages(text: str) -> list[str]:
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    unknown = [s for s in names if s not in STAGES]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"expected comma-separated stages from {', '.join(STAGES)}, got {text!r}")
+    return names
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -30,7 +49,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--work", type=Path, default=default_work, help="scratch dir for checkpoints")
     p.add_argument("--out", type=Path, default=ZOO_DIR / ZOO_NAME)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--stages", default="data,target,distill,drafter,heads,export")
+    p.add_argument("--stages", type=_stages, default="data,target,distill,drafter,heads,export",
+                   help=f"comma-separated, from {','.join(STAGES)} (default: all but tau)")
     p.add_argument("--vocab", type=int, default=4096)
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--intermediate", type=int, default=768)
@@ -63,18 +83,6 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     args.work.mkdir(parents=True, exist_ok=True)
-    stages = args.stages.split(",")
-    if "data" in stages:
-        stage_data(args.work, args.vocab)
-    if "target" in stages:
-        stage_target(args.work, args)
-    if "distill" in stages:
-        stage_distill(args.work, args)
-    if "drafter" in stages:
-        stage_drafter(args.work, args)
-    if "heads" in stages:
-        stage_heads(args.work, args)
-    if "export" in stages:
-        stage_export(args.work, args)
-    if "tau" in stages:
-        stage_tau(args.work, args)
+    for name, stage in STAGES.items():          # in pipeline order, whatever the order of --stages
+        if name in args.stages:
+            stage(args.work, args)

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from dartree.training.common import SPECIAL_TOKENS, log, lr_at, optimizer_step
+from dartree.training.common import SPECIAL_TOKENS, log, lr_at, optimizer_step, resume, save_checkpoint
 from dartree.training.data import load_data, random_windows
 
 __all__ = ["target_config", "eval_target", "stage_target", "load_target"]
@@ -66,13 +66,7 @@ def stage_target(work: Path, args: argparse.Namespace) -> None:
     model = Qwen3ForCausalLM(config)
     opt = torch.optim.AdamW(model.parameters(), lr=args.target_lr, betas=(0.9, 0.95), weight_decay=0.1)
     ckpt_path = work / "target_ckpt.pt"
-    state = {"step": 0, "elapsed": 0.0, "history": []}
-    if ckpt_path.exists():
-        ck = torch.load(ckpt_path, weights_only=False)
-        model.load_state_dict(ck["model"])
-        opt.load_state_dict(ck["opt"])
-        state = ck["state"]
-        log(f"target: resumed at step {state['step']}, {state['elapsed'] / 60:.1f} min done")
+    state = resume(ckpt_path, "target", {"model": model}, opt)
     n_params = sum(p.numel() for p in model.parameters())
     log(f"target: {n_params / 1e6:.2f}M parameters, vocab {vocab}")
     gen = torch.Generator().manual_seed(state["step"] + 1)
@@ -94,7 +88,7 @@ def stage_target(work: Path, args: argparse.Namespace) -> None:
             state["history"].append((state["step"], loss.item(), val))
             log(f"target step {state['step']}: train {loss.item():.3f} validation {val:.3f}")
         if time.time() - last_save > 300:
-            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "state": state}, ckpt_path)
+            save_checkpoint(ckpt_path, {"model": model}, opt, state)
             last_save = time.time()
     bar.close()
     val = eval_target(model, data["validation"], args.seq, batches=32)
