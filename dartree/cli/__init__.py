@@ -1,0 +1,50 @@
+"""The ``dartree`` command line: generate, bench, sweep, show-tree, tune.
+
+    dartree generate --prompt "def fib(n):" --method dartree-pruned:budget=32,width=8
+    dartree bench --preset demo                 # AR + six methods on the bundled zoo, tables + plots
+    dartree sweep --param budget --methods ddtree dartree-pruned
+    dartree show-tree --method dartree-pruned --round 3
+    dartree tune --method dartree-pruned        # adaptive budget for this machine (Appendix B)
+
+Methods are ``ar`` or ``BUILDER[:KEY=VALUE,...]`` (see :mod:`dartree.eval.methods`); ``--budget``,
+``--width``, ``--topk`` and ``--beta`` set those fields for every method that has them and does not
+set them itself.  ``--model tiny-random`` runs any command on a toy model in seconds.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from dartree.cli.decode import cmd_bench, cmd_generate
+from dartree.cli.errors import UsageError
+from dartree.cli.parser import PRESETS, build_parser
+from dartree.cli.replay import cmd_show_tree, cmd_sweep, cmd_tune
+
+__all__ = ["main", "build_parser", "PRESETS", "UsageError"]
+
+COMMANDS = {"generate": cmd_generate, "bench": cmd_bench, "sweep": cmd_sweep, "show-tree": cmd_show_tree,
+            "tune": cmd_tune}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``dartree`` console script; returns the exit status.
+
+    A user error (bad option, file, folder or setting) exits with status 2 and one line on stderr,
+    ``dartree: error: ...`` (argparse's own errors add the usage line); any other exception is a bug
+    and propagates with its traceback.
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.argv = list(argv) if argv is not None else None
+    import torch
+
+    try:
+        with torch.no_grad():          # inference only: no autograd graph through heads or drafters
+            return COMMANDS[args.command](args)
+    except UsageError as e:
+        print(f"dartree: error: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+    except KeyboardInterrupt:
+        print("dartree: interrupted", file=sys.stderr, flush=True)
+        raise SystemExit(130) from None

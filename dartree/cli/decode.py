@@ -1,0 +1,154 @@
+"""Commands that decode for real: ``generate`` (text streamed round by round) and ``bench`` (methods x
+datasets x temperatures against AR, wall time, the lossless check)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from dartree.cli.errors import UsageError, user_input
+from dartree.cli.helpers import (
+    check_fit,
+    clear_out,
+    load,
+    log,
+    prepare_out,
+    prompt_ids,
+    round_summary,
+    setting_defaults,
+)
+from dartree.cli.parser import BENCH_DEFAULTS, PRESETS
+
+__all__ = ["cmd_generate", "cmd_bench"]
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    import torch
+
+    from dartree.decode import generate_ar
+    from dartree.eval.bundles import decode, stop_token_id
+    from dartree.eval.checks import check_positions, read_prompt_file
+    from dartree.eval.methods import make_decoder, parse_method
+    from dartree.eval.streaming import stream_generate
+    from dartree.verify.sampling import KeyedSampler
+
+    if (args.prompt is None) == (args.prompt_file is None):
+        raise UsageError("generate: give exactly one of --prompt and --prompt-file")
+    if args.budget == "auto" or args.width == "auto":
+        raise UsageError("--budget/--width: 'auto' is for bench and tune; run `dartree tune` and pass the numbers")
+    with user_input():
+        method = parse_method(args.method, setting_defaults(args))
+        text = args.prompt if args.prompt is not None else read_prompt_file(args.prompt_file)
+    if not text:
+        raise UsageError(f"{'--prompt' if args.prompt is not None else '--prompt-file'}: the prompt is empty; "
+                         "give at least one character")
+    bundle = load(args)
+    check_fit(bundle, [method])
+    ids = torch.tensor([prompt_ids(bundle, text, 1 << 30)], dtype=torch.int64)
+    with user_input():
+        check_positions(bundle, [ids.shape[1]], args.max_new_tokens)
+    stop = None if args.no_stop else stop_token_id(bundle)
+    stops = None if stop is None else [stop]
+    sampler = KeyedSampler(args.seed) if args.temperature > 0 else None
+    out = sys.stdout
+    out.write(text)
+    out.flush()
+    generated: list[int] = []
+    shown = [0]
+
+    def show(tokens: list[int], final: bool = False) -> None:
+        generated.extend(tokens)
+        full = decode(bundle.tokenizer, generated)
+        if not final:                 # an incomplete UTF-8 sequence decodes to U+FFFD: wait for its bytes
+            full = full.rstrip("\ufffd")
+        if len(full) > shown[0]:
+            out.write(full[shown[0]:])
+            out.flush()
+            shown[0] = len(full)
+
+    start = time.perf_counter()
+    if method.is_ar:
+        result = generate_ar(bundle.target, ids, args.max_new_tokens, args.temperature, sampler, stops)
+        show(result.tokens[0].tolist())
+    else:
+        decoder = make_decoder(bundle, method, args.backend)
+        if args.no_stream:
+            result = decoder.generate(ids, args.max_new_tokens, args.temperature, sampler, stops)
+            show(result.tokens[0].tolist())
+        else:
+            result = stream_generate(decoder, ids, args.max_new_tokens, show, args.temperature, sampler, stops)
+    seconds = time.perf_counter() - start
+    show([], final=True)
+    out.write("\n")
+    log(f"--- {method.label} ({bundle.name}), T={args.temperature:g}, stop: {result.stop_reason}, "
+         f"{seconds:.2f} s wall")
+    log(round_summary(result))
+    return 0
+
+
+def _bench_prompts(bundle, config) -> None:
+    """Check what bench will decode against the model before it runs: heads, topk, positions."""
+    from dartree.eval.bundles import encode
+    from dartree.eval.checks import check_positions
+    from dartree.eval.datasets import load_prompts
+
+    check_fit(bundle, config.methods)
+    lengths = [min(len(encode(bundle.tokenizer, p.text)), config.max_prompt_tokens)
+               for d in config.datasets for p in load_prompts(d, config.num_prompts, prompt_chars=config.prompt_chars)]
+    with user_input():
+        check_positions(bundle, lengths, config.max_new_tokens, "--max-prompt-tokens")
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from dartree.eval.bench import BenchConfig, run_bench
+    from dartree.eval.datasets import load_prompts
+    from dartree.eval.methods import parse_methods
+    from dartree.eval.plots import plot_acceptance, plot_tuning
+    from dartree.eval.report import bench_markdown, write_bench
+
+    preset = dict(BENCH_DEFAULTS if args.preset is None else PRESETS[args.preset])
+    for key in ("methods", "datasets", "temperatures", "num_prompts", "max_new_tokens", "budget", "out"):
+        if getattr(args, key) is not None:
+            preset[key] = getattr(args, key)
+    defaults = setting_defaults(args)
+    if "budget" not in defaults and preset["budget"] is not None:
+        defaults["budget"] = preset["budget"]
+    with user_input():
+        methods = parse_methods([m for m in preset["methods"] if m != "ar"] or ["ar"], defaults)
+        config = BenchConfig(
+            methods=tuple(m for m in methods if not m.is_ar), datasets=tuple(dict.fromkeys(preset["datasets"])),
+            temperatures=tuple(dict.fromkeys(float(t) for t in preset["temperatures"])),
+            num_prompts=preset["num_prompts"], max_new_tokens=preset["max_new_tokens"],
+            max_prompt_tokens=args.max_prompt_tokens, seed=args.seed, backend=args.backend,
+            warmup=not args.no_warmup, stop_at_eos=args.stop_at_eos, calibration_prompts=args.calibration_prompts,
+            tune_budgets=tuple(args.tune_budgets), tune_widths=tuple(args.tune_widths))
+        for d in config.datasets:                       # enough prompts (and calibration prompts for auto)?
+            load_prompts(d, config.num_prompts, prompt_chars=config.prompt_chars)
+        if any(m.auto_fields for m in config.methods):
+            load_prompts(config.datasets[0], config.calibration_prompts, offset=config.num_prompts,
+                         prompt_chars=config.prompt_chars)
+    out = Path(preset["out"])
+    prepare_out(args, out)
+    if args.threads is None:
+        args.threads = preset["threads"]
+    bundle = load(args)
+    _bench_prompts(bundle, config)
+    argv = ["dartree", *sys.argv[1:]] if args.argv is None else ["dartree", *args.argv]
+    start = time.perf_counter()
+    result = run_bench(bundle, config, argv=argv, log=log)
+    clear_out(out)
+    paths = write_bench(result, out)
+    plot = plot_acceptance(result.summaries, out / "acceptance.png")
+    tuning_plots = [plot_tuning(t, out / f"tuning_{t.builder}.png") for t in result.tuning]
+    print(bench_markdown(result))
+    log(f"wrote {paths['markdown']}, {paths['json']}, {plot}" + "".join(f", {p}" for p in tuning_plots)
+         + f" in {time.perf_counter() - start:.0f} s")
+    if not result.lossless:
+        bad = sum(not r.matches_ar for r in result.records)
+        log(f"LOSSLESS CHECK FAILED: {bad} of {len(result.records)} outputs differ from AR's (see the table's "
+             "lossless column and the report's last line)"
+             + ("" if args.strict else "; exit status 0 because of --no-strict"))
+        return 1 if args.strict else 0
+    return 0

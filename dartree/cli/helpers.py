@@ -1,0 +1,111 @@
+"""What the commands share: loading the model, the output folder, prompts and references, checks."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from dartree.cli.errors import UsageError, user_input
+
+__all__ = ["log", "setting_defaults", "load", "prepare_out", "clear_out", "prompt_ids", "dataset_prompts",
+           "references", "check_fit", "round_summary"]
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def setting_defaults(args: argparse.Namespace) -> dict[str, Any]:
+    return {k: getattr(args, k) for k in ("budget", "width", "topk", "beta") if getattr(args, k, None) is not None}
+
+
+def load(args: argparse.Namespace):
+    import torch
+
+    from dartree.eval.bundles import load_bundle
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    start = time.perf_counter()
+    with user_input():              # an unknown --model, unreadable weights: named in one line
+        bundle = load_bundle(args.model)
+    log(f"model {bundle.name} loaded in {time.perf_counter() - start:.1f} s")
+    return bundle
+
+
+def prepare_out(args: argparse.Namespace, out: Path) -> None:
+    """Check --out before any model loads (item: never lose a run, never fail after the work is done)."""
+    from dartree.eval.outdir import check_out_dir
+
+    with user_input():
+        earlier = check_out_dir(out, args.force)
+    if earlier:
+        log(f"--force: the earlier run's {len(earlier)} files in {out} are replaced when this run's are written")
+
+
+def clear_out(out: Path) -> None:
+    """Remove the earlier run's files (--force) just before this run's are written: no stale file stays."""
+    from dartree.eval.outdir import clear_earlier_run
+
+    clear_earlier_run(out)
+    out.mkdir(parents=True, exist_ok=True)
+
+
+def prompt_ids(bundle, text: str, limit: int) -> list[int]:
+    from dartree.eval.bundles import encode
+
+    ids = encode(bundle.tokenizer, text)[-limit:]
+    if not ids:
+        raise UsageError("prompt: the prompt encodes to no tokens; give a non-empty prompt")
+    return ids
+
+
+def dataset_prompts(args: argparse.Namespace):
+    """The prompts of --dataset (checked before the model loads: the dataset has enough of them)."""
+    from dartree.eval.datasets import load_prompts
+
+    with user_input():
+        return load_prompts(args.dataset, args.num_prompts)
+
+
+def references(bundle, args: argparse.Namespace, texts: Sequence[str]):
+    """AR references of ``texts`` (the positions they need are checked first)."""
+    from dartree.eval.checks import check_positions
+    from dartree.eval.simulate import reference
+
+    ids = [prompt_ids(bundle, t, args.max_prompt_tokens) for t in texts]
+    with user_input():
+        check_positions(bundle, map(len, ids), args.max_new_tokens, "--max-prompt-tokens")
+    return [reference(bundle, x, args.max_new_tokens, args.temperature, args.seed) for x in ids]
+
+
+def check_fit(bundle, methods, topk_values: Sequence[int] = ()) -> None:
+    from dartree.eval.checks import check_methods_fit
+
+    with user_input():
+        check_methods_fit(bundle, methods, topk_values)
+
+
+def round_summary(result) -> str:
+    rounds = result.rounds
+    if not rounds:
+        return "no rounds"
+    n = len(rounds)
+    stages = result.stage_seconds()
+    per = {k: 1000 * v / n for k, v in stages.items() if k != "prefill"}
+    total = sum(per.values())
+    tokens = result.tokens.shape[1]
+    hist: dict[int, int] = {}
+    for r in rounds:
+        hist[r.accepted_length] = hist.get(r.accepted_length, 0) + 1
+    lines = [f"{tokens} tokens in {n} rounds: tau {result.tau:.2f} tokens/round, mean tree size "
+             f"{sum(r.tree_size for r in rounds) / n:.1f}, prefill {1000 * result.prefill_s:.1f} ms",
+             "per round: " + ", ".join(f"{k} {v:.2f} ms" for k, v in per.items()) + f" = {total:.2f} ms "
+             f"({tokens / max(1e-9, sum(stages.values()) - result.prefill_s):.1f} tokens/s)",
+             "accepted length histogram: " + ", ".join(f"L={k}: {hist[k]}" for k in sorted(hist))]
+    return "\n".join(lines)

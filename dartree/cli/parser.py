@@ -1,0 +1,246 @@
+"""The argument parser of ``dartree``: options of every command, their types, the bench presets.
+
+Type functions reject a bad value while parsing (argparse prints the usage and the message).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+__all__ = ["DESCRIPTION", "DEFAULT_MODEL", "PRESETS", "BENCH_DEFAULTS", "build_parser"]
+
+DESCRIPTION = """Draft-tree speculative decoding: generate, benchmark, sweep, draw trees, tune the budget.
+
+examples:
+  dartree generate --prompt "def fib(n):" --method dartree-pruned:budget=32,width=8
+  dartree bench --preset demo          # AR + six methods on the bundled zoo: tables, plots, lossless check
+  dartree sweep --param budget --methods ddtree dartree-pruned
+  dartree show-tree --method dartree-pruned --round 3
+  dartree tune --method dartree-pruned # adaptive budget for this machine (Appendix B of the paper)
+
+A method is 'ar' or BUILDER[:KEY=VALUE,...], e.g. dartree-pruned:budget=32,width=8,head=markov.
+--budget/--width/--topk/--beta set those fields for every method that has them and does not set
+them itself. --model tiny-random runs any command on a toy model in seconds.
+"""
+DEFAULT_MODEL = "pystdlib-tiny"          # dartree.models.zoo.DEFAULT_NAME (not imported: keeps --help fast)
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # `make demo`: a few minutes on 2 CPU cores, greedy, the six methods of the issue plus the tuned budget.
+    "demo": {
+        "methods": ["chain", "ddtree", "corrected-chain", "dartree-fixed", "dartree-pruned",
+                    "dartree-pruned:budget=auto,width=auto"],
+        "datasets": ["humaneval", "stdlib"],
+        "temperatures": [0.0],
+        "num_prompts": 3,
+        "max_new_tokens": 64,
+        "budget": 16,
+        "out": "runs/demo",
+        # One thread: two threads on a 2-core machine that anything else is using oversubscribe
+        # OpenMP and make every timing several times slower (measured: AR 8 ms -> 23 ms per token).
+        "threads": 1,
+    },
+    # The full Table 1 grid of the paper on the zoo: both temperatures, three datasets, every builder.
+    "paper": {
+        "methods": ["chain", "ddtree", "corrected-chain", "corrected-chain-ddtree", "sequential-heap",
+                    "dartree-fixed", "dartree-pruned", "dartree-pruned:budget=auto,width=auto"],
+        "datasets": ["humaneval", "stdlib", "packages"],
+        "temperatures": [0.0, 1.0],
+        "num_prompts": 10,
+        "max_new_tokens": 128,
+        "budget": 16,
+        "out": "runs/paper",
+        "threads": 1,
+    },
+}
+BENCH_DEFAULTS: dict[str, Any] = {
+    "methods": ["chain", "ddtree", "corrected-chain", "dartree-fixed", "dartree-pruned"],
+    "datasets": ["humaneval"],
+    "temperatures": [0.0],
+    "num_prompts": 4,
+    "max_new_tokens": 64,
+    "budget": None,
+    "out": "runs/bench",
+    "threads": None,
+}
+
+
+# ---------------------------------------------------------------------------------------------- parsing
+def _budget(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return _positive_int(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1 or 'auto', got {text!r}") from None
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
+def _threads(text: str) -> int:
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    value = _positive_int(text)
+    if value > cpus:      # more only oversubscribe; absurd counts crash OpenMP (100000 segfaults torch 2.13)
+        raise argparse.ArgumentTypeError(f"expected an integer in 1..{cpus} (the CPUs this process may use), "
+                                         f"got {text!r}")
+    return value
+
+
+def _temperature(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+    return value
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer in [0, 2**63), got {text!r}") from None
+    if not 0 <= value < 2**63:
+        raise argparse.ArgumentTypeError(f"expected an integer in [0, 2**63), got {text!r}")
+    return value
+
+
+def _numbers(text: str) -> list[float]:
+    """Comma-separated finite numbers, at least one; an empty item (``1,,2``) is an error, not skipped."""
+    items = [x.strip() for x in text.split(",")]
+    try:
+        values = [float(x) for x in items]
+    except ValueError:
+        values = []
+    if not values or not all(math.isfinite(v) for v in values):
+        raise argparse.ArgumentTypeError(f"expected comma-separated finite numbers, got {text!r}")
+    return values
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = _numbers(text)
+    except argparse.ArgumentTypeError:
+        values = []
+    if not values or any(v != int(v) or v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1, got {text!r}")
+    return [int(v) for v in values]
+
+
+def _common() -> argparse.ArgumentParser:
+    from dartree.eval.methods import BACKEND_CHOICES
+
+    p = argparse.ArgumentParser(add_help=False)
+    g = p.add_argument_group("model and runtime")
+    g.add_argument("--model", default=DEFAULT_MODEL,
+                   help=f"bundled zoo model, or 'tiny-random' (a toy for trying commands) (default {DEFAULT_MODEL})")
+    g.add_argument("--backend", choices=BACKEND_CHOICES, default="auto",
+                   help="tree builders: fast when registered (auto), or force ref / fast")
+    g.add_argument("--threads", type=_threads, default=None, help="torch CPU threads (default: torch's)")
+    g.add_argument("--seed", type=_seed, default=0, help="keyed-sampler seed for T > 0, in [0, 2**63) (default 0)")
+    return p
+
+
+def _out_args(p: argparse.ArgumentParser, default: Path | None, what: str) -> None:
+    p.add_argument("--out", type=Path, default=default, help=f"output folder ({what}); must be empty or new"
+                   + (f" (default {default})" if default is not None else ""))
+    p.add_argument("--force", action="store_true",
+                   help="replace the results of an earlier run in --out (its files are removed first)")
+
+
+def _method_defaults(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("tree settings applied to every method that has them (unless the method sets its own)")
+    g.add_argument("--budget", type=_budget, default=None, help="draft nodes per tree, or 'auto' (tuned here)")
+    g.add_argument("--width", type=_budget, default=None, help="dartree-pruned supertree width, or 'auto'")
+    g.add_argument("--topk", type=_positive_int, default=None, help="candidates per depth")
+    g.add_argument("--beta", type=float, default=None, help="dartree-pruned depth penalty (<= 0)")
+
+
+def _prompt_args(p: argparse.ArgumentParser, dataset_default: str = "humaneval") -> None:
+    from dartree.eval.datasets import DATASETS
+
+    g = p.add_argument_group("prompts")
+    g.add_argument("--dataset", choices=DATASETS, default=dataset_default, help="prompt set")
+    g.add_argument("--num-prompts", type=_positive_int, default=2, help="prompts (default 2)")
+    g.add_argument("--max-new-tokens", type=_positive_int, default=64, help="tokens per prompt (default 64)")
+    g.add_argument("--temperature", type=_temperature, default=0.0, help="0 = greedy (default)")
+    g.add_argument("--max-prompt-tokens", type=_positive_int, default=256, help="prompts keep their last N tokens")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argparse parser of ``dartree`` (exposed for tests and docs)."""
+    from dartree.eval.datasets import DATASETS
+    from dartree.eval.sweep import SWEEP_PARAMS
+
+    common = _common()
+    parser = argparse.ArgumentParser(prog="dartree", description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    g = sub.add_parser("generate", parents=[common], help="prompt in, streamed text out, round statistics")
+    g.add_argument("--prompt", help="the prompt text")
+    g.add_argument("--prompt-file", type=Path, help="read the prompt from a file")
+    g.add_argument("--method", default="dartree-pruned", help="ar or BUILDER[:KEY=VALUE,...] (default dartree-pruned)")
+    g.add_argument("--max-new-tokens", type=_positive_int, default=128)
+    g.add_argument("--temperature", type=_temperature, default=0.0)
+    g.add_argument("--no-stream", action="store_true", help="print the text once at the end")
+    g.add_argument("--no-stop", action="store_true", help="do not stop at the end-of-text token")
+    _method_defaults(g)
+
+    b = sub.add_parser("bench", parents=[common], help="methods x datasets x temperatures: tables, plots, lossless")
+    b.add_argument("--preset", choices=sorted(PRESETS), help="a named configuration; other options override it")
+    b.add_argument("--methods", nargs="+", metavar="METHOD", help="methods to compare with AR (ar always runs)")
+    b.add_argument("--datasets", nargs="+", choices=DATASETS, help="prompt sets")
+    b.add_argument("--temperatures", nargs="+", type=_temperature, help="e.g. 0 1")
+    b.add_argument("--num-prompts", type=_positive_int, help="prompts per dataset")
+    b.add_argument("--max-new-tokens", type=_positive_int, help="tokens per prompt")
+    b.add_argument("--max-prompt-tokens", type=_positive_int, default=256)
+    b.add_argument("--calibration-prompts", type=_positive_int, default=2, help="prompts used by budget=auto")
+    b.add_argument("--tune-budgets", type=_ints, default=[4, 8, 16, 32, 64], help="budgets tried by auto")
+    b.add_argument("--tune-widths", type=_ints, default=[4, 8, 16], help="widths tried by auto")
+    b.add_argument("--stop-at-eos", action="store_true", help="stop a prompt at the end-of-text token")
+    b.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up generation")
+    b.add_argument("--strict", action=argparse.BooleanOptionalAction, default=True,
+                   help="exit with status 1 if any output differs from AR's (default); --no-strict still "
+                        "reports the failure but exits 0")
+    _out_args(b, None, "results.md, results.json, plots; default runs/bench or the preset's")
+    _method_defaults(b)
+
+    s = sub.add_parser("sweep", parents=[common], help="width / budget / beta / top-K sweeps: table + plot")
+    s.add_argument("--param", choices=SWEEP_PARAMS, required=True)
+    s.add_argument("--values", type=_numbers, help="comma-separated values (default: a standard grid)")
+    s.add_argument("--methods", nargs="+", metavar="METHOD", help="builders that have the setting")
+    _out_args(s, Path("runs/sweep"), "table, json, plot")
+    _prompt_args(s)
+    _method_defaults(s)
+
+    t = sub.add_parser("show-tree", parents=[common], help="render one round's tree (PNG) and depth distributions")
+    t.add_argument("--method", default="dartree-pruned", help="the method whose tree is drawn")
+    t.add_argument("--prompt", help="prompt text (default: the first prompt of --dataset)")
+    t.add_argument("--round", type=_positive_int, default=1, help="which round to draw (1-based, default 1)")
+    t.add_argument("--depth-methods", nargs="+", metavar="METHOD",
+                   default=["ddtree", "dartree-fixed", "dartree-pruned"], help="methods of the depth plot")
+    _out_args(t, Path("runs/show-tree"), "tree and depth plots")
+    _prompt_args(t)
+    _method_defaults(t)
+
+    u = sub.add_parser("tune", parents=[common], help="adaptive budget: measure this machine, pick B and W")
+    u.add_argument("--method", default="dartree-pruned", help="a builder with a budget")
+    u.add_argument("--budgets", type=_ints, default=[4, 8, 16, 32, 64])
+    u.add_argument("--widths", type=_ints, default=[4, 8, 16])
+    _out_args(u, Path("runs/tune"), "table, json, plot")
+    _prompt_args(u)
+    _method_defaults(u)
+    return parser

@@ -1,0 +1,133 @@
+"""Commands that replay rounds on AR references: ``sweep`` (one setting over a grid), ``show-tree``
+(one round's tree, depth distributions) and ``tune`` (the adaptive budget)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from dartree.cli.errors import UsageError, user_input
+from dartree.cli.helpers import (
+    check_fit,
+    clear_out,
+    dataset_prompts,
+    load,
+    log,
+    prepare_out,
+    references,
+    setting_defaults,
+)
+
+__all__ = ["cmd_sweep", "cmd_show_tree", "cmd_tune"]
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from dartree.eval.methods import make_method_builder, parse_methods
+    from dartree.eval.plots import plot_sweep
+    from dartree.eval.sweep import DEFAULT_VALUES, check_sweep_values, run_sweep, sweep_table
+
+    names = args.methods or (["dartree-pruned"] if args.param in ("width", "beta")
+                             else ["ddtree", "dartree-fixed", "dartree-pruned"])
+    values = args.values if args.values is not None else list(DEFAULT_VALUES[args.param])
+    with user_input():
+        check_sweep_values(args.param, values)
+        methods = parse_methods(names, setting_defaults(args))
+        for m in methods:
+            if m.is_ar or args.param not in m.fields():
+                raise ValueError(f"methods: {m.label!r} has no setting {args.param!r}")
+            if m.auto_fields:
+                raise ValueError(f"methods: {m.label!r}: 'auto' settings cannot be swept; give numbers")
+            for v in values:                            # every point's builder config is valid
+                make_method_builder(m.with_settings(**{args.param: v if args.param == "beta" else int(v)}), "ref")
+    prompts = dataset_prompts(args)
+    prepare_out(args, args.out)
+    bundle = load(args)
+    check_fit(bundle, methods, [int(v) for v in values] if args.param == "topk" else ())
+    refs = references(bundle, args, [p.text for p in prompts])
+    result = run_sweep(bundle, methods, args.param, values, refs, args.backend, progress=log)
+    clear_out(args.out)
+    table = sweep_table(result)
+    (args.out / f"sweep_{args.param}.md").write_text(
+        f"# Sweep of {args.param} on {bundle.name}, {args.dataset}, T={args.temperature:g}\n\n{table}\n")
+    (args.out / f"sweep_{args.param}.json").write_text(json.dumps(asdict(result), indent=1))
+    plot = plot_sweep(args.param, result.series(), args.out / f"sweep_{args.param}.png")
+    print(table)
+    log(f"wrote {args.out / f'sweep_{args.param}.md'}, {plot}")
+    return 0
+
+
+def cmd_show_tree(args: argparse.Namespace) -> int:
+    from dartree.eval.bundles import decode
+    from dartree.eval.methods import parse_method, parse_methods
+    from dartree.eval.plots import plot_depth_distribution, plot_tree
+    from dartree.eval.trees import depth_counts, recorded_rounds
+
+    with user_input():
+        method = parse_method(args.method, setting_defaults(args))
+        depth_methods = parse_methods(args.depth_methods, setting_defaults(args))
+        for m in (method, *depth_methods):
+            if m.is_ar:
+                raise ValueError("method: 'ar' builds no tree; pick tree builders")
+            if m.auto_fields:
+                raise ValueError(f"method: {m.label!r}: give numbers instead of 'auto' to draw trees")
+    if args.prompt is not None and not args.prompt:
+        raise UsageError("--prompt: the prompt is empty; give at least one character")
+    texts = [args.prompt] if args.prompt is not None else [p.text for p in dataset_prompts(args)]
+    prepare_out(args, args.out)
+    bundle = load(args)
+    check_fit(bundle, [method, *depth_methods])
+    refs = references(bundle, args, texts)
+    rounds = recorded_rounds(bundle, method, refs[0], args.backend)
+    if args.round > len(rounds):
+        raise UsageError(f"--round: the first prompt took {len(rounds)} rounds; pick 1..{len(rounds)}")
+    r = rounds[args.round - 1]
+    clear_out(args.out)
+    safe = method.label.replace(":", "_").replace(",", "_").replace("=", "")
+    tree_png = plot_tree(r.tree, r.accepted, lambda t: decode(bundle.tokenizer, [t]),
+                         args.out / f"tree_{safe}_round{args.round}.png",
+                         title=f"{method.label}, round {args.round}: {r.tree_size} draft nodes, "
+                               f"{r.accepted_length} accepted (green), then the target's bonus token "
+                               f"{decode(bundle.tokenizer, [r.bonus]) if r.bonus >= 0 else '(end)'!r}")
+    print(r.tree.format(0, lambda t: repr(decode(bundle.tokenizer, [t]))))
+    gamma = int(getattr(bundle.drafter, "gamma", 0)) or max(int(x.tree.depths.max()) for x in rounds)
+    counts = {}
+    for m in depth_methods:
+        all_rounds = [x for ref in refs for x in recorded_rounds(bundle, m, ref, args.backend)]
+        counts[m.label] = depth_counts(all_rounds, gamma)
+    depth_png = plot_depth_distribution(counts, args.out / "depth_distribution.png")
+    log(f"wrote {tree_png}, {depth_png}")
+    return 0
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from dartree.eval.methods import parse_method
+    from dartree.eval.plots import plot_tuning
+    from dartree.eval.report import tuning_table
+    from dartree.eval.tune import tune
+
+    with user_input():
+        method = parse_method(args.method, setting_defaults(args))      # unset budget / width are searched
+        if method.is_ar or "budget" not in method.fields():
+            raise ValueError(f"method: {method.label!r} has no budget to tune")
+    prompts = dataset_prompts(args)
+    prepare_out(args, args.out)
+    bundle = load(args)
+    check_fit(bundle, [method])
+    refs = references(bundle, args, [p.text for p in prompts])
+    result = tune(bundle, method, refs, args.backend, args.budgets, args.widths, progress=log)
+    clear_out(args.out)
+    table = tuning_table(result)
+    (args.out / f"tune_{method.builder}.md").write_text(f"# Adaptive budget for {method.label} on {bundle.name}\n\n"
+                                                        f"{table}\n")
+    (args.out / f"tune_{method.builder}.json").write_text(json.dumps(asdict(result), indent=1))
+    plot = plot_tuning(result, args.out / f"tune_{method.builder}.png")
+    print(table)
+    chosen = " ".join(f"--{k} {v}" for k, v in result.settings().items())
+    print(f"\nchosen: {chosen}  (expected {result.best.tokens_per_s:.1f} tokens/s, "
+          f"{result.best.tokens_per_s / result.ar_tokens_per_s:.2f}x AR)")
+    log(f"wrote {args.out / f'tune_{method.builder}.md'}, {plot}")
+    return 0
