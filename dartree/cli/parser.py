@@ -78,14 +78,19 @@ def _budget(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1 or 'auto', got {text!r}") from None
 
 
-def _positive_int(text: str) -> int:
+def _parsed(text: str, cast, ok, expected: str):
+    """``cast(text)`` if it parses and ``ok`` accepts it, else an argparse error saying what was ``expected``."""
     try:
-        value = int(text)
+        value = cast(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+        value = None
+    if value is None or not ok(value):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
     return value
+
+
+def _positive_int(text: str) -> int:
+    return _parsed(text, int, lambda v: v >= 1, "an integer >= 1")
 
 
 def _threads(text: str) -> int:
@@ -98,23 +103,15 @@ def _threads(text: str) -> int:
 
 
 def _temperature(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
-    return value
+    return _parsed(text, float, lambda v: 0 <= v < math.inf, "a finite number >= 0") + 0.0     # -0 -> 0.0
+
+
+def _beta(text: str) -> float:
+    return _parsed(text, float, lambda v: -math.inf < v <= 0, "a finite number <= 0 (a depth penalty)") + 0.0
 
 
 def _seed(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer in [0, 2**63), got {text!r}") from None
-    if not 0 <= value < 2**63:
-        raise argparse.ArgumentTypeError(f"expected an integer in [0, 2**63), got {text!r}")
-    return value
+    return _parsed(text, int, lambda v: 0 <= v < 2**63, "an integer in [0, 2**63)")
 
 
 def _numbers(text: str) -> list[float]:
@@ -165,7 +162,7 @@ def _method_defaults(p: argparse.ArgumentParser) -> None:
     g.add_argument("--budget", type=_budget, default=None, help="draft nodes per tree, or 'auto' (tuned here)")
     g.add_argument("--width", type=_budget, default=None, help="dartree-pruned supertree width, or 'auto'")
     g.add_argument("--topk", type=_positive_int, default=None, help="candidates per depth")
-    g.add_argument("--beta", type=float, default=None, help="dartree-pruned depth penalty (<= 0)")
+    g.add_argument("--beta", type=_beta, default=None, help="dartree-pruned depth penalty (<= 0)")
 
 
 def _prompt_args(p: argparse.ArgumentParser, dataset_default: str = "humaneval") -> None:

@@ -87,6 +87,10 @@ def test_errors_found_before_the_model_loads(argv, message, files, loads, capsys
     (["--values", "1,,2"], "argument --values"),
     (["--values", "nan"], "argument --values"),
     (["--values", "inf"], "argument --values"),
+    (["--beta", "0.5"], "argument --beta: expected a finite number <= 0 (a depth penalty), got '0.5'"),
+    (["--beta", "nan"], "argument --beta"),
+    (["--temperature", "nan"], "argument --temperature: expected a finite number >= 0"),
+    (["--temperature", "-1"], "argument --temperature"),
 ])
 def test_argument_types(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
