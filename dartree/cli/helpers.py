@@ -39,7 +39,7 @@ def load(args: argparse.Namespace):
 
 
 def prepare_out(args: argparse.Namespace, out: Path) -> None:
-    """Check --out before any model loads (item: never lose a run, never fail after the work is done)."""
+    """Check --out before any model loads: creatable, writable, and empty unless --force (see outdir)."""
     from dartree.eval.outdir import check_out_dir
 
     with user_input():
