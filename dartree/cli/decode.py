@@ -105,6 +105,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from dartree.eval.bench import BenchConfig, run_bench
     from dartree.eval.datasets import load_prompts
     from dartree.eval.methods import parse_methods
+    from dartree.eval.outdir import BENCH_FILES
     from dartree.eval.plots import plot_acceptance, plot_tuning
     from dartree.eval.report import bench_markdown, write_bench
 
@@ -130,7 +131,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             load_prompts(config.datasets[0], config.calibration_prompts, offset=config.num_prompts,
                          prompt_chars=config.prompt_chars)
     out = Path(preset["out"])
-    prepare_out(args, out)
+    prepare_out(args, out, BENCH_FILES)
     if args.threads is None:
         args.threads = preset["threads"]
     bundle = load(args)
@@ -138,7 +139,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     argv = ["dartree", *sys.argv[1:]] if args.argv is None else ["dartree", *args.argv]
     start = time.perf_counter()
     result = run_bench(bundle, config, argv=argv, log=log)
-    clear_out(out)
+    clear_out(out, BENCH_FILES)
     paths = write_bench(result, out)
     plot = plot_acceptance(result.summaries, out / "acceptance.png")
     tuning_plots = [plot_tuning(t, out / f"tuning_{t.builder}.png") for t in result.tuning]

@@ -38,21 +38,21 @@ def load(args: argparse.Namespace):
     return bundle
 
 
-def prepare_out(args: argparse.Namespace, out: Path) -> None:
-    """Check --out before any model loads: creatable, writable, and empty unless --force (see outdir)."""
+def prepare_out(args: argparse.Namespace, out: Path, kind: Sequence[str]) -> None:
+    """Check --out before any model loads: writable, and no earlier results of this ``kind`` unless --force."""
     from dartree.eval.outdir import check_out_dir
 
     with user_input():
-        earlier = check_out_dir(out, args.force)
+        earlier = check_out_dir(out, kind, args.force)
     if earlier:
-        log(f"--force: the earlier run's {len(earlier)} files in {out} are replaced when this run's are written")
+        log(f"--force: {len(earlier)} files of an earlier run in {out} are replaced when this run's are written")
 
 
-def clear_out(out: Path) -> None:
-    """Remove the earlier run's files (--force) just before this run's are written: no stale file stays."""
+def clear_out(out: Path, kind: Sequence[str]) -> None:
+    """Remove the earlier run's files of this ``kind`` (--force) just before this run's are written."""
     from dartree.eval.outdir import clear_earlier_run
 
-    clear_earlier_run(out)
+    clear_earlier_run(out, kind)
     out.mkdir(parents=True, exist_ok=True)
 
 

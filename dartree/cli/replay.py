@@ -25,6 +25,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
     from dartree.eval.methods import make_method_builder, parse_methods
+    from dartree.eval.outdir import sweep_files
     from dartree.eval.plots import plot_sweep
     from dartree.eval.sweep import DEFAULT_VALUES, check_sweep_values, run_sweep, sweep_table
 
@@ -42,12 +43,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             for v in values:                            # every point's builder config is valid
                 make_method_builder(m.with_settings(**{args.param: v if args.param == "beta" else int(v)}), "ref")
     prompts = dataset_prompts(args)
-    prepare_out(args, args.out)
+    prepare_out(args, args.out, sweep_files(args.param))
     bundle = load(args)
     check_fit(bundle, methods, [int(v) for v in values] if args.param == "topk" else ())
     refs = references(bundle, args, [p.text for p in prompts])
     result = run_sweep(bundle, methods, args.param, values, refs, args.backend, progress=log)
-    clear_out(args.out)
+    clear_out(args.out, sweep_files(args.param))
     table = sweep_table(result)
     (args.out / f"sweep_{args.param}.md").write_text(
         f"# Sweep of {args.param} on {bundle.name}, {args.dataset}, T={args.temperature:g}\n\n{table}\n")
@@ -61,6 +62,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def cmd_show_tree(args: argparse.Namespace) -> int:
     from dartree.eval.bundles import decode
     from dartree.eval.methods import parse_method, parse_methods
+    from dartree.eval.outdir import TREE_FILES
     from dartree.eval.plots import plot_depth_distribution, plot_tree
     from dartree.eval.trees import depth_counts, recorded_rounds
 
@@ -75,7 +77,7 @@ def cmd_show_tree(args: argparse.Namespace) -> int:
     if args.prompt is not None and not args.prompt:
         raise UsageError("--prompt: the prompt is empty; give at least one character")
     texts = [args.prompt] if args.prompt is not None else [p.text for p in dataset_prompts(args)]
-    prepare_out(args, args.out)
+    prepare_out(args, args.out, TREE_FILES)
     bundle = load(args)
     check_fit(bundle, [method, *depth_methods])
     refs = references(bundle, args, texts)
@@ -83,7 +85,7 @@ def cmd_show_tree(args: argparse.Namespace) -> int:
     if args.round > len(rounds):
         raise UsageError(f"--round: the first prompt took {len(rounds)} rounds; pick 1..{len(rounds)}")
     r = rounds[args.round - 1]
-    clear_out(args.out)
+    clear_out(args.out, TREE_FILES)
     safe = method.label.replace(":", "_").replace(",", "_").replace("=", "")
     tree_png = plot_tree(r.tree, r.accepted, lambda t: decode(bundle.tokenizer, [t]),
                          args.out / f"tree_{safe}_round{args.round}.png",
@@ -105,6 +107,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
     from dartree.eval.methods import parse_method
+    from dartree.eval.outdir import tune_files
     from dartree.eval.plots import plot_tuning
     from dartree.eval.report import tuning_table
     from dartree.eval.tune import tune
@@ -114,12 +117,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
         if method.is_ar or "budget" not in method.fields():
             raise ValueError(f"method: {method.label!r} has no budget to tune")
     prompts = dataset_prompts(args)
-    prepare_out(args, args.out)
+    prepare_out(args, args.out, tune_files(method.builder))
     bundle = load(args)
     check_fit(bundle, [method])
     refs = references(bundle, args, [p.text for p in prompts])
     result = tune(bundle, method, refs, args.backend, args.budgets, args.widths, progress=log)
-    clear_out(args.out)
+    clear_out(args.out, tune_files(method.builder))
     table = tuning_table(result)
     (args.out / f"tune_{method.builder}.md").write_text(f"# Adaptive budget for {method.label} on {bundle.name}\n\n"
                                                         f"{table}\n")

@@ -1,44 +1,50 @@
 """Run folders: where a command writes its results, checked before any model loads.
 
-Every command that writes results (``bench``, ``sweep``, ``show-tree``, ``tune``) calls
-:func:`check_out_dir` first, before it loads a model: the folder must be creatable and writable
-(a probe file is written and removed), and must not already hold files, so that a run never
-replaces an earlier one without being asked.  With ``force=True`` a folder that holds only the
-results of earlier dartree runs (the names in :data:`RUN_FILE_PATTERNS`) is accepted; the command
-then calls :func:`clear_earlier_run` just before it writes its own files, so no stale file of the
-earlier run stays mixed with the new ones, and a run that fails halfway leaves the earlier results
-in place.  A folder that holds anything else is refused even with ``force``: dartree deletes only
-files it writes itself.
+Each command that writes results owns a set of file names in its ``--out`` folder (its *kind*:
+:data:`BENCH_FILES`, :func:`sweep_files`, :data:`TREE_FILES`, :func:`tune_files`).  Before it loads
+a model, the command calls :func:`check_out_dir`: the folder must be creatable and writable (a
+probe file is written and removed), and must not hold files of the command's kind from an earlier
+run, so that a run never replaces another one silently.  With ``force=True`` such files are
+accepted; the command calls :func:`clear_earlier_run` just before it writes its own, so no stale
+file of the earlier run stays mixed with the new ones (e.g. the tuning plot of a builder the new
+run does not tune), and a run that fails halfway leaves the earlier results in place.
+
+Files of other kinds are never touched: sweeps of different parameters, a bench and its
+``sweeps/`` sub-folder, or a user's notes share a folder safely.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import glob
 import os
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["RUN_FILE_PATTERNS", "check_out_dir", "clear_earlier_run", "run_files"]
+__all__ = ["BENCH_FILES", "TREE_FILES", "sweep_files", "tune_files", "check_out_dir", "clear_earlier_run",
+           "run_files"]
 
-# Every file name a dartree command writes into its --out folder.
-RUN_FILE_PATTERNS: tuple[str, ...] = (
-    "results.md", "results.json", "acceptance.png", "tuning_*.png",           # bench
-    "sweep_*.md", "sweep_*.json", "sweep_*.png",                               # sweep
-    "tree_*.png", "depth_distribution.png",                                    # show-tree
-    "tune_*.md", "tune_*.json", "tune_*.png",                                  # tune
-)
+BENCH_FILES: tuple[str, ...] = ("results.md", "results.json", "acceptance.png", "tuning_*.png")
+TREE_FILES: tuple[str, ...] = ("tree_*.png", "depth_distribution.png")
 
 
-def _is_run_file(path: Path) -> bool:
-    return path.is_file() and not path.is_symlink() and any(fnmatch.fnmatchcase(path.name, p)
-                                                            for p in RUN_FILE_PATTERNS)
+def sweep_files(param: str) -> tuple[str, ...]:
+    """The files ``dartree sweep --param PARAM`` writes (sweeps of other parameters are another kind)."""
+    return tuple(f"sweep_{glob.escape(param)}.{ext}" for ext in ("md", "json", "png"))
 
 
-def run_files(out: Path) -> list[Path]:
-    """The files of earlier dartree runs in ``out`` (sorted; empty when ``out`` does not exist)."""
+def tune_files(builder: str) -> tuple[str, ...]:
+    """The files ``dartree tune`` writes for one builder."""
+    return tuple(f"tune_{glob.escape(builder)}.{ext}" for ext in ("md", "json", "png"))
+
+
+def run_files(out: Path, patterns: Sequence[str]) -> list[Path]:
+    """The regular files in ``out`` whose names match ``patterns`` (sorted; empty when ``out`` does not exist)."""
     if not out.is_dir():
         return []
-    return sorted(p for p in out.iterdir() if _is_run_file(p))
+    return sorted(p for p in out.iterdir()
+                  if p.is_file() and not p.is_symlink() and any(fnmatch.fnmatchcase(p.name, pat) for pat in patterns))
 
 
 def _names(paths: list[Path], limit: int = 4) -> str:
@@ -46,37 +52,32 @@ def _names(paths: list[Path], limit: int = 4) -> str:
     return ", ".join(names) + (f" and {len(paths) - limit} more" if len(paths) > limit else "")
 
 
-def check_out_dir(out: Path, force: bool = False) -> list[Path]:
-    """Make sure results can be written to ``out``; returns the earlier run's files ``force`` will replace.
+def check_out_dir(out: Path, patterns: Sequence[str], force: bool = False) -> list[Path]:
+    """Make sure results can be written to ``out``; returns the earlier run's files that ``force`` replaces.
 
     Creates ``out`` (and its parents) when missing.  Raises ``ValueError`` naming the folder when it
-    cannot be created or written, when it is a file, when it holds files and ``force`` is false, or
-    when it holds anything that no dartree command writes (never deleted, even with ``force``).
+    cannot be created or written, when it is a file, or when it holds files matching ``patterns``
+    and ``force`` is false.
     """
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out: {out} is a file, not a folder; pick a folder")
-    entries = sorted(out.iterdir()) if out.is_dir() else []
-    if entries and not force:
-        raise ValueError(f"--out: {out} already holds files ({_names(entries)}); pass --force to replace the "
-                         f"earlier run's results, or pick another --out")
-    foreign = [p for p in entries if not _is_run_file(p)]
-    if foreign:
-        raise ValueError(f"--out: {out} holds files that dartree did not write ({_names(foreign)}); --force "
-                         f"replaces only earlier results, so pick an empty or new folder")
     try:
+        earlier = run_files(out, patterns)
+        if earlier and not force:
+            raise ValueError(f"--out: {out} already holds results of an earlier run ({_names(earlier)}); pass "
+                             f"--force to replace them, or pick another --out")
         out.mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(prefix=".dartree-probe-", dir=out)
         os.close(fd)
         os.unlink(probe)
     except OSError as e:
-        reason = e.strerror or str(e)
-        raise ValueError(f"--out: cannot write to {out}: {reason}; pick a writable folder") from None
-    return entries
+        raise ValueError(f"--out: cannot write to {out}: {e.strerror or e}; pick a writable folder") from None
+    return earlier
 
 
-def clear_earlier_run(out: Path) -> list[Path]:
-    """Delete the earlier runs' files from ``out`` (only names in :data:`RUN_FILE_PATTERNS`); returns them."""
-    removed = run_files(out)
+def clear_earlier_run(out: Path, patterns: Sequence[str]) -> list[Path]:
+    """Delete the files of ``out`` that match ``patterns`` (an earlier run of the same kind); returns them."""
+    removed = run_files(out, patterns)
     for path in removed:
         path.unlink()
     return removed

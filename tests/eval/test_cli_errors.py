@@ -125,18 +125,27 @@ def test_a_run_folder_is_never_replaced_silently(tmp_path, loads, capsys):
     out.mkdir()
     (out / "results.md").write_text("earlier run")
     (out / "tuning_ddtree.png").write_bytes(b"stale plot of the earlier run")
+    (out / "notes.txt").write_text("mine")                         # other kinds of files are never touched
+    (out / "sweep_width.md").write_text("a sweep")
     line = fails([*BENCH, "--out", str(out)], capsys)
-    assert "already holds files (results.md, tuning_ddtree.png); pass --force" in line and loads == []
-    assert (out / "results.md").read_text() == "earlier run"
+    assert "already holds results of an earlier run (results.md, tuning_ddtree.png); pass --force" in line
+    assert loads == [] and (out / "results.md").read_text() == "earlier run"
 
     assert main([*BENCH, "--out", str(out), "--force"]) == 0
-    assert {p.name for p in out.iterdir()} == {"results.md", "results.json", "acceptance.png"}   # stale plot gone
+    assert {p.name for p in out.iterdir()} == {"results.md", "results.json", "acceptance.png",   # stale plot gone
+                                               "notes.txt", "sweep_width.md"}
     assert json.loads((out / "results.json").read_text())["lossless"] is True
+    assert (out / "notes.txt").read_text() == "mine" and (out / "sweep_width.md").read_text() == "a sweep"
 
-    (out / "notes.txt").write_text("mine")                        # a file dartree did not write: never deleted
-    line = fails([*BENCH, "--out", str(out), "--force"], capsys)
-    assert "holds files that dartree did not write (notes.txt)" in line
-    assert (out / "notes.txt").read_text() == "mine" and (out / "results.md").exists()
+
+def test_sweeps_of_different_parameters_share_a_folder_and_a_repeat_needs_force(tmp_path, loads, capsys):
+    (tmp_path / "sweep_topk.md").write_text("an earlier sweep of topk")
+    sweep = ["sweep", *TOY, *QUICK, "--methods", "ddtree", "--out", str(tmp_path)]
+    assert main([*sweep, "--param", "budget", "--values", "2"]) == 0
+    assert (tmp_path / "sweep_topk.md").read_text() == "an earlier sweep of topk"
+    line = fails([*sweep, "--param", "budget", "--values", "3"], capsys)
+    assert "sweep_budget.json, sweep_budget.md, sweep_budget.png); pass --force" in line
+    assert "| 2 |" in (tmp_path / "sweep_budget.md").read_text()
 
 
 def test_bench_is_strict_by_default(tmp_path, loads, monkeypatch, capsys):
