@@ -109,7 +109,7 @@ def parse_method(text: str, defaults: dict[str, Any] | None = None) -> MethodSpe
     for item in filter(None, (s.strip() for s in rest.split(","))):
         key, eq, raw = item.partition("=")
         key = key.strip()
-        if not eq:
+        if not eq or not key:
             raise ValueError(f"method: expected KEY=VALUE in {text!r}, got {item!r}")
         if key in seen:
             raise ValueError(f"{key}: set twice in {text!r}; give each setting once")

@@ -25,6 +25,7 @@ def test_parse_settings_head_and_defaults():
     ("dartree-pruned:beta=0.5", "beta: must be a finite number <= 0"),
     ("ddtree:topk=auto", "topk: 'auto' is allowed only for"),
     ("ddtree:budget", "expected KEY=VALUE"),
+    ("ddtree:=3", "expected KEY=VALUE in 'ddtree:=3', got '=3'"),
 ])
 def test_bad_methods_name_the_argument(text, match):
     with pytest.raises(ValueError, match=match):
