@@ -83,20 +83,18 @@ def cmd_generate(args: argparse.Namespace) -> int:
     show([], final=True)
     out.write("\n")
     log(f"--- {method.label} ({bundle.name}), T={args.temperature:g}, stop: {result.stop_reason}, "
-         f"{seconds:.2f} s wall")
+        f"{seconds:.2f} s wall")
     log(round_summary(result))
     return 0
 
 
-def _bench_prompts(bundle, config) -> None:
+def _check_bench(bundle, config, texts: list[str]) -> None:
     """Check what bench will decode against the model before it runs: heads, topk, positions."""
     from dartree.eval.bundles import encode
     from dartree.eval.checks import check_positions
-    from dartree.eval.datasets import load_prompts
 
     check_fit(bundle, config.methods)
-    lengths = [min(len(encode(bundle.tokenizer, p.text)), config.max_prompt_tokens)
-               for d in config.datasets for p in load_prompts(d, config.num_prompts, prompt_chars=config.prompt_chars)]
+    lengths = [min(len(encode(bundle.tokenizer, t)), config.max_prompt_tokens) for t in texts]
     with user_input():
         check_positions(bundle, lengths, config.max_new_tokens, "--max-prompt-tokens")
 
@@ -125,17 +123,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
             max_prompt_tokens=args.max_prompt_tokens, seed=args.seed, backend=args.backend,
             warmup=not args.no_warmup, stop_at_eos=args.stop_at_eos, calibration_prompts=args.calibration_prompts,
             tune_budgets=tuple(args.tune_budgets), tune_widths=tuple(args.tune_widths))
-        for d in config.datasets:                       # enough prompts (and calibration prompts for auto)?
-            load_prompts(d, config.num_prompts, prompt_chars=config.prompt_chars)
+        # Enough prompts in every dataset (and calibration prompts for budget=auto)?
+        prompts = [p for d in config.datasets for p in load_prompts(d, config.num_prompts,
+                                                                    prompt_chars=config.prompt_chars)]
         if any(m.auto_fields for m in config.methods):
-            load_prompts(config.datasets[0], config.calibration_prompts, offset=config.num_prompts,
-                         prompt_chars=config.prompt_chars)
+            prompts += load_prompts(config.datasets[0], config.calibration_prompts, offset=config.num_prompts,
+                                    prompt_chars=config.prompt_chars)
     out = Path(preset["out"])
     prepare_out(args, out, BENCH_FILES)
     if args.threads is None:
         args.threads = preset["threads"]
     bundle = load(args)
-    _bench_prompts(bundle, config)
+    _check_bench(bundle, config, [p.text for p in prompts])
     argv = ["dartree", *sys.argv[1:]] if args.argv is None else ["dartree", *args.argv]
     start = time.perf_counter()
     result = run_bench(bundle, config, argv=argv, log=log)
@@ -145,11 +144,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     tuning_plots = [plot_tuning(t, out / f"tuning_{t.builder}.png") for t in result.tuning]
     print(bench_markdown(result))
     log(f"wrote {paths['markdown']}, {paths['json']}, {plot}" + "".join(f", {p}" for p in tuning_plots)
-         + f" in {time.perf_counter() - start:.0f} s")
+        + f" in {time.perf_counter() - start:.0f} s")
     if not result.lossless:
         bad = sum(not r.matches_ar for r in result.records)
         log(f"LOSSLESS CHECK FAILED: {bad} of {len(result.records)} outputs differ from AR's (see the table's "
-             "lossless column and the report's last line)"
-             + ("" if args.strict else "; exit status 0 because of --no-strict"))
+            "lossless column and the report's last line)"
+            + ("" if args.strict else "; exit status 0 because of --no-strict"))
         return 1 if args.strict else 0
     return 0
