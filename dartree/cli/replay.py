@@ -116,6 +116,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
         method = parse_method(args.method, setting_defaults(args))      # unset budget / width are searched
         if method.is_ar or "budget" not in method.fields():
             raise ValueError(f"method: {method.label!r} has no budget to tune")
+        searched = [k for k in ("budget", "width") if k in method.fields() and method.config.get(k, "auto") == "auto"]
+        if not searched:         # every tunable setting is fixed: --budgets / --widths would be ignored
+            raise ValueError(f"method: {method.label!r} (with --budget/--width) fixes every setting tune searches; "
+                             "leave budget (or width) unset or 'auto'")
     prompts = dataset_prompts(args)
     prepare_out(args, args.out, tune_files(method.builder))
     bundle = load(args)

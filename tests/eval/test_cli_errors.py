@@ -72,6 +72,8 @@ def files(tmp_path):
     (["sweep", "--param", "budget", "--values", "4,8,4", "--out", "{tmp}/s"], "repeated: 4"),
     (["sweep", "--param", "budget", "--values", "0,4", "--out", "{tmp}/s"], "budget takes integers >= 1, got 0"),
     (["show-tree", "--method", "ar", "--out", "{tmp}/t"], "'ar' builds no tree"),
+    (["tune", "--method", "ddtree:budget=4", "--out", "{tmp}/u"], "fixes every setting tune searches"),
+    (["tune", "--method", "dartree-pruned:width=4", "--budget", "8", "--out", "{tmp}/u"], "fixes every setting"),
 ])
 def test_errors_found_before_the_model_loads(argv, message, files, loads, capsys):
     argv = [a.replace("{tmp}", str(files)) for a in argv]
