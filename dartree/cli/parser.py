@@ -136,6 +136,12 @@ def _ints(text: str) -> list[int]:
     return [int(v) for v in values]
 
 
+def _folder(text: str) -> Path:
+    if not text.strip():        # Path("") is the current folder: an empty --out is a slip, not a choice
+        raise argparse.ArgumentTypeError("expected a folder path, got an empty string (use . for this folder)")
+    return Path(text)
+
+
 def _common() -> argparse.ArgumentParser:
     from dartree.eval.methods import BACKEND_CHOICES
 
@@ -151,7 +157,7 @@ def _common() -> argparse.ArgumentParser:
 
 
 def _out_args(p: argparse.ArgumentParser, default: Path | None, what: str) -> None:
-    p.add_argument("--out", type=Path, default=default, help=f"output folder ({what}); must be empty or new"
+    p.add_argument("--out", type=_folder, default=default, help=f"output folder ({what}); must be empty or new"
                    + (f" (default {default})" if default is not None else ""))
     p.add_argument("--force", action="store_true",
                    help="replace the results of an earlier run in --out (its files are removed first)")

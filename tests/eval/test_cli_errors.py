@@ -94,6 +94,7 @@ def test_errors_found_before_the_model_loads(argv, message, files, loads, capsys
     (["--beta", "nan"], "argument --beta"),
     (["--temperature", "nan"], "argument --temperature: expected a finite number >= 0"),
     (["--temperature", "-1"], "argument --temperature"),
+    (["--out", ""], "argument --out: expected a folder path, got an empty string"),
 ])
 def test_argument_types(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
