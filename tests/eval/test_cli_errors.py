@@ -179,3 +179,16 @@ def test_a_bug_keeps_its_traceback(tmp_path, loads, monkeypatch):
     with pytest.raises(ValueError, match="an internal check failed") as e:
         main([*BENCH, "--out", str(tmp_path / "b")])
     assert not isinstance(e.value, UsageError)
+
+
+@pytest.mark.slow                 # a fresh interpreter imports torch: seconds
+def test_the_command_exits_2_with_one_line(tmp_path):
+    """The real process (python -m dartree.cli): status 2, one stderr line, nothing on stdout."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    proc = subprocess.run([sys.executable, "-m", "dartree.cli", "generate", "--prompt-file", str(tmp_path / "no.py")],
+                          capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[2])
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.splitlines() == [f"dartree: error: --prompt-file: {tmp_path / 'no.py'} does not exist"]
