@@ -44,8 +44,9 @@ Architecture (DFlash, arXiv 2602.06036): context features = concat of the target
 after layers ``target_layer_ids`` -> ``fc`` (no bias) -> RMSNorm (``hidden_norm``); each draft
 layer is a Qwen3-style decoder layer whose attention queries come from the block and whose keys /
 values are ``k_proj`` / ``v_proj`` of [context features; block] (per-head ``q_norm`` / ``k_norm``,
-RoPE at absolute positions, built by transformers' own initialisation for ``rope_parameters``); attention is non-causal (every block slot sees the whole context and
-the whole block).  Token embeddings and the LM head are the target's.  Weight names match the
+RoPE at absolute positions, built by transformers' own initialisation for ``rope_parameters``);
+attention is non-causal (every block slot sees the whole context and the whole block).  Token
+embeddings and the LM head are the target's.  Weight names match the
 released z-lab checkpoints (``layers.{i}.self_attn.q_proj.weight``, ``fc.weight``, ...).
 """
 
@@ -112,7 +113,8 @@ class DFlashConfig:
         if not isinstance(self.shift_label, bool):
             raise ValueError(f"shift_label: expected a bool, got {self.shift_label!r}")
         if isinstance(self.block_size, bool) or not isinstance(self.block_size, int) or self.block_size < 2:
-            raise ValueError(f"block_size: expected an int >= 2 (root + at least one mask slot), got {self.block_size!r}")
+            raise ValueError(f"block_size: expected an int >= 2 (root + at least one mask slot), "
+                             f"got {self.block_size!r}")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(f"num_key_value_heads: must divide num_attention_heads={self.num_attention_heads}, "
                              f"got {self.num_key_value_heads}")
