@@ -65,10 +65,12 @@ __all__ = ["DFlashConfig", "DFlashDrafter", "dflash_target_layer_ids"]
 
 
 def dflash_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
-    """Target layers the released DFlash drafters read: one layer per draft layer, evenly spaced.
+    """The reference rule for a config without ``target_layer_ids`` (z-lab ``dflash/model.py`` and
+    Domino ``code/dflash.py``, ``build_target_layer_ids``): one layer per draft layer, evenly spaced.
 
-    One draft layer reads the middle layer; otherwise the layers are spread from layer 1 to layer
-    ``num_target_layers - 3`` (rounded), as in the public checkpoints.
+    One draft layer reads the middle layer ``num_target_layers // 2``; otherwise the layers are
+    ``round(1 + i * (num_target_layers - 4) / (num_draft_layers - 1))`` for ``i = 0..n-1`` (from
+    layer 1 to layer ``num_target_layers - 3``), with Python's ``round``.
     """
     if num_target_layers < 1:
         raise ValueError(f"num_target_layers: expected >= 1, got {num_target_layers}")
@@ -76,9 +78,13 @@ def dflash_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> li
         raise ValueError(f"num_draft_layers: expected >= 1, got {num_draft_layers}")
     if num_draft_layers == 1:
         return [num_target_layers // 2]
-    start, end = 1, max(1, num_target_layers - 3)
+    start, end = 1, num_target_layers - 3
     span = end - start
-    return [int(round(start + i * span / (num_draft_layers - 1))) for i in range(num_draft_layers)]
+    ids = [int(round(start + i * span / (num_draft_layers - 1))) for i in range(num_draft_layers)]
+    if min(ids) < 0 or max(ids) >= num_target_layers:
+        raise ValueError(f"num_target_layers: the evenly spaced rule gives layers {ids} outside [0, "
+                         f"{num_target_layers}) for {num_draft_layers} draft layers; set target_layer_ids")
+    return ids
 
 
 @dataclass
