@@ -96,7 +96,7 @@ def save_drafter(
         raise ValueError("markov_head: no released format carries both a Domino and a DSpark head")
     c = drafter.config
     config = _backbone_config(c)
-    tensors = _tensors(drafter)
+    tensors = {k: v for k, v in _tensors(drafter).items() if not k.startswith("confidence_head.")}
     draft = {"block_size": c.block_size, "mask_token_id": c.mask_token_id, "target_layer_ids": list(c.target_layer_ids)}
     if gru_head is not None:
         if gru_head.bias:
