@@ -56,6 +56,7 @@ def _backbone_config(config: DFlashConfig) -> dict:
         "rope_parameters": rope,
         "attention_bias": False,
         "attention_dropout": 0.0,
+        "is_causal": False,
         "use_sliding_window": False,
         "sliding_window": None,
         "layer_types": ["full_attention"] * config.num_hidden_layers,
