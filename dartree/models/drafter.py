@@ -194,17 +194,20 @@ class RotaryEmbedding(nn.Module):
     """RoPE tables for ``config``: the default rotary embedding, or transformers' own
     ``Qwen3RotaryEmbedding`` for every scaled ``rope_type`` it supports (linear, dynamic, yarn,
     longrope, llama3, ...), exactly as the reference drafters build theirs from their config.
+
+    The tables stay float32 whatever ``drafter.to(dtype)`` does (they are not registered buffers);
+    they follow the device of the tensors they rotate.
     """
 
     def __init__(self, config: DFlashConfig) -> None:
         super().__init__()
         params = config.rope_parameters or {"rope_type": "default"}
         self.rope_type = params["rope_type"]
-        self.scaled: nn.Module | None = None
+        self._scaled: nn.Module | None = None
+        self._inv_freq: Tensor | None = None
         if self.rope_type == "default":
             dim = config.head_dim
-            inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
-            self.register_buffer("inv_freq", inv_freq, persistent=False)
+            self._inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
         else:
             from transformers import Qwen3Config
             from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
@@ -213,14 +216,18 @@ class RotaryEmbedding(nn.Module):
                              num_key_value_heads=config.num_key_value_heads, head_dim=config.head_dim,
                              max_position_embeddings=config.max_position_embeddings,
                              rope_parameters=dict(params))
-            self.scaled = Qwen3RotaryEmbedding(hf)
+            object.__setattr__(self, "_scaled", Qwen3RotaryEmbedding(hf))   # not a child: never cast
 
     def forward(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
         """cos and sin, both ``[b or 1, 1, t, head_dim]`` in ``x``'s dtype.  Shape: positions ``[b, t]`` or ``[t]``."""
-        if self.scaled is not None:
-            cos, sin = self.scaled(x, positions if positions.dim() == 2 else positions[None])
+        if self._scaled is not None:
+            if self._scaled.inv_freq.device != x.device:
+                self._scaled.to(x.device)
+            cos, sin = self._scaled(x, positions if positions.dim() == 2 else positions[None])
             return cos[:, None], sin[:, None]
-        angles = positions.to(torch.float32)[..., None] * self.inv_freq.to(x.device)  # [b, t, dim/2]
+        if self._inv_freq.device != x.device:
+            self._inv_freq = self._inv_freq.to(x.device)
+        angles = positions.to(torch.float32)[..., None] * self._inv_freq                 # [b, t, dim/2]
         emb = torch.cat([angles, angles], dim=-1)
         if emb.dim() == 2:
             emb = emb[None]

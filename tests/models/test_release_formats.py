@@ -210,3 +210,16 @@ def test_unsupported_or_ambiguous_configs_are_refused(tmp_path, change, key):
     with pytest.raises(ValueError, match=key) as info:
         load_drafter(path)
     assert "config.json" in str(info.value)
+
+
+@pytest.mark.parametrize("scaling", [None, {"rope_type": "linear", "factor": 4.0}])
+def test_rope_tables_stay_float32_when_the_drafter_is_cast(scaling):
+    from dartree.models.drafter import DFlashConfig, DFlashDrafter
+
+    config = DFlashConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                          intermediate_size=8, vocab_size=11, target_layer_ids=[0], mask_token_id=1, head_dim=8,
+                          rope_parameters=scaling)
+    rotary = DFlashDrafter(config).to(torch.bfloat16).layers[0].self_attn.rotary
+    cos, _ = rotary(torch.zeros(1, dtype=torch.float32), torch.arange(3000, 3010))
+    want, _ = type(rotary)(config)(torch.zeros(1, dtype=torch.float32), torch.arange(3000, 3010))
+    assert torch.equal(cos, want)
