@@ -213,7 +213,7 @@ class GRUHead(nn.Module):
         part = F.linear(h_d.to(w_h.dtype)[:, None, :], w_h, fc1.bias)             # [b, 1, E]
         gate = self._gate(h_d.to(w_h.dtype))                                     # [b, 1]
         gate = None if gate is None else gate[:, :, None]                        # [b, 1, 1]
-        if not torch.is_grad_enabled():   # never hold on to an autograd graph
+        if not part.requires_grad:        # never hold on to an autograd graph
             self._depth_cache = (hidden, hidden._version, depth, part, gate)
         return part, gate
 

@@ -316,7 +316,7 @@ def _gru_head_from(config: CheckpointConfig, weights: dict[str, Tensor], hidden_
                    norm_eps=config.float("rms_norm_eps", 1e-6, where="top"))
     with torch.no_grad():
         _load_into(head, weights, "", path)
-    return head.eval()
+    return head.requires_grad_(False).eval()       # inference: no autograd graph in the builders
 
 
 def _markov_head_from(config: CheckpointConfig, weights: dict[str, Tensor], vocab_size: int, path: Path,
@@ -327,7 +327,7 @@ def _markov_head_from(config: CheckpointConfig, weights: dict[str, Tensor], voca
     head = MarkovHead(vocab_size, config.int("markov_rank", minimum=1))
     with torch.no_grad():
         _load_into(head, weights, prefix, path)
-    return head.eval()
+    return head.requires_grad_(False).eval()
 
 
 def _split(weights: dict[str, Tensor], prefixes: tuple[str, ...]) -> dict[str, Tensor]:
@@ -349,7 +349,8 @@ def load_drafter(path: str | Path, target: nn.Module | None = None) -> DFlashDra
         target: optional HF causal LM to share embeddings / LM head with (``drafter.bind(target)``).
 
     Returns:
-        a float32 :class:`DFlashDrafter` in eval mode whose ``config.shift_label`` states the
+        a float32 :class:`DFlashDrafter` in eval mode, parameters frozen (``requires_grad_(True)``
+        to fine-tune), whose ``config.shift_label`` states the
         block layout; its ``heads`` dict holds ``"gru"`` (Domino) or ``"markov"`` (DSpark) when
         the checkpoint carries one (bound to ``target`` if given).
     """
@@ -390,11 +391,12 @@ def load_drafter(path: str | Path, target: nn.Module | None = None) -> DFlashDra
         drafter.bind(target)
         for head in heads.values():
             head.bind(target)
-    return drafter.eval()
+    return drafter.requires_grad_(False).eval()
 
 
 def load_head(path: str | Path, target: nn.Module | None = None) -> GRUHead | MarkovHead:
-    """Load a head-only checkpoint (``config.json`` with ``head_type`` ``"gru"`` or ``"markov"``)."""
+    """Load a head-only checkpoint (``config.json`` with ``head_type`` ``"gru"`` or ``"markov"``),
+    in eval mode with frozen parameters (heads and drafters are loaded for inference)."""
     path, config, weights = _read_dir(path)
     kind = config.raw.get("head_type")
     if kind == "gru":
