@@ -223,3 +223,14 @@ def test_rope_tables_stay_float32_when_the_drafter_is_cast(scaling):
     cos, _ = rotary(torch.zeros(1, dtype=torch.float32), torch.arange(3000, 3010))
     want, _ = type(rotary)(config)(torch.zeros(1, dtype=torch.float32), torch.arange(3000, 3010))
     assert torch.equal(cos, want)
+
+
+def test_the_target_wrapper_serves_layer_minus_one_as_the_embedding_output(target):
+    from dartree.models.target import HFTarget
+
+    ids = torch.randint(0, 100, (1, 6))
+    out = HFTarget(target, layer_ids=(-1, 2)).prefill(ids)
+    embedded = target.get_input_embeddings()(ids)
+    assert torch.equal(out.hidden[..., : rf.HIDDEN], embedded)
+    with pytest.raises(ValueError, match="-1"):
+        HFTarget(target, layer_ids=(-2,))
