@@ -32,8 +32,18 @@ def load(args: argparse.Namespace):
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     start = time.perf_counter()
+    local = (getattr(args, "target", None), getattr(args, "drafter", None))
+    if (local[0] is None) != (local[1] is None):
+        raise UsageError("--target and --drafter: give both (a local target and its drafter) or neither")
+    if local[0] is None and getattr(args, "tokenizer", None) is not None:
+        raise UsageError("--tokenizer: only used with --target and --drafter")
     with user_input():              # an unknown --model, unreadable weights: named in one line
-        bundle = load_bundle(args.model)
+        if local[0] is not None:
+            from dartree.eval.bundles import local_bundle
+
+            bundle = local_bundle(local[0], local[1], args.tokenizer)
+        else:
+            bundle = load_bundle(args.model)
     log(f"model {bundle.name} loaded in {time.perf_counter() - start:.1f} s")
     return bundle
 
