@@ -29,8 +29,8 @@ from torch import Tensor, nn
 from transformers.cache_utils import Cache, DynamicCache, StaticCache
 
 from dartree.tree import DraftTree
-from dartree.verify.cache import gather_cache, keep_indices
-from dartree.verify.inputs import ATTENTION_IMPLEMENTATIONS, TreeInputs, tree_inputs
+from dartree.verify.cache import compact_tail
+from dartree.verify.inputs import ATTENTION_IMPLEMENTATIONS, TreeInputBuffer, TreeInputs, tree_inputs
 
 __all__ = ["HFTarget", "TargetOutput", "CACHE_KINDS"]
 
@@ -48,6 +48,22 @@ class TargetOutput:
 
     logits: Tensor
     hidden: Tensor | None
+
+
+def _check_causal_lm(model: nn.Module, config) -> None:
+    """Reject, at construction, models that cannot score next tokens causally (e.g. ``BertModel``)."""
+    name = type(model).__name__
+    head = model.get_output_embeddings() if callable(getattr(model, "get_output_embeddings", None)) else None
+    if head is None:
+        raise ValueError(f"model: {name} has no language-model head (get_output_embeddings() is None); "
+                         f"expected a causal LM such as AutoModelForCausalLM, not a bare encoder / base model")
+    if getattr(config, "is_encoder_decoder", False):
+        raise ValueError(f"model: {name} is an encoder-decoder model; tree verification needs a decoder-only causal LM")
+    if getattr(config, "is_decoder", True) is False:
+        raise ValueError(f"model: {name} attends bidirectionally (config.is_decoder=False); "
+                         f"expected a causal LM (AutoModelForCausalLM)")
+    if callable(getattr(model, "can_generate", None)) and not model.can_generate():
+        raise ValueError(f"model: {name} cannot generate (can_generate() is False); expected a causal LM")
 
 
 class HFTarget:
@@ -75,6 +91,7 @@ class HFTarget:
         if impl not in ATTENTION_IMPLEMENTATIONS:
             raise ValueError(f"model: config._attn_implementation must be one of {ATTENTION_IMPLEMENTATIONS} "
                              f"(tree attention needs an arbitrary mask), got {impl!r}")
+        _check_causal_lm(model, config)
         text_config = config.get_text_config(decoder=True)
         num_layers = int(text_config.num_hidden_layers)
         layer_ids = tuple(layer_ids)
@@ -103,6 +120,7 @@ class HFTarget:
         self._cache: Cache | None = None
         self._length = 0            # committed slots in the cache (Python int: no device sync)
         self._pending: int | None = None   # tree slots appended by forward_tree, awaiting commit
+        self._inputs = TreeInputBuffer(self.device)
         probe = self._new_cache()
         kinds = sorted({type(layer).__name__ for layer in probe.layers} - {"DynamicLayer", "StaticLayer"})
         if kinds:
@@ -204,6 +222,8 @@ class HFTarget:
             raise ValueError(f"tree: {tree.max_nodes} nodes after {self._length} cached slots exceed the static "
                              f"cache's capacity {self.max_cache_len}")
         kv_len = self.max_cache_len if self.cache_kind == "static" else None
+        if tree.batch_size == 1 and tree.device == self.device:    # the decoding loop: refill buffers
+            return self._inputs.fill(tree, self._length, kv_len=kv_len)
         return tree_inputs(tree, self._length, kv_len=kv_len)
 
     @torch.no_grad()
@@ -239,7 +259,7 @@ class HFTarget:
             raise ValueError("accepted: no tree forward is pending")
         if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= self._pending:
             raise ValueError(f"count: expected an int in [1, {self._pending}], got {count!r}")
-        gather_cache(self._cache, keep_indices(self._length, accepted.to(self.device), count))
+        compact_tail(self._cache, self._length, accepted[:, :count].to(self.device))
         self._length += count
         self._pending = None
 
