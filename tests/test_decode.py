@@ -140,7 +140,7 @@ def test_acceptance_regimes():
     for result in (full, zero, chain_partial, tree_partial):
         assert result.tokens.tolist() == want
         check_stats(result)
-    assert set(full.stage_seconds()) == {"prefill", "draft", "build", "mask", "verify", "commit"}
+    assert set(full.stage_seconds()) == {"prefill", "draft", "head", "builder", "mask", "target", "accept", "commit"}
 
 
 def test_truncate_exactly_at_max_new_tokens():
