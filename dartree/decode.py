@@ -171,10 +171,17 @@ class GenerationResult:
         return sum(r.accepted_length for r in self.rounds) / max(1, len(self.rounds))
 
     def stage_seconds(self) -> dict[str, float]:
-        """Total wall seconds per disjoint stage over all rounds (plus ``prefill``).
+        """Total wall seconds per stage over all rounds (plus ``prefill``): draft, build, mask, verify, commit."""
+        out = {"prefill": self.prefill_s}
+        for stage in ("draft", "build", "mask", "verify", "commit"):
+            out[stage] = sum(getattr(r, f"{stage}_s") for r in self.rounds)
+        return out
 
-        Keys: ``prefill``, then :data:`ROUND_STAGES` (``build`` split into ``head`` and ``builder``,
-        ``verify`` into ``target`` and ``accept``); the values sum to the whole call's stage time.
+    def stage_breakdown(self) -> dict[str, float]:
+        """Total wall seconds per disjoint fine stage (:data:`ROUND_STAGES`) over all rounds, plus ``prefill``.
+
+        As :meth:`stage_seconds` with ``build`` split into ``head`` and ``builder`` and ``verify``
+        into ``target`` and ``accept``; the values sum to the same total.
         """
         out = {"prefill": self.prefill_s}
         for stage in ROUND_STAGES:
@@ -288,10 +295,10 @@ def _stop_tokens(stop_token_ids: object, vocab_size: int) -> frozenset[int]:
         if stop_token_ids.is_floating_point() or stop_token_ids.is_complex() or stop_token_ids.dtype == torch.bool:
             raise ValueError(f"stop_token_ids: expected integer tokens, got a {stop_token_ids.dtype} tensor")
         stop_token_ids = stop_token_ids.reshape(-1).tolist()
+    elif hasattr(stop_token_ids, "tolist") and hasattr(stop_token_ids, "ndim"):    # a numpy array or scalar
+        stop_token_ids = [stop_token_ids.tolist()] if stop_token_ids.ndim == 0 else stop_token_ids.ravel().tolist()
     elif hasattr(stop_token_ids, "__index__") or isinstance(stop_token_ids, str | bytes):
         stop_token_ids = [stop_token_ids]
-    elif hasattr(stop_token_ids, "tolist") and hasattr(stop_token_ids, "ndim"):    # a numpy array
-        stop_token_ids = [stop_token_ids.tolist()] if stop_token_ids.ndim == 0 else stop_token_ids.ravel().tolist()
     try:
         items = list(stop_token_ids)
     except TypeError:
