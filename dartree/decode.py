@@ -60,7 +60,7 @@ from dartree.block import CorrectionHead, DraftBlock
 from dartree.builders import TreeBuilder
 from dartree.models.target import HFTarget
 from dartree.tree import DraftTree
-from dartree.verify.accept import verify_greedy, verify_sampled
+from dartree.verify.accept import verify_greedy, verify_sampled, walk_greedy
 from dartree.verify.sampling import GeneratorSampler, Sampler
 from dartree.verify.timing import check_head, timed_head
 
@@ -204,6 +204,19 @@ class _Clock:
     def lap(self) -> float:
         now = self._now()
         out, self.last = now - self.last, now
+        return out
+
+
+class _TimedRows:
+    """``rows(i)``: the target's logits at node ``i`` from its final hidden states, timing each call."""
+
+    def __init__(self, target: HFTarget, final: Tensor) -> None:
+        self.target, self.final, self.seconds = target, final, 0.0
+
+    def __call__(self, i: int) -> Tensor:
+        start = time.perf_counter()
+        out = self.target.head_logits(self.final[i])
+        self.seconds += time.perf_counter() - start
         return out
 
 
@@ -439,13 +452,20 @@ class SpeculativeDecoder:
             head_s = 0.0 if timed is None else timed.take()
             inputs = target.tree_inputs(tree)
             mask_s = clock.lap()
-            scored = target.forward_tree(inputs)
+            # T=0 on the CPU: the LM head runs only on the nodes the greedy walk visits
+            lazy = req.sampler is None and target.scores_rows_apart
+            scored = target.forward_tree(inputs, logits="root" if lazy else "all")
             target_s = clock.lap()
-            if req.sampler is None:
+            if lazy:
+                rows = _TimedRows(target, scored.final[0])
+                result = walk_greedy(tree, scored.logits[0, 0], rows)
+            elif req.sampler is None:
                 result = verify_greedy(tree, scored.logits)
             else:
                 result = verify_sampled(tree, scored.logits, req.temperature, req.sampler, prefix)
             verify_s = target_s + clock.lap()
+            if lazy:
+                target_s += rows.seconds                # LM-head rows of the walk are target work
             # One host sync per round, on purpose: the loop must know how many tokens were committed
             # (to size the cache and to check stop tokens).  Tokens and tree size come back together.
             host = torch.cat([result.tokens[0], tree.num_nodes]).tolist()
