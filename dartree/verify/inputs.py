@@ -150,6 +150,7 @@ class TreeInputBuffer:
         self.device = torch.device(device)
         self._mask = torch.zeros(0, 0, dtype=torch.bool, device=self.device)
         self._valid = torch.ones(1, 0, dtype=torch.bool, device=self.device)
+        self._host = None                 # numpy view of _mask on the CPU
         self._prefix = 0          # columns [0, _prefix) are True in every row
         self._end = 0             # columns >= _end are False in every row
 
@@ -170,6 +171,7 @@ class TreeInputBuffer:
         if n > rows or kv > cols:                          # grow (rarely): start from a clean buffer
             self._mask = torch.zeros(max(n, 2 * rows), max(kv, 2 * cols), dtype=torch.bool, device=self.device)
             self._valid = torch.ones(1, self._mask.shape[0], dtype=torch.bool, device=self.device)
+            self._host = self._mask.numpy() if self.device.type == "cpu" else None   # shares memory
             self._prefix = self._end = 0
         m = self._mask
         if prefix_len < self._prefix:                      # a shorter prefix: a new sequence
@@ -180,7 +182,15 @@ class TreeInputBuffer:
         self._prefix = prefix_len
         if self._end > end:
             m[:, end:self._end] = False
-        m[:n, prefix_len:end] = tree.ancestor_mask()[0]
+        if self._host is not None:         # CPU: ancestor rows on the host, parents before children
+            block = self._host[:n, prefix_len:end]
+            block[0] = False
+            block[0, 0] = True
+            for i, p in enumerate(tree.parents[0, 1:n].tolist(), start=1):
+                block[i] = block[p]
+                block[i, i] = True
+        else:
+            m[:n, prefix_len:end] = tree.ancestor_mask()[0]
         self._end = end
         return TreeInputs(input_ids=tree.tokens, position_ids=tree.depths + prefix_len,
                           valid=self._valid[:, :n], mask=m[None, None, :n, :kv])
