@@ -468,13 +468,14 @@ class SpeculativeDecoder:
                 target_s += rows.seconds                # LM-head rows of the walk are target work
             # One host sync per round, on purpose: the loop must know how many tokens were committed
             # (to size the cache and to check stop tokens).  Tokens and tree size come back together.
-            host = torch.cat([result.tokens[0], tree.num_nodes]).tolist()
-            tree_size, row = host[-1] - 1, host[:-1]
+            n = result.tokens.shape[1]
+            host = torch.cat([result.tokens[0], result.accepted[0], tree.num_nodes]).tolist()
+            tree_size, row, path = host[-1] - 1, host[:n], host[n:2 * n]
             committed = row[: row.index(-1)] if -1 in row else row
             accepted_length = len(committed) - 1
             kept, stopped = _truncate(committed, req.max_new_tokens - len(generated), req.stop)
             count = len(kept)
-            target.commit(result.accepted, count)      # prefix + root + (count - 1) accepted nodes
+            target.commit(result.accepted, count, path[:count])   # prefix + root + (count - 1) accepted nodes
             hidden = None
             if scored.hidden is not None:
                 hidden = torch.gather(scored.hidden, 1, result.accepted[:, :count, None].expand(

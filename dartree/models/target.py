@@ -293,8 +293,11 @@ class HFTarget:
         return out
 
     @torch.no_grad()
-    def commit(self, accepted: Tensor, count: int) -> None:
+    def commit(self, accepted: Tensor, count: int, host_nodes: list[int] | None = None) -> None:
         """Keep the prefix plus the first ``count`` accepted nodes (root first) of the pending tree.
+
+        ``host_nodes``: optionally ``accepted[0, :count]`` as a Python list (batch 1), when the caller
+        has it on the host: nodes already in place are then not copied (see ``compact_tail``).
 
         Shape:
             accepted: int64 ``[b, n]`` (``VerifyResult.accepted``).
@@ -303,7 +306,7 @@ class HFTarget:
             raise ValueError("accepted: no tree forward is pending")
         if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= self._pending:
             raise ValueError(f"count: expected an int in [1, {self._pending}], got {count!r}")
-        compact_tail(self._cache, self._length, accepted[:, :count].to(self.device))
+        compact_tail(self._cache, self._length, accepted[:, :count].to(self.device), host_nodes)
         self._length += count
         self._pending = None
 

@@ -85,12 +85,17 @@ def gather_cache(cache: Cache, keep: Tensor) -> None:
             layer.values = values
 
 
-def compact_tail(cache: Cache, prefix_len: int, nodes: Tensor) -> None:
+def compact_tail(cache: Cache, prefix_len: int, nodes: Tensor, host_nodes: list[int] | None = None) -> None:
     """Keep the first ``prefix_len`` slots untouched and move the tree slots ``prefix_len + nodes``
     (per row, in order) right after them; drop everything else.
 
     Same result as ``gather_cache(cache, keep_indices(prefix_len, nodes, nodes.shape[1]))`` but in
     O(kept tree slots) per layer instead of O(whole cache): the committed prefix is never copied.
+
+    ``host_nodes`` (batch 1: ``nodes[0]`` as a Python list, when the caller already has it on the
+    host) lets the leading nodes that already sit in place (``nodes[j] == j``: the root, and the
+    first nodes of a path through the tree's first slots, e.g. every node of a chain) stay untouched;
+    only the rest is copied, with one ``index_select`` per tensor.
 
     Shape:
         nodes: int64 ``[b, c]`` tree node indices to keep (root first; ``c >= 1``), every
@@ -106,6 +111,11 @@ def compact_tail(cache: Cache, prefix_len: int, nodes: Tensor) -> None:
     for layer in live:                                  # check everything before touching anything
         if nodes.shape[0] != layer.keys.shape[0]:
             raise ValueError(f"nodes: batch {nodes.shape[0]} differs from the cache's batch {layer.keys.shape[0]}")
+    if host_nodes is not None:
+        if nodes.shape[0] != 1 or len(host_nodes) != c:
+            raise ValueError(f"host_nodes: expected the {c} nodes of a batch-1 nodes tensor, got {len(host_nodes)}")
+        _compact_host(live, prefix_len, host_nodes)
+        return
     idx_cache: dict[torch.device, Tensor] = {}
     for layer in live:
         b, heads, _, _ = layer.keys.shape
@@ -120,5 +130,27 @@ def compact_tail(cache: Cache, prefix_len: int, nodes: Tensor) -> None:
         if isinstance(layer, StaticLayer):
             layer.cumulative_length.fill_(prefix_len + c)
         else:                                           # a view: the next update concatenates anyway
+            layer.keys = layer.keys[:, :, :prefix_len + c]
+            layer.values = layer.values[:, :, :prefix_len + c]
+
+
+def _compact_host(layers: list, prefix_len: int, nodes: list[int]) -> None:
+    """Batch-1 :func:`compact_tail` with the kept nodes known on the host."""
+    c = len(nodes)
+    skip = 0
+    while skip < c and nodes[skip] == skip:
+        skip += 1
+    src: dict[torch.device, Tensor] = {}
+    for layer in layers:
+        if skip < c:
+            device = layer.keys.device
+            if device not in src:
+                src[device] = torch.tensor(nodes[skip:], dtype=torch.int64, device=device) + prefix_len
+            dst = slice(prefix_len + skip, prefix_len + c)
+            layer.keys[:, :, dst] = layer.keys.index_select(2, src[device])     # selected first: overlap is safe
+            layer.values[:, :, dst] = layer.values.index_select(2, src[device])
+        if isinstance(layer, StaticLayer):
+            layer.cumulative_length.fill_(prefix_len + c)
+        else:
             layer.keys = layer.keys[:, :, :prefix_len + c]
             layer.values = layer.values[:, :, :prefix_len + c]
