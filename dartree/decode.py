@@ -69,7 +69,7 @@ __all__ = ["Drafter", "RoundStats", "GenerationResult", "SpeculativeDecoder", "g
 
 STOP_REASONS = ("max_new_tokens", "stop_token")
 #: Disjoint per-round stages, in round order; they sum to ``RoundStats.total_s``.
-ROUND_STAGES = ("draft", "head", "builder", "mask", "target", "accept", "commit")
+ROUND_STAGES = ("draft", "head", "builder", "mask", "target", "accept", "context", "kv")
 
 
 @runtime_checkable
@@ -103,7 +103,8 @@ class RoundStats:
     ``verify`` (target forward + acceptance walk) and ``commit`` (KV compaction, drafter context
     update, bookkeeping) are disjoint and sum to the round.  ``head_s`` is the part of ``build_s``
     spent inside correction-head calls, ``target_s`` the part of ``verify_s`` spent in the target's
-    forward.
+    forward, ``context_s`` the part of ``commit_s`` spent in ``drafter.append_context`` (the
+    drafter's forward over the newly committed tokens: projection, keys and values).
     """
 
     accepted_length: int
@@ -116,6 +117,7 @@ class RoundStats:
     commit_s: float
     head_s: float = 0.0
     target_s: float = 0.0
+    context_s: float = 0.0
 
     @property
     def total_s(self) -> float:
@@ -132,9 +134,19 @@ class RoundStats:
         return self.verify_s - self.target_s
 
     @property
+    def kv_s(self) -> float:
+        """The commit outside the drafter's context update: KV compaction and bookkeeping."""
+        return self.commit_s - self.context_s
+
+    @property
+    def model_s(self) -> float:
+        """Time in model forwards: drafter (draft + context update), head calls, target."""
+        return self.draft_s + self.context_s + self.head_s + self.target_s
+
+    @property
     def overhead_s(self) -> float:
-        """Everything that is not a model: round - (drafter forward + head calls + target forward)."""
-        return self.total_s - (self.draft_s + self.head_s + self.target_s)
+        """Everything that is not a model forward: round - (drafter forward + head calls + target forward)."""
+        return self.total_s - self.model_s
 
 
 @dataclass(frozen=True)
@@ -180,8 +192,8 @@ class GenerationResult:
     def stage_breakdown(self) -> dict[str, float]:
         """Total wall seconds per disjoint fine stage (:data:`ROUND_STAGES`) over all rounds, plus ``prefill``.
 
-        As :meth:`stage_seconds` with ``build`` split into ``head`` and ``builder`` and ``verify``
-        into ``target`` and ``accept``; the values sum to the same total.
+        As :meth:`stage_seconds` with ``build`` split into ``head`` and ``builder``, ``verify`` into
+        ``target`` and ``accept``, ``commit`` into ``context`` and ``kv``; same total.
         """
         out = {"prefill": self.prefill_s}
         for stage in ROUND_STAGES:
@@ -481,12 +493,13 @@ class SpeculativeDecoder:
                 hidden = torch.gather(scored.hidden, 1, result.accepted[:, :count, None].expand(
                     -1, -1, scored.hidden.shape[-1]))
             cached = torch.cat([root[:, None], result.tokens[:, : count - 1]], dim=1)
-            drafter.append_context(hidden, cached)
             root = result.tokens[:, count - 1]
             generated.extend(kept)
-            commit_s = clock.lap()
-            rounds.append(RoundStats(accepted_length, count, tree_size, draft_s, build_s, mask_s, verify_s, commit_s,
-                                     head_s, target_s))
+            kv_s = clock.lap()
+            drafter.append_context(hidden, cached)      # the drafter's forward over the new context
+            context_s = clock.lap()
+            rounds.append(RoundStats(accepted_length, count, tree_size, draft_s, build_s, mask_s, verify_s,
+                                     kv_s + context_s, head_s, target_s, context_s))
             if on_round is not None:
                 on_round(rounds[-1], kept)
 

@@ -54,10 +54,13 @@ def check_stats(result: GenerationResult, gamma: int = GAMMA) -> None:
         assert 0 <= r.accepted_length <= gamma and 1 <= r.committed <= r.accepted_length + 1
         assert r.tree_size >= 1 and min(r.draft_s, r.build_s, r.mask_s, r.verify_s, r.commit_s) >= 0
         assert 0 <= r.head_s <= r.build_s and 0 < r.target_s <= r.verify_s
-        assert r.overhead_s == pytest.approx(r.total_s - r.draft_s - r.head_s - r.target_s)
+        assert 0 < r.context_s <= r.commit_s
+        assert r.overhead_s == pytest.approx(r.total_s - r.draft_s - r.head_s - r.target_s - r.context_s)
     fine, coarse = result.stage_breakdown(), result.stage_seconds()
     assert sum(fine.values()) == pytest.approx(sum(coarse.values()))
     assert fine["head"] + fine["builder"] == pytest.approx(coarse["build"])
+    assert fine["target"] + fine["accept"] == pytest.approx(coarse["verify"])
+    assert fine["context"] + fine["kv"] == pytest.approx(coarse["commit"])
     assert result.tau == pytest.approx(result.tokens.shape[1] / result.num_rounds)
 
 

@@ -36,10 +36,11 @@ __all__ = ["BenchConfig", "RunRecord", "Summary", "BenchResult", "run_bench", "s
 
 #: Disjoint per-round stages (``dartree.decode.ROUND_STAGES``): draft (drafter forward), head (inside
 #: correction-head calls), builder (the rest of the tree build), mask (tree inputs), target (target
-#: forward), accept (acceptance walk), commit (KV compaction, drafter context update).
+#: forward), accept (acceptance walk), context (drafter forward over the committed tokens), kv (KV
+#: compaction and bookkeeping).
 STAGES: tuple[str, ...] = ROUND_STAGES
-#: The stages that are model work; ``overhead`` is the round minus these.
-MODEL_STAGES: tuple[str, ...] = ("draft", "head", "target")
+#: The stages that are model forwards; ``overhead`` is the round minus these.
+MODEL_STAGES: tuple[str, ...] = ("draft", "head", "target", "context")
 
 
 @dataclass(frozen=True)

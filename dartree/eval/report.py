@@ -67,7 +67,7 @@ def table1(summaries: Sequence[Summary], temperature: float) -> str:
 def table2(summaries: Sequence[Summary], temperature: float) -> str:
     """Rows: methods; mean ms per round of each disjoint stage, pooled over datasets (Table 2).
 
-    ``overhead`` = round - (draft + head + target): everything that is not a model forward.
+    ``overhead`` = round - (draft + head + target + context): everything that is not a model forward.
     """
     rows = []
     for method in _methods([s for s in summaries if s.temperature == temperature]):
@@ -113,10 +113,10 @@ def bench_markdown(result: BenchResult) -> str:
     for t in temps:
         parts += ["", f"## Speedup over AR and tau, T={t:g}", "", table1(result.summaries, t)]
         parts += ["", f"## Time per round (ms), T={t:g}", "", table2(result.summaries, t), "",
-                  "Stages are disjoint and sum to the round: draft (drafter forward), head (inside correction-head "
-                  "calls), builder (the rest of the build), mask (tree inputs), target (target forward), accept "
-                  "(acceptance walk), commit (KV compaction, drafter context update); overhead = round - "
-                  "(draft + head + target)."]
+                  "Stages are disjoint and sum to the round: draft (drafter forward on the block), head (inside "
+                  "correction-head calls), builder (the rest of the build), mask (tree inputs), target (target "
+                  "forward), accept (acceptance walk), context (drafter forward over the committed tokens), kv "
+                  "(KV compaction, bookkeeping); overhead = round - (draft + head + target + context)."]
     for tr in result.tuning:
         parts += ["", f"## Adaptive budget for {tr.method}", "",
                   f"Verify cost measured on this machine at prefix {tr.verify_cost.prefix_len}: " + ", ".join(
