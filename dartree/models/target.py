@@ -254,7 +254,12 @@ class HFTarget:
         return out
 
     def tree_inputs(self, tree: DraftTree) -> TreeInputs:
-        """Inputs that score ``tree`` right after the committed cache (see ``dartree.verify.tree_inputs``)."""
+        """Inputs that score ``tree`` right after the committed cache (see ``dartree.verify.tree_inputs``).
+
+        A one-row tree (the decoding loop) is filled into this target's :class:`TreeInputBuffer`: the
+        returned mask is a view that the next ``tree_inputs`` call overwrites, so use it (forward it)
+        before asking for the next one.
+        """
         if not isinstance(tree, DraftTree):
             raise ValueError(f"tree: expected a DraftTree, got {type(tree).__name__}")
         if self.max_cache_len is not None and self._length + tree.max_nodes > self.max_cache_len:
