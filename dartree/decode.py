@@ -448,6 +448,8 @@ class SpeculativeDecoder:
         drafter.reset()
         drafter.append_context(out.hidden, context)
         root = req.prompt[:, -1]
+        # T=0 on the CPU: the LM head runs only on the nodes the greedy walk visits (probed once per target)
+        lazy = req.sampler is None and target.scores_rows_apart
         prefill_s = clock.lap()
 
         generated: list[int] = []
@@ -464,8 +466,6 @@ class SpeculativeDecoder:
             head_s = 0.0 if timed is None else timed.take()
             inputs = target.tree_inputs(tree)
             mask_s = clock.lap()
-            # T=0 on the CPU: the LM head runs only on the nodes the greedy walk visits
-            lazy = req.sampler is None and target.scores_rows_apart
             scored = target.forward_tree(inputs, logits="root" if lazy else "all")
             target_s = clock.lap()
             if lazy:
