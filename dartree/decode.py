@@ -419,6 +419,7 @@ class SpeculativeDecoder:
             keep = first if keep is None else keep & first
         return tree if keep is None else tree.select(keep)
 
+    @torch.no_grad()    # builders call heads on every round: never record an autograd graph
     def generate(
         self,
         input_ids: Tensor,
@@ -508,6 +509,7 @@ class SpeculativeDecoder:
                                 stop_reason="stop_token" if stopped else "max_new_tokens", prefill_s=prefill_s)
 
 
+@torch.no_grad()
 def generate_ar(
     target: HFTarget | nn.Module,
     input_ids: Tensor,
