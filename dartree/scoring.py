@@ -18,13 +18,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from dartree.block import DraftBlock
 
-__all__ = ["Candidates", "Normalize", "NORMALIZE_CHOICES", "candidates", "child_scores", "log_normalize",
-           "pairwise_sum"]
+__all__ = ["Candidates", "Normalize", "NORMALIZE_CHOICES", "candidates", "check_candidate_logits", "child_scores",
+           "log_normalize", "log_normalize_host", "pairwise_sum", "rest_logsumexp", "too_few_finite"]
 
 Normalize = Literal["vocab", "candidates"]
 NORMALIZE_CHOICES: tuple[str, ...] = ("vocab", "candidates")
@@ -50,21 +51,65 @@ class Candidates:
         return self.tokens.shape[-1]
 
 
+def check_candidate_logits(values: Tensor) -> None:
+    """Reject a position whose K-th candidate logit is ``-inf`` (fewer than K finite logits).
+
+    ``-inf`` is how a caller masks tokens out of the vocabulary: such a token is never a candidate
+    unless K exceeds the finite logits of its position, and that is the one case refused (a node with
+    log q = -inf would sit in the tree).  One host synchronisation (the reference only).
+
+    Shape: values float32 ``[b, gamma, K]`` (sorted descending).
+    """
+    short = values[..., -1] == float("-inf")
+    if bool(short.any()):
+        r, d = (int(v) for v in short.nonzero()[0])
+        finite = int(torch.isfinite(values[r, d]).sum())
+        raise ValueError(too_few_finite(r, d + 1, finite, values.shape[-1]))
+
+
+def too_few_finite(row: int, depth: int, finite: int, topk: int) -> str:
+    return (f"topk: row {row} depth {depth} has {finite} logits above -inf, fewer than topk={topk}; "
+            f"lower topk, or mask tokens with a large negative finite logit instead of -inf")
+
+
+def rest_logsumexp(logits: Tensor, tokens: Tensor) -> Tensor:
+    """log-sum-exp of the logits outside the candidates ``tokens``: THE vocabulary normaliser.
+
+    ``top + log(sum_{v not in C} exp(x_v - top))`` in float32, where ``top`` is the row maximum (the
+    best candidate's logit, taken from ``logits`` at ``tokens[..., 0]``: exact).  One exp pass over the
+    vocabulary; the candidates' terms are zeroed before the sum, so nothing cancels.  A ``-inf`` logit
+    contributes 0.  If every term underflows (the rest lies > 104 below the top), the result is
+    ``-inf``, which changes log q by less than a float32 rounding step.  Every backend calls this
+    function on the same ``[b, gamma, V]`` float32 tensor, so their ``rest_lse`` are bit-identical.
+
+    Shape:
+        logits: float32 ``[b, gamma, V]``; tokens: int64 ``[b, gamma, K]`` -> float32 ``[b, gamma]``.
+    """
+    top = torch.gather(logits, -1, tokens[..., :1])  # [b, gamma, 1]
+    terms = torch.exp(logits - top)
+    terms.scatter_(-1, tokens, 0.0)
+    return top[..., 0] + torch.log(terms.sum(-1))
+
+
 def candidates(block: DraftBlock, topk: int, normalize: Normalize) -> Candidates:
-    """Select ``C_d`` for every depth of every row, in the one total order of candidates."""
+    """Select ``C_d`` for every depth of every row, in the one total order of candidates.
+
+    The reference selection: a stable sort of the whole vocabulary (obviously correct); the
+    normaliser is :func:`rest_logsumexp`, shared with the fast backend.
+    """
     logits = block.logits.float()  # [b, gamma, V]
     vocab = logits.shape[-1]
     if not 1 <= topk <= vocab:
         raise ValueError(f"topk: {topk} is outside the allowed range 1..V={vocab} (the block's vocabulary)")
     # A stable descending sort keeps equal logits in token-id order: the tie-break of the design.
     values, tokens = torch.sort(logits, dim=-1, descending=True, stable=True)
-    tokens, values = tokens[..., :topk], values[..., :topk]
+    tokens, values = tokens[..., :topk].contiguous(), values[..., :topk].contiguous()
+    check_candidate_logits(values)
     if normalize == "vocab" and topk < vocab:
-        rest = logits.scatter(-1, tokens, float("-inf"))
-        rest_lse = torch.logsumexp(rest, dim=-1)
+        rest_lse = rest_logsumexp(logits, tokens)
     else:
         rest_lse = torch.full(logits.shape[:2], float("-inf"), device=logits.device)
-    return Candidates(tokens=tokens.contiguous(), logits=values.contiguous(), rest_lse=rest_lse)
+    return Candidates(tokens=tokens, logits=values, rest_lse=rest_lse)
 
 
 def pairwise_sum(x: Tensor) -> Tensor:
@@ -91,21 +136,52 @@ def pairwise_sum(x: Tensor) -> Tensor:
 def log_normalize(cand_logits: Tensor, rest_lse: Tensor) -> Tensor:
     """log q of K candidates: ``z - logaddexp(lse(z), rest_lse)``, identical for any batching.
 
-    Computed in float64 and rounded once to float32.  On the CPU, element-wise ``exp``/``log``
-    run a vectorised routine on full vector lanes and a scalar one on the tail, which differ in the
-    last bit, so a float32 computation of the same row can round differently inside a bigger batch.
-    In float64 those differences sit ~2**29 times below a float32 rounding step and vanish in the
-    final rounding (a miss needs a float64 result within one float64 ulp of a float32 midpoint).
-    The candidate sum uses a fixed pairwise order (:func:`pairwise_sum`) for the same reason.
+    Computed in float64 and rounded once to float32.  CPU tensors go through
+    :func:`log_normalize_host` (numpy: a dozen calls of ~1 us instead of torch ops of ~5 us), other
+    devices through the torch version below; the two use the same float64 formula.  On the CPU,
+    element-wise ``exp``/``log`` may run a vectorised routine on full vector lanes and a scalar one on
+    the tail, which can differ in the last bit, so a computation of the same row could round
+    differently inside a bigger batch.  In float64 those differences sit ~2**29 times below a float32
+    rounding step and vanish in the final rounding (a miss needs a float64 result within one float64
+    ulp of a float32 midpoint).  The candidate sum uses a fixed pairwise order (:func:`pairwise_sum`)
+    for the same reason.
 
     Shape:
         cand_logits: float ``[..., K]``; rest_lse: float ``[...]`` (broadcast) -> float32 ``[..., K]``.
     """
+    if cand_logits.device.type == "cpu":
+        rest = rest_lse.detach().cpu().numpy() if isinstance(rest_lse, Tensor) else rest_lse
+        return torch.from_numpy(log_normalize_host(cand_logits.detach().float().numpy(), rest))
     z = cand_logits.double()
     top = z.amax(dim=-1, keepdim=True)  # max is exact in any order
     lse = top.squeeze(-1) + torch.log(pairwise_sum(torch.exp(z - top)))
     total = torch.logaddexp(lse, rest_lse.double())
     return (z - total.unsqueeze(-1)).float()
+
+
+def log_normalize_host(cand_logits: np.ndarray, rest_lse: np.ndarray | float) -> np.ndarray:
+    """numpy :func:`log_normalize` (float64, pairwise candidate sum, one rounding to float32).
+
+    Shape:
+        cand_logits: ``[..., K]``; rest_lse: ``[...]`` (broadcast) -> float32 ``[..., K]``.
+    """
+    z = np.asarray(cand_logits, dtype=np.float64)
+    top = z.max(axis=-1, keepdims=True)
+    with np.errstate(invalid="ignore"):  # NaN in, NaN out: the callers reject NaN / inf inputs themselves
+        return _log_normalize_host(z, top, rest_lse)
+
+
+def _log_normalize_host(z: np.ndarray, top: np.ndarray, rest_lse: np.ndarray | float) -> np.ndarray:
+    e = np.exp(z - top)
+    k = e.shape[-1]
+    width = 1 << (k - 1).bit_length()
+    if width != k:
+        e = np.concatenate([e, np.zeros(e.shape[:-1] + (width - k,))], axis=-1)
+    while e.shape[-1] > 1:
+        half = e.shape[-1] // 2
+        e = e[..., :half] + e[..., half:]
+    total = np.logaddexp(top[..., 0] + np.log(e[..., 0]), np.asarray(rest_lse, dtype=np.float64))
+    return (z - total[..., None]).astype(np.float32)
 
 
 def child_scores(parent_scores: Tensor, log_q: Tensor, beta: float) -> Tensor:

@@ -176,12 +176,15 @@ def test_fast_builder_on_the_triton_path_equals_ref(name: str, cfg: dict) -> Non
         assert torch.equal(getattr(ref, field), getattr(fast, field)), field
 
 
-def test_dispatch_picks_the_twin_on_cpu_and_can_be_forced() -> None:
+def test_dispatch_picks_host_on_cpu_the_twin_elsewhere_and_can_be_forced() -> None:
     x = torch.zeros(1, 2)
-    assert ops.backend(x) == "torch"
+    assert ops.backend(x) == "host"
+    assert ops.backend(torch.zeros(1, 2, device="meta")) == "torch"
     with ops.force_backend("triton"):
         assert ops.backend(x) == "triton"
-    assert ops.backend(x) == "torch"
+    with ops.force_backend("torch"):
+        assert ops.backend(x) == "torch"
+    assert ops.backend(x) == "host"
     with pytest.raises(ValueError, match="name"):
         with ops.force_backend("cuda"):
             pass

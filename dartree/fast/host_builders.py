@@ -1,0 +1,222 @@
+"""The fast builders on CPU tensors: numpy on the host, a Python heap where the algorithm is a heap.
+
+Same trees as the reference (same nodes, order and float32 scores) and as the tensorized builders
+of :mod:`dartree.fast.tensor_builders`, which serve every other device.  A build here is a handful
+of numpy calls per depth plus the head calls; no torch op runs on a small tensor.
+
+- Candidates: :func:`dartree.fast.host.select` (one pass over the vocabulary) and, for
+  ``normalize="vocab"``, :func:`dartree.scoring.rest_logsumexp` (one exp pass).
+- ``ddtree`` / ``corrected-chain-ddtree``: DDTree's best-first with lazy sibling pushing over
+  per-depth distributions shared by every branch: a node's children are in rank order with
+  non-increasing scores, so the heap holds only the best unpopped child of each popped node and
+  each pop pushes at most two entries (its next sibling and its first child).
+- depth-wise builders: per depth, the scores of all children of the kept branches, the best
+  ``width`` by one ``np.partition`` (ties by flat index), and one fused head call
+  (``advance_logits``) or the two-call form; no ``advance`` after the last depth.
+"""
+
+from __future__ import annotations
+
+import heapq
+from array import array
+
+import numpy as np
+import torch
+
+from dartree.block import CorrectionHead, DraftBlock
+from dartree.fast.heads import head_advance_logits, head_initial, head_logits
+from dartree.fast.host import keep_best, select
+from dartree.fast.widths import pruned_widths, quota_widths, trie_size
+from dartree.scoring import log_normalize_host, rest_logsumexp
+from dartree.structure import PAD
+from dartree.tree import DraftTree
+
+__all__ = ["chain", "ddtree", "corrected_chain", "corrected_chain_ddtree", "dartree_fixed", "dartree_pruned",
+           "HostCandidates", "candidate_set"]
+
+
+class HostCandidates:
+    """``C_d`` of every depth: numpy ``tokens`` int64 / ``logits`` float32 ``[b, gamma, K]``, ``rest``
+    float32 ``[b, gamma]``, base ``log_q`` float32 ``[b, gamma, K]``, and ``tokens_t`` (torch view)."""
+
+    def __init__(self, block: DraftBlock, topk: int, normalize: str) -> None:
+        x = block.logits.float().contiguous()
+        self.tokens, self.logits = select(x, topk)
+        self.tokens_t = torch.from_numpy(self.tokens)
+        if normalize == "vocab" and topk < x.shape[-1]:
+            self.rest = rest_logsumexp(x, self.tokens_t).numpy()
+        else:
+            self.rest = np.full(x.shape[:2], -np.inf, dtype=np.float32)
+        self.log_q = log_normalize_host(self.logits, self.rest)
+
+
+candidate_set = HostCandidates
+
+
+def _tree(block: DraftBlock, tokens: np.ndarray, parents: np.ndarray, depths: np.ndarray, scores: np.ndarray,
+          ranks: np.ndarray) -> DraftTree:
+    """A DraftTree from draft-node columns ``[b, n_out]`` (total order), the root prepended."""
+    b, n_out = tokens.shape
+
+    def col(root, rest, dtype):
+        out = np.empty((b, n_out + 1), dtype=dtype)
+        out[:, 0] = root
+        out[:, 1:] = rest
+        return torch.from_numpy(out)
+
+    return DraftTree(tokens=col(block.root.numpy(), tokens, np.int64), parents=col(PAD, parents, np.int64),
+                     depths=col(0, depths, np.int64), scores=col(0.0, scores, np.float32),
+                     ranks=col(PAD, ranks, np.int64), num_nodes=torch.full((b,), n_out + 1, dtype=torch.int64))
+
+
+# --------------------------------------------------------------------------------- best-first
+def _best_first(block: DraftBlock, cands: HostCandidates, log_q: np.ndarray, budget: int) -> DraftTree:
+    """DDTree's best-first over per-depth distributions ``log_q [b, gamma, K]`` shared by all branches.
+
+    Siblings are walked in (log q descending, rank) order: for base marginals that is rank order; a
+    corrected distribution (``corrected-chain-ddtree``) is sorted first.
+    """
+    b, gamma, topk = log_q.shape
+    n_out = trie_size(topk, gamma, budget)
+    order = np.argsort(-log_q, axis=-1, kind="stable")  # sibling order per depth: score, then rank
+    sorted_q = np.take_along_axis(log_q, order, -1)
+    cols = np.empty((5, b, n_out), dtype=np.float64)
+    f32 = array("f", [0.0])  # storing a double rounds it to float32: (p + q) rounded once, as in float32
+    for r in range(b):
+        lq, rk, tok = sorted_q[r].tolist(), order[r].tolist(), cands.tokens[r].tolist()
+        f32[0] = lq[0][0]
+        # (-score, rank path, parent node, parent score, depth, position among the sorted siblings)
+        heap = [(-f32[0], (rk[0][0],), 0, 0.0, 1, 0)]
+        out_tok, out_par, out_dep, out_sc, out_rk = [], [], [], [], []
+        for node in range(1, n_out + 1):
+            neg, path, parent, pscore, depth, pos = heapq.heappop(heap)
+            out_tok.append(tok[depth - 1][path[-1]])
+            out_par.append(parent)
+            out_dep.append(depth)
+            out_sc.append(-neg)
+            out_rk.append(path[-1])
+            if pos + 1 < topk:  # the next sibling enters the heap
+                f32[0] = pscore + lq[depth - 1][pos + 1]
+                heapq.heappush(heap, (-f32[0], path[:-1] + (rk[depth - 1][pos + 1],), parent, pscore, depth, pos + 1))
+            if depth < gamma:  # the first child enters the heap
+                f32[0] = lq[depth][0] - neg
+                heapq.heappush(heap, (-f32[0], path + (rk[depth][0],), node, -neg, depth + 1, 0))
+        cols[:, r] = (out_tok, out_par, out_dep, out_sc, out_rk)
+    ints = cols[[0, 1, 2, 4]].astype(np.int64)
+    return _tree(block, ints[0], ints[1], ints[2], cols[3].astype(np.float32), ints[3])
+
+
+# -------------------------------------------------------------------------------- depth-wise
+def _expand(block: DraftBlock, cands: HostCandidates, widths: list[int], head: CorrectionHead | None,
+            beta: float = 0.0, budget: int | None = None, trace: bool = False):
+    """Depth-wise expansion (DARTree's Algorithm 1, chains with width 1) and the final selection.
+
+    Returns the DraftTree of the best ``budget`` supertree nodes (all when None) in the total order,
+    or, with ``trace``, the ``[b, gamma, K]`` log q of a width-1 chain instead.
+    """
+    b = block.batch_size
+    topk = cands.tokens.shape[-1]
+    rows = np.arange(b)[:, None]
+    scores = np.zeros((b, 1), dtype=np.float32)
+    beta32 = np.float32(beta)
+    states = logits = None
+    if head is not None:
+        states = head_initial(head, block)
+        logits = head_logits(head, block, 1, states, cands.tokens_t[:, 0])
+    parents, ranks, tokens, depth_scores, lex, traced = [], [], [], [], [], []
+    anc = np.zeros((b, 1, 0), dtype=np.int64)  # 1-based lex index of each kept node's ancestors
+    branching = not trace and max(widths) > 1  # a chain needs no sort: depth order is the total order
+    for depth, width in enumerate(widths, start=1):
+        if head is not None:
+            z = logits.detach().float().numpy()
+            if not np.isfinite(z).all():
+                raise ValueError("head.logits: must be finite (found NaN or inf)")
+            lq = log_normalize_host(z, cands.rest[:, depth - 1, None])  # [b, m, K]
+        else:
+            lq = cands.log_q[:, depth - 1 : depth]  # [b, 1, K] shared by every branch
+        if trace:
+            traced.append(lq)
+        child = (scores[:, :, None] + lq) + beta32
+        m = scores.shape[1]
+        flat = np.ascontiguousarray(np.broadcast_to(child, (b, m, topk))).reshape(b, m * topk)
+        kept = keep_best(flat, width)  # [b, W] in rank-path order
+        par, rk = kept // topk, kept % topk
+        tok = np.take_along_axis(cands.tokens[:, depth - 1], rk, 1)
+        scores = np.take_along_axis(flat, kept, 1)
+        parents.append(par)
+        ranks.append(rk)
+        tokens.append(tok)
+        depth_scores.append(scores)
+        if branching:
+            anc = np.concatenate([anc[rows, par], np.broadcast_to(np.arange(1, width + 1)[None, :, None],
+                                                                   (b, width, 1))], axis=2)
+            lex.append(anc)
+        if head is not None and depth < len(widths):  # the last depth's advance would never be used
+            states, logits = head_advance_logits(
+                head, block, depth, states[torch.arange(b)[:, None], torch.from_numpy(par)],
+                torch.from_numpy(tok), cands.tokens_t[:, depth])
+    if trace:
+        return np.concatenate(traced, axis=1)
+    return _select_tree(block, parents, ranks, tokens, depth_scores, lex, budget)
+
+
+def _select_tree(block: DraftBlock, parents: list[np.ndarray], ranks: list[np.ndarray], tokens: list[np.ndarray],
+                 scores: list[np.ndarray], lex: list[np.ndarray], budget: int | None) -> DraftTree:
+    """The best ``budget`` supertree nodes (all when None) as a DraftTree in the total order."""
+    b = block.batch_size
+    widths = [p.shape[1] for p in parents]
+    offsets = np.cumsum([0] + widths)
+    flat_par = np.concatenate([np.full((b, widths[0]), -1)] + [p + offsets[d] for d, p in enumerate(parents[1:])],
+                              axis=1)
+    flat_sc = np.concatenate(scores, axis=1)
+    depths = np.concatenate([np.full(w, d, dtype=np.int64) for d, w in enumerate(widths, start=1)])
+    total = flat_sc.shape[1]
+    n_out = total if budget is None else min(budget, total)
+    if not lex:  # a chain: depth order is the total order
+        sel = np.broadcast_to(np.arange(n_out), (b, n_out))
+    else:
+        gamma = len(widths)
+        paths = np.concatenate([np.pad(a, ((0, 0), (0, 0), (0, gamma - a.shape[2]))) for a in lex], axis=1)
+        keys = [paths[..., j] for j in reversed(range(gamma))] + [-flat_sc]
+        sel = np.lexsort(keys, axis=-1)[:, :n_out]  # score descending, then rank path (a prefix first)
+    slot = np.zeros((b, total), dtype=np.int64)
+    np.put_along_axis(slot, sel, np.arange(1, n_out + 1)[None, :], 1)
+    par = np.take_along_axis(flat_par, sel, 1)
+    out_par = np.where(par < 0, 0, np.take_along_axis(slot, np.maximum(par, 0), 1))
+    return _tree(block, np.take_along_axis(np.concatenate(tokens, 1), sel, 1), out_par,
+                 depths[sel],
+                 np.take_along_axis(flat_sc, sel, 1), np.take_along_axis(np.concatenate(ranks, 1), sel, 1))
+
+
+# ---------------------------------------------------------------------------------- builders
+def chain(block: DraftBlock, head: None, config) -> DraftTree:
+    cands = HostCandidates(block, config.topk, config.normalize)
+    return _expand(block, cands, [1] * block.gamma, None)
+
+
+def corrected_chain(block: DraftBlock, head: CorrectionHead, config) -> DraftTree:
+    cands = HostCandidates(block, config.topk, config.normalize)
+    return _expand(block, cands, [1] * block.gamma, head)
+
+
+def ddtree(block: DraftBlock, head: None, config) -> DraftTree:
+    cands = HostCandidates(block, config.topk, config.normalize)
+    return _best_first(block, cands, cands.log_q, config.budget)
+
+
+def corrected_chain_ddtree(block: DraftBlock, head: CorrectionHead, config) -> DraftTree:
+    cands = HostCandidates(block, config.topk, config.normalize)
+    log_q = _expand(block, cands, [1] * block.gamma, head, trace=True)
+    return _best_first(block, cands, log_q, config.budget)
+
+
+def dartree_fixed(block: DraftBlock, head: CorrectionHead, config) -> DraftTree:
+    cands = HostCandidates(block, config.topk, config.normalize)
+    return _expand(block, cands, quota_widths(config.budget, config.topk, block.gamma), head)
+
+
+def dartree_pruned(block: DraftBlock, head: CorrectionHead, config) -> DraftTree:
+    cands = HostCandidates(block, config.topk, config.normalize)
+    return _expand(block, cands, pruned_widths(config.width, config.topk, block.gamma), head, beta=config.beta,
+                   budget=config.budget)
+
