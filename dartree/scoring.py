@@ -72,7 +72,7 @@ def too_few_finite(row: int, depth: int, finite: int, topk: int) -> str:
             f"lower topk, or mask tokens with a large negative finite logit instead of -inf")
 
 
-def rest_logsumexp(logits: Tensor, tokens: Tensor) -> Tensor:
+def rest_logsumexp(logits: Tensor, tokens: Tensor, top: Tensor | None = None) -> Tensor:
     """log-sum-exp of the logits outside the candidates ``tokens``: THE vocabulary normaliser.
 
     ``top + log(sum_{v not in C} exp(x_v - top))`` in float32, where ``top`` is the row maximum (the
@@ -83,12 +83,14 @@ def rest_logsumexp(logits: Tensor, tokens: Tensor) -> Tensor:
     function on the same ``[b, gamma, V]`` float32 tensor, so their ``rest_lse`` are bit-identical.
 
     Shape:
-        logits: float32 ``[b, gamma, V]``; tokens: int64 ``[b, gamma, K]`` -> float32 ``[b, gamma]``.
+        logits: float32 ``[b, gamma, V]``; tokens: int64 ``[b, gamma, K]``; top: float32 ``[b, gamma]``
+        (the best candidates' logits, if the caller has them) -> float32 ``[b, gamma]``.
     """
-    top = torch.gather(logits, -1, tokens[..., :1])  # [b, gamma, 1]
-    terms = torch.exp(logits - top)
+    top = torch.gather(logits, -1, tokens[..., :1])[..., 0] if top is None else top
+    terms = torch.sub(logits, top[..., None])
+    terms.exp_()
     terms.scatter_(-1, tokens, 0.0)
-    return top[..., 0] + torch.log(terms.sum(-1))
+    return top + torch.log(terms.sum(-1))
 
 
 def candidates(block: DraftBlock, topk: int, normalize: Normalize) -> Candidates:

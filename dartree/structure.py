@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["PAD", "TreeStructure", "tree_structure", "tree_structure_host", "tree_structure_torch"]
+__all__ = ["PAD", "TreeStructure", "ancestor_mask", "tree_structure", "tree_structure_host", "tree_structure_torch"]
 
 PAD = -1
 
@@ -51,6 +51,34 @@ def tree_structure(parents: Tensor, num_nodes: Tensor, prefix_len: int | Tensor 
     return tree_structure_torch(parents, num_nodes, prefix_len)
 
 
+def ancestor_mask(parents: Tensor, num_nodes: Tensor) -> Tensor:
+    """bool ``[b, n, n]``: ``mask[r, i, j]`` iff node j is node i or an ancestor of it (the ``mask`` of
+    :func:`tree_structure` alone: numpy on the host for CPU tensors, torch elsewhere)."""
+    if parents.device.type != "cpu":
+        return tree_structure_torch(parents, num_nodes).mask
+    par = parents.numpy()
+    b, n = par.shape
+    return torch.from_numpy(_host_mask(par, np.arange(n)[None, :] < num_nodes.numpy()[:, None])[0])
+
+
+def _host_mask(par: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Pointer doubling on the host; returns the mask and the ``child`` flags (valid, not the root)."""
+    b, n = par.shape
+    idx = np.arange(n)
+    child = valid & (idx[None, :] > 0)
+    jump = np.where(child, par, idx[None, :])  # the root and padding point to themselves
+    rows = np.arange(b)[:, None]
+    mask = np.zeros((b, n, n), dtype=bool)
+    mask[rows, idx[None, :], idx[None, :]] = valid
+    mask[rows, idx[None, :], jump] |= valid
+    while True:
+        nxt = jump[rows, jump]
+        if np.array_equal(nxt, jump):
+            return mask, child
+        mask |= mask[rows, jump]
+        jump = nxt
+
+
 def _doubling_steps(n: int) -> int:
     """Jumps of 1, 2, 4, ... that cover every ancestor distance up to ``n - 1``."""
     return max(n - 2, 0).bit_length()
@@ -64,20 +92,8 @@ def tree_structure_host(parents: Tensor, num_nodes: Tensor, prefix_len: int | Te
     """
     par = parents.numpy()
     b, n = par.shape
-    idx = np.arange(n)
-    valid = idx[None, :] < num_nodes.numpy()[:, None]
-    child = valid & (idx[None, :] > 0)
-    jump = np.where(child, par, idx[None, :])  # the root and padding point to themselves
-    rows = np.arange(b)[:, None]
-    mask = np.zeros((b, n, n), dtype=bool)
-    mask[rows, idx[None, :], idx[None, :]] = valid
-    mask[rows, idx[None, :], jump] |= valid
-    while True:
-        nxt = jump[rows, jump]
-        if np.array_equal(nxt, jump):
-            break
-        mask |= mask[rows, jump]
-        jump = nxt
+    valid = np.arange(n)[None, :] < num_nodes.numpy()[:, None]
+    mask, child = _host_mask(par, valid)
     depth = mask.sum(2) - valid
     prefix = np.asarray(prefix_len.cpu() if isinstance(prefix_len, Tensor) else prefix_len, dtype=np.int64)
     positions = (prefix[:, None] if prefix.ndim == 1 else prefix) + depth

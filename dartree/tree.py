@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from dartree.structure import PAD, TreeStructure, tree_structure
+from dartree.structure import PAD, TreeStructure, ancestor_mask, tree_structure
 
 __all__ = ["DraftTree", "PAD", "rank_path_key"]
 
@@ -140,7 +140,7 @@ class DraftTree:
 
         Padding rows and columns are all False.
         """
-        return self.structure().mask
+        return ancestor_mask(self.parents, self.num_nodes)
 
     def positions(self, prefix_len: int | Tensor) -> Tensor:
         """int64 ``[b, n]``: position ids ``prefix_len + depth`` (padding gets ``prefix_len``)."""

@@ -29,6 +29,9 @@ __all__ = ["select", "check_logits", "topk_candidates", "depth_step", "top_b", "
            "keep_best"]
 
 
+_SCAN_ALL = 1 << 17  # rows x V up to which the second stage compares every logit with the threshold
+
+
 def _group_size(vocab: int, topk: int) -> int:
     """Tokens per group: at most 16 (a vertical max over 16 rows runs at memory speed), and at least
     4 K groups so that the threshold is tight."""
@@ -59,16 +62,24 @@ def select(logits: Tensor, topk: int) -> tuple[np.ndarray, np.ndarray]:
     tail = xn[:, size * n:]
     check_logits(max(float(maxima.max()), float(tail.max()) if tail.size else float("-inf")))
     t = np.partition(maxima, n - topk, axis=1)[:, n - topk] if n > topk else maxima.min(1)
-    grp_r, grp_j = np.nonzero(maxima >= t[:, None])
-    vals = xn[:, : size * n].reshape(rows, size, n)[grp_r, :, grp_j]  # [groups, size]
-    hit_g, hit_c = np.nonzero(vals >= t[grp_r, None])
-    r = grp_r[hit_g]
-    tok = hit_c * n + grp_j[hit_g]
-    v = vals[hit_g, hit_c]
-    if tail.size:
-        tr, tc = np.nonzero(tail >= t[:, None])
-        r, tok, v = np.concatenate([r, tr]), np.concatenate([tok, tc + size * n]), np.concatenate([v, tail[tr, tc]])
-    order = np.lexsort((tok, -v, r))  # row, then logit descending, then token id
+    if rows * vocab <= _SCAN_ALL:  # small: one compare over everything beats gathering the groups
+        r, tok = np.divmod(np.flatnonzero(xn >= t[:, None]), vocab)
+        v = xn[r, tok]
+    else:
+        grp_r, grp_j = np.divmod(np.flatnonzero(maxima >= t[:, None]), n)
+        vals = xn[:, : size * n].reshape(rows, size, n)[grp_r, :, grp_j]  # [groups, size]
+        hits = np.flatnonzero(vals >= t[grp_r, None])
+        hit_g, hit_c = np.divmod(hits, size)
+        r, tok, v = grp_r[hit_g], hit_c * n + grp_j[hit_g], vals.ravel()[hits]
+        if tail.size:
+            tr, tc = np.nonzero(tail >= t[:, None])
+            r, tok, v = (np.concatenate([r, tr]), np.concatenate([tok, tc + size * n]),
+                         np.concatenate([v, tail[tr, tc]]))
+        order = np.argsort(tok, kind="stable")  # group order is not token order
+        r, tok, v = r[order], tok[order], v[order]
+    # Row ascending, logit descending; a stable sort keeps token ids ascending among equal logits.
+    bits = (v + np.float32(0.0)).view(np.int32).astype(np.int64)  # -0.0 + 0.0 = +0.0: the zeros tie
+    order = np.argsort((r << 32) | (np.where(bits >= 0, bits ^ 0x7FFFFFFF, bits) & 0xFFFFFFFF), kind="stable")
     starts = np.searchsorted(r[order], np.arange(rows))
     take = order[(starts[:, None] + np.arange(topk)).ravel()]
     tokens = tok[take].astype(np.int64).reshape(b, gamma, topk)

@@ -44,7 +44,7 @@ class HostCandidates:
         self.tokens, self.logits = select(x, topk)
         self.tokens_t = torch.from_numpy(self.tokens)
         if normalize == "vocab" and topk < x.shape[-1]:
-            self.rest = rest_logsumexp(x, self.tokens_t).numpy()
+            self.rest = rest_logsumexp(x, self.tokens_t, torch.from_numpy(self.logits[..., 0])).numpy()
         else:
             self.rest = np.full(x.shape[:2], -np.inf, dtype=np.float32)
         self.log_q = log_normalize_host(self.logits, self.rest)
@@ -57,53 +57,68 @@ def _tree(block: DraftBlock, tokens: np.ndarray, parents: np.ndarray, depths: np
           ranks: np.ndarray) -> DraftTree:
     """A DraftTree from draft-node columns ``[b, n_out]`` (total order), the root prepended."""
     b, n_out = tokens.shape
-
-    def col(root, rest, dtype):
-        out = np.empty((b, n_out + 1), dtype=dtype)
-        out[:, 0] = root
-        out[:, 1:] = rest
-        return torch.from_numpy(out)
-
-    return DraftTree(tokens=col(block.root.numpy(), tokens, np.int64), parents=col(PAD, parents, np.int64),
-                     depths=col(0, depths, np.int64), scores=col(0.0, scores, np.float32),
-                     ranks=col(PAD, ranks, np.int64), num_nodes=torch.full((b,), n_out + 1, dtype=torch.int64))
+    ints = np.empty((4, b, n_out + 1), dtype=np.int64)  # one buffer: tokens, parents, depths, ranks
+    ints[:, :, 0] = PAD
+    ints[0, :, 0] = block.root.numpy()
+    ints[2, :, 0] = 0
+    ints[0, :, 1:], ints[1, :, 1:], ints[2, :, 1:], ints[3, :, 1:] = tokens, parents, depths, ranks
+    sc = np.empty((b, n_out + 1), dtype=np.float32)
+    sc[:, 0] = 0.0
+    sc[:, 1:] = scores
+    t = torch.from_numpy(ints)
+    return DraftTree(tokens=t[0], parents=t[1], depths=t[2], scores=torch.from_numpy(sc), ranks=t[3],
+                     num_nodes=torch.full((b,), n_out + 1, dtype=torch.int64))
 
 
 # --------------------------------------------------------------------------------- best-first
-def _best_first(block: DraftBlock, cands: HostCandidates, log_q: np.ndarray, budget: int) -> DraftTree:
+def _best_first(block: DraftBlock, cands: HostCandidates, log_q: np.ndarray, budget: int,
+                ranked: bool = False) -> DraftTree:
     """DDTree's best-first over per-depth distributions ``log_q [b, gamma, K]`` shared by all branches.
 
     Siblings are walked in (log q descending, rank) order: for base marginals that is rank order; a
-    corrected distribution (``corrected-chain-ddtree``) is sorted first.
+    corrected distribution (``corrected-chain-ddtree``) is sorted first; ``ranked`` says it already is.
     """
     b, gamma, topk = log_q.shape
     n_out = trie_size(topk, gamma, budget)
-    order = np.argsort(-log_q, axis=-1, kind="stable")  # sibling order per depth: score, then rank
-    sorted_q = np.take_along_axis(log_q, order, -1)
-    cols = np.empty((5, b, n_out), dtype=np.float64)
+    if ranked:
+        order, sorted_q = np.broadcast_to(np.arange(topk), log_q.shape), log_q
+    else:
+        order = np.argsort(-log_q, axis=-1, kind="stable")  # sibling order per depth: score, then rank
+        sorted_q = np.take_along_axis(log_q, order, -1)
+    # A rank path as one integer: digit (rank + 1) at depth d, base K + 1, most significant first, so
+    # integer order is the lexicographic order with a prefix first (a Python int never overflows).
+    place = [(topk + 1) ** (gamma - d) for d in range(gamma + 1)]
+    popped_rows = []
     f32 = array("f", [0.0])  # storing a double rounds it to float32: (p + q) rounded once, as in float32
     for r in range(b):
-        lq, rk, tok = sorted_q[r].tolist(), order[r].tolist(), cands.tokens[r].tolist()
+        lq, rk = sorted_q[r].tolist(), order[r].tolist()
         f32[0] = lq[0][0]
-        # (-score, rank path, parent node, parent score, depth, position among the sorted siblings)
-        heap = [(-f32[0], (rk[0][0],), 0, 0.0, 1, 0)]
-        out_tok, out_par, out_dep, out_sc, out_rk = [], [], [], [], []
+        # (-score, rank path code, parent node, parent score, depth, position among the sorted siblings)
+        heap = [(-f32[0], (rk[0][0] + 1) * place[1], 0, 0.0, 1, 0)]
+        popped = []
+        replace, push = heapq.heapreplace, heapq.heappush
         for node in range(1, n_out + 1):
-            neg, path, parent, pscore, depth, pos = heapq.heappop(heap)
-            out_tok.append(tok[depth - 1][path[-1]])
-            out_par.append(parent)
-            out_dep.append(depth)
-            out_sc.append(-neg)
-            out_rk.append(path[-1])
-            if pos + 1 < topk:  # the next sibling enters the heap
+            entry = heap[0]  # the best node: it leaves the heap, its next sibling (never better) replaces it
+            popped.append(entry)
+            neg, code, parent, pscore, depth, pos = entry
+            if pos + 1 < topk:
                 f32[0] = pscore + lq[depth - 1][pos + 1]
-                heapq.heappush(heap, (-f32[0], path[:-1] + (rk[depth - 1][pos + 1],), parent, pscore, depth, pos + 1))
+                ranks = rk[depth - 1]
+                replace(heap, (-f32[0], code + (ranks[pos + 1] - ranks[pos]) * place[depth], parent, pscore, depth,
+                               pos + 1))
+            else:
+                heapq.heappop(heap)
             if depth < gamma:  # the first child enters the heap
                 f32[0] = lq[depth][0] - neg
-                heapq.heappush(heap, (-f32[0], path + (rk[depth][0],), node, -neg, depth + 1, 0))
-        cols[:, r] = (out_tok, out_par, out_dep, out_sc, out_rk)
-    ints = cols[[0, 1, 2, 4]].astype(np.int64)
-    return _tree(block, ints[0], ints[1], ints[2], cols[3].astype(np.float32), ints[3])
+                push(heap, (-f32[0], code + (rk[depth][0] + 1) * place[depth + 1], node, -neg, depth + 1, 0))
+        popped_rows.append(popped)
+    entries = [e for p in popped_rows for e in p]
+    neg, _, parents, _, depths, pos = (np.array(c) for c in zip(*entries, strict=True))
+    parents, depths, pos = parents.reshape(b, n_out), depths.reshape(b, n_out), pos.reshape(b, n_out)
+    rows = np.arange(b)[:, None]
+    ranks = pos if ranked else order[rows, depths - 1, pos]
+    tokens = cands.tokens[rows, depths - 1, ranks]
+    return _tree(block, tokens, parents, depths, -neg.reshape(b, n_out), ranks)
 
 
 # -------------------------------------------------------------------------------- depth-wise
@@ -201,7 +216,7 @@ def corrected_chain(block: DraftBlock, head: CorrectionHead, config) -> DraftTre
 
 def ddtree(block: DraftBlock, head: None, config) -> DraftTree:
     cands = HostCandidates(block, config.topk, config.normalize)
-    return _best_first(block, cands, cands.log_q, config.budget)
+    return _best_first(block, cands, cands.log_q, config.budget, ranked=True)
 
 
 def corrected_chain_ddtree(block: DraftBlock, head: CorrectionHead, config) -> DraftTree:
