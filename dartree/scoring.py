@@ -161,8 +161,11 @@ def log_normalize(cand_logits: Tensor, rest_lse: Tensor) -> Tensor:
     return (z - total.unsqueeze(-1)).float()
 
 
-def log_normalize_host(cand_logits: np.ndarray, rest_lse: np.ndarray | float) -> np.ndarray:
-    """numpy :func:`log_normalize` (float64, pairwise candidate sum, one rounding to float32).
+def log_normalize_host(cand_logits: np.ndarray, rest_lse: np.ndarray | float | None = None) -> np.ndarray:
+    """numpy :func:`log_normalize` (float64, one rounding to float32).  ``rest_lse=None`` means ``-inf``.
+
+    The candidate sum is numpy's sum over the contiguous last axis: a fixed pairwise order per row that
+    does not depend on the other rows (``tests/test_scoring.py`` checks the batch invariance).
 
     Shape:
         cand_logits: ``[..., K]``; rest_lse: ``[...]`` (broadcast) -> float32 ``[..., K]``.
@@ -170,20 +173,10 @@ def log_normalize_host(cand_logits: np.ndarray, rest_lse: np.ndarray | float) ->
     z = np.asarray(cand_logits, dtype=np.float64)
     top = z.max(axis=-1, keepdims=True)
     with np.errstate(invalid="ignore"):  # NaN in, NaN out: the callers reject NaN / inf inputs themselves
-        return _log_normalize_host(z, top, rest_lse)
-
-
-def _log_normalize_host(z: np.ndarray, top: np.ndarray, rest_lse: np.ndarray | float) -> np.ndarray:
-    e = np.exp(z - top)
-    k = e.shape[-1]
-    width = 1 << (k - 1).bit_length()
-    if width != k:
-        e = np.concatenate([e, np.zeros(e.shape[:-1] + (width - k,))], axis=-1)
-    while e.shape[-1] > 1:
-        half = e.shape[-1] // 2
-        e = e[..., :half] + e[..., half:]
-    total = np.logaddexp(top[..., 0] + np.log(e[..., 0]), np.asarray(rest_lse, dtype=np.float64))
-    return (z - total[..., None]).astype(np.float32)
+        total = np.log(np.exp(z - top).sum(axis=-1, keepdims=True)) + top
+        if rest_lse is not None:
+            total = np.logaddexp(total, np.asarray(rest_lse, dtype=np.float64)[..., None])
+        return (z - total).astype(np.float32)
 
 
 def child_scores(parent_scores: Tensor, log_q: Tensor, beta: float) -> Tensor:

@@ -36,8 +36,9 @@ __all__ = ["sequential_heap"]
 Entry = tuple[float, tuple[int, ...], int, int]  # (-score, rank path, source list, cursor)
 
 
-def _candidates(block: DraftBlock, topk: int, normalize: str) -> tuple[Tensor, np.ndarray, np.ndarray]:
-    """Candidate tokens (on the block's device) and, on the host, their tokens and ``rest_lse``."""
+def _candidates(block: DraftBlock, topk: int, normalize: str) -> tuple[Tensor, np.ndarray, np.ndarray | None]:
+    """Candidate tokens (on the block's device) and, on the host, their tokens and ``rest_lse``
+    (None: -inf everywhere)."""
     from dartree.fast import ops
 
     if ops.backend(block.logits) == "host":
@@ -96,7 +97,7 @@ def sequential_heap(block: DraftBlock, head: CorrectionHead, config) -> DraftTre
             z = logits[:, 0].detach().float().cpu().numpy()  # sync, once per pop (see above)
             if not np.isfinite(z).all():
                 raise ValueError("head.logits: must be finite (found NaN or inf)")
-            log_q = log_normalize_host(z, rest[members, depth])
+            log_q = log_normalize_host(z, None if rest is None else rest[members, depth])
             parent = node_scores[members, t].astype(np.float32)
             scores = (parent[:, None] + log_q) + np.float32(0.0)
             # Siblings by corrected score, ties by rank (the total order among siblings): a stable sort.

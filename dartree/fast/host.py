@@ -112,10 +112,12 @@ def keep_best(scores: np.ndarray, width: int) -> np.ndarray:
     b, total = scores.shape
     if width == total:
         return np.broadcast_to(np.arange(total), (b, total))
-    t = -np.partition(-scores, width - 1, axis=1)[:, width - 1 : width]  # the width-th best score
-    better = scores > t
-    tied = scores == t
-    keep = better | (tied & (np.cumsum(tied, axis=1) <= width - better.sum(1, keepdims=True)))
+    t = np.partition(scores, total - width, axis=1)[:, total - width, None]  # the width-th best score
+    keep = scores >= t
+    if np.count_nonzero(keep) != b * width:  # ties at the threshold: the smallest positions win
+        better = scores > t
+        tied = scores == t
+        keep = better | (tied & (np.cumsum(tied, axis=1) <= width - better.sum(1, keepdims=True)))
     return np.nonzero(keep)[1].reshape(b, width)
 
 

@@ -43,11 +43,14 @@ class HostCandidates:
         x = block.logits.float().contiguous()
         self.tokens, self.logits = select(x, topk)
         self.tokens_t = torch.from_numpy(self.tokens)
+        self.rest: np.ndarray | None = None  # None: -inf everywhere (log_normalize_host skips it)
         if normalize == "vocab" and topk < x.shape[-1]:
             self.rest = rest_logsumexp(x, self.tokens_t, torch.from_numpy(self.logits[..., 0])).numpy()
-        else:
-            self.rest = np.full(x.shape[:2], -np.inf, dtype=np.float32)
         self.log_q = log_normalize_host(self.logits, self.rest)
+
+    def rest_at(self, depth: int) -> np.ndarray | None:
+        """``rest_lse`` of ``depth`` (1-based) as ``[b, 1]``, or None for -inf."""
+        return None if self.rest is None else self.rest[:, depth - 1, None]
 
 
 candidate_set = HostCandidates
@@ -130,8 +133,10 @@ def _expand(block: DraftBlock, cands: HostCandidates, widths: list[int], head: C
     or, with ``trace``, the ``[b, gamma, K]`` log q of a width-1 chain instead.
     """
     b = block.batch_size
+    gamma = len(widths)
     topk = cands.tokens.shape[-1]
     rows = np.arange(b)[:, None]
+    rows_t = torch.arange(b)[:, None]
     scores = np.zeros((b, 1), dtype=np.float32)
     beta32 = np.float32(beta)
     states = logits = None
@@ -139,37 +144,35 @@ def _expand(block: DraftBlock, cands: HostCandidates, widths: list[int], head: C
         states = head_initial(head, block)
         logits = head_logits(head, block, 1, states, cands.tokens_t[:, 0])
     parents, ranks, tokens, depth_scores, lex, traced = [], [], [], [], [], []
-    anc = np.zeros((b, 1, 0), dtype=np.int64)  # 1-based lex index of each kept node's ancestors
     branching = not trace and max(widths) > 1  # a chain needs no sort: depth order is the total order
+    anc = np.zeros((b, 1, gamma), dtype=np.int64)  # 1-based lex index of each kept node's ancestor per depth
     for depth, width in enumerate(widths, start=1):
         if head is not None:
-            z = logits.detach().float().numpy()
-            if not np.isfinite(z).all():
+            lq = log_normalize_host(logits.detach().float().numpy(), cands.rest_at(depth))  # [b, m, K]
+            if not np.isfinite(lq).all():  # a NaN / inf logit gives NaN or -inf log q
                 raise ValueError("head.logits: must be finite (found NaN or inf)")
-            lq = log_normalize_host(z, cands.rest[:, depth - 1, None])  # [b, m, K]
+            child = (scores[:, :, None] + lq) + beta32
         else:
             lq = cands.log_q[:, depth - 1 : depth]  # [b, 1, K] shared by every branch
+            child = np.ascontiguousarray((scores[:, :, None] + lq) + beta32)
         if trace:
             traced.append(lq)
-        child = (scores[:, :, None] + lq) + beta32
-        m = scores.shape[1]
-        flat = np.ascontiguousarray(np.broadcast_to(child, (b, m, topk))).reshape(b, m * topk)
+        flat = child.reshape(b, -1)
         kept = keep_best(flat, width)  # [b, W] in rank-path order
-        par, rk = kept // topk, kept % topk
-        tok = np.take_along_axis(cands.tokens[:, depth - 1], rk, 1)
-        scores = np.take_along_axis(flat, kept, 1)
+        par, rk = np.divmod(kept, topk)
+        tok = cands.tokens[:, depth - 1][rows, rk]
+        scores = flat[rows, kept]
         parents.append(par)
         ranks.append(rk)
         tokens.append(tok)
         depth_scores.append(scores)
         if branching:
-            anc = np.concatenate([anc[rows, par], np.broadcast_to(np.arange(1, width + 1)[None, :, None],
-                                                                   (b, width, 1))], axis=2)
+            anc = anc[rows, par]
+            anc[:, :, depth - 1] = np.arange(1, width + 1)
             lex.append(anc)
-        if head is not None and depth < len(widths):  # the last depth's advance would never be used
-            states, logits = head_advance_logits(
-                head, block, depth, states[torch.arange(b)[:, None], torch.from_numpy(par)],
-                torch.from_numpy(tok), cands.tokens_t[:, depth])
+        if head is not None and depth < gamma:  # the last depth's advance would never be used
+            states, logits = head_advance_logits(head, block, depth, states[rows_t, torch.from_numpy(par)],
+                                                 torch.from_numpy(tok), cands.tokens_t[:, depth])
     if trace:
         return np.concatenate(traced, axis=1)
     return _select_tree(block, parents, ranks, tokens, depth_scores, lex, budget)
@@ -191,7 +194,7 @@ def _select_tree(block: DraftBlock, parents: list[np.ndarray], ranks: list[np.nd
         sel = np.broadcast_to(np.arange(n_out), (b, n_out))
     else:
         gamma = len(widths)
-        paths = np.concatenate([np.pad(a, ((0, 0), (0, 0), (0, gamma - a.shape[2]))) for a in lex], axis=1)
+        paths = np.concatenate(lex, axis=1)
         keys = [paths[..., j] for j in reversed(range(gamma))] + [-flat_sc]
         sel = np.lexsort(keys, axis=-1)[:, :n_out]  # score descending, then rank path (a prefix first)
     slot = np.zeros((b, total), dtype=np.int64)
