@@ -60,7 +60,9 @@ def select(logits: Tensor, topk: int) -> tuple[np.ndarray, np.ndarray]:
     n = vocab // size
     maxima = x[:, : size * n].view(rows, size, n).amax(1).numpy()  # [rows, n], one pass at memory speed
     tail = xn[:, size * n:]
-    check_logits(max(float(maxima.max()), float(tail.max()) if tail.size else float("-inf")))
+    check_logits(float(maxima.max()))  # NaN propagates through max (never through Python's max())
+    if tail.size:
+        check_logits(float(tail.max()))
     t = np.partition(maxima, n - topk, axis=1)[:, n - topk] if n > topk else maxima.min(1)
     if rows * vocab <= _SCAN_ALL:  # small: one compare over everything beats gathering the groups
         r, tok = np.divmod(np.flatnonzero(xn >= t[:, None]), vocab)

@@ -208,8 +208,13 @@ def _select_tree(block: DraftBlock, parents: list[np.ndarray], ranks: list[np.nd
 
 # ---------------------------------------------------------------------------------- builders
 def chain(block: DraftBlock, head: None, config) -> DraftTree:
+    """The best candidate of every depth; scores are the float32 running sum of their log q (numpy's
+    ``cumsum`` adds in order, in float32: ``(parent + log q) + 0``, as every builder does)."""
     cands = HostCandidates(block, config.topk, config.normalize)
-    return _expand(block, cands, [1] * block.gamma, None)
+    b, gamma = cands.tokens.shape[:2]
+    scores = np.cumsum(cands.log_q[:, :, 0], axis=1, dtype=np.float32) + np.float32(0.0)
+    parents = np.broadcast_to(np.arange(gamma), (b, gamma))
+    return _tree(block, cands.tokens[:, :, 0], parents, parents + 1, scores, np.zeros((b, gamma), dtype=np.int64))
 
 
 def corrected_chain(block: DraftBlock, head: CorrectionHead, config) -> DraftTree:
