@@ -98,10 +98,10 @@ class PrunedConfig:
         _check_int("topk", self.topk, 1)
         _check_normalize(self.normalize)
         if isinstance(self.beta, bool) or not isinstance(self.beta, int | float) or not self.beta <= 0:
-            raise ValueError(f"beta: the depth penalty must be a finite number <= 0 (a positive value breaks "
+            raise ValueError(f"beta: must be a finite number <= 0 (a depth penalty: a positive value breaks "
                              f"prefix closure), got {self.beta!r}")
         if self.beta != self.beta or self.beta == float("-inf"):
-            raise ValueError(f"beta: the depth penalty must be a finite number <= 0, got {self.beta!r}")
+            raise ValueError(f"beta: must be a finite number <= 0 (a depth penalty), got {self.beta!r}")
 
 
 BuildFn = Callable[[DraftBlock, "CorrectionHead | None", Any], DraftTree]
