@@ -94,10 +94,11 @@ def _best_first(block: DraftBlock, cands: HostCandidates, log_q: np.ndarray, bud
     popped_rows = []
     f32 = array("f", [0.0])  # storing a double rounds it to float32: (p + q) rounded once, as in float32
     for r in range(b):
-        lq, rk = sorted_q[r].tolist(), order[r].tolist()
+        lq = sorted_q[r].tolist()
+        rk = None if ranked else order[r].tolist()  # position -> rank (the identity when ranked)
         f32[0] = lq[0][0]
         # (-score, rank path code, parent node, parent score, depth, position among the sorted siblings)
-        heap = [(-f32[0], (rk[0][0] + 1) * place[1], 0, 0.0, 1, 0)]
+        heap = [(-f32[0], (1 if ranked else rk[0][0] + 1) * place[1], 0, 0.0, 1, 0)]
         popped = []
         replace, push = heapq.heapreplace, heapq.heappush
         for node in range(1, n_out + 1):
@@ -106,14 +107,14 @@ def _best_first(block: DraftBlock, cands: HostCandidates, log_q: np.ndarray, bud
             neg, code, parent, pscore, depth, pos = entry
             if pos + 1 < topk:
                 f32[0] = pscore + lq[depth - 1][pos + 1]
-                ranks = rk[depth - 1]
-                replace(heap, (-f32[0], code + (ranks[pos + 1] - ranks[pos]) * place[depth], parent, pscore, depth,
-                               pos + 1))
+                step = 1 if ranked else rk[depth - 1][pos + 1] - rk[depth - 1][pos]
+                replace(heap, (-f32[0], code + step * place[depth], parent, pscore, depth, pos + 1))
             else:
                 heapq.heappop(heap)
             if depth < gamma:  # the first child enters the heap
                 f32[0] = lq[depth][0] - neg
-                push(heap, (-f32[0], code + (rk[depth][0] + 1) * place[depth + 1], node, -neg, depth + 1, 0))
+                digit = 1 if ranked else rk[depth][0] + 1
+                push(heap, (-f32[0], code + digit * place[depth + 1], node, -neg, depth + 1, 0))
         popped_rows.append(popped)
     entries = [e for p in popped_rows for e in p]
     neg, _, parents, _, depths, pos = (np.array(c) for c in zip(*entries, strict=True))

@@ -23,11 +23,13 @@ def assert_same_tree(ref: DraftTree, fast: DraftTree) -> None:
         assert a.dtype == b.dtype and torch.equal(a, b), name
 
 
-def build_both(name: str, block: DraftBlock, cfg: dict, head_name: str) -> tuple[DraftTree, DraftTree]:
+def build_both(name: str, block: DraftBlock, cfg: dict, head_name: str,
+               kernels: str = "host") -> tuple[DraftTree, DraftTree]:
     ref = make_builder(name, backend="ref", **cfg)
     fast = make_builder(name, backend="fast", **cfg)
     head = HEADS[head_name] if ref.needs_head else None
-    return ref.build(block, head), fast.build(block, head)
+    with ops.force_backend(kernels):  # "host": the CPU builders; "torch": the tensorized ones
+        return ref.build(block, head), fast.build(block, head)
 
 
 def awkward_block(b: int, gamma: int, vocab: int, seed: int, ties: bool) -> DraftBlock:
@@ -60,10 +62,11 @@ CASES = [  # (b, gamma, V, topk, budget, width): the awkward shapes of the desig
 ]
 
 
+@pytest.mark.parametrize("kernels", ["host", "torch"])
 @pytest.mark.parametrize("ties", [False, True])
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("name", BUILDERS)
-def test_fast_equals_ref_awkward_shapes(name: str, case: tuple[int, ...], ties: bool) -> None:
+def test_fast_equals_ref_awkward_shapes(name: str, case: tuple[int, ...], ties: bool, kernels: str) -> None:
     b, gamma, vocab, topk, budget, width = case
     block = awkward_block(b, gamma, vocab, seed=sum(case), ties=ties)
     for normalize in ("vocab", "candidates"):
@@ -73,7 +76,7 @@ def test_fast_equals_ref_awkward_shapes(name: str, case: tuple[int, ...], ties: 
         if name == "dartree-pruned":
             cfg.update(width=width, beta=-0.2 if ties else 0.0)
         for head_name in HEADS:
-            assert_same_tree(*build_both(name, block, cfg, head_name))
+            assert_same_tree(*build_both(name, block, cfg, head_name, kernels))
 
 
 @settings(max_examples=min(10, settings().max_examples))
