@@ -75,6 +75,7 @@ def too_few_finite(row: int, depth: int, finite: int, topk: int) -> str:
 
 _local = threading.local()
 _CHUNK = 1 << 20
+_LOG2E = 1.4426950408889634
 
 
 def _scratch(like: Tensor) -> Tensor:
@@ -93,7 +94,9 @@ def rest_logsumexp(logits: Tensor, tokens: Tensor, top: Tensor | None = None) ->
 
     ``top + log(sum_{v not in C} exp(x_v - top))`` in float32, where ``top`` is the row maximum (the
     best candidate's logit, taken from ``logits`` at ``tokens[..., 0]``: exact).  One exp pass over the
-    vocabulary; the candidates' terms are zeroed before the sum, so nothing cancels.  A ``-inf`` logit
+    vocabulary, each term as ``exp2((x_v - top) * log2 e)`` (one more float32 rounding, ~1e-7 relative
+    per term; about twice as fast as ``exp`` on the CPU); the candidates' terms are zeroed before the
+    sum, so nothing cancels.  A ``-inf`` logit
     contributes 0.  If every term underflows (the rest lies > 104 below the top), the result is
     ``-inf``, which changes log q by less than a float32 rounding step.  Every backend calls this
     function on the same ``[b, gamma, V]`` float32 tensor, so their ``rest_lse`` are bit-identical.
@@ -111,7 +114,7 @@ def rest_logsumexp(logits: Tensor, tokens: Tensor, top: Tensor | None = None) ->
     sums = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
     for r in range(0, x.shape[0], step):
         terms = torch.sub(x[r : r + step], t[r : r + step], out=_scratch(x[r : r + step]))
-        terms.exp_()
+        terms.mul_(_LOG2E).exp2_()  # exp(y) as exp2(y log2 e): ~2x faster than exp on the CPU
         terms.scatter_(-1, tok[r : r + step], 0.0)
         torch.sum(terms, -1, out=sums[r : r + step])
     return top + torch.log(sums.view(top.shape))
