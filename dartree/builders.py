@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -31,12 +32,22 @@ target verifies in one forward; a larger value is a typo, not a tree.  The candi
 tree too: a tree never holds more than its ``K + K^2 + ... + K^gamma`` nodes."""
 
 
-def _check_int(name: str, value: Any, low: int, high: int | None = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+def _check_int(owner: Any, name: str, low: int, high: int | None = None) -> None:
+    """Check the integer field ``name`` of the frozen config ``owner``; anything ``operator.index`` accepts
+    (numpy or 0-d tensor integers) is stored as a plain ``int``."""
+    value = getattr(owner, name)
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        value = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name}: must be an integer >= {low}, got {value!r}") from None
+    if value < low:
         raise ValueError(f"{name}: must be an integer >= {low}, got {value!r}")
     if high is not None and value > high:
         raise ValueError(f"{name}: {value} exceeds the limit {high} (dartree.builders.MAX_NODES: a tree of n "
                          f"nodes needs an n x n attention mask in the target)")
+    object.__setattr__(owner, name, value)
 
 
 def _check_normalize(value: Any) -> None:
@@ -56,7 +67,7 @@ class ChainConfig:
     normalize: Normalize = "vocab"
 
     def __post_init__(self) -> None:
-        _check_int("topk", self.topk, 1)
+        _check_int(self, "topk", 1)
         _check_normalize(self.normalize)
 
 
@@ -74,8 +85,8 @@ class TreeConfig:
     normalize: Normalize = "vocab"
 
     def __post_init__(self) -> None:
-        _check_int("budget", self.budget, 1, MAX_NODES)
-        _check_int("topk", self.topk, 1)
+        _check_int(self, "budget", 1, MAX_NODES)
+        _check_int(self, "topk", 1)
         _check_normalize(self.normalize)
 
 
@@ -93,9 +104,9 @@ class PrunedConfig:
     normalize: Normalize = "candidates"
 
     def __post_init__(self) -> None:
-        _check_int("budget", self.budget, 1, MAX_NODES)
-        _check_int("width", self.width, 1, MAX_NODES)
-        _check_int("topk", self.topk, 1)
+        _check_int(self, "budget", 1, MAX_NODES)
+        _check_int(self, "width", 1, MAX_NODES)
+        _check_int(self, "topk", 1)
         _check_normalize(self.normalize)
         if isinstance(self.beta, bool) or not isinstance(self.beta, int | float) or not self.beta <= 0:
             raise ValueError(f"beta: must be a finite number <= 0 (a depth penalty: a positive value breaks "

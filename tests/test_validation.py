@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -169,3 +170,16 @@ def test_head_non_finite_logits(name: str, bad: float, depth: int, backend: str,
     with pytest.raises(ValueError, match=r"^head\.logits: must be finite"):
         build_on(name, backend, kernels, block(), BadHead(bad, depth), topk=3,
                  **({} if name.endswith("chain") else {"budget": 12}))
+
+
+@pytest.mark.parametrize("value", [np.int64(8), np.int32(8), torch.tensor(8)])
+def test_integer_fields_take_anything_operator_index_takes(value) -> None:
+    config = make_builder("dartree-pruned", budget=value, width=value, topk=value).config
+    assert (config.budget, config.width, config.topk) == (8, 8, 8)
+    assert all(type(v) is int for v in (config.budget, config.width, config.topk))
+
+
+@pytest.mark.parametrize("value", [2.0, "3", True, torch.tensor([8])])
+def test_integer_fields_reject_what_is_not_an_integer(value) -> None:
+    with pytest.raises(ValueError, match="budget: must be an integer >= 1"):
+        make_builder("ddtree", budget=value)
