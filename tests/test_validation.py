@@ -179,7 +179,7 @@ def test_integer_fields_take_anything_operator_index_takes(value) -> None:
     assert all(type(v) is int for v in (config.budget, config.width, config.topk))
 
 
-@pytest.mark.parametrize("value", [2.0, "3", True, torch.tensor([8])])
+@pytest.mark.parametrize("value", [2.0, "3", True, torch.tensor(8.0)])
 def test_integer_fields_reject_what_is_not_an_integer(value) -> None:
     with pytest.raises(ValueError, match="budget: must be an integer >= 1"):
         make_builder("ddtree", budget=value)
