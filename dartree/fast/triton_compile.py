@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
+import resource
 import subprocess
 import sys
 import tempfile
@@ -48,7 +49,8 @@ class Compiled:
 
     kernel: str
     arch: int
-    seconds: float
+    seconds: float      # wall clock
+    cpu_seconds: float  # this process and its children (ptxas): steadier than wall on a busy machine
     shared: int        # bytes of shared memory the kernel needs (Triton's metadata)
     num_warps: int
     cubin_bytes: int
@@ -75,6 +77,11 @@ def _fresh_cache() -> Iterator[None]:
             knobs.cache.dir, knobs.compilation.always_compile = old_dir, old_always
 
 
+def _cpu_seconds() -> float:
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def compile_launch(launch: Launch, arch: int) -> Compiled:
     """Compile the specialisation ``launch`` needs for ``sm_<arch>``; raises if Triton or ptxas fails."""
     import triton
@@ -90,10 +97,10 @@ def compile_launch(launch: Launch, arch: int) -> Compiled:
     bound, specialization, options = binder(*launch.args, **kwargs)
     options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound, specialization, options)
     with _fresh_cache():
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), _cpu_seconds()
         out = triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target, options=options.__dict__)
-        seconds = time.perf_counter() - start
-    return Compiled(kernel=launch.kernel, arch=arch, seconds=seconds, shared=int(out.metadata.shared),
+        seconds, cpu = time.perf_counter() - start, _cpu_seconds() - cpu
+    return Compiled(kernel=launch.kernel, arch=arch, seconds=seconds, cpu_seconds=cpu, shared=int(out.metadata.shared),
                     num_warps=int(out.metadata.num_warps), cubin_bytes=len(out.asm["cubin"]))
 
 
@@ -181,11 +188,13 @@ def _worker(src: str, dst: str) -> None:
 
 def table(pairs: list[tuple[Launch, Compiled]]) -> str:
     """Markdown: one row per (specialisation, arch)."""
-    rows = ["| kernel | constexprs | warps | arch | compiled | time (s) | shared memory (bytes) |",
-            "|---|---|---|---|---|---|---|"]
+    rows = ["| kernel | input | constexprs | warps | arch | compiled | CPU time (s) | shared memory (bytes) |",
+            "|---|---|---|---|---|---|---|---|"]
     for launch, r in pairs:
         consts = ", ".join(f"{k}={v}" for k, v in launch.constexprs if not k.startswith("LOG_"))
-        rows.append(f"| `{r.kernel}` | {consts} | {r.num_warps} | sm_{r.arch} | yes | {r.seconds:.1f} | {r.shared} |")
+        dtype = str(launch.args[0].dtype).removeprefix("torch.")
+        rows.append(f"| `{r.kernel}` | {dtype} | {consts} | {r.num_warps} | sm_{r.arch} | yes | {r.cpu_seconds:.1f} "
+                    f"| {r.shared} |")
     return "\n".join(rows)
 
 

@@ -154,18 +154,17 @@ def _unpack_tie(key):
 
 # Bitonic top-k / sort of a 1-D power-of-two tensor (after triton.language.standard.sort_impl, written
 # as few functions: the CPU interpreter pays for every nested jit call).  The tensor is viewed as a
-# hypercube [2] * n; the partner of each element in a compare-and-swap along one axis is found with
-# max/min over that axis (the same network as an xor reduction; min/max are native in the
-# interpreter).  Compiler rules kept here: no named constexpr rebound inside a static loop ("constexpr
-# cannot be reassigned"), and no Python min/max on constexprs (the compiler maps them to tl.minimum).
+# hypercube [2] * n; the partner of each element in a compare-and-swap along one axis is the sum over
+# that axis less the element itself (int64 wraps, exactly): one native reduction, where sort_impl's
+# xor reduction runs as Python in the interpreter and a max/min pair doubles the shuffles ptxas sees.
+# Compiler rules kept here: no named constexpr rebound inside a static loop ("constexpr cannot be
+# reassigned"), and no Python min/max on constexprs (the compiler maps them to tl.minimum/maximum).
 @triton.jit
 def _merge_runs(h, flip, OUTER: tl.constexpr, RUN: tl.constexpr):
     """Bitonic merge of the runs of 2**RUN keys of a hypercube ``h`` of OUTER + RUN dims (the run is
     the inner RUN dims); ``flip`` (broadcast like h) is 1 where a run sorts descending."""
     for s in tl.static_range(RUN):  # compare-and-swap along axis OUTER + s
-        hi = tl.max(h, OUTER + s, keep_dims=True)
-        lo = tl.min(h, OUTER + s, keep_dims=True)
-        partner = tl.where(h == hi, lo, hi)
+        partner = tl.sum(h, OUTER + s, keep_dims=True) - h  # the pair's sum less oneself (wraps exactly)
         is_right = tl.reshape(tl.arange(0, 2), [1] * (OUTER + s) + [2] + [1] * (RUN - 1 - s))
         h = tl.where((h > partner) != (flip ^ is_right).to(tl.int1), partner, h)
     return h
