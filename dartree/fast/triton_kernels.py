@@ -13,9 +13,10 @@ streamed sizes (vocabulary, ``m * K`` children, ``N`` supertree nodes) are bound
 flat indices.  ``tree_structure`` / ``greedy_walk`` hold a whole row of nodes.
 
 Integer arguments are not specialised on their values (``do_not_specialize``) nor pointers on their
-alignment: the compiled variants depend only on the dtypes and the constexprs, which
-:func:`launch_plan` derives from the sizes, so the set of specialisations is known without a GPU
-(``tests/fast/test_triton_compile.py`` compiles them ahead of time for sm_80 / sm_89 / sm_90).
+alignment: the compiled variants depend only on the dtypes and the constexprs, which the wrappers
+derive from the sizes, so the set of specialisations is known without a GPU (calling a wrapper on
+``meta`` tensors inside ``record_launches(execute=False)`` yields its launches;
+:mod:`dartree.fast.triton_compile` compiles them ahead of time for sm_80 / sm_89 / sm_90).
 """
 
 from __future__ import annotations
@@ -34,11 +35,12 @@ from dartree.fast.results import CandidateSet, DepthStep, GreedyWalk, TreeStruct
 __all__ = ["LIMITS", "OPS", "Launch", "TensorArg", "supports", "record_launches", "topk_candidates", "depth_step",
            "top_b", "tree_structure", "greedy_walk"]
 
-# Largest sizes each kernel is designed for (see the module docstring); int32 bounds the streamed sizes.
 OPS: tuple[str, ...] = ("topk_candidates", "depth_step", "top_b", "tree_structure", "greedy_walk")
+# Largest sizes each kernel is designed for (see the module docstring); int32 bounds the streamed sizes.
 LIMITS: dict[str, int] = {"topk": 512, "width": 512, "budget": 512, "nodes": 4096, "flat": 2**31 - 1}
 TILE = 1024  # elements of a streamed tile (vocabulary, children, supertree nodes)
-_NONE = -9223372036854775807  # the "no entry" key: below every packed key (the smallest is order32(-inf) << 32)
+# -9223372036854775807 in the kernels is the "no entry" key: below every packed key (the smallest real
+# one is order32(-inf) << 32).
 
 
 def _pow2(x: int) -> int:
