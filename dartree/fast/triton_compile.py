@@ -140,12 +140,14 @@ def largest_launches() -> list[Launch]:
 
 
 def compile_all(launches: list[Launch], archs: Iterable[int] = ARCHS,
-                workers: int = 2) -> list[tuple[Launch, Compiled]]:
-    """Compile every launch for every arch in ``workers`` subprocesses (without TRITON_INTERPRET).
+                workers: int | None = None) -> list[tuple[Launch, Compiled]]:
+    """Compile every launch for every arch in ``workers`` subprocesses (default: up to 4, one per core),
+    without TRITON_INTERPRET.
 
     Raises RuntimeError with the compiler's message on the first failure (or if ptxas is missing).
     """
     jobs = [(launch, arch) for launch in launches for arch in archs]
+    workers = workers or min(4, os.cpu_count() or 1)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton's default, stated (silences its warning)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(triton_kernels.__file__))))
