@@ -67,10 +67,13 @@ def force_backend(name: str) -> Iterator[None]:
         _forced = previous
 
 
-def _impl(x: Tensor) -> ModuleType:
+def _impl(x: Tensor, op: str, *args) -> ModuleType:
+    """The module that runs ``op(*args)`` for tensors like ``x``.  Sizes beyond a Triton kernel's design
+    (``triton_kernels.LIMITS``) take the torch twin, never a truncated kernel."""
     name = backend(x)
     if name == "triton":
-        return importlib.import_module("dartree.fast.triton_kernels")
+        kernels = importlib.import_module("dartree.fast.triton_kernels")
+        return kernels if kernels.supports(op, *args) else twins
     if name == "host":
         if x.device.type != "cpu":
             raise ValueError(f"backend: 'host' runs on CPU tensors only, got a tensor on {x.device}")
@@ -92,7 +95,8 @@ def topk_candidates(logits: Tensor, topk: int, vocab_normalize: bool) -> Candida
     Shape:
         logits: float ``[b, gamma, V]``; ``1 <= topk <= V`` -> :class:`CandidateSet` ``[b, gamma, K]``.
     """
-    return _impl(logits).topk_candidates(logits, topk, vocab_normalize)
+    args = (logits, topk, vocab_normalize)
+    return _impl(logits, "topk_candidates", *args).topk_candidates(*args)
 
 
 def depth_step(parent_scores: Tensor, log_q: Tensor, beta: float, width: int) -> DepthStep:
@@ -101,7 +105,8 @@ def depth_step(parent_scores: Tensor, log_q: Tensor, beta: float, width: int) ->
     Shape:
         parent_scores ``[b, m]``, log_q ``[b, m | 1, K]`` -> :class:`DepthStep` ``[b, width]``.
     """
-    return _impl(parent_scores).depth_step(parent_scores, log_q, beta, width)
+    args = (parent_scores, log_q, beta, width)
+    return _impl(parent_scores, "depth_step", *args).depth_step(*args)
 
 
 def top_b(scores: Tensor, budget: int) -> Tensor:
@@ -110,7 +115,8 @@ def top_b(scores: Tensor, budget: int) -> Tensor:
     Shape:
         scores: float32 ``[b, N]`` -> int64 ``[b, budget]``.
     """
-    return _impl(scores).top_b(scores, budget)
+    args = (scores, budget)
+    return _impl(scores, "top_b", *args).top_b(*args)
 
 
 def tree_structure(parents: Tensor, num_nodes: Tensor, prefix_len: int | Tensor = 0) -> TreeStructure:
@@ -119,7 +125,8 @@ def tree_structure(parents: Tensor, num_nodes: Tensor, prefix_len: int | Tensor 
     Shape:
         parents ``[b, n]``, num_nodes ``[b]`` -> :class:`TreeStructure`.
     """
-    return _impl(parents).tree_structure(parents, num_nodes, prefix_len)
+    args = (parents, num_nodes, prefix_len)
+    return _impl(parents, "tree_structure", *args).tree_structure(*args)
 
 
 def greedy_walk(tokens: Tensor, parents: Tensor, num_nodes: Tensor, picks: Tensor) -> GreedyWalk:
@@ -128,4 +135,5 @@ def greedy_walk(tokens: Tensor, parents: Tensor, num_nodes: Tensor, picks: Tenso
     Shape:
         tokens, parents, picks ``[b, n]``, num_nodes ``[b]`` -> :class:`GreedyWalk`.
     """
-    return _impl(tokens).greedy_walk(tokens, parents, num_nodes, picks)
+    args = (tokens, parents, num_nodes, picks)
+    return _impl(tokens, "greedy_walk", *args).greedy_walk(*args)

@@ -104,3 +104,15 @@ def test_supports_the_limits_themselves() -> None:
     assert triton_kernels.supports("top_b", torch.empty(2, 8192, device="meta"), LIMITS["budget"])
     with pytest.raises(ValueError, match="^op"):
         triton_kernels.supports("sort", meta)
+
+
+def test_dispatch_sends_sizes_beyond_a_kernels_design_to_the_twin() -> None:
+    """On the Triton backend an op whose sizes exceed LIMITS runs on the torch twin (same contract), and no
+    kernel is launched: nothing is truncated."""
+    from dartree.fast import ops, twins
+
+    scores = torch.randn(2, LIMITS["budget"] + 88)
+    with ops.force_backend("triton"), record_launches(execute=False) as launches:
+        picked = ops.top_b(scores, LIMITS["budget"] + 1)
+    assert launches == []
+    assert torch.equal(picked, twins.top_b(scores, LIMITS["budget"] + 1))
