@@ -45,6 +45,14 @@ class Bundle:
     drafter: Any
     heads: dict[str, Any] = field(default_factory=dict)
 
+    def to(self, device: str | Any) -> Bundle:
+        """Move the target, the drafter and every head that is a module to ``device`` (in place)."""
+        self.target.to(device)
+        for module in (self.drafter, *self.heads.values()):
+            if hasattr(module, "to"):
+                module.to(device)
+        return self
+
 
 def encode(tokenizer: Any, text: str) -> list[int]:
     """Token ids of ``text`` for a ``tokenizers.Tokenizer``, a transformers tokenizer or :class:`ByteTokenizer`."""

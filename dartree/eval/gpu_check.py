@@ -29,7 +29,6 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from unittest import mock
 
 import torch
 
@@ -117,11 +116,7 @@ def _zoo(c: Check):
 
 
 def _to_device(bundle, device: torch.device):
-    bundle.target.to(device)
-    for module in [bundle.drafter, *bundle.heads.values()]:
-        if hasattr(module, "to"):
-            module.to(device)
-    return bundle
+    return bundle.to(device)
 
 
 def step_lossless(c: Check) -> str:
@@ -195,17 +190,16 @@ class _nothing:
 
 
 def step_demo_bench(c: Check) -> str:
-    """``dartree bench --preset demo`` with the bundle moved to the device (the CLI has no --device)."""
+    """``dartree bench --preset demo --device DEVICE``: the main job, on the device."""
     from dartree import cli
 
     out = c.out.parent / "demo-bench"
-    argv = ["bench", "--preset", "demo", "--out", str(out), "--strict"]
+    argv = ["bench", "--preset", "demo", "--out", str(out), "--force", "--strict", "--device", str(c.device)]
     if c.quick:
         argv = ["bench", "--model", "tiny-random", "--methods", "chain", "ddtree", "--datasets", "stdlib",
-                "--num-prompts", "1", "--max-new-tokens", "8", "--no-warmup", "--out", str(out), "--strict"]
-    load = cli._load
-    with mock.patch.object(cli, "_load", lambda args, parser: _to_device(load(args, parser), c.device)):
-        status = cli.main(argv)
+                "--num-prompts", "1", "--max-new-tokens", "8", "--no-warmup", "--out", str(out), "--force",
+                "--strict", "--device", str(c.device)]
+    status = cli.main(argv)
     if status != 0:
         raise RuntimeError(f"dartree {' '.join(argv)} exited with {status}")
     return f"`dartree {' '.join(argv)}` on {c.device}:\n\n" + (out / "results.md").read_text()

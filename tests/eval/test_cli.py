@@ -102,6 +102,7 @@ def test_local_checkpoint_directories_decode_like_the_bundled_model(tmp_path, ca
     (["--target", "."], "--target and --drafter: give both"),
     (["--tokenizer", "tok.json"], "--tokenizer: only used with --target"),
     (["--target", "nowhere", "--drafter", "nowhere"], "target: nowhere is not a checkpoint directory"),
+    (["--device", "tpu"], "argument --device: expected cpu, cuda or cuda:N, got 'tpu'"),
 ])
 def test_local_checkpoint_errors_are_one_line(extra, message, capsys):
     with pytest.raises(SystemExit) as e:
@@ -109,3 +110,12 @@ def test_local_checkpoint_errors_are_one_line(extra, message, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the message of a machine without CUDA")
+def test_device_cuda_without_a_gpu_is_one_line(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["generate", "--model", "tiny-random", "--prompt", "x", "--device", "cuda"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "--device: cuda is not available here" in err and "Traceback" not in err
