@@ -30,7 +30,8 @@ The decoder drives it in this order, for every prompt::
   keeps nothing from a round's block except what ``append_context`` later confirms.  Anything it
   computes inside ``draft`` (e.g. KV of the block's mask positions) is scratch and must be dropped
   (or cropped) before the next ``append_context``.
-* ``draft`` returns a :class:`~dartree.block.DraftBlock` whose ``root`` equals the ``root`` given.
+* ``draft`` returns a :class:`~dartree.block.DraftBlock` whose ``root`` equals the ``root`` given
+  (checked every round: a block built on another root is rejected with a ``ValueError``).
 
 Decoding
 --------
@@ -40,12 +41,13 @@ lengths and the cache would become ragged).  The prompt's last token is the firs
 every output token is committed by some round and ``sum(r.committed for r in rounds) ==
 len(tokens)``.  Stopping: at ``max_new_tokens`` (an accepted path is truncated exactly there) or at
 the first stop token (included).  Per round we record the accepted length, the tree size and the
-wall time of draft / build / mask / verify / commit; ``tau`` is the mean committed per round.
+wall time of each stage (:class:`RoundStats`); ``tau`` is the mean committed per round.
 """
 
 from __future__ import annotations
 
 import math
+import operator
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -58,12 +60,16 @@ from dartree.block import CorrectionHead, DraftBlock
 from dartree.builders import TreeBuilder
 from dartree.models.target import HFTarget
 from dartree.tree import DraftTree
-from dartree.verify.accept import verify_greedy, verify_sampled
+from dartree.verify.accept import verify_greedy, verify_sampled, walk_greedy
 from dartree.verify.sampling import GeneratorSampler, Sampler
+from dartree.verify.timing import check_head, timed_head
 
-__all__ = ["Drafter", "RoundStats", "GenerationResult", "SpeculativeDecoder", "generate_ar", "STOP_REASONS"]
+__all__ = ["Drafter", "RoundStats", "GenerationResult", "SpeculativeDecoder", "generate_ar", "STOP_REASONS",
+           "ROUND_STAGES"]
 
 STOP_REASONS = ("max_new_tokens", "stop_token")
+#: Disjoint per-round stages, in round order; they sum to ``RoundStats.total_s``.
+ROUND_STAGES = ("draft", "head", "builder", "mask", "target", "accept", "context", "kv")
 
 
 @runtime_checkable
@@ -92,7 +98,13 @@ class RoundStats:
     accepted_length: draft tokens the target accepted (before any truncation).
     committed: tokens appended to the output this round (accepted + bonus, after truncation).
     tree_size: draft nodes in the verified tree (root excluded).
-    *_s: wall seconds of each stage (CUDA is synchronised at stage boundaries).
+    *_s: wall seconds (CUDA is synchronised at stage boundaries).  The five stages ``draft``
+    (``drafter.draft``), ``build`` (the tree builder, head calls included), ``mask`` (tree inputs),
+    ``verify`` (target forward + acceptance walk) and ``commit`` (KV compaction, drafter context
+    update, bookkeeping) are disjoint and sum to the round.  ``head_s`` is the part of ``build_s``
+    spent inside correction-head calls, ``target_s`` the part of ``verify_s`` spent in the target's
+    forward, ``context_s`` the part of ``commit_s`` spent in ``drafter.append_context`` (the
+    drafter's forward over the newly committed tokens: projection, keys and values).
     """
 
     accepted_length: int
@@ -103,10 +115,38 @@ class RoundStats:
     mask_s: float
     verify_s: float
     commit_s: float
+    head_s: float = 0.0
+    target_s: float = 0.0
+    context_s: float = 0.0
 
     @property
     def total_s(self) -> float:
         return self.draft_s + self.build_s + self.mask_s + self.verify_s + self.commit_s
+
+    @property
+    def builder_s(self) -> float:
+        """The builder's own time: ``build_s`` outside head calls."""
+        return self.build_s - self.head_s
+
+    @property
+    def accept_s(self) -> float:
+        """The acceptance walk: ``verify_s`` outside the target forward."""
+        return self.verify_s - self.target_s
+
+    @property
+    def kv_s(self) -> float:
+        """The commit outside the drafter's context update: KV compaction and bookkeeping."""
+        return self.commit_s - self.context_s
+
+    @property
+    def model_s(self) -> float:
+        """Time in model forwards: drafter (draft + context update), head calls, target."""
+        return self.draft_s + self.context_s + self.head_s + self.target_s
+
+    @property
+    def overhead_s(self) -> float:
+        """Everything that is not a model forward: round - (drafter forward + head calls + target forward)."""
+        return self.total_s - self.model_s
 
 
 @dataclass(frozen=True)
@@ -143,9 +183,20 @@ class GenerationResult:
         return sum(r.accepted_length for r in self.rounds) / max(1, len(self.rounds))
 
     def stage_seconds(self) -> dict[str, float]:
-        """Total wall seconds per stage over all rounds (plus ``prefill``)."""
+        """Total wall seconds per stage over all rounds (plus ``prefill``): draft, build, mask, verify, commit."""
         out = {"prefill": self.prefill_s}
         for stage in ("draft", "build", "mask", "verify", "commit"):
+            out[stage] = sum(getattr(r, f"{stage}_s") for r in self.rounds)
+        return out
+
+    def stage_breakdown(self) -> dict[str, float]:
+        """Total wall seconds per disjoint fine stage (:data:`ROUND_STAGES`) over all rounds, plus ``prefill``.
+
+        As :meth:`stage_seconds` with ``build`` split into ``head`` and ``builder``, ``verify`` into
+        ``target`` and ``accept``, ``commit`` into ``context`` and ``kv``; same total.
+        """
+        out = {"prefill": self.prefill_s}
+        for stage in ROUND_STAGES:
             out[stage] = sum(getattr(r, f"{stage}_s") for r in self.rounds)
         return out
 
@@ -165,6 +216,19 @@ class _Clock:
     def lap(self) -> float:
         now = self._now()
         out, self.last = now - self.last, now
+        return out
+
+
+class _TimedRows:
+    """``rows(i)``: the target's logits at node ``i`` from its final hidden states, timing each call."""
+
+    def __init__(self, target: HFTarget, final: Tensor) -> None:
+        self.target, self.final, self.seconds = target, final, 0.0
+
+    def __call__(self, i: int) -> Tensor:
+        start = time.perf_counter()
+        out = self.target.head_logits(self.final[i])
+        self.seconds += time.perf_counter() - start
         return out
 
 
@@ -211,7 +275,8 @@ def _check_request(
     if limit is not None and length > limit:
         raise ValueError(f"input_ids: prompt of {length} tokens exceeds the model's maximum positions "
                          f"(max_position_embeddings={limit})")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+    max_new_tokens = _index("max_new_tokens", max_new_tokens)
+    if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens: expected an int >= 1, got {max_new_tokens!r}")
     if limit is not None and length + max_new_tokens > limit:
         raise ValueError(f"max_new_tokens: prompt ({length}) + max_new_tokens ({max_new_tokens}) exceeds the "
@@ -233,16 +298,62 @@ def _check_request(
     elif not hasattr(sampler, "sample"):
         raise ValueError(f"sampler: expected None, a GeneratorSampler, a KeyedSampler or any object with "
                          f"sample(logits, positions), got {type(sampler).__name__}")
-    stop: frozenset[int] = frozenset()
-    if stop_token_ids is not None:
-        if isinstance(stop_token_ids, int):
-            stop_token_ids = [stop_token_ids]
-        stop = frozenset(stop_token_ids)
-        bad = [t for t in stop if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < target.vocab_size]
-        if bad:
-            raise ValueError(f"stop_token_ids: each must be an int in [0, {target.vocab_size}), "
-                             f"got {sorted(map(repr, bad))}")
+    stop = _stop_tokens(stop_token_ids, target.vocab_size)
     return _Request(prompt, max_new_tokens, float(temperature), sampler, stop)
+
+
+def _index(name: str, value: object) -> int:
+    """``operator.index(value)`` (Python, numpy and 0-d integer tensor integers), never a bool."""
+    if isinstance(value, bool) or (isinstance(value, Tensor) and value.dtype == torch.bool):
+        raise ValueError(f"{name}: expected an integer, got {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name}: expected an integer, got {type(value).__name__} {value!r}") from None
+
+
+def _stop_tokens(stop_token_ids: object, vocab_size: int) -> frozenset[int]:
+    """Stop tokens from an int, a numpy / tensor integer or array, or an iterable of integers."""
+    if stop_token_ids is None:
+        return frozenset()
+    if isinstance(stop_token_ids, Tensor):
+        if stop_token_ids.is_floating_point() or stop_token_ids.is_complex() or stop_token_ids.dtype == torch.bool:
+            raise ValueError(f"stop_token_ids: expected integer tokens, got a {stop_token_ids.dtype} tensor")
+        stop_token_ids = stop_token_ids.reshape(-1).tolist()
+    elif hasattr(stop_token_ids, "tolist") and hasattr(stop_token_ids, "ndim"):    # a numpy array or scalar
+        stop_token_ids = [stop_token_ids.tolist()] if stop_token_ids.ndim == 0 else stop_token_ids.ravel().tolist()
+    elif hasattr(stop_token_ids, "__index__") or isinstance(stop_token_ids, str | bytes):
+        stop_token_ids = [stop_token_ids]
+    try:
+        items = list(stop_token_ids)
+    except TypeError:
+        raise ValueError(f"stop_token_ids: expected an integer or an iterable of integers, "
+                         f"got {type(stop_token_ids).__name__}") from None
+    stop, bad = set(), []
+    for t in items:
+        try:
+            value = _index("stop_token_ids", t)
+        except ValueError:
+            bad.append(t)
+            continue
+        (stop.add(value) if 0 <= value < vocab_size else bad.append(t))
+    if bad:
+        raise ValueError(f"stop_token_ids: each must be an integer in [0, {vocab_size}), got {sorted(map(repr, bad))}")
+    return frozenset(stop)
+
+
+def _check_block(block: object, root: Tensor, vocab_size: int) -> None:
+    """A drafter's block must be a batch-1 DraftBlock over the target's vocabulary, built on ``root``."""
+    if not isinstance(block, DraftBlock) or block.batch_size != 1:
+        raise ValueError("drafter: draft(root) must return a DraftBlock of batch 1")
+    if block.vocab_size > vocab_size:
+        raise ValueError(f"drafter: block vocabulary {block.vocab_size} exceeds the target's "
+                         f"{vocab_size}; draft tokens must be valid target tokens")
+    # The tree's root token is block.root: a block built on another root would be verified on the
+    # wrong token.  Same object: nothing to compare (the common case; a comparison syncs on CUDA).
+    if block.root is not root and not torch.equal(block.root, root.to(block.root.device)):
+        raise ValueError(f"drafter: draft(root) returned a block whose root {block.root.tolist()} differs from "
+                         f"the root it was given {root.tolist()}; DraftBlock.root must equal the root argument")
 
 
 def _truncate(tokens: list[int], remaining: int, stop: frozenset[int]) -> tuple[list[int], bool]:
@@ -282,10 +393,14 @@ class SpeculativeDecoder:
             raise ValueError(f"head: builder {getattr(builder, 'name', builder)!r} needs a CorrectionHead")
         if not builder.needs_head and head is not None:
             raise ValueError(f"head: builder {getattr(builder, 'name', builder)!r} uses no head; pass head=None")
+        if head is not None:
+            check_head(head)
         self.target = _as_target(target, tuple(drafter.target_layer_ids))
         self.drafter = drafter
         self.builder = builder
         self.head = head
+        # the builder gets the head through a proxy that times its calls (the ``head`` stage)
+        self._timed_head = None if head is None else timed_head(head, self.target.device)
 
     def _fit(self, tree: DraftTree, gamma: int) -> DraftTree:
         """Drop nodes the model cannot hold: positions past ``max_positions``, slots past a static cache.
@@ -341,41 +456,50 @@ class SpeculativeDecoder:
         while len(generated) < req.max_new_tokens and not stopped:
             prefix = target.length
             block = drafter.draft(root)
-            if not isinstance(block, DraftBlock) or block.batch_size != 1:
-                raise ValueError("drafter: draft(root) must return a DraftBlock of batch 1")
-            if block.vocab_size > target.vocab_size:
-                raise ValueError(f"drafter: block vocabulary {block.vocab_size} exceeds the target's "
-                                 f"{target.vocab_size}; draft tokens must be valid target tokens")
+            _check_block(block, root, target.vocab_size)
             draft_s = clock.lap()
-            tree = self._fit(self.builder.build(block, self.head), block.gamma)
+            timed = self._timed_head
+            tree = self._fit(self.builder.build(block, timed), block.gamma)
             build_s = clock.lap()
+            head_s = 0.0 if timed is None else timed.take()
             inputs = target.tree_inputs(tree)
             mask_s = clock.lap()
-            scored = target.forward_tree(inputs)
-            if req.sampler is None:
+            # T=0 on the CPU: the LM head runs only on the nodes the greedy walk visits
+            lazy = req.sampler is None and target.scores_rows_apart
+            scored = target.forward_tree(inputs, logits="root" if lazy else "all")
+            target_s = clock.lap()
+            if lazy:
+                rows = _TimedRows(target, scored.final[0])
+                result = walk_greedy(tree, scored.logits[0, 0], rows)
+            elif req.sampler is None:
                 result = verify_greedy(tree, scored.logits)
             else:
                 result = verify_sampled(tree, scored.logits, req.temperature, req.sampler, prefix)
-            verify_s = clock.lap()
+            verify_s = target_s + clock.lap()
+            if lazy:
+                target_s += rows.seconds                # LM-head rows of the walk are target work
             # One host sync per round, on purpose: the loop must know how many tokens were committed
             # (to size the cache and to check stop tokens).  Tokens and tree size come back together.
-            host = torch.cat([result.tokens[0], tree.num_nodes]).tolist()
-            tree_size, row = host[-1] - 1, host[:-1]
+            n = result.tokens.shape[1]
+            host = torch.cat([result.tokens[0], result.accepted[0], tree.num_nodes]).tolist()
+            tree_size, row, path = host[-1] - 1, host[:n], host[n:2 * n]
             committed = row[: row.index(-1)] if -1 in row else row
             accepted_length = len(committed) - 1
             kept, stopped = _truncate(committed, req.max_new_tokens - len(generated), req.stop)
             count = len(kept)
-            target.commit(result.accepted, count)      # prefix + root + (count - 1) accepted nodes
+            target.commit(result.accepted, count, path[:count])   # prefix + root + (count - 1) accepted nodes
             hidden = None
             if scored.hidden is not None:
                 hidden = torch.gather(scored.hidden, 1, result.accepted[:, :count, None].expand(
                     -1, -1, scored.hidden.shape[-1]))
             cached = torch.cat([root[:, None], result.tokens[:, : count - 1]], dim=1)
-            drafter.append_context(hidden, cached)
             root = result.tokens[:, count - 1]
             generated.extend(kept)
-            commit_s = clock.lap()
-            rounds.append(RoundStats(accepted_length, count, tree_size, draft_s, build_s, mask_s, verify_s, commit_s))
+            kv_s = clock.lap()
+            drafter.append_context(hidden, cached)      # the drafter's forward over the new context
+            context_s = clock.lap()
+            rounds.append(RoundStats(accepted_length, count, tree_size, draft_s, build_s, mask_s, verify_s,
+                                     kv_s + context_s, head_s, target_s, context_s))
             if on_round is not None:
                 on_round(rounds[-1], kept)
 
@@ -396,7 +520,8 @@ def generate_ar(
 
     One token per step with ordinary causal attention; the token at absolute position p is drawn by
     ``sampler.sample(logits / temperature, p)``, exactly as speculative verification draws it.  Each
-    step is reported as a round (committed 1, tree size 0, its forward time under ``verify_s``).
+    step is reported as a round (committed 1, tree size 0, its forward time under ``verify_s`` and
+    ``target_s``, the argmax or sample in ``accept_s``).
     """
     if not isinstance(target, HFTarget):
         target = _as_target(target, ())
@@ -410,17 +535,18 @@ def generate_ar(
     stopped = False
     while len(generated) < req.max_new_tokens and not stopped:
         logits = target.extend(root[:, None]).logits[:, -1]                      # [1, V]
+        target_s = clock.lap()
         if req.sampler is None:
             nxt = logits.argmax(dim=-1)
         else:
             position = torch.full((1,), target.length, dtype=torch.int64, device=target.device)
             nxt = req.sampler.sample(logits.float() / req.temperature, position).to(torch.int64)
-        verify_s = clock.lap()
+        verify_s = target_s + clock.lap()
         token = int(nxt[0])            # one sync per step, on purpose: stop tokens are checked on the host
         generated.append(token)
         stopped = token in req.stop
         root = nxt
-        rounds.append(RoundStats(0, 1, 0, 0.0, 0.0, 0.0, verify_s, clock.lap()))
+        rounds.append(RoundStats(0, 1, 0, 0.0, 0.0, 0.0, verify_s, clock.lap(), 0.0, target_s))
     tokens = torch.tensor([generated], dtype=torch.int64, device=target.device)
     return GenerationResult(tokens=tokens, prompt=req.prompt, rounds=tuple(rounds),
                             stop_reason="stop_token" if stopped else "max_new_tokens", prefill_s=prefill_s)

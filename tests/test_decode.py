@@ -11,7 +11,7 @@ import torch
 import dartree
 from dartree.block import DraftBlock
 from dartree.builders import builder_spec
-from dartree.decode import GenerationResult, SpeculativeDecoder, generate_ar
+from dartree.decode import ROUND_STAGES, GenerationResult, SpeculativeDecoder, generate_ar
 from dartree.models.target import HFTarget
 from dartree.testing import OracleDrafter, PathHashHead
 from dartree.verify import GeneratorSampler, KeyedSampler
@@ -53,6 +53,14 @@ def check_stats(result: GenerationResult, gamma: int = GAMMA) -> None:
     for r in result.rounds:
         assert 0 <= r.accepted_length <= gamma and 1 <= r.committed <= r.accepted_length + 1
         assert r.tree_size >= 1 and min(r.draft_s, r.build_s, r.mask_s, r.verify_s, r.commit_s) >= 0
+        assert 0 <= r.head_s <= r.build_s and 0 < r.target_s <= r.verify_s
+        assert 0 < r.context_s <= r.commit_s
+        assert r.overhead_s == pytest.approx(r.total_s - r.draft_s - r.head_s - r.target_s - r.context_s)
+    fine, coarse = result.stage_breakdown(), result.stage_seconds()
+    assert sum(fine.values()) == pytest.approx(sum(coarse.values()))
+    assert fine["head"] + fine["builder"] == pytest.approx(coarse["build"])
+    assert fine["target"] + fine["accept"] == pytest.approx(coarse["verify"])
+    assert fine["context"] + fine["kv"] == pytest.approx(coarse["commit"])
     assert result.tau == pytest.approx(result.tokens.shape[1] / result.num_rounds)
 
 
@@ -141,6 +149,7 @@ def test_acceptance_regimes():
         assert result.tokens.tolist() == want
         check_stats(result)
     assert set(full.stage_seconds()) == {"prefill", "draft", "build", "mask", "verify", "commit"}
+    assert set(full.stage_breakdown()) == {"prefill", *ROUND_STAGES}
 
 
 def test_truncate_exactly_at_max_new_tokens():
@@ -289,3 +298,86 @@ def test_on_round_streams_every_committed_token_once():
     assert [stats for stats, _ in seen] == list(result.rounds)
     assert [t for _, tokens in seen for t in tokens] == result.tokens[0].tolist()
     assert all(len(tokens) == stats.committed for stats, tokens in seen)
+
+
+def test_head_time_is_charged_to_the_head_stage():
+    model = model_for("qwen3", "sdpa")
+    prompt = torch.tensor([[3, 1, 4]])
+    calls = []
+
+    class CountingHead(PathHashHead):
+        def logits(self, block, depth, states, candidates):
+            calls.append(depth)
+            return super().logits(block, depth, states, candidates)
+
+    for name, head_cls in (("dartree-pruned", CountingHead), ("ddtree", None)):
+        builder, _ = builder_and_head(name)
+        head = head_cls() if head_cls else None
+        result = SpeculativeDecoder(model, OracleDrafter(model, GAMMA, demote=0.3), builder, head).generate(prompt, 8)
+        assert result.tokens.tolist() == hf_greedy(model, prompt, 8).tolist()
+        check_stats(result)
+        heads = [r.head_s for r in result.rounds]
+        assert all(h > 0 for h in heads) if head else all(h == 0 for h in heads)
+    assert calls                                        # the builder called the wrapped head
+
+
+def test_a_block_built_on_another_root_is_rejected():
+    """Issue 11 item 1: the tree's root is block.root; a drafter that changes it must not pass silently."""
+    model = model_for("qwen3", "eager")
+    chain, _ = builder_and_head("chain")
+    drafter = OracleDrafter(model, GAMMA)
+    honest = drafter.draft
+    drafter.draft = lambda root: DraftBlock(logits=honest(root).logits, root=(root + 1) % V)
+    with pytest.raises(ValueError, match="root"):
+        SpeculativeDecoder(model, drafter, chain).generate(torch.tensor([[1, 2, 3]]), 5)
+    drafter.draft = lambda root: DraftBlock(logits=honest(root).logits, root=root.clone())   # equal: fine
+    result = SpeculativeDecoder(model, drafter, chain).generate(torch.tensor([[1, 2, 3]]), 5)
+    assert result.tokens.tolist() == hf_greedy(model, torch.tensor([[1, 2, 3]]), 5).tolist()
+
+
+def test_duck_typed_integers_and_stop_tokens():
+    """Issue 11 item 8: anything operator.index accepts; numpy / tensor stop tokens."""
+    np = pytest.importorskip("numpy")
+    model = model_for("qwen3", "eager")
+    prompt = torch.tensor([[9, 8, 7]])
+    ref = hf_greedy(model, prompt, 12)[0].tolist()
+    chain, _ = builder_and_head("chain")
+    dec = SpeculativeDecoder(model, OracleDrafter(model, GAMMA), chain)
+    for n in (np.int64(6), np.int32(6), torch.tensor(6)):
+        assert dec.generate(prompt, n).tokens[0].tolist() == ref[:6]
+        assert generate_ar(model, prompt, n).tokens[0].tolist() == ref[:6]
+    stop = ref[4]
+    for stops in (np.int64(stop), torch.tensor(stop), torch.tensor([stop]), np.array([stop, V - 1]),
+                  [np.int64(stop)], (torch.tensor(stop),)):
+        result = dec.generate(prompt, 12, stop_token_ids=stops)
+        assert result.tokens[0].tolist() == ref[: ref.index(stop) + 1] and result.stop_reason == "stop_token"
+    for bad, field in ((np.float64(3.0), "max_new_tokens"), (torch.tensor(True), "max_new_tokens"),
+                       (torch.tensor([3, 4]), "max_new_tokens")):
+        with pytest.raises(ValueError, match=field):
+            dec.generate(prompt, bad)
+    for bad in (torch.tensor([1.5]), np.array([V]), [torch.tensor([1, 2])], 2.0, object()):
+        with pytest.raises(ValueError, match="stop_token_ids"):
+            dec.generate(prompt, 5, stop_token_ids=bad)
+
+
+def test_protocols_are_checked_at_the_boundary():
+    """Issue 11 item 8: a head without the methods, a head returning a list, a non-causal model."""
+    from transformers import BertConfig, BertModel
+
+    model = model_for("qwen3", "eager")
+    pruned, _ = builder_and_head("dartree-pruned")
+    drafter = OracleDrafter(model, GAMMA)
+    with pytest.raises(ValueError, match=r"head: object is missing \['initial_state', 'logits', 'advance'\]"):
+        SpeculativeDecoder(model, drafter, pruned, object())
+
+    class ListHead(PathHashHead):
+        def logits(self, block, depth, states, candidates):
+            return super().logits(block, depth, states, candidates).tolist()
+
+    with pytest.raises(ValueError, match="head.logits: returned list"):
+        SpeculativeDecoder(model, drafter, pruned, ListHead()).generate(torch.tensor([[1, 2]]), 4)
+    bert = BertModel(BertConfig(vocab_size=V, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                intermediate_size=32)).eval()
+    for make in (lambda: HFTarget(bert), lambda: SpeculativeDecoder(bert, drafter, pruned, PathHashHead())):
+        with pytest.raises(ValueError, match="model: BertModel has no language-model head"):
+            make()

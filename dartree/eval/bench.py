@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from dartree.decode import GenerationResult, generate_ar
+from dartree.decode import ROUND_STAGES, GenerationResult, generate_ar
 from dartree.eval.bundles import Bundle, encode, stop_token_id
 from dartree.eval.datasets import load_prompts
 from dartree.eval.methods import AR, MethodSpec, make_decoder, resolve_backend
@@ -32,9 +32,15 @@ from dartree.eval.tune import TuneResult, tune
 from dartree.verify.sampling import KeyedSampler
 
 __all__ = ["BenchConfig", "RunRecord", "Summary", "BenchResult", "run_bench", "summarize", "STAGES",
-           "acceptance_curve"]
+           "MODEL_STAGES", "acceptance_curve"]
 
-STAGES: tuple[str, ...] = ("draft", "build", "mask", "verify", "commit")
+#: Disjoint per-round stages (``dartree.decode.ROUND_STAGES``): draft (drafter forward), head (inside
+#: correction-head calls), builder (the rest of the tree build), mask (tree inputs), target (target
+#: forward), accept (acceptance walk), context (drafter forward over the committed tokens), kv (KV
+#: compaction and bookkeeping).
+STAGES: tuple[str, ...] = ROUND_STAGES
+#: The stages that are model forwards; ``overhead`` is the round minus these.
+MODEL_STAGES: tuple[str, ...] = ("draft", "head", "target", "context")
 
 
 @dataclass(frozen=True)
@@ -116,8 +122,9 @@ class Summary:
     tau: float
     rounds: int
     mean_tree_size: float
-    stage_ms: dict[str, float]            # mean per round
+    stage_ms: dict[str, float]            # mean per round, STAGES
     round_ms: float
+    overhead_ms: float                    # round_ms minus the MODEL_STAGES
     lossless_prompts: int
     acceptance: tuple[float, ...]         # Pr(L >= t) for t = 1..gamma
 
@@ -155,7 +162,7 @@ def acceptance_curve(accepted_lengths: Sequence[int], gamma: int) -> tuple[float
 
 def _record(method: str, dataset: str, temperature: float, prompt_id: str, result: GenerationResult,
             seconds: float, ar_tokens: torch.Tensor | None) -> RunRecord:
-    stage = tuple(sum(getattr(r, f"{s}_s") for r in result.rounds) for s in STAGES)
+    stage = tuple(sum(getattr(r, f"{s}_s") for r in result.rounds) for s in STAGES)   # disjoint, sum = round
     first = -1
     if ar_tokens is not None:
         mine, ref = result.tokens[0].cpu().tolist(), ar_tokens[0].tolist()
@@ -191,7 +198,9 @@ def summarize(records: Sequence[RunRecord], methods: Sequence[MethodSpec], backe
             dataset=dataset, temperature=temperature, prompts=len(rs), tokens=tokens, seconds=seconds,
             tokens_per_s=rate, speedup=rate / ar_rate, tau=sum(sum(r.committed) for r in rs) / rounds,
             rounds=rounds, mean_tree_size=sum(sum(r.tree_sizes) for r in rs) / rounds, stage_ms=stage_ms,
-            round_ms=sum(stage_ms.values()), lossless_prompts=sum(r.matches_ar for r in rs),
+            round_ms=sum(stage_ms.values()),
+            overhead_ms=sum(stage_ms.values()) - sum(stage_ms[st] for st in MODEL_STAGES),
+            lossless_prompts=sum(r.matches_ar for r in rs),
             acceptance=acceptance_curve(accepted, gamma) if not spec.is_ar else (),
         ))
     return tuple(out)

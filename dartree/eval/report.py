@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from dartree.eval.bench import STAGES, BenchResult, Summary
+from dartree.eval.bench import MODEL_STAGES, STAGES, BenchResult, Summary
 from dartree.eval.methods import AR
 from dartree.eval.tune import TuneResult
 
@@ -65,17 +65,24 @@ def table1(summaries: Sequence[Summary], temperature: float) -> str:
 
 
 def table2(summaries: Sequence[Summary], temperature: float) -> str:
-    """Rows: methods; mean ms per round of each stage, pooled over datasets (Table 2)."""
+    """Rows: methods; mean ms per round of each disjoint stage, pooled over datasets (Table 2).
+
+    ``overhead`` = round - (draft + head + target + context): everything that is not a model forward.
+    """
     rows = []
     for method in _methods([s for s in summaries if s.temperature == temperature]):
         group = [s for s in summaries if s.method == method and s.temperature == temperature]
         rounds = sum(s.rounds for s in group)
         ms = {st: sum(s.stage_ms[st] * s.rounds for s in group) / rounds for st in STAGES}
+        total = sum(ms.values())
+        overhead = total - sum(ms[st] for st in MODEL_STAGES)
         tree = sum(s.mean_tree_size * s.rounds for s in group) / rounds
         tau = sum(s.tau * s.rounds for s in group) / rounds
-        rows.append([method, *(f"{ms[st]:.2f}" for st in STAGES), f"{sum(ms.values()):.2f}", f"{tree:.1f}",
-                     f"{tau:.2f}", f"{sum(ms.values()) / tau:.2f}"])
-    header = ["method", *(f"{st} ms" for st in STAGES), "round ms", "tree size", "tau", "ms/token"]
+        rows.append([method, *(f"{ms[st]:.2f}" for st in STAGES), f"{total:.2f}", f"{overhead:.2f}",
+                     f"{100 * overhead / total:.0f}%" if total > 0 else "-", f"{tree:.1f}", f"{tau:.2f}",
+                     f"{total / tau:.2f}"])
+    header = ["method", *(f"{st} ms" for st in STAGES), "round ms", "overhead ms", "overhead %", "tree size", "tau",
+              "ms/token"]
     return markdown_table(header, rows)
 
 
@@ -105,7 +112,11 @@ def bench_markdown(result: BenchResult) -> str:
     temps = list(dict.fromkeys(s.temperature for s in result.summaries))
     for t in temps:
         parts += ["", f"## Speedup over AR and tau, T={t:g}", "", table1(result.summaries, t)]
-        parts += ["", f"## Time per round (ms), T={t:g}", "", table2(result.summaries, t)]
+        parts += ["", f"## Time per round (ms), T={t:g}", "", table2(result.summaries, t), "",
+                  "Stages are disjoint and sum to the round: draft (drafter forward on the block), head (inside "
+                  "correction-head calls), builder (the rest of the build), mask (tree inputs), target (target "
+                  "forward), accept (acceptance walk), context (drafter forward over the committed tokens), kv "
+                  "(KV compaction, bookkeeping); overhead = round - (draft + head + target + context)."]
     for tr in result.tuning:
         parts += ["", f"## Adaptive budget for {tr.method}", "",
                   f"Verify cost measured on this machine at prefix {tr.verify_cost.prefix_len}: " + ", ".join(

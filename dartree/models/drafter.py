@@ -189,11 +189,9 @@ class DFlashAttention(nn.Module):
         k, v = self.key_values(x, positions)
         k = torch.cat([ctx_k, k], dim=2)
         v = torch.cat([ctx_v, v], dim=2)
-        groups = self.num_heads // self.num_kv_heads
-        if groups > 1:
-            k = k.repeat_interleave(groups, dim=1)
-            v = v.repeat_interleave(groups, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0 / math.sqrt(self.head_dim))
+        # grouped-query attention inside sdpa (perf: no repeat_interleave copy of the keys / values)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0 / math.sqrt(self.head_dim),
+                                             enable_gqa=self.num_heads != self.num_kv_heads)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
 
@@ -246,7 +244,7 @@ class DFlashDrafter(nn.Module):
         self.heads: dict[str, object] = {}
         self._embedding: Tensor | None = None
         self._lm_head: Tensor | None = None
-        self._ctx: list[tuple[Tensor, Tensor]] | None = None
+        self._kv: list[tuple[Tensor, Tensor]] | None = None    # per layer [b, kv, capacity, hd] (perf)
         self._length = 0
         if target is not None:
             self.bind(target)
@@ -311,16 +309,41 @@ class DFlashDrafter(nn.Module):
     # ---------------------------------------------------------------------------- context cache
     def reset(self) -> None:
         """Forget the context (start of a new sequence)."""
-        self._ctx = None
+        self._kv = None
         self._length = 0
+
+    # ---- context storage (perf): preallocated per-layer buffers, appended in place, grown by doubling
+    @property
+    def _ctx(self) -> list[tuple[Tensor, Tensor]] | None:
+        """Per-layer keys/values of the context, ``[b, kv, context_length, hd]`` views of the buffers."""
+        if self._kv is None:
+            return None
+        n = self._length
+        return [(k[:, :, :n], v[:, :, :n]) for k, v in self._kv]
+
+    def _store(self, new: list[tuple[Tensor, Tensor]]) -> None:
+        """Write ``new`` (per layer ``[b, kv, m, hd]``) after the context: O(m), not O(context)."""
+        end = self._length + new[0][0].shape[2]
+        if self._kv is None or end > self._kv[0][0].shape[2]:
+            cap = max(end, 64, 2 * (self._kv[0][0].shape[2] if self._kv is not None else 0))
+            grown = []
+            for i, (k1, v1) in enumerate(new):
+                k = k1.new_empty(k1.shape[0], k1.shape[1], cap, k1.shape[3])
+                v = v1.new_empty(v1.shape[0], v1.shape[1], cap, v1.shape[3])
+                if self._kv is not None and self._length:
+                    k[:, :, :self._length] = self._kv[i][0][:, :, :self._length]
+                    v[:, :, :self._length] = self._kv[i][1][:, :, :self._length]
+                grown.append((k, v))
+            self._kv = grown
+        for (k, v), (k1, v1) in zip(self._kv, new, strict=True):
+            k[:, :, self._length:end] = k1
+            v[:, :, self._length:end] = v1
 
     def crop(self, length: int) -> None:
         """Keep only the first ``length`` context entries."""
         if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= self._length:
             raise ValueError(f"length: expected an int in [0, {self._length}], got {length!r}")
-        if self._ctx is not None:
-            self._ctx = [(k[:, :, :length], v[:, :, :length]) for k, v in self._ctx]
-        self._length = length
+        self._length = length          # the buffers keep their slots; later appends overwrite them
 
     def context_features(self, hidden_states: Tensor) -> Tensor:
         """``hidden_norm(fc(hidden_states))``.
@@ -365,17 +388,11 @@ class DFlashDrafter(nn.Module):
         if tokens is not None and (not isinstance(tokens, Tensor) or tuple(tokens.shape) != (b, m)):
             got = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
             raise ValueError(f"tokens: expected shape {(b, m)} to match hidden_states, got {got}")
-        if self._ctx is not None and self._ctx[0][0].shape[0] != b:
-            raise ValueError(f"hidden_states: batch {b} differs from the context's batch {self._ctx[0][0].shape[0]}")
+        if self._kv is not None and self._kv[0][0].shape[0] != b:
+            raise ValueError(f"hidden_states: batch {b} differs from the context's batch {self._kv[0][0].shape[0]}")
         positions = torch.arange(self._length, self._length + m, device=feats.device)
         new = self.context_key_values(feats, positions)
-        if self._ctx is None:
-            self._ctx = new
-        else:
-            self._ctx = [
-                (torch.cat([k0, k1], 2), torch.cat([v0, v1], 2))
-                for (k0, v0), (k1, v1) in zip(self._ctx, new, strict=True)
-            ]
+        self._store(new)
         self._length += m
 
     def _empty_context(self, b: int, device: torch.device) -> list[tuple[Tensor, Tensor]]:

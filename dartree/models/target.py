@@ -29,8 +29,8 @@ from torch import Tensor, nn
 from transformers.cache_utils import Cache, DynamicCache, StaticCache
 
 from dartree.tree import DraftTree
-from dartree.verify.cache import gather_cache, keep_indices
-from dartree.verify.inputs import ATTENTION_IMPLEMENTATIONS, TreeInputs, tree_inputs
+from dartree.verify.cache import compact_tail
+from dartree.verify.inputs import ATTENTION_IMPLEMENTATIONS, TreeInputBuffer, TreeInputs, tree_inputs
 
 __all__ = ["HFTarget", "TargetOutput", "CACHE_KINDS"]
 
@@ -42,12 +42,32 @@ class TargetOutput:
     """Target logits (and captured hidden states) at the positions of one forward.
 
     Shape:
-        logits: float ``[b, m, V]`` next-token logits at each of the m positions.
+        logits: float ``[b, m, V]`` next-token logits at each of the m positions (``[b, 1, V]``, the
+                first position only, from ``forward_tree(..., logits="root")``).
         hidden: float ``[b, m, len(layer_ids) * H]`` or ``None`` when ``layer_ids`` is empty.
+        final:  float ``[b, m, H]`` the final-normed hidden states (``logits="root"`` only; feed rows
+                to :meth:`HFTarget.head_logits`), else ``None``.
     """
 
     logits: Tensor
     hidden: Tensor | None
+    final: Tensor | None = None
+
+
+def _check_causal_lm(model: nn.Module, config) -> None:
+    """Reject, at construction, models that cannot score next tokens causally (e.g. ``BertModel``)."""
+    name = type(model).__name__
+    head = model.get_output_embeddings() if callable(getattr(model, "get_output_embeddings", None)) else None
+    if head is None:
+        raise ValueError(f"model: {name} has no language-model head (get_output_embeddings() is None); "
+                         f"expected a causal LM such as AutoModelForCausalLM, not a bare encoder / base model")
+    if getattr(config, "is_encoder_decoder", False):
+        raise ValueError(f"model: {name} is an encoder-decoder model; tree verification needs a decoder-only causal LM")
+    if getattr(config, "is_decoder", True) is False:
+        raise ValueError(f"model: {name} attends bidirectionally (config.is_decoder=False); "
+                         f"expected a causal LM (AutoModelForCausalLM)")
+    if callable(getattr(model, "can_generate", None)) and not model.can_generate():
+        raise ValueError(f"model: {name} cannot generate (can_generate() is False); expected a causal LM")
 
 
 class HFTarget:
@@ -75,6 +95,7 @@ class HFTarget:
         if impl not in ATTENTION_IMPLEMENTATIONS:
             raise ValueError(f"model: config._attn_implementation must be one of {ATTENTION_IMPLEMENTATIONS} "
                              f"(tree attention needs an arbitrary mask), got {impl!r}")
+        _check_causal_lm(model, config)
         text_config = config.get_text_config(decoder=True)
         num_layers = int(text_config.num_hidden_layers)
         layer_ids = tuple(layer_ids)
@@ -103,6 +124,10 @@ class HFTarget:
         self._cache: Cache | None = None
         self._length = 0            # committed slots in the cache (Python int: no device sync)
         self._pending: int | None = None   # tree slots appended by forward_tree, awaiting commit
+        self._inputs = TreeInputBuffer(self.device)
+        self._lm_head = model.get_output_embeddings()
+        self._first = torch.zeros(1, dtype=torch.int64, device=self.device)
+        self._rows_apart: bool | None = None
         probe = self._new_cache()
         kinds = sorted({type(layer).__name__ for layer in probe.layers} - {"DynamicLayer", "StaticLayer"})
         if kinds:
@@ -140,19 +165,51 @@ class HFTarget:
         if not isinstance(input_ids, Tensor) or input_ids.dtype != torch.int64 or input_ids.dim() != 2:
             raise ValueError("input_ids: expected an int64 tensor [b, m]")
 
-    def _run(self, input_ids: Tensor, position_ids: Tensor, attention_mask: Tensor | None) -> TargetOutput:
+    def _run(self, input_ids: Tensor, position_ids: Tensor, attention_mask: Tensor | None,
+             root_only: bool = False) -> TargetOutput:
+        extra = {"logits_to_keep": self._first} if root_only else {}
         out = self.model(
             input_ids=input_ids,
             position_ids=position_ids,
             attention_mask=attention_mask,
             cache=self._cache,
             use_cache=True,
-            output_hidden_states=bool(self.layer_ids),
+            output_hidden_states=bool(self.layer_ids) or root_only,
+            **extra,
         )
         hidden = None
         if self.layer_ids:
             hidden = torch.cat([out.hidden_states[i + 1] for i in self.layer_ids], dim=-1)
-        return TargetOutput(logits=out.logits, hidden=hidden)
+        return TargetOutput(logits=out.logits, hidden=hidden, final=out.hidden_states[-1] if root_only else None)
+
+    @property
+    def scores_rows_apart(self) -> bool:
+        """Whether ``forward_tree(..., logits="root")`` + :meth:`head_logits` may replace full logits.
+
+        True on the CPU when a one-time probe shows that the model's logits are its output
+        embedding applied to the last hidden state (no soft-capping or scaling after the LM head)
+        and that it accepts ``logits_to_keep``; greedy decoding then runs the LM head only on the
+        nodes the acceptance walk visits.  On accelerators the full LM head is one cheap call.
+        """
+        if self._rows_apart is None:
+            self._rows_apart = False
+            if self.device.type == "cpu":
+                ids = torch.zeros(1, 2, dtype=torch.int64, device=self.device)
+                try:
+                    with torch.no_grad():
+                        out = self.model(input_ids=ids, use_cache=False, output_hidden_states=True,
+                                         logits_to_keep=self._first)
+                        mine = self.head_logits(out.hidden_states[-1][:, 0])
+                except (TypeError, ValueError, AttributeError):
+                    return False
+                self._rows_apart = tuple(out.logits.shape) == (1, 1, self.vocab_size) and torch.equal(
+                    out.logits[:, 0], mine)
+        return self._rows_apart
+
+    @torch.no_grad()
+    def head_logits(self, final: Tensor) -> Tensor:
+        """The LM head on final-normed hidden states (``TargetOutput.final`` rows).  Shape: ``[..., H] -> [..., V]``."""
+        return self._lm_head(final)
 
     def _check_room(self, count: int, name: str) -> None:
         if self.max_cache_len is not None and self._length + count > self.max_cache_len:
@@ -204,15 +261,22 @@ class HFTarget:
             raise ValueError(f"tree: {tree.max_nodes} nodes after {self._length} cached slots exceed the static "
                              f"cache's capacity {self.max_cache_len}")
         kv_len = self.max_cache_len if self.cache_kind == "static" else None
+        if tree.batch_size == 1 and tree.device == self.device:    # the decoding loop: refill buffers
+            return self._inputs.fill(tree, self._length, kv_len=kv_len)
         return tree_inputs(tree, self._length, kv_len=kv_len)
 
     @torch.no_grad()
-    def forward_tree(self, inputs: TreeInputs) -> TargetOutput:
+    def forward_tree(self, inputs: TreeInputs, logits: str = "all") -> TargetOutput:
         """Score every tree node in one forward; the n node slots stay in the cache until ``commit``.
+
+        ``logits="root"`` runs the LM head on node 0 only and returns the final hidden states of
+        every node in ``final`` (see :attr:`scores_rows_apart`); ``"all"`` scores every node.
 
         Shape:
             returns logits ``[b, n, V]`` (logits at node i predict the token after node i).
         """
+        if logits not in ("all", "root"):
+            raise ValueError(f"logits: expected 'all' or 'root', got {logits!r}")
         if self._pending is not None:
             raise ValueError("inputs: a tree forward is already pending; commit or rollback first")
         if self._cache is None:
@@ -224,13 +288,16 @@ class HFTarget:
                              f"build them with target.tree_inputs(tree)")
         self._check_room(n, "inputs")
         mask = inputs.mask_for(self.attn_implementation, self.dtype)
-        out = self._run(inputs.input_ids, inputs.position_ids, mask)
+        out = self._run(inputs.input_ids, inputs.position_ids, mask, root_only=logits == "root")
         self._pending = n
         return out
 
     @torch.no_grad()
-    def commit(self, accepted: Tensor, count: int) -> None:
+    def commit(self, accepted: Tensor, count: int, host_nodes: list[int] | None = None) -> None:
         """Keep the prefix plus the first ``count`` accepted nodes (root first) of the pending tree.
+
+        ``host_nodes``: optionally ``accepted[0, :count]`` as a Python list (batch 1), when the caller
+        has it on the host: nodes already in place are then not copied (see ``compact_tail``).
 
         Shape:
             accepted: int64 ``[b, n]`` (``VerifyResult.accepted``).
@@ -239,7 +306,7 @@ class HFTarget:
             raise ValueError("accepted: no tree forward is pending")
         if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= self._pending:
             raise ValueError(f"count: expected an int in [1, {self._pending}], got {count!r}")
-        gather_cache(self._cache, keep_indices(self._length, accepted.to(self.device), count))
+        compact_tail(self._cache, self._length, accepted[:, :count].to(self.device), host_nodes)
         self._length += count
         self._pending = None
 

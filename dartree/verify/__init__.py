@@ -1,8 +1,8 @@
 """Tree verification: target inputs and masks, greedy / sampled acceptance, samplers, KV compaction."""
 
-from dartree.verify.accept import VerifyResult, accept_picks, verify_greedy, verify_sampled
-from dartree.verify.cache import cache_length, gather_cache, keep_indices
-from dartree.verify.inputs import ATTENTION_IMPLEMENTATIONS, TreeInputs, tree_inputs
+from dartree.verify.accept import VerifyResult, accept_picks, verify_greedy, verify_sampled, walk_greedy
+from dartree.verify.cache import cache_length, compact_tail, gather_cache, keep_indices
+from dartree.verify.inputs import ATTENTION_IMPLEMENTATIONS, TreeInputBuffer, TreeInputs, tree_inputs
 from dartree.verify.sampling import GeneratorSampler, KeyedSampler, Sampler, hash32
 
 __all__ = [
@@ -10,14 +10,17 @@ __all__ = [
     "GeneratorSampler",
     "KeyedSampler",
     "Sampler",
+    "TreeInputBuffer",
     "TreeInputs",
     "VerifyResult",
     "accept_picks",
     "cache_length",
+    "compact_tail",
     "gather_cache",
     "hash32",
     "keep_indices",
     "tree_inputs",
     "verify_greedy",
     "verify_sampled",
+    "walk_greedy",
 ]

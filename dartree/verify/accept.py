@@ -10,6 +10,7 @@ distribution is the target's for any tree that does not depend on those draws.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -19,7 +20,7 @@ from dartree.fast import ops
 from dartree.tree import PAD, DraftTree
 from dartree.verify.sampling import Sampler
 
-__all__ = ["VerifyResult", "verify_greedy", "verify_sampled", "accept_picks"]
+__all__ = ["VerifyResult", "verify_greedy", "verify_sampled", "accept_picks", "walk_greedy"]
 
 
 @dataclass(frozen=True)
@@ -118,3 +119,42 @@ def verify_sampled(
     positions = tree.positions(prefix_len) + 1
     picks = sampler.sample(target_logits.float() / temperature, positions)   # float32: same as generate_ar
     return accept_picks(tree, picks.to(torch.int64))
+
+
+def walk_greedy(tree: DraftTree, root_logits: Tensor, node_logits: Callable[[int], Tensor]) -> VerifyResult:
+    """Greedy verification of a one-row tree that scores only the nodes the walk visits.
+
+    The target's full-vocabulary logits are needed only along the accepted path (its argmax picks
+    the next child), so at T=0 the LM head runs on ``accepted_length + 1`` rows instead of on every
+    node.  Equal to ``verify_greedy(tree, logits)`` whenever ``node_logits(i)`` equals
+    ``logits[0, i]`` (and ``root_logits`` equals ``logits[0, 0]``), except that ``picks`` holds
+    ``PAD`` at the nodes the walk never scored.  Host-side walk: meant for CPU trees.
+
+    Shape:
+        root_logits: float ``[V]``; node_logits(i) -> float ``[V]`` for node ``i >= 1``.
+    """
+    b, n = tree.tokens.shape
+    if b != 1:
+        raise ValueError(f"tree: walk_greedy takes a one-row tree, got {b} rows; use verify_greedy")
+    if not isinstance(root_logits, Tensor) or root_logits.dim() != 1 or not root_logits.is_floating_point():
+        raise ValueError("root_logits: expected a float tensor [V]")
+    count = int(tree.num_nodes[0])
+    tokens, parents = tree.tokens[0, :count].tolist(), tree.parents[0, :count].tolist()
+    child = {(parents[i], tokens[i]): i for i in range(1, count)}
+    picks = [PAD] * n
+    path = [0]
+    pick = picks[0] = int(root_logits.argmax())
+    while (nxt := child.get((path[-1], pick))) is not None:
+        path.append(nxt)
+        pick = picks[nxt] = int(node_logits(nxt).argmax())
+    pad = [PAD] * (n - len(path))
+    committed = [tokens[i] for i in path[1:]] + [pick]
+    device = tree.device
+    rows = torch.tensor([path + pad, committed + pad, picks, [len(path) - 1, pick] + [PAD] * (n - 2)],
+                        dtype=torch.int64, device=device) if n >= 2 else None
+    if rows is None:                                   # a root-only tree
+        rows = torch.tensor([[0], [pick], [pick], [0]], dtype=torch.int64, device=device)
+        return VerifyResult(accepted=rows[0:1], accepted_length=rows[3, :1], bonus=rows[1, :1], tokens=rows[1:2],
+                            picks=rows[2:3])
+    return VerifyResult(accepted=rows[0:1], accepted_length=rows[3, 0:1], bonus=rows[3, 1:2], tokens=rows[1:2],
+                        picks=rows[2:3])

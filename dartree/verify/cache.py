@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 from transformers.cache_utils import Cache, DynamicLayer, StaticLayer
 
-__all__ = ["keep_indices", "gather_cache", "cache_length"]
+__all__ = ["keep_indices", "gather_cache", "compact_tail", "cache_length"]
 
 
 def _layers(cache: Cache) -> list:
@@ -83,3 +83,74 @@ def gather_cache(cache: Cache, keep: Tensor) -> None:
         else:
             layer.keys = keys
             layer.values = values
+
+
+def compact_tail(cache: Cache, prefix_len: int, nodes: Tensor, host_nodes: list[int] | None = None) -> None:
+    """Keep the first ``prefix_len`` slots untouched and move the tree slots ``prefix_len + nodes``
+    (per row, in order) right after them; drop everything else.
+
+    Same result as ``gather_cache(cache, keep_indices(prefix_len, nodes, nodes.shape[1]))`` but in
+    O(kept tree slots) per layer instead of O(whole cache): the committed prefix is never copied.
+
+    ``host_nodes`` (batch 1: ``nodes[0]`` as a Python list, when the caller already has it on the
+    host) lets the leading nodes that already sit in place (``nodes[j] == j``: the root, and the
+    first nodes of a path through the tree's first slots, e.g. every node of a chain) stay untouched;
+    only the rest is copied, with one ``index_select`` per tensor.
+
+    Shape:
+        nodes: int64 ``[b, c]`` tree node indices to keep (root first; ``c >= 1``), every
+        ``prefix_len + nodes`` below the current length (not checked, to avoid a sync).
+    """
+    layers = _layers(cache)
+    if not isinstance(nodes, Tensor) or nodes.dtype != torch.int64 or nodes.dim() != 2 or nodes.shape[1] < 1:
+        raise ValueError("nodes: expected an int64 tensor [b, c] with c >= 1")
+    if isinstance(prefix_len, bool) or not isinstance(prefix_len, int) or prefix_len < 0:
+        raise ValueError(f"prefix_len: expected an int >= 0, got {prefix_len!r}")
+    c = nodes.shape[1]
+    live = [layer for layer in layers if layer.is_initialized]
+    for layer in live:                                  # check everything before touching anything
+        if nodes.shape[0] != layer.keys.shape[0]:
+            raise ValueError(f"nodes: batch {nodes.shape[0]} differs from the cache's batch {layer.keys.shape[0]}")
+    if host_nodes is not None:
+        if nodes.shape[0] != 1 or len(host_nodes) != c:
+            raise ValueError(f"host_nodes: expected the {c} nodes of a batch-1 nodes tensor, got {len(host_nodes)}")
+        _compact_host(live, prefix_len, host_nodes)
+        return
+    idx_cache: dict[torch.device, Tensor] = {}
+    for layer in live:
+        b, heads, _, _ = layer.keys.shape
+        device = layer.keys.device
+        if device not in idx_cache:
+            idx_cache[device] = (nodes.to(device) + prefix_len)[:, None, :, None]
+        idx = idx_cache[device]
+        keys = torch.gather(layer.keys, 2, idx.expand(b, heads, c, layer.keys.shape[-1]))
+        values = torch.gather(layer.values, 2, idx.expand(b, heads, c, layer.values.shape[-1]))
+        layer.keys[:, :, prefix_len:prefix_len + c] = keys       # gathered first: overlap is safe
+        layer.values[:, :, prefix_len:prefix_len + c] = values
+        if isinstance(layer, StaticLayer):
+            layer.cumulative_length.fill_(prefix_len + c)
+        else:                                           # a view: the next update concatenates anyway
+            layer.keys = layer.keys[:, :, :prefix_len + c]
+            layer.values = layer.values[:, :, :prefix_len + c]
+
+
+def _compact_host(layers: list, prefix_len: int, nodes: list[int]) -> None:
+    """Batch-1 :func:`compact_tail` with the kept nodes known on the host."""
+    c = len(nodes)
+    skip = 0
+    while skip < c and nodes[skip] == skip:
+        skip += 1
+    src: dict[torch.device, Tensor] = {}
+    for layer in layers:
+        if skip < c:
+            device = layer.keys.device
+            if device not in src:
+                src[device] = torch.tensor(nodes[skip:], dtype=torch.int64, device=device) + prefix_len
+            dst = slice(prefix_len + skip, prefix_len + c)
+            layer.keys[:, :, dst] = layer.keys.index_select(2, src[device])     # selected first: overlap is safe
+            layer.values[:, :, dst] = layer.values.index_select(2, src[device])
+        if isinstance(layer, StaticLayer):
+            layer.cumulative_length.fill_(prefix_len + c)
+        else:
+            layer.keys = layer.keys[:, :, :prefix_len + c]
+            layer.values = layer.values[:, :, :prefix_len + c]

@@ -23,7 +23,7 @@ from torch import Tensor
 
 from dartree.tree import DraftTree
 
-__all__ = ["TreeInputs", "tree_inputs", "ATTENTION_IMPLEMENTATIONS"]
+__all__ = ["TreeInputs", "TreeInputBuffer", "tree_inputs", "ATTENTION_IMPLEMENTATIONS"]
 
 #: Attention implementations whose mask format we know: ``eager`` adds a float mask to the scores
 #: (a bool mask there is silently *added* as 0/1 and gives wrong logits); ``sdpa`` takes bool.
@@ -133,3 +133,64 @@ def tree_inputs(
     nodes = nodes | (diag & ~valid[:, :, None])        # a padding slot sees only itself
     mask[:, :, cache_len:cache_len + n] = nodes
     return TreeInputs(input_ids=input_ids, position_ids=position_ids, valid=valid, mask=mask[:, None])
+
+
+class TreeInputBuffer:
+    """Batch-1 tree inputs filled into preallocated buffers, for the decoding loop.
+
+    Equal to ``tree_inputs(tree, prefix_len, kv_len=kv_len)`` for a one-row tree, but the mask is a
+    view of a buffer that persists across rounds: the prefix columns are set once (only the columns
+    committed since the last call are written), the tree block is overwritten, and the columns a
+    longer earlier tree left behind are cleared.  Invariant after every :meth:`fill`: columns
+    ``[0, prefix_len)`` are True and columns ``>= prefix_len + n`` are False in every buffer row.
+    A one-row tree has no padding slots (``num_nodes == n``), so every slot is valid.
+    """
+
+    def __init__(self, device: torch.device | str) -> None:
+        self.device = torch.device(device)
+        self._mask = torch.zeros(0, 0, dtype=torch.bool, device=self.device)
+        self._valid = torch.ones(1, 0, dtype=torch.bool, device=self.device)
+        self._host = None                 # numpy view of _mask on the CPU
+        self._prefix = 0          # columns [0, _prefix) are True in every row
+        self._end = 0             # columns >= _end are False in every row
+
+    def fill(self, tree: DraftTree, prefix_len: int, kv_len: int | None = None) -> TreeInputs:
+        """Inputs for the one-row ``tree`` after ``prefix_len`` cached slots (see :func:`tree_inputs`)."""
+        if tree.batch_size != 1:
+            raise ValueError(f"tree: TreeInputBuffer fills one-row trees, got {tree.batch_size} rows; use tree_inputs")
+        if isinstance(prefix_len, bool) or not isinstance(prefix_len, int) or prefix_len < 0:
+            raise ValueError(f"prefix_len: expected an int >= 0, got {prefix_len!r}")
+        if tree.device != self.device:
+            raise ValueError(f"tree: on {tree.device}, buffer on {self.device}")
+        n = tree.max_nodes
+        end = prefix_len + n
+        kv = end if kv_len is None else kv_len
+        if kv < end:
+            raise ValueError(f"kv_len: {kv} cannot hold prefix_len + n = {prefix_len} + {n}")
+        rows, cols = self._mask.shape
+        if n > rows or kv > cols:                          # grow (rarely): start from a clean buffer
+            self._mask = torch.zeros(max(n, 2 * rows), max(kv, 2 * cols), dtype=torch.bool, device=self.device)
+            self._valid = torch.ones(1, self._mask.shape[0], dtype=torch.bool, device=self.device)
+            self._host = self._mask.numpy() if self.device.type == "cpu" else None   # shares memory
+            self._prefix = self._end = 0
+        m = self._mask
+        if prefix_len < self._prefix:                      # a shorter prefix: a new sequence
+            m[:, prefix_len:max(self._prefix, self._end)] = False
+            self._end = prefix_len
+        elif prefix_len > self._prefix:
+            m[:, self._prefix:prefix_len] = True
+        self._prefix = prefix_len
+        if self._end > end:
+            m[:, end:self._end] = False
+        if self._host is not None:         # CPU: ancestor rows on the host, parents before children
+            block = self._host[:n, prefix_len:end]
+            block[0] = False
+            block[0, 0] = True
+            for i, p in enumerate(tree.parents[0, 1:n].tolist(), start=1):
+                block[i] = block[p]
+                block[i, i] = True
+        else:
+            m[:n, prefix_len:end] = tree.ancestor_mask()[0]
+        self._end = end
+        return TreeInputs(input_ids=tree.tokens, position_ids=tree.depths + prefix_len,
+                          valid=self._valid[:, :n], mask=m[None, None, :n, :kv])

@@ -35,6 +35,9 @@ def test_per_round_stats_add_up(result):
         assert s.tokens == sum(r.new_tokens for r in cell) and s.rounds == sum(r.rounds for r in cell)
         assert s.tau == pytest.approx(s.tokens / s.rounds)
         assert s.round_ms == pytest.approx(sum(s.stage_ms.values()))
+        model = s.stage_ms["draft"] + s.stage_ms["head"] + s.stage_ms["target"] + s.stage_ms["context"]
+        assert s.overhead_ms == pytest.approx(s.round_ms - model)
+        assert (s.stage_ms["head"] > 0) == (s.builder == "dartree-pruned")     # chain and ar call no head
         ar = [r for r in result.records if (r.method, r.dataset, r.temperature) == ("ar", s.dataset, s.temperature)]
         ar_seconds_per_token = sum(r.seconds for r in ar) / sum(r.new_tokens for r in ar)
         assert s.speedup == pytest.approx(ar_seconds_per_token * s.tokens / sum(r.seconds for r in cell))
@@ -55,7 +58,8 @@ def test_tables_and_json_shapes(result, tmp_path):
     t1 = table1(result.summaries, 0.0).splitlines()
     assert t1[0].count("|") == 2 + 2 * 2 + 2 + 1 and len(t1) == 2 + 3
     t2 = table2(result.summaries, 1.0).splitlines()
-    assert "draft ms" in t2[0] and len(t2) == 2 + 3
+    assert len(t2) == 2 + 3
+    assert all(f"{st} ms" in t2[0] for st in STAGES) and "overhead ms" in t2[0] and "overhead %" in t2[0]
     md = bench_markdown(result)
     assert "Adaptive budget" in md and "Lossless check: every method" in md and "T=1" in md
     paths = write_bench(result, tmp_path)

@@ -154,3 +154,29 @@ def test_bool_mask_under_eager_gives_wrong_logits():
     alone = path_alone(model, context, [9, 6])[0]
     assert float((right[0, 2] - alone).abs().max()) < 1e-5
     assert float((wrong[0, 2] - alone).abs().max()) > 1e-3
+
+
+def test_lm_head_rows_apart_only_when_logits_are_the_head_of_the_last_state():
+    """The lazy T=0 LM head is used only after a probe proves logits == head(final state)."""
+    from transformers import LlamaForCausalLM
+
+    class Scaled(LlamaForCausalLM):            # logits transformed after the LM head (like soft-capping)
+        def forward(self, *args, **kwargs):
+            out = super().forward(*args, **kwargs)
+            out.logits = out.logits * 2.0
+            return out
+
+    plain = tiny_lm("llama", "sdpa", vocab=V)
+    scaled = Scaled(plain.config).eval()
+    scaled.load_state_dict(plain.state_dict())
+    assert HFTarget(plain).scores_rows_apart and not HFTarget(scaled).scores_rows_apart
+    target = HFTarget(plain)
+    target.prefill(torch.tensor([[3, 4, 5]]))
+    tree = make_tree([([6, 7, 8, 9], [-1, 0, 0, 1])])
+    root = target.forward_tree(target.tree_inputs(tree), logits="root")
+    target.rollback()
+    full = target.forward_tree(target.tree_inputs(tree))
+    assert root.logits.shape == (1, 1, V) and root.final.shape == (1, 4, plain.config.hidden_size)
+    torch.testing.assert_close(target.head_logits(root.final[0]), full.logits[0], atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="logits"):
+        target.forward_tree(target.tree_inputs(tree), logits="some")

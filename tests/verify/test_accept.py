@@ -247,3 +247,30 @@ def test_chi_square_exact_target_sample_matching(tiny_round, temperature):
     assert deep > 0.3                    # the tree is actually walked, not just the root
     bad = lenient_verify(big, big_logits, temperature, GeneratorSampler(torch.Generator().manual_seed(11)))
     assert chi2_pvalue(observed(bad), expected) < 1e-6
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_walk_greedy_scores_only_the_path_and_equals_verify_greedy(seed):
+    """T=0 with the LM head run lazily along the walk gives the same result as full logits."""
+    from dartree.verify import walk_greedy
+
+    g = torch.Generator().manual_seed(seed)
+    tree = random_tree([int(torch.randint(1, 12, (1,), generator=g))], seed, vocab=V)
+    n = tree.max_nodes
+    logits = torch.randn(1, n, V, generator=g)
+    tokens, parents = tree.tokens[0].tolist(), tree.parents[0].tolist()
+    for i in range(n):                                  # most nodes pick one of their children: long walks
+        kids = [j for j in range(1, n) if parents[j] == i]
+        if kids and float(torch.rand(1, generator=g)) < 0.8:
+            logits[0, i, tokens[kids[int(torch.randint(0, len(kids), (1,), generator=g))]]] += 10.0
+    scored = []
+    lazy = walk_greedy(tree, logits[0, 0], lambda i: scored.append(i) or logits[0, i])
+    full = verify_greedy(tree, logits)
+    for field in ("accepted", "accepted_length", "bonus", "tokens"):
+        assert torch.equal(getattr(lazy, field), getattr(full, field)), field
+    path = [i for i in full.accepted[0].tolist() if i >= 0]
+    assert scored == path[1:]                           # only the accepted nodes after the root
+    assert lazy.picks[0, path].tolist() == full.picks[0, path].tolist()
+    assert all(lazy.picks[0, i] == -1 for i in range(n) if i not in path)
+    with pytest.raises(ValueError, match="one-row"):
+        walk_greedy(GOLDEN, torch.zeros(V), lambda i: torch.zeros(V))

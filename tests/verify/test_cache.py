@@ -90,3 +90,22 @@ def test_gather_bad_inputs_leave_cache_untouched():
     sliding.layers = [DynamicSlidingWindowLayer(sliding_window=4)]
     with pytest.raises(ValueError, match="DynamicSlidingWindowLayer"):
         gather_cache(sliding, torch.tensor([[0]]))
+
+
+@pytest.mark.parametrize("nodes", [[0], [0, 1, 2], [0, 1, 3, 7], [0, 2, 5], [0, 4, 1]])
+def test_compact_tail_equals_gather_with_and_without_host_nodes(nodes):
+    """compact_tail (device indices, or host indices that skip the nodes already in place) keeps
+    exactly what gather_cache(keep_indices(...)) keeps."""
+    from dartree.verify import compact_tail
+
+    prefix = 5
+    want = random_cache(1, prefix + 9)
+    gather_cache(want, keep_indices(prefix, torch.tensor([nodes]), len(nodes)))
+    for host in (None, nodes):
+        got = random_cache(1, prefix + 9)
+        compact_tail(got, prefix, torch.tensor([nodes]), host)
+        assert cache_length(got) == prefix + len(nodes)
+        for a, b in zip(got.layers, want.layers, strict=True):
+            assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+    with pytest.raises(ValueError, match="host_nodes"):
+        compact_tail(random_cache(1, 9), 2, torch.tensor([nodes]), nodes + [8])

@@ -77,3 +77,29 @@ def test_bad_arguments():
         tree_inputs(GOLDEN, 3, kv_len=5)
     with pytest.raises(ValueError, match="prefix_len"):
         tree_inputs(GOLDEN, 4, cache_len=3)
+
+
+def test_buffer_refill_equals_fresh_inputs_over_many_rounds():
+    """TreeInputBuffer (the decoding loop's refilled mask) equals tree_inputs round after round:
+    growing prefixes, trees that shrink and grow, a new (shorter) sequence, a static kv_len."""
+    from dartree.verify import TreeInputBuffer
+
+    buf = TreeInputBuffer("cpu")
+    g = torch.Generator().manual_seed(3)
+    prefix = 0
+    for step in range(40):
+        if step == 25:
+            prefix = 2                                   # a new prompt: the prefix shrinks
+        size = int(torch.randint(1, 20, (1,), generator=g))
+        tree = random_tree([size], seed=step)
+        kv_len = None if step % 3 else prefix + size + int(torch.randint(0, 30, (1,), generator=g))
+        got = buf.fill(tree, prefix, kv_len=kv_len)
+        want = tree_inputs(tree, prefix, kv_len=kv_len)
+        assert torch.equal(got.mask, want.mask), step
+        assert torch.equal(got.input_ids, want.input_ids) and torch.equal(got.position_ids, want.position_ids)
+        assert torch.equal(got.valid, want.valid)
+        prefix += int(torch.randint(1, size + 1, (1,), generator=g))      # commit 1..size slots
+    with pytest.raises(ValueError, match="one-row"):
+        buf.fill(random_tree([3, 4], seed=0), 5)
+    with pytest.raises(ValueError, match="kv_len"):
+        buf.fill(random_tree([4], seed=0), 5, kv_len=6)
