@@ -41,7 +41,7 @@ from dartree.tree import DraftTree
 from dartree.verify.accept import verify_greedy, verify_sampled
 from dartree.verify.sampling import Sampler
 
-__all__ = ["generate_batch", "generate_ar_batch"]
+__all__ = ["generate_batch", "generate_ar_batch", "SpecBatch", "ARBatch"]
 
 
 def _requests(target: HFTarget, prompts: Sequence[Tensor], max_new_tokens, temperature, sampler,
@@ -64,14 +64,6 @@ def _padded(rows: list[list[int]], device: torch.device) -> Tensor:
     return torch.tensor([r + [0] * (m - len(r)) for r in rows], dtype=torch.int64, device=device).reshape(len(rows), m)
 
 
-def _results(reqs: list[_Request], generated: list[list[int]], rounds: list[list[RoundStats]],
-             stopped: list[bool], prefill_s: float) -> list[GenerationResult]:
-    return [GenerationResult(tokens=torch.tensor([g], dtype=torch.int64, device=q.prompt.device), prompt=q.prompt,
-                             rounds=tuple(rs), stop_reason="stop_token" if s else "max_new_tokens",
-                             prefill_s=prefill_s)
-            for q, g, rs, s in zip(reqs, generated, rounds, stopped, strict=True)]
-
-
 def _fit(ragged: RaggedTarget, tree: DraftTree, gamma: int) -> DraftTree:
     """Per-row ``SpeculativeDecoder._fit``: positions past the model's limit (per row), static-cache room (shared)."""
     target = ragged.target
@@ -87,39 +79,57 @@ def _fit(ragged: RaggedTarget, tree: DraftTree, gamma: int) -> DraftTree:
     return tree if keep is None else tree.select(keep)
 
 
-def generate_batch(
-    decoder: SpeculativeDecoder,
-    prompts: Sequence[Tensor],
-    max_new_tokens: int,
-    temperature: float = 0.0,
-    sampler: Sampler | None = None,
-    stop_token_ids: Iterable[int] | None = None,
-) -> list[GenerationResult]:
-    """Decode every prompt with ``decoder``'s drafter, builder and head, all live rows per round.
+class SpecBatch:
+    """The live rows of batched speculative decoding; requests join with :meth:`admit`, :meth:`step` runs one round.
 
-    Same arguments as :meth:`SpeculativeDecoder.generate`, with ``prompts`` a sequence of integer
-    ``[L]`` or ``[1, L]`` tensors of any lengths; one result per prompt, in order.
+    ``generate_batch`` admits every prompt and steps until none is live; ``dartree.serve`` keeps
+    ``concurrency`` requests live, admitting the next prompt whenever a row finishes.  A row's
+    output does not depend on when it joined or on the other rows.
     """
-    target = decoder.target
-    reqs = _requests(target, prompts, max_new_tokens, temperature, sampler, stop_token_ids)
-    first = reqs[0]
-    drafter = batch_drafter(decoder.drafter)
-    ragged = RaggedTarget(target)
-    clock = _Clock(target.device)
-    contexts = [q.prompt[0, :-1] for q in reqs]
-    out = ragged.prefill(contexts)
-    drafter.start(len(reqs))
-    drafter.append_rows(out.hidden, _padded([c.tolist() for c in contexts], target.device),
-                        [c.shape[0] for c in contexts])
-    roots = torch.cat([q.prompt[:, -1] for q in reqs])
-    prefill_s = clock.lap()
 
-    live = list(range(len(reqs)))            # request index of each batch row
-    generated: list[list[int]] = [[] for _ in reqs]
-    rounds: list[list[RoundStats]] = [[] for _ in reqs]
-    stopped = [False] * len(reqs)
-    while live:
+    def __init__(self, decoder: SpeculativeDecoder) -> None:
+        self.decoder = decoder
+        self.target = decoder.target
+        self.drafter = batch_drafter(decoder.drafter)
+        self.ragged = RaggedTarget(self.target)
+        self.clock = _Clock(self.target.device)
+        self.live: list[int] = []            # request index of each batch row
+        self.reqs: list[_Request] = []
+        self.generated: list[list[int]] = []
+        self.rounds: list[list[RoundStats]] = []
+        self.stopped: list[bool] = []
+        self.prefill_s: list[float] = []
+        self.roots = torch.zeros(0, dtype=torch.int64, device=self.target.device)
+
+    def admit(self, reqs: list[_Request]) -> list[int]:
+        """Prefill ``reqs`` and add them as rows; returns their request indices."""
+        self.clock.lap()
+        contexts = [q.prompt[0, :-1] for q in reqs]
+        fresh = not self.live
+        if fresh:
+            out = self.ragged.prefill(contexts)
+            self.drafter.start(0)
+        else:
+            out = self.ragged.add_rows(contexts)
+        self.drafter.add_rows(out.hidden, _padded([c.tolist() for c in contexts], self.target.device),
+                              [c.shape[0] for c in contexts])
+        self.roots = torch.cat([self.roots, *[q.prompt[:, -1] for q in reqs]])
+        ids = list(range(len(self.reqs), len(self.reqs) + len(reqs)))
+        self.reqs += reqs
+        self.generated += [[] for _ in reqs]
+        self.rounds += [[] for _ in reqs]
+        self.stopped += [False] * len(reqs)
+        seconds = self.clock.lap()
+        self.prefill_s += [seconds] * len(reqs)
+        self.live += ids
+        return ids
+
+    def step(self) -> list[int]:
+        """One round for every live row; returns the request indices that finished in it."""
+        decoder, target, ragged, drafter, clock = self.decoder, self.target, self.ragged, self.drafter, self.clock
+        live, roots, first = self.live, self.roots, self.reqs[self.live[0]]
         b = len(live)
+        clock.lap()
         block = drafter.draft_rows(roots)
         if not isinstance(block, DraftBlock) or block.batch_size != b or block.vocab_size > target.vocab_size:
             raise ValueError(f"drafter: draft_rows must return a DraftBlock of batch {b} over at most "
@@ -149,11 +159,11 @@ def generate_batch(
         for r, q in enumerate(live):
             row = host[r][:n]
             committed = row[: row.index(-1)] if -1 in row else row
-            kept, stop = _truncate(committed, reqs[q].max_new_tokens - len(generated[q]), reqs[q].stop)
-            generated[q].extend(kept)
-            stopped[q] = stop
+            kept, stop = _truncate(committed, self.reqs[q].max_new_tokens - len(self.generated[q]), self.reqs[q].stop)
+            self.generated[q].extend(kept)
+            self.stopped[q] = stop
             counts.append(len(kept))
-            done.append(stop or len(generated[q]) >= reqs[q].max_new_tokens)
+            done.append(stop or len(self.generated[q]) >= self.reqs[q].max_new_tokens)
         ragged.commit(result.accepted, counts)
         c = max(counts)
         accepted = result.accepted[:, :c].clamp(min=0).to(scored.logits.device)
@@ -165,21 +175,108 @@ def generate_batch(
         roots = torch.gather(result.tokens.to(roots.device), 1, index)[:, 0]
         kv_s = clock.lap()
         keep = [r for r in range(b) if not done[r]]
-        if keep:     # a finished row needs no context: drop it first, then feed the rest
-            if len(keep) < b:
-                ragged.keep_rows(keep)
-                drafter.keep_rows(keep)
-                index = torch.tensor(keep, dtype=torch.int64, device=roots.device)
-                roots, cached = roots[index], cached[index.to(cached.device)]
-                hidden = None if hidden is None else hidden[index.to(hidden.device)]
+        if len(keep) < b:     # a finished row needs no context: drop it first, then feed the rest
+            ragged.keep_rows(keep)
+            drafter.keep_rows(keep)
+            index = torch.tensor(keep, dtype=torch.int64, device=roots.device)
+            roots, cached = roots[index], cached[index.to(cached.device)]
+            hidden = None if hidden is None else hidden[index.to(hidden.device)]
+        if keep:
             drafter.append_rows(hidden, cached, [counts[r] for r in keep])
         context_s = clock.lap()
         for r, q in enumerate(live):
             accepted_length = (host[r][:n].index(-1) if -1 in host[r][:n] else n) - 1
-            rounds[q].append(RoundStats(accepted_length, counts[r], host[r][n] - 1, draft_s, build_s, mask_s,
-                                        verify_s, kv_s + context_s, head_s, target_s, context_s))
-        live = [live[r] for r in keep]
-    return _results(reqs, generated, rounds, stopped, prefill_s)
+            self.rounds[q].append(RoundStats(accepted_length, counts[r], host[r][n] - 1, draft_s, build_s, mask_s,
+                                             verify_s, kv_s + context_s, head_s, target_s, context_s))
+        self.live, self.roots = [live[r] for r in keep], roots
+        return [live[r] for r in range(b) if done[r]]
+
+    def result(self, q: int) -> GenerationResult:
+        req = self.reqs[q]
+        return GenerationResult(tokens=torch.tensor([self.generated[q]], dtype=torch.int64, device=req.prompt.device),
+                                prompt=req.prompt, rounds=tuple(self.rounds[q]),
+                                stop_reason="stop_token" if self.stopped[q] else "max_new_tokens",
+                                prefill_s=self.prefill_s[q])
+
+
+def generate_batch(
+    decoder: SpeculativeDecoder,
+    prompts: Sequence[Tensor],
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    sampler: Sampler | None = None,
+    stop_token_ids: Iterable[int] | None = None,
+) -> list[GenerationResult]:
+    """Decode every prompt with ``decoder``'s drafter, builder and head, all live rows per round.
+
+    Same arguments as :meth:`SpeculativeDecoder.generate`, with ``prompts`` a sequence of integer
+    ``[L]`` or ``[1, L]`` tensors of any lengths; one result per prompt, in order.
+    """
+    reqs = _requests(decoder.target, prompts, max_new_tokens, temperature, sampler, stop_token_ids)
+    batch = SpecBatch(decoder)
+    batch.admit(reqs)
+    while batch.live:
+        batch.step()
+    return [batch.result(q) for q in range(len(reqs))]
+
+
+class ARBatch(SpecBatch):
+    """The live rows of the batched AR baseline: :meth:`step` is one causal token for every live row."""
+
+    def __init__(self, target: HFTarget) -> None:
+        self.target = target
+        self.drafter = None
+        self.ragged = RaggedTarget(target)
+        self.clock = _Clock(target.device)
+        self.live, self.reqs, self.generated, self.rounds, self.stopped, self.prefill_s = [], [], [], [], [], []
+        self.roots = torch.zeros(0, dtype=torch.int64, device=target.device)
+
+    def admit(self, reqs: list[_Request]) -> list[int]:
+        self.clock.lap()
+        contexts = [q.prompt[0, :-1] for q in reqs]
+        if self.live:
+            self.ragged.add_rows(contexts)
+        else:
+            self.ragged.prefill(contexts)
+        self.roots = torch.cat([self.roots, *[q.prompt[:, -1] for q in reqs]])
+        ids = list(range(len(self.reqs), len(self.reqs) + len(reqs)))
+        self.reqs += reqs
+        self.generated += [[] for _ in reqs]
+        self.rounds += [[] for _ in reqs]
+        self.stopped += [False] * len(reqs)
+        self.prefill_s += [self.clock.lap()] * len(reqs)
+        self.live += ids
+        return ids
+
+    def step(self) -> list[int]:
+        ragged, clock, live, first = self.ragged, self.clock, self.live, self.reqs[self.live[0]]
+        clock.lap()
+        positions = ragged.lengths_tensor() + 1          # where the drawn tokens will sit
+        logits = ragged.forward_next(self.roots).logits[:, -1]                          # [b, V]
+        target_s = clock.lap()
+        if first.sampler is None:
+            nxt = logits.argmax(dim=-1)
+        else:
+            nxt = first.sampler.sample(logits.float() / first.temperature, positions).to(torch.int64)
+        verify_s = target_s + clock.lap()
+        tokens = nxt.tolist()             # one sync per step, on purpose: stop tokens are checked on the host
+        ragged.commit(torch.zeros(len(live), 1, dtype=torch.int64, device=self.target.device), [1] * len(live))
+        keep = []
+        for r, q in enumerate(live):
+            self.generated[q].append(tokens[r])
+            self.stopped[q] = tokens[r] in self.reqs[q].stop
+            if not self.stopped[q] and len(self.generated[q]) < self.reqs[q].max_new_tokens:
+                keep.append(r)
+        if len(keep) < len(live):
+            ragged.keep_rows(keep)
+            nxt = nxt[torch.tensor(keep, dtype=torch.int64, device=nxt.device)]
+        self.roots = nxt
+        commit_s = clock.lap()
+        for q in live:
+            self.rounds[q].append(RoundStats(0, 1, 0, 0.0, 0.0, 0.0, verify_s, commit_s, 0.0, target_s))
+        self.live = [live[r] for r in keep]
+        kept = set(keep)
+        return [q for r, q in enumerate(live) if r not in kept]
 
 
 def generate_ar_batch(
@@ -199,39 +296,8 @@ def generate_ar_batch(
     if not isinstance(target, HFTarget):
         target = _as_target(target, ())
     reqs = _requests(target, prompts, max_new_tokens, temperature, sampler, stop_token_ids)
-    first = reqs[0]
-    ragged = RaggedTarget(target)
-    clock = _Clock(target.device)
-    ragged.prefill([q.prompt[0, :-1] for q in reqs])
-    roots = torch.cat([q.prompt[:, -1] for q in reqs])
-    prefill_s = clock.lap()
-    live = list(range(len(reqs)))
-    generated: list[list[int]] = [[] for _ in reqs]
-    rounds: list[list[RoundStats]] = [[] for _ in reqs]
-    stopped = [False] * len(reqs)
-    while live:
-        positions = ragged.lengths_tensor() + 1          # where the drawn tokens will sit
-        logits = ragged.forward_next(roots).logits[:, -1]                          # [b, V]
-        target_s = clock.lap()
-        if first.sampler is None:
-            nxt = logits.argmax(dim=-1)
-        else:
-            nxt = first.sampler.sample(logits.float() / first.temperature, positions).to(torch.int64)
-        verify_s = target_s + clock.lap()
-        tokens = nxt.tolist()             # one sync per step, on purpose: stop tokens are checked on the host
-        ragged.commit(torch.zeros(len(live), 1, dtype=torch.int64, device=target.device), [1] * len(live))
-        keep = []
-        for r, q in enumerate(live):
-            generated[q].append(tokens[r])
-            stopped[q] = tokens[r] in reqs[q].stop
-            if not stopped[q] and len(generated[q]) < reqs[q].max_new_tokens:
-                keep.append(r)
-        if keep and len(keep) < len(live):
-            ragged.keep_rows(keep)
-            nxt = nxt[torch.tensor(keep, dtype=torch.int64, device=nxt.device)]
-        roots = nxt
-        commit_s = clock.lap()
-        for q in live:
-            rounds[q].append(RoundStats(0, 1, 0, 0.0, 0.0, 0.0, verify_s, commit_s, 0.0, target_s))
-        live = [live[r] for r in keep]
-    return _results(reqs, generated, rounds, stopped, prefill_s)
+    batch = ARBatch(target)
+    batch.admit(reqs)
+    while batch.live:
+        batch.step()
+    return [batch.result(q) for q in range(len(reqs))]

@@ -7,6 +7,7 @@ batch when they finish::
     append_rows(hidden, tokens, counts)       # row r gains tokens[r, :counts[r]] (hidden likewise)
     draft_rows(roots) -> DraftBlock           # roots int64 [b]; row r's root sits at position len(context_r)
     keep_rows(rows)                           # the listed rows stay, in that order
+    add_rows(hidden, tokens, counts)          # new rows after the current ones, with these contexts
 
 ``hidden`` is ``[b, m, F]`` (or ``None`` when ``target_layer_ids`` is empty) and ``tokens``
 ``[b, m]``, right-padded: entries past ``counts[r]`` are padding and must be ignored.  The
@@ -45,6 +46,8 @@ class BatchDrafter(Protocol):
     def draft_rows(self, roots: Tensor) -> DraftBlock: ...
 
     def keep_rows(self, rows: list[int]) -> None: ...
+
+    def add_rows(self, hidden_states: Tensor | None, tokens: Tensor, counts: list[int]) -> None: ...
 
 
 def _check_counts(tokens: Tensor, counts: list[int], batch: int) -> None:
@@ -95,6 +98,12 @@ class RowsOfDrafters:
     def keep_rows(self, rows: list[int]) -> None:
         self.rows = [self.rows[r] for r in rows]
 
+    def add_rows(self, hidden_states: Tensor | None, tokens: Tensor, counts: list[int]) -> None:
+        old = self.rows
+        self.start(len(counts))
+        self.append_rows(hidden_states, tokens, counts)
+        self.rows = old + self.rows
+
 
 class DFlashRows:
     """A :class:`DFlashDrafter` over a batch with per-row contexts, all rows in one forward.
@@ -127,6 +136,8 @@ class DFlashRows:
     def append_rows(self, hidden_states: Tensor | None, tokens: Tensor, counts: list[int]) -> None:
         b = len(self.lengths)
         _check_counts(tokens, counts, b)
+        if b == 0:
+            return
         if hidden_states is None:
             raise ValueError("hidden_states: the DFlash drafter needs the target's hidden states, got None")
         m = hidden_states.shape[1]
@@ -173,6 +184,22 @@ class DFlashRows:
         index = torch.tensor(rows, dtype=torch.int64, device=self._kv[0][0].device)
         self._kv = [(k.index_select(0, index), v.index_select(0, index)) for k, v in self._kv]
         self.lengths = [self.lengths[r] for r in rows]
+
+    def add_rows(self, hidden_states: Tensor | None, tokens: Tensor, counts: list[int]) -> None:
+        old_kv, old_lengths = self._kv, self.lengths
+        self.start(len(counts))
+        self.append_rows(hidden_states, tokens, counts)
+        if not old_lengths:
+            return
+        cap = max(old_kv[0][0].shape[2], self._kv[0][0].shape[2])
+
+        def pad(x: Tensor) -> Tensor:
+            return x if x.shape[2] == cap else torch.cat([x, x.new_zeros(*x.shape[:2], cap - x.shape[2], x.shape[3])],
+                                                         dim=2)
+
+        self._kv = [(torch.cat([pad(k0), pad(k1)]), torch.cat([pad(v0), pad(v1)]))
+                    for (k0, v0), (k1, v1) in zip(old_kv, self._kv, strict=True)]
+        self.lengths = old_lengths + self.lengths
 
 
 def batch_drafter(drafter) -> BatchDrafter:

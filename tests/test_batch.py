@@ -16,6 +16,7 @@ from dartree.batch_drafters import DFlashRows, RowsOfDrafters, batch_drafter
 from dartree.decode import SpeculativeDecoder, generate_ar
 from dartree.models.ragged import RaggedTarget
 from dartree.models.target import HFTarget
+from dartree.serve import serve
 from dartree.testing import OracleDrafter
 from dartree.verify import KeyedSampler
 from tests.models.conftest import make_drafter, make_target
@@ -189,15 +190,43 @@ def test_ragged_cache_equals_fresh_prefill_after_each_commit(arch, attn, cache):
             seqs[r] += [int(tree.tokens[r, i]) for i in path]
         ragged.commit(accepted, counts)
         check()
-        if step == 1:                      # a row leaves the batch
+        if step == 1:                      # a row leaves the batch, a new one joins
             ragged.keep_rows([0, 2, 3])
-            seqs = [seqs[0], seqs[2], seqs[3]]
+            ragged.add_rows([torch.arange(60, 80)])
+            seqs = [seqs[0], seqs[2], seqs[3], list(range(60, 80))]
             check()
-    ragged.forward_next(torch.tensor([1, 2, 3]))
-    ragged.commit(torch.zeros(3, 1, dtype=torch.int64), [1, 1, 1])
-    for seq, t in zip(seqs, (1, 2, 3), strict=True):
+    ragged.forward_next(torch.tensor([1, 2, 3, 4]))
+    ragged.commit(torch.zeros(4, 1, dtype=torch.int64), [1, 1, 1, 1])
+    for seq, t in zip(seqs, (1, 2, 3, 4), strict=True):
         seq.append(t)
     check()
+    ragged.keep_rows([])                   # every row finished; new requests start a fresh batch
+    ragged.add_rows([torch.tensor([5, 6]), torch.tensor([], dtype=torch.int64)])
+    seqs = [[5, 6], []]
+    check()
+
+
+@pytest.mark.parametrize("kind", ["ar", "oracle", "dflash"])
+def test_serve_rows_equal_alone(kind):
+    """Continuous batching: 5 requests, 2 in flight, freed slots take the next prompt; each equals its run alone."""
+    prompts = [*PROMPTS, torch.tensor([1, 2, 3])]
+    sampler = KeyedSampler(8)
+    if kind == "dflash":
+        model = make_target()
+        drafter = make_drafter(model)
+    else:
+        model = model_for("llama", "sdpa")
+        drafter = OracleDrafter(model, GAMMA, demote=0.3, seed=2, temperature=1.0, sampler=sampler)
+    builder, head = builder_and_head("ddtree")
+    dec = SpeculativeDecoder(model, drafter, builder, head)
+    finished = []
+    out = serve(model if kind == "ar" else dec, prompts, 2, 9, temperature=1.0, sampler=sampler,
+                stop_token_ids=None, on_finish=lambda i, r: finished.append(i))
+    assert sorted(finished) == list(range(5)) and out.tokens == 5 * 9 and out.tokens_per_s > 0
+    for prompt, row in zip(prompts, out.results, strict=True):
+        alone = generate_ar(model, prompt, 9, temperature=1.0, sampler=sampler)
+        assert row.tokens.tolist() == alone.tokens.tolist()
+    assert out.steps >= 9 * 5 / 2 / (GAMMA + 1)
 
 
 def test_rows_of_drafters_keep_their_own_state():

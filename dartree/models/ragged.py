@@ -213,12 +213,16 @@ class RaggedTarget:
 
     @torch.no_grad()
     def keep_rows(self, rows: list[int]) -> None:
-        """Keep only ``rows`` (in that order); the others leave the batch and stop costing."""
+        """Keep only ``rows`` (in that order); the others leave the batch and stop costing (``[]``: empty batch)."""
         if self._pending is not None:
             raise ValueError("rows: a forward is pending; commit first")
-        if not rows or any(not 0 <= r < self.batch_size for r in rows) or len(set(rows)) != len(rows):
+        if any(not 0 <= r < self.batch_size for r in rows) or len(set(rows)) != len(rows):
             raise ValueError(f"rows: expected distinct row indices in [0, {self.batch_size}), got {rows}")
         if rows == list(range(self.batch_size)):
+            return
+        if not rows:
+            self.target.reset()
+            self.lengths = []
             return
         self.lengths = [self.lengths[r] for r in rows]
         layers = [layer for layer in _layers(self.target.cache) if layer.is_initialized]
@@ -230,6 +234,60 @@ class RaggedTarget:
                 if isinstance(layer, StaticLayer):
                     layer.batch_size = len(rows)
         self._cut(self.width)
+
+    @torch.no_grad()
+    def add_rows(self, contexts: list[Tensor]) -> TargetOutput:
+        """Append new rows (prefilled with ``contexts``) after the current ones: a freed slot takes a new request.
+
+        The new contexts are prefilled in a cache of their own, then both caches are padded to the
+        wider width and concatenated along the batch.  Returns the new rows' prefill outputs (as
+        :meth:`prefill`).
+        """
+        if self._pending is not None:
+            raise ValueError("contexts: a forward is pending; commit first")
+        if not self.lengths:
+            return self.prefill(contexts)
+        t = self.target
+        old_cache, old_lengths = t.cache, self.lengths
+        out = self.prefill(contexts)                        # into a fresh cache
+        new_cache, new_lengths = t.cache, self.lengths
+        width = max(old_lengths + new_lengths)
+        merged = []
+        for a, b in zip(_layers(old_cache), _layers(new_cache), strict=True):
+            if not a.is_initialized and not b.is_initialized:
+                merged.append(None)
+                continue
+            like = a if a.is_initialized else b
+            parts = []
+            for layer, rows in ((a, len(old_lengths)), (b, len(new_lengths))):
+                for name in ("keys", "values"):
+                    ref = getattr(like, name)
+                    if layer.is_initialized:
+                        x = getattr(layer, name)
+                        if not isinstance(layer, StaticLayer):
+                            x = x[:, :, :width]
+                            if x.shape[2] < width:
+                                x = torch.cat([x, x.new_zeros(x.shape[0], x.shape[1], width - x.shape[2],
+                                                              x.shape[3])], dim=2)
+                    else:
+                        size = ref.shape[2] if isinstance(like, StaticLayer) else width
+                        x = ref.new_zeros(rows, ref.shape[1], size, ref.shape[3])
+                    parts.append(x)
+            merged.append(((parts[0], parts[2]), (parts[1], parts[3])))
+        for layer, pair in zip(_layers(old_cache), merged, strict=True):
+            if pair is None:
+                continue
+            (k0, k1), (v0, v1) = pair
+            if not layer.is_initialized:             # take the new cache's initialised layer over
+                fresh = _layers(new_cache)[_layers(old_cache).index(layer)]
+                layer.__dict__.update({k: v for k, v in fresh.__dict__.items() if k not in ("keys", "values")})
+            layer.keys, layer.values = torch.cat([k0, k1]), torch.cat([v0, v1])
+            if isinstance(layer, StaticLayer):
+                layer.batch_size = layer.keys.shape[0]
+        t._cache = old_cache
+        self.lengths = old_lengths + new_lengths
+        self._cut(self.width)
+        return out
 
     def row_cache(self, row: int) -> list[tuple[Tensor, Tensor]]:
         """Per layer, the committed keys and values of ``row``: ``[1, heads, lengths[row], d]`` each (tests)."""
