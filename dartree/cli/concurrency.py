@@ -34,11 +34,13 @@ def cmd_bench_concurrency(args: argparse.Namespace) -> int:
     dataset, temperature = preset["datasets"][0], float(preset["temperatures"][0])
     with user_input():
         methods = parse_methods([m for m in preset["methods"] if m != "ar"] or ["ar"], defaults)
-        bad = [m.label for m in methods if m.auto_fields]
-        if bad:
-            raise UsageError(f"--concurrency: {bad} use 'auto' settings, which are not tuned per concurrency yet; "
-                             f"give numbers (dartree tune prints them)")
         load_prompts(dataset, num_prompts)
+        if any(m.auto_fields for m in methods):
+            try:
+                load_prompts(dataset, max(levels), offset=num_prompts)
+            except ValueError as e:
+                raise UsageError(f"--concurrency: 'auto' settings are tuned at each C on {max(levels)} prompts of "
+                                 f"{dataset!r} after its {num_prompts} evaluation prompts; {e}") from e
     out = Path(preset["out"])
     prepare_out(args, out, CONCURRENCY_FILES)
     if args.threads is None:
@@ -48,7 +50,8 @@ def cmd_bench_concurrency(args: argparse.Namespace) -> int:
                            num_prompts=num_prompts, max_new_tokens=preset["max_new_tokens"],
                            temperature=temperature, seed=args.seed, backend=args.backend,
                            max_prompt_tokens=args.max_prompt_tokens, stop_at_eos=args.stop_at_eos,
-                           warmup=not args.no_warmup, log=log)
+                           warmup=not args.no_warmup, tune_budgets=tuple(args.tune_budgets),
+                           tune_widths=tuple(args.tune_widths), log=log)
     argv = ["dartree", *sys.argv[1:]] if args.argv is None else ["dartree", *args.argv]
     meta = _meta(bundle, argv)
     meta.update(dataset=dataset, temperature=temperature, prompts=num_prompts,

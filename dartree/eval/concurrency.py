@@ -5,6 +5,12 @@ every method, one after the other, each with :func:`dartree.serve.serve` (a fini
 takes the next prompt).  Throughput is all completion tokens over the wall time of the whole run
 (prefills included); speedup is over batched AR at the same C.  Every request's tokens are compared
 with AR's (the lossless check: T=0 greedy, T>0 the same keyed sampler).
+
+``budget=auto`` / ``width=auto`` are tuned *per concurrency* by measurement: at each C, every
+candidate setting (``tune_budgets`` x ``tune_widths``) serves C calibration prompts (the prompts of
+the dataset after the evaluation prompts), and the fastest is then served on the evaluation prompts;
+the row reports the chosen settings.  A tree that pays at C=1 may not at C=8, where the target's
+forward over C trees is compute-bound: that is what the per-C choice adapts to.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ class ConcurrencyRow:
     tau: float                     # committed tokens per row-round
     steps: int                     # batched rounds
     lossless_prompts: int
+    settings: str = ""             # the settings chosen for an 'auto' method at this C
 
 
 @torch.no_grad()
@@ -57,6 +64,8 @@ def run_concurrency(
     max_prompt_tokens: int = 256,
     stop_at_eos: bool = False,
     warmup: bool = True,
+    tune_budgets: Sequence[int] = (8, 16, 32, 64),
+    tune_widths: Sequence[int] = (4, 8, 16),
     progress: bool = True,
     log: Callable[[str], None] = print,
 ) -> list[ConcurrencyRow]:
@@ -65,32 +74,60 @@ def run_concurrency(
 
     if not levels or any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in levels):
         raise ValueError(f"concurrency: expected integers >= 1, got {list(levels)}")
-    bad = [m.label for m in methods if m.auto_fields]
-    if bad:
-        raise ValueError(f"methods: {bad} use 'auto' settings, which --concurrency does not tune yet; give numbers")
     device = next(bundle.target.parameters()).device
     prompts = [torch.tensor(encode(bundle.tokenizer, p.text)[-max_prompt_tokens:], dtype=torch.int64, device=device)
                for p in load_prompts(dataset, num_prompts)]
     stop = stop_token_id(bundle) if stop_at_eos else None
     timed = [m for m in methods if not m.is_ar]
-    decoders = {m.label: make_decoder(bundle, m, backend) for m in timed}
+    fixed = [m for m in timed if not m.auto_fields]
+    decoders = {m.label: make_decoder(bundle, m, backend) for m in fixed}
+    calibration = []
+    if len(fixed) < len(timed):
+        calibration = [torch.tensor(encode(bundle.tokenizer, p.text)[-max_prompt_tokens:], dtype=torch.int64,
+                                    device=device) for p in load_prompts(dataset, max(levels), offset=num_prompts)]
 
-    def run(label: str, ps: Sequence[torch.Tensor], c: int, max_new: int, on_finish=None) -> ServeResult:
+    def run(engine, ps: Sequence[torch.Tensor], c: int, max_new: int, on_finish=None) -> ServeResult:
         sampler = KeyedSampler(seed) if temperature > 0 else None
-        engine = bundle.target if label == AR else decoders[label]
         return serve(engine, ps, c, max_new, temperature, sampler, None if stop is None else [stop], on_finish)
 
+    def candidates(m: MethodSpec) -> list[MethodSpec]:
+        grid = [{}]
+        for key, values in (("budget", tune_budgets), ("width", tune_widths)):
+            if key in m.auto_fields:
+                grid = [{**g, key: v} for g in grid for v in values]
+        return [m.with_settings(**g) for g in grid]
+
+    def tuned(m: MethodSpec, c: int) -> MethodSpec:
+        """The fastest candidate setting of ``m`` serving ``c`` calibration prompts at concurrency ``c``."""
+        best, best_rate = None, -1.0
+        for cand in candidates(m):
+            rate = run(make_decoder(bundle, cand, backend), calibration[:c], c, min(32, max_new_tokens)).tokens_per_s
+            if rate > best_rate:
+                best, best_rate = cand, rate
+        log(f"tune C={c}: {m.label} -> {best.config} ({best_rate:.1f} tok/s on {c} calibration prompts)")
+        return best
+
     if warmup:                 # first calls allocate caches and pick kernels: untimed
-        for label in (AR, *decoders):
-            run(label, prompts[:2], 2, min(8, max_new_tokens))
+        for engine in (bundle.target, *decoders.values()):
+            run(engine, prompts[:2], 2, min(8, max_new_tokens))
     rows: list[ConcurrencyRow] = []
     bar = tqdm(total=len(levels) * (1 + len(timed)) * len(prompts), desc="serve", disable=not progress,
                file=sys.stderr)
     for c in levels:
         ar = None
-        for label in (AR, *decoders):
+        for label in (AR, *(m.label for m in timed)):
+            spec = next((m for m in timed if m.label == label), None)
+            chosen = ""
+            if spec is None:
+                engine = bundle.target
+            elif spec.auto_fields:
+                best = tuned(spec, c)
+                chosen = ",".join(f"{k}={v}" for k, v in sorted(best.config.items()) if k in spec.auto_fields)
+                engine = make_decoder(bundle, best, backend)
+            else:
+                engine = decoders[label]
             bar.set_postfix_str(f"C={c} {label}", refresh=False)
-            out = run(label, prompts, c, max_new_tokens, on_finish=lambda _i, _r: bar.update(1))
+            out = run(engine, prompts, c, max_new_tokens, on_finish=lambda _i, _r: bar.update(1))
             if ar is None:
                 ar = out
             same = sum(a.tokens.tolist() == b.tokens.tolist() for a, b in zip(ar.results, out.results, strict=True))
@@ -100,7 +137,7 @@ def run_concurrency(
                     next(m for m in timed if m.label == label).builder, backend),
                 concurrency=c, prompts=len(prompts), tokens=out.tokens, seconds=out.seconds,
                 tokens_per_s=out.tokens_per_s, speedup=out.tokens_per_s / ar.tokens_per_s,
-                tau=out.tokens / max(1, rounds), steps=out.steps, lossless_prompts=same))
+                tau=out.tokens / max(1, rounds), steps=out.steps, lossless_prompts=same, settings=chosen))
     bar.close()
     return rows
 
@@ -120,11 +157,11 @@ def concurrency_markdown(rows: Sequence[ConcurrencyRow], meta: dict[str, Any] | 
         lines.append(f"| {m} | " + " | ".join(
             f"{cell[m, c].speedup:.2f}x" if (m, c) in cell else "-" for c in levels) + " |")
     lines.append("")
-    lines.append("| method | C | tokens/s | speedup | tau | steps | lossless |")
-    lines.append("|---|---:|---:|---:|---:|---:|---:|")
+    lines.append("| method | C | tokens/s | speedup | tau | steps | lossless | auto chose |")
+    lines.append("|---|---:|---:|---:|---:|---:|---:|---|")
     for r in rows:
         lines.append(f"| {r.method} | {r.concurrency} | {r.tokens_per_s:.1f} | {r.speedup:.2f}x | {r.tau:.2f} | "
-                     f"{r.steps} | {r.lossless_prompts}/{r.prompts} |")
+                     f"{r.steps} | {r.lossless_prompts}/{r.prompts} | {r.settings or '-'} |")
     return "\n".join(lines) + "\n"
 
 

@@ -23,8 +23,6 @@ def test_run_concurrency_is_lossless_and_reports_every_cell(bundle):
     assert ar3.steps < 4 * 6                      # batched: fewer forwards than tokens
     text = concurrency_markdown(rows)
     assert "| chain | " in text and "C=3" in text
-    with pytest.raises(ValueError, match="auto"):
-        run_concurrency(bundle, [parse_method("ddtree:budget=auto")], [1], progress=False)
     with pytest.raises(ValueError, match="concurrency"):
         run_concurrency(bundle, methods, [0], progress=False)
 
@@ -38,6 +36,15 @@ def test_cli_concurrency_writes_table_and_json(tmp_path, capsys):
     assert [(r["method"], r["concurrency"]) for r in data["rows"]] == [("ar", 1), ("chain", 1), ("ar", 2),
                                                                         ("chain", 2)]
     assert "| chain |" in capsys.readouterr().out
-    with pytest.raises(SystemExit) as e:
-        main(["bench", *TOY, "--concurrency", "2", "--methods", "ddtree:budget=auto", "--out", str(tmp_path / "x")])
+    with pytest.raises(SystemExit) as e:     # no calibration prompts left after the evaluation prompts
+        main(["bench", *TOY, "--concurrency", "2", "--methods", "ddtree:budget=auto", "--num-prompts", "164",
+              "--out", str(tmp_path / "x")])
     assert e.value.code == 2
+
+
+def test_auto_budget_is_tuned_per_concurrency(bundle):
+    rows = run_concurrency(bundle, [parse_method("ddtree:budget=auto")], [1, 2], num_prompts=2, max_new_tokens=4,
+                           progress=False, warmup=False, tune_budgets=(2, 6), log=lambda _m: None)
+    auto = [r for r in rows if r.method == "ddtree:budget=auto"]
+    assert [r.concurrency for r in auto] == [1, 2]
+    assert all(r.settings in ("budget=2", "budget=6") and r.lossless_prompts == 2 for r in auto)
