@@ -13,12 +13,12 @@ from dartree.cli.parser import BENCH_DEFAULTS, PRESETS
 
 __all__ = ["cmd_bench_concurrency", "CONCURRENCY_FILES"]
 
-CONCURRENCY_FILES = ("concurrency.md", "concurrency.json")
+CONCURRENCY_FILES = ("concurrency.md", "concurrency.json", "concurrency.png")
 
 
 def cmd_bench_concurrency(args: argparse.Namespace) -> int:
     from dartree.eval.bench import _meta
-    from dartree.eval.concurrency import concurrency_markdown, rows_json, run_concurrency
+    from dartree.eval.concurrency import concurrency_markdown, plot_concurrency, rows_json, run_concurrency
     from dartree.eval.datasets import load_prompts
     from dartree.eval.methods import parse_methods
 
@@ -60,8 +60,9 @@ def cmd_bench_concurrency(args: argparse.Namespace) -> int:
     clear_out(out, CONCURRENCY_FILES)
     (out / "concurrency.md").write_text(text)
     (out / "concurrency.json").write_text(json.dumps({"meta": meta, "rows": rows_json(rows)}, indent=1))
+    plot = plot_concurrency(rows, out / "concurrency.png")
     print(text)
-    log(f"wrote {out / 'concurrency.md'}, {out / 'concurrency.json'}")
+    log(f"wrote {out / 'concurrency.md'}, {out / 'concurrency.json'}, {plot}")
     lost = [r for r in rows if r.lossless_prompts != r.prompts]
     if lost:
         log(f"LOSSLESS CHECK FAILED: {[(r.method, r.concurrency) for r in lost]} differ from AR's output"

@@ -19,6 +19,7 @@ import dataclasses
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -29,7 +30,7 @@ from dartree.eval.methods import AR, MethodSpec, make_decoder, resolve_backend
 from dartree.serve import ServeResult, serve
 from dartree.verify.sampling import KeyedSampler
 
-__all__ = ["ConcurrencyRow", "run_concurrency", "concurrency_markdown"]
+__all__ = ["ConcurrencyRow", "run_concurrency", "concurrency_markdown", "plot_concurrency", "rows_json"]
 
 
 @dataclass(frozen=True)
@@ -167,3 +168,23 @@ def concurrency_markdown(rows: Sequence[ConcurrencyRow], meta: dict[str, Any] | 
 
 def rows_json(rows: Sequence[ConcurrencyRow]) -> list[dict[str, Any]]:
     return [dataclasses.asdict(r) for r in rows]
+
+
+def plot_concurrency(rows: Sequence[ConcurrencyRow], path: Path) -> Path:
+    """Speedup over batched AR against concurrency, one line per method (log2 x axis); returns ``path``."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6.4, 4.0))
+    ax = fig.subplots()
+    for method in dict.fromkeys(r.method for r in rows):
+        mine = sorted((r.concurrency, r.speedup) for r in rows if r.method == method)
+        ax.plot([c for c, _ in mine], [s for _, s in mine], marker="o", markersize=4, label=method)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("concurrency C (requests in flight)")
+    ax.set_ylabel("speedup over batched AR")
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    return path

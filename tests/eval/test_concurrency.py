@@ -36,6 +36,7 @@ def test_cli_concurrency_writes_table_and_json(tmp_path, capsys):
     assert [(r["method"], r["concurrency"]) for r in data["rows"]] == [("ar", 1), ("chain", 1), ("ar", 2),
                                                                         ("chain", 2)]
     assert "| chain |" in capsys.readouterr().out
+    assert (out / "concurrency.png").stat().st_size > 0
     with pytest.raises(SystemExit) as e:     # no calibration prompts left after the evaluation prompts
         main(["bench", *TOY, "--concurrency", "2", "--methods", "ddtree:budget=auto", "--num-prompts", "164",
               "--out", str(tmp_path / "x")])
