@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test bench lint
+.PHONY: setup demo test bench lint gpu-check
 
 setup: $(VENV)/.installed
 
@@ -28,3 +28,8 @@ bench: setup
 
 lint: setup
 	$(VENV)/bin/ruff check dartree tests benchmarks examples
+
+# On a machine with a CUDA GPU (and a CUDA build of torch in the venv): tests with compiled kernels,
+# parity, lossless zoo decoding, benchmark grid, demo bench, bf16 divergence -> one markdown report.
+gpu-check: setup
+	$(PY) -m dartree.eval.gpu_check --out runs/gpu-check/report.md

@@ -3,7 +3,8 @@
 Sizes: by default only the smallest configuration of each group runs, so that the CI run
 (``pytest benchmarks --benchmark-disable``) takes seconds; ``DARTREE_BENCH=full`` selects the whole
 grid of the issue (B in {16, 64, 128}, W in {4, 12, 32}, V in {4096, 151936}, K=64, gamma=16).
-``DARTREE_BENCH_ROUNDS`` sets the timed rounds per benchmark (default 7).
+``DARTREE_BENCH=goals`` selects only the groups the issue's goal ratios are read from (see
+test_bench_builders.py).  ``DARTREE_BENCH_ROUNDS`` sets the timed rounds per benchmark (default 7).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 from dartree import DraftBlock
 
 FULL = os.environ.get("DARTREE_BENCH", "").lower() == "full"
+GOALS = os.environ.get("DARTREE_BENCH", "").lower() == "goals"  # only the groups the issue's ratios need
 GAMMA, TOPK = 16, 64
 HIDDEN, GRU_HIDDEN, EMB_DIM = 512, 512, 256  # the GRU head's size (Domino layout, see dartree.models.heads)
 

@@ -1,7 +1,8 @@
 """Verification-side tree work, ref vs fast: tree attention mask + positions + links, and the greedy walk.
 
-ref: ``DraftTree.ancestor_mask`` / ``positions`` / ``links`` and ``dartree.verify.accept_picks``;
-fast: ``dartree.fast.ops.tree_structure`` and ``dartree.fast.ops.greedy_walk``.  Trees: fast
+ref: an independent Python derivation from ``DraftTree.node_paths`` (mask rows = each node's path,
+links and walk from per-node child lists); fast: ``dartree.fast.ops.tree_structure`` and
+``dartree.fast.ops.greedy_walk`` (the host versions for these CPU tensors).  Trees: fast
 ``dartree-pruned`` (W=12) at each budget; the target's picks follow the tree's first child 90% of the
 time, so walks go deep.
 """
@@ -16,7 +17,6 @@ import torch
 from benchmarks.common import BUDGETS, TOPK, draft_block, gru_head, run
 from dartree import DraftTree, make_builder
 from dartree.fast import ops
-from dartree.verify.accept import accept_picks
 
 VOCAB = 4096
 PREFIX = 100
@@ -35,15 +35,40 @@ def tree_and_picks(budget: int) -> tuple[DraftTree, torch.Tensor]:
 
 
 def ref_structure(tree: DraftTree):
-    return tree.ancestor_mask(), tree.positions(PREFIX), tree.links()
+    """Mask, positions, first child and next sibling of row 0, from the root-to-node paths."""
+    paths = tree.node_paths(0)
+    n = tree.max_nodes
+    mask = torch.zeros(1, n, n, dtype=torch.bool)
+    for i, path in enumerate(paths):
+        mask[0, i, [0] + path] = True
+    positions = torch.tensor([[PREFIX + len(p) for p in paths]])
+    first, nxt = [-1] * n, [-1] * n
+    last: dict[int, int] = {}
+    for i, path in enumerate(paths[1:], start=1):
+        parent = path[-2] if len(path) > 1 else 0
+        if parent in last:
+            nxt[last[parent]] = i
+        else:
+            first[parent] = i
+        last[parent] = i
+    return mask, positions, torch.tensor([first]), torch.tensor([nxt])
 
 
 def fast_structure(tree: DraftTree):
     return ops.tree_structure(tree.parents, tree.num_nodes, PREFIX)
 
 
-def ref_walk(tree: DraftTree, picks: torch.Tensor):
-    return accept_picks(tree, picks)
+def ref_walk(tree: DraftTree, picks: torch.Tensor) -> list[int]:
+    """Accepted node indices of row 0: from the root, the child whose token is the parent's pick."""
+    children: dict[int, dict[int, int]] = {}
+    tokens, parents, pick = tree.tokens[0].tolist(), tree.parents[0].tolist(), picks[0].tolist()
+    for i in range(1, int(tree.num_nodes[0])):
+        children.setdefault(parents[i], {})[tokens[i]] = i
+    node, accepted = 0, [0]
+    while pick[node] in children.get(node, {}):
+        node = children[node][pick[node]]
+        accepted.append(node)
+    return accepted
 
 
 def fast_walk(tree: DraftTree, picks: torch.Tensor):
@@ -56,8 +81,9 @@ def test_tree_structure(benchmark, provider: str, budget: int) -> None:
     tree, _ = tree_and_picks(budget)
     benchmark.group = f"mask+positions+links B={budget}"
     out = run(benchmark, ref_structure if provider == "ref" else fast_structure, tree)
-    mask = out[0] if provider == "ref" else out.mask
-    assert torch.equal(mask, tree.ancestor_mask())
+    other = fast_structure(tree) if provider == "ref" else ref_structure(tree)
+    for a, b in zip(out, other, strict=True):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("provider", ("ref", "fast"))
@@ -66,4 +92,6 @@ def test_greedy_walk(benchmark, provider: str, budget: int) -> None:
     tree, picks = tree_and_picks(budget)
     benchmark.group = f"greedy walk B={budget}"
     out = run(benchmark, ref_walk if provider == "ref" else fast_walk, tree, picks)
-    assert torch.equal(out.accepted, accept_picks(tree, picks).accepted)
+    fast = out if provider == "fast" else fast_walk(tree, picks)
+    accepted = out if provider == "ref" else ref_walk(tree, picks)
+    assert fast.accepted[0, : len(accepted)].tolist() == accepted and int(fast.accepted_length[0]) == len(accepted) - 1

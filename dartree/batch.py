@@ -199,6 +199,7 @@ class SpecBatch:
                                 prefill_s=self.prefill_s[q])
 
 
+@torch.no_grad()
 def generate_batch(
     decoder: SpeculativeDecoder,
     prompts: Sequence[Tensor],
@@ -279,6 +280,7 @@ class ARBatch(SpecBatch):
         return [q for r, q in enumerate(live) if r not in kept]
 
 
+@torch.no_grad()
 def generate_ar_batch(
     target: HFTarget | nn.Module,
     prompts: Sequence[Tensor],

@@ -14,7 +14,7 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
-__all__ = ["DraftBlock", "CorrectionHead", "check_finite"]
+__all__ = ["DraftBlock", "CorrectionHead", "check_finite", "check_logits"]
 
 
 def check_finite(name: str, x: Tensor) -> None:
@@ -27,6 +27,15 @@ def check_finite(name: str, x: Tensor) -> None:
         raise ValueError(f"{name}: must be finite (found NaN or inf)")
 
 
+def check_logits(name: str, x: Tensor) -> None:
+    """Raise ``ValueError`` if ``x`` holds NaN or ``+inf`` (``-inf`` masks a token and is allowed).
+
+    One host-device synchronisation (the reference builders run it once per build).
+    """
+    if bool((torch.isnan(x) | (x == float("inf"))).any()):
+        raise ValueError(f"{name}: must not hold NaN or +inf (-inf is allowed, to mask tokens)")
+
+
 @dataclass(frozen=True)
 class DraftBlock:
     """Drafter output for one round.
@@ -36,8 +45,8 @@ class DraftBlock:
         hidden: float ``[b, gamma, H]`` or ``None``; the shared representations ``H_d``.
         root:   int64 ``[b]`` the last committed token (the tree's root, not yet in the target's cache).
 
-    Construction checks ranks, dtypes, batch sizes and devices (no host-device sync).  Finiteness
-    of the logits is checked by the builders (:func:`check_finite`).
+    Construction checks ranks, dtypes, batch sizes and devices (no host-device sync).  The logits
+    are checked by the builders: NaN and ``+inf`` are errors, ``-inf`` masks a token.
     """
 
     logits: Tensor
@@ -105,6 +114,17 @@ class CorrectionHead(Protocol):
 
     ``b`` is the batch of ``block``; builders may pass a sub-block (``block.rows(...)``) with the
     matching states, so a head must index the block by the batch it is given, never cache by row.
+
+    Optional fused method (detected with ``getattr(head, "advance_logits", None)``; builders fall
+    back to the two calls when it is missing)::
+
+        advance_logits(block, depth, states, tokens, candidates) -> (new_states, logits)
+
+    Advance ``states [b, m, S]`` by ``tokens`` int64 ``[b, m]`` appended at ``depth``
+    (``1 <= depth < gamma``), then score ``candidates`` int64 ``[b, K]`` (the set ``C_{depth+1}``) at
+    ``depth + 1``.  Returns ``(new_states [b, m, S], logits [b, m, K])``, equal (bit for bit, fp32) to
+    ``s = advance(block, depth, states, tokens); (s, logits(block, depth + 1, s, candidates))``.  It is
+    never called at the last depth: builders never compute the last depth's advance.
     """
 
     def initial_state(self, block: DraftBlock) -> Tensor: ...

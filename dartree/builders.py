@@ -12,11 +12,12 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from dartree.block import CorrectionHead, DraftBlock, check_finite
+from dartree.block import CorrectionHead, DraftBlock, check_logits
 from dartree.scoring import NORMALIZE_CHOICES, Normalize
 from dartree.tree import DraftTree
 
@@ -24,11 +25,29 @@ __all__ = ["ChainConfig", "TreeConfig", "PrunedConfig", "BuilderSpec", "TreeBuil
            "make_builder", "register_builder", "builder_spec"]
 
 BACKENDS: tuple[str, ...] = ("ref", "fast")
+MAX_NODES = 1 << 14
+"""Upper bound of ``budget`` and ``width``: a tree of n nodes needs an [n, n] attention mask in the
+target (and a supertree of W nodes per depth W head branches), so 16384 is already far beyond what a
+target verifies in one forward; a larger value is a typo, not a tree.  The candidate trie bounds the
+tree too: a tree never holds more than its ``K + K^2 + ... + K^gamma`` nodes."""
 
 
-def _check_int(name: str, value: Any, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+def _check_int(owner: Any, name: str, low: int, high: int | None = None) -> None:
+    """Check the integer field ``name`` of the frozen config ``owner``; anything ``operator.index`` accepts
+    (numpy or 0-d tensor integers) is stored as a plain ``int``."""
+    value = getattr(owner, name)
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        value = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name}: must be an integer >= {low}, got {value!r}") from None
+    if value < low:
         raise ValueError(f"{name}: must be an integer >= {low}, got {value!r}")
+    if high is not None and value > high:
+        raise ValueError(f"{name}: {value} exceeds the limit {high} (dartree.builders.MAX_NODES: a tree of n "
+                         f"nodes needs an n x n attention mask in the target)")
+    object.__setattr__(owner, name, value)
 
 
 def _check_normalize(value: Any) -> None:
@@ -48,7 +67,7 @@ class ChainConfig:
     normalize: Normalize = "vocab"
 
     def __post_init__(self) -> None:
-        _check_int("topk", self.topk, 1)
+        _check_int(self, "topk", 1)
         _check_normalize(self.normalize)
 
 
@@ -66,8 +85,8 @@ class TreeConfig:
     normalize: Normalize = "vocab"
 
     def __post_init__(self) -> None:
-        _check_int("budget", self.budget, 1)
-        _check_int("topk", self.topk, 1)
+        _check_int(self, "budget", 1, MAX_NODES)
+        _check_int(self, "topk", 1)
         _check_normalize(self.normalize)
 
 
@@ -75,7 +94,7 @@ class TreeConfig:
 class PrunedConfig:
     """``dartree-pruned``: a supertree of ``width`` nodes per depth, then the global top-``budget``.
 
-    beta: depth bonus added to every node's score, ``<= 0`` (prefix closure needs it; see Lemma 1).
+    beta: depth penalty added to every node's score, ``<= 0`` (prefix closure needs it; see Lemma 1).
     """
 
     budget: int = 64
@@ -85,15 +104,15 @@ class PrunedConfig:
     normalize: Normalize = "candidates"
 
     def __post_init__(self) -> None:
-        _check_int("budget", self.budget, 1)
-        _check_int("width", self.width, 1)
-        _check_int("topk", self.topk, 1)
+        _check_int(self, "budget", 1, MAX_NODES)
+        _check_int(self, "width", 1, MAX_NODES)
+        _check_int(self, "topk", 1)
         _check_normalize(self.normalize)
         if isinstance(self.beta, bool) or not isinstance(self.beta, int | float) or not self.beta <= 0:
-            raise ValueError(f"beta: must be a finite number <= 0 (a positive depth bonus breaks prefix "
-                             f"closure), got {self.beta!r}")
+            raise ValueError(f"beta: must be a finite number <= 0 (a depth penalty: a positive value breaks "
+                             f"prefix closure), got {self.beta!r}")
         if self.beta != self.beta or self.beta == float("-inf"):
-            raise ValueError(f"beta: must be a finite number <= 0, got {self.beta!r}")
+            raise ValueError(f"beta: must be a finite number <= 0 (a depth penalty), got {self.beta!r}")
 
 
 BuildFn = Callable[[DraftBlock, "CorrectionHead | None", Any], DraftTree]
@@ -151,6 +170,10 @@ class TreeBuilder:
     def build(self, block: DraftBlock, head: CorrectionHead | None = None) -> DraftTree:
         """Build one draft tree per row of ``block``.
 
+        ``-inf`` logits mask tokens (never a candidate; a position with fewer than ``topk`` finite
+        logits is an error); NaN or ``+inf`` logits, and NaN / inf corrected logits from a head, are
+        an error on both backends.
+
         Shape:
             block.logits ``[b, gamma, V]`` -> DraftTree with ``b`` rows.
         """
@@ -163,8 +186,13 @@ class TreeBuilder:
         topk = self.config.topk
         if topk > block.vocab_size:
             raise ValueError(f"topk: {topk} is outside the allowed range 1..V={block.vocab_size} (block vocabulary)")
-        check_finite("block.logits", block.logits)  # one sync per round, on purpose (see check_finite)
-        return self._fn(block, head, self.config)
+        if self.backend == "ref":
+            check_logits("block.logits", block.logits)  # NaN / +inf; the fast builders check as they read
+            return self._fn(block, head, self.config)
+        from dartree.fast import checks
+
+        with checks.collect():  # off the CPU: the build's deferred checks, read in one sync at its end
+            return self._fn(block, head, self.config)
 
 
 def make_builder(name: str, backend: str = "ref", **config: Any) -> TreeBuilder:

@@ -419,6 +419,7 @@ class SpeculativeDecoder:
             keep = first if keep is None else keep & first
         return tree if keep is None else tree.select(keep)
 
+    @torch.no_grad()    # builders call heads on every round: never record an autograd graph
     def generate(
         self,
         input_ids: Tensor,
@@ -448,6 +449,8 @@ class SpeculativeDecoder:
         drafter.reset()
         drafter.append_context(out.hidden, context)
         root = req.prompt[:, -1]
+        # T=0 on the CPU: the LM head runs only on the nodes the greedy walk visits (probed once per target)
+        lazy = req.sampler is None and target.scores_rows_apart
         prefill_s = clock.lap()
 
         generated: list[int] = []
@@ -464,8 +467,6 @@ class SpeculativeDecoder:
             head_s = 0.0 if timed is None else timed.take()
             inputs = target.tree_inputs(tree)
             mask_s = clock.lap()
-            # T=0 on the CPU: the LM head runs only on the nodes the greedy walk visits
-            lazy = req.sampler is None and target.scores_rows_apart
             scored = target.forward_tree(inputs, logits="root" if lazy else "all")
             target_s = clock.lap()
             if lazy:
@@ -507,7 +508,6 @@ class SpeculativeDecoder:
         return GenerationResult(tokens=tokens, prompt=req.prompt, rounds=tuple(rounds),
                                 stop_reason="stop_token" if stopped else "max_new_tokens", prefill_s=prefill_s)
 
-
     def generate_batch(
         self,
         prompts,
@@ -525,6 +525,7 @@ class SpeculativeDecoder:
         return generate_batch(self, prompts, max_new_tokens, temperature, sampler, stop_token_ids)
 
 
+@torch.no_grad()
 def generate_ar(
     target: HFTarget | nn.Module,
     input_ids: Tensor,

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor, nn
 
 from dartree.batch import ARBatch, SpecBatch, _requests
@@ -42,6 +43,7 @@ class ServeResult:
         return self.tokens / self.seconds
 
 
+@torch.no_grad()
 def serve(
     decoder: SpeculativeDecoder | HFTarget | nn.Module,
     prompts: Sequence[Tensor],

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["DraftTree", "PAD", "rank_path_key"]
+from dartree.structure import PAD, TreeStructure, ancestor_mask, tree_structure
 
-PAD = -1
+__all__ = ["DraftTree", "PAD", "rank_path_key"]
 
 
 def rank_path_key(score: float, rank_path: tuple[int, ...]) -> tuple[float, tuple[int, ...]]:
@@ -98,6 +98,8 @@ class DraftTree:
         for r, count in enumerate(nn):
             if par[r][0] != PAD or dep[r][0] != 0 or rnk[r][0] != PAD or sc[r][0] != 0.0:
                 raise ValueError(f"row {r}: root must have parent -1, depth 0, rank -1, score 0.0")
+            if tok[r][0] < 0:
+                raise ValueError(f"tokens: row {r} root token {tok[r][0]} < 0")
             seen: set[tuple[int, int]] = set()
             for i in range(1, count):
                 p = par[r][i]
@@ -114,6 +116,8 @@ class DraftTree:
                 if (p, tok[r][i]) in seen:
                     raise ValueError(f"tokens: row {r} node {i} repeats a sibling token {tok[r][i]}")
                 seen.add((p, tok[r][i]))
+                if sc[r][i] != sc[r][i]:
+                    raise ValueError(f"scores: row {r} node {i} has a NaN score")
                 if sc[r][i] > sc[r][p]:
                     raise ValueError(f"scores: row {r} node {i} outscores its parent")
             for i in range(count, shape[1]):
@@ -122,22 +126,21 @@ class DraftTree:
         return self
 
     # ---------------------------------------------------------------------------- derived data
-    def structure(self, prefix_len: int | Tensor = 0):
-        """Ancestor mask, positions and first-child / next-sibling links in one pass, without host syncs.
+    def structure(self, prefix_len: int | Tensor = 0) -> TreeStructure:
+        """Ancestor mask, positions and first-child / next-sibling links in one pass.
 
-        Computed by :func:`dartree.fast.ops.tree_structure` (the one dispatch point: a Triton kernel
-        for CUDA tensors, its torch twin otherwise).  Returns a ``TreeStructure`` named tuple.
+        Computed by :func:`dartree.structure.tree_structure` (numpy on the host for CPU tensors, torch
+        without host synchronisation elsewhere); :func:`dartree.fast.ops.tree_structure` adds the
+        Triton kernel for CUDA on top.
         """
-        from dartree.fast import ops  # local import: dartree.fast imports this module
-
-        return ops.tree_structure(self.parents, self.num_nodes, prefix_len)
+        return tree_structure(self.parents, self.num_nodes, prefix_len)
 
     def ancestor_mask(self) -> Tensor:
         """bool ``[b, n, n]``: ``mask[r, i, j]`` iff node j is node i or one of its ancestors.
 
         Padding rows and columns are all False.
         """
-        return self.structure().mask
+        return ancestor_mask(self.parents, self.num_nodes)
 
     def positions(self, prefix_len: int | Tensor) -> Tensor:
         """int64 ``[b, n]``: position ids ``prefix_len + depth`` (padding gets ``prefix_len``)."""

@@ -72,3 +72,28 @@ def test_builder_tree_mask_matches_paths() -> None:
     for r in range(3):
         for i, path in enumerate(tree.node_paths(r)):
             assert mask[r, i].nonzero().flatten().tolist() == sorted([0] + path)
+
+
+def test_tree_and_structure_sit_below_the_fast_dispatch() -> None:
+    """No import circle: the tree and its structure import nothing from dartree.fast (not even lazily)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "dartree"
+    for name in ("tree.py", "structure.py"):
+        tree = ast.parse((root / name).read_text())
+        imported = [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+        imported += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        assert not [m for m in imported if m.startswith("dartree.fast")], name
+
+
+def test_validate_rejects_nan_scores_and_a_negative_root() -> None:
+    block = DraftBlock(logits=torch.randn(1, 3, 10), root=torch.tensor([2]))
+    tree = make_builder("ddtree", budget=4, topk=3).build(block)
+    bad = torch.where(torch.arange(tree.max_nodes) == 2, torch.tensor(float("nan")), tree.scores)
+    with pytest.raises(ValueError, match="^scores: row 0 node 2 has a NaN score"):
+        DraftTree(tree.tokens, tree.parents, tree.depths, bad, tree.ranks, tree.num_nodes).validate()
+    tokens = tree.tokens.clone()
+    tokens[0, 0] = -1
+    with pytest.raises(ValueError, match="^tokens: row 0 root token -1 < 0"):
+        DraftTree(tokens, tree.parents, tree.depths, tree.scores, tree.ranks, tree.num_nodes).validate()

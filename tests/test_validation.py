@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from dartree import BUILDERS, DraftBlock, make_builder
+from dartree.builders import MAX_NODES
+from dartree.fast import ops
 from dartree.testing import PathHashHead
 
 
@@ -25,7 +28,7 @@ def block(b: int = 2, gamma: int = 3, vocab: int = 10) -> DraftBlock:
     ("sequential-heap", {"normalize": "softmax"}, "normalize"),
     ("chain", {"budget": 4}, "budget"),          # chains take no budget
     ("ddtree", {"width": 4}, "width"),           # only dartree-pruned has a width
-    ("dartree-fixed", {"beta": -0.1}, "beta"),   # only dartree-pruned has a depth bonus
+    ("dartree-fixed", {"beta": -0.1}, "beta"),   # only dartree-pruned has a depth penalty
 ])
 def test_bad_config_names_the_field(name: str, config: dict, field: str) -> None:
     with pytest.raises(ValueError, match=rf"^{field}:"):
@@ -53,14 +56,56 @@ def test_head_presence(name: str) -> None:
         builder.build(block(), None if builder.needs_head else PathHashHead())
 
 
+KERNELS = ["host", "torch"]  # the fast backend's CPU path, and the tensorized path (deferred checks)
+PATHS = [("ref", "host"), ("fast", "host"), ("fast", "torch")]
+
+
+def build_on(name: str, backend: str, kernels: str, blk: DraftBlock, head=None, **cfg):
+    builder = make_builder(name, backend=backend, **cfg)
+    with ops.force_backend(kernels):
+        return builder.build(blk, head if builder.needs_head else None)
+
+
+@pytest.mark.parametrize("backend,kernels", PATHS)
 @pytest.mark.parametrize("name", BUILDERS)
-@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
-def test_non_finite_logits(name: str, bad: float) -> None:
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_nan_and_plus_inf_logits(name: str, bad: float, backend: str, kernels: str) -> None:
     blk = block()
     blk.logits[1, 2, 3] = bad
-    builder = make_builder(name, topk=2)
-    with pytest.raises(ValueError, match=r"^block\.logits: must be finite"):
-        builder.build(blk, PathHashHead() if builder.needs_head else None)
+    with pytest.raises(ValueError, match=r"^block\.logits: must not hold NaN or \+inf"):
+        build_on(name, backend, kernels, blk, PathHashHead(), topk=2)
+
+
+@pytest.mark.parametrize("kernels", KERNELS)
+@pytest.mark.parametrize("name", BUILDERS)
+def test_minus_inf_masks_tokens(name: str, kernels: str) -> None:
+    """-inf logits are accepted: the masked tokens never enter a tree, and both backends agree."""
+    blk = block(vocab=12)
+    blk.logits[:, :, 5:9] = float("-inf")
+    ref = build_on(name, "ref", "host", blk, PathHashHead(), topk=8)
+    fast = build_on(name, "fast", kernels, blk, PathHashHead(), topk=8)
+    assert fast.canonical() == ref.canonical()
+    assert not bool(((ref.tokens >= 5) & (ref.tokens < 9))[:, 1:].any())
+    assert bool(torch.isfinite(ref.scores[ref.valid()]).all())
+
+
+@pytest.mark.parametrize("backend,kernels", PATHS)
+@pytest.mark.parametrize("name", BUILDERS)
+def test_fewer_finite_logits_than_topk(name: str, backend: str, kernels: str) -> None:
+    blk = block(vocab=12)
+    blk.logits[1, 2, 2:] = float("-inf")  # row 1, depth 3: two finite logits
+    with pytest.raises(ValueError, match=r"^topk: .*fewer than topk=3.*finite logit instead"):
+        build_on(name, backend, kernels, blk, PathHashHead(), topk=3)
+
+
+@pytest.mark.parametrize("name,field", [("ddtree", "budget"), ("dartree-pruned", "budget"),
+                                        ("dartree-pruned", "width")])
+def test_budget_and_width_upper_bound(name: str, field: str) -> None:
+    make_builder(name, **{field: MAX_NODES})
+    with pytest.raises(ValueError, match=rf"^{field}: {MAX_NODES + 1} exceeds the limit {MAX_NODES}"):
+        make_builder(name, **{field: MAX_NODES + 1})
+    with pytest.raises(ValueError, match=rf"^{field}: {10**12} exceeds the limit"):
+        make_builder(name, **{field: 10**12})
 
 
 def test_block_shape_and_dtype_errors() -> None:
@@ -98,12 +143,43 @@ def test_head_output_mismatch(name: str, head, method: str) -> None:
         builder.build(block(), head)
 
 
-class NaNHead(PathHashHead):
+class BadHead(PathHashHead):
+    """NaN or inf corrected logits from ``depth`` on, through both the plain and the fused call."""
+
+    def __init__(self, bad: float, depth: int) -> None:
+        super().__init__()
+        self.bad, self.depth = bad, depth
+
     def logits(self, block, depth, states, candidates):
-        return super().logits(block, depth, states, candidates) * float("nan")
+        out = super().logits(block, depth, states, candidates)
+        return out * self.bad if depth >= self.depth else out
+
+    def advance_logits(self, block, depth, states, tokens, candidates):
+        new, out = super().advance_logits(block, depth, states, tokens, candidates)
+        return new, out * self.bad if depth + 1 >= self.depth else out
 
 
-@pytest.mark.parametrize("name", ["corrected-chain", "sequential-heap", "dartree-pruned"])
-def test_head_non_finite_logits(name: str) -> None:
+CORRECTED = ["corrected-chain", "corrected-chain-ddtree", "sequential-heap", "dartree-fixed", "dartree-pruned"]
+
+
+@pytest.mark.parametrize("backend,kernels", PATHS)
+@pytest.mark.parametrize("depth", [1, 3])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+@pytest.mark.parametrize("name", CORRECTED)
+def test_head_non_finite_logits(name: str, bad: float, depth: int, backend: str, kernels: str) -> None:
     with pytest.raises(ValueError, match=r"^head\.logits: must be finite"):
-        make_builder(name, topk=3, backend="ref").build(block(), NaNHead())
+        build_on(name, backend, kernels, block(), BadHead(bad, depth), topk=3,
+                 **({} if name.endswith("chain") else {"budget": 12}))
+
+
+@pytest.mark.parametrize("value", [np.int64(8), np.int32(8), torch.tensor(8)])
+def test_integer_fields_take_anything_operator_index_takes(value) -> None:
+    config = make_builder("dartree-pruned", budget=value, width=value, topk=value).config
+    assert (config.budget, config.width, config.topk) == (8, 8, 8)
+    assert all(type(v) is int for v in (config.budget, config.width, config.topk))
+
+
+@pytest.mark.parametrize("value", [2.0, "3", True, torch.tensor(8.0)])
+def test_integer_fields_reject_what_is_not_an_integer(value) -> None:
+    with pytest.raises(ValueError, match="budget: must be an integer >= 1"):
+        make_builder("ddtree", budget=value)

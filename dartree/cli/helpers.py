@@ -32,9 +32,28 @@ def load(args: argparse.Namespace):
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     start = time.perf_counter()
+    device = getattr(args, "device", "cpu")
+    if device.startswith("cuda"):
+        index = int(device.split(":")[1]) if ":" in device else 0
+        if not torch.cuda.is_available() or index >= torch.cuda.device_count():
+            raise UsageError(f"--device: {device} is not available here (torch sees {torch.cuda.device_count()} "
+                             "CUDA devices); use --device cpu")
+    local = (getattr(args, "target", None), getattr(args, "drafter", None))
+    if (local[0] is None) != (local[1] is None):
+        raise UsageError("--target and --drafter: give both (a local target and its drafter) or neither")
+    if local[0] is None and getattr(args, "tokenizer", None) is not None:
+        raise UsageError("--tokenizer: only used with --target and --drafter")
     with user_input():              # an unknown --model, unreadable weights: named in one line
-        bundle = load_bundle(args.model)
-    log(f"model {bundle.name} loaded in {time.perf_counter() - start:.1f} s")
+        if local[0] is not None:
+            from dartree.eval.bundles import local_bundle
+
+            bundle = local_bundle(local[0], local[1], args.tokenizer)
+        else:
+            bundle = load_bundle(args.model)
+    if device != "cpu":
+        bundle.to(device)
+    log(f"model {bundle.name} loaded in {time.perf_counter() - start:.1f} s" + (f" (on {device})" if device != "cpu"
+                                                                               else ""))
     return bundle
 
 

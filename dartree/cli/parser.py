@@ -142,6 +142,14 @@ def _folder(text: str) -> Path:
     return Path(text)
 
 
+def _device(text: str) -> str:
+    import re
+
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", text):
+        raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:N, got {text!r}")
+    return text
+
+
 def _common() -> argparse.ArgumentParser:
     from dartree.eval.methods import BACKEND_CHOICES
 
@@ -149,6 +157,17 @@ def _common() -> argparse.ArgumentParser:
     g = p.add_argument_group("model and runtime")
     g.add_argument("--model", default=DEFAULT_MODEL,
                    help=f"bundled zoo model, or 'tiny-random' (a toy for trying commands) (default {DEFAULT_MODEL})")
+    g.add_argument("--target", type=_folder, default=None, metavar="DIR",
+                   help="a local HF causal-LM directory (config.json + safetensors) to use instead of --model; "
+                        "needs --drafter (see docs/checkpoints.md)")
+    g.add_argument("--drafter", type=_folder, default=None, metavar="DIR",
+                   help="a local DFlash / Domino / DSpark drafter directory for --target; its head (if any) is "
+                        "the method's head=gru|markov")
+    g.add_argument("--tokenizer", type=_folder, default=None, metavar="PATH",
+                   help="tokenizer.json file or tokenizer directory for --target (default: the --target directory)")
+    g.add_argument("--device", type=_device, default="cpu",
+                   help="where the models run: cpu (default), cuda or cuda:N (fp32; the fast builders use the "
+                        "Triton kernels on CUDA)")
     g.add_argument("--backend", choices=BACKEND_CHOICES, default="auto",
                    help="tree builders: fast when registered (auto), or force ref / fast")
     g.add_argument("--threads", type=_threads, default=None, help="torch CPU threads (default: torch's)")

@@ -10,13 +10,14 @@ deterministic test heads of :mod:`dartree.testing`.  The toy exists so that ever
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-__all__ = ["Bundle", "ByteTokenizer", "TINY_RANDOM", "load_bundle", "tiny_random_bundle", "encode", "decode",
-           "stop_token_id"]
+__all__ = ["Bundle", "ByteTokenizer", "TINY_RANDOM", "load_bundle", "local_bundle", "tiny_random_bundle", "encode",
+           "decode", "stop_token_id"]
 
 TINY_RANDOM = "tiny-random"
 
@@ -43,6 +44,14 @@ class Bundle:
     tokenizer: Any
     drafter: Any
     heads: dict[str, Any] = field(default_factory=dict)
+
+    def to(self, device: str | Any) -> Bundle:
+        """Move the target, the drafter and every head that is a module to ``device`` (in place)."""
+        self.target.to(device)
+        for module in (self.drafter, *self.heads.values()):
+            if hasattr(module, "to"):
+                module.to(device)
+        return self
 
 
 def encode(tokenizer: Any, text: str) -> list[int]:
@@ -98,3 +107,46 @@ def load_bundle(name: str) -> Bundle:
         raise ValueError(f"model: must be one of {(TINY_RANDOM, *known)}, got {name!r}{hint}")
     z = zoo.load(name)
     return Bundle(name, z.target, z.tokenizer, z.drafter, dict(z.heads))
+
+
+def _local_tokenizer(path: Path):
+    """A tokenizer from a ``tokenizer.json`` file, or a directory holding a HF tokenizer or ``tokenizer.json``."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    if path.is_file():
+        return PreTrainedTokenizerFast(tokenizer_file=str(path))
+    if (path / "tokenizer_config.json").is_file():
+        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    if (path / "tokenizer.json").is_file():
+        return PreTrainedTokenizerFast(tokenizer_file=str(path / "tokenizer.json"))
+    raise ValueError(f"tokenizer: {path} holds neither tokenizer_config.json nor tokenizer.json "
+                     "(pass --tokenizer FILE_OR_DIR)")
+
+
+def local_bundle(target_dir: str | Path, drafter_dir: str | Path, tokenizer: str | Path | None = None,
+                 attn_implementation: str = "sdpa") -> Bundle:
+    """A bundle from local directories: a HF causal-LM target, a released drafter and a tokenizer.
+
+    The target loads in float32 with ``local_files_only`` (nothing is downloaded); the drafter with
+    :func:`dartree.models.load_drafter` (DFlash, Domino or DSpark, bound to the target), and its heads
+    (Domino's ``"gru"``, DSpark's ``"markov"``) become the bundle's heads.  ``tokenizer`` defaults to
+    ``target_dir``.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from dartree.models import load_drafter
+
+    target_dir, drafter_dir = Path(target_dir), Path(drafter_dir)
+    for name, path in (("target", target_dir), ("drafter", drafter_dir)):
+        if not (path / "config.json").is_file():
+            raise ValueError(f"{name}: {path} is not a checkpoint directory (no config.json)")
+    tok = _local_tokenizer(Path(tokenizer) if tokenizer is not None else target_dir)
+    try:
+        target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32, local_files_only=True,
+                                                      attn_implementation=attn_implementation)
+    except OSError as e:
+        raise ValueError(f"target: {target_dir} could not be loaded as a causal LM ({e})") from e
+    target.eval().requires_grad_(False)
+    drafter = load_drafter(drafter_dir, target=target)
+    return Bundle(f"{target_dir.name}+{drafter_dir.name}", target, tok, drafter, dict(drafter.heads))

@@ -1,4 +1,4 @@
-"""Parameter sweeps (the paper's Figures 4 and 6): width, budget, depth bonus beta, top-K.
+"""Parameter sweeps (the paper's Figures 4 and 6): width, budget, depth penalty beta, top-K.
 
 Each point replays the rounds of every calibration prompt with one setting changed
 (:mod:`dartree.eval.simulate`: exact acceptance, no target forward per point) and reports tau, the

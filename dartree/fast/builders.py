@@ -1,22 +1,20 @@
-"""Fast builders: the registry's seven strategies, tensorized over rows and nodes.
+"""Fast builders: the registry's seven strategies, each dispatched per device by :mod:`dartree.fast.ops`.
 
 Same signature, config and output as :mod:`dartree.ref.builders` (``fn(block, head, config) ->
 DraftTree``); the trees are identical (same nodes, same order, same float32 scores).  Inputs are
 validated by :class:`dartree.builders.TreeBuilder`.
 
-- ``chain`` / ``corrected-chain``: :func:`dartree.fast.core.expand` with width 1.
-- ``ddtree`` / ``corrected-chain-ddtree``: a best-first heap over per-depth distributions that do
-  not depend on the branch pops exactly the global top-B of the candidate trie, which lies inside
-  the supertree of widths ``B - d + 1`` (:func:`dartree.fast.core.beam_widths`); so they are a
-  depth-wise expansion plus one global top-B, with no heap.
-- ``dartree-fixed`` / ``dartree-pruned``: DARTree's Algorithm 1, two head calls per depth.
-- ``sequential-heap``: :mod:`dartree.fast.heap` (sequential by nature, batched over rows).
+- CPU tensors: :mod:`dartree.fast.host_builders` (numpy and a Python heap on the host);
+- every other device, or a forced kernel backend: :mod:`dartree.fast.tensor_builders` (tensorized,
+  no host synchronisation inside a build);
+- ``sequential-heap``: :mod:`dartree.fast.heap` on every device (sequential by nature: one host
+  round trip per pop).
 """
 
 from __future__ import annotations
 
 from dartree.block import CorrectionHead, DraftBlock
-from dartree.fast.core import assemble, beam_widths, candidate_set, expand, pruned_widths, quota_widths
+from dartree.fast import ops
 from dartree.fast.heap import sequential_heap
 from dartree.tree import DraftTree
 
@@ -26,41 +24,29 @@ __all__ = ["chain", "ddtree", "corrected_chain", "corrected_chain_ddtree", "sequ
 
 def chain(block: DraftBlock, head: None, config) -> DraftTree:
     """DFlash: the argmax of the base logits at every depth (gamma draft nodes)."""
-    cands = candidate_set(block, config.topk, config.normalize)
-    return assemble(block, expand(block, cands, [1] * block.gamma, words=False), None, path=True)
+    return ops.builders(block.logits).chain(block, head, config)
 
 
 def corrected_chain(block: DraftBlock, head: CorrectionHead, config) -> DraftTree:
     """Domino: a greedy chain, each depth re-scored by the head along the chain's own path."""
-    cands = candidate_set(block, config.topk, config.normalize)
-    return assemble(block, expand(block, cands, [1] * block.gamma, head=head, words=False), None,
-                    path=True)
+    return ops.builders(block.logits).corrected_chain(block, head, config)
 
 
 def ddtree(block: DraftBlock, head: None, config) -> DraftTree:
     """DDTree: the top-B prefixes of the candidate trie under the base marginals."""
-    cands = candidate_set(block, config.topk, config.normalize)
-    widths = beam_widths(config.budget, config.topk, block.gamma)
-    return assemble(block, expand(block, cands, widths), config.budget)
+    return ops.builders(block.logits).ddtree(block, head, config)
 
 
 def corrected_chain_ddtree(block: DraftBlock, head: CorrectionHead, config) -> DraftTree:
     """Head run along the corrected greedy chain; the DDTree top-B over those per-depth distributions."""
-    cands = candidate_set(block, config.topk, config.normalize)
-    chain_log_q = expand(block, cands, [1] * block.gamma, head=head, trace=True, words=False).log_q
-    widths = beam_widths(config.budget, config.topk, block.gamma)
-    return assemble(block, expand(block, cands, widths, log_q=chain_log_q), config.budget)
+    return ops.builders(block.logits).corrected_chain_ddtree(block, head, config)
 
 
 def dartree_fixed(block: DraftBlock, head: CorrectionHead, config) -> DraftTree:
     """DARTree (fixed): depth-wise batched expansion with quota ceil(remaining budget / remaining depths)."""
-    cands = candidate_set(block, config.topk, config.normalize)
-    widths = quota_widths(config.budget, config.topk, block.gamma)
-    return assemble(block, expand(block, cands, widths, head=head), None)
+    return ops.builders(block.logits).dartree_fixed(block, head, config)
 
 
 def dartree_pruned(block: DraftBlock, head: CorrectionHead, config) -> DraftTree:
     """DARTree (pruned): a supertree of width W per depth, then one global top-B by s_beta."""
-    cands = candidate_set(block, config.topk, config.normalize)
-    widths = pruned_widths(config.width, config.topk, block.gamma)
-    return assemble(block, expand(block, cands, widths, head=head, beta=config.beta), config.budget)
+    return ops.builders(block.logits).dartree_pruned(block, head, config)

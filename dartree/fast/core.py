@@ -22,14 +22,14 @@ import torch
 from torch import Tensor
 
 from dartree.block import CorrectionHead, DraftBlock
-from dartree.fast import ops
+from dartree.fast import checks, ops
+from dartree.fast.heads import check_logits_finite, head_advance_logits, head_initial, head_logits
 from dartree.fast.keys import lexsort, word_plan
 from dartree.fast.results import CandidateSet
 from dartree.scoring import log_normalize
 from dartree.tree import PAD, DraftTree
 
-__all__ = ["Supertree", "candidate_set", "expand", "assemble", "pruned_widths", "beam_widths", "quota_widths",
-           "head_logits", "head_advance", "head_initial"]
+__all__ = ["Supertree", "candidate_set", "expand", "assemble"]
 
 
 @dataclass(frozen=True)
@@ -62,34 +62,15 @@ def candidate_set(block: DraftBlock, topk: int, normalize: str) -> CandidateSet:
     :func:`dartree.scoring.log_normalize`, the formula of the reference, so that tree scores do not
     depend on the kernel's own (allclose) log-softmax.
     """
-    cands = ops.topk_candidates(block.logits, topk, normalize == "vocab")
+    x = block.logits
+    # NaN / +inf never pass (-inf masks a token); read once, at the end of the build (dartree.fast.checks).
+    checks.defer(torch.isnan(x).any() | (x == float("inf")).any(),
+                 "block.logits: must not hold NaN or +inf (-inf is allowed, to mask tokens)")
+    cands = ops.topk_candidates(x, topk, normalize == "vocab")
+    checks.defer(cands.logits[..., -1] == float("-inf"),
+                 f"topk: a position has fewer than topk={topk} logits above -inf; lower topk, or mask tokens "
+                 f"with a large negative finite logit instead of -inf")
     return cands._replace(log_q=log_normalize(cands.logits, cands.rest_lse))
-
-
-def _check_head(out: Tensor, what: str, shape: tuple[int, ...]) -> Tensor:
-    if tuple(out.shape[: len(shape)]) != shape or out.dim() != len(shape) + (what == "advance"):
-        raise ValueError(f"head.{what}: returned shape {tuple(out.shape)}, expected {list(shape)}"
-                         f"{' + [S]' if what == 'advance' else ''}")
-    return out
-
-
-def head_logits(head: CorrectionHead, block: DraftBlock, depth: int, states: Tensor, cand_tokens: Tensor) -> Tensor:
-    """Corrected logits ``[b, m, K]`` of ``C_depth`` after each of ``m`` branch states ``[b, m, S]``."""
-    out = head.logits(block, depth, states, cand_tokens)
-    return _check_head(out, "logits", (states.shape[0], states.shape[1], cand_tokens.shape[-1]))
-
-
-def head_advance(head: CorrectionHead, block: DraftBlock, depth: int, states: Tensor, tokens: Tensor) -> Tensor:
-    """States ``[b, m, S]`` after appending ``tokens`` ``[b, m]`` at ``depth``."""
-    return _check_head(head.advance(block, depth, states, tokens), "advance", tuple(tokens.shape))
-
-
-def head_initial(head: CorrectionHead, block: DraftBlock) -> Tensor:
-    """Root states ``[b, 1, S]``."""
-    out = head.initial_state(block)
-    if out.dim() != 2 or out.shape[0] != block.batch_size:
-        raise ValueError(f"head.initial_state: returned shape {tuple(out.shape)}, expected [b={block.batch_size}, S]")
-    return out[:, None]
 
 
 @functools.lru_cache(maxsize=256)
@@ -110,17 +91,22 @@ def expand(block: DraftBlock, cands: CandidateSet, widths: list[int], head: Corr
            beta: float = 0.0, log_q: Tensor | None = None, trace: bool = False, words: bool = True) -> Supertree:
     """Depth-wise batched expansion: at depth d keep the best ``widths[d-1]`` children of the kept nodes.
 
-    With a head, each depth makes exactly two head calls for all branches of all rows (``logits`` and
-    ``advance``).  Without one, every branch of depth d shares ``log_q[:, d-1]`` (default: the base
-    log q of the candidates).  ``trace`` records the ``[b, 1, K]`` log q of each depth (chains only);
-    ``words`` builds the rank-path words that :func:`assemble` needs to sort a branching supertree.
+    With a head, each depth makes one fused ``advance_logits`` call for all branches of all rows (or the
+    two calls ``advance`` and ``logits`` when the head has no fused method); the root's logits are
+    one call, and the last depth's advance is never computed.  Without one, every branch of depth d
+    shares ``log_q[:, d-1]`` (default: the base log q of the candidates).  ``trace`` records the
+    ``[b, 1, K]`` log q of each depth (chains only); ``words`` builds the rank-path words that
+    :func:`assemble` needs to sort a branching supertree.
 
     Shape:
         cands: :class:`CandidateSet` ``[b, gamma, K]``; log_q: float32 ``[b, gamma, K]`` or None.
     """
     b = block.batch_size
     scores = torch.zeros(b, 1, dtype=torch.float32, device=block.device)  # the root
-    states = head_initial(head, block) if head is not None else None
+    states = logits = None
+    if head is not None:
+        states = head_initial(head, block)
+        logits = head_logits(head, block, 1, states, cands.tokens[:, 0])
     shared = cands.log_q if log_q is None else log_q
     digits, _, num_words = _layout(tuple(widths), block.device)
     path_words = torch.zeros(b, 1, num_words, dtype=torch.int64, device=block.device)
@@ -129,7 +115,7 @@ def expand(block: DraftBlock, cands: CandidateSet, widths: list[int], head: Corr
     for depth, width in enumerate(widths, start=1):
         cand_tokens = cands.tokens[:, depth - 1]  # [b, K]
         if head is not None:
-            logits = head_logits(head, block, depth, states, cand_tokens)
+            check_logits_finite(logits)
             lq = log_normalize(logits, cands.rest_lse[:, depth - 1, None])  # [b, m, K], the one formula
         else:
             lq = shared[:, depth - 1 : depth]  # [b, 1, K] shared by every branch
@@ -137,9 +123,10 @@ def expand(block: DraftBlock, cands: CandidateSet, widths: list[int], head: Corr
             traced.append(lq)
         step = ops.depth_step(scores, lq, beta, width)
         tokens = torch.gather(cand_tokens, 1, step.ranks)
-        if head is not None:
+        if head is not None and depth < len(widths):  # the last depth's advance would never be used
             idx = step.parents[:, :, None].expand(-1, -1, states.shape[-1])
-            states = head_advance(head, block, depth, torch.gather(states, 1, idx), tokens)
+            states, logits = head_advance_logits(head, block, depth, torch.gather(states, 1, idx), tokens,
+                                                 cands.tokens[:, depth])
         if words:
             idx = step.parents[:, :, None].expand(-1, -1, num_words)
             path_words = torch.gather(path_words, 1, idx) + digits[depth - 1]
@@ -200,44 +187,3 @@ def assemble(block: DraftBlock, tree: Supertree, budget: int | None, path: bool 
         ranks=with_root(pad, torch.gather(ranks, 1, sel)),
         num_nodes=torch.full((b,), n_out + 1, dtype=torch.int64, device=dev),
     )
-
-
-# ------------------------------------------------------------------------------- width schedules
-def pruned_widths(width: int, topk: int, gamma: int) -> list[int]:
-    """``min(width, kept nodes of the previous depth * K)`` at every depth."""
-    out, prev = [], 1
-    for _ in range(gamma):
-        prev = min(width, prev * topk)
-        out.append(prev)
-    return out
-
-
-def beam_widths(budget: int, topk: int, gamma: int) -> list[int]:
-    """Widths whose supertree holds the global top-``budget`` of the whole candidate trie.
-
-    A node at depth d in the top-B has its d-1 ancestors before it, so at most ``B - d + 1`` nodes of
-    depth d are in the top-B, and they are among the best ``B - d + 1`` children of the kept nodes
-    of depth d-1 (any better child is also better globally).
-    """
-    out, prev = [], 1
-    for depth in range(1, gamma + 1):
-        keep = min(budget - depth + 1, prev * topk)
-        if keep <= 0:
-            break
-        out.append(keep)
-        prev = keep
-    return out
-
-
-def quota_widths(budget: int, topk: int, gamma: int) -> list[int]:
-    """DARTree (fixed): ``ceil(remaining budget / remaining depths)`` per depth, capped by the children."""
-    out, prev, used = [], 1, 0
-    for depth in range(1, gamma + 1):
-        quota = -(-(budget - used) // (gamma - depth + 1))
-        if quota <= 0:
-            break
-        keep = min(quota, prev * topk)
-        out.append(keep)
-        used += keep
-        prev = keep
-    return out

@@ -1,18 +1,25 @@
 """The hot operations of the fast backend, dispatched in ONE place.
 
-Every op has two implementations with identical signatures and output contracts: a Triton kernel
-(:mod:`dartree.fast.triton_kernels`) and its torch twin (:mod:`dartree.fast.twins`).  :func:`backend`
-picks one: CUDA tensors go to Triton, everything else to the twin; :func:`force_backend` overrides
-that (tests use it to run the kernels on the CPU under ``TRITON_INTERPRET=1``).  The Triton module is
-imported lazily, on first use, so that ``TRITON_INTERPRET`` can be set before any kernel is defined.
+Every op has three implementations with identical signatures and output contracts: the host
+version (:mod:`dartree.fast.host`: numpy and a few large torch passes), the torch twin
+(:mod:`dartree.fast.twins`: tensorized, no host synchronisation) and a Triton kernel
+(:mod:`dartree.fast.triton_kernels`).  :func:`backend` picks one per tensor: CPU tensors go to
+``"host"`` (on one CPU thread a torch op costs microseconds of dispatch however small its tensor, so
+numpy over a few hundred nodes wins), CUDA tensors to ``"triton"``, every other device (e.g. ``meta``)
+to the ``"torch"`` twin; :func:`force_backend` overrides that (tests use it to run the twins and the
+kernels on CPU tensors, the kernels under ``TRITON_INTERPRET=1``).  :func:`builders` makes the same
+choice for whole builds: the host builders for ``"host"``, the tensorized builders otherwise.  The
+Triton module is imported lazily, on first use, so that ``TRITON_INTERPRET`` can be set before any
+kernel is defined.
 
-Exactness: integer outputs (tokens, ranks, parents, indices, masks) are equal on both paths.  Scores
+Exactness: integer outputs (tokens, ranks, parents, indices, masks) are equal on every path.  Scores
 are float32 and the selection keys are built from them, so ``depth_step`` computes
-``(parent + log_q) + beta`` with the same two IEEE additions in both; ``rest_lse``/``log_q`` of
-``topk_candidates`` are reductions and agree to rounding (allclose).  The fast builders therefore
-take only the exact outputs of ``topk_candidates`` (tokens, gathered logits) plus ``rest_lse``, and
-compute every log q with :func:`dartree.scoring.log_normalize` in torch, the reference's formula: on
-the torch path trees are bit-identical to the reference; on the Triton path they are too with
+``(parent + log_q) + beta`` with the same two IEEE additions everywhere; ``rest_lse`` is
+:func:`dartree.scoring.rest_logsumexp` on the host and twin paths (bit-identical to the reference)
+and a reduction in another order in the kernel (allclose).  The builders therefore take only the
+exact outputs of ``topk_candidates`` (tokens, gathered logits) plus ``rest_lse``, and compute every
+log q with :func:`dartree.scoring.log_normalize`, the reference's formula: on the host and torch
+paths trees are bit-identical to the reference; on the Triton path they are too with
 ``normalize="candidates"`` (``rest_lse = -inf`` exactly), and with ``normalize="vocab"`` only the
 kernel's ``rest_lse`` may differ from the reference in the last bits (a tree can then differ only
 where two scores are within that rounding of each other).
@@ -27,26 +34,29 @@ from types import ModuleType
 
 from torch import Tensor
 
-from dartree.fast import twins
+from dartree.fast import host, twins
 from dartree.fast.results import CandidateSet, DepthStep, GreedyWalk, TreeStructure
 
-__all__ = ["KERNEL_BACKENDS", "backend", "force_backend", "topk_candidates", "depth_step", "top_b",
+__all__ = ["KERNEL_BACKENDS", "backend", "force_backend", "builders", "topk_candidates", "depth_step", "top_b",
            "tree_structure", "greedy_walk"]
 
-KERNEL_BACKENDS: tuple[str, ...] = ("torch", "triton")
+KERNEL_BACKENDS: tuple[str, ...] = ("host", "torch", "triton")
 _forced: str | None = None
 
 
 def backend(x: Tensor) -> str:
-    """``"triton"`` for CUDA tensors, ``"torch"`` otherwise, unless :func:`force_backend` is active."""
+    """``"host"`` for CPU tensors, ``"triton"`` for CUDA ones, ``"torch"`` for every other device, unless
+    :func:`force_backend` is active (``"host"`` can only be forced on CPU tensors)."""
     if _forced is not None:
         return _forced
+    if x.device.type == "cpu":
+        return "host"
     return "triton" if x.is_cuda else "torch"
 
 
 @contextlib.contextmanager
 def force_backend(name: str) -> Iterator[None]:
-    """Run every op on ``name`` (``"torch"`` or ``"triton"``) inside the ``with`` block."""
+    """Run every op on ``name`` (one of :data:`KERNEL_BACKENDS`) inside the ``with`` block."""
     global _forced
     if name not in KERNEL_BACKENDS:
         raise ValueError(f"name: must be one of {KERNEL_BACKENDS}, got {name!r}")
@@ -57,10 +67,26 @@ def force_backend(name: str) -> Iterator[None]:
         _forced = previous
 
 
-def _impl(x: Tensor) -> ModuleType:
-    if backend(x) == "triton":
-        return importlib.import_module("dartree.fast.triton_kernels")
+def _impl(x: Tensor, op: str, *args) -> ModuleType:
+    """The module that runs ``op(*args)`` for tensors like ``x``.  Sizes beyond a Triton kernel's design
+    (``triton_kernels.LIMITS``) take the torch twin, never a truncated kernel."""
+    name = backend(x)
+    if name == "triton":
+        kernels = importlib.import_module("dartree.fast.triton_kernels")
+        return kernels if kernels.supports(op, *args) else twins
+    if name == "host":
+        if x.device.type != "cpu":
+            raise ValueError(f"backend: 'host' runs on CPU tensors only, got a tensor on {x.device}")
+        return host
     return twins
+
+
+def builders(x: Tensor) -> ModuleType:
+    """The builder module for a block whose logits are ``x``: host builders for the ``"host"`` backend,
+    tensorized builders (whose ops dispatch again, to the twin or the kernels) otherwise."""
+    if backend(x) == "host" and x.device.type == "cpu":
+        return importlib.import_module("dartree.fast.host_builders")
+    return importlib.import_module("dartree.fast.tensor_builders")
 
 
 def topk_candidates(logits: Tensor, topk: int, vocab_normalize: bool) -> CandidateSet:
@@ -69,7 +95,8 @@ def topk_candidates(logits: Tensor, topk: int, vocab_normalize: bool) -> Candida
     Shape:
         logits: float ``[b, gamma, V]``; ``1 <= topk <= V`` -> :class:`CandidateSet` ``[b, gamma, K]``.
     """
-    return _impl(logits).topk_candidates(logits, topk, vocab_normalize)
+    args = (logits, topk, vocab_normalize)
+    return _impl(logits, "topk_candidates", *args).topk_candidates(*args)
 
 
 def depth_step(parent_scores: Tensor, log_q: Tensor, beta: float, width: int) -> DepthStep:
@@ -78,7 +105,8 @@ def depth_step(parent_scores: Tensor, log_q: Tensor, beta: float, width: int) ->
     Shape:
         parent_scores ``[b, m]``, log_q ``[b, m | 1, K]`` -> :class:`DepthStep` ``[b, width]``.
     """
-    return _impl(parent_scores).depth_step(parent_scores, log_q, beta, width)
+    args = (parent_scores, log_q, beta, width)
+    return _impl(parent_scores, "depth_step", *args).depth_step(*args)
 
 
 def top_b(scores: Tensor, budget: int) -> Tensor:
@@ -87,7 +115,8 @@ def top_b(scores: Tensor, budget: int) -> Tensor:
     Shape:
         scores: float32 ``[b, N]`` -> int64 ``[b, budget]``.
     """
-    return _impl(scores).top_b(scores, budget)
+    args = (scores, budget)
+    return _impl(scores, "top_b", *args).top_b(*args)
 
 
 def tree_structure(parents: Tensor, num_nodes: Tensor, prefix_len: int | Tensor = 0) -> TreeStructure:
@@ -96,7 +125,8 @@ def tree_structure(parents: Tensor, num_nodes: Tensor, prefix_len: int | Tensor 
     Shape:
         parents ``[b, n]``, num_nodes ``[b]`` -> :class:`TreeStructure`.
     """
-    return _impl(parents).tree_structure(parents, num_nodes, prefix_len)
+    args = (parents, num_nodes, prefix_len)
+    return _impl(parents, "tree_structure", *args).tree_structure(*args)
 
 
 def greedy_walk(tokens: Tensor, parents: Tensor, num_nodes: Tensor, picks: Tensor) -> GreedyWalk:
@@ -105,4 +135,5 @@ def greedy_walk(tokens: Tensor, parents: Tensor, num_nodes: Tensor, picks: Tenso
     Shape:
         tokens, parents, picks ``[b, n]``, num_nodes ``[b]`` -> :class:`GreedyWalk`.
     """
-    return _impl(tokens).greedy_walk(tokens, parents, num_nodes, picks)
+    args = (tokens, parents, num_nodes, picks)
+    return _impl(tokens, "greedy_walk", *args).greedy_walk(*args)

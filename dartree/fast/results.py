@@ -6,6 +6,8 @@ from typing import NamedTuple
 
 from torch import Tensor
 
+from dartree.structure import TreeStructure
+
 __all__ = ["CandidateSet", "DepthStep", "TreeStructure", "GreedyWalk"]
 
 
@@ -38,22 +40,6 @@ class DepthStep(NamedTuple):
     parents: Tensor
     ranks: Tensor
     scores: Tensor
-
-
-class TreeStructure(NamedTuple):
-    """What verification derives from a tree's parents.
-
-    Shape:
-        mask:         bool ``[b, n, n]`` ``mask[r, i, j]`` iff node j is node i or an ancestor of it.
-        positions:    int64 ``[b, n]`` ``prefix_len + depth`` (padding: ``prefix_len``).
-        first_child:  int64 ``[b, n]`` smallest child index, -1 if none.
-        next_sibling: int64 ``[b, n]`` next larger index with the same parent, -1 if none.
-    """
-
-    mask: Tensor
-    positions: Tensor
-    first_child: Tensor
-    next_sibling: Tensor
 
 
 class GreedyWalk(NamedTuple):

@@ -2,11 +2,28 @@
 
 Import this module only through :mod:`dartree.fast.ops` (lazily): ``TRITON_INTERPRET=1`` must be in
 the environment before the ``@triton.jit`` functions below are defined for the CPU interpreter to
-be used.  Wrappers check shapes, allocate outputs, launch; one program handles one row (or one
-position) and keeps it in registers, which suits the sizes of draft trees (a few thousand nodes).
+be used.  Wrappers check shapes, allocate outputs, launch (through :func:`_launch`, which
+:func:`record_launches` can observe); one program handles one row (or one position).
+
+Design limits (:data:`LIMITS`, checked by :func:`supports` and by every wrapper, which raises a
+ValueError beyond them rather than truncate): the selection kernels keep a running top-k of packed
+int64 keys in registers while they stream the row in tiles, so ``topk``, ``width`` and ``budget``
+are bounded (the bitonic network grows as k log^2 k and so do registers and compile time), while the
+streamed sizes (vocabulary, ``m * K`` children, ``N`` supertree nodes) are bounded only by int32
+flat indices.  ``tree_structure`` / ``greedy_walk`` hold a whole row of nodes.
+
+Integer arguments are not specialised on their values (``do_not_specialize``) nor pointers on their
+alignment: the compiled variants depend only on the dtypes and the constexprs, which the wrappers
+derive from the sizes, so the set of specialisations is known without a GPU (calling a wrapper on
+``meta`` tensors inside ``record_launches(execute=False)`` yields its launches;
+:mod:`dartree.fast.triton_compile` compiles them ahead of time for sm_80 / sm_89 / sm_90).
 """
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -15,9 +32,14 @@ from torch import Tensor
 
 from dartree.fast.results import CandidateSet, DepthStep, GreedyWalk, TreeStructure
 
-__all__ = ["topk_candidates", "depth_step", "top_b", "tree_structure", "greedy_walk"]
+__all__ = ["LIMITS", "OPS", "Launch", "TensorArg", "supports", "record_launches", "topk_candidates", "depth_step",
+           "top_b", "tree_structure", "greedy_walk"]
 
-# -9223372036854775807 below is the "no entry" key: smaller than every packed key (the smallest real
+OPS: tuple[str, ...] = ("topk_candidates", "depth_step", "top_b", "tree_structure", "greedy_walk")
+# Largest sizes each kernel is designed for (see the module docstring); int32 bounds the streamed sizes.
+LIMITS: dict[str, int] = {"topk": 512, "width": 512, "budget": 512, "nodes": 4096, "flat": 2**31 - 1}
+TILE = 1024  # elements of a streamed tile (vocabulary, children, supertree nodes)
+# -9223372036854775807 in the kernels is the "no entry" key: below every packed key (the smallest real
 # one is order32(-inf) << 32).
 
 
@@ -29,6 +51,95 @@ def _pow2(x: int) -> int:
 def _log2(x: int) -> int:
     return int(x).bit_length() - 1
 
+
+def _warps(network: int) -> int:
+    """Warps for a program that sorts ``network`` keys: about 2 keys per thread, 4..16 warps.
+
+    Few keys per thread keep the unrolled network small: ptxas spends minutes on 8 int64 keys per
+    thread (4 warps at 1024 keys) and seconds on 2.
+    """
+    return max(4, min(16, network // 64))
+
+
+# ----------------------------------------------------------------------------------- launches
+@dataclass(frozen=True)
+class TensorArg:
+    """What a kernel is specialised on for a tensor argument: its dtype (alignment is not used)."""
+
+    dtype: torch.dtype
+
+    def data_ptr(self) -> int:  # read by Triton's specialisation (alignment), which is disabled here
+        return 0
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch: the kernel's name, grid, runtime arguments (tensors as :class:`TensorArg`),
+    constexprs and ``num_warps``; everything ``triton.compile`` needs besides the target."""
+
+    kernel: str
+    grid: tuple[int, ...]
+    args: tuple[object, ...]
+    constexprs: tuple[tuple[str, int], ...]
+    num_warps: int
+
+    def key(self) -> tuple:
+        """The compiled variant this launch needs: kernel, argument types, constexprs, warps."""
+        types = tuple(a.dtype if isinstance(a, TensorArg) else type(a).__name__ for a in self.args)
+        return self.kernel, types, self.constexprs, self.num_warps
+
+
+_recorders: list[tuple[list[Launch], bool]] = []
+
+
+@contextlib.contextmanager
+def record_launches(execute: bool = True) -> Iterator[list[Launch]]:
+    """Collect every kernel launch made inside the block; ``execute=False`` records without running
+    (so that wrappers can be called on ``meta`` tensors of any size to learn their launches)."""
+    launches: list[Launch] = []
+    _recorders.append((launches, execute))
+    try:
+        yield launches
+    finally:
+        _recorders.remove((launches, execute))
+
+
+def _launch(kernel, grid: tuple[int, ...], args: tuple, num_warps: int, **constexprs: int) -> None:
+    run = True
+    for launches, execute in _recorders:
+        spec = tuple(TensorArg(a.dtype) if isinstance(a, Tensor) else a for a in args)
+        launches.append(Launch(kernel.__name__, grid, spec, tuple(sorted(constexprs.items())), num_warps))
+        run = run and execute
+    if run:
+        kernel[grid](*args, num_warps=num_warps, **constexprs)
+
+
+def supports(op: str, *args, **kwargs) -> bool:
+    """Whether the kernel of ``op`` is designed for these arguments (the op's own signature).
+
+    The wrappers raise a ValueError where this is False; :mod:`dartree.fast.ops` can send such calls
+    to the torch twin instead.
+    """
+    if op == "topk_candidates":
+        logits, topk = args[0], args[1]
+        return topk <= LIMITS["topk"] and logits.shape[-1] <= LIMITS["flat"]
+    if op == "depth_step":
+        parent_scores, log_q, width = args[0], args[1], args[3] if len(args) > 3 else kwargs["width"]
+        return width <= LIMITS["width"] and parent_scores.shape[1] * log_q.shape[-1] <= LIMITS["flat"]
+    if op == "top_b":
+        scores, budget = args[0], args[1] if len(args) > 1 else kwargs["budget"]
+        return budget <= LIMITS["budget"] and scores.shape[1] <= LIMITS["flat"]
+    if op in ("tree_structure", "greedy_walk"):
+        return args[0].shape[1] <= LIMITS["nodes"]
+    raise ValueError(f"op: must be one of {OPS}, got {op!r}")
+
+
+def _check(op: str, *args) -> None:
+    if not supports(op, *args):
+        raise ValueError(f"{op}: sizes beyond the Triton kernel's design (LIMITS = {LIMITS}); use the torch twin")
+
+
+# ------------------------------------------------------------------------------------ keys
 
 @triton.jit
 def _pack(x, tie):
@@ -43,39 +154,58 @@ def _unpack_tie(key):
     return 0xFFFFFFFF - (key & 0xFFFFFFFF)
 
 
-# Bitonic top-k / sort of a 1-D power-of-two tensor, descending (after triton.language.standard.sort_impl,
-# written as one function: the CPU interpreter pays for every nested jit call).  The partner of each
-# element in a compare-and-swap is found with max/min over the pair axis instead of an xor reduction:
-# the same network, and min/max reductions are native in the interpreter.
+# Bitonic top-k / sort of a 1-D power-of-two tensor (after triton.language.standard.sort_impl, written
+# as few functions: the CPU interpreter pays for every nested jit call).  The tensor is viewed as a
+# hypercube [2] * n; the partner of each element in a compare-and-swap along one axis is the sum over
+# that axis less the element itself (int64 wraps, exactly): one native reduction, where sort_impl's
+# xor reduction runs as Python in the interpreter and a max/min pair doubles the shuffles ptxas sees.
+# Compiler rules kept here: no named constexpr rebound inside a static loop ("constexpr cannot be
+# reassigned"), and no Python min/max on constexprs (the compiler maps them to tl.minimum/maximum).
 @triton.jit
-def _top(x, LOG_N: tl.constexpr, LOG_K: tl.constexpr):
-    """The 2**LOG_K largest entries of a 1-D tensor of 2**LOG_N (LOG_N >= 1), largest first."""
-    if LOG_K == 0:
-        out = tl.max(x, 0, keep_dims=True)
-    else:
-        h = tl.reshape(x, [2] * LOG_N)
-        for i in tl.static_range(1, LOG_N + 1):
-            n_dims: tl.constexpr = LOG_N if i <= LOG_K else LOG_N - (i - LOG_K)
-            stage: tl.constexpr = i if i <= LOG_K else LOG_K
-            if i > LOG_K:  # keep the larger half (bitonic top-k)
-                h = tl.max(h, axis=n_dims - LOG_K)
-            if i < LOG_N:
-                flip = tl.reshape(tl.arange(0, 2), [1] * (n_dims - stage - 1) + [2] + [1] * stage)
-            else:
-                flip = 1  # the last merge sorts descending
-            for s in tl.static_range(stage):
-                j: tl.constexpr = stage - 1 - s
-                hi = tl.max(h, n_dims - 1 - j, keep_dims=True)
-                lo = tl.min(h, n_dims - 1 - j, keep_dims=True)
-                partner = tl.where(h == hi, lo, hi)
-                is_right = tl.reshape(tl.arange(0, 2), [1] * (n_dims - j - 1) + [2] + [1] * j)
-                h = tl.where((h > partner) != (flip ^ is_right).to(tl.int1), partner, h)
-        out = tl.reshape(h, [2**LOG_K])
-    return out
+def _merge_runs(h, flip, OUTER: tl.constexpr, RUN: tl.constexpr):
+    """Bitonic merge of the runs of 2**RUN keys of a hypercube ``h`` of OUTER + RUN dims (the run is
+    the inner RUN dims); ``flip`` (broadcast like h) is 1 where a run sorts descending."""
+    for s in tl.static_range(RUN):  # compare-and-swap along axis OUTER + s
+        partner = tl.sum(h, OUTER + s, keep_dims=True) - h  # the pair's sum less oneself (wraps exactly)
+        is_right = tl.reshape(tl.arange(0, 2), [1] * (OUTER + s) + [2] + [1] * (RUN - 1 - s))
+        h = tl.where((h > partner) != (flip ^ is_right).to(tl.int1), partner, h)
+    return h
+
+
+@triton.jit
+def _top(x, LOG_N: tl.constexpr, LOG_K: tl.constexpr, DESCENDING: tl.constexpr):
+    """The 2**LOG_K largest entries of a 1-D tensor of 2**LOG_N (1 <= LOG_K <= LOG_N), sorted."""
+    h = tl.reshape(x, [2] * LOG_N)
+    for i in tl.static_range(1, LOG_K + 1):  # sort runs of 2**i, in alternating directions
+        if i < LOG_N:
+            h = _merge_runs(h, tl.reshape(tl.arange(0, 2), [1] * (LOG_N - i - 1) + [2] + [1] * i), LOG_N - i, i)
+        else:  # the last merge sorts in the requested direction
+            h = _merge_runs(h, DESCENDING, 0, i)
+    for i in tl.static_range(LOG_K + 1, LOG_N + 1):  # bitonic top-k: keep the larger of two runs, re-sort
+        h = tl.max(h, axis=LOG_N - i)
+        if i < LOG_N:
+            h = _merge_runs(h, tl.reshape(tl.arange(0, 2), [1] * (LOG_N - i - 1) + [2] + [1] * LOG_K), LOG_N - i,
+                            LOG_K)
+        else:
+            h = _merge_runs(h, DESCENDING, 0, LOG_K)
+    return tl.reshape(h, [2**LOG_K])
+
+
+@triton.jit
+def _merge(best, key, LOG_N: tl.constexpr, LOG_K: tl.constexpr):
+    """The 2**LOG_K largest of ``best`` (2**LOG_K keys, descending) and ``key`` (2**LOG_N keys,
+    LOG_N >= LOG_K >= 1), descending.
+
+    The tile's top-k sorted ascending against ``best`` descending: the element-wise max is the top-k
+    of the union and a bitonic sequence, so one bitonic merge (LOG_K steps) sorts it.
+    """
+    h = tl.reshape(tl.maximum(best, _top(key, LOG_N, LOG_K, 0)), [2] * LOG_K)
+    return tl.reshape(_merge_runs(h, 1, 0, LOG_K), [2**LOG_K])
 
 
 # ----------------------------------------------------------------------------------- candidates
-@triton.jit
+@triton.jit(do_not_specialize=["V", "K"], do_not_specialize_on_alignment=["logits_ptr", "tokens_ptr", "values_ptr",
+                                                                           "rest_ptr", "logq_ptr"])
 def _topk_candidates_kernel(logits_ptr, tokens_ptr, values_ptr, rest_ptr, logq_ptr, V, K,
                             VOCAB_NORM: tl.constexpr, BLOCK_V: tl.constexpr, KP: tl.constexpr,
                             LOG_V: tl.constexpr, LOG_K: tl.constexpr):
@@ -86,9 +216,7 @@ def _topk_candidates_kernel(logits_ptr, tokens_ptr, values_ptr, rest_ptr, logq_p
     for start in range(0, V, BLOCK_V):
         idx = start + offs
         x = tl.load(base + idx, mask=idx < V, other=0.0).to(tl.float32)
-        key = tl.where(idx < V, _pack(x, idx), -9223372036854775807)
-        chunk = _top(key, LOG_V, LOG_K)
-        best = _top(tl.reshape(tl.join(best, chunk), [2 * KP]), LOG_K + 1, LOG_K)
+        best = _merge(best, tl.where(idx < V, _pack(x, idx), -9223372036854775807), LOG_V, LOG_K)
     k = tl.arange(0, KP)
     keep = k < K
     kth = tl.max(tl.where(k == K - 1, best, -9223372036854775807), axis=0)
@@ -129,44 +257,50 @@ def topk_candidates(logits: Tensor, topk: int, vocab_normalize: bool, block_v: i
     """Triton twin of :func:`dartree.fast.twins.topk_candidates` (``block_v``: vocabulary tile)."""
     if logits.dim() != 3 or not 1 <= topk <= logits.shape[-1]:
         raise ValueError(f"logits/topk: need [b, gamma, V] and 1 <= topk <= V, got {tuple(logits.shape)}, {topk}")
+    _check("topk_candidates", logits, topk)
     x = logits.contiguous()
     b, gamma, vocab = x.shape
     kp = _pow2(topk)
-    block = max(kp, _pow2(block_v) if block_v else min(1024, _pow2(vocab)))
+    block = max(kp, _pow2(block_v) if block_v else min(TILE, _pow2(vocab)))
     dev = x.device
     tokens = torch.empty(b, gamma, topk, dtype=torch.int64, device=dev)
     values = torch.empty(b, gamma, topk, dtype=torch.float32, device=dev)
     rest = torch.empty(b, gamma, dtype=torch.float32, device=dev)
     log_q = torch.empty(b, gamma, topk, dtype=torch.float32, device=dev)
-    _topk_candidates_kernel[(b * gamma,)](x, tokens, values, rest, log_q, vocab, topk,
-                                          VOCAB_NORM=bool(vocab_normalize and topk < vocab), BLOCK_V=block, KP=kp,
-                                          LOG_V=_log2(block), LOG_K=_log2(kp))
+    _launch(_topk_candidates_kernel, (b * gamma,), (x, tokens, values, rest, log_q, vocab, topk), _warps(2 * block),
+            VOCAB_NORM=bool(vocab_normalize and topk < vocab), BLOCK_V=block, KP=kp, LOG_V=_log2(block),
+            LOG_K=_log2(kp))
     return CandidateSet(tokens=tokens, logits=values, rest_lse=rest, log_q=log_q)
 
 
 # ----------------------------------------------------------------------------------- selection
-@triton.jit
+@triton.jit(do_not_specialize=["m", "K", "lq_sb", "lq_sm", "W"],
+            do_not_specialize_on_alignment=["parent_ptr", "logq_ptr", "parents_out", "ranks_out", "scores_out"])
 def _depth_step_kernel(parent_ptr, logq_ptr, parents_out, ranks_out, scores_out, m, K, lq_sb, lq_sm, beta,
-                       W, MKP: tl.constexpr, WP: tl.constexpr, LOG_N: tl.constexpr, LOG_W: tl.constexpr):
+                       W, BLOCK: tl.constexpr, WP: tl.constexpr, LOG_BLOCK: tl.constexpr, LOG_W: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
-    f = tl.arange(0, MKP)
-    valid = f < m * K
-    p = f // K
-    r = f % K
-    ps = tl.load(parent_ptr + row * m + p, mask=valid, other=0.0)
-    lq = tl.load(logq_ptr + row * lq_sb + p * lq_sm + r, mask=valid, other=0.0)
-    s = (ps + lq) + beta
-    key = tl.where(valid, _pack(s, f), -9223372036854775807)
+    total = m * K  # children, flat index parent * K + rank: the tie key (branches are in lex order)
+    offs = tl.arange(0, BLOCK)
+    best = tl.full([WP], -9223372036854775807, tl.int64)
+    for start in range(0, total, BLOCK):
+        f = start + offs
+        valid = f < total
+        p = f // K
+        r = f - p * K
+        ps = tl.load(parent_ptr + row * m + p, mask=valid, other=0.0)
+        lq = tl.load(logq_ptr + row * lq_sb + p * lq_sm + r, mask=valid, other=0.0)
+        key = tl.where(valid, _pack((ps + lq) + beta, f), -9223372036854775807)
+        best = _merge(best, key, LOG_BLOCK, LOG_W)
     w = tl.arange(0, WP)
-    kth = tl.max(tl.where(w == W - 1, _top(key, LOG_N, LOG_W), -9223372036854775807), axis=0)
-    lex = -_top(tl.where(valid & (key >= kth), -f, -2147483647), LOG_N, LOG_W)  # kept flat indices, ascending
     out = w < W
+    # the W kept flat indices in ascending order (= rank-path order); entries past W sort last
+    lex = -_top(tl.where(out, -_unpack_tie(best), -9223372036854775807), LOG_W, LOG_W, 1)
     lp = lex // K
-    lr = lex % K
+    lr = lex - lp * K
     ps2 = tl.load(parent_ptr + row * m + lp, mask=out, other=0.0)
     lq2 = tl.load(logq_ptr + row * lq_sb + lp * lq_sm + lr, mask=out, other=0.0)
-    tl.store(parents_out + row * W + w, lp.to(tl.int64), mask=out)
-    tl.store(ranks_out + row * W + w, lr.to(tl.int64), mask=out)
+    tl.store(parents_out + row * W + w, lp, mask=out)
+    tl.store(ranks_out + row * W + w, lr, mask=out)
     tl.store(scores_out + row * W + w, (ps2 + lq2) + beta, mask=out)
 
 
@@ -178,6 +312,7 @@ def depth_step(parent_scores: Tensor, log_q: Tensor, beta: float, width: int) ->
     topk = log_q.shape[-1]
     if not 1 <= width <= m * topk:
         raise ValueError(f"width: {width} outside 1..{m * topk} (branches x candidates)")
+    _check("depth_step", parent_scores, log_q, beta, width)
     ps = parent_scores.float().contiguous()
     lq = log_q.float().contiguous()
     dev = ps.device
@@ -185,20 +320,24 @@ def depth_step(parent_scores: Tensor, log_q: Tensor, beta: float, width: int) ->
     ranks = torch.empty(b, width, dtype=torch.int64, device=dev)
     scores = torch.empty(b, width, dtype=torch.float32, device=dev)
     stride_m = 0 if lq.shape[1] == 1 else topk
-    _depth_step_kernel[(b,)](ps, lq, parents, ranks, scores, m, topk, lq.shape[1] * topk, stride_m, float(beta),
-                             width, MKP=_pow2(m * topk), WP=_pow2(width), LOG_N=_log2(_pow2(m * topk)),
-                             LOG_W=_log2(_pow2(width)))
+    wp = _pow2(width)
+    block = max(wp, min(TILE, _pow2(m * topk)))
+    _launch(_depth_step_kernel, (b,), (ps, lq, parents, ranks, scores, m, topk, lq.shape[1] * topk, stride_m,
+                                       float(beta), width), _warps(2 * block),
+            BLOCK=block, WP=wp, LOG_BLOCK=_log2(block), LOG_W=_log2(wp))
     return DepthStep(parents=parents, ranks=ranks, scores=scores)
 
 
-@triton.jit
-def _top_b_kernel(scores_ptr, out_ptr, N, B, NP: tl.constexpr, BP: tl.constexpr, LOG_N: tl.constexpr,
+@triton.jit(do_not_specialize=["N", "B"], do_not_specialize_on_alignment=["scores_ptr", "out_ptr"])
+def _top_b_kernel(scores_ptr, out_ptr, N, B, BLOCK: tl.constexpr, BP: tl.constexpr, LOG_BLOCK: tl.constexpr,
                   LOG_B: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
-    f = tl.arange(0, NP)
-    s = tl.load(scores_ptr + row * N + f, mask=f < N, other=0.0)
-    key = tl.where(f < N, _pack(s, f), -9223372036854775807)
-    best = _top(key, LOG_N, LOG_B)
+    offs = tl.arange(0, BLOCK)
+    best = tl.full([BP], -9223372036854775807, tl.int64)
+    for start in range(0, N, BLOCK):
+        f = start + offs
+        s = tl.load(scores_ptr + row * N + f, mask=f < N, other=0.0)
+        best = _merge(best, tl.where(f < N, _pack(s, f), -9223372036854775807), LOG_BLOCK, LOG_B)
     j = tl.arange(0, BP)
     tl.store(out_ptr + row * B + j, _unpack_tie(best), mask=j < B)
 
@@ -208,15 +347,19 @@ def top_b(scores: Tensor, budget: int) -> Tensor:
     b, n = scores.shape
     if not 1 <= budget <= n:
         raise ValueError(f"budget: {budget} outside 1..{n}")
+    _check("top_b", scores, budget)
     s = scores.float().contiguous()
     out = torch.empty(b, budget, dtype=torch.int64, device=s.device)
-    np_, bp = _pow2(n), _pow2(budget)
-    _top_b_kernel[(b,)](s, out, n, budget, NP=np_, BP=bp, LOG_N=_log2(np_), LOG_B=_log2(bp))
+    bp = _pow2(budget)
+    block = max(bp, min(TILE, _pow2(n)))
+    _launch(_top_b_kernel, (b,), (s, out, n, budget), _warps(2 * block), BLOCK=block, BP=bp,
+            LOG_BLOCK=_log2(block), LOG_B=_log2(bp))
     return out
 
 
 # ----------------------------------------------------------------------------------- structure
-@triton.jit
+@triton.jit(do_not_specialize=["n"], do_not_specialize_on_alignment=["parents_ptr", "num_ptr", "prefix_ptr", "mask_ptr",
+                                                                     "pos_ptr", "first_ptr", "next_ptr"])
 def _tree_structure_kernel(parents_ptr, num_ptr, prefix_ptr, mask_ptr, pos_ptr, first_ptr, next_ptr, n,
                            BI: tl.constexpr, NP: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
@@ -253,6 +396,7 @@ def tree_structure(parents: Tensor, num_nodes: Tensor, prefix_len: int | Tensor 
     b, n = parents.shape
     if num_nodes.shape != (b,):
         raise ValueError(f"num_nodes: expected [{b}], got {tuple(num_nodes.shape)}")
+    _check("tree_structure", parents, num_nodes)
     dev = parents.device
     par = parents.to(torch.int64).contiguous()
     num = num_nodes.to(torch.int64).contiguous()
@@ -261,13 +405,15 @@ def tree_structure(parents: Tensor, num_nodes: Tensor, prefix_len: int | Tensor 
     positions = torch.empty(b, n, dtype=torch.int64, device=dev)
     first = torch.empty(b, n, dtype=torch.int64, device=dev)
     nxt = torch.empty(b, n, dtype=torch.int64, device=dev)
-    bi = min(_pow2(block_rows), _pow2(n))
-    _tree_structure_kernel[(b, triton.cdiv(n, bi))](par, num, prefix, mask, positions, first, nxt, n,
-                                                     BI=bi, NP=_pow2(n))
+    bi = min(_pow2(block_rows), _pow2(n), max(2, 8192 // _pow2(n)))  # anc: [bi, NP] int32 in registers
+    _launch(_tree_structure_kernel, (b, triton.cdiv(n, bi)), (par, num, prefix, mask, positions, first, nxt, n), 4,
+            BI=bi, NP=_pow2(n))
     return TreeStructure(mask=mask.bool(), positions=positions, first_child=first, next_sibling=nxt)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"], do_not_specialize_on_alignment=["tokens_ptr", "parents_ptr", "num_ptr",
+                                                                     "picks_ptr", "accepted_ptr", "length_ptr",
+                                                                     "bonus_ptr"])
 def _greedy_walk_kernel(tokens_ptr, parents_ptr, num_ptr, picks_ptr, accepted_ptr, length_ptr, bonus_ptr, n,
                         NP: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
@@ -298,12 +444,13 @@ def greedy_walk(tokens: Tensor, parents: Tensor, num_nodes: Tensor, picks: Tenso
     for name, t in (("parents", parents), ("picks", picks)):
         if t.shape != (b, n):
             raise ValueError(f"{name}: expected [{b}, {n}] like tokens, got {tuple(t.shape)}")
+    _check("greedy_walk", tokens, parents, num_nodes, picks)
     dev = tokens.device
     accepted = torch.empty(b, n, dtype=torch.int64, device=dev)
     length = torch.empty(b, dtype=torch.int64, device=dev)
     bonus = torch.empty(b, dtype=torch.int64, device=dev)
-    _greedy_walk_kernel[(b,)](tokens.to(torch.int64).contiguous(), parents.to(torch.int64).contiguous(),
-                              num_nodes.to(torch.int64).contiguous(), picks.to(torch.int64).contiguous(),
-                              accepted, length, bonus, n, NP=_pow2(n))
+    _launch(_greedy_walk_kernel, (b,), (tokens.to(torch.int64).contiguous(), parents.to(torch.int64).contiguous(),
+                                        num_nodes.to(torch.int64).contiguous(), picks.to(torch.int64).contiguous(),
+                                        accepted, length, bonus, n), 4, NP=_pow2(n))
     return GreedyWalk(accepted=accepted, accepted_length=length, bonus=bonus)
 

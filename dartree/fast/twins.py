@@ -11,9 +11,10 @@ import torch
 from torch import Tensor
 
 from dartree.fast.keys import pack
-from dartree.fast.results import CandidateSet, DepthStep, GreedyWalk, TreeStructure
-from dartree.scoring import child_scores, log_normalize
-from dartree.tree import PAD
+from dartree.fast.results import CandidateSet, DepthStep, GreedyWalk
+from dartree.scoring import child_scores, log_normalize, rest_logsumexp
+from dartree.structure import PAD
+from dartree.structure import tree_structure_torch as tree_structure
 
 __all__ = ["topk_candidates", "depth_step", "top_b", "tree_structure", "greedy_walk"]
 
@@ -21,26 +22,18 @@ __all__ = ["topk_candidates", "depth_step", "top_b", "tree_structure", "greedy_w
 def topk_candidates(logits: Tensor, topk: int, vocab_normalize: bool) -> CandidateSet:
     """Top-K candidates per position (logit descending, ties by token id) and their log q.
 
-    A float ``topk`` selects the right set unless the K-th largest logit is tied with a logit left
-    out; then (and only then) one ``topk`` over packed (logit, token id) keys picks the smallest ids.
-    That branch reads one bool on the host: free here, since the twin serves CPU tensors (CUDA
-    tensors go to the Triton kernel, which is branch-free).  Either way the K tokens are then put in
-    the total order by a stable sort, never by a full sort of the vocabulary.
+    One ``topk`` over packed (logit, token id) keys selects and orders the K tokens exactly, with no
+    data-dependent branch (this twin serves devices where reading a flag is a host sync).
 
     Shape:
         logits: float ``[b, gamma, V]`` -> :class:`CandidateSet` with ``K = topk``.
     """
     x = logits.float()
     vocab = x.shape[-1]
-    values, tokens = torch.topk(x, topk, dim=-1, largest=True, sorted=True)
-    if bool(((x >= values[..., -1:]).sum(-1) > topk).any()):  # a tie straddles the K-th place
-        tokens = torch.topk(pack(x, torch.arange(vocab, device=x.device)), topk, dim=-1).indices
-    tokens = torch.sort(tokens, dim=-1).values  # token id order, then a stable sort by logit
-    order = torch.sort(torch.gather(x, -1, tokens), dim=-1, descending=True, stable=True).indices
-    tokens = torch.gather(tokens, -1, order)
+    tokens = torch.topk(pack(x, torch.arange(vocab, device=x.device)), topk, dim=-1).indices
     values = torch.gather(x, -1, tokens)
     if vocab_normalize and topk < vocab:
-        rest_lse = torch.logsumexp(x.scatter(-1, tokens, float("-inf")), dim=-1)  # as dartree.scoring
+        rest_lse = rest_logsumexp(x, tokens)  # the reference's normaliser (dartree.scoring)
     else:
         rest_lse = torch.full(x.shape[:2], float("-inf"), device=x.device)
     return CandidateSet(tokens=tokens, logits=values, rest_lse=rest_lse, log_q=log_normalize(values, rest_lse))
@@ -78,49 +71,6 @@ def top_b(scores: Tensor, budget: int) -> Tensor:
     if not 1 <= budget <= scores.shape[1]:
         raise ValueError(f"budget: {budget} outside 1..{scores.shape[1]}")
     return torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :budget]
-
-
-def _doubling_steps(n: int) -> int:
-    """Jumps of 1, 2, 4, ... that cover every ancestor distance up to ``n - 1``."""
-    return max(n - 2, 0).bit_length()
-
-
-def tree_structure(parents: Tensor, num_nodes: Tensor, prefix_len: int | Tensor = 0) -> TreeStructure:
-    """Ancestor mask, positions and first-child / next-sibling links from parents (pointer doubling).
-
-    Shape:
-        parents: int64 ``[b, n]``; num_nodes: int64 ``[b]``; prefix_len: int or int64 ``[b]``.
-    """
-    b, n = parents.shape
-    dev = parents.device
-    idx = torch.arange(n, device=dev).expand(b, n)
-    valid = idx < num_nodes[:, None]
-    child = valid & (idx > 0)
-    jump = torch.where(child, parents, idx)  # 2**k-th ancestor; the root and padding point to themselves
-    mask = torch.zeros(b, n, n, dtype=torch.bool, device=dev)
-    mask.scatter_(2, idx[:, :, None], valid[:, :, None])
-    mask.scatter_(2, jump[:, :, None], valid[:, :, None])
-    for _ in range(_doubling_steps(n)):
-        mask = mask | torch.gather(mask, 1, jump[:, :, None].expand(b, n, n))
-        jump = torch.gather(jump, 1, jump)
-    depth = (mask.sum(2) - 1).clamp(min=0)
-    prefix = torch.as_tensor(prefix_len, device=dev, dtype=torch.int64)
-    positions = (prefix[:, None] if prefix.dim() == 1 else prefix) + depth
-
-    par = torch.where(child, parents, torch.full_like(parents, n))  # non-children in group n (no parent)
-    first = torch.full((b, n + 1), n, dtype=torch.int64, device=dev)
-    first.scatter_reduce_(1, par, torch.where(child, idx, torch.full_like(idx, n)), reduce="amin")
-    first = first[:, :n]
-    first_child = torch.where(first < n, first, torch.full_like(first, PAD))
-    # A stable sort by parent lists each sibling group in index order: the next sibling is the next entry.
-    order = torch.sort(par, dim=1, stable=True).indices
-    grouped = torch.gather(par, 1, order)
-    same = torch.cat([(grouped[:, 1:] == grouped[:, :-1]) & (grouped[:, 1:] < n),
-                      torch.zeros(b, 1, dtype=torch.bool, device=dev)], dim=1)
-    following = torch.cat([order[:, 1:], torch.full((b, 1), PAD, dtype=torch.int64, device=dev)], dim=1)
-    next_sibling = torch.full((b, n), PAD, dtype=torch.int64, device=dev)
-    next_sibling.scatter_(1, order, torch.where(same, following, torch.full_like(following, PAD)))
-    return TreeStructure(mask=mask, positions=positions, first_child=first_child, next_sibling=next_sibling)
 
 
 def greedy_walk(tokens: Tensor, parents: Tensor, num_nodes: Tensor, picks: Tensor) -> GreedyWalk:

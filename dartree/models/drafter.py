@@ -25,18 +25,28 @@ nothing (the block's keys/values are scratch), so a round's cost does not grow w
 of the whole context.  ``crop(length)`` drops context entries past ``length``;
 ``context_length`` reports the current length.  An empty context is allowed (one-token prompt).
 
-Block layout: slot 0 holds the root (the last committed token, at position ``context_length``),
-slots 1..block_size-1 hold the mask token.  The drafter predicts the tokens at slots 1..gamma, so
-``gamma = block_size - 1``; the returned ``DraftBlock.logits[:, d - 1]`` is the marginal of the
-token at depth ``d`` (position ``context_length + d``), and ``DraftBlock.hidden[:, d - 1]`` the
+Block layout (``DFlashConfig.shift_label``): the block input is always ``[root, mask, ..., mask]``
+(``block_size`` slots at positions ``context_length ..``; the root is the last committed token).
+Which output slot proposes which depth depends on how the checkpoint was trained:
+
+* ``shift_label=False`` (z-lab DFlash, Domino without ``shift_label``, this project's zoo): slot
+  ``k`` predicts the token at its own position, so slot 0 (the root) is dropped, depth ``d`` is
+  slot ``d`` and ``gamma = block_size - 1``;
+* ``shift_label=True`` (Domino with ``shift_label``, every DeepSpec DSpark checkpoint): slot ``k``
+  predicts the token one position after it, so depth ``d`` is slot ``d - 1`` and
+  ``gamma = block_size``.
+
+Either way the returned :class:`DraftBlock` is layout-free: ``logits[:, d - 1]`` is the marginal
+of the token at depth ``d`` (position ``context_length + d``) and ``hidden[:, d - 1]`` the
 final-normed draft hidden state ``H_d`` whose LM-head projection gives those logits.
 
 Architecture (DFlash, arXiv 2602.06036): context features = concat of the target's hidden states
 after layers ``target_layer_ids`` -> ``fc`` (no bias) -> RMSNorm (``hidden_norm``); each draft
 layer is a Qwen3-style decoder layer whose attention queries come from the block and whose keys /
 values are ``k_proj`` / ``v_proj`` of [context features; block] (per-head ``q_norm`` / ``k_norm``,
-RoPE at absolute positions); attention is non-causal (every block slot sees the whole context and
-the whole block).  Token embeddings and the LM head are the target's.  Weight names match the
+RoPE at absolute positions, built by transformers' own initialisation for ``rope_parameters``);
+attention is non-causal (every block slot sees the whole context and the whole block).  Token
+embeddings and the LM head are the target's.  Weight names match the
 released z-lab checkpoints (``layers.{i}.self_attn.q_proj.weight``, ``fc.weight``, ...).
 """
 
@@ -55,10 +65,12 @@ __all__ = ["DFlashConfig", "DFlashDrafter", "dflash_target_layer_ids"]
 
 
 def dflash_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
-    """Target layers the released DFlash drafters read: one layer per draft layer, evenly spaced.
+    """The reference rule for a config without ``target_layer_ids`` (z-lab ``dflash/model.py`` and
+    Domino ``code/dflash.py``, ``build_target_layer_ids``): one layer per draft layer, evenly spaced.
 
-    One draft layer reads the middle layer; otherwise the layers are spread from layer 1 to layer
-    ``num_target_layers - 3`` (rounded), as in the public checkpoints.
+    One draft layer reads the middle layer ``num_target_layers // 2``; otherwise the layers are
+    ``round(1 + i * (num_target_layers - 4) / (num_draft_layers - 1))`` for ``i = 0..n-1`` (from
+    layer 1 to layer ``num_target_layers - 3``), with Python's ``round``.
     """
     if num_target_layers < 1:
         raise ValueError(f"num_target_layers: expected >= 1, got {num_target_layers}")
@@ -66,9 +78,13 @@ def dflash_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> li
         raise ValueError(f"num_draft_layers: expected >= 1, got {num_draft_layers}")
     if num_draft_layers == 1:
         return [num_target_layers // 2]
-    start, end = 1, max(1, num_target_layers - 3)
+    start, end = 1, num_target_layers - 3
     span = end - start
-    return [int(round(start + i * span / (num_draft_layers - 1))) for i in range(num_draft_layers)]
+    ids = [int(round(start + i * span / (num_draft_layers - 1))) for i in range(num_draft_layers)]
+    if min(ids) < 0 or max(ids) >= num_target_layers:
+        raise ValueError(f"num_target_layers: the evenly spaced rule gives layers {ids} outside [0, "
+                         f"{num_target_layers}) for {num_draft_layers} draft layers; set target_layer_ids")
+    return ids
 
 
 @dataclass
@@ -89,6 +105,10 @@ class DFlashConfig:
     rope_theta: float = 10000.0
     num_target_layers: int | None = None
     extra: dict = field(default_factory=dict)
+    # ---- layout and rotary embedding (see the module docstring)
+    shift_label: bool = False
+    rope_parameters: dict | None = None       # transformers' rope dict (rope_type, factor, ...); None = default
+    max_position_embeddings: int = 32768      # read by the scaled rope types (Qwen3Config's default)
 
     def __post_init__(self) -> None:
         for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
@@ -96,8 +116,11 @@ class DFlashConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
-        if self.block_size < 2:
-            raise ValueError(f"block_size: expected >= 2 (root + at least one draft slot), got {self.block_size}")
+        if not isinstance(self.shift_label, bool):
+            raise ValueError(f"shift_label: expected a bool, got {self.shift_label!r}")
+        if isinstance(self.block_size, bool) or not isinstance(self.block_size, int) or self.block_size < 2:
+            raise ValueError(f"block_size: expected an int >= 2 (root + at least one mask slot), "
+                             f"got {self.block_size!r}")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(f"num_key_value_heads: must divide num_attention_heads={self.num_attention_heads}, "
                              f"got {self.num_key_value_heads}")
@@ -108,15 +131,45 @@ class DFlashConfig:
         if self.head_dim % 2:
             raise ValueError(f"head_dim: must be even for RoPE, got {self.head_dim}")
         self.target_layer_ids = [int(i) for i in self.target_layer_ids]
-        if not self.target_layer_ids or min(self.target_layer_ids) < 0:
-            raise ValueError(f"target_layer_ids: expected a non-empty list of layer indices >= 0, "
-                             f"got {self.target_layer_ids}")
+        top = self.num_target_layers if self.num_target_layers is not None else None
+        if not self.target_layer_ids or min(self.target_layer_ids) < -1 \
+                or (top is not None and max(self.target_layer_ids) >= top):
+            limit = f"< {top}" if top is not None else "(any upper bound)"
+            raise ValueError(f"target_layer_ids: expected a non-empty list of decoder layers >= 0 and {limit}, "
+                             f"or -1 for the embedding output, got {self.target_layer_ids}")
+        self._check_rope()
         if not 0 <= self.mask_token_id < self.vocab_size:
             raise ValueError(f"mask_token_id: expected in [0, {self.vocab_size}), got {self.mask_token_id}")
 
+    def _check_rope(self) -> None:
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        if isinstance(self.max_position_embeddings, bool) or not isinstance(self.max_position_embeddings, int) \
+                or self.max_position_embeddings < 1:
+            raise ValueError(f"max_position_embeddings: expected an int >= 1, got {self.max_position_embeddings!r}")
+        self.rope_theta = float(self.rope_theta)
+        if self.rope_parameters is None:
+            return
+        if not isinstance(self.rope_parameters, dict):
+            raise ValueError(f"rope_parameters: expected a dict or None, got {type(self.rope_parameters).__name__}")
+        params = dict(self.rope_parameters)
+        kind = params.setdefault("rope_type", params.pop("type", "default"))
+        supported = ("default", *ROPE_INIT_FUNCTIONS)
+        if kind not in supported:
+            raise ValueError(f"rope_parameters: rope_type {kind!r} is not one of transformers' {list(supported)}")
+        if float(params.get("partial_rotary_factor", 1.0)) != 1.0:
+            raise ValueError("rope_parameters: partial_rotary_factor != 1 is not supported (Qwen3 rotates whole heads)")
+        self.rope_theta = float(params.setdefault("rope_theta", self.rope_theta))
+        self.rope_parameters = params
+
+    @property
+    def first_slot(self) -> int:
+        """The block slot that proposes depth 1: 0 with ``shift_label``, else 1 (slot 0 is the root)."""
+        return 0 if self.shift_label else 1
+
     @property
     def gamma(self) -> int:
-        return self.block_size - 1
+        return self.block_size - self.first_slot
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -137,19 +190,58 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
-def rope(x: Tensor, positions: Tensor, theta: float) -> Tensor:
+class RotaryEmbedding(nn.Module):
+    """RoPE tables for ``config``: the default rotary embedding, or transformers' own
+    ``Qwen3RotaryEmbedding`` for every scaled ``rope_type`` it supports (linear, dynamic, yarn,
+    longrope, llama3, ...), exactly as the reference drafters build theirs from their config.
+
+    The tables stay float32 whatever ``drafter.to(dtype)`` does (they are not registered buffers);
+    they follow the device of the tensors they rotate.
+    """
+
+    def __init__(self, config: DFlashConfig) -> None:
+        super().__init__()
+        params = config.rope_parameters or {"rope_type": "default"}
+        self.rope_type = params["rope_type"]
+        self._scaled: nn.Module | None = None
+        self._inv_freq: Tensor | None = None
+        if self.rope_type == "default":
+            dim = config.head_dim
+            self._inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+        else:
+            from transformers import Qwen3Config
+            from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
+
+            hf = Qwen3Config(hidden_size=config.hidden_size, num_attention_heads=config.num_attention_heads,
+                             num_key_value_heads=config.num_key_value_heads, head_dim=config.head_dim,
+                             max_position_embeddings=config.max_position_embeddings,
+                             rope_parameters=dict(params))
+            object.__setattr__(self, "_scaled", Qwen3RotaryEmbedding(hf))   # not a child: never cast
+
+    def forward(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """cos and sin, both ``[b or 1, 1, t, head_dim]`` in ``x``'s dtype.  Shape: positions ``[b, t]`` or ``[t]``."""
+        if self._scaled is not None:
+            if self._scaled.inv_freq.device != x.device:
+                self._scaled.to(x.device)
+            cos, sin = self._scaled(x, positions if positions.dim() == 2 else positions[None])
+            return cos[:, None], sin[:, None]
+        if self._inv_freq.device != x.device:
+            self._inv_freq = self._inv_freq.to(x.device)
+        angles = positions.to(torch.float32)[..., None] * self._inv_freq                 # [b, t, dim/2]
+        emb = torch.cat([angles, angles], dim=-1)
+        if emb.dim() == 2:
+            emb = emb[None]
+        return emb.cos()[:, None].to(x.dtype), emb.sin()[:, None].to(x.dtype)
+
+
+def rope(x: Tensor, positions: Tensor, rotary: RotaryEmbedding) -> Tensor:
     """Rotary embedding (rotate-half convention, as Qwen3).
 
     Shape:
         x: ``[b, heads, t, head_dim]``; positions: int64 ``[b, t]`` or ``[t]``.
     """
     dim = x.shape[-1]
-    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, device=x.device, dtype=torch.float32) / dim))
-    angles = positions.to(torch.float32)[..., None] * inv_freq  # [b, t, dim/2]
-    emb = torch.cat([angles, angles], dim=-1)
-    if emb.dim() == 2:
-        emb = emb[None]
-    cos, sin = emb.cos()[:, None].to(x.dtype), emb.sin()[:, None].to(x.dtype)
+    cos, sin = rotary(x, positions)
     x1, x2 = x[..., : dim // 2], x[..., dim // 2 :]
     rotated = torch.cat([-x2, x1], dim=-1)
     return x * cos + rotated * sin
@@ -162,7 +254,7 @@ class DFlashAttention(nn.Module):
         super().__init__()
         h, hd = config.hidden_size, config.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, hd
-        self.theta = config.rope_theta
+        self.rotary = RotaryEmbedding(config)
         self.q_proj = nn.Linear(h, self.num_heads * hd, bias=False)
         self.k_proj = nn.Linear(h, self.num_kv_heads * hd, bias=False)
         self.v_proj = nn.Linear(h, self.num_kv_heads * hd, bias=False)
@@ -179,13 +271,13 @@ class DFlashAttention(nn.Module):
         b, t, _ = x.shape
         k = self.k_norm(self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim)).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        return rope(k, positions, self.theta), v
+        return rope(k, positions, self.rotary), v
 
     def forward(self, x: Tensor, positions: Tensor, ctx_k: Tensor, ctx_v: Tensor, mask: Tensor | None) -> Tensor:
         """Shape: x ``[b, t, H]``; ctx_k/ctx_v ``[b, kv_heads, c, head_dim]``; mask bool ``[b, 1, t, c + t]``."""
         b, t, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(b, t, self.num_heads, self.head_dim)).transpose(1, 2)
-        q = rope(q, positions, self.theta)
+        q = rope(q, positions, self.rotary)
         k, v = self.key_values(x, positions)
         k = torch.cat([ctx_k, k], dim=2)
         v = torch.cat([ctx_v, v], dim=2)
@@ -229,8 +321,8 @@ class DFlashDrafter(nn.Module):
 
     Attributes:
         target_layer_ids: target decoder layers (0-based) whose hidden states the drafter needs.
-        block_size: slots per block (root + gamma mask slots).
-        gamma: draft depths per round, ``block_size - 1``.
+        block_size: slots per block (the root + ``block_size - 1`` mask slots).
+        gamma: draft depths per round: ``block_size - 1``, or ``block_size`` with ``config.shift_label``.
         heads: correction heads shipped with the checkpoint (filled by ``load_drafter``).
     """
 
@@ -260,7 +352,7 @@ class DFlashDrafter(nn.Module):
 
     @property
     def gamma(self) -> int:
-        return self.config.block_size - 1
+        return self.config.gamma
 
     @property
     def mask_token_id(self) -> int:
@@ -439,7 +531,7 @@ class DFlashDrafter(nn.Module):
         if ctx[0][0].shape[0] != b:
             raise ValueError(f"root: batch {b} differs from the context's batch {ctx[0][0].shape[0]}")
         positions = torch.arange(self._length, self._length + self.block_size, device=root.device)
-        hidden = self.block_hidden(root[:, None], positions, ctx)[:, 1:]
+        hidden = self.block_hidden(root[:, None], positions, ctx)[:, self.config.first_slot:]   # slot -> depth
         logits = F.linear(hidden, self.lm_head_weight.to(hidden.dtype))
         return DraftBlock(logits=logits, root=root, hidden=hidden)
 

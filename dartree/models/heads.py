@@ -1,20 +1,26 @@
 """Correction heads: GRU (Domino) and Markov (DSpark), for many branches at once.
 
-Both implement :class:`dartree.block.CorrectionHead`.  Inside a builder they only ever score the
-``K`` candidate tokens of a depth: the base logits of the candidates are gathered from the block
-(``block.logits`` is already the LM-head projection of ``H_d``) and the correction gathers only the
-``K`` rows of its output projection, so no full-vocabulary product is computed per branch.
+Both implement :class:`dartree.block.CorrectionHead` (and its optional fused ``advance_logits``).
+Inside a builder they only ever score the ``K`` candidate tokens of a depth: the base logits of
+the candidates are gathered from the block (``block.logits`` is already the LM-head projection of
+``H_d``) and the correction gathers only the ``K`` rows of its output projection, so no
+full-vocabulary product is computed per branch.
 
-GRU head (Domino, arXiv 2605.29707)::
+GRU head (Domino, arXiv 2605.29707; formulas as in Domino's ``code/dflash.py``)::
 
-    state(root)       = GRU(emb(root), 0)
-    state(.., t_d)    = GRU(emb(t_d), state(..))                      emb = the target's token embedding
-    corrected_d(v)    = L_d(v) + fc2_v . silu(fc1([H_d; state]))     at depths d > prefix_len
-    corrected_d(v)    = L_d(v)                                        at depths d <= prefix_len (default 1)
+    state(root)     = GRU(emb(root), 0)
+    state(.., t_d)  = GRU(emb(t_d), state(..))                       emb = the target's token embedding
+    s               = bias_norm(state)   if use_bias_norm   else state         (RMSNorm, weight [G])
+    c_d(v)          = fc2_v . silu(fc1([H_d; s])) (+ b2_v when biased)
+    c_d             = sigmoid(gate(H_d)) * c_d   if use_bias_gate              gate = Linear-SiLU-Linear(.., 1)
+    corrected_d(v)  = L_d(v) + c_d(v)   at depths d > prefix_len;   L_d(v) at depths d <= prefix_len
 
-The state at depth d has read the root and the branch's tokens at depths 1..d-1.  Weight names
-follow the released Domino checkpoints: ``prefix_gru.{weight,bias}_{ih,hh}_l0``,
-``embed_proj.0`` (fc1, ``[emb_dim, H + G]``) and ``embed_proj.2`` (fc2, ``[V, emb_dim]``).
+The state at depth d has read the root and the branch's tokens at depths 1..d-1 (the recurrence
+always runs on the raw GRU state; ``bias_norm`` only feeds the correction).  Weight names follow
+the released Domino checkpoints: ``prefix_gru.weight_{ih,hh}_l0`` (+ ``bias_{ih,hh}_l0`` when
+biased), ``embed_proj.0`` (fc1, ``[emb_dim, H + G]``), ``embed_proj.2`` (fc2, ``[V, emb_dim]``),
+``bias_norm.weight`` and ``bias_gate.{0.weight, 2.weight, 2.bias}``.  The released Domino heads
+are bias-free (``bias=False``); the bundled zoo head has biases.
 
 Markov head (DSpark "vanilla", arXiv 2607.05147)::
 
@@ -31,6 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dartree.block import DraftBlock
+from dartree.models.drafter import RMSNorm
 
 __all__ = ["GRUHead", "MarkovHead"]
 
@@ -38,6 +45,12 @@ __all__ = ["GRUHead", "MarkovHead"]
 def _check_depth(block: DraftBlock, depth: int) -> None:
     if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= block.gamma:
         raise ValueError(f"depth: expected an int in [1, {block.gamma}], got {depth!r}")
+
+
+def _check_fused_depth(block: DraftBlock, depth: int) -> None:
+    if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth < block.gamma:
+        raise ValueError(f"depth: expected an int in [1, {block.gamma - 1}] (advance_logits scores depth + 1), "
+                         f"got {depth!r}")
 
 
 def _check_states(block: DraftBlock, states: Tensor, width: int) -> None:
@@ -71,6 +84,10 @@ class GRUHead(nn.Module):
         emb_dim: bottleneck width of the correction MLP.
         prefix_len: depths ``<= prefix_len`` are not corrected (Domino's ``pure_draft_prefix_len``).
         embedding: the target's token-embedding matrix ``[V, H]`` (or call :meth:`bind`).
+        bias: GRU and ``embed_proj`` biases (the released Domino heads have none: ``False``).
+        bias_norm: RMSNorm ``bias_norm`` over the state before ``embed_proj`` (``use_bias_norm``).
+        bias_gate: multiply the correction by ``sigmoid(bias_gate(H_d))`` (``use_bias_gate``).
+        norm_eps: epsilon of ``bias_norm`` (the drafter's ``rms_norm_eps``).
 
     State: float ``[.., G]``.
     """
@@ -83,6 +100,11 @@ class GRUHead(nn.Module):
         emb_dim: int,
         prefix_len: int = 1,
         embedding: Tensor | None = None,
+        *,
+        bias: bool = True,
+        bias_norm: bool = False,
+        bias_gate: bool = False,
+        norm_eps: float = 1e-6,
     ) -> None:
         super().__init__()
         for name, value in (("hidden_size", hidden_size), ("vocab_size", vocab_size),
@@ -91,13 +113,23 @@ class GRUHead(nn.Module):
                 raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
         if isinstance(prefix_len, bool) or not isinstance(prefix_len, int) or prefix_len < 0:
             raise ValueError(f"prefix_len: expected an int >= 0, got {prefix_len!r}")
+        for name, value in (("bias", bias), ("bias_norm", bias_norm), ("bias_gate", bias_gate)):
+            if not isinstance(value, bool):
+                raise ValueError(f"{name}: expected a bool, got {value!r}")
         self.hidden_size, self.vocab_size = hidden_size, vocab_size
         self.gru_hidden_dim, self.emb_dim, self.prefix_len = gru_hidden_dim, emb_dim, prefix_len
-        self.prefix_gru = nn.GRU(hidden_size, gru_hidden_dim, num_layers=1, batch_first=True)
+        self.bias = bias
+        self.prefix_gru = nn.GRU(hidden_size, gru_hidden_dim, num_layers=1, batch_first=True, bias=bias)
         self.embed_proj = nn.Sequential(
-            nn.Linear(hidden_size + gru_hidden_dim, emb_dim), nn.SiLU(), nn.Linear(emb_dim, vocab_size)
+            nn.Linear(hidden_size + gru_hidden_dim, emb_dim, bias=bias), nn.SiLU(),
+            nn.Linear(emb_dim, vocab_size, bias=bias),
         )
+        self.bias_norm = RMSNorm(gru_hidden_dim, norm_eps) if bias_norm else None
+        self.bias_gate = nn.Sequential(
+            nn.Linear(hidden_size, emb_dim, bias=False), nn.SiLU(), nn.Linear(emb_dim, 1, bias=True)
+        ) if bias_gate else None
         self._embedding: Tensor | None = None
+        self._depth_cache: tuple | None = None
         if embedding is not None:
             self.set_embedding(embedding)
 
@@ -130,11 +162,19 @@ class GRUHead(nn.Module):
         x = F.embedding(tokens, self.embedding_weight).to(states.dtype)
         flat_x, flat_h = x.reshape(-1, x.shape[-1]), states.reshape(-1, states.shape[-1])
         g = self.prefix_gru
-        h = torch._VF.gru_cell(flat_x, flat_h, g.weight_ih_l0, g.weight_hh_l0, g.bias_ih_l0, g.bias_hh_l0)
+        h = torch._VF.gru_cell(flat_x, flat_h, g.weight_ih_l0, g.weight_hh_l0,
+                               g.bias_ih_l0 if self.bias else None, g.bias_hh_l0 if self.bias else None)
         return h.view(states.shape)
 
+    def _normed(self, states: Tensor) -> Tensor:
+        return states if self.bias_norm is None else self.bias_norm(states)
+
+    def _gate(self, hidden: Tensor) -> Tensor | None:
+        """``sigmoid(bias_gate(hidden))`` ``[..., 1]``, or ``None`` without a gate."""
+        return None if self.bias_gate is None else torch.sigmoid(self.bias_gate(hidden))
+
     def correction_hidden(self, hidden: Tensor, states: Tensor) -> Tensor:
-        """``silu(fc1([H_d; state]))``.
+        """``silu(fc1([H_d; s]))`` with ``s`` the (optionally ``bias_norm``-ed) state.
 
         Shape:
             hidden: ``[b, H]`` or broadcastable ``[b, 1, H]``; states ``[b, m, G]`` -> ``[b, m, emb_dim]``.
@@ -143,7 +183,7 @@ class GRUHead(nn.Module):
         w_h, w_s = fc1.weight[:, : self.hidden_size], fc1.weight[:, self.hidden_size :]
         if hidden.dim() == 2:
             hidden = hidden[:, None, :]
-        return F.silu(F.linear(hidden.to(w_h.dtype), w_h, fc1.bias) + F.linear(states, w_s))
+        return F.silu(F.linear(hidden.to(w_h.dtype), w_h, fc1.bias) + F.linear(self._normed(states), w_s))
 
     def full_logits(self, base: Tensor, hidden: Tensor, states: Tensor) -> Tensor:
         """Corrected logits over the whole vocabulary (training and tests; builders use :meth:`logits`).
@@ -151,9 +191,31 @@ class GRUHead(nn.Module):
         Shape:
             base ``[..., V]``, hidden ``[..., H]``, states ``[..., G]`` -> ``[..., V]``.
         """
-        fc1, fc2 = self.embed_proj[0], self.embed_proj[2]
-        mid = F.silu(fc1(torch.cat([hidden.to(states.dtype), states], dim=-1)))
-        return base + fc2(mid)
+        hidden = hidden.to(states.dtype)
+        correction = self.embed_proj(torch.cat([hidden, self._normed(states)], dim=-1))
+        gate = self._gate(hidden)
+        return base + (correction if gate is None else gate * correction)
+
+    def _depth_terms(self, block: DraftBlock, depth: int) -> tuple[Tensor, Tensor | None]:
+        """``fc1``'s hidden half ``[b, 1, E]`` and the gate ``[b, 1, 1]`` (or ``None``) at ``depth``.
+
+        They depend only on the block and the depth, not on the branch: computed once and reused
+        while the same ``block.hidden`` tensor (same object, same version) asks for the same depth
+        (a strong reference is kept, so a new tensor can never alias a cached one).
+        """
+        hidden = block.hidden
+        cache = self._depth_cache
+        if cache is not None and cache[0] is hidden and cache[1] == hidden._version and cache[2] == depth:
+            return cache[3], cache[4]
+        fc1 = self.embed_proj[0]
+        h_d = hidden[:, depth - 1]
+        w_h = fc1.weight[:, : self.hidden_size]
+        part = F.linear(h_d.to(w_h.dtype)[:, None, :], w_h, fc1.bias)             # [b, 1, E]
+        gate = self._gate(h_d.to(w_h.dtype))                                     # [b, 1]
+        gate = None if gate is None else gate[:, :, None]                        # [b, 1, 1]
+        if not part.requires_grad:        # never hold on to an autograd graph
+            self._depth_cache = (hidden, hidden._version, depth, part, gate)
+        return part, gate
 
     # ------------------------------------------------------------------------- protocol
     def initial_state(self, block: DraftBlock) -> Tensor:
@@ -161,6 +223,21 @@ class GRUHead(nn.Module):
         h0 = torch.zeros(block.batch_size, self.gru_hidden_dim, device=block.device,
                          dtype=self.prefix_gru.weight_hh_l0.dtype)
         return self.gru_step(block.root, h0)
+
+    def _logits(self, block: DraftBlock, depth: int, states: Tensor, candidates: Tensor) -> Tensor:
+        base = _base_candidates(block, depth, candidates)[:, None, :]            # [b, 1, K]
+        if depth <= self.prefix_len:
+            return base.expand(-1, states.shape[1], -1).contiguous()
+        part, gate = self._depth_terms(block, depth)
+        fc1, fc2 = self.embed_proj[0], self.embed_proj[2]
+        mid = F.silu(part + F.linear(self._normed(states), fc1.weight[:, self.hidden_size :]))   # [b, m, E]
+        rows = fc2.weight[candidates]                                            # [b, K, E]
+        correction = torch.einsum("bme,bke->bmk", mid, rows)
+        if self.bias:
+            correction = correction + fc2.bias[candidates][:, None, :]
+        if gate is not None:
+            correction = gate * correction
+        return base + correction.float()
 
     def logits(self, block: DraftBlock, depth: int, states: Tensor, candidates: Tensor) -> Tensor:
         """Corrected logits of the K candidates on each of m branches.
@@ -173,15 +250,7 @@ class GRUHead(nn.Module):
         _check_tokens(block, candidates, "candidates")
         if block.hidden is None:
             raise ValueError("block: the GRU head needs block.hidden (the drafter's H_d); got None")
-        m = states.shape[1]
-        base = _base_candidates(block, depth, candidates)[:, None, :].expand(-1, m, -1)
-        if depth <= self.prefix_len:
-            return base.contiguous()
-        mid = self.correction_hidden(block.hidden[:, depth - 1], states)          # [b, m, E]
-        fc2 = self.embed_proj[2]
-        rows = fc2.weight[candidates]                                            # [b, K, E]
-        bias = torch.einsum("bme,bke->bmk", mid, rows) + fc2.bias[candidates][:, None, :]
-        return base + bias.float()
+        return self._logits(block, depth, states, candidates)
 
     def advance(self, block: DraftBlock, depth: int, states: Tensor, tokens: Tensor) -> Tensor:
         """States after appending ``tokens`` at ``depth``.  Shape: states ``[b, m, G]``, tokens ``[b, m]``."""
@@ -189,6 +258,23 @@ class GRUHead(nn.Module):
         _check_states(block, states, self.gru_hidden_dim)
         _check_tokens(block, tokens, "tokens", states.shape[1])
         return self.gru_step(tokens, states)
+
+    def advance_logits(self, block: DraftBlock, depth: int, states: Tensor, tokens: Tensor,
+                       candidates: Tensor) -> tuple[Tensor, Tensor]:
+        """``advance`` at ``depth`` then ``logits`` at ``depth + 1`` in one call (bit-identical to the two).
+
+        Shape:
+            states ``[b, m, G]``, tokens int64 ``[b, m]``, candidates int64 ``[b, K]``
+            -> (states ``[b, m, G]``, float32 ``[b, m, K]``).
+        """
+        _check_fused_depth(block, depth)
+        _check_states(block, states, self.gru_hidden_dim)
+        _check_tokens(block, tokens, "tokens", states.shape[1])
+        _check_tokens(block, candidates, "candidates")
+        if block.hidden is None:
+            raise ValueError("block: the GRU head needs block.hidden (the drafter's H_d); got None")
+        new = self.gru_step(tokens, states)
+        return new, self._logits(block, depth + 1, new, candidates)
 
 
 class MarkovHead(nn.Module):
@@ -223,16 +309,18 @@ class MarkovHead(nn.Module):
         """The root as the previous token.  Shape: float32 ``[b, 1]``."""
         return block.root.to(torch.float32)[:, None]
 
+    def _logits(self, block: DraftBlock, depth: int, previous: Tensor, candidates: Tensor) -> Tensor:
+        u = self.markov_w1.weight[previous]                                       # [b, m, r]
+        rows = self.markov_w2.weight[candidates]                                  # [b, K, r]
+        bias = torch.einsum("bmr,bkr->bmk", u, rows).float()
+        return _base_candidates(block, depth, candidates)[:, None, :] + bias
+
     def logits(self, block: DraftBlock, depth: int, states: Tensor, candidates: Tensor) -> Tensor:
         """Shape: states ``[b, m, 1]``, candidates int64 ``[b, K]`` -> float32 ``[b, m, K]``."""
         _check_depth(block, depth)
         _check_states(block, states, 1)
         _check_tokens(block, candidates, "candidates")
-        previous = states[..., 0].to(torch.int64)                               # [b, m]
-        u = self.markov_w1.weight[previous]                                       # [b, m, r]
-        rows = self.markov_w2.weight[candidates]                                  # [b, K, r]
-        bias = torch.einsum("bmr,bkr->bmk", u, rows).float()
-        return _base_candidates(block, depth, candidates)[:, None, :] + bias
+        return self._logits(block, depth, states[..., 0].to(torch.int64), candidates)
 
     def advance(self, block: DraftBlock, depth: int, states: Tensor, tokens: Tensor) -> Tensor:
         """Shape: states ``[b, m, 1]``, tokens int64 ``[b, m]`` -> ``[b, m, 1]``."""
@@ -240,3 +328,18 @@ class MarkovHead(nn.Module):
         _check_states(block, states, 1)
         _check_tokens(block, tokens, "tokens", states.shape[1])
         return tokens.to(torch.float32)[..., None]
+
+    def advance_logits(self, block: DraftBlock, depth: int, states: Tensor, tokens: Tensor,
+                       candidates: Tensor) -> tuple[Tensor, Tensor]:
+        """``advance`` at ``depth`` then ``logits`` at ``depth + 1`` (bit-identical to the two calls):
+        the new previous token is ``tokens`` itself, so no float round trip is needed.
+
+        Shape:
+            states ``[b, m, 1]``, tokens int64 ``[b, m]``, candidates int64 ``[b, K]``
+            -> (states ``[b, m, 1]``, float32 ``[b, m, K]``).
+        """
+        _check_fused_depth(block, depth)
+        _check_states(block, states, 1)
+        _check_tokens(block, tokens, "tokens", states.shape[1])
+        _check_tokens(block, candidates, "candidates")
+        return tokens.to(torch.float32)[..., None], self._logits(block, depth + 1, tokens, candidates)

@@ -1,45 +1,52 @@
 """Read and write drafter checkpoints in the released formats, from a local directory only.
 
-Formats (a directory with ``config.json`` and one or more ``*.safetensors`` files):
+A checkpoint is a directory with ``config.json`` and one or more ``*.safetensors`` files.  Each
+format is read as its authors' code reads it (sources and the full key table: ``docs/checkpoints.md``):
 
-- **DFlash** (z-lab): a Qwen3-style config (``hidden_size``, ``num_hidden_layers``,
-  ``num_attention_heads``, ``num_key_value_heads``, ``head_dim``, ``intermediate_size``,
-  ``vocab_size``, ``rms_norm_eps``, ``rope_parameters.rope_theta`` or ``rope_theta``,
-  ``num_target_layers``) plus ``dflash_config = {block_size, mask_token_id, target_layer_ids}``
-  (each also accepted at the top level).  Weights: ``layers.{i}.self_attn.{q,k,v,o}_proj.weight``,
-  ``layers.{i}.self_attn.{q,k}_norm.weight``, ``layers.{i}.mlp.{gate,up,down}_proj.weight``,
-  ``layers.{i}.{input,post_attention}_layernorm.weight``, ``fc.weight``, ``hidden_norm.weight``,
-  ``norm.weight``.
-- **Domino**: DFlash plus ``dflash_config.projector_type`` in ``{"domino", "causal_v5"}``,
-  ``gru_hidden_dim``, ``emb_dim`` (top level or in ``dflash_config``), ``pure_draft_prefix_len``;
-  extra weights ``prefix_gru.{weight,bias}_{ih,hh}_l0``, ``embed_proj.{0,2}.{weight,bias}``.
-  Loaded as ``drafter.heads["gru"]`` (a :class:`GRUHead`).
-- **DSpark** (DeepSpec): DFlash backbone with the draft fields at the top level
-  (``block_size``, ``mask_token_id``, ``target_layer_ids``, ``markov_rank``, ``markov_head_type``,
-  ``enable_confidence_head``); extra weights ``markov_head.markov_w{1,2}.weight`` (vanilla head
-  only), optionally ``confidence_head.proj.{weight,bias}`` (kept as ``drafter.confidence_head``,
-  not used by the builders) and ``embed_tokens.weight`` / ``lm_head.weight`` (copies of the target's,
-  used as the drafter's shared matrices until :meth:`DFlashDrafter.bind` is called).
-  Loaded as ``drafter.heads["markov"]`` (a :class:`MarkovHead`).
+- **DFlash** (z-lab ``dflash/model.py``): a Qwen3 config plus ``dflash_config = {mask_token_id,
+  target_layer_ids}`` and ``block_size``; weights ``layers.{i}.*``, ``fc.weight``,
+  ``hidden_norm.weight``, ``norm.weight``.  Slot 0 of the block is the root and is dropped:
+  depth ``d`` is slot ``d``, ``gamma = block_size - 1``.
+- **Domino** (``code/dflash.py`` of the Domino release): DFlash plus ``dflash_config.projector_type``
+  ``"domino"`` (or ``"causal_v5"``), ``gru_hidden_dim``, ``emb_dim``, ``pure_draft_prefix_len``
+  (default 0), ``use_bias_norm``, ``use_bias_gate`` and ``shift_label`` (default false; true:
+  every slot is a proposal, depth ``d`` is slot ``d - 1``, ``gamma = block_size``).  Extra
+  weights ``prefix_gru.*``, ``embed_proj.{0,2}.*`` (bias-free in the release), ``bias_norm.weight``,
+  ``bias_gate.*``; loaded as ``drafter.heads["gru"]``.
+- **DSpark** (DeepSpec ``deepspec/modeling/dspark``): the draft fields at the top level
+  (``block_size``, ``mask_token_id``, ``target_layer_ids`` which may hold -1 = the embedding
+  output, ``num_anchors``, ``markov_rank``, ``markov_head_type``, ``enable_confidence_head``);
+  every slot is a proposal (depth ``d`` is slot ``d - 1``).  Extra weights ``embed_tokens.weight``,
+  ``lm_head.weight``, ``markov_head.markov_w{1,2}.weight`` (vanilla head; none when
+  ``markov_rank`` is 0: DeepSpec's "DFlash"), ``confidence_head.proj.*``.
+
+Which format a directory is in is decided by one rule (anything ambiguous is rejected): DeepSpec
+when ``architectures`` names a DSpark model or the config has ``num_anchors`` / ``markov_rank``;
+Domino when ``dflash_config.projector_type`` is set; DFlash otherwise.  A draft key may sit in
+``dflash_config`` or at the top level; when both hold different values the config is rejected.
 
 Head-only directories (the bundled zoo ships its heads this way so the backbone is stored once)
 have ``config.json`` with ``"head_type": "gru" | "markov"`` and the same weight names as above.
 
-Every weight in the files must be consumed and every parameter must be found: anything else is a
-``ValueError`` naming the tensors.  Nothing is ever downloaded.
+Every weight in the files must be consumed and every parameter found; unsupported features
+(sliding-window layers, causal draft attention, attention biases, DFlash2, scaled logits) are
+refused; every problem is a ``ValueError`` naming the file and the key.  Nothing is downloaded.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import NoReturn
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors import SafetensorError
+from safetensors.torch import load_file
 from torch import Tensor, nn
 
-from dartree.models.drafter import DFlashConfig, DFlashDrafter
+from dartree.models.drafter import DFlashConfig, DFlashDrafter, RotaryEmbedding, dflash_target_layer_ids
 from dartree.models.heads import GRUHead, MarkovHead
+from dartree.models.writers import save_drafter, save_gru_head, save_markov_head
 
 __all__ = [
     "load_drafter",
@@ -51,74 +58,238 @@ __all__ = [
 ]
 
 DOMINO_PROJECTORS = ("domino", "causal_v5")
-_GRU_PREFIXES = ("prefix_gru.", "embed_proj.")
+_GRU_PREFIXES = ("prefix_gru.", "embed_proj.", "bias_norm.", "bias_gate.")
 _MARKOV_PREFIX = "markov_head."
+_MISSING = object()
 
 
-# ------------------------------------------------------------------------------------- reading
-def _read_dir(path: str | Path) -> tuple[Path, dict, dict[str, Tensor]]:
-    path = Path(path)
-    if not path.is_dir():
-        raise ValueError(f"path: {str(path)!r} is not a local directory (checkpoints are never downloaded)")
-    config_file = path / "config.json"
-    if not config_file.is_file():
+# ------------------------------------------------------------------------------ the config file
+class CheckpointConfig:
+    """A ``config.json`` whose every read names the file and the key when the value is bad."""
+
+    def __init__(self, raw: dict, file: Path) -> None:
+        self.raw, self.file = raw, file
+        draft = raw.get("dflash_config", {})
+        if draft is None:
+            draft = {}
+        if not isinstance(draft, dict):
+            self.fail("dflash_config", f"expected a JSON object, got {type(draft).__name__}")
+        self.draft = draft
+
+    def fail(self, key: str, why: str) -> NoReturn:
+        raise ValueError(f"config: {self.file} key {key!r}: {why}")
+
+    def value(self, key: str, default: object = _MISSING, where: str = "any") -> object:
+        """The value of ``key`` in ``dflash_config`` and/or at the top level (``where``: ``"any"``,
+        ``"dflash"`` or ``"top"``); both present and different is an ambiguous config."""
+        top = self.raw.get(key) if where != "dflash" else None
+        sub = self.draft.get(key) if where != "top" else None
+        if sub is not None and top is not None and sub != top:
+            self.fail(key, f"dflash_config has {sub!r} but the top level has {top!r}; the reference "
+                           f"loaders disagree on which one wins, so the config is ambiguous")
+        got = sub if sub is not None else top
+        if got is None:
+            if default is _MISSING:
+                raise ValueError(f"config: {self.file} lacks {key!r}")
+            return default
+        return got
+
+    def int(self, key: str, default: object = _MISSING, minimum: int | None = None, where: str = "any") -> int:
+        v = self.value(key, default, where)
+        if v is default:
+            return v
+        if isinstance(v, bool) or not (isinstance(v, int) or (isinstance(v, float) and v.is_integer())):
+            self.fail(key, f"expected an integer, got {v!r}")
+        if minimum is not None and v < minimum:
+            self.fail(key, f"expected an integer >= {minimum}, got {v!r}")
+        return int(v)
+
+    def float(self, key: str, default: object = _MISSING, where: str = "any") -> float:
+        v = self.value(key, default, where)
+        if v is default:
+            return v
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            self.fail(key, f"expected a number, got {v!r}")
+        return float(v)
+
+    def bool(self, key: str, default: object = _MISSING, where: str = "any") -> bool:
+        v = self.value(key, default, where)
+        if v is default:
+            return v
+        if not isinstance(v, bool):
+            self.fail(key, f"expected true or false, got {v!r}")
+        return v
+
+    def int_list(self, key: str, where: str = "any") -> list[int]:
+        v = self.value(key, where=where)
+        if not isinstance(v, list) or not v or any(isinstance(i, bool) or not isinstance(i, int) for i in v):
+            self.fail(key, f"expected a non-empty list of integers, got {v!r}")
+        return list(v)
+
+
+def _read_config(path: Path) -> CheckpointConfig:
+    file = path / "config.json"
+    if not file.is_file():
         raise ValueError(f"path: {str(path)!r} has no config.json")
-    config = json.loads(config_file.read_text())
+    try:
+        raw = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"config: cannot read {file}: {e}") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"config: {file} is not valid JSON: {e}") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"config: {file} must hold a JSON object, got a JSON {type(raw).__name__}")
+    return CheckpointConfig(raw, file)
+
+
+def _read_weights(path: Path) -> dict[str, Tensor]:
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise ValueError(f"path: {str(path)!r} has no *.safetensors weights")
     weights: dict[str, Tensor] = {}
     for f in files:
-        for name, tensor in load_file(str(f)).items():
+        try:
+            tensors = load_file(str(f))
+        except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+            raise ValueError(f"weights: {f} is not a readable safetensors file: {e}") from None
+        for name, tensor in tensors.items():
             if name in weights:
-                raise ValueError(f"path: tensor {name!r} appears in more than one safetensors file")
+                raise ValueError(f"weights: tensor {name!r} appears in more than one safetensors file of {path}")
             weights[name] = tensor
-    return path, config, weights
+    return weights
 
 
-def _draft_value(config: dict, key: str, default: object = None) -> object:
-    sub = config.get("dflash_config") or {}
-    if key in sub:
-        return sub[key]
-    return config.get(key, default)
+def _read_dir(path: str | Path) -> tuple[Path, CheckpointConfig, dict[str, Tensor]]:
+    path = Path(path)
+    if not path.is_dir():
+        raise ValueError(f"path: {str(path)!r} is not a local directory (checkpoints are never downloaded)")
+    return path, _read_config(path), _read_weights(path)
 
 
-def _require(config: dict, key: str, path: Path) -> object:
-    value = _draft_value(config, key)
-    if value is None:
-        raise ValueError(f"config: {path / 'config.json'} lacks {key!r}")
-    return value
+# ---------------------------------------------------------------------------- format and layout
+def _format(config: CheckpointConfig) -> str:
+    """``"dspark"``, ``"domino"`` or ``"dflash"`` (see the module docstring)."""
+    archs = config.raw.get("architectures") or []
+    if not isinstance(archs, list):
+        config.fail("architectures", f"expected a list of names, got {archs!r}")
+    if any("DFlash2" in str(a) for a in archs) or "conv_kernel_size" in config.draft:
+        config.fail("architectures", "DFlash2 drafters (convolutions, candidate selector) are not supported")
+    dspark = any("DSpark" in str(a) for a in archs) or "num_anchors" in config.raw or "markov_rank" in config.raw
+    projector = config.value("projector_type", None, where="dflash")
+    if dspark and projector is not None:
+        config.fail("projector_type", "a DeepSpec (DSpark) config with a Domino projector is ambiguous")
+    if projector is not None and projector not in DOMINO_PROJECTORS:
+        config.fail("projector_type", f"expected one of {DOMINO_PROJECTORS}, got {projector!r}")
+    return "dspark" if dspark else "domino" if projector is not None else "dflash"
 
 
-def _rope_theta(config: dict) -> float:
-    params = config.get("rope_parameters") or config.get("rope_scaling") or {}
-    if isinstance(params, dict) and "rope_theta" in params:
-        return float(params["rope_theta"])
-    return float(config.get("rope_theta", 10000.0))
+def _shift_label(config: CheckpointConfig, kind: str) -> bool:
+    """The block layout: True = every slot is a proposal (depth d = slot d - 1)."""
+    shift = config.bool("shift_label", None, where="dflash")
+    if kind == "dspark":
+        if shift is False:
+            config.fail("shift_label", "DeepSpec reads every slot of a DSpark block as a proposal; "
+                                       "shift_label false contradicts the format")
+        return True
+    if kind == "dflash" and shift:
+        config.fail("shift_label", "z-lab's DFlash loader ignores shift_label and drops slot 0; a drafter "
+                                   "trained with shifted labels is a Domino (projector_type) or DSpark checkpoint")
+    return bool(shift)
 
 
-def _dflash_config(config: dict, path: Path) -> DFlashConfig:
-    num_target_layers = config.get("num_target_layers")
-    target_layer_ids = _draft_value(config, "target_layer_ids")
-    if target_layer_ids is None:
-        raise ValueError(f"config: {path / 'config.json'} lacks 'target_layer_ids' (dflash_config or top level)")
-    return DFlashConfig(
-        hidden_size=int(_require(config, "hidden_size", path)),
-        num_hidden_layers=int(_require(config, "num_hidden_layers", path)),
-        num_attention_heads=int(_require(config, "num_attention_heads", path)),
-        num_key_value_heads=int(config.get("num_key_value_heads") or config["num_attention_heads"]),
-        intermediate_size=int(_require(config, "intermediate_size", path)),
-        vocab_size=int(_require(config, "vocab_size", path)),
-        target_layer_ids=list(target_layer_ids),
-        mask_token_id=int(_require(config, "mask_token_id", path)),
-        block_size=int(_draft_value(config, "block_size", 16)),
-        head_dim=config.get("head_dim"),
-        rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
-        rope_theta=_rope_theta(config),
-        num_target_layers=None if num_target_layers is None else int(num_target_layers),
+def _check_supported(config: CheckpointConfig) -> None:
+    raw = config.raw
+    layer_types = raw.get("layer_types")
+    if layer_types is not None and (not isinstance(layer_types, list)
+                                    or any(t != "full_attention" for t in layer_types)):
+        config.fail("layer_types", f"only full attention is supported, got {layer_types!r} "
+                                   f"(sliding-window draft layers are not implemented)")
+    if raw.get("use_sliding_window"):
+        config.fail("use_sliding_window", "sliding-window draft layers are not supported")
+    if config.value("is_causal", False, where="any"):
+        config.fail("is_causal", "causal draft attention is not supported (the block attends non-causally)")
+    if raw.get("attention_bias"):
+        config.fail("attention_bias", "attention biases are not supported (Qwen3 drafters have none)")
+    if raw.get("hidden_act", "silu") != "silu":
+        config.fail("hidden_act", f"only 'silu' is supported, got {raw['hidden_act']!r}")
+    for key, neutral in (("input_embedding_scale", 1.0), ("output_multiplier", 1.0)):
+        if config.float(key, neutral) != neutral:
+            config.fail(key, f"only {neutral} is supported")
+    if config.float("final_logit_softcapping", 0.0) > 0:
+        config.fail("final_logit_softcapping", "logit soft-capping is not supported")
+    if "target_hidden_size" in config.draft and config.draft["target_hidden_size"] != raw.get("hidden_size"):
+        config.fail("target_hidden_size", "a target hidden size different from the drafter's is not supported")
+
+
+def _rope(config: CheckpointConfig) -> tuple[float, dict | None, int]:
+    """rope_theta, the scaled rope dict (None for the default RoPE), max_position_embeddings:
+    standardised by transformers' own ``Qwen3Config`` (``rope_scaling`` or ``rope_parameters``)."""
+    from transformers import Qwen3Config
+
+    keys = ("rope_parameters", "rope_scaling", "rope_theta", "max_position_embeddings",
+            "original_max_position_embeddings", "partial_rotary_factor")
+    kwargs = {k: config.raw[k] for k in keys if config.raw.get(k) is not None}
+    for key in ("rope_parameters", "rope_scaling"):
+        if key in kwargs and not isinstance(kwargs[key], dict):
+            config.fail(key, f"expected a JSON object, got {kwargs[key]!r}")
+    try:
+        hf = Qwen3Config(**{k: (dict(v) if isinstance(v, dict) else v) for k, v in kwargs.items()})
+        params = dict(hf.rope_parameters)
+    except (TypeError, ValueError, KeyError) as e:
+        config.fail("rope_scaling", f"transformers rejects the rope settings: {e}")
+    theta = params.get("rope_theta", 10000.0)
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)):
+        config.fail("rope_theta", f"expected a number, got {theta!r}")
+    scaled = None if params.get("rope_type", "default") == "default" else params
+    return float(theta), scaled, int(hf.max_position_embeddings)
+
+
+def _dflash_config(config: CheckpointConfig, kind: str) -> DFlashConfig:
+    _check_supported(config)
+    layers = config.int("num_hidden_layers", minimum=1, where="top")
+    num_target_layers = config.int("num_target_layers", None, minimum=1, where="top")
+    if config.value("target_layer_ids", None) is not None:
+        target_layer_ids = config.int_list("target_layer_ids")
+    elif kind == "dspark":
+        raise ValueError(f"config: {config.file} lacks 'target_layer_ids' (DeepSpec requires it)")
+    elif num_target_layers is None:
+        raise ValueError(f"config: {config.file} lacks 'target_layer_ids', and 'num_target_layers' for the "
+                         f"reference's evenly spaced fallback")
+    else:
+        target_layer_ids = dflash_target_layer_ids(num_target_layers, layers)
+    if kind != "dspark" and -1 in target_layer_ids:
+        config.fail("target_layer_ids", "-1 (the embedding output) is a DeepSpec convention; DFlash and Domino "
+                                        "read hidden_states[layer + 1]")
+    theta, scaled, max_positions = _rope(config)
+    heads = config.int("num_attention_heads", minimum=1, where="top")
+    head_dim = config.int("head_dim", None, minimum=2, where="top")
+    fields = dict(
+        hidden_size=config.int("hidden_size", minimum=1, where="top"),
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=config.int("num_key_value_heads", heads, minimum=1, where="top"),
+        intermediate_size=config.int("intermediate_size", minimum=1, where="top"),
+        vocab_size=config.int("vocab_size", minimum=1, where="top"),
+        target_layer_ids=target_layer_ids,
+        mask_token_id=config.int("mask_token_id", minimum=0),
+        block_size=config.int("block_size", 16, minimum=1),
+        head_dim=head_dim,
+        rms_norm_eps=config.float("rms_norm_eps", 1e-6, where="top"),
+        rope_theta=theta,
+        num_target_layers=num_target_layers,
+        shift_label=_shift_label(config, kind),
+        rope_parameters=scaled,
+        max_position_embeddings=max_positions,
     )
+    try:
+        dconfig = DFlashConfig(**fields)
+        RotaryEmbedding(dconfig)      # transformers' rope init: fails here, not at the first draft
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"config: {config.file}: {e}") from None
+    return dconfig
 
 
+# ----------------------------------------------------------------------------------- weights
 def _load_into(module: nn.Module, weights: dict[str, Tensor], prefix: str, path: Path) -> None:
     """Copy ``prefix + name`` tensors into ``module``'s state; pop them from ``weights``."""
     state = module.state_dict()
@@ -133,33 +304,30 @@ def _load_into(module: nn.Module, weights: dict[str, Tensor], prefix: str, path:
         param.copy_(t.to(param.dtype))
 
 
-def _gru_head_from(config: dict, weights: dict[str, Tensor], hidden_size: int, vocab_size: int, path: Path) -> GRUHead:
-    gru_hidden = _draft_value(config, "gru_hidden_dim")
-    emb_dim = config.get("emb_dim", _draft_value(config, "emb_dim"))
-    if gru_hidden is None or emb_dim is None:
-        raise ValueError(f"config: a Domino head needs 'gru_hidden_dim' and 'emb_dim' in {path / 'config.json'}")
-    prefix_len = int(_draft_value(config, "pure_draft_prefix_len", 1))
-    head = GRUHead(hidden_size, vocab_size, int(gru_hidden), int(emb_dim), prefix_len=prefix_len)
+def _gru_head_from(config: CheckpointConfig, weights: dict[str, Tensor], hidden_size: int, vocab_size: int,
+                   path: Path) -> GRUHead:
+    emb_dim = config.int("emb_dim", minimum=1)
+    gru_hidden = config.int("gru_hidden_dim", config.raw.get("emb_dim", hidden_size // 4), minimum=1)
+    head = GRUHead(hidden_size, vocab_size, gru_hidden, emb_dim,
+                   prefix_len=config.int("pure_draft_prefix_len", 0, minimum=0),
+                   bias="prefix_gru.bias_ih_l0" in weights,        # released Domino heads are bias-free
+                   bias_norm=config.bool("use_bias_norm", False),
+                   bias_gate=config.bool("use_bias_gate", False),
+                   norm_eps=config.float("rms_norm_eps", 1e-6, where="top"))
     with torch.no_grad():
         _load_into(head, weights, "", path)
-    head.eval()
-    return head
+    return head.requires_grad_(False).eval()       # inference: no autograd graph in the builders
 
 
-def _markov_head_from(config: dict, weights: dict[str, Tensor], vocab_size: int, path: Path,
+def _markov_head_from(config: CheckpointConfig, weights: dict[str, Tensor], vocab_size: int, path: Path,
                       prefix: str) -> MarkovHead:
-    kind = _draft_value(config, "markov_head_type", "vanilla")
+    kind = config.value("markov_head_type", "vanilla")
     if kind != "vanilla":
-        raise ValueError(f"config: markov_head_type {kind!r} in {path / 'config.json'} is not supported "
-                         f"(only the vanilla DSpark Markov head)")
-    rank = _draft_value(config, "markov_rank")
-    if rank is None or int(rank) < 1:
-        raise ValueError(f"config: a Markov head needs 'markov_rank' >= 1 in {path / 'config.json'}")
-    head = MarkovHead(vocab_size, int(rank))
+        config.fail("markov_head_type", f"{kind!r} is not supported (only the vanilla DSpark Markov head)")
+    head = MarkovHead(vocab_size, config.int("markov_rank", minimum=1))
     with torch.no_grad():
         _load_into(head, weights, prefix, path)
-    head.eval()
-    return head
+    return head.requires_grad_(False).eval()
 
 
 def _split(weights: dict[str, Tensor], prefixes: tuple[str, ...]) -> dict[str, Tensor]:
@@ -181,25 +349,21 @@ def load_drafter(path: str | Path, target: nn.Module | None = None) -> DFlashDra
         target: optional HF causal LM to share embeddings / LM head with (``drafter.bind(target)``).
 
     Returns:
-        a :class:`DFlashDrafter` in eval mode; its ``heads`` dict holds ``"gru"`` (Domino) or
-        ``"markov"`` (DSpark) when the checkpoint carries one (bound to ``target`` if given).
+        a float32 :class:`DFlashDrafter` in eval mode, parameters frozen (``requires_grad_(True)``
+        to fine-tune), whose ``config.shift_label`` states the
+        block layout; its ``heads`` dict holds ``"gru"`` (Domino) or ``"markov"`` (DSpark) when
+        the checkpoint carries one (bound to ``target`` if given).
     """
     path, config, weights = _read_dir(path)
-    if "head_type" in config:
+    if "head_type" in config.raw:
         raise ValueError(f"path: {path} holds a head-only checkpoint; use load_head")
-    dconfig = _dflash_config(config, path)
-    projector = _draft_value(config, "projector_type")
-    is_domino = projector in DOMINO_PROJECTORS
-    if projector is not None and not is_domino:
-        raise ValueError(f"config: projector_type {projector!r} in {path / 'config.json'} is not supported "
-                         f"(expected one of {DOMINO_PROJECTORS})")
-    markov_rank = int(_draft_value(config, "markov_rank", 0) or 0)
-
+    kind = _format(config)
+    dconfig = _dflash_config(config, kind)
     heads: dict[str, nn.Module] = {}
-    if is_domino:
+    if kind == "domino":
         heads["gru"] = _gru_head_from(config, _split(weights, _GRU_PREFIXES), dconfig.hidden_size,
                                       dconfig.vocab_size, path)
-    if markov_rank > 0:
+    if kind == "dspark" and config.int("markov_rank", 0, minimum=0, where="top") > 0:
         heads["markov"] = _markov_head_from(config, weights, dconfig.vocab_size, path, _MARKOV_PREFIX)
 
     drafter = DFlashDrafter(dconfig)
@@ -227,105 +391,22 @@ def load_drafter(path: str | Path, target: nn.Module | None = None) -> DFlashDra
         drafter.bind(target)
         for head in heads.values():
             head.bind(target)
-    return drafter.eval()
+    return drafter.requires_grad_(False).eval()
 
 
 def load_head(path: str | Path, target: nn.Module | None = None) -> GRUHead | MarkovHead:
-    """Load a head-only checkpoint (``config.json`` with ``head_type`` ``"gru"`` or ``"markov"``)."""
+    """Load a head-only checkpoint (``config.json`` with ``head_type`` ``"gru"`` or ``"markov"``),
+    in eval mode with frozen parameters (heads and drafters are loaded for inference)."""
     path, config, weights = _read_dir(path)
-    kind = config.get("head_type")
+    kind = config.raw.get("head_type")
     if kind == "gru":
-        head = _gru_head_from(config, weights, int(config["hidden_size"]), int(config["vocab_size"]), path)
+        head = _gru_head_from(config, weights, config.int("hidden_size", minimum=1),
+                              config.int("vocab_size", minimum=1), path)
     elif kind == "markov":
-        head = _markov_head_from(config, weights, int(config["vocab_size"]), path, _MARKOV_PREFIX)
+        head = _markov_head_from(config, weights, config.int("vocab_size", minimum=1), path, _MARKOV_PREFIX)
     else:
-        raise ValueError(f"config: head_type in {path / 'config.json'} must be 'gru' or 'markov', got {kind!r}")
+        config.fail("head_type", f"expected 'gru' or 'markov', got {kind!r}")
     _check_consumed(weights, path)
     if target is not None:
         head.bind(target)
     return head
-
-
-# ------------------------------------------------------------------------------------- writing
-def _dflash_config_dict(config: DFlashConfig) -> dict:
-    return {
-        "architectures": ["DFlashDraftModel"],
-        "model_type": "qwen3",
-        "hidden_size": config.hidden_size,
-        "num_hidden_layers": config.num_hidden_layers,
-        "num_attention_heads": config.num_attention_heads,
-        "num_key_value_heads": config.num_key_value_heads,
-        "head_dim": config.head_dim,
-        "intermediate_size": config.intermediate_size,
-        "vocab_size": config.vocab_size,
-        "hidden_act": "silu",
-        "rms_norm_eps": config.rms_norm_eps,
-        "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta},
-        "attention_bias": False,
-        "is_causal": False,
-        "tie_word_embeddings": False,
-        "num_target_layers": config.num_target_layers,
-        "dtype": "float32",
-        "dflash_config": {
-            "block_size": config.block_size,
-            "mask_token_id": config.mask_token_id,
-            "target_layer_ids": list(config.target_layer_ids),
-        },
-    }
-
-
-def _tensors(module: nn.Module, prefix: str = "") -> dict[str, Tensor]:
-    return {prefix + k: v.detach().contiguous().clone() for k, v in module.state_dict().items()}
-
-
-def _write(path: str | Path, config: dict, tensors: dict[str, Tensor]) -> Path:
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
-    return path
-
-
-def save_drafter(
-    drafter: DFlashDrafter,
-    path: str | Path,
-    gru_head: GRUHead | None = None,
-    markov_head: MarkovHead | None = None,
-) -> Path:
-    """Write ``drafter`` as a DFlash checkpoint, or as Domino (with ``gru_head``) or DSpark (with ``markov_head``)."""
-    if gru_head is not None and markov_head is not None:
-        raise ValueError("markov_head: no released format carries both a Domino and a DSpark head")
-    config = _dflash_config_dict(drafter.config)
-    tensors = _tensors(drafter)
-    if gru_head is not None:
-        config["dflash_config"].update(projector_type="domino", gru_hidden_dim=gru_head.gru_hidden_dim,
-                                       emb_dim=gru_head.emb_dim, pure_draft_prefix_len=gru_head.prefix_len,
-                                       shift_label=False)
-        config["emb_dim"] = gru_head.emb_dim
-        tensors.update(_tensors(gru_head))
-    if markov_head is not None:
-        config["architectures"] = ["Qwen3DSparkModel"]
-        draft = config.pop("dflash_config")
-        config.update(draft, markov_rank=markov_head.markov_rank, markov_head_type="vanilla",
-                      enable_confidence_head=False)
-        tensors.update(_tensors(markov_head, _MARKOV_PREFIX))
-    return _write(path, config, tensors)
-
-
-def save_gru_head(head: GRUHead, path: str | Path, drafter_config: DFlashConfig | None = None) -> Path:
-    """Write a head-only GRU (Domino) checkpoint."""
-    config = {"head_type": "gru", "hidden_size": head.hidden_size, "vocab_size": head.vocab_size,
-              "gru_hidden_dim": head.gru_hidden_dim, "emb_dim": head.emb_dim,
-              "pure_draft_prefix_len": head.prefix_len}
-    if drafter_config is not None:
-        config["block_size"] = drafter_config.block_size
-    return _write(path, config, _tensors(head))
-
-
-def save_markov_head(head: MarkovHead, path: str | Path, drafter_config: DFlashConfig | None = None) -> Path:
-    """Write a head-only Markov (DSpark vanilla) checkpoint."""
-    config = {"head_type": "markov", "vocab_size": head.vocab_size, "markov_rank": head.markov_rank,
-              "markov_head_type": "vanilla"}
-    if drafter_config is not None:
-        config["block_size"] = drafter_config.block_size
-    return _write(path, config, _tensors(head, _MARKOV_PREFIX))

@@ -76,7 +76,8 @@ class HFTarget:
     Args:
         model: a ``transformers`` causal LM (``*ForCausalLM``) whose ``config._attn_implementation``
             is ``"eager"`` or ``"sdpa"``.  Put it in eval mode and on its device yourself.
-        layer_ids: decoder layers whose hidden states are captured (0-based, in ``[0, num_layers)``).
+        layer_ids: decoder layers whose hidden states are captured (0-based, in ``[0, num_layers)``;
+            -1 is the embedding output, HF's ``hidden_states[0]``, as in DeepSpec checkpoints).
         cache: ``"dynamic"`` or ``"static"``.
         max_cache_len: capacity of a static cache (default: ``config.max_position_embeddings``).
     """
@@ -99,9 +100,10 @@ class HFTarget:
         text_config = config.get_text_config(decoder=True)
         num_layers = int(text_config.num_hidden_layers)
         layer_ids = tuple(layer_ids)
-        bad = [i for i in layer_ids if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < num_layers]
+        bad = [i for i in layer_ids if isinstance(i, bool) or not isinstance(i, int) or not -1 <= i < num_layers]
         if bad:
-            raise ValueError(f"layer_ids: each must be an int in [0, {num_layers}), got {list(layer_ids)}")
+            raise ValueError(f"layer_ids: each must be an int in [0, {num_layers}) or -1 (the embedding output), "
+                             f"got {list(layer_ids)}")
         if cache not in CACHE_KINDS:
             raise ValueError(f"cache: expected one of {CACHE_KINDS}, got {cache!r}")
         self.max_positions: int | None = getattr(text_config, "max_position_embeddings", None)
@@ -254,7 +256,12 @@ class HFTarget:
         return out
 
     def tree_inputs(self, tree: DraftTree) -> TreeInputs:
-        """Inputs that score ``tree`` right after the committed cache (see ``dartree.verify.tree_inputs``)."""
+        """Inputs that score ``tree`` right after the committed cache (see ``dartree.verify.tree_inputs``).
+
+        A one-row tree (the decoding loop) is filled into this target's :class:`TreeInputBuffer`: the
+        returned mask is a view that the next ``tree_inputs`` call overwrites, so use it (forward it)
+        before asking for the next one.
+        """
         if not isinstance(tree, DraftTree):
             raise ValueError(f"tree: expected a DraftTree, got {type(tree).__name__}")
         if self.max_cache_len is not None and self._length + tree.max_nodes > self.max_cache_len:

@@ -79,3 +79,43 @@ def test_demo_preset_compares_the_six_methods_and_the_tuned_budget_at_greedy():
     assert [m.split(":")[0] for m in demo["methods"]] == ["chain", "ddtree", "corrected-chain", "dartree-fixed",
                                                          "dartree-pruned", "dartree-pruned"]
     assert "budget=auto" in demo["methods"][-1] and demo["temperatures"] == [0.0] and demo["threads"] == 1
+
+
+def test_local_checkpoint_directories_decode_like_the_bundled_model(tmp_path, capsys):
+    """--target/--drafter load local directories (here: the zoo's own files) and give the zoo's output."""
+    import shutil
+
+    from dartree.models.zoo import ZOO_DIR
+
+    zoo = ZOO_DIR / "pystdlib-tiny"
+    shutil.copytree(zoo / "target", tmp_path / "target")
+    shutil.copy(zoo / "tokenizer.json", tmp_path / "target" / "tokenizer.json")
+    run = ["generate", "--prompt", "def add(a, b):", "--method", "ddtree:budget=8", "--max-new-tokens", "8",
+           "--threads", "1"]
+    assert main([*run, "--target", str(tmp_path / "target"), "--drafter", str(zoo / "drafter")]) == 0
+    local = capsys.readouterr().out
+    assert main(run) == 0
+    assert local == capsys.readouterr().out and local.strip()
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--target", "."], "--target and --drafter: give both"),
+    (["--tokenizer", "tok.json"], "--tokenizer: only used with --target"),
+    (["--target", "nowhere", "--drafter", "nowhere"], "target: nowhere is not a checkpoint directory"),
+    (["--device", "tpu"], "argument --device: expected cpu, cuda or cuda:N, got 'tpu'"),
+])
+def test_local_checkpoint_errors_are_one_line(extra, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["generate", "--prompt", "x", *extra])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the message of a machine without CUDA")
+def test_device_cuda_without_a_gpu_is_one_line(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["generate", "--model", "tiny-random", "--prompt", "x", "--device", "cuda"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "--device: cuda is not available here" in err and "Traceback" not in err

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from dartree import DraftBlock, DraftTree, make_builder
-from dartree.fast import ops, twins
+from dartree.fast import host, ops, twins
 from dartree.fast.keys import lexsort, order32, pack, word_plan
 from dartree.scoring import candidates
 from dartree.testing import PathHashHead
@@ -129,37 +129,74 @@ def ragged(tree: DraftTree) -> DraftTree:
     return tree.select(keep)
 
 
-@pytest.mark.parametrize("index", range(3))
-def test_tree_structure_kernel_equals_twin_and_tree(index: int) -> None:
-    tree = small_trees()[index]
-    for t in (tree, ragged(tree)):
-        t = t.to(DEVICE)
-        prefix = torch.tensor([5, 0, 7][: t.batch_size], device=DEVICE)
-        twin = twins.tree_structure(t.parents, t.num_nodes, prefix)
-        kernel = on_triton("tree_structure", t.parents, t.num_nodes, prefix)
-        assert_equal(twin, kernel)
-        first, nxt = t.links()
-        assert torch.equal(twin.mask, t.ancestor_mask())
-        assert torch.equal(twin.positions, t.positions(prefix))
-        assert torch.equal(twin.first_child, first) and torch.equal(twin.next_sibling, nxt)
+def reference_structure(tree: DraftTree, prefix: list[int]) -> tuple[torch.Tensor, ...]:
+    """Mask, positions and links derived independently, in Python, from each row's root-to-node paths."""
+    b, n = tree.tokens.shape
+    mask = torch.zeros(b, n, n, dtype=torch.bool)
+    positions = torch.tensor([[prefix[r]] * n for r in range(b)])
+    first, nxt = torch.full((b, n), -1), torch.full((b, n), -1)
+    for r in range(b):
+        last: dict[int, int] = {}
+        for i, path in enumerate(tree.node_paths(r)):
+            mask[r, i, [0] + path] = True
+            positions[r, i] = prefix[r] + len(path)
+            if i:
+                parent = path[-2] if len(path) > 1 else 0
+                if parent in last:
+                    nxt[r, last[parent]] = i
+                else:
+                    first[r, parent] = i
+                last[parent] = i
+    return mask, positions, first, nxt
+
+
+def reference_walk(tree: DraftTree, picks: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The greedy walk in Python: from the root, the child whose token is the parent's pick."""
+    b, n = tree.tokens.shape
+    accepted = torch.full((b, n), -1)
+    length, bonus = torch.zeros(b, dtype=torch.int64), torch.zeros(b, dtype=torch.int64)
+    for r in range(b):
+        kids = {(int(tree.parents[r, i]), int(tree.tokens[r, i])): i for i in range(1, int(tree.num_nodes[r]))}
+        path = [0]
+        while (path[-1], int(picks[r, path[-1]])) in kids:
+            path.append(kids[(path[-1], int(picks[r, path[-1]]))])
+        accepted[r, : len(path)] = torch.tensor(path)
+        length[r], bonus[r] = len(path) - 1, picks[r, path[-1]]
+    return accepted, length, bonus
 
 
 @pytest.mark.parametrize("index", range(3))
-def test_greedy_walk_kernel_equals_twin_and_verify(index: int) -> None:
+def test_tree_structure_kernel_twin_and_host_equal_the_reference(index: int) -> None:
     tree = small_trees()[index]
     for t in (tree, ragged(tree)):
+        prefix = [5, 0, 7][: t.batch_size]
+        ref = reference_structure(t, prefix)
+        assert_equal(host.tree_structure(t.parents, t.num_nodes, torch.tensor(prefix)), ref)
+        assert torch.equal(t.ancestor_mask(), ref[0])
         t = t.to(DEVICE)
+        prefix_t = torch.tensor(prefix, device=DEVICE)
+        twin = twins.tree_structure(t.parents, t.num_nodes, prefix_t)
+        assert_equal(twin, ref)
+        assert_equal(on_triton("tree_structure", t.parents, t.num_nodes, prefix_t), ref)
+
+
+@pytest.mark.parametrize("index", range(3))
+def test_greedy_walk_kernel_twin_and_host_equal_the_reference(index: int) -> None:
+    tree = small_trees()[index]
+    for t in (tree, ragged(tree)):
         g = torch.Generator().manual_seed(index)
         # Picks that follow some child at most nodes (deep walks), random elsewhere.
-        picks = torch.randint(0, 20, t.tokens.shape, generator=g).to(DEVICE)
-        first, _ = t.links()
-        follow = (first >= 0) & (torch.rand(t.tokens.shape, generator=g).to(DEVICE) < 0.8)
+        picks = torch.randint(0, 20, t.tokens.shape, generator=g)
+        first = reference_structure(t, [0] * t.batch_size)[2]
+        follow = (first >= 0) & (torch.rand(t.tokens.shape, generator=g) < 0.8)
         picks = torch.where(follow, torch.gather(t.tokens, 1, first.clamp(min=0)), picks)
-        twin = twins.greedy_walk(t.tokens, t.parents, t.num_nodes, picks)
-        kernel = on_triton("greedy_walk", t.tokens, t.parents, t.num_nodes, picks)
-        assert_equal(twin, kernel)
-        ref = accept_picks(t, picks)
-        assert_equal(twin, (ref.accepted, ref.accepted_length, ref.bonus))
+        ref = reference_walk(t, picks)
+        assert_equal(host.greedy_walk(t.tokens, t.parents, t.num_nodes, picks), ref)
+        out = accept_picks(t, picks)
+        assert_equal((out.accepted, out.accepted_length, out.bonus), ref)
+        t, picks = t.to(DEVICE), picks.to(DEVICE)
+        assert_equal(twins.greedy_walk(t.tokens, t.parents, t.num_nodes, picks), ref)
+        assert_equal(on_triton("greedy_walk", t.tokens, t.parents, t.num_nodes, picks), ref)
 
 
 # ------------------------------------------------------------------------------------ builders
@@ -176,12 +213,15 @@ def test_fast_builder_on_the_triton_path_equals_ref(name: str, cfg: dict) -> Non
         assert torch.equal(getattr(ref, field), getattr(fast, field)), field
 
 
-def test_dispatch_picks_the_twin_on_cpu_and_can_be_forced() -> None:
+def test_dispatch_picks_host_on_cpu_the_twin_elsewhere_and_can_be_forced() -> None:
     x = torch.zeros(1, 2)
-    assert ops.backend(x) == "torch"
+    assert ops.backend(x) == "host"
+    assert ops.backend(torch.zeros(1, 2, device="meta")) == "torch"
     with ops.force_backend("triton"):
         assert ops.backend(x) == "triton"
-    assert ops.backend(x) == "torch"
+    with ops.force_backend("torch"):
+        assert ops.backend(x) == "torch"
+    assert ops.backend(x) == "host"
     with pytest.raises(ValueError, match="name"):
         with ops.force_backend("cuda"):
             pass

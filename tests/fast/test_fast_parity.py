@@ -8,6 +8,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from dartree import BUILDERS, DraftBlock, DraftTree, make_builder
+from dartree.fast import ops
 from dartree.testing import IdentityHead, PathHashHead
 from tests.strategies import blocks, config_for, random_logits
 
@@ -22,11 +23,13 @@ def assert_same_tree(ref: DraftTree, fast: DraftTree) -> None:
         assert a.dtype == b.dtype and torch.equal(a, b), name
 
 
-def build_both(name: str, block: DraftBlock, cfg: dict, head_name: str) -> tuple[DraftTree, DraftTree]:
+def build_both(name: str, block: DraftBlock, cfg: dict, head_name: str,
+               kernels: str = "host") -> tuple[DraftTree, DraftTree]:
     ref = make_builder(name, backend="ref", **cfg)
     fast = make_builder(name, backend="fast", **cfg)
     head = HEADS[head_name] if ref.needs_head else None
-    return ref.build(block, head), fast.build(block, head)
+    with ops.force_backend(kernels):  # "host": the CPU builders; "torch": the tensorized ones
+        return ref.build(block, head), fast.build(block, head)
 
 
 def awkward_block(b: int, gamma: int, vocab: int, seed: int, ties: bool) -> DraftBlock:
@@ -34,12 +37,13 @@ def awkward_block(b: int, gamma: int, vocab: int, seed: int, ties: bool) -> Draf
     return DraftBlock(logits=random_logits(seed, (b, gamma, vocab), ties), root=root)
 
 
-@pytest.mark.parametrize("head_name", list(HEADS))
-@pytest.mark.parametrize("name", BUILDERS)
+# Uncorrected builders take no head: one head variant is enough for them.
+NAME_HEADS = [(name, h) for name in BUILDERS for h in (HEADS if make_builder(name).needs_head else ["path-hash"])]
+
+
+@pytest.mark.parametrize(("name", "head_name"), NAME_HEADS)
 @given(data=st.data())
 def test_fast_equals_ref(name: str, head_name: str, data) -> None:
-    if head_name == "identity" and not make_builder(name).needs_head:
-        return  # uncorrected builders take no head: one head variant is enough
     block = data.draw(blocks(max_vocab=120, max_gamma=8))
     cfg = config_for(data.draw, name, block.vocab_size, max_budget=70, max_width=12, max_topk=12)
     ref, fast = build_both(name, block, cfg, head_name)
@@ -58,10 +62,11 @@ CASES = [  # (b, gamma, V, topk, budget, width): the awkward shapes of the desig
 ]
 
 
+@pytest.mark.parametrize("kernels", ["host", "torch"])
 @pytest.mark.parametrize("ties", [False, True])
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("name", BUILDERS)
-def test_fast_equals_ref_awkward_shapes(name: str, case: tuple[int, ...], ties: bool) -> None:
+def test_fast_equals_ref_awkward_shapes(name: str, case: tuple[int, ...], ties: bool, kernels: str) -> None:
     b, gamma, vocab, topk, budget, width = case
     block = awkward_block(b, gamma, vocab, seed=sum(case), ties=ties)
     for normalize in ("vocab", "candidates"):
@@ -71,7 +76,7 @@ def test_fast_equals_ref_awkward_shapes(name: str, case: tuple[int, ...], ties: 
         if name == "dartree-pruned":
             cfg.update(width=width, beta=-0.2 if ties else 0.0)
         for head_name in HEADS:
-            assert_same_tree(*build_both(name, block, cfg, head_name))
+            assert_same_tree(*build_both(name, block, cfg, head_name, kernels))
 
 
 @settings(max_examples=min(10, settings().max_examples))
@@ -85,7 +90,7 @@ def test_pruned_parity_at_wide_gamma(seed: int, width: int, budget: int) -> None
 
 
 class CountingHead:
-    """PathHashHead that counts its calls per (method, depth) and the rows it was given."""
+    """PathHashHead without the fused method, counting its calls per (method, depth) and rows."""
 
     def __init__(self) -> None:
         self.inner = PathHashHead()
@@ -103,18 +108,29 @@ class CountingHead:
         return self.inner.advance(block, depth, states, tokens)
 
 
-@pytest.mark.parametrize("name", ["dartree-fixed", "dartree-pruned"])
-def test_two_head_calls_per_depth_for_all_rows(name: str) -> None:
+class CountingFusedHead(CountingHead):
+    def advance_logits(self, block, depth, states, tokens, candidates):
+        self.calls.append(("advance_logits", depth, states.shape[0], states.shape[1]))
+        return self.inner.advance_logits(block, depth, states, tokens, candidates)
+
+
+@pytest.mark.parametrize("kernels", ["host", "torch"])
+@pytest.mark.parametrize("name", ["dartree-fixed", "dartree-pruned", "corrected-chain"])
+def test_head_calls_per_depth_for_all_rows(name: str, kernels: str) -> None:
+    """Two calls per depth (one fused), all rows at once, and no advance after the last depth."""
     block = awkward_block(3, 6, 50, seed=5, ties=False)
-    cfg = {"budget": 40, "topk": 8} | ({"width": 5} if name == "dartree-pruned" else {})
-    head = CountingHead()
-    make_builder(name, backend="fast", **cfg).build(block, head)
-    depths = sorted({d for _, d, _, _ in head.calls})
-    assert depths == list(range(1, block.gamma + 1))
-    for d in depths:
-        at_d = [c for c in head.calls if c[1] == d]
-        assert sorted(c[0] for c in at_d) == ["advance", "logits"], at_d
-        assert all(c[2] == block.batch_size for c in at_d)  # all rows in one call
+    cfg = {"topk": 8} | ({"budget": 40} if name != "corrected-chain" else {})
+    cfg |= {"width": 5} if name == "dartree-pruned" else {}
+    gamma = block.gamma
+    two_calls = [("logits", 1)] + [c for d in range(1, gamma) for c in (("advance", d), ("logits", d + 1))]
+    fused = [("logits", 1)] + [("advance_logits", d) for d in range(1, gamma)]  # never at the last depth
+    trees = []
+    for head, expected in ((CountingHead(), two_calls), (CountingFusedHead(), fused)):
+        with ops.force_backend(kernels):
+            trees.append(make_builder(name, backend="fast", **cfg).build(block, head))
+        assert all(c[2] == block.batch_size for c in head.calls)  # all rows in one call
+        assert [c[:2] for c in head.calls] == expected
+    assert_same_tree(*trees)  # the fused call builds the same tree as the two-call form
 
 
 def test_sequential_heap_batches_rows_at_the_same_depth() -> None:
@@ -125,22 +141,6 @@ def test_sequential_heap_batches_rows_at_the_same_depth() -> None:
     make_builder("sequential-heap", backend="fast", budget=20, topk=6).build(block, head)
     assert all(c[2] == 3 for c in head.calls)
     assert sum(c[0] == "logits" for c in head.calls) == 20  # root + 19 popped nodes (not the last)
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA to detect host-device syncs")
-@pytest.mark.parametrize("name", ["chain", "ddtree", "corrected-chain", "corrected-chain-ddtree", "dartree-fixed",
-                                  "dartree-pruned"])
-def test_no_host_sync_on_cuda(name: str) -> None:
-    block = awkward_block(3, 8, 500, seed=2, ties=False)
-    block = DraftBlock(logits=block.logits.cuda(), root=block.root.cuda())
-    builder = make_builder(name, backend="fast", **({"budget": 30} if "chain" != name[-5:] else {}))
-    head = PathHashHead() if builder.needs_head else None
-    builder._fn(block, head, builder.config)  # warm-up (kernel compilation)
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        builder._fn(block, head, builder.config)  # the builder alone: TreeBuilder.build adds a finite check
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
 
 
 def test_sequential_heap_splits_rows_popping_at_different_depths() -> None:

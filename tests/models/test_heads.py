@@ -117,3 +117,67 @@ def test_bad_inputs(tiny_heads):
         GRUHead(H, V, 4, 4).initial_state(block)
     with pytest.raises(ValueError, match="markov_rank"):
         MarkovHead(V, 0)
+
+
+def _variants(tiny_heads):
+    gru, markov = tiny_heads
+    torch.manual_seed(7)
+    emb = gru.embedding_weight
+    plain = GRUHead(H, V, 12, 16, prefix_len=0, bias=False, embedding=emb)
+    gated = GRUHead(H, V, 12, 16, prefix_len=2, bias=False, bias_norm=True, bias_gate=True, embedding=emb)
+    for head in (plain, gated):
+        with torch.no_grad():
+            for p in head.parameters():
+                p.normal_(0.0, 0.5)
+    return {"gru": gru, "gru-bias-free": plain.eval(), "gru-norm-gate": gated.eval(), "markov": markov}
+
+
+@pytest.mark.parametrize("which", ["gru", "gru-bias-free", "gru-norm-gate", "markov"])
+def test_advance_logits_is_bit_identical_to_the_two_calls(tiny_heads, which):
+    head = _variants(tiny_heads)[which]
+    block = make_block(3)
+    states, candidates = branch_inputs(head, block, m=6)
+    tokens = torch.randint(0, V, (B, 6))
+    with torch.no_grad():
+        for depth in range(1, GAMMA):               # includes prefix depths (uncorrected) of the gated head
+            new, fused = head.advance_logits(block, depth, states, tokens, candidates)
+            s = head.advance(block, depth, states, tokens)
+            assert torch.equal(new, s) and torch.equal(fused, head.logits(block, depth + 1, s, candidates))
+    with pytest.raises(ValueError, match="advance_logits"):
+        head.advance_logits(block, GAMMA, states, tokens, candidates)     # the last depth is never advanced
+
+
+def test_depth_terms_follow_the_block_and_in_place_edits(tiny_heads):
+    """The per-depth cache never serves a stale value: another block, or the same one edited in place."""
+    head = _variants(tiny_heads)["gru-norm-gate"]
+    block = make_block(4)
+    states, candidates = branch_inputs(head, block, m=3)
+    with torch.no_grad():
+        first = head.logits(block, 3, states, candidates)
+        other = make_block(5)
+        fresh = GRUHead(H, V, 12, 16, prefix_len=2, bias=False, bias_norm=True, bias_gate=True,
+                        embedding=head.embedding_weight)
+        fresh.load_state_dict(head.state_dict())
+        assert torch.equal(head.logits(other, 3, states, candidates), fresh.logits(other, 3, states, candidates))
+        block.hidden.mul_(2.0)
+        fresh._depth_cache = None
+        assert torch.equal(head.logits(block, 3, states, candidates), fresh.logits(block, 3, states, candidates))
+        assert not torch.equal(head.logits(block, 3, states, candidates), first)
+
+
+def test_gate_and_norm_change_the_correction_as_specified(tiny_heads):
+    """corrected = base + sigmoid(gate(H_d)) * W2 silu(W1 [H_d; rmsnorm(state)]), written out here."""
+    head = _variants(tiny_heads)["gru-norm-gate"]
+    block = make_block(6)
+    states, _ = branch_inputs(head, block, m=2)
+    everything = torch.arange(V)[None].expand(B, -1)
+    with torch.no_grad():
+        got = head.logits(block, 3, states, everything)
+        z = block.hidden[:, 2][:, None].expand(-1, 2, -1)
+        s = states * torch.rsqrt(states.pow(2).mean(-1, keepdim=True) + 1e-6) * head.bias_norm.weight
+        w1, w2 = head.embed_proj[0].weight, head.embed_proj[2].weight
+        g0, g2 = head.bias_gate[0].weight, head.bias_gate[2]
+        gate = torch.sigmoid(F.silu(z @ g0.T) @ g2.weight.T + g2.bias)
+        want = block.logits[:, 2][:, None] + gate * (F.silu(torch.cat([z, s], -1) @ w1.T) @ w2.T)
+        assert_close(got, want, atol=1e-5, rtol=1e-5)
+        assert torch.equal(head.logits(block, 2, states, everything)[:, 0], block.logits[:, 1])   # prefix depth

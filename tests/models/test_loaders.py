@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 from safetensors.torch import save_file
-from torch.testing import assert_close
 
+from dartree.block import DraftBlock
 from dartree.models import load_drafter, load_head, save_drafter, save_gru_head, save_markov_head
 from dartree.models.heads import GRUHead, MarkovHead
 
@@ -38,54 +38,63 @@ def test_dflash_round_trip(tmp_path, tiny_target, tiny_drafter, tiny_hidden):
     assert torch.equal(_draft(loaded, ids, hidden).logits, _draft(tiny_drafter, ids, hidden).logits)
 
 
-def test_domino_round_trip(tmp_path, tiny_target, tiny_drafter, tiny_heads):
-    gru, _ = tiny_heads
+def _bias_free_head(embedding, seed=4) -> GRUHead:
+    torch.manual_seed(seed)
+    head = GRUHead(32, 111, 12, 16, prefix_len=0, bias=False, bias_norm=True, bias_gate=True, embedding=embedding)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.normal_(0.0, 0.5)
+    return head.eval()
+
+
+def test_domino_round_trip(tmp_path, tiny_target, tiny_drafter):
+    gru = _bias_free_head(tiny_target.get_input_embeddings().weight)
     save_drafter(tiny_drafter, tmp_path / "d", gru_head=gru)
     config = json.loads((tmp_path / "d" / "config.json").read_text())
-    assert config["dflash_config"]["projector_type"] == "domino"
+    assert config["dflash_config"]["projector_type"] == "domino" and config["emb_dim"] == 16
+    assert config["dflash_config"]["use_bias_norm"] and config["dflash_config"]["use_bias_gate"]
+    assert config["block_size"] == config["dflash_config"]["block_size"] == 5      # the references read either
     loaded = load_drafter(tmp_path / "d", target=tiny_target)
     _same_state(tiny_drafter, loaded)
     assert set(loaded.heads) == {"gru"}
     _same_state(gru, loaded.heads["gru"])
     assert loaded.heads["gru"].embedding_weight is tiny_target.get_input_embeddings().weight
+    block = DraftBlock(logits=torch.randn(1, 4, 111), root=torch.tensor([3]), hidden=torch.randn(1, 4, 32))
+    s = gru.initial_state(block)[:, None]
+    cands = torch.arange(111)[None]
+    assert torch.equal(loaded.heads["gru"].logits(block, 2, s, cands), gru.logits(block, 2, s, cands))
+    with pytest.raises(ValueError, match="bias-free"):
+        save_drafter(tiny_drafter, tmp_path / "e", gru_head=GRUHead(32, 111, 12, 16))
 
 
-def test_dspark_released_layout(tmp_path, tiny_target, tiny_drafter, tiny_heads):
-    """A DSpark directory written by hand with the released names, embed/lm_head copies and a confidence head."""
+def test_dspark_round_trip(tmp_path, tiny_target, tiny_heads, tiny_hidden):
+    """A shifted-layout drafter with a Markov head and a confidence head: DeepSpec's keys and tensors."""
+    from safetensors.torch import load_file
+
+    from tests.models.conftest import make_drafter
+
     _, markov = tiny_heads
-    path = tmp_path / "dspark"
-    path.mkdir()
-    config = {"architectures": ["Qwen3DSparkModel"], "model_type": "qwen3", "hidden_size": 32,
-              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
-              "intermediate_size": 40, "vocab_size": 111, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
-              "num_target_layers": 5, "block_size": 5, "mask_token_id": 110, "target_layer_ids": [1, 2],
-              "markov_rank": 6, "markov_head_type": "vanilla", "enable_confidence_head": True}
-    (path / "config.json").write_text(json.dumps(config))
-    tensors = {k: v.clone() for k, v in tiny_drafter.state_dict().items()}
-    tensors["markov_head.markov_w1.weight"] = markov.markov_w1.weight.detach().clone()
-    tensors["markov_head.markov_w2.weight"] = markov.markov_w2.weight.detach().clone()
-    tensors["confidence_head.proj.weight"] = torch.randn(1, 38)
-    tensors["confidence_head.proj.bias"] = torch.randn(1)
-    tensors["embed_tokens.weight"] = tiny_target.get_input_embeddings().weight.detach().clone()
-    tensors["lm_head.weight"] = tiny_target.lm_head.weight.detach().clone()
-    half = sorted(tensors)[: len(tensors) // 2]  # sharded across two files
-    save_file({k: tensors[k] for k in half}, str(path / "model-00001-of-00002.safetensors"))
-    save_file({k: v for k, v in tensors.items() if k not in half}, str(path / "model-00002-of-00002.safetensors"))
-
-    loaded = load_drafter(path)  # no target: uses the checkpoint's embed_tokens / lm_head
+    drafter = make_drafter(tiny_target)
+    drafter.config.shift_label = True
+    drafter.confidence_head = torch.nn.Linear(32, 1)
+    save_drafter(drafter, tmp_path / "d", markov_head=markov)
+    config = json.loads((tmp_path / "d" / "config.json").read_text())
+    assert config["architectures"] == ["Qwen3DSparkModel"] and "dflash_config" not in config
+    for key in ("block_size", "mask_token_id", "target_layer_ids", "num_anchors", "enable_confidence_head",
+                "markov_rank", "markov_head_type", "confidence_head_with_markov", "layer_types"):
+        assert key in config, key
+    names = set(load_file(str(tmp_path / "d" / "model.safetensors")))
+    assert {"embed_tokens.weight", "lm_head.weight", "markov_head.markov_w1.weight",
+            "confidence_head.proj.weight"} <= names
+    loaded = load_drafter(tmp_path / "d")                     # no target: the checkpoint's own matrices
+    _same_state(drafter, loaded)
     _same_state(markov, loaded.heads["markov"])
-    assert loaded.confidence_head.weight.shape == (1, 38)
-    ids = torch.randint(0, 100, (1, 6))
-    hidden = torch.randn(1, 6, 64)
-    assert_close(_draft(loaded, ids, hidden).logits, _draft(tiny_drafter, ids, hidden).logits)
-
-
-def test_dspark_round_trip(tmp_path, tiny_target, tiny_drafter, tiny_heads):
-    _, markov = tiny_heads
-    save_drafter(tiny_drafter, tmp_path / "d", markov_head=markov)
-    loaded = load_drafter(tmp_path / "d", target=tiny_target)
-    _same_state(tiny_drafter, loaded)
-    _same_state(markov, loaded.heads["markov"])
+    assert loaded.config.shift_label and loaded.gamma == 5
+    ids = torch.randint(0, 100, (2, 8))
+    hidden = tiny_hidden(tiny_target, ids, loaded.target_layer_ids)
+    assert torch.equal(_draft(loaded, ids, hidden).logits, _draft(drafter, ids, hidden).logits)
+    with pytest.raises(ValueError, match="shift_label"):      # a DFlash-layout drafter cannot be DSpark
+        save_drafter(make_drafter(tiny_target), tmp_path / "e", markov_head=markov)
 
 
 def test_head_only_round_trips(tmp_path, tiny_target, tiny_drafter, tiny_heads):
@@ -113,8 +122,7 @@ def _rewrite(path, drop: str | None = None, add: dict | None = None, reshape: st
     save_file(tensors, str(f))
 
 
-def test_missing_unexpected_and_misshapen_weights_are_named(tmp_path, tiny_drafter, tiny_heads):
-    gru, _ = tiny_heads
+def test_missing_unexpected_and_misshapen_weights_are_named(tmp_path, tiny_target, tiny_drafter):
     save_drafter(tiny_drafter, tmp_path / "a")
     _rewrite(tmp_path / "a", drop="layers.1.self_attn.k_norm.weight")
     with pytest.raises(ValueError, match=r"missing .*layers\.1\.self_attn\.k_norm\.weight"):
@@ -123,9 +131,9 @@ def test_missing_unexpected_and_misshapen_weights_are_named(tmp_path, tiny_draft
     _rewrite(tmp_path / "b", add={"layers.0.mystery.weight": torch.zeros(2)})
     with pytest.raises(ValueError, match=r"unexpected .*layers\.0\.mystery\.weight"):
         load_drafter(tmp_path / "b")
-    save_drafter(tiny_drafter, tmp_path / "c", gru_head=gru)
-    _rewrite(tmp_path / "c", drop="embed_proj.2.bias")
-    with pytest.raises(ValueError, match=r"missing .*embed_proj\.2\.bias"):
+    save_drafter(tiny_drafter, tmp_path / "c", gru_head=_bias_free_head(tiny_target.get_input_embeddings().weight))
+    _rewrite(tmp_path / "c", drop="bias_gate.2.bias")
+    with pytest.raises(ValueError, match=r"missing .*bias_gate\.2\.bias"):
         load_drafter(tmp_path / "c")
     save_drafter(tiny_drafter, tmp_path / "d")
     _rewrite(tmp_path / "d", reshape="fc.weight")
@@ -141,11 +149,69 @@ def test_bad_directories(tmp_path, tiny_drafter):
         load_drafter(tmp_path / "empty")
     save_drafter(tiny_drafter, tmp_path / "x")
     config = json.loads((tmp_path / "x" / "config.json").read_text())
-    del config["dflash_config"]["target_layer_ids"]
-    (tmp_path / "x" / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match="target_layer_ids"):
-        load_drafter(tmp_path / "x")
-    config["dflash_config"].update(target_layer_ids=[1, 2], projector_type="mystery")
+    config["dflash_config"].update(projector_type="mystery")
     (tmp_path / "x" / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="projector_type"):
         load_drafter(tmp_path / "x")
+
+
+def test_written_dflash_config_has_what_the_reference_reads(tmp_path, tiny_drafter):
+    save_drafter(tiny_drafter, tmp_path / "d")
+    config = json.loads((tmp_path / "d" / "config.json").read_text())
+    assert config["block_size"] == 5 and config["num_target_layers"] == 5            # config.block_size
+    assert config["dflash_config"] == {"block_size": 5, "mask_token_id": 110, "target_layer_ids": [1, 2],
+                                       "shift_label": False}
+    assert config["layer_types"] == ["full_attention"] * 2 and config["rope_scaling"] is None
+
+
+# ------------------------------------------- issue 11 item 7: every bad file is a ValueError naming it
+def test_corrupt_or_empty_safetensors_name_the_file(tmp_path, tiny_drafter):
+    for name, data in (("empty", b""), ("corrupt", b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}")):
+        path = save_drafter(tiny_drafter, tmp_path / name)
+        (path / "model.safetensors").write_bytes(data)
+        with pytest.raises(ValueError, match=r"weights: .*model\.safetensors"):
+            load_drafter(path)
+
+
+@pytest.mark.parametrize("text, match", [("{broken", "not valid JSON"), ("[1, 2]", "JSON object"),
+                                         ('"text"', "JSON object"), ('{"dflash_config": 3}', "dflash_config")])
+def test_config_not_json_or_not_an_object(tmp_path, tiny_drafter, text, match):
+    path = save_drafter(tiny_drafter, tmp_path / "c")
+    (path / "config.json").write_text(text)
+    with pytest.raises(ValueError, match=match) as info:
+        load_drafter(path)
+    assert "config.json" in str(info.value)
+
+
+@pytest.mark.parametrize("key, value, match", [
+    ("hidden_size", None, "lacks 'hidden_size'"),
+    ("num_hidden_layers", "two", "'num_hidden_layers': expected an integer"),
+    ("rms_norm_eps", "small", "'rms_norm_eps': expected a number"),
+    ("vocab_size", 0, "'vocab_size': expected an integer >= 1"),
+    ("num_attention_heads", 2.5, "'num_attention_heads': expected an integer"),
+])
+def test_missing_or_non_numeric_keys_name_the_file_and_key(tmp_path, tiny_drafter, key, value, match):
+    path = save_drafter(tiny_drafter, tmp_path / "k")
+    config = json.loads((path / "config.json").read_text())
+    if value is None:
+        del config[key]
+    else:
+        config[key] = value
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=match) as info:
+        load_drafter(path)
+    assert "config.json" in str(info.value)
+
+
+def test_head_only_keys_are_checked(tmp_path, tiny_heads):
+    gru, markov = tiny_heads
+    save_markov_head(markov, tmp_path / "m")
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    config["markov_rank"] = "six"
+    (tmp_path / "m" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"config.json key 'markov_rank'"):
+        load_head(tmp_path / "m")
+    save_gru_head(gru, tmp_path / "g")
+    (tmp_path / "g" / "config.json").write_text(json.dumps({"head_type": "lstm"}))
+    with pytest.raises(ValueError, match="head_type"):
+        load_head(tmp_path / "g")

@@ -1,0 +1,80 @@
+"""Correction-head calls of the fast builders: shape checks, the optional fused call, finite checks.
+
+A head's outputs are checked for shape on every call (cheap, no synchronisation).  Non-finite
+corrected logits are an error, as in the reference; how that is checked depends on the device:
+
+- CPU (the host builders): immediately, on the numpy view the builder reads anyway (free);
+- the tensorized builders (every other device): the flag ``~isfinite(logits).all()`` is handed to
+  :func:`dartree.fast.checks.defer`, and :meth:`dartree.builders.TreeBuilder.build` reads every
+  deferred flag of the build at once, after it (one host synchronisation per build, none per depth).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from dartree.block import CorrectionHead, DraftBlock
+from dartree.fast import checks
+
+__all__ = ["head_initial", "head_logits", "head_advance", "head_advance_logits", "fused"]
+
+
+def _check(out: Tensor, what: str, shape: tuple[int, ...], state: bool) -> Tensor:
+    if not isinstance(out, Tensor):
+        raise ValueError(f"head.{what}: returned {type(out).__name__}, expected a Tensor")
+    if tuple(out.shape[: len(shape)]) != shape or out.dim() != len(shape) + state:
+        raise ValueError(f"head.{what}: returned shape {tuple(out.shape)}, expected {list(shape)}"
+                         f"{' + [S]' if state else ''}")
+    return out
+
+
+def check_logits_finite(logits: Tensor) -> None:
+    """Reject NaN / inf corrected logits of the tensorized builders: deferred to the end of the build
+    (the host builders check the numpy view they read instead)."""
+    checks.defer(~torch.isfinite(logits).all(), "head.logits: must be finite (found NaN or inf)")
+
+
+def head_logits(head: CorrectionHead, block: DraftBlock, depth: int, states: Tensor, cand_tokens: Tensor) -> Tensor:
+    """Corrected logits ``[b, m, K]`` of ``C_depth`` after each of ``m`` branch states ``[b, m, S]``."""
+    out = head.logits(block, depth, states, cand_tokens)
+    return _check(out, "logits", (states.shape[0], states.shape[1], cand_tokens.shape[-1]), False)
+
+
+def head_advance(head: CorrectionHead, block: DraftBlock, depth: int, states: Tensor, tokens: Tensor) -> Tensor:
+    """States ``[b, m, S]`` after appending ``tokens`` ``[b, m]`` at ``depth``."""
+    return _check(head.advance(block, depth, states, tokens), "advance", tuple(tokens.shape), True)
+
+
+def fused(head: CorrectionHead):
+    """The head's optional ``advance_logits`` method, or None (see :class:`dartree.block.CorrectionHead`)."""
+    return getattr(head, "advance_logits", None)
+
+
+def head_advance_logits(head: CorrectionHead, block: DraftBlock, depth: int, states: Tensor, tokens: Tensor,
+                        cand_tokens: Tensor) -> tuple[Tensor, Tensor]:
+    """Advance ``states`` by ``tokens`` at ``depth`` and score ``C_{depth+1}``: one fused call if the head
+    has ``advance_logits``, else ``advance`` then ``logits``.
+
+    Shape:
+        states ``[b, m, S]``, tokens ``[b, m]``, cand_tokens ``[b, K]`` -> (``[b, m, S]``, ``[b, m, K]``).
+    """
+    fn = fused(head)
+    if fn is None:
+        new = head_advance(head, block, depth, states, tokens)
+        return new, head_logits(head, block, depth + 1, new, cand_tokens)
+    out = fn(block, depth, states, tokens, cand_tokens)
+    if not isinstance(out, tuple) or len(out) != 2:
+        raise ValueError(f"head.advance_logits: returned {type(out).__name__}, expected (states, logits)")
+    new = _check(out[0], "advance_logits", tuple(tokens.shape), True)
+    logits = _check(out[1], "advance_logits", (*tokens.shape, cand_tokens.shape[-1]), False)
+    return new, logits
+
+
+def head_initial(head: CorrectionHead, block: DraftBlock) -> Tensor:
+    """Root states ``[b, 1, S]``."""
+    out = head.initial_state(block)
+    if not isinstance(out, Tensor) or out.dim() != 2 or out.shape[0] != block.batch_size:
+        got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
+        raise ValueError(f"head.initial_state: returned {got}, expected [b={block.batch_size}, S]")
+    return out[:, None]

@@ -1,0 +1,246 @@
+"""The fast builders on CPU tensors: numpy on the host, a Python heap where the algorithm is a heap.
+
+Same trees as the reference (same nodes, order and float32 scores) and as the tensorized builders
+of :mod:`dartree.fast.tensor_builders`, which serve every other device.  A build here is a handful
+of numpy calls per depth plus the head calls; no torch op runs on a small tensor.
+
+- Candidates: :func:`dartree.fast.host.select` (one pass over the vocabulary) and, for
+  ``normalize="vocab"``, :func:`dartree.scoring.rest_logsumexp` (one exp pass).
+- ``ddtree`` / ``corrected-chain-ddtree``: DDTree's best-first with lazy sibling pushing over
+  per-depth distributions shared by every branch: a node's children are in rank order with
+  non-increasing scores, so the heap holds only the best unpopped child of each popped node and
+  each pop pushes at most two entries (its next sibling and its first child).
+- depth-wise builders: per depth, the scores of all children of the kept branches, the best
+  ``width`` by one ``np.partition`` (ties by flat index), and one fused head call
+  (``advance_logits``) or the two-call form; no ``advance`` after the last depth.
+"""
+
+from __future__ import annotations
+
+import heapq
+from array import array
+
+import numpy as np
+import torch
+
+from dartree.block import CorrectionHead, DraftBlock
+from dartree.fast.heads import head_advance_logits, head_initial, head_logits
+from dartree.fast.host import keep_best, select
+from dartree.fast.widths import pruned_widths, quota_widths, trie_size
+from dartree.scoring import log_normalize_host, rest_logsumexp
+from dartree.structure import PAD
+from dartree.tree import DraftTree
+
+__all__ = ["chain", "ddtree", "corrected_chain", "corrected_chain_ddtree", "dartree_fixed", "dartree_pruned",
+           "HostCandidates", "candidate_set"]
+
+
+class HostCandidates:
+    """``C_d`` of every depth: numpy ``tokens`` int64 / ``logits`` float32 ``[b, gamma, K]``, ``rest``
+    float32 ``[b, gamma]``, base ``log_q`` float32 ``[b, gamma, K]``, and ``tokens_t`` (torch view)."""
+
+    def __init__(self, block: DraftBlock, topk: int, normalize: str) -> None:
+        x = block.logits.float().contiguous()
+        self.tokens, self.logits = select(x, topk)
+        self.tokens_t = torch.from_numpy(self.tokens)
+        self.rest: np.ndarray | None = None  # None: -inf everywhere (log_normalize_host skips it)
+        if normalize == "vocab" and topk < x.shape[-1]:
+            self.rest = rest_logsumexp(x, self.tokens_t, torch.from_numpy(self.logits[..., 0])).numpy()
+        self.log_q = log_normalize_host(self.logits, self.rest)
+
+    def rest_at(self, depth: int) -> np.ndarray | None:
+        """``rest_lse`` of ``depth`` (1-based) as ``[b, 1]``, or None for -inf."""
+        return None if self.rest is None else self.rest[:, depth - 1, None]
+
+
+candidate_set = HostCandidates
+
+
+def _tree(block: DraftBlock, tokens: np.ndarray, parents: np.ndarray, depths: np.ndarray, scores: np.ndarray,
+          ranks: np.ndarray) -> DraftTree:
+    """A DraftTree from draft-node columns ``[b, n_out]`` (total order), the root prepended."""
+    b, n_out = tokens.shape
+    ints = np.empty((4, b, n_out + 1), dtype=np.int64)  # one buffer: tokens, parents, depths, ranks
+    ints[:, :, 0] = PAD
+    ints[0, :, 0] = block.root.numpy()
+    ints[2, :, 0] = 0
+    ints[0, :, 1:], ints[1, :, 1:], ints[2, :, 1:], ints[3, :, 1:] = tokens, parents, depths, ranks
+    sc = np.empty((b, n_out + 1), dtype=np.float32)
+    sc[:, 0] = 0.0
+    sc[:, 1:] = scores
+    t = torch.from_numpy(ints)
+    return DraftTree(tokens=t[0], parents=t[1], depths=t[2], scores=torch.from_numpy(sc), ranks=t[3],
+                     num_nodes=torch.full((b,), n_out + 1, dtype=torch.int64))
+
+
+# --------------------------------------------------------------------------------- best-first
+def _best_first(block: DraftBlock, cands: HostCandidates, log_q: np.ndarray, budget: int,
+                ranked: bool = False) -> DraftTree:
+    """DDTree's best-first over per-depth distributions ``log_q [b, gamma, K]`` shared by all branches.
+
+    Siblings are walked in (log q descending, rank) order: for base marginals that is rank order; a
+    corrected distribution (``corrected-chain-ddtree``) is sorted first; ``ranked`` says it already is.
+    """
+    b, gamma, topk = log_q.shape
+    n_out = trie_size(topk, gamma, budget)
+    if ranked:
+        order, sorted_q = np.broadcast_to(np.arange(topk), log_q.shape), log_q
+    else:
+        order = np.argsort(-log_q, axis=-1, kind="stable")  # sibling order per depth: score, then rank
+        sorted_q = np.take_along_axis(log_q, order, -1)
+    # A rank path as one integer: digit (rank + 1) at depth d, base K + 1, most significant first, so
+    # integer order is the lexicographic order with a prefix first (a Python int never overflows).
+    place = [(topk + 1) ** (gamma - d) for d in range(gamma + 1)]
+    popped_rows = []
+    f32 = array("f", [0.0])  # storing a double rounds it to float32: (p + q) rounded once, as in float32
+    for r in range(b):
+        lq = sorted_q[r].tolist()
+        rk = None if ranked else order[r].tolist()  # position -> rank (the identity when ranked)
+        f32[0] = lq[0][0]
+        # (-score, rank path code, parent node, parent score, depth, position among the sorted siblings)
+        heap = [(-f32[0], (1 if ranked else rk[0][0] + 1) * place[1], 0, 0.0, 1, 0)]
+        popped = []
+        replace, push = heapq.heapreplace, heapq.heappush
+        for node in range(1, n_out + 1):
+            entry = heap[0]  # the best node: it leaves the heap, its next sibling (never better) replaces it
+            popped.append(entry)
+            neg, code, parent, pscore, depth, pos = entry
+            if pos + 1 < topk:
+                f32[0] = pscore + lq[depth - 1][pos + 1]
+                step = 1 if ranked else rk[depth - 1][pos + 1] - rk[depth - 1][pos]
+                replace(heap, (-f32[0], code + step * place[depth], parent, pscore, depth, pos + 1))
+            else:
+                heapq.heappop(heap)
+            if depth < gamma:  # the first child enters the heap
+                f32[0] = lq[depth][0] - neg
+                digit = 1 if ranked else rk[depth][0] + 1
+                push(heap, (-f32[0], code + digit * place[depth + 1], node, -neg, depth + 1, 0))
+        popped_rows.append(popped)
+    entries = [e for p in popped_rows for e in p]
+    neg, _, parents, _, depths, pos = (np.array(c) for c in zip(*entries, strict=True))
+    parents, depths, pos = parents.reshape(b, n_out), depths.reshape(b, n_out), pos.reshape(b, n_out)
+    rows = np.arange(b)[:, None]
+    ranks = pos if ranked else order[rows, depths - 1, pos]
+    tokens = cands.tokens[rows, depths - 1, ranks]
+    return _tree(block, tokens, parents, depths, -neg.reshape(b, n_out), ranks)
+
+
+# -------------------------------------------------------------------------------- depth-wise
+def _expand(block: DraftBlock, cands: HostCandidates, widths: list[int], head: CorrectionHead | None,
+            beta: float = 0.0, budget: int | None = None, trace: bool = False):
+    """Depth-wise expansion (DARTree's Algorithm 1, chains with width 1) and the final selection.
+
+    Returns the DraftTree of the best ``budget`` supertree nodes (all when None) in the total order,
+    or, with ``trace``, the ``[b, gamma, K]`` log q of a width-1 chain instead.
+    """
+    b = block.batch_size
+    gamma = len(widths)
+    topk = cands.tokens.shape[-1]
+    rows = np.arange(b)[:, None]
+    rows_t = torch.arange(b)[:, None]
+    scores = np.zeros((b, 1), dtype=np.float32)
+    beta32 = np.float32(beta)
+    states = logits = None
+    if head is not None:
+        states = head_initial(head, block)
+        logits = head_logits(head, block, 1, states, cands.tokens_t[:, 0])
+    parents, ranks, tokens, depth_scores, lex, traced = [], [], [], [], [], []
+    branching = not trace and max(widths) > 1  # a chain needs no sort: depth order is the total order
+    anc = np.zeros((b, 1, gamma), dtype=np.int64)  # 1-based lex index of each kept node's ancestor per depth
+    for depth, width in enumerate(widths, start=1):
+        if head is not None:
+            lq = log_normalize_host(logits.detach().float().numpy(), cands.rest_at(depth))  # [b, m, K]
+            if not np.isfinite(lq).all():  # a NaN / inf logit gives NaN or -inf log q
+                raise ValueError("head.logits: must be finite (found NaN or inf)")
+            child = (scores[:, :, None] + lq) + beta32
+        else:
+            lq = cands.log_q[:, depth - 1 : depth]  # [b, 1, K] shared by every branch
+            child = np.ascontiguousarray((scores[:, :, None] + lq) + beta32)
+        if trace:
+            traced.append(lq)
+        flat = child.reshape(b, -1)
+        kept = keep_best(flat, width)  # [b, W] in rank-path order
+        par, rk = np.divmod(kept, topk)
+        tok = cands.tokens[:, depth - 1][rows, rk]
+        scores = flat[rows, kept]
+        parents.append(par)
+        ranks.append(rk)
+        tokens.append(tok)
+        depth_scores.append(scores)
+        if branching:
+            anc = anc[rows, par]
+            anc[:, :, depth - 1] = np.arange(1, width + 1)
+            lex.append(anc)
+        if head is not None and depth < gamma:  # the last depth's advance would never be used
+            states, logits = head_advance_logits(head, block, depth, states[rows_t, torch.from_numpy(par)],
+                                                 torch.from_numpy(tok), cands.tokens_t[:, depth])
+    if trace:
+        return np.concatenate(traced, axis=1)
+    return _select_tree(block, parents, ranks, tokens, depth_scores, lex, budget)
+
+
+def _select_tree(block: DraftBlock, parents: list[np.ndarray], ranks: list[np.ndarray], tokens: list[np.ndarray],
+                 scores: list[np.ndarray], lex: list[np.ndarray], budget: int | None) -> DraftTree:
+    """The best ``budget`` supertree nodes (all when None) as a DraftTree in the total order."""
+    b = block.batch_size
+    widths = [p.shape[1] for p in parents]
+    offsets = np.cumsum([0] + widths)
+    flat_par = np.concatenate([np.full((b, widths[0]), -1)] + [p + offsets[d] for d, p in enumerate(parents[1:])],
+                              axis=1)
+    flat_sc = np.concatenate(scores, axis=1)
+    depths = np.concatenate([np.full(w, d, dtype=np.int64) for d, w in enumerate(widths, start=1)])
+    total = flat_sc.shape[1]
+    n_out = total if budget is None else min(budget, total)
+    if not lex:  # a chain: depth order is the total order
+        sel = np.broadcast_to(np.arange(n_out), (b, n_out))
+    else:
+        gamma = len(widths)
+        paths = np.concatenate(lex, axis=1)
+        keys = [paths[..., j] for j in reversed(range(gamma))] + [-flat_sc]
+        sel = np.lexsort(keys, axis=-1)[:, :n_out]  # score descending, then rank path (a prefix first)
+    slot = np.zeros((b, total), dtype=np.int64)
+    np.put_along_axis(slot, sel, np.arange(1, n_out + 1)[None, :], 1)
+    par = np.take_along_axis(flat_par, sel, 1)
+    out_par = np.where(par < 0, 0, np.take_along_axis(slot, np.maximum(par, 0), 1))
+    return _tree(block, np.take_along_axis(np.concatenate(tokens, 1), sel, 1), out_par,
+                 depths[sel],
+                 np.take_along_axis(flat_sc, sel, 1), np.take_along_axis(np.concatenate(ranks, 1), sel, 1))
+
+
+# ---------------------------------------------------------------------------------- builders
+def chain(block: DraftBlock, head: None, config) -> DraftTree:
+    """The best candidate of every depth; scores are the float32 running sum of their log q (numpy's
+    ``cumsum`` adds in order, in float32: ``(parent + log q) + 0``, as every builder does)."""
+    cands = HostCandidates(block, config.topk, config.normalize)
+    b, gamma = cands.tokens.shape[:2]
+    scores = np.cumsum(cands.log_q[:, :, 0], axis=1, dtype=np.float32) + np.float32(0.0)
+    parents = np.broadcast_to(np.arange(gamma), (b, gamma))
+    return _tree(block, cands.tokens[:, :, 0], parents, parents + 1, scores, np.zeros((b, gamma), dtype=np.int64))
+
+
+def corrected_chain(block: DraftBlock, head: CorrectionHead, config) -> DraftTree:
+    cands = HostCandidates(block, config.topk, config.normalize)
+    return _expand(block, cands, [1] * block.gamma, head)
+
+
+def ddtree(block: DraftBlock, head: None, config) -> DraftTree:
+    cands = HostCandidates(block, config.topk, config.normalize)
+    return _best_first(block, cands, cands.log_q, config.budget, ranked=True)
+
+
+def corrected_chain_ddtree(block: DraftBlock, head: CorrectionHead, config) -> DraftTree:
+    cands = HostCandidates(block, config.topk, config.normalize)
+    log_q = _expand(block, cands, [1] * block.gamma, head, trace=True)
+    return _best_first(block, cands, log_q, config.budget)
+
+
+def dartree_fixed(block: DraftBlock, head: CorrectionHead, config) -> DraftTree:
+    cands = HostCandidates(block, config.topk, config.normalize)
+    return _expand(block, cands, quota_widths(config.budget, config.topk, block.gamma), head)
+
+
+def dartree_pruned(block: DraftBlock, head: CorrectionHead, config) -> DraftTree:
+    cands = HostCandidates(block, config.topk, config.normalize)
+    return _expand(block, cands, pruned_widths(config.width, config.topk, block.gamma), head, beta=config.beta,
+                   budget=config.budget)
+

@@ -1,0 +1,155 @@
+"""What verification derives from a tree's parents: ancestor mask, positions, sibling links.
+
+This is the ground floor under :class:`dartree.tree.DraftTree` (which imports it) and under the
+dispatch of the fast backend (:mod:`dartree.fast.ops`, which adds the Triton kernel for CUDA on
+top).  Two implementations with one output contract:
+
+- :func:`tree_structure_host` (CPU tensors): numpy on the host; a draft tree has a few hundred
+  nodes, so a dozen numpy calls beat the ~40 small torch ops of the tensor version.
+- :func:`tree_structure_torch` (any device): pointer doubling in torch, no host synchronisation.
+
+:func:`tree_structure` picks the host version for CPU tensors and the torch one elsewhere.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+import torch
+from torch import Tensor
+
+__all__ = ["PAD", "TreeStructure", "ancestor_mask", "tree_structure", "tree_structure_host", "tree_structure_torch"]
+
+PAD = -1
+
+
+class TreeStructure(NamedTuple):
+    """What verification derives from a tree's parents.
+
+    Shape:
+        mask:         bool ``[b, n, n]`` ``mask[r, i, j]`` iff node j is node i or an ancestor of it.
+        positions:    int64 ``[b, n]`` ``prefix_len + depth`` (padding: ``prefix_len``).
+        first_child:  int64 ``[b, n]`` smallest child index, -1 if none.
+        next_sibling: int64 ``[b, n]`` next larger index with the same parent, -1 if none.
+    """
+
+    mask: Tensor
+    positions: Tensor
+    first_child: Tensor
+    next_sibling: Tensor
+
+
+def tree_structure(parents: Tensor, num_nodes: Tensor, prefix_len: int | Tensor = 0) -> TreeStructure:
+    """Ancestor mask, positions and links of a padded tree (host numpy on CPU, torch elsewhere).
+
+    Shape:
+        parents: int64 ``[b, n]``; num_nodes: int64 ``[b]``; prefix_len: int or int64 ``[b]``.
+    """
+    if parents.device.type == "cpu":
+        return tree_structure_host(parents, num_nodes, prefix_len)
+    return tree_structure_torch(parents, num_nodes, prefix_len)
+
+
+def ancestor_mask(parents: Tensor, num_nodes: Tensor) -> Tensor:
+    """bool ``[b, n, n]``: ``mask[r, i, j]`` iff node j is node i or an ancestor of it (the ``mask`` of
+    :func:`tree_structure` alone: numpy on the host for CPU tensors, torch elsewhere)."""
+    if parents.device.type != "cpu":
+        return tree_structure_torch(parents, num_nodes).mask
+    par = parents.numpy()
+    b, n = par.shape
+    return torch.from_numpy(_host_mask(par, np.arange(n)[None, :] < num_nodes.numpy()[:, None])[0])
+
+
+def _host_mask(par: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Pointer doubling on the host; returns the mask and the ``child`` flags (valid, not the root)."""
+    b, n = par.shape
+    idx = np.arange(n)
+    child = valid & (idx[None, :] > 0)
+    jump = np.where(child, par, idx[None, :])  # the root and padding point to themselves
+    rows = np.arange(b)[:, None]
+    mask = np.zeros((b, n, n), dtype=bool)
+    mask[rows, idx[None, :], idx[None, :]] = valid
+    mask[rows, idx[None, :], jump] |= valid
+    while True:
+        nxt = jump[rows, jump]
+        if np.array_equal(nxt, jump):
+            return mask, child
+        mask |= mask[rows, jump]
+        jump = nxt
+
+
+def _doubling_steps(n: int) -> int:
+    """Jumps of 1, 2, 4, ... that cover every ancestor distance up to ``n - 1``."""
+    return max(n - 2, 0).bit_length()
+
+
+def tree_structure_host(parents: Tensor, num_nodes: Tensor, prefix_len: int | Tensor = 0) -> TreeStructure:
+    """numpy version of :func:`tree_structure_torch` for CPU tensors (same outputs, same contract).
+
+    Pointer doubling over ``[b, n, n]`` boolean rows, stopping as soon as every jump has reached a
+    root (a tree of depth D needs ``ceil(log2 D)`` steps, not ``log2 n``).
+    """
+    par = parents.numpy()
+    b, n = par.shape
+    valid = np.arange(n)[None, :] < num_nodes.numpy()[:, None]
+    mask, child = _host_mask(par, valid)
+    depth = mask.sum(2) - valid
+    prefix = np.asarray(prefix_len.cpu() if isinstance(prefix_len, Tensor) else prefix_len, dtype=np.int64)
+    positions = (prefix[:, None] if prefix.ndim == 1 else prefix) + depth
+
+    first_child = np.full((b, n), PAD, dtype=np.int64)
+    next_sibling = np.full((b, n), PAD, dtype=np.int64)
+    r, i = np.nonzero(child)
+    if r.size:
+        p = par[r, i]
+        # (row, parent, index) order: sibling groups in index order, the first of each is the first child.
+        order = np.lexsort((i, p, r))
+        r, p, i = r[order], p[order], i[order]
+        head = np.ones(r.size, dtype=bool)
+        head[1:] = (r[1:] != r[:-1]) | (p[1:] != p[:-1])
+        first_child[r[head], p[head]] = i[head]
+        follows = ~head[1:]
+        next_sibling[r[:-1][follows], i[:-1][follows]] = i[1:][follows]
+    return TreeStructure(mask=torch.from_numpy(mask), positions=torch.from_numpy(positions.astype(np.int64)),
+                         first_child=torch.from_numpy(first_child), next_sibling=torch.from_numpy(next_sibling))
+
+
+def tree_structure_torch(parents: Tensor, num_nodes: Tensor, prefix_len: int | Tensor = 0) -> TreeStructure:
+    """Ancestor mask, positions and first-child / next-sibling links from parents (pointer doubling).
+
+    No host synchronisation: the number of steps depends only on ``n``.
+
+    Shape:
+        parents: int64 ``[b, n]``; num_nodes: int64 ``[b]``; prefix_len: int or int64 ``[b]``.
+    """
+    b, n = parents.shape
+    dev = parents.device
+    idx = torch.arange(n, device=dev).expand(b, n)
+    valid = idx < num_nodes[:, None]
+    child = valid & (idx > 0)
+    jump = torch.where(child, parents, idx)  # 2**k-th ancestor; the root and padding point to themselves
+    mask = torch.zeros(b, n, n, dtype=torch.bool, device=dev)
+    mask.scatter_(2, idx[:, :, None], valid[:, :, None])
+    mask.scatter_(2, jump[:, :, None], valid[:, :, None])
+    for _ in range(_doubling_steps(n)):
+        mask = mask | torch.gather(mask, 1, jump[:, :, None].expand(b, n, n))
+        jump = torch.gather(jump, 1, jump)
+    depth = (mask.sum(2) - 1).clamp(min=0)
+    prefix = torch.as_tensor(prefix_len, device=dev, dtype=torch.int64)
+    positions = (prefix[:, None] if prefix.dim() == 1 else prefix) + depth
+
+    par = torch.where(child, parents, torch.full_like(parents, n))  # non-children in group n (no parent)
+    first = torch.full((b, n + 1), n, dtype=torch.int64, device=dev)
+    first.scatter_reduce_(1, par, torch.where(child, idx, torch.full_like(idx, n)), reduce="amin")
+    first = first[:, :n]
+    first_child = torch.where(first < n, first, torch.full_like(first, PAD))
+    # A stable sort by parent lists each sibling group in index order: the next sibling is the next entry.
+    order = torch.sort(par, dim=1, stable=True).indices
+    grouped = torch.gather(par, 1, order)
+    same = torch.cat([(grouped[:, 1:] == grouped[:, :-1]) & (grouped[:, 1:] < n),
+                      torch.zeros(b, 1, dtype=torch.bool, device=dev)], dim=1)
+    following = torch.cat([order[:, 1:], torch.full((b, 1), PAD, dtype=torch.int64, device=dev)], dim=1)
+    next_sibling = torch.full((b, n), PAD, dtype=torch.int64, device=dev)
+    next_sibling.scatter_(1, order, torch.where(same, following, torch.full_like(following, PAD)))
+    return TreeStructure(mask=mask, positions=positions, first_child=first_child, next_sibling=next_sibling)
