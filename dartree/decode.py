@@ -508,6 +508,22 @@ class SpeculativeDecoder:
         return GenerationResult(tokens=tokens, prompt=req.prompt, rounds=tuple(rounds),
                                 stop_reason="stop_token" if stopped else "max_new_tokens", prefill_s=prefill_s)
 
+    def generate_batch(
+        self,
+        prompts,
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        sampler: Sampler | None = None,
+        stop_token_ids: Iterable[int] | None = None,
+    ) -> list[GenerationResult]:
+        """Decode several prompts of any lengths together, all live rows per round; one result per prompt.
+
+        Each row equals :meth:`generate` on that prompt alone; see :func:`dartree.batch.generate_batch`.
+        """
+        from dartree.batch import generate_batch  # local import: dartree.batch imports this module
+
+        return generate_batch(self, prompts, max_new_tokens, temperature, sampler, stop_token_ids)
+
 
 @torch.no_grad()
 def generate_ar(

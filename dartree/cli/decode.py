@@ -100,6 +100,10 @@ def _check_bench(bundle, config, texts: list[str]) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.concurrency:
+        from dartree.cli.concurrency import cmd_bench_concurrency
+
+        return cmd_bench_concurrency(args)
     from dartree.eval.bench import BenchConfig, run_bench
     from dartree.eval.datasets import load_prompts
     from dartree.eval.methods import parse_methods

@@ -237,6 +237,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--strict", action=argparse.BooleanOptionalAction, default=True,
                    help="exit with status 1 if any output differs from AR's (default); --no-strict still "
                         "reports the failure but exits 0")
+    b.add_argument("--concurrency", nargs="+", type=_positive_int, metavar="C",
+                   help="serve the prompts with C requests in flight instead (e.g. 1 2 4 8): aggregate tokens/s "
+                        "and speedup over batched AR at each C; first dataset and temperature only")
     _out_args(b, None, "results.md, results.json, plots; default runs/bench or the preset's")
     _method_defaults(b)
 

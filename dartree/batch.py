@@ -1,0 +1,305 @@
+"""Batched decoding with ragged acceptance: many prompts in flight, one forward per round.
+
+``generate_batch(decoder, prompts, ...)`` (also :meth:`SpeculativeDecoder.generate_batch`) runs the
+speculative round of :mod:`dartree.decode` on all live rows at once: one batched ``draft_rows``
+(:mod:`dartree.batch_drafters`), one :class:`~dartree.tree.DraftTree` for all rows (the builders are
+batched), one target forward over every row's tree (:class:`~dartree.models.ragged.RaggedTarget`:
+per-row lengths, positions, masks), one acceptance walk, and a per-row commit (rows accept
+different lengths).  A row that commits a stop token or reaches ``max_new_tokens`` leaves the
+batch at the end of that round: its cache rows and drafter context are dropped, so it stops costing.
+``generate_ar_batch`` is the autoregressive baseline on the same cache machinery (one causal step
+per live row per forward).
+
+Each row's tokens equal what ``generate`` / ``generate_ar`` return for that prompt alone (T=0, and
+T>0 with a ``KeyedSampler``, whose draw at a position does not depend on the batch); the tests check
+it.  Per-row ``RoundStats`` carry the batch round's wall times (shared by every row in that round):
+sum a row's rounds for its latency, the rounds of the longest row for the batch's wall time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from dartree.batch_drafters import batch_drafter
+from dartree.block import DraftBlock
+from dartree.decode import (
+    GenerationResult,
+    RoundStats,
+    SpeculativeDecoder,
+    _as_target,
+    _check_request,
+    _Clock,
+    _Request,
+    _truncate,
+)
+from dartree.models.ragged import RaggedTarget
+from dartree.models.target import HFTarget
+from dartree.tree import DraftTree
+from dartree.verify.accept import verify_greedy, verify_sampled
+from dartree.verify.sampling import Sampler
+
+__all__ = ["generate_batch", "generate_ar_batch", "SpecBatch", "ARBatch"]
+
+
+def _requests(target: HFTarget, prompts: Sequence[Tensor], max_new_tokens, temperature, sampler,
+              stop_token_ids) -> list[_Request]:
+    if isinstance(prompts, Tensor) or not isinstance(prompts, Sequence) or len(prompts) == 0:
+        raise ValueError("prompts: expected a non-empty sequence of 1-D integer tensors (one per request)")
+    reqs = []
+    for i, p in enumerate(prompts):
+        try:
+            reqs.append(_check_request(target, p, max_new_tokens, temperature, sampler, stop_token_ids))
+        except ValueError as err:
+            raise ValueError(f"prompts[{i}]: {err}") from None
+    if sampler is None and reqs[0].sampler is not None:     # one default sampler shared by every row
+        reqs = [_Request(r.prompt, r.max_new_tokens, r.temperature, reqs[0].sampler, r.stop) for r in reqs]
+    return reqs
+
+
+def _padded(rows: list[list[int]], device: torch.device) -> Tensor:
+    m = max((len(r) for r in rows), default=0)
+    return torch.tensor([r + [0] * (m - len(r)) for r in rows], dtype=torch.int64, device=device).reshape(len(rows), m)
+
+
+def _fit(ragged: RaggedTarget, tree: DraftTree, gamma: int) -> DraftTree:
+    """Per-row ``SpeculativeDecoder._fit``: positions past the model's limit (per row), static-cache room (shared)."""
+    target = ragged.target
+    keep = None
+    limit = target.max_positions
+    if limit is not None and max(ragged.lengths) + gamma > limit - 1:
+        room = limit - 1 - ragged.lengths_tensor().to(tree.device)
+        keep = tree.depths <= room[:, None]
+    space = None if target.capacity is None else target.capacity - ragged.width
+    if space is not None and tree.max_nodes > space:
+        first = torch.arange(tree.max_nodes, device=tree.device)[None, :] < space
+        keep = first if keep is None else keep & first
+    return tree if keep is None else tree.select(keep)
+
+
+class SpecBatch:
+    """The live rows of batched speculative decoding; requests join with :meth:`admit`, :meth:`step` runs one round.
+
+    ``generate_batch`` admits every prompt and steps until none is live; ``dartree.serve`` keeps
+    ``concurrency`` requests live, admitting the next prompt whenever a row finishes.  A row's
+    output does not depend on when it joined or on the other rows.
+    """
+
+    def __init__(self, decoder: SpeculativeDecoder) -> None:
+        self.decoder = decoder
+        self.target = decoder.target
+        self.drafter = batch_drafter(decoder.drafter)
+        self.ragged = RaggedTarget(self.target)
+        self.clock = _Clock(self.target.device)
+        self.live: list[int] = []            # request index of each batch row
+        self.reqs: list[_Request] = []
+        self.generated: list[list[int]] = []
+        self.rounds: list[list[RoundStats]] = []
+        self.stopped: list[bool] = []
+        self.prefill_s: list[float] = []
+        self.roots = torch.zeros(0, dtype=torch.int64, device=self.target.device)
+
+    def admit(self, reqs: list[_Request]) -> list[int]:
+        """Prefill ``reqs`` and add them as rows; returns their request indices."""
+        self.clock.lap()
+        contexts = [q.prompt[0, :-1] for q in reqs]
+        fresh = not self.live
+        if fresh:
+            out = self.ragged.prefill(contexts)
+            self.drafter.start(0)
+        else:
+            out = self.ragged.add_rows(contexts)
+        self.drafter.add_rows(out.hidden, _padded([c.tolist() for c in contexts], self.target.device),
+                              [c.shape[0] for c in contexts])
+        self.roots = torch.cat([self.roots, *[q.prompt[:, -1] for q in reqs]])
+        ids = list(range(len(self.reqs), len(self.reqs) + len(reqs)))
+        self.reqs += reqs
+        self.generated += [[] for _ in reqs]
+        self.rounds += [[] for _ in reqs]
+        self.stopped += [False] * len(reqs)
+        seconds = self.clock.lap()
+        self.prefill_s += [seconds] * len(reqs)
+        self.live += ids
+        return ids
+
+    def step(self) -> list[int]:
+        """One round for every live row; returns the request indices that finished in it."""
+        decoder, target, ragged, drafter, clock = self.decoder, self.target, self.ragged, self.drafter, self.clock
+        live, roots, first = self.live, self.roots, self.reqs[self.live[0]]
+        b = len(live)
+        clock.lap()
+        block = drafter.draft_rows(roots)
+        if not isinstance(block, DraftBlock) or block.batch_size != b or block.vocab_size > target.vocab_size:
+            raise ValueError(f"drafter: draft_rows must return a DraftBlock of batch {b} over at most "
+                             f"{target.vocab_size} tokens")
+        if block.root is not roots and not torch.equal(block.root, roots.to(block.root.device)):
+            raise ValueError("drafter: draft_rows(roots) returned a block whose root differs from the roots given")
+        draft_s = clock.lap()
+        timed = decoder._timed_head
+        tree = _fit(ragged, decoder.builder.build(block, timed), block.gamma)
+        build_s = clock.lap()
+        head_s = 0.0 if timed is None else timed.take()
+        prefix = ragged.lengths_tensor().to(tree.device)
+        inputs = ragged.tree_inputs(tree)
+        mask_s = clock.lap()
+        scored = ragged.forward_tree(tree, inputs)
+        target_s = clock.lap()
+        logits = scored.logits.to(tree.device)
+        if first.sampler is None:
+            result = verify_greedy(tree, logits)
+        else:
+            result = verify_sampled(tree, logits, first.temperature, first.sampler, prefix)
+        verify_s = target_s + clock.lap()
+        # One host sync per round, on purpose: every row's committed tokens and tree size.
+        n = result.tokens.shape[1]
+        host = torch.cat([result.tokens, tree.num_nodes[:, None]], dim=1).tolist()
+        counts, done = [], []
+        for r, q in enumerate(live):
+            row = host[r][:n]
+            committed = row[: row.index(-1)] if -1 in row else row
+            kept, stop = _truncate(committed, self.reqs[q].max_new_tokens - len(self.generated[q]), self.reqs[q].stop)
+            self.generated[q].extend(kept)
+            self.stopped[q] = stop
+            counts.append(len(kept))
+            done.append(stop or len(self.generated[q]) >= self.reqs[q].max_new_tokens)
+        ragged.commit(result.accepted, counts)
+        c = max(counts)
+        accepted = result.accepted[:, :c].clamp(min=0).to(scored.logits.device)
+        hidden = None
+        if scored.hidden is not None:
+            hidden = torch.gather(scored.hidden, 1, accepted[:, :, None].expand(-1, -1, scored.hidden.shape[-1]))
+        cached = torch.cat([roots[:, None], result.tokens[:, : c - 1].clamp(min=0)], dim=1)
+        index = torch.tensor(counts, dtype=torch.int64, device=roots.device)[:, None] - 1
+        roots = torch.gather(result.tokens.to(roots.device), 1, index)[:, 0]
+        kv_s = clock.lap()
+        keep = [r for r in range(b) if not done[r]]
+        if len(keep) < b:     # a finished row needs no context: drop it first, then feed the rest
+            ragged.keep_rows(keep)
+            drafter.keep_rows(keep)
+            index = torch.tensor(keep, dtype=torch.int64, device=roots.device)
+            roots, cached = roots[index], cached[index.to(cached.device)]
+            hidden = None if hidden is None else hidden[index.to(hidden.device)]
+        if keep:
+            drafter.append_rows(hidden, cached, [counts[r] for r in keep])
+        context_s = clock.lap()
+        for r, q in enumerate(live):
+            accepted_length = (host[r][:n].index(-1) if -1 in host[r][:n] else n) - 1
+            self.rounds[q].append(RoundStats(accepted_length, counts[r], host[r][n] - 1, draft_s, build_s, mask_s,
+                                             verify_s, kv_s + context_s, head_s, target_s, context_s))
+        self.live, self.roots = [live[r] for r in keep], roots
+        return [live[r] for r in range(b) if done[r]]
+
+    def result(self, q: int) -> GenerationResult:
+        req = self.reqs[q]
+        return GenerationResult(tokens=torch.tensor([self.generated[q]], dtype=torch.int64, device=req.prompt.device),
+                                prompt=req.prompt, rounds=tuple(self.rounds[q]),
+                                stop_reason="stop_token" if self.stopped[q] else "max_new_tokens",
+                                prefill_s=self.prefill_s[q])
+
+
+@torch.no_grad()
+def generate_batch(
+    decoder: SpeculativeDecoder,
+    prompts: Sequence[Tensor],
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    sampler: Sampler | None = None,
+    stop_token_ids: Iterable[int] | None = None,
+) -> list[GenerationResult]:
+    """Decode every prompt with ``decoder``'s drafter, builder and head, all live rows per round.
+
+    Same arguments as :meth:`SpeculativeDecoder.generate`, with ``prompts`` a sequence of integer
+    ``[L]`` or ``[1, L]`` tensors of any lengths; one result per prompt, in order.
+    """
+    reqs = _requests(decoder.target, prompts, max_new_tokens, temperature, sampler, stop_token_ids)
+    batch = SpecBatch(decoder)
+    batch.admit(reqs)
+    while batch.live:
+        batch.step()
+    return [batch.result(q) for q in range(len(reqs))]
+
+
+class ARBatch(SpecBatch):
+    """The live rows of the batched AR baseline: :meth:`step` is one causal token for every live row."""
+
+    def __init__(self, target: HFTarget) -> None:
+        self.target = target
+        self.drafter = None
+        self.ragged = RaggedTarget(target)
+        self.clock = _Clock(target.device)
+        self.live, self.reqs, self.generated, self.rounds, self.stopped, self.prefill_s = [], [], [], [], [], []
+        self.roots = torch.zeros(0, dtype=torch.int64, device=target.device)
+
+    def admit(self, reqs: list[_Request]) -> list[int]:
+        self.clock.lap()
+        contexts = [q.prompt[0, :-1] for q in reqs]
+        if self.live:
+            self.ragged.add_rows(contexts)
+        else:
+            self.ragged.prefill(contexts)
+        self.roots = torch.cat([self.roots, *[q.prompt[:, -1] for q in reqs]])
+        ids = list(range(len(self.reqs), len(self.reqs) + len(reqs)))
+        self.reqs += reqs
+        self.generated += [[] for _ in reqs]
+        self.rounds += [[] for _ in reqs]
+        self.stopped += [False] * len(reqs)
+        self.prefill_s += [self.clock.lap()] * len(reqs)
+        self.live += ids
+        return ids
+
+    def step(self) -> list[int]:
+        ragged, clock, live, first = self.ragged, self.clock, self.live, self.reqs[self.live[0]]
+        clock.lap()
+        positions = ragged.lengths_tensor() + 1          # where the drawn tokens will sit
+        logits = ragged.forward_next(self.roots).logits[:, -1]                          # [b, V]
+        target_s = clock.lap()
+        if first.sampler is None:
+            nxt = logits.argmax(dim=-1)
+        else:
+            nxt = first.sampler.sample(logits.float() / first.temperature, positions).to(torch.int64)
+        verify_s = target_s + clock.lap()
+        tokens = nxt.tolist()             # one sync per step, on purpose: stop tokens are checked on the host
+        ragged.commit(torch.zeros(len(live), 1, dtype=torch.int64, device=self.target.device), [1] * len(live))
+        keep = []
+        for r, q in enumerate(live):
+            self.generated[q].append(tokens[r])
+            self.stopped[q] = tokens[r] in self.reqs[q].stop
+            if not self.stopped[q] and len(self.generated[q]) < self.reqs[q].max_new_tokens:
+                keep.append(r)
+        if len(keep) < len(live):
+            ragged.keep_rows(keep)
+            nxt = nxt[torch.tensor(keep, dtype=torch.int64, device=nxt.device)]
+        self.roots = nxt
+        commit_s = clock.lap()
+        for q in live:
+            self.rounds[q].append(RoundStats(0, 1, 0, 0.0, 0.0, 0.0, verify_s, commit_s, 0.0, target_s))
+        self.live = [live[r] for r in keep]
+        kept = set(keep)
+        return [q for r, q in enumerate(live) if r not in kept]
+
+
+@torch.no_grad()
+def generate_ar_batch(
+    target: HFTarget | nn.Module,
+    prompts: Sequence[Tensor],
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    sampler: Sampler | None = None,
+    stop_token_ids: Iterable[int] | None = None,
+) -> list[GenerationResult]:
+    """Batched autoregressive baseline: one causal step for every live row per forward.
+
+    Same contract as :func:`dartree.decode.generate_ar` for each prompt (ragged lengths; rows leave
+    the batch when they finish); the token at absolute position p is drawn by
+    ``sampler.sample(logits / temperature, p)``, so each row equals ``generate_ar`` on that prompt.
+    """
+    if not isinstance(target, HFTarget):
+        target = _as_target(target, ())
+    reqs = _requests(target, prompts, max_new_tokens, temperature, sampler, stop_token_ids)
+    batch = ARBatch(target)
+    batch.admit(reqs)
+    while batch.live:
+        batch.step()
+    return [batch.result(q) for q in range(len(reqs))]

@@ -1,0 +1,212 @@
+"""Drafters with per-row contexts, for batched decoding (:func:`dartree.batch.generate_batch`).
+
+A batch drafter keeps one context per row; rows grow by different amounts every round and leave the
+batch when they finish::
+
+    start(b)                                  # b empty rows
+    append_rows(hidden, tokens, counts)       # row r gains tokens[r, :counts[r]] (hidden likewise)
+    draft_rows(roots) -> DraftBlock           # roots int64 [b]; row r's root sits at position len(context_r)
+    keep_rows(rows)                           # the listed rows stay, in that order
+    add_rows(hidden, tokens, counts)          # new rows after the current ones, with these contexts
+
+``hidden`` is ``[b, m, F]`` (or ``None`` when ``target_layer_ids`` is empty) and ``tokens``
+``[b, m]``, right-padded: entries past ``counts[r]`` are padding and must be ignored.  The
+contract per row is the single-request drafter protocol of :mod:`dartree.decode`.
+
+:func:`batch_drafter` adapts the drafters of this package: :class:`DFlashRows` runs a
+:class:`~dartree.models.drafter.DFlashDrafter` on the whole batch at once (right-padded per-row
+context keys/values, per-row positions and masks); :class:`RowsOfDrafters` runs one single-request
+drafter per row (used for :class:`~dartree.testing.OracleDrafter`, whose rows are then exactly its
+single-request runs).  Any object that already has the four methods is used as is.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Protocol, runtime_checkable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from dartree.block import DraftBlock
+from dartree.models.drafter import DFlashDrafter
+
+__all__ = ["BatchDrafter", "DFlashRows", "RowsOfDrafters", "batch_drafter"]
+
+
+@runtime_checkable
+class BatchDrafter(Protocol):
+    target_layer_ids: tuple[int, ...]
+
+    def start(self, batch_size: int) -> None: ...
+
+    def append_rows(self, hidden_states: Tensor | None, tokens: Tensor, counts: list[int]) -> None: ...
+
+    def draft_rows(self, roots: Tensor) -> DraftBlock: ...
+
+    def keep_rows(self, rows: list[int]) -> None: ...
+
+    def add_rows(self, hidden_states: Tensor | None, tokens: Tensor, counts: list[int]) -> None: ...
+
+
+def _check_counts(tokens: Tensor, counts: list[int], batch: int) -> None:
+    if tokens.dim() != 2 or tokens.shape[0] != batch or len(counts) != batch:
+        raise ValueError(f"tokens: expected [{batch}, m] with {batch} counts, got {tuple(tokens.shape)} and "
+                         f"{len(counts)} counts")
+    if any(not 0 <= c <= tokens.shape[1] for c in counts):
+        raise ValueError(f"counts: each must lie in [0, {tokens.shape[1]}], got {counts}")
+
+
+class RowsOfDrafters:
+    """One single-request drafter per row, each a deep copy of ``template`` reset at :meth:`start`.
+
+    Row r's blocks are exactly what ``template`` would draft for that row alone (its noise, its
+    cache, its context): batched decoding then takes the same rounds as ``generate``.
+    """
+
+    def __init__(self, template) -> None:
+        for attr in ("reset", "append_context", "draft", "target_layer_ids"):
+            if not hasattr(template, attr):
+                raise ValueError(f"drafter: missing {attr!r}; expected a drafter (see dartree.decode.Drafter)")
+        self.template = template
+        self.target_layer_ids = tuple(template.target_layer_ids)
+        self.rows: list = []
+
+    def start(self, batch_size: int) -> None:
+        self.rows = []
+        for _ in range(batch_size):
+            row = copy.copy(self.template)      # shallow: shares the model; reset gives it fresh state
+            row.reset()
+            self.rows.append(row)
+
+    def append_rows(self, hidden_states: Tensor | None, tokens: Tensor, counts: list[int]) -> None:
+        _check_counts(tokens, counts, len(self.rows))
+        for r, (row, c) in enumerate(zip(self.rows, counts, strict=True)):
+            h = None if hidden_states is None else hidden_states[r: r + 1, :c]
+            row.append_context(h, tokens[r: r + 1, :c])
+
+    def draft_rows(self, roots: Tensor) -> DraftBlock:
+        if roots.shape != (len(self.rows),):
+            raise ValueError(f"roots: expected shape [{len(self.rows)}], got {tuple(roots.shape)}")
+        blocks = [row.draft(roots[r: r + 1]) for r, row in enumerate(self.rows)]
+        hidden = None
+        if all(b.hidden is not None for b in blocks):
+            hidden = torch.cat([b.hidden for b in blocks])
+        return DraftBlock(logits=torch.cat([b.logits for b in blocks]), root=roots, hidden=hidden)
+
+    def keep_rows(self, rows: list[int]) -> None:
+        self.rows = [self.rows[r] for r in rows]
+
+    def add_rows(self, hidden_states: Tensor | None, tokens: Tensor, counts: list[int]) -> None:
+        old = self.rows
+        self.start(len(counts))
+        self.append_rows(hidden_states, tokens, counts)
+        self.rows = old + self.rows
+
+
+class DFlashRows:
+    """A :class:`DFlashDrafter` over a batch with per-row contexts, all rows in one forward.
+
+    Context keys/values live in right-padded per-layer buffers ``[b, kv, capacity, hd]``: row r's
+    ``lengths[r]`` entries first.  ``append_rows`` computes keys and values of the new entries at
+    positions ``lengths[r] + j`` and scatters them to slots ``lengths[r] + j``; ``draft_rows`` puts
+    row r's block at positions ``lengths[r] ..`` and masks each row's padding.  Equal to the
+    drafter's single-request :meth:`~DFlashDrafter.draft` for each row (up to float rounding).
+    """
+
+    def __init__(self, drafter: DFlashDrafter) -> None:
+        self.drafter = drafter
+        self.target_layer_ids = drafter.target_layer_ids
+        self.lengths: list[int] = []
+        self._kv: list[tuple[Tensor, Tensor]] = []
+
+    def _buffers(self, b: int, capacity: int, device: torch.device) -> list[tuple[Tensor, Tensor]]:
+        c = self.drafter.config
+        shape = (b, c.num_key_value_heads, capacity, c.head_dim)
+        dtype = self.drafter.fc.weight.dtype
+        return [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+                for _ in self.drafter.layers]
+
+    def start(self, batch_size: int) -> None:
+        self.lengths = [0] * batch_size
+        self._kv = self._buffers(batch_size, 64, self.drafter.fc.weight.device)
+
+    @torch.no_grad()
+    def append_rows(self, hidden_states: Tensor | None, tokens: Tensor, counts: list[int]) -> None:
+        b = len(self.lengths)
+        _check_counts(tokens, counts, b)
+        if b == 0:
+            return
+        if hidden_states is None:
+            raise ValueError("hidden_states: the DFlash drafter needs the target's hidden states, got None")
+        m = hidden_states.shape[1]
+        if m == 0:
+            return
+        feats = self.drafter.context_features(hidden_states)
+        device = feats.device
+        lengths = torch.tensor(self.lengths, dtype=torch.int64, device=device)
+        positions = lengths[:, None] + torch.arange(m, device=device)                 # [b, m]
+        need = max(self.lengths) + m
+        cap = self._kv[0][0].shape[2]
+        if need > cap:                                                                # grow by doubling
+            grown = self._buffers(b, max(need, 2 * cap), device)
+            for (k, v), (k1, v1) in zip(grown, self._kv, strict=True):
+                k[:, :, :cap], v[:, :, :cap] = k1, v1
+            self._kv = grown
+        new = self.drafter.context_key_values(feats, positions)
+        for (k, v), (k1, v1) in zip(self._kv, new, strict=True):
+            # entries past a row's count land in that row's padding, which nothing reads
+            idx = positions[:, None, :, None].expand(b, k1.shape[1], m, k1.shape[3])
+            k.scatter_(2, idx, k1)
+            v.scatter_(2, idx, v1)
+        self.lengths = [n + c for n, c in zip(self.lengths, counts, strict=True)]
+
+    @torch.no_grad()
+    def draft_rows(self, roots: Tensor) -> DraftBlock:
+        d = self.drafter
+        b = len(self.lengths)
+        if not isinstance(roots, Tensor) or roots.dtype != torch.int64 or roots.shape != (b,):
+            raise ValueError(f"roots: expected an int64 tensor of shape [{b}]")
+        width = max(self.lengths)
+        device = roots.device
+        lengths = torch.tensor(self.lengths, dtype=torch.int64, device=device)
+        positions = lengths[:, None] + torch.arange(d.block_size, device=device)      # [b, block]
+        cols = torch.arange(width + d.block_size, device=device)
+        mask = (cols[None, :] < lengths[:, None]) | (cols[None, :] >= width)            # [b, c + block]
+        mask = mask[:, None, None, :].expand(b, 1, d.block_size, width + d.block_size)
+        ctx = [(k[:, :, :width], v[:, :, :width]) for k, v in self._kv]
+        hidden = d.block_hidden(roots[:, None], positions, ctx, mask)[:, 1:]
+        logits = F.linear(hidden, d.lm_head_weight.to(hidden.dtype))
+        return DraftBlock(logits=logits, root=roots, hidden=hidden)
+
+    def keep_rows(self, rows: list[int]) -> None:
+        index = torch.tensor(rows, dtype=torch.int64, device=self._kv[0][0].device)
+        self._kv = [(k.index_select(0, index), v.index_select(0, index)) for k, v in self._kv]
+        self.lengths = [self.lengths[r] for r in rows]
+
+    def add_rows(self, hidden_states: Tensor | None, tokens: Tensor, counts: list[int]) -> None:
+        old_kv, old_lengths = self._kv, self.lengths
+        self.start(len(counts))
+        self.append_rows(hidden_states, tokens, counts)
+        if not old_lengths:
+            return
+        cap = max(old_kv[0][0].shape[2], self._kv[0][0].shape[2])
+
+        def pad(x: Tensor) -> Tensor:
+            return x if x.shape[2] == cap else torch.cat([x, x.new_zeros(*x.shape[:2], cap - x.shape[2], x.shape[3])],
+                                                         dim=2)
+
+        self._kv = [(torch.cat([pad(k0), pad(k1)]), torch.cat([pad(v0), pad(v1)]))
+                    for (k0, v0), (k1, v1) in zip(old_kv, self._kv, strict=True)]
+        self.lengths = old_lengths + self.lengths
+
+
+def batch_drafter(drafter) -> BatchDrafter:
+    """The batch form of ``drafter``: itself if it has the batch methods, :class:`DFlashRows` for a
+    :class:`DFlashDrafter`, otherwise :class:`RowsOfDrafters` (one copy per row)."""
+    if all(hasattr(drafter, a) for a in ("start", "append_rows", "draft_rows", "keep_rows", "target_layer_ids")):
+        return drafter
+    if isinstance(drafter, DFlashDrafter):
+        return DFlashRows(drafter)
+    return RowsOfDrafters(drafter)

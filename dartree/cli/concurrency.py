@@ -1,0 +1,71 @@
+"""``dartree bench --concurrency 1 2 4 8``: serving throughput against batched AR at each concurrency."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from dartree.cli.errors import UsageError, user_input
+from dartree.cli.helpers import clear_out, load, log, prepare_out, setting_defaults
+from dartree.cli.parser import BENCH_DEFAULTS, PRESETS
+
+__all__ = ["cmd_bench_concurrency", "CONCURRENCY_FILES"]
+
+CONCURRENCY_FILES = ("concurrency.md", "concurrency.json", "concurrency.png")
+
+
+def cmd_bench_concurrency(args: argparse.Namespace) -> int:
+    from dartree.eval.bench import _meta
+    from dartree.eval.concurrency import concurrency_markdown, plot_concurrency, rows_json, run_concurrency
+    from dartree.eval.datasets import load_prompts
+    from dartree.eval.methods import parse_methods
+
+    preset = dict(BENCH_DEFAULTS if args.preset is None else PRESETS[args.preset])
+    for key in ("methods", "datasets", "temperatures", "max_new_tokens", "budget", "out"):
+        if getattr(args, key) is not None:
+            preset[key] = getattr(args, key)
+    defaults = setting_defaults(args)
+    if "budget" not in defaults and preset["budget"] is not None:
+        defaults["budget"] = preset["budget"]
+    levels = list(dict.fromkeys(args.concurrency))
+    num_prompts = args.num_prompts if args.num_prompts is not None else 2 * max(levels)
+    dataset, temperature = preset["datasets"][0], float(preset["temperatures"][0])
+    with user_input():
+        methods = parse_methods([m for m in preset["methods"] if m != "ar"] or ["ar"], defaults)
+        load_prompts(dataset, num_prompts)
+        if any(m.auto_fields for m in methods):
+            try:
+                load_prompts(dataset, max(levels), offset=num_prompts)
+            except ValueError as e:
+                raise UsageError(f"--concurrency: 'auto' settings are tuned at each C on {max(levels)} prompts of "
+                                 f"{dataset!r} after its {num_prompts} evaluation prompts; {e}") from e
+    out = Path(preset["out"])
+    prepare_out(args, out, CONCURRENCY_FILES)
+    if args.threads is None:
+        args.threads = preset["threads"]
+    bundle = load(args)
+    rows = run_concurrency(bundle, [m for m in methods if not m.is_ar], levels, dataset=dataset,
+                           num_prompts=num_prompts, max_new_tokens=preset["max_new_tokens"],
+                           temperature=temperature, seed=args.seed, backend=args.backend,
+                           max_prompt_tokens=args.max_prompt_tokens, stop_at_eos=args.stop_at_eos,
+                           warmup=not args.no_warmup, tune_budgets=tuple(args.tune_budgets),
+                           tune_widths=tuple(args.tune_widths), log=log)
+    argv = ["dartree", *sys.argv[1:]] if args.argv is None else ["dartree", *args.argv]
+    meta = _meta(bundle, argv)
+    meta.update(dataset=dataset, temperature=temperature, prompts=num_prompts,
+                max_new_tokens=preset["max_new_tokens"])
+    text = concurrency_markdown(rows, meta)
+    clear_out(out, CONCURRENCY_FILES)
+    (out / "concurrency.md").write_text(text)
+    (out / "concurrency.json").write_text(json.dumps({"meta": meta, "rows": rows_json(rows)}, indent=1))
+    plot = plot_concurrency(rows, out / "concurrency.png")
+    print(text)
+    log(f"wrote {out / 'concurrency.md'}, {out / 'concurrency.json'}, {plot}")
+    lost = [r for r in rows if r.lossless_prompts != r.prompts]
+    if lost:
+        log(f"LOSSLESS CHECK FAILED: {[(r.method, r.concurrency) for r in lost]} differ from AR's output"
+            + ("" if args.strict else "; exit status 0 because of --no-strict"))
+        return 1 if args.strict else 0
+    return 0

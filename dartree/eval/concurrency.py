@@ -1,0 +1,190 @@
+"""Serving benchmark: aggregate throughput with C requests in flight (the paper's Table 4 setting).
+
+For every concurrency C (in the order given) the batched AR baseline serves the prompts first, then
+every method, one after the other, each with :func:`dartree.serve.serve` (a finished request's slot
+takes the next prompt).  Throughput is all completion tokens over the wall time of the whole run
+(prefills included); speedup is over batched AR at the same C.  Every request's tokens are compared
+with AR's (the lossless check: T=0 greedy, T>0 the same keyed sampler).
+
+``budget=auto`` / ``width=auto`` are tuned *per concurrency* by measurement: at each C, every
+candidate setting (``tune_budgets`` x ``tune_widths``) serves C calibration prompts (the prompts of
+the dataset after the evaluation prompts), and the fastest is then served on the evaluation prompts;
+the row reports the chosen settings.  A tree that pays at C=1 may not at C=8, where the target's
+forward over C trees is compute-bound: that is what the per-C choice adapts to.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dartree.eval.bundles import Bundle, encode, stop_token_id
+from dartree.eval.datasets import load_prompts
+from dartree.eval.methods import AR, MethodSpec, make_decoder, resolve_backend
+from dartree.serve import ServeResult, serve
+from dartree.verify.sampling import KeyedSampler
+
+__all__ = ["ConcurrencyRow", "run_concurrency", "concurrency_markdown", "plot_concurrency", "rows_json"]
+
+
+@dataclass(frozen=True)
+class ConcurrencyRow:
+    """One method served at one concurrency."""
+
+    method: str
+    backend: str
+    concurrency: int
+    prompts: int
+    tokens: int
+    seconds: float
+    tokens_per_s: float
+    speedup: float                 # over batched AR at the same concurrency
+    tau: float                     # committed tokens per row-round
+    steps: int                     # batched rounds
+    lossless_prompts: int
+    settings: str = ""             # the settings chosen for an 'auto' method at this C
+
+
+@torch.no_grad()
+def run_concurrency(
+    bundle: Bundle,
+    methods: Sequence[MethodSpec],
+    levels: Sequence[int],
+    dataset: str = "humaneval",
+    num_prompts: int = 16,
+    max_new_tokens: int = 64,
+    temperature: float = 0.0,
+    seed: int = 0,
+    backend: str = "auto",
+    max_prompt_tokens: int = 256,
+    stop_at_eos: bool = False,
+    warmup: bool = True,
+    tune_budgets: Sequence[int] = (8, 16, 32, 64),
+    tune_widths: Sequence[int] = (4, 8, 16),
+    progress: bool = True,
+    log: Callable[[str], None] = print,
+) -> list[ConcurrencyRow]:
+    """Serve ``num_prompts`` prompts of ``dataset`` at every concurrency in ``levels`` (see module docstring)."""
+    from tqdm import tqdm
+
+    if not levels or any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in levels):
+        raise ValueError(f"concurrency: expected integers >= 1, got {list(levels)}")
+    device = next(bundle.target.parameters()).device
+    prompts = [torch.tensor(encode(bundle.tokenizer, p.text)[-max_prompt_tokens:], dtype=torch.int64, device=device)
+               for p in load_prompts(dataset, num_prompts)]
+    stop = stop_token_id(bundle) if stop_at_eos else None
+    timed = [m for m in methods if not m.is_ar]
+    fixed = [m for m in timed if not m.auto_fields]
+    decoders = {m.label: make_decoder(bundle, m, backend) for m in fixed}
+    calibration = []
+    if len(fixed) < len(timed):
+        calibration = [torch.tensor(encode(bundle.tokenizer, p.text)[-max_prompt_tokens:], dtype=torch.int64,
+                                    device=device) for p in load_prompts(dataset, max(levels), offset=num_prompts)]
+
+    def run(engine, ps: Sequence[torch.Tensor], c: int, max_new: int, on_finish=None) -> ServeResult:
+        sampler = KeyedSampler(seed) if temperature > 0 else None
+        return serve(engine, ps, c, max_new, temperature, sampler, None if stop is None else [stop], on_finish)
+
+    def candidates(m: MethodSpec) -> list[MethodSpec]:
+        grid = [{}]
+        for key, values in (("budget", tune_budgets), ("width", tune_widths)):
+            if key in m.auto_fields:
+                grid = [{**g, key: v} for g in grid for v in values]
+        return [m.with_settings(**g) for g in grid]
+
+    def tuned(m: MethodSpec, c: int) -> MethodSpec:
+        """The fastest candidate setting of ``m`` serving ``c`` calibration prompts at concurrency ``c``."""
+        best, best_rate = None, -1.0
+        for cand in candidates(m):
+            rate = run(make_decoder(bundle, cand, backend), calibration[:c], c, min(32, max_new_tokens)).tokens_per_s
+            if rate > best_rate:
+                best, best_rate = cand, rate
+        log(f"tune C={c}: {m.label} -> {best.config} ({best_rate:.1f} tok/s on {c} calibration prompts)")
+        return best
+
+    if warmup:                 # first calls allocate caches and pick kernels: untimed
+        for engine in (bundle.target, *decoders.values()):
+            run(engine, prompts[:2], 2, min(8, max_new_tokens))
+    rows: list[ConcurrencyRow] = []
+    bar = tqdm(total=len(levels) * (1 + len(timed)) * len(prompts), desc="serve", disable=not progress,
+               file=sys.stderr)
+    for c in levels:
+        ar = None
+        for label in (AR, *(m.label for m in timed)):
+            spec = next((m for m in timed if m.label == label), None)
+            chosen = ""
+            if spec is None:
+                engine = bundle.target
+            elif spec.auto_fields:
+                best = tuned(spec, c)
+                chosen = ",".join(f"{k}={v}" for k, v in sorted(best.config.items()) if k in spec.auto_fields)
+                engine = make_decoder(bundle, best, backend)
+            else:
+                engine = decoders[label]
+            bar.set_postfix_str(f"C={c} {label}", refresh=False)
+            out = run(engine, prompts, c, max_new_tokens, on_finish=lambda _i, _r: bar.update(1))
+            if ar is None:
+                ar = out
+            same = sum(a.tokens.tolist() == b.tokens.tolist() for a, b in zip(ar.results, out.results, strict=True))
+            rounds = sum(r.num_rounds for r in out.results)
+            rows.append(ConcurrencyRow(
+                method=label, backend="-" if label == AR else resolve_backend(
+                    next(m for m in timed if m.label == label).builder, backend),
+                concurrency=c, prompts=len(prompts), tokens=out.tokens, seconds=out.seconds,
+                tokens_per_s=out.tokens_per_s, speedup=out.tokens_per_s / ar.tokens_per_s,
+                tau=out.tokens / max(1, rounds), steps=out.steps, lossless_prompts=same, settings=chosen))
+    bar.close()
+    return rows
+
+
+def concurrency_markdown(rows: Sequence[ConcurrencyRow], meta: dict[str, Any] | None = None) -> str:
+    """Speedup over batched AR per method (rows) and concurrency (columns), then the raw figures."""
+    levels = sorted({r.concurrency for r in rows})
+    methods = list(dict.fromkeys(r.method for r in rows))
+    cell = {(r.method, r.concurrency): r for r in rows}
+    lines = []
+    if meta:
+        lines.append(" ".join(f"{k}: {v}" for k, v in meta.items()))
+        lines.append("")
+    lines.append("| method | " + " | ".join(f"C={c}" for c in levels) + " |")
+    lines.append("|---|" + "---:|" * len(levels))
+    for m in methods:
+        lines.append(f"| {m} | " + " | ".join(
+            f"{cell[m, c].speedup:.2f}x" if (m, c) in cell else "-" for c in levels) + " |")
+    lines.append("")
+    lines.append("| method | C | tokens/s | speedup | tau | steps | lossless | auto chose |")
+    lines.append("|---|---:|---:|---:|---:|---:|---:|---|")
+    for r in rows:
+        lines.append(f"| {r.method} | {r.concurrency} | {r.tokens_per_s:.1f} | {r.speedup:.2f}x | {r.tau:.2f} | "
+                     f"{r.steps} | {r.lossless_prompts}/{r.prompts} | {r.settings or '-'} |")
+    return "\n".join(lines) + "\n"
+
+
+def rows_json(rows: Sequence[ConcurrencyRow]) -> list[dict[str, Any]]:
+    return [dataclasses.asdict(r) for r in rows]
+
+
+def plot_concurrency(rows: Sequence[ConcurrencyRow], path: Path) -> Path:
+    """Speedup over batched AR against concurrency, one line per method (log2 x axis); returns ``path``."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6.4, 4.0))
+    ax = fig.subplots()
+    for method in dict.fromkeys(r.method for r in rows):
+        mine = sorted((r.concurrency, r.speedup) for r in rows if r.method == method)
+        ax.plot([c for c, _ in mine], [s for _, s in mine], marker="o", markersize=4, label=method)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("concurrency C (requests in flight)")
+    ax.set_ylabel("speedup over batched AR")
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    return path

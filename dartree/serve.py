@@ -1,0 +1,85 @@
+"""Serve a list of prompts with ``concurrency`` requests in flight (continuous batching).
+
+``serve(decoder, prompts, concurrency, ...)`` admits the first ``concurrency`` prompts, then runs
+batched rounds (:class:`dartree.batch.SpecBatch`, or :class:`dartree.batch.ARBatch` when given a
+target instead of a :class:`~dartree.decode.SpeculativeDecoder`); whenever rows finish, the next
+prompts take their slots (prefilled and added to the batch before the next round).  Each request's
+tokens equal what it would get alone.  ``ServeResult.tokens_per_s`` is the aggregate completion
+throughput: all new tokens over the wall time of the whole run, prefills included.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from dartree.batch import ARBatch, SpecBatch, _requests
+from dartree.decode import GenerationResult, SpeculativeDecoder, _as_target
+from dartree.models.target import HFTarget
+from dartree.verify.sampling import Sampler
+
+__all__ = ["ServeResult", "serve"]
+
+
+@dataclass(frozen=True)
+class ServeResult:
+    """One serving run: a result per prompt (in prompt order), the wall time, the rounds run."""
+
+    results: tuple[GenerationResult, ...]
+    seconds: float
+    concurrency: int
+    steps: int                   # batched rounds (AR: batched steps)
+
+    @property
+    def tokens(self) -> int:
+        return sum(r.tokens.shape[1] for r in self.results)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds
+
+
+@torch.no_grad()
+def serve(
+    decoder: SpeculativeDecoder | HFTarget | nn.Module,
+    prompts: Sequence[Tensor],
+    concurrency: int,
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    sampler: Sampler | None = None,
+    stop_token_ids: Iterable[int] | None = None,
+    on_finish: Callable[[int, GenerationResult], None] | None = None,
+) -> ServeResult:
+    """Decode ``prompts`` with at most ``concurrency`` in flight; see the module docstring.
+
+    ``decoder``: a :class:`SpeculativeDecoder` (speculative rounds) or an ``HFTarget`` / causal LM
+    (the batched AR baseline).  ``on_finish(index, result)`` is called as each request completes
+    (for a progress bar).
+    """
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+        raise ValueError(f"concurrency: expected an int >= 1, got {concurrency!r}")
+    if isinstance(decoder, SpeculativeDecoder):
+        target, batch = decoder.target, SpecBatch(decoder)
+    else:
+        target = decoder if isinstance(decoder, HFTarget) else _as_target(decoder, ())
+        batch = ARBatch(target)
+    reqs = _requests(target, prompts, max_new_tokens, temperature, sampler, stop_token_ids)
+    start = time.perf_counter()
+    batch.admit(reqs[:concurrency])
+    nxt, steps = min(concurrency, len(reqs)), 0
+    while batch.live:
+        done = batch.step()
+        steps += 1
+        if on_finish is not None:
+            for q in done:
+                on_finish(q, batch.result(q))     # admitted in prompt order: q is the prompt index
+        free = concurrency - len(batch.live)
+        if free and nxt < len(reqs):
+            batch.admit(reqs[nxt: nxt + free])
+            nxt += min(free, len(reqs) - nxt)
+    seconds = time.perf_counter() - start
+    return ServeResult(tuple(batch.result(q) for q in range(len(reqs))), seconds, concurrency, steps)

@@ -1,0 +1,51 @@
+"""``dartree bench --concurrency``: serving rows are lossless, the table and files are written, bad input exits 2."""
+
+import json
+
+import pytest
+
+from dartree.cli import main
+from dartree.eval.concurrency import concurrency_markdown, run_concurrency
+from dartree.eval.methods import parse_method
+
+TOY = ["--model", "tiny-random", "--threads", "1", "--backend", "ref"]
+
+
+def test_run_concurrency_is_lossless_and_reports_every_cell(bundle):
+    methods = [parse_method("chain"), parse_method("ddtree:budget=6")]
+    rows = run_concurrency(bundle, methods, [1, 3], num_prompts=4, max_new_tokens=6, temperature=1.0,
+                           progress=False, warmup=False)
+    assert [(r.method, r.concurrency) for r in rows] == [
+        (m, c) for c in (1, 3) for m in ("ar", "chain", "ddtree:budget=6")]
+    assert all(r.lossless_prompts == r.prompts == 4 and r.tokens == 24 for r in rows)
+    assert all(r.speedup == 1.0 for r in rows if r.method == "ar")
+    ar3 = next(r for r in rows if r.method == "ar" and r.concurrency == 3)
+    assert ar3.steps < 4 * 6                      # batched: fewer forwards than tokens
+    text = concurrency_markdown(rows)
+    assert "| chain | " in text and "C=3" in text
+    with pytest.raises(ValueError, match="concurrency"):
+        run_concurrency(bundle, methods, [0], progress=False)
+
+
+def test_cli_concurrency_writes_table_and_json(tmp_path, capsys):
+    out = tmp_path / "cc"
+    code = main(["bench", *TOY, "--concurrency", "1", "2", "--methods", "chain", "--num-prompts", "3",
+                 "--max-new-tokens", "4", "--no-warmup", "--out", str(out)])
+    assert code == 0
+    data = json.loads((out / "concurrency.json").read_text())
+    assert [(r["method"], r["concurrency"]) for r in data["rows"]] == [("ar", 1), ("chain", 1), ("ar", 2),
+                                                                        ("chain", 2)]
+    assert "| chain |" in capsys.readouterr().out
+    assert (out / "concurrency.png").stat().st_size > 0
+    with pytest.raises(SystemExit) as e:     # no calibration prompts left after the evaluation prompts
+        main(["bench", *TOY, "--concurrency", "2", "--methods", "ddtree:budget=auto", "--num-prompts", "164",
+              "--out", str(tmp_path / "x")])
+    assert e.value.code == 2
+
+
+def test_auto_budget_is_tuned_per_concurrency(bundle):
+    rows = run_concurrency(bundle, [parse_method("ddtree:budget=auto")], [1, 2], num_prompts=2, max_new_tokens=4,
+                           progress=False, warmup=False, tune_budgets=(2, 6), log=lambda _m: None)
+    auto = [r for r in rows if r.method == "ddtree:budget=auto"]
+    assert [r.concurrency for r in auto] == [1, 2]
+    assert all(r.settings in ("budget=2", "budget=6") and r.lossless_prompts == 2 for r in auto)
