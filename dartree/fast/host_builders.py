@@ -40,7 +40,9 @@ class HostCandidates:
     float32 ``[b, gamma]``, base ``log_q`` float32 ``[b, gamma, K]``, and ``tokens_t`` (torch view)."""
 
     def __init__(self, block: DraftBlock, topk: int, normalize: str) -> None:
-        x = block.logits.float().contiguous()
+        x = block.logits
+        if x.dtype != torch.float32 or not x.is_contiguous():
+            x = x.float().contiguous()
         self.tokens, self.logits = select(x, topk)
         self.tokens_t = torch.from_numpy(self.tokens)
         self.rest: np.ndarray | None = None  # None: -inf everywhere (log_normalize_host skips it)
