@@ -281,23 +281,31 @@ def _rms(norm: RMSNorm, x: Tensor) -> Tensor:
     return norm(x)
 
 
+def derived(owner: nn.Module, slot: str, sources: list[Tensor | None], build):
+    """perf: ``build()`` (a tensor derived from the tensors ``sources``), cached on ``owner`` under
+    ``slot`` and rebuilt when any source is replaced, moved, cast or edited in place (checked by
+    identity, storage address and version counter; a strong reference is kept, so a new tensor can
+    never alias a cached one).  Never registered: state_dicts and checkpoints are unchanged.
+    """
+    key = [None if w is None else (w, w.data_ptr(), w._version) for w in sources]
+    cache = owner.__dict__.get(slot)
+    if cache is not None and len(cache[0]) == len(key) and all(
+            (a is None and b is None) or (a is not None and b is not None and a[0] is b[0] and a[1] == b[1]
+                                          and a[2] == b[2]) for a, b in zip(cache[0], key, strict=True)):
+        return cache[1]
+    with torch.no_grad():
+        value = build()
+    owner.__dict__[slot] = (key, value)
+    return value
+
+
 def _fused_weight(module: nn.Module, names: tuple[str, ...]) -> Tensor:
     """perf: the weights of the linears ``names`` of ``module`` concatenated along the output dim, so
-    that one matmul replaces several (each output column is the same dot product: bit-identical).
-
-    Cached on ``module`` and rebuilt when any weight is replaced, moved, cast or edited in place
-    (checked by identity, storage address and version counter; a strong reference is kept, so a new
-    tensor can never alias a cached one).  The state_dict keeps the separate weights.
+    that one matmul replaces several (each output column is the same dot product), cached by
+    :func:`derived`.  The state_dict keeps the separate weights.
     """
     ws = [getattr(module, n).weight for n in names]
-    key = [(w, w.data_ptr(), w._version) for w in ws]
-    cache = module.__dict__.get("_fused_cache")
-    if cache is not None and len(cache[0]) == len(key) and all(
-            a[0] is b[0] and a[1] == b[1] and a[2] == b[2] for a, b in zip(cache[0], key, strict=True)):
-        return cache[1]
-    fused = torch.cat([w.detach() for w in ws])
-    module.__dict__["_fused_cache"] = (key, fused)
-    return fused
+    return derived(module, "_fused_" + "_".join(names), ws, lambda: torch.cat([w.detach() for w in ws]))
 
 
 class DFlashAttention(nn.Module):
