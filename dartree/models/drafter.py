@@ -371,7 +371,18 @@ class DFlashLayer(nn.Module):
         x = x + self.self_attn(self.input_layernorm(x), positions, ctx_k, ctx_v, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
-    # ---- perf: the decoding forward of DFlashDrafter.draft (same math as forward; see its docstring)
+    # ---- perf: the decoding paths of DFlashDrafter.append_context and .draft (same math as forward)
+    def store_context(self, x: Tensor, cos: Tensor, sin: Tensor, k_buf: Tensor, v_buf: Tensor, start: int) -> None:
+        """Write :meth:`DFlashAttention.key_values` of context features ``x`` into ``k_buf/v_buf[:, :, start:]``
+        (one k/v matmul).  Shape: x ``[b, t, H]``; cos/sin ``[1, 1, t, hd]``; buffers ``[b, kv, >= start + t, hd]``."""
+        a = self.self_attn
+        b, t, _ = x.shape
+        nkv = a.num_kv_heads * a.head_dim
+        kv = F.linear(x, _fused_weight(a, ("k_proj", "v_proj")))
+        k = _rms(a.k_norm, kv[..., :nkv].view(b, t, a.num_kv_heads, a.head_dim)).transpose(1, 2)
+        k_buf[:, :, start:start + t] = rotate(k, cos, sin)
+        v_buf[:, :, start:start + t] = kv[..., nkv:].view(b, t, a.num_kv_heads, a.head_dim).transpose(1, 2)
+
     def decode(self, x: Tensor, cos: Tensor, sin: Tensor, k_buf: Tensor, v_buf: Tensor, start: int) -> Tensor:
         """:meth:`forward` of one block with no mask, the context being ``k_buf/v_buf[:, :, :start]``.
 
@@ -527,14 +538,6 @@ class DFlashDrafter(nn.Module):
             kv = self._kv = grown
         return kv
 
-    def _store(self, new: list[tuple[Tensor, Tensor]]) -> None:
-        """Write ``new`` (per layer ``[b, kv, m, hd]``) after the context: O(m), not O(context)."""
-        end = self._length + new[0][0].shape[2]
-        self._reserve(new[0][0].shape[0], end, new[0][0])
-        for (k, v), (k1, v1) in zip(self._kv, new, strict=True):
-            k[:, :, self._length:end] = k1
-            v[:, :, self._length:end] = v1
-
     def crop(self, length: int) -> None:
         """Keep only the first ``length`` context entries."""
         if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= self._length:
@@ -552,7 +555,9 @@ class DFlashDrafter(nn.Module):
             got = tuple(hidden_states.shape) if isinstance(hidden_states, Tensor) else type(hidden_states).__name__
             raise ValueError(f"hidden_states: expected [b, m, {width}] (target layers "
                              f"{list(self.target_layer_ids)} concatenated), got {got}")
-        return self.hidden_norm(self.fc(hidden_states.to(self.fc.weight.dtype)))
+        w = self.fc.weight
+        x = hidden_states if hidden_states.dtype == w.dtype else hidden_states.to(w.dtype)
+        return _rms(self.hidden_norm, F.linear(x, w))
 
     def context_key_values(self, features: Tensor, positions: Tensor) -> list[tuple[Tensor, Tensor]]:
         """Per-layer keys/values of context features.
@@ -586,9 +591,13 @@ class DFlashDrafter(nn.Module):
             raise ValueError(f"tokens: expected shape {(b, m)} to match hidden_states, got {got}")
         if self._length and self._kv[0][0].shape[0] != b:
             raise ValueError(f"hidden_states: batch {b} differs from the context's batch {self._kv[0][0].shape[0]}")
-        positions = torch.arange(self._length, self._length + m, device=feats.device)
-        new = self.context_key_values(feats, positions)
-        self._store(new)
+        # perf: context_key_values(feats, arange(n, n + m)) written straight into the buffers, with one
+        # k/v matmul per layer and the cached rotary table
+        n = self._length
+        kv = self._reserve(b, n + m, feats)
+        cos, sin = self.layers[0].self_attn.rotary.table(n, m, feats)
+        for layer, (k_buf, v_buf) in zip(self.layers, kv, strict=True):
+            layer.store_context(feats, cos, sin, k_buf, v_buf, n)
         self._length += m
 
     def _empty_context(self, b: int, device: torch.device) -> list[tuple[Tensor, Tensor]]:

@@ -43,6 +43,20 @@ def test_draft_equals_the_general_forward(tiny_target, tiny_hidden, shift_label,
     assert torch.equal(again.logits, block.logits)
 
 
+def test_append_context_stores_the_general_key_values(tiny_target, tiny_hidden):
+    drafter = make_drafter(tiny_target)
+    ids = torch.randint(0, 100, (2, 10))
+    hidden = tiny_hidden(tiny_target, ids, drafter.target_layer_ids)
+    drafter.reset()
+    for lo, hi in ((0, 3), (3, 4), (4, 10)):
+        drafter.append_context(hidden[:, lo:hi])
+    with torch.no_grad():
+        want = drafter.context_key_values(drafter.context_features(hidden), torch.arange(10))
+    for (k, v), (k_want, v_want) in zip(drafter._ctx, want, strict=True):
+        torch.testing.assert_close(k, k_want, atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(v, v_want, atol=1e-6, rtol=1e-5)
+
+
 def test_fused_weights_follow_in_place_edits_and_new_parameters(tiny_target, tiny_hidden):
     drafter = make_drafter(tiny_target)
     ids = torch.randint(0, 100, (2, 9))
