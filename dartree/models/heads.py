@@ -256,21 +256,30 @@ class GRUHead(nn.Module):
         if depth <= self.prefix_len:
             return base.expand(-1, states.shape[1], -1).contiguous()
         part, gate = self._depth_terms(block, depth)
-        fc1, fc2 = self.embed_proj[0], self.embed_proj[2]
-        # perf: fc1's state half as a contiguous matrix; fc2's rows (and bias) gathered by one embedding
-        w_s = derived(self, "_state_half_cache", [fc1.weight],
-                      lambda: fc1.weight[:, self.hidden_size :].detach().contiguous())
+        w_s, table = self._projection_tables()
         mid = F.silu(part + F.linear(self._normed(states), w_s))                   # [b, m, E]
         if self.bias:
-            table = derived(self, "_rows_cache", [fc2.weight, fc2.bias],
-                            lambda: torch.cat([fc2.weight, fc2.bias[:, None]], dim=1).detach())
             rows = F.embedding(candidates, table)                                    # [b, K, E + 1]
             correction = torch.bmm(mid, rows[..., :-1].transpose(1, 2)) + rows[..., -1][:, None, :]
         else:
-            correction = torch.bmm(mid, F.embedding(candidates, fc2.weight).transpose(1, 2))   # [b, m, K]
+            correction = torch.bmm(mid, F.embedding(candidates, table).transpose(1, 2))   # [b, m, K]
         if gate is not None:
             correction = gate * correction
         return base + (correction if correction.dtype == torch.float32 else correction.float())
+
+    def _projection_tables(self) -> tuple[Tensor, Tensor]:
+        """perf: fc1's state half as a contiguous ``[E, G]`` matrix and fc2's rows ``[V, E]`` (with the
+        bias as a last column when biased, so one embedding gathers both).  Cached (:func:`derived`)
+        unless autograd would need them (then rebuilt per call, differentiable)."""
+        fc1, fc2 = self.embed_proj[0], self.embed_proj[2]
+
+        def build() -> tuple[Tensor, Tensor]:
+            w_s = fc1.weight[:, self.hidden_size :].contiguous()
+            return w_s, (torch.cat([fc2.weight, fc2.bias[:, None]], dim=1) if self.bias else fc2.weight)
+
+        if torch.is_grad_enabled() and (fc1.weight.requires_grad or fc2.weight.requires_grad):
+            return build()
+        return derived(self, "_projection_cache", [fc1.weight, fc2.weight, fc2.bias if self.bias else None], build)
 
     def logits(self, block: DraftBlock, depth: int, states: Tensor, candidates: Tensor) -> Tensor:
         """Corrected logits of the K candidates on each of m branches.

@@ -86,3 +86,14 @@ def test_gathered_rows_equal_the_einsum_form(tiny_heads, bias, norm, gate):
         head.embed_proj[2].weight.mul_(2.0)                          # in place: the row table is rebuilt
         torch.testing.assert_close(head.logits(block, 3, states, cand),
                                    einsum_logits(head, block, 3, states, cand), **TOL)
+
+
+def test_logits_stay_differentiable_under_autograd(tiny_heads):
+    gru = tiny_heads[0]
+    head = GRUHead(HIDDEN, VOCAB, 12, 16, prefix_len=1, embedding=gru.embedding_weight.detach())
+    block = make_block()
+    with torch.no_grad():
+        head.logits(block, 2, torch.randn(2, 3, 12), torch.randint(0, VOCAB, (2, 5)))    # fills the caches
+    head.logits(block, 2, torch.randn(2, 3, 12), torch.randint(0, VOCAB, (2, 5))).sum().backward()
+    assert head.embed_proj[0].weight.grad is not None and head.embed_proj[2].weight.grad is not None
+    assert head.embed_proj[2].bias.grad is not None
