@@ -15,5 +15,5 @@ $PY -m dartree.cli bench --preset demo --out results/demo
 $PY -m dartree.cli bench --threads 1 --methods ddtree:budget=16 dartree-fixed:budget=16 ddtree:budget=64 \
     dartree-fixed:budget=64 --datasets humaneval stdlib --temperatures 0 --num-prompts 3 \
     --max-new-tokens 64 --out results/fixed-quota
-$PY -c "from dartree.fast.core import quota_widths as q; print('quota B=16:', q(16, 64, 15)); print('quota B=64:', q(64, 64, 15))"
+$PY -c "from dartree.fast.widths import quota_widths as q; print('quota B=16:', q(16, 64, 15)); print('quota B=64:', q(64, 64, 15))"
 date -u
