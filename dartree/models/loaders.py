@@ -36,6 +36,7 @@ refused; every problem is a ``ValueError`` naming the file and the key.  Nothing
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import NoReturn
 
@@ -221,6 +222,10 @@ def _check_supported(config: CheckpointConfig) -> None:
         config.fail("target_hidden_size", "a target hidden size different from the drafter's is not supported")
 
 
+_POSITION_DEPENDENT_ROPE = ("dynamic", "longrope")
+"""Rope types whose frequencies depend on the longest position of a forward (see docs/checkpoints.md)."""
+
+
 def _rope(config: CheckpointConfig) -> tuple[float, dict | None, int]:
     """rope_theta, the scaled rope dict (None for the default RoPE), max_position_embeddings:
     standardised by transformers' own ``Qwen3Config`` (``rope_scaling`` or ``rope_parameters``)."""
@@ -241,6 +246,12 @@ def _rope(config: CheckpointConfig) -> tuple[float, dict | None, int]:
     if isinstance(theta, bool) or not isinstance(theta, (int, float)):
         config.fail("rope_theta", f"expected a number, got {theta!r}")
     scaled = None if params.get("rope_type", "default") == "default" else params
+    if params.get("rope_type") in _POSITION_DEPENDENT_ROPE:
+        limit = params.get("original_max_position_embeddings", hf.max_position_embeddings)
+        warnings.warn(f"config: {config.file} rope_type {params['rope_type']!r}: draft logits equal the reference "
+                      f"drafter's up to position {limit}; past it they can differ slightly (the reference rotates "
+                      "context keys in a later call; see docs/checkpoints.md). Decoding stays lossless.",
+                      stacklevel=3)
     return float(theta), scaled, int(hf.max_position_embeddings)
 
 

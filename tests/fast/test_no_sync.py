@@ -4,8 +4,10 @@ A meta tensor has a shape and a dtype but no data, so every data-dependent host 
 ``bool(t)``, ``.tolist()``, ``.cpu()``, ``nonzero`` and other ops whose output shape depends on
 data) is one that would synchronise with a CUDA device.  :class:`SyncSpy` (a TorchDispatchMode)
 intercepts those ops, records where in the Python code they came from, and answers with a
-placeholder so the build can go on.  A build may make exactly one: ``check_finite`` in
-``TreeBuilder.build`` (on purpose, documented).  ``sequential-heap`` syncs once per pop by design
+placeholder so the build can go on.  A build may make exactly one: ``collect`` at the end of
+``TreeBuilder.build``, which reads every deferred input check (NaN / inf logits, NaN from a head,
+too few finite logits) at once (on purpose, documented in ``dartree.fast.checks``).
+``sequential-heap`` syncs once per pop by design
 (documented) and serves as the positive control: the spy must see it.
 
 Paths: the Triton wrappers (what CUDA tensors take), recorded without running (``execute=False``,
@@ -30,7 +32,7 @@ aten = torch.ops.aten
 SYNC_OPS = {aten._local_scalar_dense.default, aten.is_nonzero.default, aten.equal.default, aten.allclose.default,
             aten.nonzero.default, aten.masked_select.default, aten._unique2.default, aten.unique_dim.default,
             aten.unique_consecutive.default, aten.repeat_interleave.Tensor, aten.argwhere.default}
-ALLOWED = {"check_finite"}  # the one sync of TreeBuilder.build, on purpose
+ALLOWED = {"collect"}  # the one sync of TreeBuilder.build (dartree.fast.checks), on purpose
 # twins.topk_candidates reads one tie flag on the host (documented there: the twin was written for CPU
 # tensors, CUDA tensors take the branch-free kernel).  Drop this once the twin path is sync-free.
 TWIN_ALLOWED = ALLOWED | {"topk_candidates"}
@@ -40,8 +42,9 @@ NO_SYNC_BUILDERS = [name for name in BUILDERS if name != "sequential-heap"]
 class SyncSpy(TorchDispatchMode):
     """Record every host-sync op on a non-CPU tensor (with the innermost dartree frame) and fake its result."""
 
-    def __init__(self) -> None:
+    def __init__(self, truth: bool = True) -> None:
         super().__init__()
+        self.truth = truth  # what a faked boolean host read answers
         self.syncs: list[tuple[str, str]] = []  # (op, "file:line in function")
 
     def _site(self) -> str:
@@ -57,7 +60,7 @@ class SyncSpy(TorchDispatchMode):
                    and torch.device(kwargs.get("device") or args[0].device).type == "cpu" and on_device)
         if on_device and (func in SYNC_OPS or to_host):
             self.syncs.append((str(func), self._site()))
-            return _placeholder(func, args, kwargs)
+            return _placeholder(func, args, kwargs, self.truth)
         return func(*args, **kwargs)
 
     def unexpected(self, allowed: set[str] = ALLOWED) -> list[tuple[str, str]]:
@@ -65,13 +68,13 @@ class SyncSpy(TorchDispatchMode):
         return [s for s in self.syncs if s[1].rsplit(" in ", 1)[-1] not in allowed]
 
 
-def _placeholder(func, args, kwargs):
+def _placeholder(func, args, kwargs, truth: bool = True):
     """A result of the right kind for an intercepted op (the build only needs to go on)."""
     x = args[0]
     if func in (aten._local_scalar_dense.default,):
-        return True if x.dtype == torch.bool else (0.0 if x.is_floating_point() else 0)
+        return truth if x.dtype == torch.bool else (0.0 if x.is_floating_point() else 0)
     if func in (aten.is_nonzero.default, aten.equal.default, aten.allclose.default):
-        return True
+        return truth
     if func in (aten._to_copy.default, aten.copy_.default):
         return torch.zeros(x.shape, dtype=kwargs.get("dtype") or x.dtype)
     return torch.zeros((0, x.dim()) if func in (aten.nonzero.default, aten.argwhere.default) else (0,),
@@ -88,10 +91,10 @@ def meta_block(b: int = 3, gamma: int = 5, vocab: int = 200) -> DraftBlock:
     return DraftBlock(logits=block.logits.to("meta"), root=block.root.to("meta"))
 
 
-def build_under_spy(name: str, backend: str, **cfg) -> SyncSpy:
+def build_under_spy(name: str, backend: str, truth: bool = True, **cfg) -> SyncSpy:
     builder = make_builder(name, backend="fast", **{"topk": 8, **CONFIGS[name], **cfg})
     head = PathHashHead() if builder.needs_head else None
-    spy = SyncSpy()
+    spy = SyncSpy(truth)
     with ops.force_backend(backend), spy:
         if backend == "triton":
             from dartree.fast import triton_kernels
@@ -106,10 +109,10 @@ def build_under_spy(name: str, backend: str, **cfg) -> SyncSpy:
 
 @pytest.mark.parametrize("name", NO_SYNC_BUILDERS)
 def test_no_host_sync_on_the_triton_path(name: str) -> None:
-    """What a CUDA build runs: Triton wrappers and torch glue; the only sync is check_finite."""
+    """What a CUDA build runs: Triton wrappers and torch glue; the only sync reads the deferred checks."""
     spy = build_under_spy(name, "triton")
     assert spy.unexpected() == []
-    assert [s[1].rsplit(" in ", 1)[-1] for s in spy.syncs] == ["check_finite"]
+    assert [s[1].rsplit(" in ", 1)[-1] for s in spy.syncs] == ["collect"]
 
 
 @pytest.mark.parametrize("name", NO_SYNC_BUILDERS)
@@ -122,7 +125,7 @@ def test_no_host_sync_on_the_torch_twin_path(name: str) -> None:
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_the_spy_sees_the_documented_syncs_of_sequential_heap(backend: str) -> None:
     """Positive control: sequential-heap reads popped nodes on the host; the spy must report it."""
-    spy = build_under_spy("sequential-heap", backend)
+    spy = build_under_spy("sequential-heap", backend, truth=False)  # its eager input checks read "no bad value"
     assert any("fast/heap.py" in site for _, site in spy.unexpected()), spy.syncs
 
 

@@ -234,3 +234,18 @@ def test_the_target_wrapper_serves_layer_minus_one_as_the_embedding_output(targe
     assert torch.equal(out.hidden[..., : rf.HIDDEN], embedded)
     with pytest.raises(ValueError, match="-1"):
         HFTarget(target, layer_ids=(-2,))
+
+
+@pytest.mark.parametrize("scaling", [{"rope_type": "dynamic", "factor": 2.0},
+                                     {"rope_type": "linear", "factor": 2.0}])
+def test_position_dependent_rope_loads_with_a_warning(tmp_path, target, scaling):
+    """dynamic / longrope match the reference only up to the original context: said at load, not hidden."""
+    import warnings
+
+    path, _, _ = _dflash_dir(tmp_path, "rope", rope_scaling=scaling)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        load_drafter(path, target=target)
+    said = [str(w.message) for w in caught if "rope_type" in str(w.message)]
+    assert bool(said) == (scaling["rope_type"] == "dynamic")
+    assert all("up to position" in m and "lossless" in m for m in said)
