@@ -34,11 +34,12 @@ from types import ModuleType
 
 from torch import Tensor
 
+from dartree import structure
 from dartree.fast import host, twins
 from dartree.fast.results import CandidateSet, DepthStep, GreedyWalk, TreeStructure
 
 __all__ = ["KERNEL_BACKENDS", "backend", "force_backend", "builders", "topk_candidates", "depth_step", "top_b",
-           "tree_structure", "greedy_walk"]
+           "tree_structure", "ancestor_mask", "greedy_walk"]
 
 KERNEL_BACKENDS: tuple[str, ...] = ("host", "torch", "triton")
 _forced: str | None = None
@@ -127,6 +128,18 @@ def tree_structure(parents: Tensor, num_nodes: Tensor, prefix_len: int | Tensor 
     """
     args = (parents, num_nodes, prefix_len)
     return _impl(parents, "tree_structure", *args).tree_structure(*args)
+
+
+def ancestor_mask(parents: Tensor, num_nodes: Tensor) -> Tensor:
+    """The ancestor-or-self mask of a padded tree: the Triton tree-structure kernel on CUDA, the mask alone
+    (:func:`dartree.structure.ancestor_mask`) everywhere else.
+
+    Shape:
+        parents ``[b, n]``, num_nodes ``[b]`` -> bool ``[b, n, n]``.
+    """
+    if backend(parents) == "triton":
+        return tree_structure(parents, num_nodes).mask
+    return structure.ancestor_mask(parents, num_nodes)
 
 
 def greedy_walk(tokens: Tensor, parents: Tensor, num_nodes: Tensor, picks: Tensor) -> GreedyWalk:

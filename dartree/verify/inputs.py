@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from dartree.fast import ops
 from dartree.tree import DraftTree
 
 __all__ = ["TreeInputs", "TreeInputBuffer", "tree_inputs", "ATTENTION_IMPLEMENTATIONS"]
@@ -128,7 +129,7 @@ def tree_inputs(
     sees_prefix = cols[None, :] < prefix[:, None]                                     # [b, kv]
     mask = torch.zeros(b, n, kv_len, dtype=torch.bool, device=device)
     mask |= sees_prefix[:, None, :] & valid[:, :, None]
-    nodes = tree.ancestor_mask()                                                       # [b, n, n]
+    nodes = ops.ancestor_mask(tree.parents, tree.num_nodes)                             # [b, n, n]
     diag = torch.eye(n, dtype=torch.bool, device=device)[None]
     nodes = nodes | (diag & ~valid[:, :, None])        # a padding slot sees only itself
     mask[:, :, cache_len:cache_len + n] = nodes
@@ -190,7 +191,7 @@ class TreeInputBuffer:
                 block[i] = block[p]
                 block[i, i] = True
         else:
-            m[:n, prefix_len:end] = tree.ancestor_mask()[0]
+            m[:n, prefix_len:end] = ops.ancestor_mask(tree.parents, tree.num_nodes)[0]
         self._end = end
         return TreeInputs(input_ids=tree.tokens, position_ids=tree.depths + prefix_len,
                           valid=self._valid[:, :n], mask=m[None, None, :n, :kv])

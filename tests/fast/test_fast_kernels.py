@@ -178,6 +178,11 @@ def test_tree_structure_kernel_twin_and_host_equal_the_reference(index: int) -> 
         twin = twins.tree_structure(t.parents, t.num_nodes, prefix_t)
         assert_equal(twin, ref)
         assert_equal(on_triton("tree_structure", t.parents, t.num_nodes, prefix_t), ref)
+        for backend in ops.KERNEL_BACKENDS if DEVICE == "cpu" else ("torch", "triton"):
+            if backend == "host" and t.parents.device.type != "cpu":
+                continue
+            with ops.force_backend(backend):  # what verify.inputs runs: the mask alone
+                assert torch.equal(ops.ancestor_mask(t.parents, t.num_nodes).cpu(), ref[0]), backend
 
 
 @pytest.mark.parametrize("index", range(3))

@@ -32,7 +32,7 @@ def interpreted_launches() -> list[Launch]:
     block = DraftBlock(logits=random_logits(4, (1, 2, 13), True), root=torch.tensor([1]))
     with ops.force_backend("triton"), record_launches() as launches:
         tree = make_builder("dartree-pruned", backend="fast", budget=5, width=3, topk=4).build(block, PathHashHead())
-        tree.ancestor_mask()
+        ops.ancestor_mask(tree.parents, tree.num_nodes)  # what verify.inputs runs on CUDA
         accept_picks(tree, torch.zeros_like(tree.tokens))
         triton_kernels.topk_candidates(random_logits(1, (1, 1, 111), False), 6, True, block_v=64)
     return launches
