@@ -110,14 +110,20 @@ def rest_logsumexp(logits: Tensor, tokens: Tensor, top: Tensor | None = None) ->
     x, tok, t = logits.reshape(-1, vocab), tokens.reshape(-1, tokens.shape[-1]), top.reshape(-1, 1)
     # On the CPU, rows go in chunks of ~2**20 logits through one reused buffer that stays in cache;
     # each row's sum is a reduction over that row alone, so the chunking does not change any bit.
-    step = x.shape[0] if x.device.type != "cpu" else max(1, _CHUNK // vocab)
-    sums = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
-    for r in range(0, x.shape[0], step):
-        terms = torch.sub(x[r : r + step], t[r : r + step], out=_scratch(x[r : r + step]))
+    rows = x.shape[0]
+    step = rows if x.device.type != "cpu" else max(1, _CHUNK // vocab)
+    if rows <= step:  # one chunk: no slicing (a small vocabulary pays per torch call, not per logit)
+        terms = torch.sub(x, t, out=_scratch(x))
         terms.mul_(_LOG2E).exp2_()  # exp(y) as exp2(y log2 e): ~2x faster than exp on the CPU
-        terms.scatter_(-1, tok[r : r + step], 0.0)
-        torch.sum(terms, -1, out=sums[r : r + step])
-    return top + torch.log(sums.view(top.shape))
+        sums = terms.scatter_(-1, tok, 0.0).sum(-1)
+    else:
+        sums = torch.empty(rows, dtype=torch.float32, device=x.device)
+        for r in range(0, rows, step):
+            terms = torch.sub(x[r : r + step], t[r : r + step], out=_scratch(x[r : r + step]))
+            terms.mul_(_LOG2E).exp2_()
+            terms.scatter_(-1, tok[r : r + step], 0.0)
+            torch.sum(terms, -1, out=sums[r : r + step])
+    return top + sums.log_().view(top.shape)
 
 
 def candidates(block: DraftBlock, topk: int, normalize: Normalize) -> Candidates:

@@ -40,7 +40,9 @@ class HostCandidates:
     float32 ``[b, gamma]``, base ``log_q`` float32 ``[b, gamma, K]``, and ``tokens_t`` (torch view)."""
 
     def __init__(self, block: DraftBlock, topk: int, normalize: str) -> None:
-        x = block.logits.float().contiguous()
+        x = block.logits
+        if x.dtype != torch.float32 or not x.is_contiguous():
+            x = x.float().contiguous()
         self.tokens, self.logits = select(x, topk)
         self.tokens_t = torch.from_numpy(self.tokens)
         self.rest: np.ndarray | None = None  # None: -inf everywhere (log_normalize_host skips it)
@@ -74,55 +76,97 @@ def _tree(block: DraftBlock, tokens: np.ndarray, parents: np.ndarray, depths: np
 
 
 # --------------------------------------------------------------------------------- best-first
+# A rank path as one integer: digit (rank + 1) at depth d, base K + 1, most significant first, so integer
+# order is the lexicographic order with a prefix first (a Python int never overflows).  Heap entries are
+# (-score, rank path code, parent node, depth, position among the sorted siblings): the code is compared
+# only between equal scores.  Scores are rounded to float32 by storing them in an array("f").
+
+def _pops_ranked(lq: list, topk: int, gamma: int, n: int, pars: list, deps: list, pos_out: list,
+                 sc: list) -> None:
+    """Best-first over rank-sorted rows ``lq[depth - 1][rank]``; appends the popped nodes' columns."""
+    place = [(topk + 1) ** (gamma - d) for d in range(gamma + 1)]
+    f32 = array("f", [lq[0][0]])
+    replace, push = heapq.heapreplace, heapq.heappush
+    heap = [(-f32[0], place[1], 0, 1, 0)]
+    base = len(sc) - 1  # the row's root
+    for node in range(1, n):
+        neg, code, parent, depth, pos = heap[0]  # it leaves; its next sibling (never better) replaces it
+        pars.append(parent)
+        deps.append(depth)
+        pos_out.append(pos)
+        sc.append(-neg)
+        pos += 1
+        if pos < topk:
+            f32[0] = sc[base + parent] + lq[depth - 1][pos]
+            replace(heap, (-f32[0], code + place[depth], parent, depth, pos))
+        else:
+            heapq.heappop(heap)
+        if depth < gamma:  # the first child enters the heap
+            f32[0] = lq[depth][0] - neg
+            push(heap, (-f32[0], code + place[depth + 1], node, depth + 1, 0))
+
+
+def _pops_sorted(lq: list, rk: list, topk: int, gamma: int, n: int, pars: list, deps: list, pos_out: list,
+                 sc: list) -> None:
+    """As :func:`_pops_ranked` over rows sorted by (log q descending, rank); ``rk[depth - 1][pos]`` is the
+    rank at a sorted position (the code holds ranks)."""
+    place = [(topk + 1) ** (gamma - d) for d in range(gamma + 1)]
+    f32 = array("f", [lq[0][0]])
+    replace, push = heapq.heapreplace, heapq.heappush
+    heap = [(-f32[0], (rk[0][0] + 1) * place[1], 0, 1, 0)]
+    base = len(sc) - 1
+    for node in range(1, n):
+        neg, code, parent, depth, pos = heap[0]
+        pars.append(parent)
+        deps.append(depth)
+        pos_out.append(pos)
+        sc.append(-neg)
+        if pos + 1 < topk:
+            f32[0] = sc[base + parent] + lq[depth - 1][pos + 1]
+            step = rk[depth - 1][pos + 1] - rk[depth - 1][pos]
+            replace(heap, (-f32[0], code + step * place[depth], parent, depth, pos + 1))
+        else:
+            heapq.heappop(heap)
+        if depth < gamma:
+            f32[0] = lq[depth][0] - neg
+            push(heap, (-f32[0], code + (rk[depth][0] + 1) * place[depth + 1], node, depth + 1, 0))
+
+
 def _best_first(block: DraftBlock, cands: HostCandidates, log_q: np.ndarray, budget: int,
                 ranked: bool = False) -> DraftTree:
     """DDTree's best-first over per-depth distributions ``log_q [b, gamma, K]`` shared by all branches.
 
     Siblings are walked in (log q descending, rank) order: for base marginals that is rank order; a
     corrected distribution (``corrected-chain-ddtree``) is sorted first; ``ranked`` says it already is.
+    The output columns are written as the nodes pop (Python lists, one numpy conversion at the end).
     """
     b, gamma, topk = log_q.shape
-    n_out = trie_size(topk, gamma, budget)
-    if ranked:
-        order, sorted_q = np.broadcast_to(np.arange(topk), log_q.shape), log_q
-    else:
-        order = np.argsort(-log_q, axis=-1, kind="stable")  # sibling order per depth: score, then rank
-        sorted_q = np.take_along_axis(log_q, order, -1)
-    # A rank path as one integer: digit (rank + 1) at depth d, base K + 1, most significant first, so
-    # integer order is the lexicographic order with a prefix first (a Python int never overflows).
-    place = [(topk + 1) ** (gamma - d) for d in range(gamma + 1)]
-    popped_rows = []
-    f32 = array("f", [0.0])  # storing a double rounds it to float32: (p + q) rounded once, as in float32
+    n = trie_size(topk, gamma, budget) + 1
+    order = None if ranked else np.argsort(-log_q, axis=-1, kind="stable")  # sibling order: score, then rank
+    sorted_q = log_q if ranked else np.take_along_axis(log_q, order, -1)
+    pars, deps, pos, sc = [], [], [], []
     for r in range(b):
-        lq = sorted_q[r].tolist()
-        rk = None if ranked else order[r].tolist()  # position -> rank (the identity when ranked)
-        f32[0] = lq[0][0]
-        # (-score, rank path code, parent node, parent score, depth, position among the sorted siblings)
-        heap = [(-f32[0], (1 if ranked else rk[0][0] + 1) * place[1], 0, 0.0, 1, 0)]
-        popped = []
-        replace, push = heapq.heapreplace, heapq.heappush
-        for node in range(1, n_out + 1):
-            entry = heap[0]  # the best node: it leaves the heap, its next sibling (never better) replaces it
-            popped.append(entry)
-            neg, code, parent, pscore, depth, pos = entry
-            if pos + 1 < topk:
-                f32[0] = pscore + lq[depth - 1][pos + 1]
-                step = 1 if ranked else rk[depth - 1][pos + 1] - rk[depth - 1][pos]
-                replace(heap, (-f32[0], code + step * place[depth], parent, pscore, depth, pos + 1))
-            else:
-                heapq.heappop(heap)
-            if depth < gamma:  # the first child enters the heap
-                f32[0] = lq[depth][0] - neg
-                digit = 1 if ranked else rk[depth][0] + 1
-                push(heap, (-f32[0], code + digit * place[depth + 1], node, -neg, depth + 1, 0))
-        popped_rows.append(popped)
-    entries = [e for p in popped_rows for e in p]
-    neg, _, parents, _, depths, pos = (np.array(c) for c in zip(*entries, strict=True))
-    parents, depths, pos = parents.reshape(b, n_out), depths.reshape(b, n_out), pos.reshape(b, n_out)
+        pars.append(PAD)  # the root
+        deps.append(0)
+        pos.append(0)
+        sc.append(0.0)
+        if ranked:
+            _pops_ranked(sorted_q[r].tolist(), topk, gamma, n, pars, deps, pos, sc)
+        else:
+            _pops_sorted(sorted_q[r].tolist(), order[r].tolist(), topk, gamma, n, pars, deps, pos, sc)
+    ints = np.array(array("q", pars + deps + pos)).reshape(3, b, n)
+    d1 = ints[1] - 1
+    d1[:, 0] = 0
     rows = np.arange(b)[:, None]
-    ranks = pos if ranked else order[rows, depths - 1, pos]
-    tokens = cands.tokens[rows, depths - 1, ranks]
-    return _tree(block, tokens, parents, depths, -neg.reshape(b, n_out), ranks)
+    if not ranked:
+        ints[2] = order[rows, d1, ints[2]]  # sorted position -> rank
+    ints[2, :, 0] = PAD
+    tokens = cands.tokens[rows, d1, ints[2]]
+    tokens[:, 0] = block.root.numpy()
+    t = torch.from_numpy(ints)
+    return DraftTree(tokens=torch.from_numpy(tokens), parents=t[0], depths=t[1],
+                     scores=torch.from_numpy(np.array(array("f", sc))).view(b, n), ranks=t[2],
+                     num_nodes=torch.full((b,), n, dtype=torch.int64))
 
 
 # -------------------------------------------------------------------------------- depth-wise

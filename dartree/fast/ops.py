@@ -43,6 +43,7 @@ __all__ = ["KERNEL_BACKENDS", "backend", "force_backend", "builders", "topk_cand
 
 KERNEL_BACKENDS: tuple[str, ...] = ("host", "torch", "triton")
 _forced: str | None = None
+_builder_modules: dict[str, ModuleType] = {}
 
 
 def backend(x: Tensor) -> str:
@@ -85,9 +86,11 @@ def _impl(x: Tensor, op: str, *args) -> ModuleType:
 def builders(x: Tensor) -> ModuleType:
     """The builder module for a block whose logits are ``x``: host builders for the ``"host"`` backend,
     tensorized builders (whose ops dispatch again, to the twin or the kernels) otherwise."""
-    if backend(x) == "host" and x.device.type == "cpu":
-        return importlib.import_module("dartree.fast.host_builders")
-    return importlib.import_module("dartree.fast.tensor_builders")
+    name = "host_builders" if backend(x) == "host" and x.device.type == "cpu" else "tensor_builders"
+    module = _builder_modules.get(name)
+    if module is None:  # imported once: import_module costs microseconds on every call
+        module = _builder_modules[name] = importlib.import_module(f"dartree.fast.{name}")
+    return module
 
 
 def topk_candidates(logits: Tensor, topk: int, vocab_normalize: bool) -> CandidateSet:

@@ -184,6 +184,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
+        # perf: one call, bit-identical to the lines below in fp32 (tests/models/test_drafter_fast.py)
+        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -205,6 +208,7 @@ class RotaryEmbedding(nn.Module):
         self.rope_type = params["rope_type"]
         self._scaled: nn.Module | None = None
         self._inv_freq: Tensor | None = None
+        self._table: tuple[Tensor, Tensor] | None = None       # perf: see table()
         if self.rope_type == "default":
             dim = config.head_dim
             self._inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
@@ -217,6 +221,24 @@ class RotaryEmbedding(nn.Module):
                              max_position_embeddings=config.max_position_embeddings,
                              rope_parameters=dict(params))
             object.__setattr__(self, "_scaled", Qwen3RotaryEmbedding(hf))   # not a child: never cast
+
+    def table(self, start: int, count: int, like: Tensor) -> tuple[Tensor, Tensor]:
+        """cos and sin of positions ``start .. start + count - 1``, both ``[1, 1, count, head_dim]`` in
+        ``like``'s dtype and device; equal to :meth:`forward` of those positions.
+
+        perf: the default rope reads a cached table of positions ``0 .. capacity`` (grown by doubling;
+        every entry is computed by the same elementwise ops as :meth:`forward`, so it is bit-identical);
+        the scaled types (``dynamic`` may depend on the largest position seen) call :meth:`forward`.
+        """
+        if self._scaled is not None:
+            return self.forward(like, torch.arange(start, start + count, device=like.device))
+        end = start + count
+        cache = self._table
+        if cache is None or cache[0].shape[2] < end or cache[0].device != like.device or cache[0].dtype != like.dtype:
+            cap = max(end, 256, 2 * (cache[0].shape[2] if cache is not None else 0))
+            cos, sin = self.forward(like, torch.arange(cap, device=like.device))
+            cache = self._table = (cos, sin)
+        return cache[0][:, :, start:end], cache[1][:, :, start:end]
 
     def forward(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
         """cos and sin, both ``[b or 1, 1, t, head_dim]`` in ``x``'s dtype.  Shape: positions ``[b, t]`` or ``[t]``."""
@@ -240,11 +262,50 @@ def rope(x: Tensor, positions: Tensor, rotary: RotaryEmbedding) -> Tensor:
     Shape:
         x: ``[b, heads, t, head_dim]``; positions: int64 ``[b, t]`` or ``[t]``.
     """
-    dim = x.shape[-1]
     cos, sin = rotary(x, positions)
-    x1, x2 = x[..., : dim // 2], x[..., dim // 2 :]
-    rotated = torch.cat([-x2, x1], dim=-1)
+    return rotate(x, cos, sin)
+
+
+def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """``x * cos + rotate_half(x) * sin``.  Shape: x ``[b, heads, t, head_dim]``; cos/sin broadcastable."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rotated * sin
+
+
+def _rms(norm: RMSNorm, x: Tensor) -> Tensor:
+    """perf: ``norm(x)`` without the module call (``F.rms_norm`` directly in fp32, as its forward)."""
+    w = norm.weight
+    if x.dtype == torch.float32 and w.dtype == torch.float32:
+        return F.rms_norm(x, w.shape, w, norm.eps)
+    return norm(x)
+
+
+def derived(owner: nn.Module, slot: str, sources: list[Tensor | None], build):
+    """perf: ``build()`` (a tensor derived from the tensors ``sources``), cached on ``owner`` under
+    ``slot`` and rebuilt when any source is replaced, moved, cast or edited in place (checked by
+    identity, storage address and version counter; a strong reference is kept, so a new tensor can
+    never alias a cached one).  Never registered: state_dicts and checkpoints are unchanged.
+    """
+    key = [None if w is None else (w, w.data_ptr(), w._version) for w in sources]
+    cache = owner.__dict__.get(slot)
+    if cache is not None and len(cache[0]) == len(key) and all(
+            (a is None and b is None) or (a is not None and b is not None and a[0] is b[0] and a[1] == b[1]
+                                          and a[2] == b[2]) for a, b in zip(cache[0], key, strict=True)):
+        return cache[1]
+    with torch.no_grad():
+        value = build()
+    owner.__dict__[slot] = (key, value)
+    return value
+
+
+def _fused_weight(module: nn.Module, names: tuple[str, ...]) -> Tensor:
+    """perf: the weights of the linears ``names`` of ``module`` concatenated along the output dim, so
+    that one matmul replaces several (each output column is the same dot product), cached by
+    :func:`derived`.  The state_dict keeps the separate weights.
+    """
+    ws = [getattr(module, n).weight for n in names]
+    return derived(module, "_fused_" + "_".join(names), ws, lambda: torch.cat([w.detach() for w in ws]))
 
 
 class DFlashAttention(nn.Module):
@@ -310,6 +371,48 @@ class DFlashLayer(nn.Module):
         x = x + self.self_attn(self.input_layernorm(x), positions, ctx_k, ctx_v, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
+    # ---- perf: the decoding paths of DFlashDrafter.append_context and .draft (same math as forward)
+    def store_context(self, x: Tensor, cos: Tensor, sin: Tensor, k_buf: Tensor, v_buf: Tensor, start: int) -> None:
+        """Write :meth:`DFlashAttention.key_values` of context features ``x`` into ``k_buf/v_buf[:, :, start:]``
+        (one k/v matmul).  Shape: x ``[b, t, H]``; cos/sin ``[1, 1, t, hd]``; buffers ``[b, kv, >= start + t, hd]``."""
+        a = self.self_attn
+        b, t, _ = x.shape
+        nkv = a.num_kv_heads * a.head_dim
+        kv = F.linear(x, _fused_weight(a, ("k_proj", "v_proj")))
+        k = _rms(a.k_norm, kv[..., :nkv].view(b, t, a.num_kv_heads, a.head_dim)).transpose(1, 2)
+        k_buf[:, :, start:start + t] = rotate(k, cos, sin)
+        v_buf[:, :, start:start + t] = kv[..., nkv:].view(b, t, a.num_kv_heads, a.head_dim).transpose(1, 2)
+
+    def decode(self, x: Tensor, cos: Tensor, sin: Tensor, k_buf: Tensor, v_buf: Tensor, start: int) -> Tensor:
+        """:meth:`forward` of one block with no mask, the context being ``k_buf/v_buf[:, :, :start]``.
+
+        The block's keys/values are written after the context into the buffers' spare slots
+        ``start .. start + t`` (scratch: the context length does not change, a later append
+        overwrites them), so attention reads one view instead of a concatenated copy of the context.
+        q/k/v and gate/up are one matmul each (:func:`_fused_weight`); the rotary tables are the block's.
+
+        Shape:
+            x ``[b, t, H]``; cos/sin ``[1, 1, t, hd]``; k_buf/v_buf ``[b, kv, >= start + t, hd]``.
+        """
+        a = self.self_attn
+        b, t, _ = x.shape
+        nq, nkv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
+        qkv = F.linear(_rms(self.input_layernorm, x), _fused_weight(a, ("q_proj", "k_proj", "v_proj")))
+        q = rotate(_rms(a.q_norm, qkv[..., :nq].view(b, t, a.num_heads, a.head_dim)).transpose(1, 2), cos, sin)
+        k = rotate(_rms(a.k_norm, qkv[..., nq:nq + nkv].view(b, t, a.num_kv_heads, a.head_dim)).transpose(1, 2),
+                   cos, sin)
+        end = start + t
+        k_buf[:, :, start:end] = k
+        v_buf[:, :, start:end] = qkv[..., nq + nkv:].view(b, t, a.num_kv_heads, a.head_dim).transpose(1, 2)
+        out = F.scaled_dot_product_attention(q, k_buf[:, :, :end], v_buf[:, :, :end],
+                                             scale=1.0 / math.sqrt(a.head_dim),
+                                             enable_gqa=a.num_heads != a.num_kv_heads)
+        x = x + F.linear(out.transpose(1, 2).reshape(b, t, -1), a.o_proj.weight)
+        m = self.mlp
+        gate_up = F.linear(_rms(self.post_attention_layernorm, x), _fused_weight(m, ("gate_proj", "up_proj")))
+        inter = m.gate_proj.out_features
+        return x + F.linear(F.silu(gate_up[..., :inter]) * gate_up[..., inter:], m.down_proj.weight)
+
 
 class DFlashDrafter(nn.Module):
     """Block-parallel drafter conditioned on target hidden states (see the module docstring).
@@ -338,6 +441,7 @@ class DFlashDrafter(nn.Module):
         self._lm_head: Tensor | None = None
         self._kv: list[tuple[Tensor, Tensor]] | None = None    # per layer [b, kv, capacity, hd] (perf)
         self._length = 0
+        self._block_ids: Tensor | None = None                   # perf: [b, block_size] scratch of draft()
         if target is not None:
             self.bind(target)
 
@@ -413,23 +517,26 @@ class DFlashDrafter(nn.Module):
         n = self._length
         return [(k[:, :, :n], v[:, :, :n]) for k, v in self._kv]
 
-    def _store(self, new: list[tuple[Tensor, Tensor]]) -> None:
-        """Write ``new`` (per layer ``[b, kv, m, hd]``) after the context: O(m), not O(context)."""
-        end = self._length + new[0][0].shape[2]
-        if self._kv is None or end > self._kv[0][0].shape[2]:
-            cap = max(end, 64, 2 * (self._kv[0][0].shape[2] if self._kv is not None else 0))
+    def _reserve(self, b: int, end: int, like: Tensor) -> list[tuple[Tensor, Tensor]]:
+        """The buffers, grown (by doubling) to hold ``end`` entries; ``like`` gives dtype and device.
+        With an empty context, buffers of another batch, dtype or device are replaced."""
+        kv = self._kv
+        if kv is not None and not self._length and (kv[0][0].shape[0] != b or kv[0][0].dtype != like.dtype
+                                                    or kv[0][0].device != like.device):
+            kv = self._kv = None
+        if kv is None or end > kv[0][0].shape[2]:
+            c = self.config
+            cap = max(end, 64, 2 * (kv[0][0].shape[2] if kv is not None else 0))
             grown = []
-            for i, (k1, v1) in enumerate(new):
-                k = k1.new_empty(k1.shape[0], k1.shape[1], cap, k1.shape[3])
-                v = v1.new_empty(v1.shape[0], v1.shape[1], cap, v1.shape[3])
-                if self._kv is not None and self._length:
-                    k[:, :, :self._length] = self._kv[i][0][:, :, :self._length]
-                    v[:, :, :self._length] = self._kv[i][1][:, :, :self._length]
+            for i in range(len(self.layers)):
+                k = like.new_empty(b, c.num_key_value_heads, cap, c.head_dim)
+                v = like.new_empty(b, c.num_key_value_heads, cap, c.head_dim)
+                if kv is not None and self._length:
+                    k[:, :, :self._length] = kv[i][0][:, :, :self._length]
+                    v[:, :, :self._length] = kv[i][1][:, :, :self._length]
                 grown.append((k, v))
-            self._kv = grown
-        for (k, v), (k1, v1) in zip(self._kv, new, strict=True):
-            k[:, :, self._length:end] = k1
-            v[:, :, self._length:end] = v1
+            kv = self._kv = grown
+        return kv
 
     def crop(self, length: int) -> None:
         """Keep only the first ``length`` context entries."""
@@ -448,7 +555,9 @@ class DFlashDrafter(nn.Module):
             got = tuple(hidden_states.shape) if isinstance(hidden_states, Tensor) else type(hidden_states).__name__
             raise ValueError(f"hidden_states: expected [b, m, {width}] (target layers "
                              f"{list(self.target_layer_ids)} concatenated), got {got}")
-        return self.hidden_norm(self.fc(hidden_states.to(self.fc.weight.dtype)))
+        w = self.fc.weight
+        x = hidden_states if hidden_states.dtype == w.dtype else hidden_states.to(w.dtype)
+        return _rms(self.hidden_norm, F.linear(x, w))
 
     def context_key_values(self, features: Tensor, positions: Tensor) -> list[tuple[Tensor, Tensor]]:
         """Per-layer keys/values of context features.
@@ -480,11 +589,15 @@ class DFlashDrafter(nn.Module):
         if tokens is not None and (not isinstance(tokens, Tensor) or tuple(tokens.shape) != (b, m)):
             got = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
             raise ValueError(f"tokens: expected shape {(b, m)} to match hidden_states, got {got}")
-        if self._kv is not None and self._kv[0][0].shape[0] != b:
+        if self._length and self._kv[0][0].shape[0] != b:
             raise ValueError(f"hidden_states: batch {b} differs from the context's batch {self._kv[0][0].shape[0]}")
-        positions = torch.arange(self._length, self._length + m, device=feats.device)
-        new = self.context_key_values(feats, positions)
-        self._store(new)
+        # perf: context_key_values(feats, arange(n, n + m)) written straight into the buffers, with one
+        # k/v matmul per layer and the cached rotary table
+        n = self._length
+        kv = self._reserve(b, n + m, feats)
+        cos, sin = self.layers[0].self_attn.rotary.table(n, m, feats)
+        for layer, (k_buf, v_buf) in zip(self.layers, kv, strict=True):
+            layer.store_context(feats, cos, sin, k_buf, v_buf, n)
         self._length += m
 
     def _empty_context(self, b: int, device: torch.device) -> list[tuple[Tensor, Tensor]]:
@@ -527,13 +640,30 @@ class DFlashDrafter(nn.Module):
         if not isinstance(root, Tensor) or root.dtype != torch.int64 or root.dim() != 1:
             raise ValueError("root: expected an int64 tensor of shape [b]")
         b = root.shape[0]
-        ctx = self._ctx if self._ctx is not None else self._empty_context(b, root.device)
-        if ctx[0][0].shape[0] != b:
-            raise ValueError(f"root: batch {b} differs from the context's batch {ctx[0][0].shape[0]}")
-        positions = torch.arange(self._length, self._length + self.block_size, device=root.device)
-        hidden = self.block_hidden(root[:, None], positions, ctx)[:, self.config.first_slot:]   # slot -> depth
-        logits = F.linear(hidden, self.lm_head_weight.to(hidden.dtype))
-        return DraftBlock(logits=logits, root=root, hidden=hidden)
+        if self._length and self._kv[0][0].shape[0] != b:
+            raise ValueError(f"root: batch {b} differs from the context's batch {self._kv[0][0].shape[0]}")
+        # perf: the decoding forward (DFlashLayer.decode), equal to
+        #   block_hidden(root[:, None], arange(n, n + block_size), self._ctx)
+        # with the block ids from a reused buffer, one rotary table for every layer, the block's
+        # keys/values written into the context buffers' spare slots, and only the gamma depth slots
+        # normed and projected by the LM head (one 2-D matmul).
+        n, size, embedding = self._length, self.block_size, self.embedding_weight
+        ids = self._block_ids
+        if ids is None or ids.shape[0] != b or ids.device != root.device:
+            ids = self._block_ids = torch.full((b, size), self.mask_token_id, dtype=torch.int64, device=root.device)
+        ids[:, 0] = root
+        x = F.embedding(ids, embedding)
+        dtype = self.fc.weight.dtype
+        if x.dtype != dtype:
+            x = x.to(dtype)
+        kv = self._reserve(b, n + size, x)
+        cos, sin = self.layers[0].self_attn.rotary.table(n, size, x)
+        for layer, (k_buf, v_buf) in zip(self.layers, kv, strict=True):
+            x = layer.decode(x, cos, sin, k_buf, v_buf, n)
+        hidden = _rms(self.norm, x[:, self.config.first_slot:])                                      # slot -> depth
+        head = self.lm_head_weight
+        logits = F.linear(hidden.reshape(-1, hidden.shape[-1]), head if head.dtype == dtype else head.to(dtype))
+        return DraftBlock(logits=logits.view(b, self.gamma, -1), root=root, hidden=hidden)
 
     def forward(self, root: Tensor) -> DraftBlock:
         """Same as :meth:`draft`."""

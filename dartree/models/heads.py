@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dartree.block import DraftBlock
-from dartree.models.drafter import RMSNorm
+from dartree.models.drafter import RMSNorm, derived
 
 __all__ = ["GRUHead", "MarkovHead"]
 
@@ -71,7 +71,13 @@ def _check_tokens(block: DraftBlock, tokens: Tensor, name: str, m: int | None = 
 
 def _base_candidates(block: DraftBlock, depth: int, candidates: Tensor) -> Tensor:
     """float32 ``[b, K]``: base logits of ``candidates`` at ``depth``."""
-    return torch.gather(block.logits[:, depth - 1].float(), 1, candidates)
+    logits = block.logits[:, depth - 1]
+    return torch.gather(logits if logits.dtype == torch.float32 else logits.float(), 1, candidates)
+
+
+#: perf: the GRU's input gates are read from a [V, 3G] table when it has at most this many entries
+#: (64 MiB in float32); larger vocabularies compute them per step.
+GATE_TABLE_LIMIT = 1 << 24
 
 
 class GRUHead(nn.Module):
@@ -159,12 +165,33 @@ class GRUHead(nn.Module):
         Shape:
             tokens: int64 ``[...]``; states: ``[..., G]`` -> ``[..., G]``.
         """
-        x = F.embedding(tokens, self.embedding_weight).to(states.dtype)
-        flat_x, flat_h = x.reshape(-1, x.shape[-1]), states.reshape(-1, states.shape[-1])
         g = self.prefix_gru
-        h = torch._VF.gru_cell(flat_x, flat_h, g.weight_ih_l0, g.weight_hh_l0,
-                               g.bias_ih_l0 if self.bias else None, g.bias_hh_l0 if self.bias else None)
-        return h.view(states.shape)
+        flat_h = states.reshape(-1, states.shape[-1])
+        table = self._gate_table(states.dtype)
+        if table is None:
+            x = F.embedding(tokens, self.embedding_weight).to(states.dtype)
+            h = torch._VF.gru_cell(x.reshape(-1, x.shape[-1]), flat_h, g.weight_ih_l0, g.weight_hh_l0,
+                                   g.bias_ih_l0 if self.bias else None, g.bias_hh_l0 if self.bias else None)
+            return h.view(states.shape)
+        # perf: the input gates of every token precomputed (one row per token); then exactly
+        # torch's GRU cell (aten/src/ATen/native/RNN.cpp, GRUCell), with r and z in one op
+        gi = F.embedding(tokens.reshape(-1), table)                                  # [N, 3G]
+        gh = F.linear(flat_h, g.weight_hh_l0, g.bias_hh_l0 if self.bias else None)   # [N, 3G]
+        size = self.gru_hidden_dim
+        rz = gh[:, : 2 * size].add_(gi[:, : 2 * size]).sigmoid_()
+        new = gi[:, 2 * size :].add(gh[:, 2 * size :].mul_(rz[:, :size])).tanh_()
+        return (flat_h - new).mul_(rz[:, size:]).add_(new).view(states.shape)
+
+    def _gate_table(self, dtype: torch.dtype) -> Tensor | None:
+        """``emb @ W_ih^T + b_ih`` ``[V, 3G]`` (the GRU's input gates of every token), or ``None`` when
+        it would exceed :data:`GATE_TABLE_LIMIT` entries or the states are not in the weights' dtype."""
+        g, emb = self.prefix_gru, self.embedding_weight
+        if self.vocab_size * 3 * self.gru_hidden_dim > GATE_TABLE_LIMIT or g.weight_ih_l0.dtype != dtype \
+                or g.weight_ih_l0.requires_grad and torch.is_grad_enabled():
+            return None
+        bias = g.bias_ih_l0 if self.bias else None
+        return derived(self, "_gate_table_cache", [emb, g.weight_ih_l0, bias],
+                       lambda: F.linear(emb.to(dtype), g.weight_ih_l0, bias))
 
     def _normed(self, states: Tensor) -> Tensor:
         return states if self.bias_norm is None else self.bias_norm(states)
@@ -229,15 +256,30 @@ class GRUHead(nn.Module):
         if depth <= self.prefix_len:
             return base.expand(-1, states.shape[1], -1).contiguous()
         part, gate = self._depth_terms(block, depth)
-        fc1, fc2 = self.embed_proj[0], self.embed_proj[2]
-        mid = F.silu(part + F.linear(self._normed(states), fc1.weight[:, self.hidden_size :]))   # [b, m, E]
-        rows = fc2.weight[candidates]                                            # [b, K, E]
-        correction = torch.einsum("bme,bke->bmk", mid, rows)
+        w_s, table = self._projection_tables()
+        mid = F.silu(part + F.linear(self._normed(states), w_s))                   # [b, m, E]
         if self.bias:
-            correction = correction + fc2.bias[candidates][:, None, :]
+            rows = F.embedding(candidates, table)                                    # [b, K, E + 1]
+            correction = torch.bmm(mid, rows[..., :-1].transpose(1, 2)) + rows[..., -1][:, None, :]
+        else:
+            correction = torch.bmm(mid, F.embedding(candidates, table).transpose(1, 2))   # [b, m, K]
         if gate is not None:
             correction = gate * correction
-        return base + correction.float()
+        return base + (correction if correction.dtype == torch.float32 else correction.float())
+
+    def _projection_tables(self) -> tuple[Tensor, Tensor]:
+        """perf: fc1's state half as a contiguous ``[E, G]`` matrix and fc2's rows ``[V, E]`` (with the
+        bias as a last column when biased, so one embedding gathers both).  Cached (:func:`derived`)
+        unless autograd would need them (then rebuilt per call, differentiable)."""
+        fc1, fc2 = self.embed_proj[0], self.embed_proj[2]
+
+        def build() -> tuple[Tensor, Tensor]:
+            w_s = fc1.weight[:, self.hidden_size :].contiguous()
+            return w_s, (torch.cat([fc2.weight, fc2.bias[:, None]], dim=1) if self.bias else fc2.weight)
+
+        if torch.is_grad_enabled() and (fc1.weight.requires_grad or fc2.weight.requires_grad):
+            return build()
+        return derived(self, "_projection_cache", [fc1.weight, fc2.weight, fc2.bias if self.bias else None], build)
 
     def logits(self, block: DraftBlock, depth: int, states: Tensor, candidates: Tensor) -> Tensor:
         """Corrected logits of the K candidates on each of m branches.
@@ -310,9 +352,10 @@ class MarkovHead(nn.Module):
         return block.root.to(torch.float32)[:, None]
 
     def _logits(self, block: DraftBlock, depth: int, previous: Tensor, candidates: Tensor) -> Tensor:
-        u = self.markov_w1.weight[previous]                                       # [b, m, r]
-        rows = self.markov_w2.weight[candidates]                                  # [b, K, r]
-        bias = torch.einsum("bmr,bkr->bmk", u, rows).float()
+        u = F.embedding(previous, self.markov_w1.weight)                           # [b, m, r]
+        rows = F.embedding(candidates, self.markov_w2.weight)                      # [b, K, r]
+        bias = torch.bmm(u, rows.transpose(1, 2))                                  # [b, m, K]
+        bias = bias if bias.dtype == torch.float32 else bias.float()
         return _base_candidates(block, depth, candidates)[:, None, :] + bias
 
     def logits(self, block: DraftBlock, depth: int, states: Tensor, candidates: Tensor) -> Tensor:
