@@ -176,7 +176,8 @@ class DFlashRows:
         mask = (cols[None, :] < lengths[:, None]) | (cols[None, :] >= width)            # [b, c + block]
         mask = mask[:, None, None, :].expand(b, 1, d.block_size, width + d.block_size)
         ctx = [(k[:, :, :width], v[:, :, :width]) for k, v in self._kv]
-        hidden = d.block_hidden(roots[:, None], positions, ctx, mask)[:, 1:]
+        first = getattr(d.config, "first_slot", 1)      # the slot that proposes depth 1 (0 with shift_label)
+        hidden = d.block_hidden(roots[:, None], positions, ctx, mask)[:, first:]
         logits = F.linear(hidden, d.lm_head_weight.to(hidden.dtype))
         return DraftBlock(logits=logits, root=roots, hidden=hidden)
 

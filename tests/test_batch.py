@@ -117,9 +117,11 @@ def test_generate_batch_dflash_rows_equal_generate(cache):
                                                       sampler=sampler).tokens.tolist()
 
 
-def test_dflash_rows_draft_equals_single_draft():
+@pytest.mark.parametrize("shift_label", [False, True])
+def test_dflash_rows_draft_equals_single_draft(shift_label):
     model = make_target()
     drafter = make_drafter(model)
+    drafter.config.shift_label = shift_label          # the depth-1 slot is the root's (True) or the next one
     target = HFTarget(model, layer_ids=drafter.target_layer_ids)
     rows = batch_drafter(drafter)
     assert isinstance(rows, DFlashRows)
