@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from dartree.fast.results import CandidateSet, DepthStep, GreedyWalk
+from dartree.fast.results import CandidateSet, DepthStep, GreedyWalk, check_depth_step
 from dartree.scoring import log_normalize_host, rest_logsumexp, too_few_finite
 from dartree.structure import PAD
 from dartree.structure import tree_structure_host as tree_structure
@@ -125,12 +125,7 @@ def keep_best(scores: np.ndarray, width: int) -> np.ndarray:
 
 def depth_step(parent_scores: Tensor, log_q: Tensor, beta: float, width: int) -> DepthStep:
     """Host version of :func:`dartree.fast.twins.depth_step` (identical outputs)."""
-    b, m = parent_scores.shape
-    if log_q.dim() != 3 or log_q.shape[0] != b or log_q.shape[1] not in (1, m):
-        raise ValueError(f"log_q: expected [{b}, {m} or 1, K], got {tuple(log_q.shape)}")
-    topk = log_q.shape[-1]
-    if not 1 <= width <= m * topk:
-        raise ValueError(f"width: {width} outside 1..{m * topk} (branches x candidates)")
+    b, m, topk = check_depth_step(parent_scores, log_q, width)
     scores = (parent_scores.float().numpy()[:, :, None] + log_q.float().numpy()) + np.float32(beta)
     scores = np.ascontiguousarray(np.broadcast_to(scores, (b, m, topk))).reshape(b, m * topk)
     lex = keep_best(scores, width)

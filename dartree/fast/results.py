@@ -8,7 +8,7 @@ from torch import Tensor
 
 from dartree.structure import TreeStructure
 
-__all__ = ["CandidateSet", "DepthStep", "TreeStructure", "GreedyWalk"]
+__all__ = ["CandidateSet", "DepthStep", "TreeStructure", "GreedyWalk", "check_depth_step"]
 
 
 class CandidateSet(NamedTuple):
@@ -54,3 +54,17 @@ class GreedyWalk(NamedTuple):
     accepted: Tensor
     accepted_length: Tensor
     bonus: Tensor
+
+
+def check_depth_step(parent_scores: Tensor, log_q: Tensor, width: int) -> tuple[int, int, int]:
+    """The argument checks every implementation of ``depth_step`` shares; returns ``(b, m, K)``.
+
+    Shape: parent_scores ``[b, m]``, log_q ``[b, m | 1, K]``, ``1 <= width <= m * K``.
+    """
+    b, m = parent_scores.shape
+    if log_q.dim() != 3 or log_q.shape[0] != b or log_q.shape[1] not in (1, m):
+        raise ValueError(f"log_q: expected [{b}, {m} or 1, K], got {tuple(log_q.shape)}")
+    topk = log_q.shape[-1]
+    if not 1 <= width <= m * topk:
+        raise ValueError(f"width: {width} outside 1..{m * topk} (branches x candidates)")
+    return b, m, topk

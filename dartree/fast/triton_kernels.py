@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from dartree.fast.results import CandidateSet, DepthStep, GreedyWalk, TreeStructure
+from dartree.fast.results import CandidateSet, DepthStep, GreedyWalk, TreeStructure, check_depth_step
 
 __all__ = ["LIMITS", "OPS", "Launch", "TensorArg", "supports", "record_launches", "topk_candidates", "depth_step",
            "top_b", "tree_structure", "greedy_walk"]
@@ -306,12 +306,7 @@ def _depth_step_kernel(parent_ptr, logq_ptr, parents_out, ranks_out, scores_out,
 
 def depth_step(parent_scores: Tensor, log_q: Tensor, beta: float, width: int) -> DepthStep:
     """Triton twin of :func:`dartree.fast.twins.depth_step`."""
-    b, m = parent_scores.shape
-    if log_q.dim() != 3 or log_q.shape[0] != b or log_q.shape[1] not in (1, m):
-        raise ValueError(f"log_q: expected [{b}, {m} or 1, K], got {tuple(log_q.shape)}")
-    topk = log_q.shape[-1]
-    if not 1 <= width <= m * topk:
-        raise ValueError(f"width: {width} outside 1..{m * topk} (branches x candidates)")
+    b, m, topk = check_depth_step(parent_scores, log_q, width)
     _check("depth_step", parent_scores, log_q, beta, width)
     ps = parent_scores.float().contiguous()
     lq = log_q.float().contiguous()

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from dartree.fast.keys import pack
-from dartree.fast.results import CandidateSet, DepthStep, GreedyWalk
+from dartree.fast.results import CandidateSet, DepthStep, GreedyWalk, check_depth_step
 from dartree.scoring import child_scores, log_normalize, rest_logsumexp
 from dartree.structure import PAD
 from dartree.structure import tree_structure_torch as tree_structure
@@ -49,12 +49,7 @@ def depth_step(parent_scores: Tensor, log_q: Tensor, beta: float, width: int) ->
         parent_scores: float32 ``[b, m]``; log_q: float32 ``[b, m, K]`` or ``[b, 1, K]`` (shared by
         all branches); ``1 <= width <= m * K`` -> :class:`DepthStep` of ``[b, width]``.
     """
-    b, m = parent_scores.shape
-    if log_q.dim() != 3 or log_q.shape[0] != b or log_q.shape[1] not in (1, m):
-        raise ValueError(f"log_q: expected [{b}, {m} or 1, K], got {tuple(log_q.shape)}")
-    topk = log_q.shape[-1]
-    if not 1 <= width <= m * topk:
-        raise ValueError(f"width: {width} outside 1..{m * topk} (branches x candidates)")
+    b, m, topk = check_depth_step(parent_scores, log_q, width)
     scores = child_scores(parent_scores, log_q, beta).expand(b, m, topk).reshape(b, m * topk)
     # A stable descending sort keeps equal scores in flat-index order: the total order in one pass.
     best = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :width]
