@@ -104,25 +104,26 @@ class SpecBatch:
     def admit(self, reqs: list[_Request]) -> list[int]:
         """Prefill ``reqs`` and add them as rows; returns their request indices."""
         self.clock.lap()
-        contexts = [q.prompt[0, :-1] for q in reqs]
-        fresh = not self.live
-        if fresh:
-            out = self.ragged.prefill(contexts)
-            self.drafter.start(0)
-        else:
-            out = self.ragged.add_rows(contexts)
-        self.drafter.add_rows(out.hidden, _padded([c.tolist() for c in contexts], self.target.device),
-                              [c.shape[0] for c in contexts])
+        self._prefill([q.prompt[0, :-1] for q in reqs])
         self.roots = torch.cat([self.roots, *[q.prompt[:, -1] for q in reqs]])
         ids = list(range(len(self.reqs), len(self.reqs) + len(reqs)))
         self.reqs += reqs
         self.generated += [[] for _ in reqs]
         self.rounds += [[] for _ in reqs]
         self.stopped += [False] * len(reqs)
-        seconds = self.clock.lap()
-        self.prefill_s += [seconds] * len(reqs)
+        self.prefill_s += [self.clock.lap()] * len(reqs)
         self.live += ids
         return ids
+
+    def _prefill(self, contexts: list[Tensor]) -> None:
+        """Prefill the target over ``contexts`` (prompts less their last token) and give the drafter its rows."""
+        if not self.live:
+            out = self.ragged.prefill(contexts)
+            self.drafter.start(0)
+        else:
+            out = self.ragged.add_rows(contexts)
+        self.drafter.add_rows(out.hidden, _padded([c.tolist() for c in contexts], self.target.device),
+                              [c.shape[0] for c in contexts])
 
     def step(self) -> list[int]:
         """One round for every live row; returns the request indices that finished in it."""
@@ -232,22 +233,11 @@ class ARBatch(SpecBatch):
         self.live, self.reqs, self.generated, self.rounds, self.stopped, self.prefill_s = [], [], [], [], [], []
         self.roots = torch.zeros(0, dtype=torch.int64, device=target.device)
 
-    def admit(self, reqs: list[_Request]) -> list[int]:
-        self.clock.lap()
-        contexts = [q.prompt[0, :-1] for q in reqs]
+    def _prefill(self, contexts: list[Tensor]) -> None:
         if self.live:
             self.ragged.add_rows(contexts)
         else:
             self.ragged.prefill(contexts)
-        self.roots = torch.cat([self.roots, *[q.prompt[:, -1] for q in reqs]])
-        ids = list(range(len(self.reqs), len(self.reqs) + len(reqs)))
-        self.reqs += reqs
-        self.generated += [[] for _ in reqs]
-        self.rounds += [[] for _ in reqs]
-        self.stopped += [False] * len(reqs)
-        self.prefill_s += [self.clock.lap()] * len(reqs)
-        self.live += ids
-        return ids
 
     def step(self) -> list[int]:
         ragged, clock, live, first = self.ragged, self.clock, self.live, self.reqs[self.live[0]]
