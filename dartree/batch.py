@@ -33,12 +33,13 @@ from dartree.decode import (
     _check_request,
     _Clock,
     _Request,
+    _TimedRows,
     _truncate,
 )
 from dartree.models.ragged import RaggedTarget
 from dartree.models.target import HFTarget
 from dartree.tree import DraftTree
-from dartree.verify.accept import verify_greedy, verify_sampled
+from dartree.verify.accept import verify_greedy, verify_sampled, walk_greedy
 from dartree.verify.sampling import Sampler
 
 __all__ = ["generate_batch", "generate_ar_batch", "SpecBatch", "ARBatch"]
@@ -145,14 +146,20 @@ class SpecBatch:
         prefix = ragged.lengths_tensor().to(tree.device)
         inputs = ragged.tree_inputs(tree)
         mask_s = clock.lap()
-        scored = ragged.forward_tree(tree, inputs)
+        # T=0 on the CPU: the LM head runs only on the nodes the greedy walk visits, as in generate
+        lazy = first.sampler is None and target.scores_rows_apart and tree.device == target.device
+        scored = ragged.forward_tree(tree, inputs, logits="root" if lazy else "all")
         target_s = clock.lap()
-        logits = scored.logits.to(tree.device)
-        if first.sampler is None:
-            result = verify_greedy(tree, logits)
+        if lazy:
+            rows = _TimedRows(target, scored.final)
+            result = walk_greedy(tree, scored.logits[:, 0], rows)
+        elif first.sampler is None:
+            result = verify_greedy(tree, scored.logits.to(tree.device))
         else:
-            result = verify_sampled(tree, logits, first.temperature, first.sampler, prefix)
+            result = verify_sampled(tree, scored.logits.to(tree.device), first.temperature, first.sampler, prefix)
         verify_s = target_s + clock.lap()
+        if lazy:
+            target_s += rows.seconds                # LM-head rows of the walk are target work
         # One host sync per round, on purpose: every row's committed tokens and tree size.
         n = result.tokens.shape[1]
         host = torch.cat([result.tokens, tree.num_nodes[:, None]], dim=1).tolist()

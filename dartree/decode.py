@@ -220,14 +220,15 @@ class _Clock:
 
 
 class _TimedRows:
-    """``rows(i)``: the target's logits at node ``i`` from its final hidden states, timing each call."""
+    """``rows(rows, nodes)``: the target's logits at those (row, node) pairs from its final hidden
+    states ``[b, n, H]``, timing each call (the walk of :func:`~dartree.verify.walk_greedy`)."""
 
     def __init__(self, target: HFTarget, final: Tensor) -> None:
         self.target, self.final, self.seconds = target, final, 0.0
 
-    def __call__(self, i: int) -> Tensor:
+    def __call__(self, rows: list[int], nodes: list[int]) -> Tensor:
         start = time.perf_counter()
-        out = self.target.head_logits(self.final[i])
+        out = self.target.head_logits(self.final[rows, nodes])
         self.seconds += time.perf_counter() - start
         return out
 
@@ -470,8 +471,8 @@ class SpeculativeDecoder:
             scored = target.forward_tree(inputs, logits="root" if lazy else "all")
             target_s = clock.lap()
             if lazy:
-                rows = _TimedRows(target, scored.final[0])
-                result = walk_greedy(tree, scored.logits[0, 0], rows)
+                rows = _TimedRows(target, scored.final)
+                result = walk_greedy(tree, scored.logits[:, 0], rows)
             elif req.sampler is None:
                 result = verify_greedy(tree, scored.logits)
             else:

@@ -117,6 +117,26 @@ def test_generate_batch_dflash_rows_equal_generate(cache):
                                                       sampler=sampler).tokens.tolist()
 
 
+def test_generate_batch_greedy_scores_only_the_walked_nodes(monkeypatch):
+    """T=0 on the CPU: the batched round runs the LM head on each row's root and on the nodes the greedy
+    walk visits (as generate does), and gives the tokens of the full-logits round."""
+    model = make_target()
+    drafter = make_drafter(model)
+    target = HFTarget(model, layer_ids=drafter.target_layer_ids)
+    assert target.scores_rows_apart
+    builder, head = builder_and_head("ddtree")
+    scored = []
+    real = HFTarget.head_logits
+    monkeypatch.setattr(HFTarget, "head_logits", lambda self, final: scored.append(final.shape[0]) or real(self, final))
+    lazy = SpeculativeDecoder(target, drafter, builder, head).generate_batch(PROMPTS, 10)
+    walked = sum(r.accepted_length for row in lazy for r in row.rounds)
+    assert walked > 0 and sum(scored) == walked       # one LM-head row per accepted node, none elsewhere
+    monkeypatch.setattr(HFTarget, "scores_rows_apart", property(lambda self: False))
+    full = SpeculativeDecoder(target, drafter, builder, head).generate_batch(PROMPTS, 10)
+    assert [r.tokens.tolist() for r in lazy] == [r.tokens.tolist() for r in full]
+    assert [[x.tree_size for x in r.rounds] for r in lazy] == [[x.tree_size for x in r.rounds] for r in full]
+
+
 @pytest.mark.parametrize("shift_label", [False, True])
 def test_dflash_rows_draft_equals_single_draft(shift_label):
     model = make_target()

@@ -122,14 +122,19 @@ class RaggedTarget:
                            kv_len=self._kv_len(tree.max_nodes))
 
     @torch.no_grad()
-    def forward_tree(self, tree: DraftTree, inputs: TreeInputs | None = None) -> TargetOutput:
+    def forward_tree(self, tree: DraftTree, inputs: TreeInputs | None = None, logits: str = "all") -> TargetOutput:
         """Score every node of every row in one forward; the slots stay pending until :meth:`commit`.
 
-        ``inputs``: ``self.tree_inputs(tree)`` if the caller built them already.
+        ``inputs``: ``self.tree_inputs(tree)`` if the caller built them already.  ``logits="root"``
+        runs the LM head on each row's node 0 only and returns every node's final hidden state in
+        ``final`` (see :attr:`HFTarget.scores_rows_apart`); ``"all"`` scores every node.
 
         Shape:
-            returns logits ``[b, n, V]``, hidden ``[b, n, F]`` (padding slots hold garbage).
+            returns logits ``[b, n, V]`` (``[b, 1, V]`` for ``"root"``), hidden ``[b, n, F]``
+            (padding slots hold garbage).
         """
+        if logits not in ("all", "root"):
+            raise ValueError(f"logits: expected 'all' or 'root', got {logits!r}")
         if self._pending is not None:
             raise ValueError("tree: a forward is already pending; commit first")
         if inputs is None:
@@ -138,7 +143,7 @@ class RaggedTarget:
             raise ValueError("inputs: not built for this tree and cache; use ragged.tree_inputs(tree)")
         mask = self._mask(inputs.mask)
         out = self.target._run(inputs.input_ids.to(self.target.device), inputs.position_ids.to(self.target.device),
-                               mask)
+                               mask, root_only=logits == "root")
         self._pending = tree.max_nodes
         return out
 

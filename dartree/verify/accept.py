@@ -121,40 +121,52 @@ def verify_sampled(
     return accept_picks(tree, picks.to(torch.int64))
 
 
-def walk_greedy(tree: DraftTree, root_logits: Tensor, node_logits: Callable[[int], Tensor]) -> VerifyResult:
-    """Greedy verification of a one-row tree that scores only the nodes the walk visits.
+def walk_greedy(tree: DraftTree, root_logits: Tensor,
+                node_logits: Callable[[list[int], list[int]], Tensor]) -> VerifyResult:
+    """Greedy verification that scores only the nodes the walk visits, every row in step.
 
     The target's full-vocabulary logits are needed only along the accepted path (its argmax picks
-    the next child), so at T=0 the LM head runs on ``accepted_length + 1`` rows instead of on every
-    node.  Equal to ``verify_greedy(tree, logits)`` whenever ``node_logits(i)`` equals
-    ``logits[0, i]`` (and ``root_logits`` equals ``logits[0, 0]``), except that ``picks`` holds
-    ``PAD`` at the nodes the walk never scored.  Host-side walk: meant for CPU trees.
+    the next child), so at T=0 the LM head runs on ``accepted_length + 1`` rows per tree instead of
+    on every node: one call of ``node_logits`` per depth for all the rows still walking.  Equal to
+    ``verify_greedy(tree, logits)`` whenever ``node_logits(rows, nodes)`` equals
+    ``logits[rows, nodes]`` (and ``root_logits`` equals ``logits[:, 0]``), except that ``picks``
+    holds ``PAD`` at the nodes the walk never scored.  Host-side walk: meant for CPU trees.
 
     Shape:
-        root_logits: float ``[V]``; node_logits(i) -> float ``[V]`` for node ``i >= 1``.
+        root_logits: float ``[b, V]``; node_logits(rows, nodes) -> float ``[k, V]`` for the ``k``
+        (row, node) pairs given, every node ``>= 1``.
     """
     b, n = tree.tokens.shape
-    if b != 1:
-        raise ValueError(f"tree: walk_greedy takes a one-row tree, got {b} rows; use verify_greedy")
-    if not isinstance(root_logits, Tensor) or root_logits.dim() != 1 or not root_logits.is_floating_point():
-        raise ValueError("root_logits: expected a float tensor [V]")
-    count = int(tree.num_nodes[0])
-    tokens, parents = tree.tokens[0, :count].tolist(), tree.parents[0, :count].tolist()
-    child = {(parents[i], tokens[i]): i for i in range(1, count)}
-    picks = [PAD] * n
-    path = [0]
-    pick = picks[0] = int(root_logits.argmax())
-    while (nxt := child.get((path[-1], pick))) is not None:
-        path.append(nxt)
-        pick = picks[nxt] = int(node_logits(nxt).argmax())
-    pad = [PAD] * (n - len(path))
-    committed = [tokens[i] for i in path[1:]] + [pick]
+    if not isinstance(root_logits, Tensor) or root_logits.shape[:1] != (b,) or root_logits.dim() != 2 \
+            or not root_logits.is_floating_point():
+        got = tuple(root_logits.shape) if isinstance(root_logits, Tensor) else type(root_logits).__name__
+        raise ValueError(f"root_logits: expected a float tensor [{b}, V] (one row per tree), got {got}")
+    counts = tree.num_nodes.tolist()
+    tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
+    child = [{(parents[r][i], tokens[r][i]): i for i in range(1, counts[r])} for r in range(b)]
+    picks = [[PAD] * n for _ in range(b)]
+    paths = [[0] for _ in range(b)]
+    for r, pick in enumerate(root_logits.argmax(-1).tolist()):
+        picks[r][0] = pick
+    walking = list(range(b))
+    while walking:
+        rows, nodes = [], []
+        for r in walking:
+            last = paths[r][-1]
+            nxt = child[r].get((last, picks[r][last]))
+            if nxt is not None:
+                paths[r].append(nxt)
+                rows.append(r)
+                nodes.append(nxt)
+        if rows:
+            for r, i, pick in zip(rows, nodes, node_logits(rows, nodes).argmax(-1).tolist()):
+                picks[r][i] = pick
+        walking = rows
+    accepted = [path + [PAD] * (n - len(path)) for path in paths]
+    committed = [[tokens[r][i] for i in paths[r][1:]] + [picks[r][paths[r][-1]]] for r in range(b)]
+    committed = [row + [PAD] * (n - len(row)) for row in committed]
+    lengths = [[len(path) - 1, picks[r][path[-1]]] for r, path in enumerate(paths)]
     device = tree.device
-    rows = torch.tensor([path + pad, committed + pad, picks, [len(path) - 1, pick] + [PAD] * (n - 2)],
-                        dtype=torch.int64, device=device) if n >= 2 else None
-    if rows is None:                                   # a root-only tree
-        rows = torch.tensor([[0], [pick], [pick], [0]], dtype=torch.int64, device=device)
-        return VerifyResult(accepted=rows[0:1], accepted_length=rows[3, :1], bonus=rows[1, :1], tokens=rows[1:2],
-                            picks=rows[2:3])
-    return VerifyResult(accepted=rows[0:1], accepted_length=rows[3, 0:1], bonus=rows[3, 1:2], tokens=rows[1:2],
-                        picks=rows[2:3])
+    out = torch.tensor([accepted, committed, picks], dtype=torch.int64, device=device)
+    tail = torch.tensor(lengths, dtype=torch.int64, device=device)
+    return VerifyResult(accepted=out[0], accepted_length=tail[:, 0], bonus=tail[:, 1], tokens=out[1], picks=out[2])

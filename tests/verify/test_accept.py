@@ -251,26 +251,36 @@ def test_chi_square_exact_target_sample_matching(tiny_round, temperature):
 
 @pytest.mark.parametrize("seed", range(6))
 def test_walk_greedy_scores_only_the_path_and_equals_verify_greedy(seed):
-    """T=0 with the LM head run lazily along the walk gives the same result as full logits."""
+    """T=0 with the LM head run lazily along the walk (all rows in step) gives the same result as full logits."""
     from dartree.verify import walk_greedy
 
     g = torch.Generator().manual_seed(seed)
-    tree = random_tree([int(torch.randint(1, 12, (1,), generator=g))], seed, vocab=V)
-    n = tree.max_nodes
-    logits = torch.randn(1, n, V, generator=g)
-    tokens, parents = tree.tokens[0].tolist(), tree.parents[0].tolist()
-    for i in range(n):                                  # most nodes pick one of their children: long walks
-        kids = [j for j in range(1, n) if parents[j] == i]
-        if kids and float(torch.rand(1, generator=g)) < 0.8:
-            logits[0, i, tokens[kids[int(torch.randint(0, len(kids), (1,), generator=g))]]] += 10.0
-    scored = []
-    lazy = walk_greedy(tree, logits[0, 0], lambda i: scored.append(i) or logits[0, i])
+    sizes = torch.randint(1, 12, (1 + seed % 3,), generator=g).tolist()     # 1-3 rows of ragged sizes
+    tree = random_tree(sizes, seed, vocab=V)
+    b, n = tree.tokens.shape
+    logits = torch.randn(b, n, V, generator=g)
+    for r in range(b):
+        tokens, parents = tree.tokens[r].tolist(), tree.parents[r].tolist()
+        for i in range(sizes[r]):                       # most nodes pick one of their children: long walks
+            kids = [j for j in range(1, sizes[r]) if parents[j] == i]
+            if kids and float(torch.rand(1, generator=g)) < 0.8:
+                logits[r, i, tokens[kids[int(torch.randint(0, len(kids), (1,), generator=g))]]] += 10.0
+    calls = []
+
+    def rows(rs, nodes):
+        calls.append(list(zip(rs, nodes)))
+        return logits[rs, nodes]
+
+    lazy = walk_greedy(tree, logits[:, 0], rows)
     full = verify_greedy(tree, logits)
     for field in ("accepted", "accepted_length", "bonus", "tokens"):
         assert torch.equal(getattr(lazy, field), getattr(full, field)), field
-    path = [i for i in full.accepted[0].tolist() if i >= 0]
-    assert scored == path[1:]                           # only the accepted nodes after the root
-    assert lazy.picks[0, path].tolist() == full.picks[0, path].tolist()
-    assert all(lazy.picks[0, i] == -1 for i in range(n) if i not in path)
-    with pytest.raises(ValueError, match="one-row"):
-        walk_greedy(GOLDEN, torch.zeros(V), lambda i: torch.zeros(V))
+    paths = [[i for i in full.accepted[r].tolist() if i >= 0] for r in range(b)]
+    scored = sorted(pair for call in calls for pair in call)
+    assert scored == sorted((r, i) for r in range(b) for i in paths[r][1:])   # only accepted nodes after roots
+    assert len(calls) == max(len(p) for p in paths) - 1 or not calls          # one call per depth
+    for r in range(b):
+        assert lazy.picks[r, paths[r]].tolist() == full.picks[r, paths[r]].tolist()
+        assert all(lazy.picks[r, i] == -1 for i in range(n) if i not in paths[r])
+    with pytest.raises(ValueError, match="root_logits"):
+        walk_greedy(tree, torch.zeros(V), rows)
