@@ -125,7 +125,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     bundle = load(args)
     check_fit(bundle, [method])
     refs = references(bundle, args, [p.text for p in prompts])
-    result = tune(bundle, method, refs, args.backend, args.budgets, args.widths, progress=log)
+    result = tune(bundle, method, refs, args.backend, args.budgets, args.widths, progress=log,
+                  temperature=args.temperature)
     clear_out(args.out, tune_files(method.builder))
     table = tuning_table(result)
     (args.out / f"tune_{method.builder}.md").write_text(f"# Adaptive budget for {method.label} on {bundle.name}\n\n"

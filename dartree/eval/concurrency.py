@@ -6,16 +6,21 @@ takes the next prompt).  Throughput is all completion tokens over the wall time 
 (prefills included); speedup is over batched AR at the same C.  Every request's tokens are compared
 with AR's (the lossless check: T=0 greedy, T>0 the same keyed sampler).
 
-``budget=auto`` / ``width=auto`` are tuned *per concurrency* by measurement: at each C, every
-candidate setting (``tune_budgets`` x ``tune_widths``) serves C calibration prompts (the prompts of
-the dataset after the evaluation prompts), and the fastest is then served on the evaluation prompts;
-the row reports the chosen settings.  A tree that pays at C=1 may not at C=8, where the target's
-forward over C trees is compute-bound: that is what the per-C choice adapts to.
+``budget=auto`` / ``width=auto`` are tuned *per concurrency* with a cost model
+(:func:`dartree.eval.tune.score_at_concurrency`): tau and tree sizes of every candidate setting
+(``tune_budgets`` x ``tune_widths``) come from replaying it once on calibration prompts (the prompts
+of the dataset after the evaluation prompts; acceptance does not depend on the batch); at each C the
+verify cost of a batched forward over C trees of n nodes is measured for a grid of n, and one short
+batched run of the smallest candidate measures the round's drafter forward and commit at that C.
+The candidate with the best modelled throughput is served on the evaluation prompts; the row reports
+the chosen settings.  A tree that pays at C=1 may not at C=8, where the target's forward over C
+trees is compute-bound: that is what the per-C choice adapts to.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -27,6 +32,9 @@ import torch
 from dartree.eval.bundles import Bundle, encode, stop_token_id
 from dartree.eval.datasets import load_prompts
 from dartree.eval.methods import AR, MethodSpec, make_decoder, resolve_backend
+from dartree.eval.simulate import reference
+from dartree.eval.tune import VerifyCost, measure_verify_cost, pick_best, replay_stats, score_at_concurrency
+from dartree.models.target import HFTarget
 from dartree.serve import ServeResult, serve
 from dartree.verify.sampling import KeyedSampler
 
@@ -82,10 +90,13 @@ def run_concurrency(
     timed = [m for m in methods if not m.is_ar]
     fixed = [m for m in timed if not m.auto_fields]
     decoders = {m.label: make_decoder(bundle, m, backend) for m in fixed}
-    calibration = []
+    calibration: list[torch.Tensor] = []
     if len(fixed) < len(timed):
         calibration = [torch.tensor(encode(bundle.tokenizer, p.text)[-max_prompt_tokens:], dtype=torch.int64,
                                     device=device) for p in load_prompts(dataset, max(levels), offset=num_prompts)]
+    calibration_new = min(32, max_new_tokens)
+    replays: dict[str, dict] = {}            # per method: single-request replays of every candidate (any C)
+    verify_costs: dict[int, VerifyCost] = {}
 
     def run(engine, ps: Sequence[torch.Tensor], c: int, max_new: int, on_finish=None) -> ServeResult:
         sampler = KeyedSampler(seed) if temperature > 0 else None
@@ -99,14 +110,34 @@ def run_concurrency(
         return [m.with_settings(**g) for g in grid]
 
     def tuned(m: MethodSpec, c: int) -> MethodSpec:
-        """The fastest candidate setting of ``m`` serving ``c`` calibration prompts at concurrency ``c``."""
-        best, best_rate = None, -1.0
-        for cand in candidates(m):
-            rate = run(make_decoder(bundle, cand, backend), calibration[:c], c, min(32, max_new_tokens)).tokens_per_s
-            if rate > best_rate:
-                best, best_rate = cand, rate
-        log(f"tune C={c}: {m.label} -> {best.config} ({best_rate:.1f} tok/s on {c} calibration prompts)")
-        return best
+        """The candidate setting of ``m`` with the best modelled throughput at concurrency ``c``
+        (:func:`dartree.eval.tune.score_at_concurrency`)."""
+        cands = candidates(m)
+        if m.label not in replays:       # tau and tree sizes: per-request, measured once for every C
+            refs = [reference(bundle, x.tolist(), calibration_new, temperature, seed) for x in calibration]
+            replays[m.label] = {(cand.config["budget"], cand.config.get("width")): replay_stats(bundle, cand, refs,
+                                                                                                 backend)
+                                for cand in cands}
+        if c not in verify_costs:        # the batched target forward over c trees of n nodes
+            largest = max(tune_budgets) + 1
+            sizes = sorted({1, 2, 4, 8, 16, 32, 64, 128, largest} & set(range(1, largest + 1)) | {largest})
+            greedy_cpu = temperature == 0 and HFTarget(bundle.target).scores_rows_apart
+            prefix = int(sum(x.shape[0] for x in calibration) / len(calibration)) + calibration_new // 2
+            verify_costs[c] = measure_verify_cost(bundle.target, bundle.drafter.target_layer_ids, prefix, sizes,
+                                                  int(getattr(bundle.drafter, "gamma", 15)), repeats=3, rows=c,
+                                                  logits="root" if greedy_cpu else "all")
+        # the batch's drafter forward and commit: one short batched run of the smallest candidate
+        probe = min(cands, key=lambda x: (x.config["budget"], x.config.get("width") or 0))
+        served = run(make_decoder(bundle, probe, backend), (calibration * c)[:c], c, calibration_new)
+        rounds = [r for res in served.results for r in res.rounds]
+        draft_s = statistics.median(r.draft_s for r in rounds)
+        commit_s = statistics.median(r.commit_s + r.mask_s for r in rounds)
+        scored = score_at_concurrency(replays[m.label], verify_costs[c], c, draft_s, commit_s)
+        best = pick_best(scored)
+        choice = next(x for x in cands if x.config["budget"] == best.budget and x.config.get("width") == best.width)
+        log(f"tune C={c}: {m.label} -> {choice.config} (modelled {best.tokens_per_s:.1f} tok/s: tau {best.tau:.2f}, "
+            f"round {best.round_s * 1e3:.1f} ms of which verify {best.verify_s * 1e3:.1f} ms)")
+        return choice
 
     if warmup:                 # first calls allocate caches and pick kernels: untimed
         for engine in (bundle.target, *decoders.values()):

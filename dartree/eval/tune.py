@@ -37,7 +37,8 @@ from dartree.models.target import HFTarget
 from dartree.tree import DraftTree
 
 __all__ = ["VerifyCost", "ConfigStats", "Candidate", "TuneResult", "measure_verify_cost", "replay_stats",
-           "score_candidates", "pick_best", "tune", "measure_overhead", "DEFAULT_BUDGETS", "DEFAULT_WIDTHS"]
+           "score_candidates", "score_at_concurrency", "pick_best", "tune", "measure_overhead", "DEFAULT_BUDGETS",
+           "DEFAULT_WIDTHS"]
 
 DEFAULT_BUDGETS: tuple[int, ...] = (4, 8, 16, 32, 64)
 DEFAULT_WIDTHS: tuple[int, ...] = (4, 8, 16)
@@ -127,8 +128,9 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)   # timing needs the device idle at the boundary
 
 
-def _synthetic_tree(nodes: int, gamma: int, device: torch.device) -> DraftTree:
-    """A valid tree of ``nodes`` nodes and depth <= ``gamma`` (w chains of equal length; w minimal)."""
+def _synthetic_tree(nodes: int, gamma: int, device: torch.device, rows: int = 1) -> DraftTree:
+    """A valid tree of ``nodes`` nodes and depth <= ``gamma`` (w chains of equal length; w minimal),
+    repeated in ``rows`` rows."""
     width = max(1, -(-(nodes - 1) // gamma))
     idx = torch.arange(nodes, device=device)
     parents = torch.where(idx > width, idx - width, torch.zeros_like(idx))
@@ -137,38 +139,58 @@ def _synthetic_tree(nodes: int, gamma: int, device: torch.device) -> DraftTree:
     tokens = (idx * 7 + 3) % 97
     ranks = torch.where(idx > 0, (idx - 1) % width, torch.full_like(idx, -1))
     scores = -depths.float()
-    return DraftTree(tokens[None], parents[None], depths[None], scores[None], ranks[None],
-                     torch.tensor([nodes], device=device))
+    def rep(x: torch.Tensor) -> torch.Tensor:
+        return x[None].expand(rows, -1).contiguous()
+
+    return DraftTree(rep(tokens), rep(parents), rep(depths), rep(scores), rep(ranks),
+                     torch.full((rows,), nodes, dtype=torch.int64, device=device))
 
 
 @torch.no_grad()
 def measure_verify_cost(model: torch.nn.Module, layer_ids: Sequence[int] = (), prefix_len: int = 256,
                         sizes: Sequence[int] = (1, 2, 4, 8, 16, 32, 64, 128), gamma: int = 15,
-                        repeats: int = 5) -> VerifyCost:
+                        repeats: int = 5, rows: int = 1, logits: str = "all") -> VerifyCost:
     """Median seconds of tree inputs + tree forward for each tree size in ``sizes`` (root included).
 
-    The prefix is random tokens (attention cost depends on its length, not on its content).
+    ``rows > 1`` times one batched forward of ``rows`` trees of that size (a :class:`RaggedTarget`
+    with ``rows`` prefixes): the verify cost of a round at concurrency ``rows``.  ``logits="root"``
+    runs the LM head on the roots only, as greedy decoding on the CPU does (the walk scores the
+    accepted nodes afterwards, a few rows).  The prefix is random tokens (attention cost depends on
+    its length, not on its content).
     """
+    from dartree.models.ragged import RaggedTarget
+
     sizes = tuple(sorted(set(int(s) for s in sizes)))
     if not sizes or sizes[0] < 1:
         raise ValueError(f"sizes: need tree sizes >= 1, got {sizes}")
-    if repeats < 1:
-        raise ValueError(f"repeats: must be >= 1, got {repeats}")
+    for name, value in (("repeats", repeats), ("rows", rows)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}: must be an integer >= 1, got {value!r}")
+    if logits not in ("all", "root"):
+        raise ValueError(f"logits: expected 'all' or 'root', got {logits!r}")
     target = HFTarget(model, layer_ids=tuple(layer_ids))
     gen = torch.Generator().manual_seed(0)
-    prefix = torch.randint(0, target.vocab_size, (1, prefix_len), generator=gen).to(target.device)
-    target.prefill(prefix)
+    prefix = torch.randint(0, target.vocab_size, (rows, prefix_len), generator=gen).to(target.device)
+    ragged = None
+    if rows == 1:
+        target.prefill(prefix)
+    else:
+        ragged = RaggedTarget(target)
+        ragged.prefill(list(prefix))
     seconds = []
     for n in sizes:
-        tree = _synthetic_tree(n, gamma, target.device)
+        tree = _synthetic_tree(n, gamma, target.device, rows)
         times = []
         for _ in range(repeats + 1):                       # the first run warms up and is dropped
             _sync(target.device)
             start = time.perf_counter()
-            target.forward_tree(target.tree_inputs(tree))
+            if ragged is None:
+                target.forward_tree(target.tree_inputs(tree), logits=logits)
+            else:
+                ragged.forward_tree(tree, logits=logits)
             _sync(target.device)
             times.append(time.perf_counter() - start)
-            target.rollback()
+            (target if ragged is None else ragged).rollback()
         seconds.append(statistics.median(times[1:]))
     target.reset()
     return VerifyCost(sizes, tuple(seconds), prefix_len)
@@ -215,6 +237,37 @@ def score_candidates(stats: dict[tuple[int, int | None], ConfigStats], cost: Ver
     return tuple(out)
 
 
+def score_at_concurrency(stats: dict[tuple[int, int | None], ConfigStats], cost: VerifyCost, rows: int,
+                         draft_s: float, commit_s: float) -> tuple[Candidate, ...]:
+    """The cost model of a batched round with ``rows`` requests in flight, for every (budget, width).
+
+    ``stats`` are single-request replays (tau and tree sizes do not depend on the batch), ``cost``
+    the verify cost measured at batch ``rows`` (``measure_verify_cost(..., rows=rows)``), ``draft_s``
+    and ``commit_s`` one batched round's drafter forward and commit measured at that batch::
+
+        round_s       = draft_s + rows * build_s(B, W) + E[t_v(q + 1)] + commit_s
+        tokens_per_s  = rows * tau(B, W) / round_s          (all requests together)
+
+    where ``t_v(q + 1)`` is averaged over ``q``, the largest of ``rows`` independent draws from the
+    replayed tree sizes (the batched forward is as wide as its largest tree; ``rows = 1`` gives
+    :func:`score_candidates`' mean over the sizes).
+    The builders run row by row on the CPU host path, so build time is taken as linear in ``rows``.
+    """
+    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
+        raise ValueError(f"rows: must be an integer >= 1, got {rows!r}")
+    out = []
+    for (budget, width), s in sorted(stats.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
+        sizes = sorted(s.tree_sizes or (round(s.mean_tree_size),))
+        n = len(sizes)        # P(largest of `rows` draws is the i-th smallest) = (i/n)^rows - ((i-1)/n)^rows
+        verify_s = sum(cost.at(size + 1) * ((i / n) ** rows - ((i - 1) / n) ** rows)
+                       for i, size in enumerate(sizes, start=1))
+        build_s = rows * s.build_s
+        round_s = draft_s + build_s + verify_s + commit_s
+        out.append(Candidate(budget, width, s.tau, s.mean_tree_size, draft_s, build_s, verify_s, commit_s, round_s,
+                             rows * s.tau / round_s if round_s > 0 else float("inf")))
+    return tuple(out)
+
+
 def pick_best(candidates: Sequence[Candidate]) -> Candidate:
     """Highest expected tokens per second; ties to the smaller budget, then the smaller width."""
     if not candidates:
@@ -231,12 +284,15 @@ def tune(
     widths: Sequence[int] = DEFAULT_WIDTHS,
     verify_cost: VerifyCost | None = None,
     progress: Callable[[str], None] | None = None,
+    temperature: float = 0.0,
 ) -> TuneResult:
     """Choose ``budget`` (and ``width`` when ``method``'s builder has one) for this machine.
 
     Fields of ``method`` already set to a number stay fixed; those set to ``"auto"`` (or unset) are
     searched over ``budgets`` / ``widths``.  ``refs`` are calibration references
     (:func:`dartree.eval.simulate.reference`), disjoint from the prompts the result is reported on.
+    ``temperature``: the decoding the result is for; at 0 on the CPU the verify probe runs the LM head
+    on the roots only, as greedy decoding does (:attr:`HFTarget.scores_rows_apart`).
     """
     if method.is_ar:
         raise ValueError("method: 'ar' has no budget to tune")
@@ -259,7 +315,9 @@ def tune(
         prefix_len = int(sum(r.sequence.shape[1] for r in refs) / len(refs))
         largest = max(budget_grid) + 1
         sizes = sorted({1, 2, 4, 8, 16, 32, 64, 128, largest} & set(range(1, largest + 1)) | {largest})
-        verify_cost = measure_verify_cost(bundle.target, bundle.drafter.target_layer_ids, prefix_len, sizes, gamma)
+        lazy = temperature == 0 and HFTarget(bundle.target).scores_rows_apart
+        verify_cost = measure_verify_cost(bundle.target, bundle.drafter.target_layer_ids, prefix_len, sizes, gamma,
+                                          logits="root" if lazy else "all")
     probe = method.with_settings(budget=min(budget_grid), **({"width": min(width_grid)} if has_width else {}))
     overhead_s = measure_overhead(bundle, probe, refs[0], backend)
     stats = {}

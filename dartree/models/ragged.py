@@ -216,6 +216,11 @@ class RaggedTarget:
         self.target._length = width
         self.target._pending = None
 
+    def rollback(self) -> None:
+        """Drop the pending tree slots of every row (nothing committed)."""
+        self._pending = None
+        self._cut(self.width)
+
     @torch.no_grad()
     def keep_rows(self, rows: list[int]) -> None:
         """Keep only ``rows`` (in that order); the others leave the batch and stop costing (``[]``: empty batch)."""

@@ -159,7 +159,7 @@ def walk_greedy(tree: DraftTree, root_logits: Tensor,
                 rows.append(r)
                 nodes.append(nxt)
         if rows:
-            for r, i, pick in zip(rows, nodes, node_logits(rows, nodes).argmax(-1).tolist()):
+            for r, i, pick in zip(rows, nodes, node_logits(rows, nodes).argmax(-1).tolist(), strict=True):
                 picks[r][i] = pick
         walking = rows
     accepted = [path + [PAD] * (n - len(path)) for path in paths]

@@ -8,6 +8,7 @@ from dartree.eval.tune import (
     VerifyCost,
     measure_verify_cost,
     pick_best,
+    score_at_concurrency,
     score_candidates,
     tune,
 )
@@ -46,6 +47,26 @@ def test_synthetic_cost_model_picks_budget_deterministically():
     assert pick_best(score_candidates(stats, cpu_like, 0.001)) == best_cpu  # same input, same answer
 
 
+def test_concurrency_cost_model_shrinks_the_tree_as_the_batch_grows():
+    """A batched forward over C trees is compute-bound: the per-C model moves to smaller trees, counts
+    every request's tokens, and sizes the forward by the largest of C trees."""
+    stats = {(8, None): _stats(2.8, 8, build_s=0.0005), (32, None): _stats(3.6, 32, build_s=0.001)}
+    at1 = VerifyCost((1, 64), (0.010, 0.012))              # one request: nodes nearly free
+    at8 = VerifyCost((1, 64), (0.020, 0.148))              # eight: 2 ms per node
+    assert pick_best(score_at_concurrency(stats, at1, 1, draft_s=0.003, commit_s=0.001)).budget == 32
+    best8 = pick_best(score_at_concurrency(stats, at8, 8, draft_s=0.006, commit_s=0.002))
+    assert best8.budget == 8
+    assert best8.round_s == pytest.approx(0.006 + 8 * 0.0005 + at8.at(9) + 0.002)
+    assert best8.tokens_per_s == pytest.approx(8 * 2.8 / best8.round_s)
+    ragged = {(8, None): ConfigStats(2.0, 5.0, 0.0, 0.0, 4, (2, 4, 6, 8), ())}
+    one, two = (score_at_concurrency(ragged, at8, c, 0.0, 0.0)[0] for c in (1, 2))
+    assert one.verify_s == pytest.approx(sum(at8.at(s + 1) for s in (2, 4, 6, 8)) / 4)      # the mean
+    # the largest of two draws: 2 w.p. 1/16, 4 w.p. 3/16, 6 w.p. 5/16, 8 w.p. 7/16
+    assert two.verify_s == pytest.approx((at8.at(3) + 3 * at8.at(5) + 5 * at8.at(7) + 7 * at8.at(9)) / 16)
+    with pytest.raises(ValueError, match="rows"):
+        score_at_concurrency(stats, at8, 0, 0.0, 0.0)
+
+
 def test_ties_go_to_the_smaller_budget_then_width():
     stats = {(8, 4): _stats(2.0, 8), (8, 2): _stats(2.0, 8), (16, 2): _stats(2.0, 8)}
     best = pick_best(score_candidates(stats, VerifyCost((1, 64), (0.01, 0.01)), 0.0))
@@ -58,6 +79,10 @@ def test_tune_on_the_toy_model(bundle):
     refs = [reference(bundle, encode(bundle.tokenizer, "def f(x):\n"), 12)]
     cost = measure_verify_cost(bundle.target, (), prefix_len=16, sizes=(1, 4, 9), repeats=1)
     assert cost.sizes == (1, 4, 9) and all(s > 0 for s in cost.seconds)
+    batched = measure_verify_cost(bundle.target, (), prefix_len=16, sizes=(1, 9), repeats=1, rows=3, logits="root")
+    assert batched.sizes == (1, 9) and all(s > 0 for s in batched.seconds)
+    with pytest.raises(ValueError, match="rows"):
+        measure_verify_cost(bundle.target, (), sizes=(1, 9), rows=0)
     result = tune(bundle, parse_method("dartree-pruned:budget=auto,width=auto"), refs, "ref",
                   budgets=(2, 6), widths=(2, 3), verify_cost=cost)
     assert len(result.candidates) == 4 and result.best in result.candidates

@@ -268,7 +268,7 @@ def test_walk_greedy_scores_only_the_path_and_equals_verify_greedy(seed):
     calls = []
 
     def rows(rs, nodes):
-        calls.append(list(zip(rs, nodes)))
+        calls.append(list(zip(rs, nodes, strict=True)))
         return logits[rs, nodes]
 
     lazy = walk_greedy(tree, logits[:, 0], rows)
