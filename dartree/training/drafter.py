@@ -16,7 +16,8 @@ from dartree.training.common import log, lr_at, optimizer_step, resume, save_che
 from dartree.training.target import load_target
 
 __all__ = ["mask_token_id", "drafter_config", "target_features", "anchored_blocks", "sample_anchors",
-           "block_labels", "depth_weights", "eval_drafter", "stage_drafter", "load_trained_drafter"]
+           "chunk_batch", "block_targets", "block_loss", "depth_weights", "validation_prompts", "decode_tau",
+           "eval_drafter", "stage_drafter", "load_trained_drafter"]
 
 
 def mask_token_id(work: Path) -> int:
@@ -49,10 +50,10 @@ def drafter_config(model, args: argparse.Namespace):
 
 @torch.no_grad()
 def target_features(model, seqs: torch.Tensor, layer_ids) -> tuple[torch.Tensor, torch.Tensor]:
-    """Concatenated hidden states of ``layer_ids`` and the greedy labels (argmax next token)."""
+    """Concatenated hidden states of ``layer_ids`` and the target's logits at every position."""
     out = model(input_ids=seqs, output_hidden_states=True)
     hidden = torch.cat([out.hidden_states[i + 1] for i in layer_ids], dim=-1)
-    return hidden, out.logits.argmax(-1)
+    return hidden, out.logits
 
 
 def anchored_blocks(drafter, hidden: torch.Tensor, seqs: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
@@ -80,13 +81,43 @@ def anchored_blocks(drafter, hidden: torch.Tensor, seqs: torch.Tensor, anchors: 
 
 
 def sample_anchors(S: int, A: int, low: int, high: int, gen: torch.Generator) -> torch.Tensor:
+    """``A`` distinct anchors per row, uniform in ``[low, high)``."""
     return torch.stack([torch.randperm(high - low, generator=gen)[:A] + low for _ in range(S)])
 
 
-def block_labels(labels: torch.Tensor, anchors: torch.Tensor, gamma: int) -> torch.Tensor:
-    """Greedy labels of depths 1..gamma: the target's argmax at positions anchor .. anchor+gamma-1."""
-    idx = anchors[:, :, None] + torch.arange(gamma)
-    return torch.gather(labels, 1, idx.flatten(1)).view(*anchors.shape, gamma)
+def chunk_batch(chunks: list[dict], rows: int, anchors: int, block_size: int, gen: torch.Generator,
+                chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """Rows of one distillation chunk (a random one, or ``chunk``) and anchors inside their continuation.
+
+    An anchor is a block's root: a committed token at or after the prompt's last one, early enough
+    that the ``gamma`` depths after it have labels.  Returns ``(tokens [S, T], anchors [S, A], sampled)``.
+    """
+    c = chunks[int(torch.randint(0, len(chunks), (1,), generator=gen)) if chunk is None else chunk]
+    tokens = c["tokens"]
+    picked = torch.randperm(tokens.shape[0], generator=gen)[:rows]
+    x = tokens[picked].long()
+    low, high = c["prompt_len"] - 1, x.shape[1] - block_size + 1
+    return x, sample_anchors(x.shape[0], min(anchors, high - low), low, high, gen), bool(c["sampled"])
+
+
+def block_targets(logits: torch.Tensor, anchors: torch.Tensor, gamma: int, sampled: bool) -> torch.Tensor:
+    """What depths 1..gamma of each block learn, from the target's logits at positions anchor .. anchor+gamma-1.
+
+    Greedy continuations: the target's argmax (int64 ``[S, A, gamma]``), which is the continuation
+    itself.  Sampled ones: the target's whole distribution at temperature 1 (``[S, A, gamma, V]``):
+    its expectation along the sampled path is the marginal the drafter should put at each depth.
+    """
+    idx = (anchors[:, :, None] + torch.arange(gamma)).flatten(1)               # [S, A*gamma]
+    picked = torch.gather(logits, 1, idx[..., None].expand(-1, -1, logits.shape[-1]))
+    picked = picked.view(*anchors.shape, gamma, logits.shape[-1])
+    return torch.softmax(picked.float(), dim=-1) if sampled else picked.argmax(-1)
+
+
+def block_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy per (block, depth) against hard labels or a distribution: ``[..., gamma]``."""
+    if targets.dtype == torch.int64:
+        return F.cross_entropy(logits.flatten(0, -2), targets.flatten(), reduction="none").view(targets.shape)
+    return -(targets * F.log_softmax(logits, dim=-1)).sum(-1)
 
 
 def depth_weights(gamma: int) -> torch.Tensor:
@@ -94,49 +125,105 @@ def depth_weights(gamma: int) -> torch.Tensor:
     return w / w.sum() * gamma
 
 
-def eval_drafter(drafter, model, seqs: torch.Tensor, args: argparse.Namespace) -> dict:
-    """Teacher-forced per-depth accuracy and expected accepted length of the drafter's argmax chain."""
+def validation_prompts(chunks: list[dict], count: int) -> list[torch.Tensor]:
+    """The real-text prompts (``[1, L]``) of the first ``count`` greedy validation rows: what a real
+    decoding run on held-out files starts from."""
+    out = []
+    for c in chunks:
+        if c["sampled"]:
+            continue
+        out.extend(c["tokens"][r : r + 1, : c["prompt_len"]].long() for r in range(c["tokens"].shape[0]))
+        if len(out) >= count:
+            break
+    return out[:count]
+
+
+def decode_tau(model, drafter, prompts: list[torch.Tensor], new_tokens: int, method: str = "chain",
+               head=None, temperature: float = 0.0, **config) -> float:
+    """tau (tokens committed per round) of real lossless decoding: the metric that matters in use."""
+    import dartree
+    from dartree.decode import SpeculativeDecoder
+    from dartree.verify import KeyedSampler
+
+    was_training = drafter.training
+    drafter.eval()
+    decoder = SpeculativeDecoder(model, drafter, dartree.make_builder(method, **config), head=head)
+    committed = rounds = 0
+    with torch.no_grad():
+        for i, x in enumerate(prompts):
+            sampler = KeyedSampler(seed=i) if temperature > 0 else None
+            out = decoder.generate(x, max_new_tokens=new_tokens, temperature=temperature, sampler=sampler)
+            committed += out.tokens.shape[1]
+            rounds += out.num_rounds
+    drafter.train(was_training)
+    return committed / max(1, rounds)
+
+
+def eval_drafter(drafter, model, chunks: list[dict], args: argparse.Namespace, decode_prompts: int = 0) -> dict:
+    """Teacher-forced losses, per-depth top-1 agreement and chain tau on the greedy chunks, the soft
+    loss on the sampled ones and, with ``decode_prompts``, the chain tau of real greedy decoding."""
     gen = torch.Generator().manual_seed(99)
     gamma = drafter.gamma
     correct = torch.zeros(gamma)
-    accepted = 0.0
-    total_loss, n = 0.0, 0
+    sums = {"loss": 0.0, "sampled_loss": 0.0, "accepted": 0.0}
+    counts = {"greedy": 0, "sampled": 0}
     with torch.no_grad():
-        for i in range(0, seqs.shape[0], 8):
-            x = seqs[i : i + 8].long()
-            hidden, labels = target_features(model, x, drafter.target_layer_ids)
-            anchors = sample_anchors(x.shape[0], 8, args.prompt_len - 1, x.shape[1] - drafter.block_size, gen)
-            h = anchored_blocks(drafter, hidden, x, anchors)
-            logits = F.linear(h, drafter.lm_head_weight)
-            y = block_labels(labels, anchors, gamma)
-            total_loss += F.cross_entropy(logits.flatten(0, 2), y.flatten()).item()
-            n += 1
+        for i in range(len(chunks)):
+            x, anchors, sampled = chunk_batch(chunks, 8, 8, drafter.block_size, gen, chunk=i)
+            hidden, target_logits = target_features(model, x, drafter.target_layer_ids)
+            logits = F.linear(anchored_blocks(drafter, hidden, x, anchors), drafter.lm_head_weight)
+            y = block_targets(target_logits, anchors, gamma, sampled)
+            loss = block_loss(logits, y).mean().item()
+            if sampled:
+                sums["sampled_loss"] += loss
+                counts["sampled"] += 1
+                continue
+            sums["loss"] += loss
+            counts["greedy"] += 1
             hit = logits.argmax(-1) == y
             correct += hit.float().mean((0, 1))
-            accepted += hit.long().cumprod(-1).sum(-1).float().mean().item()
-    batches = n
-    return {"loss": total_loss / batches, "acc_by_depth": (correct / batches).tolist(),
-            "chain_tau": accepted / batches + 1.0}
+            sums["accepted"] += hit.long().cumprod(-1).sum(-1).float().mean().item()
+    g = max(1, counts["greedy"])
+    out = {"loss": sums["loss"] / g, "sampled_loss": sums["sampled_loss"] / max(1, counts["sampled"]),
+           "acc_by_depth": (correct / g).tolist(), "chain_tau": sums["accepted"] / g + 1.0}
+    if decode_prompts:
+        out["decode_chain_tau"] = decode_tau(model, drafter, validation_prompts(chunks, decode_prompts),
+                                             args.distill_new_tokens - drafter.block_size)
+    return out
 
 
 def stage_drafter(work: Path, args: argparse.Namespace) -> None:
     from dartree.models.drafter import DFlashDrafter
+    from dartree.training.distill import load_distill
 
     final = work / "drafter_final.pt"
     if final.exists():
         return
     model = load_target(work)
-    distill = torch.load(work / "distill.pt")
-    config = drafter_config(model, args)
+    distill = load_distill(work)
     torch.manual_seed(1)
-    drafter = DFlashDrafter(config, target=model)
+    if args.init_from is not None:          # warm start from a released bundle's drafter
+        from dartree.models.loaders import load_drafter
+
+        start = load_drafter(args.init_from / "drafter", target=model)
+        config = start.config
+        drafter = DFlashDrafter(config, target=model)
+        drafter.load_state_dict(start.state_dict())
+        log(f"drafter: warm start from {args.init_from / 'drafter'}")
+    else:
+        config = drafter_config(model, args)
+        drafter = DFlashDrafter(config, target=model)
     params = [p for p in drafter.parameters()]
     opt = torch.optim.AdamW(params, lr=args.drafter_lr, betas=(0.9, 0.95), weight_decay=0.01)
     ckpt_path = work / "drafter_ckpt.pt"
     state = resume(ckpt_path, "drafter", {"model": drafter}, opt)
     n_params = sum(p.numel() for p in params)
     log(f"drafter: {n_params / 1e6:.2f}M parameters, target layers {config.target_layer_ids}")
-    train = distill["train"]
+    train, validation = distill["train"], distill["validation"]
+    if state["step"] == 0:
+        ev = eval_drafter(drafter, model, validation[:16], args, decode_prompts=args.decode_prompts)
+        state["initial"] = ev
+        log(f"drafter before training: {_summary(ev)}")
     gen = torch.Generator().manual_seed(state["step"] + 11)
     weights = depth_weights(config.gamma)
     budget = args.drafter_minutes * 60.0
@@ -145,36 +232,39 @@ def stage_drafter(work: Path, args: argparse.Namespace) -> None:
     drafter.train()
     while state["elapsed"] < budget:
         t0 = time.time()
-        rows = torch.randint(0, train.shape[0], (args.drafter_batch,), generator=gen)
-        x = train[rows].long()
-        hidden, labels = target_features(model, x, config.target_layer_ids)
-        anchors = sample_anchors(x.shape[0], args.anchors, args.prompt_len - 1, x.shape[1] - config.block_size, gen)
-        h = anchored_blocks(drafter, hidden, x, anchors)
-        logits = F.linear(h, drafter.lm_head_weight)
-        y = block_labels(labels, anchors, config.gamma)
-        ce = F.cross_entropy(logits.flatten(0, 2), y.flatten(), reduction="none").view(y.shape)
-        loss = (ce * weights).mean()
+        x, anchors, sampled = chunk_batch(train, args.drafter_batch, args.anchors, config.block_size, gen)
+        hidden, target_logits = target_features(model, x, config.target_layer_ids)
+        y = block_targets(target_logits, anchors, config.gamma, sampled)
+        logits = F.linear(anchored_blocks(drafter, hidden, x, anchors), drafter.lm_head_weight)
+        loss = (block_loss(logits, y) * weights).mean()
         lr = lr_at(state["step"], state["elapsed"] / budget, args.drafter_lr, 50)
         optimizer_step(opt, loss, params, lr, state, t0, bar)
         bar.set_postfix(loss=f"{loss.item():.3f}")
-        if state["step"] % 200 == 0:
+        if state["step"] % args.eval_every == 0:
             drafter.eval()
-            ev = eval_drafter(drafter, model, distill["validation"][:32], args)
+            ev = eval_drafter(drafter, model, validation[:16], args, decode_prompts=args.decode_prompts)
             drafter.train()
-            state["history"].append((state["step"], loss.item(), ev["loss"], ev["chain_tau"]))
-            log(f"drafter step {state['step']}: train {loss.item():.3f} validation {ev['loss']:.3f} "
-                f"chain tau {ev['chain_tau']:.2f}")
+            state["history"].append((state["step"], loss.item(), ev["loss"], ev["chain_tau"],
+                                     ev.get("decode_chain_tau")))
+            log(f"drafter step {state['step']}: train {loss.item():.3f} {_summary(ev)}")
         if time.time() - last_save > 300:
             save_checkpoint(ckpt_path, {"model": drafter}, opt, state)
             last_save = time.time()
     bar.close()
     drafter.eval()
-    ev = eval_drafter(drafter, model, distill["validation"], args)
+    ev = eval_drafter(drafter, model, validation, args, decode_prompts=2 * args.decode_prompts)
     state["final"] = ev
-    log(f"drafter done: validation loss {ev['loss']:.4f}, chain tau {ev['chain_tau']:.2f}, "
-        f"acc by depth {[round(a, 2) for a in ev['acc_by_depth']]}")
+    log(f"drafter done: {_summary(ev)}, acc by depth {[round(a, 2) for a in ev['acc_by_depth']]}")
     torch.save({"model": drafter.state_dict(), "config": config.to_dict()}, final)
     (work / "drafter_stats.json").write_text(json.dumps(state, indent=1))
+
+
+def _summary(ev: dict) -> str:
+    text = (f"validation greedy {ev['loss']:.3f} sampled {ev['sampled_loss']:.3f}, "
+            f"teacher-forced chain tau {ev['chain_tau']:.2f}")
+    if "decode_chain_tau" in ev:
+        text += f", decoded chain tau {ev['decode_chain_tau']:.2f}"
+    return text
 
 
 def load_trained_drafter(work: Path, model):

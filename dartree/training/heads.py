@@ -15,76 +15,90 @@ from tqdm import tqdm
 from dartree.training.common import log, lr_at, optimizer_step, resume, save_checkpoint
 from dartree.training.drafter import (
     anchored_blocks,
-    block_labels,
+    block_loss,
+    block_targets,
+    chunk_batch,
+    decode_tau,
     load_trained_drafter,
-    sample_anchors,
     target_features,
+    validation_prompts,
 )
 from dartree.training.target import load_target
 
 __all__ = ["head_batch", "head_losses", "eval_heads", "stage_heads", "nn_init_zero"]
 
 
-def head_batch(drafter, model, x: torch.Tensor, anchors: torch.Tensor):
-    """Frozen drafter outputs and greedy labels for a batch of anchored blocks."""
+def head_batch(drafter, model, x: torch.Tensor, anchors: torch.Tensor, sampled: bool):
+    """Frozen drafter outputs, targets (:func:`block_targets`) and the path tokens before each depth,
+    for a batch of anchored blocks: the heads condition on the committed path, as in decoding."""
     with torch.no_grad():
-        hidden, labels = target_features(model, x, drafter.target_layer_ids)
+        hidden, target_logits = target_features(model, x, drafter.target_layer_ids)
         h = anchored_blocks(drafter, hidden, x, anchors)                   # [S, A, gamma, H]
         base = F.linear(h, drafter.lm_head_weight)
-        y = block_labels(labels, anchors, drafter.gamma)                   # [S, A, gamma]
-        roots = torch.gather(x, 1, anchors)
-    previous = torch.cat([roots[..., None], y[..., :-1]], dim=-1)          # token before each depth
+        y = block_targets(target_logits, anchors, drafter.gamma, sampled)  # [S, A, gamma(, V)]
+        previous = torch.gather(x, 1, (anchors[:, :, None] + torch.arange(drafter.gamma)).flatten(1))
+    previous = previous.view(*anchors.shape, drafter.gamma)                # token before each depth
     return h.flatten(0, 1), base.flatten(0, 1), y.flatten(0, 1), previous.flatten(0, 1)
 
 
-def head_losses(gru, markov, h, base, y, previous) -> tuple[torch.Tensor, torch.Tensor]:
+def head_logits(gru, markov, h, base, previous) -> tuple[torch.Tensor, torch.Tensor]:
+    """The GRU head's logits at depths > its prefix (``[N, gamma - p, V]``) and the Markov head's at
+    every depth (``[N, gamma, V]``), teacher-forced along ``previous``."""
     states, _ = gru.prefix_gru(F.embedding(previous, gru.embedding_weight))  # [N, gamma, G]
     p = gru.prefix_len
-    gru_logits = gru.full_logits(base[:, p:], h[:, p:], states[:, p:])
-    gru_loss = F.cross_entropy(gru_logits.flatten(0, 1), y[:, p:].flatten())
-    markov_logits = markov.full_logits(base, previous)
-    markov_loss = F.cross_entropy(markov_logits.flatten(0, 1), y.flatten())
-    return gru_loss, markov_loss
+    return gru.full_logits(base[:, p:], h[:, p:], states[:, p:]), markov.full_logits(base, previous)
 
 
-def eval_heads(gru, markov, drafter, model, seqs, args) -> dict:
+def head_losses(gru, markov, h, base, y, previous) -> tuple[torch.Tensor, torch.Tensor]:
+    gru_logits, markov_logits = head_logits(gru, markov, h, base, previous)
+    return block_loss(gru_logits, y[:, gru.prefix_len:]).mean(), block_loss(markov_logits, y).mean()
+
+
+def eval_heads(gru, markov, drafter, model, chunks: list[dict], args, decode_prompts: int = 0) -> dict:
+    """Greedy-chunk losses and teacher-forced chain tau per head, sampled-chunk losses and, with
+    ``decode_prompts``, the corrected-chain tau of real greedy decoding per head."""
     gen = torch.Generator().manual_seed(99)
-    totals = {"base": 0.0, "gru": 0.0, "markov": 0.0}
-    taus = {"base": 0.0, "gru": 0.0, "markov": 0.0}
-    n = 0
+    names = ("base", "gru", "markov")
+    totals = {f"{k}_{kind}": 0.0 for k in names for kind in ("loss", "sampled_loss", "tau")}
+    counts = {"greedy": 0, "sampled": 0}
+    p = gru.prefix_len
     with torch.no_grad():
-        for i in range(0, seqs.shape[0], 8):
-            x = seqs[i : i + 8].long()
-            anchors = sample_anchors(x.shape[0], 8, args.prompt_len - 1, x.shape[1] - drafter.block_size, gen)
-            h, base, y, previous = head_batch(drafter, model, x, anchors)
-            g, mk = head_losses(gru, markov, h, base, y, previous)
-            p = gru.prefix_len
-            totals["base"] += F.cross_entropy(base[:, p:].flatten(0, 1), y[:, p:].flatten()).item()
-            totals["gru"] += g.item()
-            totals["markov"] += mk.item()
-            # teacher-forced chain acceptance: argmax of each head along the greedy path
-            states, _ = gru.prefix_gru(F.embedding(previous, gru.embedding_weight))
-            gl = base.clone()
-            gl[:, p:] = gru.full_logits(base[:, p:], h[:, p:], states[:, p:])
-            for name, logits in (("base", base), ("gru", gl), ("markov", markov.full_logits(base, previous))):
-                hit = logits.argmax(-1) == y
-                taus[name] += hit.long().cumprod(-1).sum(-1).float().mean().item() + 1.0
-            n += 1
-    out = {f"{k}_loss_depth_gt_{gru.prefix_len}": v / n for k, v in totals.items() if k != "markov"}
-    out["markov_loss"] = totals["markov"] / n
-    out.update({f"{k}_chain_tau_teacher_forced": v / n for k, v in taus.items()})
+        for i in range(len(chunks)):
+            x, anchors, sampled = chunk_batch(chunks, 8, 8, drafter.block_size, gen, chunk=i)
+            h, base, y, previous = head_batch(drafter, model, x, anchors, sampled)
+            gl_tail, ml = head_logits(gru, markov, h, base, previous)
+            gl = torch.cat([base[:, :p], gl_tail], dim=1)
+            kind = "sampled_loss" if sampled else "loss"
+            counts["sampled" if sampled else "greedy"] += 1
+            for name, logits in (("base", base), ("gru", gl), ("markov", ml)):
+                totals[f"{name}_{kind}"] += block_loss(logits, y).mean().item()
+                if not sampled:         # teacher-forced chain acceptance: argmax along the greedy path
+                    hit = logits.argmax(-1) == y
+                    totals[f"{name}_tau"] += hit.long().cumprod(-1).sum(-1).float().mean().item() + 1.0
+    out = {key: value / max(1, counts["sampled" if "sampled" in key else "greedy"]) for key, value in totals.items()}
+    if decode_prompts:
+        prompts = validation_prompts(chunks, decode_prompts)
+        new = args.distill_new_tokens - drafter.block_size
+        for name, head in (("gru", gru), ("markov", markov)):
+            head.eval()
+            out[f"{name}_decode_tau"] = decode_tau(model, drafter, prompts, new, "corrected-chain", head=head)
     return out
+
+
+def _summary(ev: dict) -> str:
+    return ", ".join(f"{k} {v:.3f}" for k, v in ev.items())
 
 
 def stage_heads(work: Path, args: argparse.Namespace) -> None:
     from dartree.models.heads import GRUHead, MarkovHead
+    from dartree.training.distill import load_distill
 
     final = work / "heads_final.pt"
     if final.exists():
         return
     model = load_target(work)
     drafter = load_trained_drafter(work, model)
-    distill = torch.load(work / "distill.pt")
+    distill = load_distill(work)
     c = model.config
     torch.manual_seed(2)
     gru = GRUHead(c.hidden_size, c.vocab_size, args.gru_hidden, args.gru_emb_dim, prefix_len=1,
@@ -93,35 +107,49 @@ def stage_heads(work: Path, args: argparse.Namespace) -> None:
     markov = MarkovHead(c.vocab_size, args.markov_rank)
     torch.nn.init.normal_(markov.markov_w1.weight, std=0.02)
     torch.nn.init.zeros_(markov.markov_w2.weight)
+    if args.init_from is not None:          # warm start from a released bundle's heads
+        from dartree.models.loaders import load_head
+
+        for head, name in ((gru, "gru"), (markov, "markov")):
+            head.load_state_dict(load_head(args.init_from / f"{name}_head", target=model).state_dict())
+        log(f"heads: warm start from {args.init_from}")
     params = list(gru.parameters()) + list(markov.parameters())
     opt = torch.optim.AdamW(params, lr=args.heads_lr, betas=(0.9, 0.95), weight_decay=0.0)
     ckpt_path = work / "heads_ckpt.pt"
     state = resume(ckpt_path, "heads", {"gru": gru, "markov": markov}, opt)
-    ev = eval_heads(gru, markov, drafter, model, distill["validation"][:32], args)
-    log(f"heads: before training {ev}")
-    train = distill["train"]
+    train, validation = distill["train"], distill["validation"]
+    if state["step"] == 0:
+        ev = eval_heads(gru, markov, drafter, model, validation[:16], args, decode_prompts=args.decode_prompts)
+        state["initial"] = ev
+        log(f"heads before training: {_summary(ev)}")
     gen = torch.Generator().manual_seed(state["step"] + 13)
     budget = args.heads_minutes * 60.0
     bar = tqdm(desc="heads", initial=state["step"], mininterval=20)
     last_save = time.time()
+    gru.train()
+    markov.train()
     while state["elapsed"] < budget:
         t0 = time.time()
-        rows = torch.randint(0, train.shape[0], (args.drafter_batch,), generator=gen)
-        x = train[rows].long()
-        anchors = sample_anchors(x.shape[0], args.anchors, args.prompt_len - 1, x.shape[1] - drafter.block_size, gen)
-        h, base, y, previous = head_batch(drafter, model, x, anchors)
+        x, anchors, sampled = chunk_batch(train, args.drafter_batch, args.anchors, drafter.block_size, gen)
+        h, base, y, previous = head_batch(drafter, model, x, anchors, sampled)
         g, mk = head_losses(gru, markov, h, base, y, previous)
         loss = g + mk
         lr = lr_at(state["step"], state["elapsed"] / budget, args.heads_lr, 30)
         optimizer_step(opt, loss, params, lr, state, t0, bar)
         bar.set_postfix(gru=f"{g.item():.3f}", markov=f"{mk.item():.3f}")
+        if state["step"] % args.eval_every == 0:
+            ev = eval_heads(gru, markov, drafter, model, validation[:16], args, decode_prompts=args.decode_prompts)
+            gru.train()
+            markov.train()
+            state["history"].append((state["step"], g.item(), mk.item(), ev))
+            log(f"heads step {state['step']}: {_summary(ev)}")
         if time.time() - last_save > 300:
             save_checkpoint(ckpt_path, {"gru": gru, "markov": markov}, opt, state)
             last_save = time.time()
     bar.close()
-    ev = eval_heads(gru, markov, drafter, model, distill["validation"], args)
+    ev = eval_heads(gru, markov, drafter, model, validation, args, decode_prompts=2 * args.decode_prompts)
     state["final"] = ev
-    log(f"heads done: {ev}")
+    log(f"heads done: {_summary(ev)}")
     torch.save({"gru": gru.state_dict(), "markov": markov.state_dict(),
                 "gru_config": {"gru_hidden_dim": args.gru_hidden, "emb_dim": args.gru_emb_dim, "prefix_len": 1},
                 "markov_config": {"markov_rank": args.markov_rank}}, final)

@@ -24,7 +24,7 @@ __all__ = ["parse_args", "main"]
 ZOO_DIR = Path(__file__).resolve().parents[1] / "models" / "zoo_weights"
 # Every stage, in the order they run; each skips itself when its output already exists in --work.
 STAGES: dict[str, Callable[[Path, argparse.Namespace], None]] = {
-    "data": lambda work, args: stage_data(work, args.vocab),
+    "data": lambda work, args: stage_data(work, args.vocab, args.init_from),
     "target": stage_target,
     "distill": stage_distill,
     "drafter": stage_drafter,
@@ -40,6 +40,15 @@ def _stages(text: str) -> list[str]:
     if not names or unknown:
         raise argparse.ArgumentTypeError(f"expected comma-separated stages from {', '.join(STAGES)}, got {text!r}")
     return names
+
+
+def _bundle_dir(text: str) -> Path:
+    path = Path(text)
+    missing = [name for name in ("target", "drafter", "gru_head", "markov_head", "tokenizer.json")
+               if not (path / name).exists()]
+    if missing:
+        raise argparse.ArgumentTypeError(f"expected a bundle directory with {', '.join(missing)}, got {text!r}")
+    return path
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -65,11 +74,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--heads-minutes", type=float, default=12.0, help="wall-clock training budget")
     p.add_argument("--drafter-layers", type=int, default=2)
     p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--distill-sequences", type=int, default=1024)
-    p.add_argument("--prompt-len", type=int, default=32)
+    p.add_argument("--init-from", type=_bundle_dir, default=None,
+                   help="a bundle directory (e.g. dartree/models/zoo_weights/pystdlib-tiny): keep its tokenizer "
+                        "and target, warm-start the drafter and heads from its weights")
+    p.add_argument("--distill-sequences", type=int, default=6144)
+    p.add_argument("--distill-new-tokens", type=int, default=80,
+                   help="tokens the target writes after each prompt (decoding runs 64 + one block)")
+    p.add_argument("--prompt-min", type=int, default=24, help="shortest real-text prompt, tokens")
+    p.add_argument("--prompt-max", type=int, default=192, help="longest real-text prompt, tokens")
+    p.add_argument("--sampled-fraction", type=float, default=0.25,
+                   help="fraction of continuations sampled at temperature 1 (the rest are greedy)")
+    p.add_argument("--package-files", type=int, default=1500,
+                   help="installed-package source files added to the prompt corpus (0: stdlib only)")
     p.add_argument("--drafter-lr", type=float, default=2e-3)
-    p.add_argument("--drafter-batch", type=int, default=8)
+    p.add_argument("--drafter-batch", type=int, default=16)
     p.add_argument("--anchors", type=int, default=16)
+    p.add_argument("--eval-every", type=int, default=200, help="steps between validation probes")
+    p.add_argument("--decode-prompts", type=int, default=8,
+                   help="held-out prompts decoded for real at each probe (the validation tau)")
     p.add_argument("--heads-lr", type=float, default=2e-3)
     p.add_argument("--gru-hidden", type=int, default=256)
     p.add_argument("--gru-emb-dim", type=int, default=256)

@@ -56,6 +56,13 @@ def stage_target(work: Path, args: argparse.Namespace) -> None:
     final = work / "target_final"
     if (final / "model.safetensors").exists():
         return
+    if args.init_from is not None:          # keep a released bundle's target (and its statistics)
+        model = Qwen3ForCausalLM.from_pretrained(args.init_from / "target", attn_implementation="sdpa")
+        model.save_pretrained(final)
+        stats = json.loads((args.init_from / "training_stats.json").read_text()).get("target", {})
+        (work / "target_stats.json").write_text(json.dumps({**stats, "kept_from": str(args.init_from)}, indent=1))
+        log(f"target: kept from {args.init_from / 'target'}")
+        return
     data = load_data(work)
     tokenizer_vocab = json.loads((work / "tokenizer.json").read_text())["model"]["vocab"]
     vocab = len(tokenizer_vocab) + len(SPECIAL_TOKENS)

@@ -62,3 +62,61 @@ def test_checkpoint_round_trip_restores_modules_optimizer_and_state(tmp_path):
     assert resume(path, "x", {"a": a2, "b": b2}, opt2) == {"step": 1, "elapsed": 2.5, "history": [(1, 0.5)]}
     assert torch.equal(a2.weight, a.weight) and torch.equal(b2.bias, b.bias)
     assert torch.equal(opt2.state_dict()["state"][0]["exp_avg"], opt.state_dict()["state"][0]["exp_avg"])
+
+
+def test_block_targets_are_the_targets_argmax_or_distribution_at_each_depth():
+    import torch.nn.functional as F
+
+    from dartree.training.drafter import block_loss, block_targets
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 20, 7, generator=g)
+    anchors = torch.tensor([[3, 9], [0, 15]])
+    hard = block_targets(logits, anchors, 4, sampled=False)
+    soft = block_targets(logits, anchors, 4, sampled=True)
+    assert hard.shape == (2, 2, 4) and soft.shape == (2, 2, 4, 7)
+    for s, a, d in ((0, 1, 2), (1, 1, 3), (1, 0, 0)):    # depth d + 1 is labelled at position anchor + d
+        p = int(anchors[s, a]) + d
+        assert hard[s, a, d] == logits[s, p].argmax()
+        torch.testing.assert_close(soft[s, a, d], torch.softmax(logits[s, p], -1))
+    draft = torch.randn(2, 2, 4, 7, generator=g)
+    torch.testing.assert_close(block_loss(draft, hard),
+                               F.cross_entropy(draft.flatten(0, 2), hard.flatten(), reduction="none").view(2, 2, 4))
+    one_hot = F.one_hot(hard, 7).float()                 # a distribution on one token is the hard label
+    torch.testing.assert_close(block_loss(draft, one_hot), block_loss(draft, hard))
+
+
+def test_anchors_lie_in_the_continuation_with_room_for_every_depth():
+    from dartree.training.drafter import chunk_batch
+
+    chunks = [{"tokens": torch.arange(5 * 60, dtype=torch.int32).view(5, 60), "prompt_len": 20, "sampled": True},
+              {"tokens": torch.zeros(4, 30, dtype=torch.int32), "prompt_len": 10, "sampled": False}]
+    g = torch.Generator().manual_seed(1)
+    x, anchors, sampled = chunk_batch(chunks, 3, 8, 16, g, chunk=0)
+    assert x.shape == (3, 60) and x.dtype == torch.int64 and sampled
+    # the root is the prompt's last token or later; depth 15's label (position anchor + 14) exists
+    assert anchors.shape == (3, 8) and anchors.min() >= 19 and anchors.max() <= 60 - 16
+    assert all(len(set(row)) == 8 for row in anchors.tolist())          # distinct anchors per row
+    assert len({int(r[0]) // 60 for r in x}) == 3                      # distinct rows of the chunk
+    x, anchors, sampled = chunk_batch(chunks, 8, 16, 16, g, chunk=1)   # fewer rows and anchors than asked
+    assert x.shape == (4, 30) and anchors.shape == (4, 6) and not sampled
+    assert anchors.min() == 9 and anchors.max() == 14
+
+
+def test_older_distillation_data_is_refused_not_misread(tmp_path):
+    from dartree.training.distill import load_distill
+
+    old = {"train": torch.zeros(4, 8, dtype=torch.int32), "validation": torch.zeros(1, 8)}
+    torch.save(old, tmp_path / "distill.pt")
+    with pytest.raises(ValueError, match="older recipe"):
+        load_distill(tmp_path)
+
+
+def test_init_from_must_be_a_bundle_and_package_prompts_leave_out_the_benchmarks(tmp_path, capsys):
+    from dartree.training.distill import EXCLUDED_PACKAGES, package_files
+
+    with pytest.raises(SystemExit):
+        parse_args(["--init-from", str(tmp_path)])
+    assert "expected a bundle directory with target" in capsys.readouterr().err
+    files = package_files(400)
+    assert files and not any(part in EXCLUDED_PACKAGES for f in files for part in f.parts)
