@@ -131,7 +131,7 @@ def run_concurrency(
         served = run(make_decoder(bundle, probe, backend), (calibration * c)[:c], c, calibration_new)
         rounds = [r for res in served.results for r in res.rounds]
         draft_s = statistics.median(r.draft_s for r in rounds)
-        commit_s = statistics.median(r.commit_s + r.mask_s for r in rounds)
+        commit_s = statistics.median(r.commit_s for r in rounds)   # mask_s is inside the verify probe
         scored = score_at_concurrency(replays[m.label], verify_costs[c], c, draft_s, commit_s)
         best = pick_best(scored)
         choice = next(x for x in cands if x.config["budget"] == best.budget and x.config.get("width") == best.width)

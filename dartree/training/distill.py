@@ -136,7 +136,7 @@ def stage_distill(work: Path, args: argparse.Namespace) -> None:
         sources["train"].append(packages)
     out = {
         "train": _chunks(model, sources["train"], args.distill_sequences, args, 7, "distill train"),
-        "validation": _chunks(model, sources["validation"], 128, args, 8, "distill validation"),
+        "validation": _chunks(model, sources["validation"], args.validation_sequences, args, 8, "distill validation"),
     }
     torch.save(out, path)
     rows = {split: sum(c["tokens"].shape[0] for c in chunks) for split, chunks in out.items()}

@@ -126,15 +126,12 @@ def depth_weights(gamma: int) -> torch.Tensor:
 
 
 def validation_prompts(chunks: list[dict], count: int) -> list[torch.Tensor]:
-    """The real-text prompts (``[1, L]``) of the first ``count`` greedy validation rows: what a real
-    decoding run on held-out files starts from."""
-    out = []
-    for c in chunks:
-        if c["sampled"]:
-            continue
-        out.extend(c["tokens"][r : r + 1, : c["prompt_len"]].long() for r in range(c["tokens"].shape[0]))
-        if len(out) >= count:
-            break
+    """``count`` real-text prompts (``[1, L]``) of the greedy validation chunks, row 0 of every chunk
+    first, then row 1, ...: prompts of many lengths, as a real decoding run on held-out files meets."""
+    greedy = [c for c in chunks if not c["sampled"]]
+    out: list[torch.Tensor] = []
+    for r in range(max((c["tokens"].shape[0] for c in greedy), default=0)):
+        out.extend(c["tokens"][r : r + 1, : c["prompt_len"]].long() for c in greedy if r < c["tokens"].shape[0])
     return out[:count]
 
 
@@ -206,6 +203,9 @@ def stage_drafter(work: Path, args: argparse.Namespace) -> None:
         from dartree.models.loaders import load_drafter
 
         start = load_drafter(args.init_from / "drafter", target=model)
+        if start.config.shift_label or start.heads:
+            raise ValueError(f"--init-from: {args.init_from / 'drafter'} is a shift_label or head-carrying "
+                             "checkpoint; the training stages train the zoo layout (shift_label false, heads apart)")
         config = start.config
         drafter = DFlashDrafter(config, target=model)
         drafter.load_state_dict(start.state_dict())

@@ -101,18 +101,25 @@ def stage_heads(work: Path, args: argparse.Namespace) -> None:
     distill = load_distill(work)
     c = model.config
     torch.manual_seed(2)
-    gru = GRUHead(c.hidden_size, c.vocab_size, args.gru_hidden, args.gru_emb_dim, prefix_len=1,
-                  embedding=model.get_input_embeddings().weight)
-    nn_init_zero(gru.embed_proj[2])
-    markov = MarkovHead(c.vocab_size, args.markov_rank)
-    torch.nn.init.normal_(markov.markov_w1.weight, std=0.02)
-    torch.nn.init.zeros_(markov.markov_w2.weight)
-    if args.init_from is not None:          # warm start from a released bundle's heads
+    gru_config = {"gru_hidden_dim": args.gru_hidden, "emb_dim": args.gru_emb_dim, "prefix_len": 1}
+    markov_config = {"markov_rank": args.markov_rank}
+    started = None
+    if args.init_from is not None:          # warm start from a released bundle's heads, with their settings
         from dartree.models.loaders import load_head
 
-        for head, name in ((gru, "gru"), (markov, "markov")):
-            head.load_state_dict(load_head(args.init_from / f"{name}_head", target=model).state_dict())
-        log(f"heads: warm start from {args.init_from}")
+        started = {name: load_head(args.init_from / f"{name}_head", target=model) for name in ("gru", "markov")}
+        g = started["gru"]
+        gru_config = {"gru_hidden_dim": g.gru_hidden_dim, "emb_dim": g.emb_dim, "prefix_len": g.prefix_len}
+        markov_config = {"markov_rank": started["markov"].markov_w1.weight.shape[1]}
+    gru = GRUHead(c.hidden_size, c.vocab_size, **gru_config, embedding=model.get_input_embeddings().weight)
+    nn_init_zero(gru.embed_proj[2])
+    markov = MarkovHead(c.vocab_size, **markov_config)
+    torch.nn.init.normal_(markov.markov_w1.weight, std=0.02)
+    torch.nn.init.zeros_(markov.markov_w2.weight)
+    if started is not None:
+        gru.load_state_dict(started["gru"].state_dict())
+        markov.load_state_dict(started["markov"].state_dict())
+        log(f"heads: warm start from {args.init_from} ({gru_config}, {markov_config})")
     params = list(gru.parameters()) + list(markov.parameters())
     opt = torch.optim.AdamW(params, lr=args.heads_lr, betas=(0.9, 0.95), weight_decay=0.0)
     ckpt_path = work / "heads_ckpt.pt"
@@ -151,8 +158,7 @@ def stage_heads(work: Path, args: argparse.Namespace) -> None:
     state["final"] = ev
     log(f"heads done: {_summary(ev)}")
     torch.save({"gru": gru.state_dict(), "markov": markov.state_dict(),
-                "gru_config": {"gru_hidden_dim": args.gru_hidden, "emb_dim": args.gru_emb_dim, "prefix_len": 1},
-                "markov_config": {"markov_rank": args.markov_rank}}, final)
+                "gru_config": gru_config, "markov_config": markov_config}, final)
     (work / "heads_stats.json").write_text(json.dumps(state, indent=1))
 
 

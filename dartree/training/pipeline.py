@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -12,7 +13,7 @@ import torch
 from dartree.training import __doc__ as OVERVIEW
 from dartree.training.common import ZOO_NAME
 from dartree.training.data import stage_data
-from dartree.training.distill import stage_distill
+from dartree.training.distill import CHUNK_ROWS, stage_distill
 from dartree.training.drafter import stage_drafter
 from dartree.training.export import stage_export
 from dartree.training.heads import stage_heads
@@ -81,7 +82,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--distill-new-tokens", type=int, default=80,
                    help="tokens the target writes after each prompt (decoding runs 64 + one block)")
     p.add_argument("--prompt-min", type=int, default=24, help="shortest real-text prompt, tokens")
-    p.add_argument("--prompt-max", type=int, default=192, help="longest real-text prompt, tokens")
+    p.add_argument("--prompt-max", type=int, default=256, help="longest real-text prompt, tokens")
+    p.add_argument("--validation-sequences", type=int, default=512, help="held-out continuations (validation)")
     p.add_argument("--sampled-fraction", type=float, default=0.25,
                    help="fraction of continuations sampled at temperature 1 (the rest are greedy)")
     p.add_argument("--package-files", type=int, default=1500,
@@ -98,13 +100,37 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--markov-rank", type=int, default=128)
     p.add_argument("--tau-prompts", type=int, default=5, help="prompts per split for the tau stage")
     p.add_argument("--tau-new-tokens", type=int, default=96)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.distill_new_tokens <= args.block_size:
+        p.error(f"--distill-new-tokens: must exceed --block-size ({args.block_size}): a block's labels lie after "
+                f"its root, got {args.distill_new_tokens}")
+    if not 1 <= args.drafter_batch <= CHUNK_ROWS:
+        p.error(f"--drafter-batch: a batch holds rows of one distillation chunk, 1..{CHUNK_ROWS}, "
+                f"got {args.drafter_batch}")
+    if not 1 <= args.prompt_min <= args.prompt_max:
+        p.error(f"--prompt-min/--prompt-max: need 1 <= min <= max, got {args.prompt_min}, {args.prompt_max}")
+    return args
+
+
+def _check_origin(args: argparse.Namespace) -> None:
+    """A work directory holds one recipe's stages: from scratch, or kept from one ``--init-from``
+    bundle.  Reusing it with another origin would mix a stale tokenizer or target with new stages."""
+    record = args.work / "origin.json"
+    origin = {"init_from": None if args.init_from is None else str(args.init_from.resolve())}
+    if record.exists():
+        old = json.loads(record.read_text())
+        if old != origin:
+            raise SystemExit(f"--work: {args.work} was started with init_from={old['init_from']}, now "
+                             f"init_from={origin['init_from']}; use another --work directory")
+    else:
+        record.write_text(json.dumps(origin))
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     args.work.mkdir(parents=True, exist_ok=True)
+    _check_origin(args)
     for name, stage in STAGES.items():          # in pipeline order, whatever the order of --stages
         if name in args.stages:
             stage(args.work, args)

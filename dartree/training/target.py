@@ -59,7 +59,8 @@ def stage_target(work: Path, args: argparse.Namespace) -> None:
     if args.init_from is not None:          # keep a released bundle's target (and its statistics)
         model = Qwen3ForCausalLM.from_pretrained(args.init_from / "target", attn_implementation="sdpa")
         model.save_pretrained(final)
-        stats = json.loads((args.init_from / "training_stats.json").read_text()).get("target", {})
+        stats_file = args.init_from / "training_stats.json"
+        stats = json.loads(stats_file.read_text()).get("target", {}) if stats_file.exists() else {}
         (work / "target_stats.json").write_text(json.dumps({**stats, "kept_from": str(args.init_from)}, indent=1))
         log(f"target: kept from {args.init_from / 'target'}")
         return

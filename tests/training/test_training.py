@@ -120,3 +120,23 @@ def test_init_from_must_be_a_bundle_and_package_prompts_leave_out_the_benchmarks
     assert "expected a bundle directory with target" in capsys.readouterr().err
     files = package_files(400)
     assert files and not any(part in EXCLUDED_PACKAGES for f in files for part in f.parts)
+
+
+def test_recipe_options_are_checked_and_a_work_dir_keeps_its_origin(tmp_path, capsys):
+    from dartree.training.pipeline import _check_origin
+
+    for argv, what in ((["--distill-new-tokens", "16"], "--distill-new-tokens"), (["--drafter-batch", "33"],
+                       "--drafter-batch"), (["--prompt-min", "50", "--prompt-max", "40"], "--prompt-min")):
+        with pytest.raises(SystemExit):
+            parse_args(argv)
+        assert what in capsys.readouterr().err
+    bundle = tmp_path / "bundle"
+    for name in ("target", "drafter", "gru_head", "markov_head"):
+        (bundle / name).mkdir(parents=True)
+    (bundle / "tokenizer.json").write_text("{}")
+    work = tmp_path / "work"
+    work.mkdir()
+    _check_origin(parse_args(["--work", str(work)]))                         # from scratch: recorded
+    _check_origin(parse_args(["--work", str(work)]))                         # the same origin again: fine
+    with pytest.raises(SystemExit, match="init_from"):                       # a kept target would be stale
+        _check_origin(parse_args(["--work", str(work), "--init-from", str(bundle)]))
