@@ -132,7 +132,10 @@ def run_concurrency(
         rounds = [r for res in served.results for r in res.rounds]
         draft_s = statistics.median(r.draft_s for r in rounds)
         commit_s = statistics.median(r.commit_s for r in rounds)   # mask_s is inside the verify probe
-        scored = score_at_concurrency(replays[m.label], verify_costs[c], c, draft_s, commit_s)
+        # batched heads make building c trees cheaper than c single builds: scale by the probe's ratio
+        single = replays[m.label][(probe.config["budget"], probe.config.get("width"))].build_s
+        scale = statistics.median(r.build_s for r in rounds) / single if single > 0 else float(c)
+        scored = score_at_concurrency(replays[m.label], verify_costs[c], c, draft_s, commit_s, max(scale, 1e-3))
         best = pick_best(scored)
         choice = next(x for x in cands if x.config["budget"] == best.budget and x.config.get("width") == best.width)
         log(f"tune C={c}: {m.label} -> {choice.config} (modelled {best.tokens_per_s:.1f} tok/s: tau {best.tau:.2f}, "

@@ -238,30 +238,35 @@ def score_candidates(stats: dict[tuple[int, int | None], ConfigStats], cost: Ver
 
 
 def score_at_concurrency(stats: dict[tuple[int, int | None], ConfigStats], cost: VerifyCost, rows: int,
-                         draft_s: float, commit_s: float) -> tuple[Candidate, ...]:
+                         draft_s: float, commit_s: float, build_scale: float | None = None) -> tuple[Candidate, ...]:
     """The cost model of a batched round with ``rows`` requests in flight, for every (budget, width).
 
     ``stats`` are single-request replays (tau and tree sizes do not depend on the batch), ``cost``
     the verify cost measured at batch ``rows`` (``measure_verify_cost(..., rows=rows)``), ``draft_s``
     and ``commit_s`` one batched round's drafter forward and commit measured at that batch::
 
-        round_s       = draft_s + rows * build_s(B, W) + E[t_v(q + 1)] + commit_s
+        round_s       = draft_s + build_scale * build_s(B, W) + E[t_v(q + 1)] + commit_s
         tokens_per_s  = rows * tau(B, W) / round_s          (all requests together)
 
     where ``t_v(q + 1)`` is averaged over ``q``, the largest of ``rows`` independent draws from the
     replayed tree sizes (the batched forward is as wide as its largest tree; ``rows = 1`` gives
     :func:`score_candidates`' mean over the sizes).
-    The builders run row by row on the CPU host path, so build time is taken as linear in ``rows``.
+    ``build_scale`` is what building ``rows`` trees costs in single builds: ``rows`` (the default) for
+    builders that work row by row; batched head calls make it smaller, so callers measure it (the
+    batched build time of one candidate over its single-request build time).
     """
     if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
         raise ValueError(f"rows: must be an integer >= 1, got {rows!r}")
+    scale = float(rows) if build_scale is None else build_scale
+    if not scale > 0:
+        raise ValueError(f"build_scale: must be > 0, got {build_scale!r}")
     out = []
     for (budget, width), s in sorted(stats.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
         sizes = sorted(s.tree_sizes or (round(s.mean_tree_size),))
         n = len(sizes)        # P(largest of `rows` draws is the i-th smallest) = (i/n)^rows - ((i-1)/n)^rows
         verify_s = sum(cost.at(size + 1) * ((i / n) ** rows - ((i - 1) / n) ** rows)
                        for i, size in enumerate(sizes, start=1))
-        build_s = rows * s.build_s
+        build_s = scale * s.build_s
         round_s = draft_s + build_s + verify_s + commit_s
         out.append(Candidate(budget, width, s.tau, s.mean_tree_size, draft_s, build_s, verify_s, commit_s, round_s,
                              rows * s.tau / round_s if round_s > 0 else float("inf")))

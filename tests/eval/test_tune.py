@@ -63,8 +63,12 @@ def test_concurrency_cost_model_shrinks_the_tree_as_the_batch_grows():
     assert one.verify_s == pytest.approx(sum(at8.at(s + 1) for s in (2, 4, 6, 8)) / 4)      # the mean
     # the largest of two draws: 2 w.p. 1/16, 4 w.p. 3/16, 6 w.p. 5/16, 8 w.p. 7/16
     assert two.verify_s == pytest.approx((at8.at(3) + 3 * at8.at(5) + 5 * at8.at(7) + 7 * at8.at(9)) / 16)
+    batched = pick_best(score_at_concurrency(stats, at8, 8, 0.006, 0.002, build_scale=2.0))
+    assert batched.build_s == pytest.approx(2.0 * 0.0005)                  # measured batching of the build
     with pytest.raises(ValueError, match="rows"):
         score_at_concurrency(stats, at8, 0, 0.0, 0.0)
+    with pytest.raises(ValueError, match="build_scale"):
+        score_at_concurrency(stats, at8, 8, 0.0, 0.0, build_scale=0.0)
 
 
 def test_ties_go_to_the_smaller_budget_then_width():
