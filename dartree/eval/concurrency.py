@@ -159,6 +159,8 @@ def run_concurrency(
                 best = tuned(spec, c)
                 chosen = ",".join(f"{k}={v}" for k, v in sorted(best.config.items()) if k in spec.auto_fields)
                 engine = make_decoder(bundle, best, backend)
+                if warmup:     # as every fixed decoder was: first calls allocate buffers, untimed
+                    run(engine, prompts[:2], 2, min(8, max_new_tokens))
             else:
                 engine = decoders[label]
             bar.set_postfix_str(f"C={c} {label}", refresh=False)
