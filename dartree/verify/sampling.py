@@ -111,5 +111,14 @@ class KeyedSampler:
         if positions.shape != logits.shape[:-1]:
             raise ValueError(f"positions: shape {tuple(positions.shape)} must equal logits' leading shape "
                              f"{tuple(logits.shape[:-1])}")
-        g = self.noise(positions.to(logits.device), logits.shape[-1])
+        positions = positions.to(logits.device)
+        if positions.device.type == "cpu" and positions.numel() > 1:
+            # Tree nodes of one depth share a position, so a tree of n nodes has about gamma distinct
+            # positions: hash each once (the noise is a pure function of the position, so the result
+            # is the same bits).  Not on accelerators: unique() would read its size back to the host.
+            unique, index = torch.unique(positions, return_inverse=True)
+            if unique.numel() < positions.numel():
+                g = self.noise(unique, logits.shape[-1])[index]
+                return torch.argmax(logits.to(torch.float64) + g, dim=-1)
+        g = self.noise(positions, logits.shape[-1])
         return torch.argmax(logits.to(torch.float64) + g, dim=-1)

@@ -130,6 +130,13 @@ def test_keyed_sampler_is_a_pure_function_of_seed_position_token():
         for c in range(5):
             alone = s.sample(logits[r, c][None], pos[r, c][None])
             assert alone.item() == full[r, c].item()
+    tree_pos = torch.tensor([[40, 41, 41, 42, 42, 42], [7, 8, 8, 9, 10, 10]])   # a tree: depths repeat
+    tree_logits = torch.randn(2, 6, V, generator=g)
+    shared = s.sample(tree_logits, tree_pos)                # the CPU path hashes each position once
+    for r in range(2):
+        for c in range(6):
+            alone = s.sample(tree_logits[r, c][None], tree_pos[r, c][None])
+            assert alone.item() == shared[r, c].item()
     assert torch.equal(KeyedSampler(1234).noise(pos, V), s.noise(pos, V))
     assert not torch.equal(KeyedSampler(1235).noise(pos, V), s.noise(pos, V))
     assert not torch.equal(s.noise(pos + 1, V), s.noise(pos, V))
