@@ -128,7 +128,7 @@ def run_concurrency(
                                                   logits="root" if greedy_cpu else "all")
         # the batch's drafter forward and commit: one short batched run of the smallest candidate
         probe = min(cands, key=lambda x: (x.config["budget"], x.config.get("width") or 0))
-        served = run(make_decoder(bundle, probe, backend), (calibration * c)[:c], c, calibration_new)
+        served = run(make_decoder(bundle, probe, backend), calibration[:c], c, calibration_new)
         rounds = [r for res in served.results for r in res.rounds]
         draft_s = statistics.median(r.draft_s for r in rounds)
         commit_s = statistics.median(r.commit_s for r in rounds)   # mask_s is inside the verify probe
