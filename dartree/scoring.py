@@ -15,7 +15,6 @@ scores never increase along a path.
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 from typing import Literal
 
@@ -23,6 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from dartree import native
 from dartree.block import DraftBlock
 
 __all__ = ["Candidates", "Normalize", "NORMALIZE_CHOICES", "candidates", "check_candidate_logits", "child_scores",
@@ -73,33 +73,59 @@ def too_few_finite(row: int, depth: int, finite: int, topk: int) -> str:
             f"lower topk, or mask tokens with a large negative finite logit instead of -inf")
 
 
-_local = threading.local()
-_CHUNK = 1 << 20
-_LOG2E = 1.4426950408889634
+_LOG2E = 1.4426950408889634  # used as a float32 factor: 1.44269502162933349609375
+# 2**f on [0, 1): degree-6 polynomial, highest power first (interpolation at Chebyshev nodes; every
+# coefficient is a float32 value; relative error < 1e-7 evaluated in float32).  dartree/_native.c has the
+# same table.
+EXP2_POLY = (0.00021865784947294742, 0.0012391331838443875, 0.009684186428785324, 0.055480629205703735,
+             0.24023045599460602, 0.6931469440460205, 1.0)
 
 
-def _scratch(like: Tensor) -> Tensor:
-    """A float32 buffer shaped like ``like``, reused across calls of this thread: a fresh tensor of a
-    large vocabulary costs page faults and zeroing on every call (about 1 ms for 15 x 151936 floats)."""
-    if like.device.type != "cpu":
-        return torch.empty_like(like)
-    buf = getattr(_local, "buf", None)
-    if buf is None or buf.numel() < like.numel():
-        buf = _local.buf = torch.empty(like.numel(), dtype=torch.float32)
-    return buf[: like.numel()].view(like.shape)
+def exp2_f32_(y: Tensor) -> Tensor:
+    """``2 ** y`` in place for float32 ``y <= 0``, defined operation by operation so that any IEEE float32
+    implementation (torch on any device, the C host loop of ``dartree/_native.c``) gets the same bits.
+
+    ``y`` clamped at -127, ``n = floor(y)``, ``f = y - n`` (exact), ``2 ** f`` by :data:`EXP2_POLY` in
+    Horner form (one float32 multiply, then one add, per coefficient: never a fused multiply-add), times
+    ``2 ** n`` built from its exponent bits (exact; ``n = -127`` builds 0, so every ``y < -126`` and
+    ``-inf`` gives 0).  Relative error < 1e-7.  Returns ``y``, overwritten.
+    """
+    n = torch.floor(y.clamp_(min=-127.0))
+    f = y.sub_(n)
+    p = torch.mul(f, EXP2_POLY[0]).add_(EXP2_POLY[1])
+    for c in EXP2_POLY[2:]:
+        p.mul_(f).add_(c)
+    return y.copy_(p.mul_(n.to(torch.int32).add_(127).bitwise_left_shift_(23).view(torch.float32)))
+
+
+def rest_shift(vocab: int) -> int:
+    """``s`` of the fixed-point sum in :func:`rest_logsumexp`: every term (<= 1) times ``2 ** s`` stays
+    below ``2 ** 51`` and ``vocab`` of them sum below ``2 ** 62``."""
+    return min(50, 62 - int(vocab).bit_length())
+
+
+_CHUNK = 1 << 20  # logits per chunk of rows on the CPU: the temporaries stay in cache
 
 
 def rest_logsumexp(logits: Tensor, tokens: Tensor, top: Tensor | None = None) -> Tensor:
     """log-sum-exp of the logits outside the candidates ``tokens``: THE vocabulary normaliser.
 
-    ``top + log(sum_{v not in C} exp(x_v - top))`` in float32, where ``top`` is the row maximum (the
-    best candidate's logit, taken from ``logits`` at ``tokens[..., 0]``: exact).  One exp pass over the
-    vocabulary, each term as ``exp2((x_v - top) * log2 e)`` (one more float32 rounding, ~1e-7 relative
-    per term; about twice as fast as ``exp`` on the CPU); the candidates' terms are zeroed before the
-    sum, so nothing cancels.  A ``-inf`` logit
-    contributes 0.  If every term underflows (the rest lies > 104 below the top), the result is
-    ``-inf``, which changes log q by less than a float32 rounding step.  Every backend calls this
-    function on the same ``[b, gamma, V]`` float32 tensor, so their ``rest_lse`` are bit-identical.
+    ``top + log(sum_{v not in C} exp(x_v - top))``, where ``top`` is the row maximum (the best
+    candidate's logit, taken from ``logits`` at ``tokens[..., 0]``: exact), defined so that a torch op
+    sequence (this function: the reference, and the twins on every device) and one C loop (the host
+    path of the fast backend, ``dartree/_native.c``) give the same bits:
+
+    - each term is :func:`exp2_f32_` of ``(x_v - top) * log2 e`` (two float32 roundings); the
+      candidates' terms are 0, so nothing cancels; a ``-inf`` logit, or a term below ``2 ** -126``,
+      contributes 0;
+    - the sum is exact: each term is rounded to a multiple of ``2 ** -s`` (:func:`rest_shift`: about
+      ``1e-14`` at V=151936, far below a float32 step of the result) and the integers are added, so
+      no summation order has to agree between implementations;
+    - ``top + log(sum)`` in float64, rounded once to float32 (``-inf`` if the sum is 0).  The float64
+      ``log`` of two libraries may differ in the last bit, which the rounding to float32 absorbs unless
+      the value lies within ~1e-16 of a float32 rounding boundary.
+
+    Rows are independent, so on the CPU they go in chunks of ~2**20 logits (no bit changes).
 
     Shape:
         logits: float32 ``[b, gamma, V]``; tokens: int64 ``[b, gamma, K]``; top: float32 ``[b, gamma]``
@@ -108,22 +134,14 @@ def rest_logsumexp(logits: Tensor, tokens: Tensor, top: Tensor | None = None) ->
     top = torch.gather(logits, -1, tokens[..., :1])[..., 0] if top is None else top
     vocab = logits.shape[-1]
     x, tok, t = logits.reshape(-1, vocab), tokens.reshape(-1, tokens.shape[-1]), top.reshape(-1, 1)
-    # On the CPU, rows go in chunks of ~2**20 logits through one reused buffer that stays in cache;
-    # each row's sum is a reduction over that row alone, so the chunking does not change any bit.
-    rows = x.shape[0]
+    rows, shift = x.shape[0], rest_shift(vocab)
     step = rows if x.device.type != "cpu" else max(1, _CHUNK // vocab)
-    if rows <= step:  # one chunk: no slicing (a small vocabulary pays per torch call, not per logit)
-        terms = torch.sub(x, t, out=_scratch(x))
-        terms.mul_(_LOG2E).exp2_()  # exp(y) as exp2(y log2 e): ~2x faster than exp on the CPU
-        sums = terms.scatter_(-1, tok, 0.0).sum(-1)
-    else:
-        sums = torch.empty(rows, dtype=torch.float32, device=x.device)
-        for r in range(0, rows, step):
-            terms = torch.sub(x[r : r + step], t[r : r + step], out=_scratch(x[r : r + step]))
-            terms.mul_(_LOG2E).exp2_()
-            terms.scatter_(-1, tok[r : r + step], 0.0)
-            torch.sum(terms, -1, out=sums[r : r + step])
-    return top + sums.log_().view(top.shape)
+    total = torch.empty(rows, dtype=torch.int64, device=x.device)
+    for r in range(0, rows, step):
+        terms = exp2_f32_(torch.sub(x[r : r + step], t[r : r + step]).mul_(_LOG2E)).scatter_(-1, tok[r : r + step], 0.0)
+        fixed = terms.double().mul_(2.0**shift).round_().long()  # exact: power-of-two scaling, < 2**51
+        torch.sum(fixed, -1, out=total[r : r + step])
+    return (t[:, 0].double() + (total.double() * 2.0**-shift).log_()).float().view(top.shape)
 
 
 def candidates(block: DraftBlock, topk: int, normalize: Normalize) -> Candidates:
@@ -203,6 +221,9 @@ def log_normalize_host(cand_logits: np.ndarray, rest_lse: np.ndarray | float | N
     Shape:
         cand_logits: ``[..., K]``; rest_lse: ``[...]`` (broadcast) -> float32 ``[..., K]``.
     """
+    lib = native.lib()
+    if lib is not None and isinstance(cand_logits, np.ndarray) and cand_logits.dtype == np.float32:
+        return _log_normalize_native(lib, cand_logits, rest_lse)
     z = np.asarray(cand_logits, dtype=np.float64)
     top = z.max(axis=-1, keepdims=True)
     with np.errstate(invalid="ignore"):  # NaN in, NaN out: the callers reject NaN / inf inputs themselves
@@ -210,6 +231,21 @@ def log_normalize_host(cand_logits: np.ndarray, rest_lse: np.ndarray | float | N
         if rest_lse is not None:
             total = np.logaddexp(total, np.asarray(rest_lse, dtype=np.float64)[..., None])
         return (z - total).astype(np.float32)
+
+
+def _log_normalize_native(lib, cand_logits: np.ndarray, rest_lse: np.ndarray | float | None) -> np.ndarray:
+    """:func:`log_normalize_host` as one C call (the same float64 formula: numpy's pairwise sum and
+    ``logaddexp``; see ``dartree/_native.c``)."""
+    z = np.ascontiguousarray(cand_logits)
+    lead, k = z.shape[:-1], z.shape[-1]
+    rest = None
+    if rest_lse is not None:
+        rest = np.asarray(rest_lse, dtype=np.float64)
+        if rest.shape != lead or not rest.flags.c_contiguous:
+            rest = np.ascontiguousarray(np.broadcast_to(rest, lead))
+    out = np.empty(z.shape, dtype=np.float32)
+    lib.log_normalize(z, z.size // k if k else 0, k, rest, out)
+    return out
 
 
 def child_scores(parent_scores: Tensor, log_q: Tensor, beta: float) -> Tensor:

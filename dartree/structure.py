@@ -19,6 +19,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from dartree import native
+
 __all__ = ["PAD", "TreeStructure", "ancestor_mask", "tree_structure", "tree_structure_host", "tree_structure_torch"]
 
 PAD = -1
@@ -58,7 +60,27 @@ def ancestor_mask(parents: Tensor, num_nodes: Tensor) -> Tensor:
         return tree_structure_torch(parents, num_nodes).mask
     par = parents.numpy()
     b, n = par.shape
+    lib = native.lib()
+    if lib is not None:
+        mask = np.zeros((b, n, n), dtype=bool)
+        _native_structure(lib, par, num_nodes, mask, None, None, None)
+        return torch.from_numpy(mask)
     return torch.from_numpy(_host_mask(par, np.arange(n)[None, :] < num_nodes.numpy()[:, None])[0])
+
+
+def _native_structure(lib, par: np.ndarray, num_nodes: Tensor, mask: np.ndarray, depths: np.ndarray | None,
+                      first_child: np.ndarray | None, next_sibling: np.ndarray | None) -> None:
+    """Fill the given outputs with the compiled walk up each node's ancestors (``dartree/_native.c``);
+    a parent outside the row's nodes, or a cycle, is an error."""
+    b, n = par.shape
+    status, row, node = lib.tree_struct(np.ascontiguousarray(par, dtype=np.int64),
+                                        np.ascontiguousarray(num_nodes.numpy(), dtype=np.int64), b, n, mask, depths,
+                                        first_child, next_sibling)
+    if status:
+        if node < 0:
+            raise ValueError(f"num_nodes: row {row} has {int(num_nodes[row])}, outside 0..{n}")
+        raise ValueError(f"parents: row {row} node {node}: its parent {int(par[row, node])} is not a node of the row "
+                         f"(0..{int(num_nodes[row]) - 1}) or its ancestors do not reach the root")
 
 
 def _host_mask(par: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -92,10 +114,18 @@ def tree_structure_host(parents: Tensor, num_nodes: Tensor, prefix_len: int | Te
     """
     par = parents.numpy()
     b, n = par.shape
+    prefix = np.asarray(prefix_len.cpu() if isinstance(prefix_len, Tensor) else prefix_len, dtype=np.int64)
+    lib = native.lib()
+    if lib is not None:
+        mask = np.zeros((b, n, n), dtype=bool)
+        depth, first_child, next_sibling = np.empty((3, b, n), dtype=np.int64)
+        _native_structure(lib, par, num_nodes, mask, depth, first_child, next_sibling)
+        positions = (prefix[:, None] if prefix.ndim == 1 else prefix) + depth
+        return TreeStructure(mask=torch.from_numpy(mask), positions=torch.from_numpy(positions),
+                             first_child=torch.from_numpy(first_child), next_sibling=torch.from_numpy(next_sibling))
     valid = np.arange(n)[None, :] < num_nodes.numpy()[:, None]
     mask, child = _host_mask(par, valid)
     depth = mask.sum(2) - valid
-    prefix = np.asarray(prefix_len.cpu() if isinstance(prefix_len, Tensor) else prefix_len, dtype=np.int64)
     positions = (prefix[:, None] if prefix.ndim == 1 else prefix) + depth
 
     first_child = np.full((b, n), PAD, dtype=np.int64)

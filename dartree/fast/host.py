@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from dartree import native
 from dartree.fast.results import CandidateSet, DepthStep, GreedyWalk, check_depth_step
 from dartree.scoring import log_normalize_host, rest_logsumexp, too_few_finite
 from dartree.structure import PAD
@@ -54,6 +55,16 @@ def select(logits: Tensor, topk: int) -> tuple[np.ndarray, np.ndarray]:
     """
     b, gamma, vocab = logits.shape
     rows = b * gamma
+    lib = native.lib()
+    if lib is not None:  # the same two-stage selection, one C call
+        tokens = np.empty((b, gamma, topk), dtype=np.int64)
+        values = np.empty((b, gamma, topk), dtype=np.float32)
+        status, row, finite = lib.select(np.ascontiguousarray(logits.numpy()), rows, vocab, topk, tokens, values)
+        if status == 1:
+            check_logits(float("nan"))
+        if status == 2:
+            raise ValueError(too_few_finite(row // gamma, row % gamma + 1, finite, topk))
+        return tokens, values
     x = logits.reshape(rows, vocab)
     xn = x.numpy()
     size = _group_size(vocab, topk)
@@ -92,9 +103,40 @@ def select(logits: Tensor, topk: int) -> tuple[np.ndarray, np.ndarray]:
     return tokens, values
 
 
+def candidates_native(lib, logits: Tensor, topk: int, with_rest: bool
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+    """:func:`select`, :func:`dartree.scoring.rest_logsumexp` (when ``with_rest``) and
+    :func:`dartree.scoring.log_normalize_host` in one call of the compiled module (same bits).
+
+    Shape:
+        logits: float32 contiguous ``[b, gamma, V]`` -> tokens int64, logits float32, log q float32
+        ``[b, gamma, K]``, rest float32 ``[b, gamma]`` or None (without ``with_rest``, or when K = V).
+    """
+    b, gamma, vocab = logits.shape
+    with_rest = with_rest and topk < vocab  # every token a candidate: no rest
+    tokens = np.empty((b, gamma, topk), dtype=np.int64)
+    values = np.empty((b, gamma, topk), dtype=np.float32)
+    log_q = np.empty((b, gamma, topk), dtype=np.float32)
+    rest = np.empty((b, gamma), dtype=np.float32) if with_rest else None
+    status, row, finite = lib.candidates(np.ascontiguousarray(logits.numpy()), b * gamma, vocab, topk, int(with_rest),
+                                         tokens, values, rest, log_q)
+    if status == 1:
+        check_logits(float("nan"))
+    if status == 2:
+        raise ValueError(too_few_finite(row // gamma, row % gamma + 1, finite, topk))
+    return tokens, values, log_q, rest
+
+
 def topk_candidates(logits: Tensor, topk: int, vocab_normalize: bool) -> CandidateSet:
     """Host version of :func:`dartree.fast.twins.topk_candidates` (identical outputs)."""
     x = logits.float().contiguous()
+    with_rest = vocab_normalize and topk < x.shape[-1]
+    lib = native.lib()
+    if lib is not None:
+        tokens, values, log_q, rest = candidates_native(lib, x, topk, with_rest)
+        rest_t = torch.from_numpy(rest) if rest is not None else torch.full(x.shape[:2], float("-inf"))
+        return CandidateSet(tokens=torch.from_numpy(tokens), logits=torch.from_numpy(values), rest_lse=rest_t,
+                            log_q=torch.from_numpy(log_q))
     tokens, values = select(x, topk)
     tok = torch.from_numpy(tokens)
     if vocab_normalize and topk < x.shape[-1]:

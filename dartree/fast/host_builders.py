@@ -23,9 +23,10 @@ from array import array
 import numpy as np
 import torch
 
+from dartree import native
 from dartree.block import CorrectionHead, DraftBlock
 from dartree.fast.heads import head_advance_logits, head_initial, head_logits
-from dartree.fast.host import keep_best, select
+from dartree.fast.host import candidates_native, keep_best, select
 from dartree.fast.widths import pruned_widths, quota_widths, trie_size
 from dartree.scoring import log_normalize_host, rest_logsumexp
 from dartree.structure import PAD
@@ -43,12 +44,26 @@ class HostCandidates:
         x = block.logits
         if x.dtype != torch.float32 or not x.is_contiguous():
             x = x.float().contiguous()
-        self.tokens, self.logits = select(x, topk)
-        self.tokens_t = torch.from_numpy(self.tokens)
         self.rest: np.ndarray | None = None  # None: -inf everywhere (log_normalize_host skips it)
-        if normalize == "vocab" and topk < x.shape[-1]:
-            self.rest = rest_logsumexp(x, self.tokens_t, torch.from_numpy(self.logits[..., 0])).numpy()
-        self.log_q = log_normalize_host(self.logits, self.rest)
+        with_rest = normalize == "vocab" and topk < x.shape[-1]
+        lib = native.lib()
+        if lib is not None:  # selection, normaliser and log q: one C call, the same bits
+            self.tokens, self.logits, self.log_q, self.rest = candidates_native(lib, x, topk, with_rest)
+        else:
+            self.tokens, self.logits = select(x, topk)
+            if with_rest:
+                self.rest = rest_logsumexp(x, torch.from_numpy(self.tokens), torch.from_numpy(self.logits[..., 0])).numpy()
+            self.log_q = log_normalize_host(self.logits, self.rest)
+        self.tokens_t = torch.from_numpy(self.tokens)
+        self._by_depth: tuple[np.ndarray, np.ndarray | None] | None = None
+
+    def by_depth(self) -> tuple[np.ndarray, np.ndarray | None]:
+        """``tokens`` as ``[gamma, b, K]`` and ``rest`` as float64 ``[gamma, b]`` (or None), contiguous per
+        depth: the inputs of the compiled depth step."""
+        if self._by_depth is None:
+            rest = None if self.rest is None else np.ascontiguousarray(self.rest.T, dtype=np.float64)
+            self._by_depth = (np.ascontiguousarray(self.tokens.transpose(1, 0, 2)), rest)
+        return self._by_depth
 
     def rest_at(self, depth: int) -> np.ndarray | None:
         """``rest_lse`` of ``depth`` (1-based) as ``[b, 1]``, or None for -inf."""
@@ -144,6 +159,17 @@ def _best_first(block: DraftBlock, cands: HostCandidates, log_q: np.ndarray, bud
     n = trie_size(topk, gamma, budget) + 1
     order = None if ranked else np.argsort(-log_q, axis=-1, kind="stable")  # sibling order: score, then rank
     sorted_q = log_q if ranked else np.take_along_axis(log_q, order, -1)
+    lib = native.lib()
+    if lib is not None:  # the same pops, one C call for every row
+        ints = np.empty((4, b, n), dtype=np.int64)  # tokens, parents, depths, ranks
+        scores = np.empty((b, n), dtype=np.float32)
+        lib.best_first(np.ascontiguousarray(sorted_q, dtype=np.float32), b, gamma, topk,
+                       None if ranked else np.ascontiguousarray(order), n, cands.tokens,
+                       np.ascontiguousarray(block.root.numpy(), dtype=np.int64),
+                       ints[0], ints[1], ints[2], ints[3], scores)
+        t = torch.from_numpy(ints)
+        return DraftTree(tokens=t[0], parents=t[1], depths=t[2], scores=torch.from_numpy(scores), ranks=t[3],
+                         num_nodes=torch.full((b,), n, dtype=torch.int64))
     pars, deps, pos, sc = [], [], [], []
     for r in range(b):
         pars.append(PAD)  # the root
@@ -155,18 +181,25 @@ def _best_first(block: DraftBlock, cands: HostCandidates, log_q: np.ndarray, bud
         else:
             _pops_sorted(sorted_q[r].tolist(), order[r].tolist(), topk, gamma, n, pars, deps, pos, sc)
     ints = np.array(array("q", pars + deps + pos)).reshape(3, b, n)
+    return _best_first_tree(block, cands, ints, np.array(array("f", sc)).reshape(b, n), order)
+
+
+def _best_first_tree(block: DraftBlock, cands: HostCandidates, ints: np.ndarray, scores: np.ndarray,
+                     order: np.ndarray | None) -> DraftTree:
+    """The DraftTree of best-first columns ``ints = [parents, depths, sorted positions]`` ``[3, b, n]``
+    (``order``: rank at each sorted position, None when positions are ranks)."""
+    b, n = scores.shape
     d1 = ints[1] - 1
     d1[:, 0] = 0
     rows = np.arange(b)[:, None]
-    if not ranked:
+    if order is not None:
         ints[2] = order[rows, d1, ints[2]]  # sorted position -> rank
     ints[2, :, 0] = PAD
     tokens = cands.tokens[rows, d1, ints[2]]
     tokens[:, 0] = block.root.numpy()
     t = torch.from_numpy(ints)
-    return DraftTree(tokens=torch.from_numpy(tokens), parents=t[0], depths=t[1],
-                     scores=torch.from_numpy(np.array(array("f", sc))).view(b, n), ranks=t[2],
-                     num_nodes=torch.full((b,), n, dtype=torch.int64))
+    return DraftTree(tokens=torch.from_numpy(tokens), parents=t[0], depths=t[1], scores=torch.from_numpy(scores),
+                     ranks=t[2], num_nodes=torch.full((b,), n, dtype=torch.int64))
 
 
 # -------------------------------------------------------------------------------- depth-wise
@@ -191,7 +224,37 @@ def _expand(block: DraftBlock, cands: HostCandidates, widths: list[int], head: C
     parents, ranks, tokens, depth_scores, lex, traced = [], [], [], [], [], []
     branching = not trace and max(widths) > 1  # a chain needs no sort: depth order is the total order
     anc = np.zeros((b, 1, gamma), dtype=np.int64)  # 1-based lex index of each kept node's ancestor per depth
+    lib = native.lib() if head is not None else None
+    if lib is not None:
+        tokens_by_depth, rest_by_depth = cands.by_depth()
     for depth, width in enumerate(widths, start=1):
+        if lib is not None:  # log q, child scores and the best `width`: one C call (same floats, same order)
+            z = np.ascontiguousarray(logits.detach().float().numpy())
+            m = z.shape[1]
+            lq = np.empty((b, m, topk), dtype=np.float32)
+            par, rk, tok = np.empty((3, b, width), dtype=np.int64)
+            scores_next = np.empty((b, width), dtype=np.float32)
+            anc_next = np.empty((b, width, gamma), dtype=np.int64) if branching else None
+            bad, identity = lib.depth_step(z, b, m, topk, None if rest_by_depth is None else rest_by_depth[depth - 1],
+                                           scores, beta, width, tokens_by_depth[depth - 1], lq, par, rk, tok,
+                                           scores_next, anc if branching else None, anc_next, gamma, depth)
+            if bad:
+                raise ValueError("head.logits: must be finite (found NaN or inf)")
+            scores = scores_next
+            if trace:
+                traced.append(lq)
+            parents.append(par)
+            ranks.append(rk)
+            tokens.append(tok)
+            depth_scores.append(scores)
+            if branching:
+                anc = anc_next
+                lex.append(anc)
+            if depth < gamma:  # the last depth's advance would never be used
+                kept = states if identity else states[rows_t, torch.from_numpy(par)]
+                states, logits = head_advance_logits(head, block, depth, kept, torch.from_numpy(tok),
+                                                     cands.tokens_t[:, depth])
+            continue
         if head is not None:
             lq = log_normalize_host(logits.detach().float().numpy(), cands.rest_at(depth))  # [b, m, K]
             if not np.isfinite(lq).all():  # a NaN / inf logit gives NaN or -inf log q

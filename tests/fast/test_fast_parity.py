@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from dartree import BUILDERS, DraftBlock, DraftTree, make_builder
+from dartree import BUILDERS, DraftBlock, DraftTree, make_builder, native
 from dartree.fast import ops
 from dartree.testing import IdentityHead, PathHashHead
 from tests.strategies import blocks, config_for, random_logits
@@ -28,8 +30,10 @@ def build_both(name: str, block: DraftBlock, cfg: dict, head_name: str,
     ref = make_builder(name, backend="ref", **cfg)
     fast = make_builder(name, backend="fast", **cfg)
     head = HEADS[head_name] if ref.needs_head else None
-    with ops.force_backend(kernels):  # "host": the CPU builders; "torch": the tensorized ones
-        return ref.build(block, head), fast.build(block, head)
+    # "host": the CPU builders (compiled loops); "host-numpy": their numpy versions; "torch": the tensorized ones
+    with native.disabled() if kernels == "host-numpy" else contextlib.nullcontext():
+        with ops.force_backend("host" if kernels == "host-numpy" else kernels):
+            return ref.build(block, head), fast.build(block, head)
 
 
 def awkward_block(b: int, gamma: int, vocab: int, seed: int, ties: bool) -> DraftBlock:
@@ -62,7 +66,7 @@ CASES = [  # (b, gamma, V, topk, budget, width): the awkward shapes of the desig
 ]
 
 
-@pytest.mark.parametrize("kernels", ["host", "torch"])
+@pytest.mark.parametrize("kernels", ["host", "host-numpy", "torch"])
 @pytest.mark.parametrize("ties", [False, True])
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("name", BUILDERS)
@@ -79,14 +83,15 @@ def test_fast_equals_ref_awkward_shapes(name: str, case: tuple[int, ...], ties: 
             assert_same_tree(*build_both(name, block, cfg, head_name, kernels))
 
 
+@pytest.mark.parametrize("kernels", ["host", "host-numpy"])
 @settings(max_examples=min(10, settings().max_examples))
 @given(seed=st.integers(0, 2**16), width=st.integers(1, 40), budget=st.integers(1, 90))
 @example(seed=0, width=32, budget=64)
-def test_pruned_parity_at_wide_gamma(seed: int, width: int, budget: int) -> None:
+def test_pruned_parity_at_wide_gamma(kernels: str, seed: int, width: int, budget: int) -> None:
     """Long blocks (gamma=16) with several rank-path words, ties everywhere (4-valued logits)."""
     block = awkward_block(2, 16, 40, seed, ties=True)
     cfg = {"budget": budget, "width": width, "topk": 40, "beta": -0.5}
-    assert_same_tree(*build_both("dartree-pruned", block, cfg, "path-hash"))
+    assert_same_tree(*build_both("dartree-pruned", block, cfg, "path-hash", kernels))
 
 
 class CountingHead:

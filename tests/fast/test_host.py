@@ -3,14 +3,27 @@ the host ops against the torch twins."""
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dartree import native
 from dartree.fast import host, twins
-from dartree.scoring import rest_logsumexp
+from dartree.scoring import log_normalize_host, rest_logsumexp
+
+
+@pytest.fixture(params=["native", "numpy"])
+def impl(request):
+    """Run a test on the compiled host loops and on their numpy versions."""
+    if request.param == "numpy":
+        with native.disabled():
+            yield request.param
+    else:
+        yield request.param
 
 
 def stable_topk(x: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -18,27 +31,32 @@ def stable_topk(x: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor]
     return tokens[..., :topk], values[..., :topk]
 
 
+@pytest.mark.parametrize("use_native", [True, False])
 @settings(max_examples=60, deadline=None)
 @given(vocab=st.integers(1, 5000), topk_frac=st.floats(0, 1), seed=st.integers(0, 2**16),
-       kind=st.sampled_from(["normal", "ties", "masked"]))
-def test_select_equals_a_stable_sort(vocab: int, topk_frac: float, seed: int, kind: str) -> None:
+       kind=st.sampled_from(["normal", "ties", "masked", "zeros"]))
+def test_select_equals_a_stable_sort(use_native: bool, vocab: int, topk_frac: float, seed: int, kind: str) -> None:
     """Two-stage selection == the reference's stable sort: ties by token id, -inf never before a finite
     logit, any vocabulary size (groups that do not divide V, K close to V)."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(2, 3, vocab, generator=g) * 2
     if kind == "ties":
         x = torch.randint(0, 3, x.shape, generator=g).float()
+    if kind == "zeros":  # -0.0 ties with +0.0: token order decides
+        x = torch.where(torch.rand(x.shape, generator=g) < 0.5, 0.0, -0.0)
     topk = max(1, int(topk_frac * vocab))
     if kind == "masked":
         masked = torch.rand(x.shape, generator=g) < 0.5
         masked[..., :topk] = False  # keep at least K finite logits per position
         x = x.masked_fill(masked, float("-inf"))
-    tokens, values = host.select(x, topk)
+    with native.disabled() if not use_native else contextlib.nullcontext():
+        tokens, values = host.select(x, topk)
     ref_tokens, ref_values = stable_topk(x, topk)
-    assert np.array_equal(tokens, ref_tokens.numpy()) and np.array_equal(values, ref_values.numpy())
+    assert np.array_equal(tokens, ref_tokens.numpy())
+    assert np.array_equal(values.view(np.int32), ref_values.numpy().view(np.int32))  # -0.0 stays -0.0
 
 
-def test_select_on_a_large_vocabulary_with_ties_at_the_boundary() -> None:
+def test_select_on_a_large_vocabulary_with_ties_at_the_boundary(impl: str) -> None:
     x = torch.zeros(1, 2, 151936)
     x[0, 0, ::7] = 1.0  # 21706 tied maxima: the K smallest ids win
     x[0, 1, 151930:] = 5.0  # the best tokens sit in the tail that no group covers
@@ -48,7 +66,7 @@ def test_select_on_a_large_vocabulary_with_ties_at_the_boundary() -> None:
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
-def test_select_rejects_nan_and_plus_inf_anywhere(bad: float) -> None:
+def test_select_rejects_nan_and_plus_inf_anywhere(bad: float, impl: str) -> None:
     for pos in (0, 4095, 4099):  # a group, the last group, the tail
         x = torch.randn(1, 2, 4100)
         x[0, 1, pos] = bad
@@ -88,3 +106,125 @@ def test_host_depth_step_and_top_b_equal_the_twins() -> None:
             assert torch.equal(x, y)
     scores = -torch.randint(0, 4, (3, 30), generator=g).float()
     assert torch.equal(host.top_b(scores, 11), twins.top_b(scores, 11))
+
+
+def test_select_reports_the_first_row_with_too_few_finite_logits(impl: str) -> None:
+    x = torch.randn(2, 3, 50)
+    x[1, 2, 3:] = float("-inf")  # 3 finite logits at row 1, depth 3
+    with pytest.raises(ValueError, match="row 1 depth 3 has 3 logits above -inf, fewer than topk=5"):
+        host.select(x, 5)
+    x[0, 0, 0] = float("nan")  # a NaN anywhere is reported first, as the numpy version does
+    with pytest.raises(ValueError, match="NaN or \\+inf"):
+        host.select(x, 5)
+
+
+def test_the_compiled_module_is_built() -> None:
+    """CI must test the compiled host loops: ``pip install`` builds them (setup.py) where a C compiler is
+    present; without one every caller runs its numpy version, slower and with the same results."""
+    assert native.available(), "dartree._native was not built: run `pip install -e .` with a C compiler"
+    with native.disabled():
+        assert not native.enabled() and native.lib() is None
+    assert native.enabled()
+
+
+def _candidates_pair(x: torch.Tensor, topk: int):
+    lib = native.lib()
+    tokens, values, log_q, rest = host.candidates_native(lib, x, topk, True)
+    torch_rest = rest_logsumexp(x, torch.from_numpy(tokens)).numpy()
+    return rest, torch_rest, log_q, tokens, values
+
+
+@pytest.mark.parametrize("vocab", [1, 7, 8, 9, 100, 4098])
+@pytest.mark.parametrize("kind", ["normal", "ties", "masked", "far", "wide"])
+def test_compiled_normaliser_equals_the_torch_formula_bit_for_bit(vocab: int, kind: str) -> None:
+    """rest_lse of the C loop == rest_logsumexp (the reference's torch ops): the exp2 polynomial, the
+    fixed-point sum and the float64 log give the same float32 bits; log q too."""
+    g = torch.Generator().manual_seed(vocab)
+    x = torch.randn(3, 5, vocab, generator=g) * 3
+    if kind == "ties":
+        x = torch.randint(-2, 2, x.shape, generator=g).float()
+    if kind == "masked":
+        x[..., 1::3] = float("-inf")
+    if kind == "far":  # every rest term below 2**-126: -inf
+        x[..., 1:] -= 300.0
+    if kind == "wide":
+        x = x * 40.0
+    topk = max(1, min(vocab - 1, 9)) if vocab > 1 else 1
+    if kind == "masked":
+        topk = min(topk, 1)
+    rest, torch_rest, log_q, tokens, values = _candidates_pair(x, topk)
+    if vocab == topk:  # no rest: log q over the candidates alone
+        assert rest is None
+        torch_rest = None
+    else:
+        assert np.array_equal(rest.view(np.int32), torch_rest.view(np.int32))
+    with native.disabled():
+        expected = log_normalize_host(values, torch_rest)
+    assert np.array_equal(log_q.view(np.int32), expected.view(np.int32))
+    if kind == "far" and vocab > topk:
+        assert np.all(rest == -np.inf)
+
+
+def test_compiled_normaliser_is_the_log_sum_exp_of_the_rest() -> None:
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(1, 3, 151936, generator=g) * 2
+    rest, torch_rest, *_ = _candidates_pair(x, 64)
+    assert np.array_equal(rest.view(np.int32), torch_rest.view(np.int32))
+    tokens, _ = stable_topk(x, 64)
+    exact = torch.logsumexp(x.double().scatter(-1, tokens, float("-inf")), -1)
+    torch.testing.assert_close(torch.from_numpy(rest).double(), exact, rtol=0, atol=4e-6)
+
+
+def test_compiled_tree_structure_equals_the_numpy_one() -> None:
+    from dartree.structure import tree_structure_host
+
+    g = torch.Generator().manual_seed(5)
+    for n in (1, 2, 9, 40):
+        parents = torch.full((4, n), -1, dtype=torch.int64)
+        for i in range(1, n):
+            parents[:, i] = torch.randint(0, i, (4,), generator=g)
+        num_nodes = torch.tensor([n, max(n - 1, 0), 1, 0])
+        parents[1, max(n - 1, 1):] = -1
+        parents[2, 1:] = -1
+        parents[3, :] = -1
+        a = tree_structure_host(parents, num_nodes, torch.tensor([3, 0, 7, 1]))
+        with native.disabled():
+            b = tree_structure_host(parents, num_nodes, torch.tensor([3, 0, 7, 1]))
+        for u, v in zip(a, b, strict=True):
+            assert u.dtype == v.dtype and torch.equal(u, v)
+
+
+@pytest.mark.parametrize("bad", ["out of range", "cycle", "count"])
+def test_compiled_tree_structure_rejects_broken_parents(bad: str) -> None:
+    from dartree.structure import ancestor_mask
+
+    parents = torch.tensor([[-1, 0, 1, 2]])
+    num_nodes = torch.tensor([4])
+    if bad == "out of range":
+        parents[0, 2] = 7
+    if bad == "cycle":
+        parents[0, 1], parents[0, 2] = 2, 1
+    if bad == "count":
+        num_nodes = torch.tensor([5])
+    with pytest.raises(ValueError, match="parents: row 0 node|num_nodes: row 0"):
+        ancestor_mask(parents, num_nodes)
+
+
+def test_compiled_best_first_refuses_more_nodes_than_the_trie() -> None:
+    lib = native.lib()
+    b, gamma, k, n = 1, 2, 2, 8  # the trie holds 1 + 2 + 4 = 7 nodes with the root
+    lq = np.log(np.full((b, gamma, k), 0.5, dtype=np.float32))
+    tokens = np.zeros((b, gamma, k), dtype=np.int64)
+    outs = [np.empty((b, n), dtype=np.int64) for _ in range(4)]
+    with pytest.raises(ValueError, match="larger than the trie"):
+        lib.best_first(lq, b, gamma, k, None, n, tokens, np.zeros(b, dtype=np.int64), *outs,
+                       np.empty((b, n), dtype=np.float32))
+
+
+def test_compiled_calls_check_their_buffers() -> None:
+    lib = native.lib()
+    x = np.zeros((2, 10), dtype=np.float32)
+    with pytest.raises(ValueError, match="tokens: expected 6 items"):
+        lib.select(x, 2, 10, 3, np.empty(5, dtype=np.int64), np.empty(6, dtype=np.float32))
+    with pytest.raises(ValueError, match="logits: expected"):
+        lib.select(x.astype(np.float64), 2, 10, 3, np.empty(6, dtype=np.int64), np.empty(6, dtype=np.float32))

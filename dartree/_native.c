@@ -1,0 +1,937 @@
+/* Compiled host loops of the fast backend on CPU tensors (see dartree/native.py, the only caller).
+ *
+ * A draft tree has tens to hundreds of nodes: on one CPU thread the numpy / torch versions of these
+ * loops cost a few microseconds per call, dozens of calls per depth.  Each function below is one call
+ * that reads numpy buffers and writes preallocated numpy outputs, with the same results bit for bit:
+ *
+ *   select        the K best tokens per row (logit descending, ties by token id), one vocabulary read
+ *   log_normalize log q = z - logaddexp(lse(z), rest), float64, one rounding to float32
+ *   depth_step    one depth of the depth-wise builders: log q of every branch's candidates, child
+ *                 scores (parent + log q) + beta, the best `width` (score descending, then position)
+ *   best_first    DDTree's best-first with lazy sibling pushing over per-depth sorted log q
+ *   tree_struct   ancestor mask, depths, first-child and next-sibling links from parents
+ *
+ * Float rules: every float32 result is computed with the same IEEE operations, in the same order, as
+ * the numpy / torch formula it replaces (scores: float32 additions; log q: float64 with numpy's pairwise
+ * sum and logaddexp, rounded once).  Build with -ffp-contract=off so that no a*b+c becomes an fma.
+ * Buffers are checked for item size, C-contiguity and length before any write; the Python side checks
+ * values (NaN, ranges) through the status codes returned here.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------------------------------ buffers */
+typedef struct {
+    Py_buffer view;
+    int held;
+} Buf;
+
+static void release(Buf *b, int n) {
+    for (int i = 0; i < n; i++)
+        if (b[i].held) PyBuffer_Release(&b[i].view);
+}
+
+/* Acquire `obj` as a C-contiguous buffer of `count` items of `itemsize` bytes (None allowed iff `optional`). */
+static int acquire(PyObject *obj, Buf *b, Py_ssize_t itemsize, Py_ssize_t count, int writable, int optional,
+                   const char *name) {
+    b->held = 0;
+    if (obj == Py_None) {
+        if (optional) return 0;
+        PyErr_Format(PyExc_TypeError, "%s: a buffer is required", name);
+        return -1;
+    }
+    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj, &b->view, flags) < 0) return -1;
+    b->held = 1;
+    if (b->view.itemsize != itemsize || b->view.len < count * itemsize) {
+        PyErr_Format(PyExc_ValueError, "%s: expected %zd items of %zd bytes, got %zd bytes of items of %zd",
+                     name, count, itemsize, b->view.len, b->view.itemsize);
+        return -1;
+    }
+    return 0;
+}
+
+#define F32(b) ((float *)(b).view.buf)
+#define I64(b) ((int64_t *)(b).view.buf)
+#define I64_OR_NULL(b) ((b).held ? (int64_t *)(b).view.buf : NULL)
+
+static int get_ssize(PyObject *obj, Py_ssize_t *out, const char *name) {
+    *out = PyLong_AsSsize_t(obj);
+    if (*out == -1 && PyErr_Occurred()) return -1;
+    if (*out < 0) {
+        PyErr_Format(PyExc_ValueError, "%s: must be >= 0", name);
+        return -1;
+    }
+    return 0;
+}
+
+static int normalize_row(const float *z, Py_ssize_t k, const double *rest, float *out, double *scratch);
+
+/* ------------------------------------------------------------------------------------ sort keys */
+/* A uint64 key whose ascending order is (value descending, token ascending); -0.0 ties with +0.0. */
+static inline uint64_t desc_key(float v, int64_t token) {
+    float w = v + 0.0f; /* -0.0 + 0.0 = +0.0 */
+    uint32_t bits;
+    memcpy(&bits, &w, 4);
+    uint32_t asc = (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u); /* ascending float order */
+    return ((uint64_t)(~asc) << 32) | (uint64_t)(uint32_t)token;
+}
+
+static void sort_u64(uint64_t *a, Py_ssize_t n) {
+    /* introsort-free quicksort (median of three, smaller side first) with insertion sort below 16 */
+    while (n > 16) {
+        uint64_t x = a[0], y = a[n / 2], z = a[n - 1];
+        uint64_t pivot = x < y ? (y < z ? y : (x < z ? z : x)) : (x < z ? x : (y < z ? z : y));
+        Py_ssize_t i = 0, j = n - 1;
+        for (;;) {
+            while (a[i] < pivot) i++;
+            while (a[j] > pivot) j--;
+            if (i >= j) break;
+            uint64_t t = a[i];
+            a[i] = a[j];
+            a[j] = t;
+            i++;
+            j--;
+        }
+        Py_ssize_t left = j + 1; /* a[0..j] <= pivot <= a[j+1..] */
+        if (left < n - left) {
+            sort_u64(a, left);
+            a += left;
+            n -= left;
+        } else {
+            sort_u64(a + left, n - left);
+            n = left;
+        }
+    }
+    for (Py_ssize_t i = 1; i < n; i++) {
+        uint64_t v = a[i];
+        Py_ssize_t j = i;
+        while (j > 0 && a[j - 1] > v) {
+            a[j] = a[j - 1];
+            j--;
+        }
+        a[j] = v;
+    }
+}
+
+/* The k-th largest of n floats (1 <= k <= n, no NaN): a min-heap of the k largest seen. */
+static float kth_largest(const float *x, Py_ssize_t n, Py_ssize_t k, float *heap) {
+    Py_ssize_t size = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        float v = x[i];
+        Py_ssize_t c;
+        if (size < k) { /* sift up */
+            c = size++;
+            while (c > 0) {
+                Py_ssize_t p = (c - 1) / 2;
+                if (!(heap[p] > v)) break;
+                heap[c] = heap[p];
+                c = p;
+            }
+            heap[c] = v;
+        } else if (v > heap[0]) { /* replace the minimum, sift down */
+            c = 0;
+            for (;;) {
+                Py_ssize_t l = 2 * c + 1, s = c;
+                float sv = v;
+                if (l < k && heap[l] < sv) { s = l; sv = heap[l]; }
+                if (l + 1 < k && heap[l + 1] < sv) { s = l + 1; }
+                if (s == c) break;
+                heap[c] = heap[s];
+                c = s;
+            }
+            heap[c] = v;
+        }
+    }
+    return heap[0];
+}
+
+/* ------------------------------------------------------------------------------------------ select */
+static inline float key_value(uint64_t key) { /* the (zero-normalised) float of desc_key */
+    uint32_t asc = ~(uint32_t)(key >> 32);
+    uint32_t bits = (asc & 0x80000000u) ? (asc & 0x7FFFFFFFu) : ~asc;
+    float v;
+    memcpy(&v, &bits, 4);
+    return v;
+}
+
+/* Reorder a[0..n) so that a[k - 1] is the k-th largest (1 <= k <= n; no NaN) and return it: quickselect. */
+static float nth_largest(float *a, Py_ssize_t n, Py_ssize_t k) {
+    Py_ssize_t lo = 0, hi = n - 1, want = k - 1; /* descending order: index k - 1 */
+    while (hi > lo) {
+        float x = a[lo], y = a[lo + (hi - lo) / 2], z = a[hi];
+        float pivot = x < y ? (y < z ? y : (x < z ? z : x)) : (x < z ? x : (y < z ? z : y));
+        Py_ssize_t i = lo, j = hi;
+        for (;;) {
+            while (a[i] > pivot) i++;
+            while (a[j] < pivot) j--;
+            if (i >= j) break;
+            float t = a[i];
+            a[i] = a[j];
+            a[j] = t;
+            i++;
+            j--;
+        }
+        /* a[lo..j] >= pivot >= a[j+1..hi] */
+        if (want <= j) hi = j;
+        else lo = j + 1;
+    }
+    return a[want];
+}
+
+#define LANES 32 /* groups per chunk: 8 SSE registers of maxima */
+
+/* One row: the K best (value descending, token ascending) as sorted keys; returns their number (m >= K),
+ * -1 for NaN / +inf, or -2 - f when fewer than K values are above -inf (f of them).
+ *
+ * Exact two-stage selection that reads the row once.  The row is cut into chunks of S x LANES tokens;
+ * group (chunk c, lane j) holds the S tokens c S LANES + i LANES + j.  A vertical max over each chunk
+ * (LANES independent lanes: vectorised, no dependency chain across lanes) gives its groups' maxima.  The
+ * K-th largest group maximum t is a lower bound of the K-th largest logit (K distinct tokens reach it), so
+ * every candidate is >= t and lies in a group whose maximum is >= t, or in the tail past the last chunk:
+ * those tokens are collected (branch-free) and sorted. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("avx2", "default")))  /* the vocabulary pass at 8 floats a step where the CPU has AVX2 */
+#endif
+static Py_ssize_t select_row(const float *x, Py_ssize_t vocab, Py_ssize_t k, Py_ssize_t S, float *maxima,
+                             float *scratch, uint64_t *keys) {
+    const Py_ssize_t chunk = S * LANES, chunks = vocab / chunk, n = LANES * chunks;
+    int finite = 1;
+    for (Py_ssize_t c = 0; c < chunks; c++) {
+        const float *restrict xc = x + c * chunk;
+        float mx[LANES]; /* in registers */
+        int32_t ok[LANES];
+        for (int j = 0; j < LANES; j++) {
+            mx[j] = xc[j];
+            ok[j] = xc[j] < INFINITY; /* false for NaN and +inf */
+        }
+        for (Py_ssize_t i = 1; i < S; i++) {
+            const float *restrict xi = xc + i * LANES;
+            for (int j = 0; j < LANES; j++) {
+                mx[j] = xi[j] > mx[j] ? xi[j] : mx[j];
+                ok[j] &= xi[j] < INFINITY;
+            }
+        }
+        for (int j = 0; j < LANES; j++) {
+            maxima[c * LANES + j] = mx[j];
+            finite &= ok[j];
+        }
+    }
+    for (Py_ssize_t v = n * S; v < vocab; v++) finite &= x[v] < INFINITY;
+    if (!finite) return -1;
+    float t = -INFINITY; /* fewer than K groups: every token is a candidate */
+    if (n >= k) {
+        memcpy(scratch, maxima, sizeof(float) * (size_t)n);
+        t = nth_largest(scratch, n, k);
+    }
+    Py_ssize_t m = 0;
+    for (Py_ssize_t g = 0; g < n; g++) {
+        if (!(maxima[g] >= t)) continue;
+        Py_ssize_t base = (g / LANES) * chunk + g % LANES;
+        for (Py_ssize_t i = 0; i < S; i++) { /* branch-free: write, then advance if kept */
+            float v = x[base + i * LANES];
+            keys[m] = desc_key(v, base + i * LANES);
+            m += v >= t;
+        }
+    }
+    for (Py_ssize_t v = n * S; v < vocab; v++) {
+        keys[m] = desc_key(x[v], v);
+        m += x[v] >= t;
+    }
+    sort_u64(keys, m);
+    Py_ssize_t above = 0; /* values above -inf among the first K (all of them when the row is fine) */
+    for (Py_ssize_t i = 0; i < k && i < m; i++) above += key_value(keys[i]) > -INFINITY;
+    return above < k ? -2 - above : m;
+}
+
+/* ----------------------------------------------------------------------------- vocabulary normaliser */
+/* exp2 as dartree.scoring.exp2_f32_ defines it, operation for operation in float32: y clamped at -127,
+ * n = floor(y), f = y - n (exact), 2^f by a degree-6 polynomial (Horner; interpolation at Chebyshev nodes,
+ * relative error < 1e-7), times 2^n built from its exponent bits (exact; n = -127 gives 0: every y < -126,
+ * and -inf, contributes 0). */
+static const float EXP2_POLY[7] = {0.00021865784947294742f, 0.0012391331838443875f, 0.009684186428785324f,
+                                   0.055480629205703735f,  0.24023045599460602f,   0.6931469440460205f, 1.0f};
+#define LOG2E_F 1.4426950408889634f
+
+static inline float rest_term(float x, float top) {
+    float y = (x - top) * LOG2E_F;
+    y = y > -127.0f ? y : -127.0f;
+    float n = (float)(int32_t)y; /* truncation, then down by one where it rounded up: floor(y), exact */
+    n -= n > y ? 1.0f : 0.0f;
+    float f = y - n;
+    float p = f * EXP2_POLY[0] + EXP2_POLY[1];
+    for (int i = 2; i < 7; i++) p = p * f + EXP2_POLY[i];
+    int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, 4);
+    return p * scale;
+}
+
+/* rest_term of 8 logits at once (GCC / Clang vector extensions: two SSE registers, or one AVX2 register in
+ * the avx2 clone), the same operations lane by lane. */
+typedef float v8f __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+
+static inline __attribute__((always_inline)) v8f rest_terms8(const float *x, float top) {
+    v8f xv;
+    memcpy(&xv, x, 32);
+    const v8f lo = {-127.0f, -127.0f, -127.0f, -127.0f, -127.0f, -127.0f, -127.0f, -127.0f};
+    const v8f one = {1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f};
+    v8f y = (xv - top) * LOG2E_F;
+    v8i above = y > lo;
+    y = (v8f)(((v8i)y & above) | ((v8i)lo & ~above));
+    v8f n = __builtin_convertvector(__builtin_convertvector(y, v8i), v8f);
+    n = n - (v8f)((v8i)one & (n > y));
+    v8f f = y - n;
+    v8f p = f * EXP2_POLY[0] + EXP2_POLY[1];
+    for (int i = 2; i < 7; i++) p = p * f + EXP2_POLY[i];
+    v8i bits = (__builtin_convertvector(n, v8i) + 127) << 23;
+    return p * (v8f)bits;
+}
+
+/* The fixed-point scale of the exact sum: 2**s with s = min(50, 62 - bit_length(V)), so that each term
+ * (<= 1) rounds to an integer below 2**51 and V of them sum below 2**62. */
+static int rest_shift(Py_ssize_t vocab) {
+    int bits = 0;
+    for (Py_ssize_t v = vocab; v; v >>= 1) bits++;
+    return 62 - bits < 50 ? 62 - bits : 50;
+}
+
+/* term * 2**s rounded to the nearest integer (ties to even), for 0 <= term * 2**s < 2**51: adding 1.5 * 2**52
+ * rounds to an integer in the current (nearest) mode, whose low mantissa bits are the integer. */
+#define ROUND_MAGIC 6755399441055744.0 /* 1.5 * 2**52 */
+
+/* rest_lse of one row (see dartree.scoring.rest_logsumexp): the terms of the tokens other than the
+ * candidates `cand` (K token ids in increasing order), each rounded to a multiple of 2**-s and summed as
+ * integers (exact: no order to agree on), then top + log(sum) in float64, rounded to float32 (-inf for a zero
+ * sum).  A candidate's term is 0, so blocks of 8 terms are computed at once and the few candidates zeroed. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("avx2", "default")))
+#endif
+static float rest_row(const float *restrict x, Py_ssize_t vocab, float top, const int64_t *restrict cand, Py_ssize_t k,
+                      float *restrict terms) {
+    const int s = rest_shift(vocab);
+    const double scale = ldexp(1.0, s);
+    Py_ssize_t v = 0;
+    for (; v + 32 <= vocab; v += 32) { /* pass 1: the terms, 4 x 8 at a time (independent chains) */
+        v8f t0 = rest_terms8(x + v, top), t1 = rest_terms8(x + v + 8, top);
+        v8f t2 = rest_terms8(x + v + 16, top), t3 = rest_terms8(x + v + 24, top);
+        memcpy(terms + v, &t0, 32);
+        memcpy(terms + v + 8, &t1, 32);
+        memcpy(terms + v + 16, &t2, 32);
+        memcpy(terms + v + 24, &t3, 32);
+    }
+    for (; v + 8 <= vocab; v += 8) {
+        v8f t = rest_terms8(x + v, top);
+        memcpy(terms + v, &t, 32);
+    }
+    for (; v < vocab; v++) terms[v] = rest_term(x[v], top);
+    for (Py_ssize_t i = 0; i < k; i++) terms[cand[i]] = 0.0f;
+    int64_t sum = 0; /* pass 2: fixed point, exact integer sum */
+    for (v = 0; v < vocab; v++) {
+        double d = (double)terms[v] * scale + ROUND_MAGIC;
+        int64_t q;
+        memcpy(&q, &d, 8);
+        sum += q - (int64_t)0x4338000000000000LL; /* the bits of ROUND_MAGIC */
+    }
+    return sum > 0 ? (float)((double)top + log(ldexp((double)sum, -s))) : -INFINITY;
+}
+
+/* candidates(logits f32 [rows, V], rows, V, K, vocab (0/1), tokens i64 [rows, K], values f32 [rows, K],
+ *            rest f32 [rows] | None, log_q f32 [rows, K]) -> (status, row, finite) as select's.
+ * select, then (with `vocab` and K < V) the row's rest_lse, then log q = z - logaddexp(lse(z), rest) (rest
+ * -inf without it): dartree.fast.host_builders.HostCandidates in one call. */
+static PyObject *native_candidates(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 9) {
+        PyErr_SetString(PyExc_TypeError, "candidates: expected 9 arguments");
+        return NULL;
+    }
+    Py_ssize_t rows, vocab, topk, with_rest;
+    if (get_ssize(args[1], &rows, "rows") < 0 || get_ssize(args[2], &vocab, "vocab") < 0 ||
+        get_ssize(args[3], &topk, "topk") < 0 || get_ssize(args[4], &with_rest, "vocab_normalize") < 0)
+        return NULL;
+    if (topk < 1 || topk > vocab) {
+        PyErr_SetString(PyExc_ValueError, "topk: must be in 1..vocab");
+        return NULL;
+    }
+    with_rest = with_rest && topk < vocab;
+    Buf b[5];
+    memset(b, 0, sizeof b);
+    if (acquire(args[0], &b[0], 4, rows * vocab, 0, 0, "logits") < 0 ||
+        acquire(args[5], &b[1], 8, rows * topk, 1, 0, "tokens") < 0 ||
+        acquire(args[6], &b[2], 4, rows * topk, 1, 0, "values") < 0 ||
+        acquire(args[7], &b[3], 4, rows, 1, !with_rest, "rest") < 0 ||
+        acquire(args[8], &b[4], 4, rows * topk, 1, 0, "log_q") < 0) {
+        release(b, 5);
+        return NULL;
+    }
+    const float *logits = F32(b[0]);
+    int64_t *tokens = I64(b[1]);
+    float *values = F32(b[2]), *rest_out = b[3].held ? F32(b[3]) : NULL, *log_q = F32(b[4]);
+    Py_ssize_t S = 1;
+    while (S < 64 && (2 * S) * 8 * topk <= vocab) S *= 2;
+    Py_ssize_t n = LANES * (vocab / (LANES * S));
+    float *maxima = malloc(sizeof(float) * (size_t)(2 * n + 1));
+    uint64_t *keys = malloc(sizeof(uint64_t) * (size_t)(vocab + 1));
+    float *terms = with_rest ? malloc(sizeof(float) * (size_t)vocab) : NULL;
+    double *scratch = malloc(sizeof(double) * (size_t)topk);
+    long status = 0, bad_row = 0, finite = 0;
+    if (!maxima || !keys || !scratch || (with_rest && !terms)) {
+        free(maxima);
+        free(keys);
+        free(terms);
+        free(scratch);
+        release(b, 5);
+        return PyErr_NoMemory();
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t r = 0; r < rows && status != 1; r++) {
+        const float *x = logits + r * vocab;
+        Py_ssize_t m = select_row(x, vocab, topk, S, maxima, maxima + n, keys);
+        if (m == -1) {
+            status = 1;
+            bad_row = (long)r;
+            break;
+        }
+        if (m < -1) {
+            if (!status) {
+                status = 2;
+                bad_row = (long)r;
+                finite = (long)(-2 - m);
+            }
+            continue;
+        }
+        int64_t *tok = tokens + r * topk;
+        float *val = values + r * topk;
+        for (Py_ssize_t i = 0; i < topk; i++) {
+            tok[i] = (int64_t)(uint32_t)keys[i];
+            val[i] = x[tok[i]];
+        }
+        double rest;
+        if (with_rest) {
+            rest_out[r] = rest_row(x, vocab, val[0], tok, topk, terms);
+            rest = (double)rest_out[r];
+        }
+        normalize_row(val, topk, with_rest ? &rest : NULL, log_q + r * topk, scratch);
+    }
+    Py_END_ALLOW_THREADS
+    free(maxima);
+    free(keys);
+    free(terms);
+    free(scratch);
+    release(b, 5);
+    return Py_BuildValue("(lll)", status, bad_row, finite);
+}
+
+/* select(logits f32 [rows, V], rows, V, K, tokens i64 [rows, K], values f32 [rows, K])
+ * -> (0, 0, 0) ok | (1, row, 0) NaN or +inf in a row (the first such row) | (2, row, finite) no NaN / +inf, and
+ * the first row with fewer than K logits above -inf has `finite` of them.
+ * tokens: the K best of each row by (logit descending, token id; -0.0 ties with +0.0); values: their logits. */
+static PyObject *native_select(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "select: expected 6 arguments");
+        return NULL;
+    }
+    Py_ssize_t rows, vocab, topk;
+    if (get_ssize(args[1], &rows, "rows") < 0 || get_ssize(args[2], &vocab, "vocab") < 0 ||
+        get_ssize(args[3], &topk, "topk") < 0)
+        return NULL;
+    if (topk < 1 || topk > vocab) {
+        PyErr_SetString(PyExc_ValueError, "topk: must be in 1..vocab");
+        return NULL;
+    }
+    Buf b[3];
+    memset(b, 0, sizeof b);
+    if (acquire(args[0], &b[0], 4, rows * vocab, 0, 0, "logits") < 0 ||
+        acquire(args[4], &b[1], 8, rows * topk, 1, 0, "tokens") < 0 ||
+        acquire(args[5], &b[2], 4, rows * topk, 1, 0, "values") < 0) {
+        release(b, 3);
+        return NULL;
+    }
+    const float *logits = F32(b[0]);
+    int64_t *tokens = I64(b[1]);
+    float *values = F32(b[2]);
+    /* S tokens per group: about 8 K groups (a tight threshold, few tokens to collect), at most 64 tokens each */
+    Py_ssize_t S = 1;
+    while (S < 64 && (2 * S) * 8 * topk <= vocab) S *= 2;
+    Py_ssize_t n = LANES * (vocab / (LANES * S));
+    float *maxima = malloc(sizeof(float) * (size_t)(2 * n + 1));
+    uint64_t *keys = malloc(sizeof(uint64_t) * (size_t)(vocab + 1));
+    long status = 0, bad_row = 0, finite = 0;
+    if (!maxima || !keys) {
+        free(maxima);
+        free(keys);
+        release(b, 3);
+        return PyErr_NoMemory();
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t r = 0; r < rows && status != 1; r++) {
+        const float *x = logits + r * vocab;
+        Py_ssize_t m = select_row(x, vocab, topk, S, maxima, maxima + n, keys);
+        if (m == -1) {
+            status = 1;
+            bad_row = (long)r;
+            break;
+        }
+        if (m < -1) {
+            if (!status) {
+                status = 2;
+                bad_row = (long)r;
+                finite = (long)(-2 - m);
+            }
+            continue;
+        }
+        int64_t *tok = tokens + r * topk;
+        float *val = values + r * topk;
+        for (Py_ssize_t i = 0; i < topk; i++) {
+            tok[i] = (int64_t)(uint32_t)keys[i];
+            val[i] = x[tok[i]];
+        }
+    }
+    Py_END_ALLOW_THREADS
+    free(maxima);
+    free(keys);
+    release(b, 3);
+    return Py_BuildValue("(lll)", status, bad_row, finite);
+}
+
+/* ----------------------------------------------------------------------------------- log normalise */
+/* numpy's pairwise float64 sum (numpy/_core/src/umath/loops_utils.h.src), as np.add.reduce runs it on a
+ * contiguous row: 0.0 + pairwise(a, n). */
+static double pairwise_sum(const double *a, Py_ssize_t n) {
+    if (n < 8) {
+        double res = -0.0;
+        for (Py_ssize_t i = 0; i < n; i++) res += a[i];
+        return res;
+    }
+    if (n <= 128) {
+        double r[8];
+        for (int j = 0; j < 8; j++) r[j] = a[j];
+        Py_ssize_t i;
+        for (i = 8; i < n - (n % 8); i += 8)
+            for (int j = 0; j < 8; j++) r[j] += a[i + j];
+        double res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+        for (; i < n; i++) res += a[i];
+        return res;
+    }
+    Py_ssize_t n2 = n / 2;
+    n2 -= n2 % 8;
+    return pairwise_sum(a, n2) + pairwise_sum(a + n2, n - n2);
+}
+
+static double logaddexp(double x, double y) { /* numpy's npy_logaddexp */
+    if (x == y) return x + 0.693147180559945309417232121458176568; /* NPY_LOGE2; infinities of one sign */
+    double tmp = x - y;
+    if (tmp > 0) return x + log1p(exp(-tmp));
+    if (tmp <= 0) return y + log1p(exp(tmp));
+    return tmp; /* NaN */
+}
+
+/* log q of one row of K candidate logits; returns 1 if an output is not finite.  `scratch`: K doubles. */
+static int normalize_row(const float *z, Py_ssize_t k, const double *rest, float *out, double *scratch) {
+    double top = z[0];
+    for (Py_ssize_t i = 1; i < k; i++) top = (double)z[i] > top || isnan((double)z[i]) ? (double)z[i] : top;
+    if (isnan(top)) { /* numpy's max propagates NaN */
+        for (Py_ssize_t i = 0; i < k; i++) out[i] = NAN;
+        return 1;
+    }
+    for (Py_ssize_t i = 0; i < k; i++) scratch[i] = exp((double)z[i] - top);
+    double total = log(0.0 + pairwise_sum(scratch, k)) + top;
+    if (rest) total = logaddexp(total, *rest);
+    int bad = 0;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        out[i] = (float)((double)z[i] - total);
+        bad |= !isfinite(out[i]);
+    }
+    return bad;
+}
+
+/* log_normalize(z f32 [rows, K], rows, K, rest f64 [rows] | None, out f32 [rows, K]) -> 1 if any output
+ * is NaN or infinite, else 0. */
+static PyObject *native_log_normalize(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "log_normalize: expected 5 arguments");
+        return NULL;
+    }
+    Py_ssize_t rows, k;
+    if (get_ssize(args[1], &rows, "rows") < 0 || get_ssize(args[2], &k, "topk") < 0) return NULL;
+    Buf b[3];
+    memset(b, 0, sizeof b);
+    if (acquire(args[0], &b[0], 4, rows * k, 0, 0, "cand_logits") < 0 ||
+        acquire(args[3], &b[1], 8, rows, 0, 1, "rest_lse") < 0 || acquire(args[4], &b[2], 4, rows * k, 1, 0, "out") < 0) {
+        release(b, 3);
+        return NULL;
+    }
+    double *scratch = malloc(sizeof(double) * (size_t)(k ? k : 1));
+    if (!scratch) {
+        release(b, 3);
+        return PyErr_NoMemory();
+    }
+    const float *z = F32(b[0]);
+    const double *rest = b[1].held ? (const double *)b[1].view.buf : NULL;
+    float *out = F32(b[2]);
+    int bad = 0;
+    if (k > 0)
+        for (Py_ssize_t r = 0; r < rows; r++) bad |= normalize_row(z + r * k, k, rest ? rest + r : NULL, out + r * k, scratch);
+    free(scratch);
+    release(b, 3);
+    return PyLong_FromLong(bad);
+}
+
+/* -------------------------------------------------------------------------------------- depth step */
+/* depth_step(logits f32 [b, m, K], b, m, K, rest f64 [b] | None, parent f32 [b, m], beta (float), width,
+ *            cand_tokens i64 [b, K], log_q f32 [b, m, K] (out), parents i64 [b, W], ranks i64 [b, W],
+ *            tokens i64 [b, W], scores f32 [b, W], anc_in i64 [b, m, gamma] | None, anc_out i64 [b, W, gamma] | None,
+ *            gamma, depth)
+ * -> (nonfinite, identity): nonfinite = some log q is NaN or infinite (nothing else is then meaningful);
+ *    identity = W == m and every kept child's parent is its own index (the branch states need no gather).
+ *
+ * Per row: log q of every branch's K candidates; child scores (parent + log q) + beta in float32; the best
+ * `width` of the m*K flat positions under (score descending, position), listed in position order. */
+static PyObject *native_depth_step(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 18) {
+        PyErr_SetString(PyExc_TypeError, "depth_step: expected 18 arguments");
+        return NULL;
+    }
+    Py_ssize_t b, m, k, width, gamma, depth;
+    if (get_ssize(args[1], &b, "b") < 0 || get_ssize(args[2], &m, "m") < 0 || get_ssize(args[3], &k, "topk") < 0 ||
+        get_ssize(args[7], &width, "width") < 0 || get_ssize(args[16], &gamma, "gamma") < 0 ||
+        get_ssize(args[17], &depth, "depth") < 0)
+        return NULL;
+    double beta_d = PyFloat_AsDouble(args[6]);
+    if (beta_d == -1.0 && PyErr_Occurred()) return NULL;
+    float beta = (float)beta_d;
+    Py_ssize_t total = m * k;
+    if (width < 1 || width > total || depth < 1 || depth > gamma) {
+        PyErr_SetString(PyExc_ValueError, "depth_step: need 1 <= width <= m * K and 1 <= depth <= gamma");
+        return NULL;
+    }
+    Buf a[11];
+    memset(a, 0, sizeof a);
+    if (acquire(args[0], &a[0], 4, b * total, 0, 0, "logits") < 0 || acquire(args[4], &a[1], 8, b, 0, 1, "rest") < 0 ||
+        acquire(args[5], &a[2], 4, b * m, 0, 0, "parent_scores") < 0 ||
+        acquire(args[8], &a[3], 8, b * k, 0, 0, "cand_tokens") < 0 ||
+        acquire(args[9], &a[4], 4, b * total, 1, 0, "log_q") < 0 ||
+        acquire(args[10], &a[5], 8, b * width, 1, 0, "parents") < 0 ||
+        acquire(args[11], &a[6], 8, b * width, 1, 0, "ranks") < 0 ||
+        acquire(args[12], &a[7], 8, b * width, 1, 0, "tokens") < 0 ||
+        acquire(args[13], &a[8], 4, b * width, 1, 0, "scores") < 0 ||
+        acquire(args[14], &a[9], 8, b * m * gamma, 0, 1, "anc_in") < 0 ||
+        acquire(args[15], &a[10], 8, b * width * gamma, 1, 1, "anc_out") < 0) {
+        release(a, 11);
+        return NULL;
+    }
+    if (a[9].held != a[10].held) {
+        release(a, 11);
+        PyErr_SetString(PyExc_ValueError, "depth_step: anc_in and anc_out go together");
+        return NULL;
+    }
+    const float *logits = F32(a[0]), *parent = F32(a[2]);
+    const double *rest = a[1].held ? (const double *)a[1].view.buf : NULL;
+    const int64_t *cand = I64(a[3]), *anc_in = I64_OR_NULL(a[9]);
+    float *log_q = F32(a[4]), *scores = F32(a[8]);
+    int64_t *parents = I64(a[5]), *ranks = I64(a[6]), *tokens = I64(a[7]), *anc_out = I64_OR_NULL(a[10]);
+    double *scratch = malloc(sizeof(double) * (size_t)k);
+    float *child = malloc(sizeof(float) * (size_t)(total + width));
+    if (!scratch || !child) {
+        free(scratch);
+        free(child);
+        release(a, 11);
+        return PyErr_NoMemory();
+    }
+    int bad = 0, identity = width == m;
+    for (Py_ssize_t r = 0; r < b && !bad; r++) {
+        for (Py_ssize_t i = 0; i < m; i++) {
+            Py_ssize_t o = (r * m + i) * k;
+            bad |= normalize_row(logits + o, k, rest ? rest + r : NULL, log_q + o, scratch);
+            float ps = parent[r * m + i];
+            for (Py_ssize_t j = 0; j < k; j++) child[i * k + j] = (ps + log_q[o + j]) + beta;
+        }
+        if (bad) break;
+        /* the width-th best score t; all scores > t, then the first ties == t by position */
+        Py_ssize_t kept = 0, greater = 0;
+        float t = width == total ? -INFINITY : kth_largest(child, total, width, child + total);
+        if (width < total)
+            for (Py_ssize_t p = 0; p < total; p++) greater += child[p] > t;
+        Py_ssize_t ties = width - greater;
+        for (Py_ssize_t p = 0; p < total && kept < width; p++) {
+            int take = width == total || child[p] > t;
+            if (!take && child[p] == t && ties > 0) {
+                take = 1;
+                ties--;
+            }
+            if (!take) continue;
+            Py_ssize_t w = r * width + kept;
+            Py_ssize_t par = p / k, rk = p % k;
+            parents[w] = par;
+            ranks[w] = rk;
+            tokens[w] = cand[r * k + rk];
+            scores[w] = child[p];
+            identity &= par == kept;
+            if (anc_out) {
+                memcpy(anc_out + w * gamma, anc_in + (r * m + par) * gamma, sizeof(int64_t) * (size_t)gamma);
+                anc_out[w * gamma + depth - 1] = kept + 1;
+            }
+            kept++;
+        }
+    }
+    free(scratch);
+    free(child);
+    release(a, 11);
+    return Py_BuildValue("(ii)", bad, identity && !bad);
+}
+
+/* -------------------------------------------------------------------------------------- best first */
+typedef struct {
+    float score;
+    int32_t parent; /* node index of the parent (0: the root) */
+    int32_t depth;  /* 1-based */
+    int32_t pos;    /* position among the parent's children, sorted by (log q descending, rank) */
+} Entry;
+
+typedef struct {
+    const int64_t *rk; /* [gamma, K] rank at a sorted position, or NULL: position = rank */
+    Py_ssize_t k;
+    int32_t *path_rank; /* [n, gamma] rank of each popped node's ancestor at every depth */
+    int32_t gamma;
+} Order;
+
+static inline int32_t rank_at(const Order *o, int32_t depth, int32_t pos) {
+    return o->rk ? (int32_t)o->rk[(Py_ssize_t)(depth - 1) * o->k + pos] : pos;
+}
+
+/* 1 if a pops before b: higher score; among equal scores the smaller rank path (a prefix first). */
+static int before(const Entry *a, const Entry *b, const Order *o) {
+    if (a->score != b->score) return a->score > b->score;
+    int32_t da = a->depth, db = b->depth;
+    int32_t dmax = da > db ? da : db;
+    for (int32_t d = 1; d <= dmax; d++) {
+        int32_t ra = d > da ? -1 : (d == da ? rank_at(o, da, a->pos) : o->path_rank[a->parent * o->gamma + d - 1]);
+        int32_t rb = d > db ? -1 : (d == db ? rank_at(o, db, b->pos) : o->path_rank[b->parent * o->gamma + d - 1]);
+        if (ra != rb) return ra < rb;
+    }
+    return 0; /* the same node: never two entries */
+}
+
+static void heap_down(Entry *h, Py_ssize_t size, Py_ssize_t c, const Order *o) {
+    Entry v = h[c];
+    for (;;) {
+        Py_ssize_t l = 2 * c + 1, s = c;
+        const Entry *best = &v;
+        if (l < size && before(&h[l], best, o)) { s = l; best = &h[l]; }
+        if (l + 1 < size && before(&h[l + 1], best, o)) s = l + 1;
+        if (s == c) break;
+        h[c] = h[s];
+        c = s;
+    }
+    h[c] = v;
+}
+
+static void heap_up(Entry *h, Py_ssize_t c, const Order *o) {
+    Entry v = h[c];
+    while (c > 0) {
+        Py_ssize_t p = (c - 1) / 2;
+        if (!before(&v, &h[p], o)) break;
+        h[c] = h[p];
+        c = p;
+    }
+    h[c] = v;
+}
+
+/* best_first(log_q f32 [b, gamma, K] sorted per row, b, gamma, K, order i64 [b, gamma, K] | None, n,
+ *            cand_tokens i64 [b, gamma, K], root i64 [b],
+ *            tokens i64 [b, n], parents i64 [b, n], depths i64 [b, n], ranks i64 [b, n], scores f32 [b, n]) -> None
+ *
+ * DDTree's best-first: node 0 is the root (token root, parent -1, depth 0, rank -1, score 0), then the first
+ * n - 1 pops.  `order[d][pos]` is the candidate rank at sorted position pos (None: positions are ranks).  A
+ * popped node's next sibling replaces it in the heap and its first child is pushed, so the heap holds at
+ * most one entry per popped node plus one.  Scores: float32 (parent + log q).  n larger than the trie of
+ * gamma depths and K candidates is a ValueError. */
+static PyObject *native_best_first(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 13) {
+        PyErr_SetString(PyExc_TypeError, "best_first: expected 13 arguments");
+        return NULL;
+    }
+    Py_ssize_t b, gamma, k, n;
+    if (get_ssize(args[1], &b, "b") < 0 || get_ssize(args[2], &gamma, "gamma") < 0 ||
+        get_ssize(args[3], &k, "topk") < 0 || get_ssize(args[5], &n, "n") < 0)
+        return NULL;
+    if (gamma < 1 || k < 1 || n < 1 || n > (Py_ssize_t)1 << 30) {
+        PyErr_SetString(PyExc_ValueError, "best_first: need gamma, topk, n >= 1");
+        return NULL;
+    }
+    Buf a[9];
+    memset(a, 0, sizeof a);
+    if (acquire(args[0], &a[0], 4, b * gamma * k, 0, 0, "log_q") < 0 ||
+        acquire(args[4], &a[1], 8, b * gamma * k, 0, 1, "order") < 0 ||
+        acquire(args[6], &a[2], 8, b * gamma * k, 0, 0, "cand_tokens") < 0 || acquire(args[7], &a[3], 8, b, 0, 0, "root") < 0 ||
+        acquire(args[8], &a[4], 8, b * n, 1, 0, "tokens") < 0 || acquire(args[9], &a[5], 8, b * n, 1, 0, "parents") < 0 ||
+        acquire(args[10], &a[6], 8, b * n, 1, 0, "depths") < 0 || acquire(args[11], &a[7], 8, b * n, 1, 0, "ranks") < 0 ||
+        acquire(args[12], &a[8], 4, b * n, 1, 0, "scores") < 0) {
+        release(a, 9);
+        return NULL;
+    }
+    const float *lq_all = F32(a[0]);
+    const int64_t *rk_all = I64_OR_NULL(a[1]), *cand_all = I64(a[2]), *root = I64(a[3]);
+    Entry *heap = malloc(sizeof(Entry) * (size_t)(n + 1));
+    int32_t *path_rank = malloc(sizeof(int32_t) * (size_t)(n * gamma));
+    if (!heap || !path_rank) {
+        free(heap);
+        free(path_rank);
+        release(a, 9);
+        return PyErr_NoMemory();
+    }
+    int empty = 0;
+    for (Py_ssize_t r = 0; r < b && !empty; r++) {
+        const float *lq = lq_all + r * gamma * k;
+        const int64_t *cand = cand_all + r * gamma * k;
+        Order o = {rk_all ? rk_all + r * gamma * k : NULL, k, path_rank, (int32_t)gamma};
+        int64_t *tok = I64(a[4]) + r * n, *par = I64(a[5]) + r * n, *dep = I64(a[6]) + r * n, *rnk = I64(a[7]) + r * n;
+        float *sc = F32(a[8]) + r * n;
+        tok[0] = root[r];
+        par[0] = -1;
+        dep[0] = 0;
+        rnk[0] = -1;
+        sc[0] = 0.0f;
+        Py_ssize_t size = 1;
+        heap[0] = (Entry){lq[0], 0, 1, 0};
+        for (Py_ssize_t node = 1; node < n; node++) {
+            if (!size) { /* n beyond the trie */
+                empty = 1;
+                break;
+            }
+            Entry e = heap[0];
+            int32_t rank = rank_at(&o, e.depth, e.pos);
+            tok[node] = cand[(Py_ssize_t)(e.depth - 1) * k + rank];
+            par[node] = e.parent;
+            dep[node] = e.depth;
+            rnk[node] = rank;
+            sc[node] = e.score;
+            int32_t *path = path_rank + node * gamma;
+            if (e.depth > 1) memcpy(path, path_rank + (Py_ssize_t)e.parent * gamma, sizeof(int32_t) * (size_t)(e.depth - 1));
+            path[e.depth - 1] = rank;
+            if (e.pos + 1 < k) { /* its next sibling (never better) replaces it */
+                heap[0] = (Entry){sc[e.parent] + lq[(Py_ssize_t)(e.depth - 1) * k + e.pos + 1], e.parent, e.depth, e.pos + 1};
+                heap_down(heap, size, 0, &o);
+            } else {
+                heap[0] = heap[--size];
+                if (size) heap_down(heap, size, 0, &o);
+            }
+            if (e.depth < gamma) { /* its first child enters */
+                heap[size] = (Entry){lq[(Py_ssize_t)e.depth * k] + e.score, (int32_t)node, e.depth + 1, 0};
+                heap_up(heap, size++, &o);
+            }
+        }
+    }
+    free(heap);
+    free(path_rank);
+    release(a, 9);
+    if (empty) {
+        PyErr_SetString(PyExc_ValueError, "best_first: n is larger than the trie of gamma depths and K candidates");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* ------------------------------------------------------------------------------------ tree structure */
+/* tree_struct(parents i64 [b, n], num_nodes i64 [b], b, n, mask u8 [b, n, n] (zeroed by the caller),
+ *             depths i64 [b, n] | None, first_child i64 [b, n] | None, next_sibling i64 [b, n] | None)
+ * -> (0, 0, 0) ok | (1, row, node): num_nodes outside 0..n, or a node whose parent is outside
+ *    0..num_nodes-1, or whose ancestors do not reach node 0 (a cycle).
+ * mask[r, i, j] iff j is i or an ancestor of i (valid nodes only); depths: ancestors excluding self
+ * (padding 0); first_child: the smallest child index, next_sibling: the next larger index with the same
+ * parent (-1 if none; padding -1). */
+static PyObject *native_tree_struct(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "tree_struct: expected 8 arguments");
+        return NULL;
+    }
+    Py_ssize_t b, n;
+    if (get_ssize(args[2], &b, "b") < 0 || get_ssize(args[3], &n, "n") < 0) return NULL;
+    Buf a[6];
+    memset(a, 0, sizeof a);
+    if (acquire(args[0], &a[0], 8, b * n, 0, 0, "parents") < 0 || acquire(args[1], &a[1], 8, b, 0, 0, "num_nodes") < 0 ||
+        acquire(args[4], &a[2], 1, b * n * n, 1, 0, "mask") < 0 || acquire(args[5], &a[3], 8, b * n, 1, 1, "depths") < 0 ||
+        acquire(args[6], &a[4], 8, b * n, 1, 1, "first_child") < 0 ||
+        acquire(args[7], &a[5], 8, b * n, 1, 1, "next_sibling") < 0) {
+        release(a, 6);
+        return NULL;
+    }
+    const int64_t *parents = I64(a[0]), *count = I64(a[1]);
+    uint8_t *mask = (uint8_t *)a[2].view.buf;
+    int64_t *depths = I64_OR_NULL(a[3]), *first = I64_OR_NULL(a[4]), *next = I64_OR_NULL(a[5]);
+    int64_t *last = malloc(sizeof(int64_t) * (size_t)(n ? n : 1));
+    if (!last) {
+        release(a, 6);
+        return PyErr_NoMemory();
+    }
+    long status = 0, bad_row = 0, bad_node = 0;
+    for (Py_ssize_t r = 0; r < b && !status; r++) {
+        const int64_t *par = parents + r * n;
+        int64_t c = count[r];
+        if (c < 0 || c > n) {
+            status = 1;
+            bad_row = (long)r;
+            bad_node = -1;
+            break;
+        }
+        uint8_t *mr = mask + r * n * n;
+        if (depths) for (Py_ssize_t i = 0; i < n; i++) depths[r * n + i] = 0;
+        if (first) for (Py_ssize_t i = 0; i < n; i++) first[r * n + i] = -1;
+        if (next) for (Py_ssize_t i = 0; i < n; i++) next[r * n + i] = -1;
+        for (Py_ssize_t i = 0; i < c; i++) last[i] = -1;
+        for (Py_ssize_t i = 0; i < c; i++) {
+            uint8_t *row = mr + i * n;
+            row[i] = 1;
+            if (i == 0) continue;
+            int64_t p = par[i], d = 0;
+            if (p < 0 || p >= c) {
+                status = 1;
+                bad_row = (long)r;
+                bad_node = (long)i;
+                break;
+            }
+            if (first && first[r * n + p] < 0) first[r * n + p] = i;
+            if (next && last[p] >= 0) next[r * n + last[p]] = i;
+            last[p] = i;
+            for (int64_t j = p;; j = par[j]) { /* every ancestor up to the root */
+                row[j] = 1;
+                d++;
+                if (j == 0) break;
+                if (d >= c || par[j] < 0 || par[j] >= c) {
+                    status = 1;
+                    break;
+                }
+            }
+            if (status) {
+                bad_row = (long)r;
+                bad_node = (long)i;
+                break;
+            }
+            if (depths) depths[r * n + i] = d;
+        }
+    }
+    free(last);
+    release(a, 6);
+    return Py_BuildValue("(lll)", status, bad_row, bad_node);
+}
+
+/* ------------------------------------------------------------------------------------------ module */
+static PyMethodDef methods[] = {
+    {"select", (PyCFunction)(void (*)(void))native_select, METH_FASTCALL, "Top-K tokens per row (see the C source)."},
+    {"candidates", (PyCFunction)(void (*)(void))native_candidates, METH_FASTCALL, "Top-K, rest_lse and log q per row."},
+    {"log_normalize", (PyCFunction)(void (*)(void))native_log_normalize, METH_FASTCALL, "log q of K candidates."},
+    {"depth_step", (PyCFunction)(void (*)(void))native_depth_step, METH_FASTCALL, "One depth of the depth-wise builders."},
+    {"best_first", (PyCFunction)(void (*)(void))native_best_first, METH_FASTCALL, "DDTree's best-first pops."},
+    {"tree_struct", (PyCFunction)(void (*)(void))native_tree_struct, METH_FASTCALL, "Mask, depths and links."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native", "Compiled host loops of dartree's fast backend.",
+                                    -1, methods};
+
+PyMODINIT_FUNC PyInit__native(void) { return PyModule_Create(&module); }

@@ -1,0 +1,55 @@
+"""The compiled host loops of the fast backend (``dartree/_native.c``), or None.
+
+On CPU tensors the fast builders run a few loops over tens to hundreds of nodes per depth: top-K
+selection, log-normalisation, the best ``width`` children, DDTree's heap, the ancestor mask.  In numpy
+each is a dozen calls of a few microseconds; ``dartree._native`` runs each as one C call with the same
+results bit for bit (the C source says how).  It is built by ``pip install`` (``setup.py``) when a C
+compiler is present; without one, or with ``DARTREE_NATIVE=0`` in the environment, every caller runs
+its numpy version instead.  :func:`available` says whether the module was built, :func:`enabled`
+whether it runs now; ``dartree bench`` records the latter with every result.
+
+This module imports nothing from dartree: the ground-floor modules (:mod:`dartree.structure`,
+:mod:`dartree.scoring`) use it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from types import ModuleType
+
+try:
+    from dartree import _native as _module
+except ImportError:  # not built (no compiler at install time): the numpy versions run
+    _module = None
+
+__all__ = ["available", "enabled", "disabled", "lib"]
+
+_lib: ModuleType | None = _module if os.environ.get("DARTREE_NATIVE", "1") != "0" else None
+
+
+def available() -> bool:
+    """Whether the compiled module was built and imports."""
+    return _module is not None
+
+
+def enabled() -> bool:
+    """Whether the compiled loops run now (built, and not turned off)."""
+    return _lib is not None
+
+
+def lib() -> ModuleType | None:
+    """The compiled module when enabled, else None (callers then run their numpy version)."""
+    return _lib
+
+
+@contextlib.contextmanager
+def disabled() -> Iterator[None]:
+    """Run the numpy versions inside the ``with`` block (tests compare both; not thread-safe)."""
+    global _lib
+    previous, _lib = _lib, None
+    try:
+        yield
+    finally:
+        _lib = previous
