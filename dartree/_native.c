@@ -8,6 +8,7 @@
  *   log_normalize log q = z - logaddexp(lse(z), rest), float64, one rounding to float32
  *   depth_step    one depth of the depth-wise builders: log q of every branch's candidates, child
  *                 scores (parent + log q) + beta, the best `width` (score descending, then position)
+ *   select_tree   the best n nodes of a depth-wise supertree in the total order, as a tree
  *   best_first    DDTree's best-first with lazy sibling pushing over per-depth sorted log q
  *   tree_struct   ancestor mask, depths, first-child and next-sibling links from parents
  *
@@ -586,15 +587,16 @@ static PyObject *native_log_normalize(PyObject *self, PyObject *const *args, Py_
 /* depth_step(logits f32 [b, m, K], b, m, K, rest f64 [b] | None, parent f32 [b, m], beta (float), width,
  *            cand_tokens i64 [b, K], log_q f32 [b, m, K] (out), parents i64 [b, W], ranks i64 [b, W],
  *            tokens i64 [b, W], scores f32 [b, W], anc_in i64 [b, m, gamma] | None, anc_out i64 [b, W, gamma] | None,
- *            gamma, depth)
+ *            gamma, depth, gather i64 [b, W] | None)
  * -> (nonfinite, identity): nonfinite = some log q is NaN or infinite (nothing else is then meaningful);
  *    identity = W == m and every kept child's parent is its own index (the branch states need no gather).
+ * gather: r * m + parent, the row of each kept child's parent state in the [b * m, S] states.
  *
  * Per row: log q of every branch's K candidates; child scores (parent + log q) + beta in float32; the best
  * `width` of the m*K flat positions under (score descending, position), listed in position order. */
 static PyObject *native_depth_step(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 18) {
-        PyErr_SetString(PyExc_TypeError, "depth_step: expected 18 arguments");
+    if (nargs != 19) {
+        PyErr_SetString(PyExc_TypeError, "depth_step: expected 19 arguments");
         return NULL;
     }
     Py_ssize_t b, m, k, width, gamma, depth;
@@ -610,7 +612,7 @@ static PyObject *native_depth_step(PyObject *self, PyObject *const *args, Py_ssi
         PyErr_SetString(PyExc_ValueError, "depth_step: need 1 <= width <= m * K and 1 <= depth <= gamma");
         return NULL;
     }
-    Buf a[11];
+    Buf a[12];
     memset(a, 0, sizeof a);
     if (acquire(args[0], &a[0], 4, b * total, 0, 0, "logits") < 0 || acquire(args[4], &a[1], 8, b, 0, 1, "rest") < 0 ||
         acquire(args[5], &a[2], 4, b * m, 0, 0, "parent_scores") < 0 ||
@@ -621,12 +623,13 @@ static PyObject *native_depth_step(PyObject *self, PyObject *const *args, Py_ssi
         acquire(args[12], &a[7], 8, b * width, 1, 0, "tokens") < 0 ||
         acquire(args[13], &a[8], 4, b * width, 1, 0, "scores") < 0 ||
         acquire(args[14], &a[9], 8, b * m * gamma, 0, 1, "anc_in") < 0 ||
-        acquire(args[15], &a[10], 8, b * width * gamma, 1, 1, "anc_out") < 0) {
-        release(a, 11);
+        acquire(args[15], &a[10], 8, b * width * gamma, 1, 1, "anc_out") < 0 ||
+        acquire(args[18], &a[11], 8, b * width, 1, 1, "gather") < 0) {
+        release(a, 12);
         return NULL;
     }
     if (a[9].held != a[10].held) {
-        release(a, 11);
+        release(a, 12);
         PyErr_SetString(PyExc_ValueError, "depth_step: anc_in and anc_out go together");
         return NULL;
     }
@@ -635,12 +638,13 @@ static PyObject *native_depth_step(PyObject *self, PyObject *const *args, Py_ssi
     const int64_t *cand = I64(a[3]), *anc_in = I64_OR_NULL(a[9]);
     float *log_q = F32(a[4]), *scores = F32(a[8]);
     int64_t *parents = I64(a[5]), *ranks = I64(a[6]), *tokens = I64(a[7]), *anc_out = I64_OR_NULL(a[10]);
+    int64_t *gather = I64_OR_NULL(a[11]);
     double *scratch = malloc(sizeof(double) * (size_t)k);
     float *child = malloc(sizeof(float) * (size_t)(total + width));
     if (!scratch || !child) {
         free(scratch);
         free(child);
-        release(a, 11);
+        release(a, 12);
         return PyErr_NoMemory();
     }
     int bad = 0, identity = width == m;
@@ -672,6 +676,7 @@ static PyObject *native_depth_step(PyObject *self, PyObject *const *args, Py_ssi
             tokens[w] = cand[r * k + rk];
             scores[w] = child[p];
             identity &= par == kept;
+            if (gather) gather[w] = r * m + par;
             if (anc_out) {
                 memcpy(anc_out + w * gamma, anc_in + (r * m + par) * gamma, sizeof(int64_t) * (size_t)gamma);
                 anc_out[w * gamma + depth - 1] = kept + 1;
@@ -681,8 +686,149 @@ static PyObject *native_depth_step(PyObject *self, PyObject *const *args, Py_ssi
     }
     free(scratch);
     free(child);
-    release(a, 11);
+    release(a, 12);
     return Py_BuildValue("(ii)", bad, identity && !bad);
+}
+
+/* ------------------------------------------------------------------------------------- select tree */
+typedef struct {
+    const float *score;  /* [total] of the row */
+    const int64_t *path; /* [total, gamma] 1-based lex index of the ancestor at every depth (0 below) */
+    Py_ssize_t gamma;
+} TreeOrder;
+
+/* 1 if node a comes before node b: score descending, then rank path (a prefix first). */
+static int tree_before(Py_ssize_t a, Py_ssize_t b, const TreeOrder *o) {
+    if (o->score[a] != o->score[b]) return o->score[a] > o->score[b];
+    const int64_t *pa = o->path + a * o->gamma, *pb = o->path + b * o->gamma;
+    for (Py_ssize_t d = 0; d < o->gamma; d++)
+        if (pa[d] != pb[d]) return pa[d] < pb[d];
+    return a < b;
+}
+
+static void merge_sort(Py_ssize_t *idx, Py_ssize_t *tmp, Py_ssize_t n, const TreeOrder *o) {
+    if (n < 2) return;
+    Py_ssize_t h = n / 2;
+    merge_sort(idx, tmp, h, o);
+    merge_sort(idx + h, tmp, n - h, o);
+    Py_ssize_t i = 0, j = h, t = 0;
+    while (i < h && j < n) tmp[t++] = tree_before(idx[j], idx[i], o) ? idx[j++] : idx[i++];
+    while (i < h) tmp[t++] = idx[i++];
+    while (j < n) tmp[t++] = idx[j++];
+    memcpy(idx, tmp, sizeof(Py_ssize_t) * (size_t)n);
+}
+
+/* select_tree(b, gamma, widths i64 [gamma], n_out, parents, ranks, tokens (i64), scores (f32), paths (i64) | None,
+ *             root i64 [b], out_tokens, out_parents, out_depths, out_ranks i64 [b, n_out + 1], out_scores f32)
+ * -> None.  The inputs hold depth d's [b, W_d] block at b * offset_d (paths: [b, W_d, gamma] at
+ * b * offset_d * gamma); parents are indices into the previous depth's W.  The output is the DraftTree of the
+ * best n_out supertree nodes in the total order (score descending, then rank path; without paths, a chain,
+ * depth order), the root first.  A selected node whose parent is not selected is a ValueError (prefix closure
+ * is the builders' invariant). */
+static PyObject *native_select_tree(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 15) {
+        PyErr_SetString(PyExc_TypeError, "select_tree: expected 15 arguments");
+        return NULL;
+    }
+    Py_ssize_t b, gamma, n_out;
+    if (get_ssize(args[0], &b, "b") < 0 || get_ssize(args[1], &gamma, "gamma") < 0 || get_ssize(args[3], &n_out, "n_out") < 0)
+        return NULL;
+    Buf w;
+    if (gamma < 1 || acquire(args[2], &w, 8, gamma, 0, 0, "widths") < 0) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "select_tree: gamma >= 1");
+        return NULL;
+    }
+    Py_ssize_t *offset = malloc(sizeof(Py_ssize_t) * (size_t)(gamma + 1));
+    if (!offset) {
+        release(&w, 1);
+        return PyErr_NoMemory();
+    }
+    offset[0] = 0;
+    for (Py_ssize_t d = 0; d < gamma; d++) offset[d + 1] = offset[d] + I64(w)[d];
+    release(&w, 1);
+    Py_ssize_t total = offset[gamma];
+    if (n_out > total) {
+        free(offset);
+        PyErr_SetString(PyExc_ValueError, "select_tree: n_out larger than the supertree");
+        return NULL;
+    }
+    Buf a[11];
+    memset(a, 0, sizeof a);
+    if (acquire(args[4], &a[0], 8, b * total, 0, 0, "parents") < 0 || acquire(args[5], &a[1], 8, b * total, 0, 0, "ranks") < 0 ||
+        acquire(args[6], &a[2], 8, b * total, 0, 0, "tokens") < 0 || acquire(args[7], &a[3], 4, b * total, 0, 0, "scores") < 0 ||
+        acquire(args[8], &a[4], 8, b * total * gamma, 0, 1, "paths") < 0 || acquire(args[9], &a[5], 8, b, 0, 0, "root") < 0 ||
+        acquire(args[10], &a[6], 8, b * (n_out + 1), 1, 0, "out_tokens") < 0 ||
+        acquire(args[11], &a[7], 8, b * (n_out + 1), 1, 0, "out_parents") < 0 ||
+        acquire(args[12], &a[8], 8, b * (n_out + 1), 1, 0, "out_depths") < 0 ||
+        acquire(args[13], &a[9], 8, b * (n_out + 1), 1, 0, "out_ranks") < 0 ||
+        acquire(args[14], &a[10], 4, b * (n_out + 1), 1, 0, "out_scores") < 0) {
+        free(offset);
+        release(a, 11);
+        return NULL;
+    }
+    const int64_t *par_in = I64(a[0]), *rk_in = I64(a[1]), *tok_in = I64(a[2]), *path_in = I64_OR_NULL(a[4]);
+    const int64_t *root = I64(a[5]);
+    const float *sc_in = F32(a[3]);
+    /* per row, node j (0..total) of depth d at column c: flat input index b * offset[d] + r * W_d + c */
+    Py_ssize_t *src = malloc(sizeof(Py_ssize_t) * (size_t)(total + 1));
+    Py_ssize_t *depth_of = malloc(sizeof(Py_ssize_t) * (size_t)(total + 1));
+    Py_ssize_t *idx = malloc(sizeof(Py_ssize_t) * (size_t)(total + 1));
+    Py_ssize_t *tmp = malloc(sizeof(Py_ssize_t) * (size_t)(total + 1));
+    Py_ssize_t *slot = malloc(sizeof(Py_ssize_t) * (size_t)(total + 1));
+    float *score = malloc(sizeof(float) * (size_t)(total + 1));
+    int64_t *path = path_in ? malloc(sizeof(int64_t) * (size_t)(total * gamma + 1)) : NULL;
+    int broken = 0;
+    if (!src || !depth_of || !idx || !tmp || !slot || !score || (path_in && !path)) {
+        free(offset); free(src); free(depth_of); free(idx); free(tmp); free(slot); free(score); free(path);
+        release(a, 11);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t r = 0; r < b && !broken; r++) {
+        for (Py_ssize_t d = 0, j = 0; d < gamma; d++) {
+            Py_ssize_t wd = offset[d + 1] - offset[d];
+            for (Py_ssize_t c = 0; c < wd; c++, j++) {
+                Py_ssize_t f = b * offset[d] + r * wd + c;
+                src[j] = f;
+                depth_of[j] = d;
+                score[j] = sc_in[f];
+                if (path) memcpy(path + j * gamma, path_in + f * gamma, sizeof(int64_t) * (size_t)gamma);
+                idx[j] = j;
+            }
+        }
+        if (path) {
+            TreeOrder o = {score, path, gamma};
+            merge_sort(idx, tmp, total, &o);
+        }
+        for (Py_ssize_t j = 0; j < total; j++) slot[j] = 0;
+        for (Py_ssize_t i = 0; i < n_out; i++) slot[idx[i]] = i + 1;
+        Py_ssize_t o = r * (n_out + 1);
+        I64(a[6])[o] = root[r];
+        I64(a[7])[o] = -1;
+        I64(a[8])[o] = 0;
+        I64(a[9])[o] = -1;
+        F32(a[10])[o] = 0.0f;
+        for (Py_ssize_t i = 0; i < n_out; i++) {
+            Py_ssize_t j = idx[i], f = src[j], d = depth_of[j];
+            Py_ssize_t parent = 0;
+            if (d > 0) { /* the parent's node index: depth d - 1, column par_in[f] */
+                Py_ssize_t pj = offset[d - 1] + par_in[f];
+                parent = slot[pj];
+                if (!parent) broken = 1;
+            }
+            I64(a[6])[o + i + 1] = tok_in[f];
+            I64(a[7])[o + i + 1] = parent;
+            I64(a[8])[o + i + 1] = d + 1;
+            I64(a[9])[o + i + 1] = rk_in[f];
+            F32(a[10])[o + i + 1] = score[j];
+        }
+    }
+    free(offset); free(src); free(depth_of); free(idx); free(tmp); free(slot); free(score); free(path);
+    release(a, 11);
+    if (broken) {
+        PyErr_SetString(PyExc_ValueError, "select_tree: a selected node's parent is not selected (not prefix-closed)");
+        return NULL;
+    }
+    Py_RETURN_NONE;
 }
 
 /* -------------------------------------------------------------------------------------- best first */
@@ -927,6 +1073,7 @@ static PyMethodDef methods[] = {
     {"log_normalize", (PyCFunction)(void (*)(void))native_log_normalize, METH_FASTCALL, "log q of K candidates."},
     {"depth_step", (PyCFunction)(void (*)(void))native_depth_step, METH_FASTCALL, "One depth of the depth-wise builders."},
     {"best_first", (PyCFunction)(void (*)(void))native_best_first, METH_FASTCALL, "DDTree's best-first pops."},
+    {"select_tree", (PyCFunction)(void (*)(void))native_select_tree, METH_FASTCALL, "The best n nodes as a tree."},
     {"tree_struct", (PyCFunction)(void (*)(void))native_tree_struct, METH_FASTCALL, "Mask, depths and links."},
     {NULL, NULL, 0, NULL},
 };

@@ -210,6 +210,9 @@ def _expand(block: DraftBlock, cands: HostCandidates, widths: list[int], head: C
     Returns the DraftTree of the best ``budget`` supertree nodes (all when None) in the total order,
     or, with ``trace``, the ``[b, gamma, K]`` log q of a width-1 chain instead.
     """
+    lib = native.lib()
+    if lib is not None and head is not None:
+        return _expand_native(lib, block, cands, widths, head, beta, budget, trace)
     b = block.batch_size
     gamma = len(widths)
     topk = cands.tokens.shape[-1]
@@ -224,37 +227,7 @@ def _expand(block: DraftBlock, cands: HostCandidates, widths: list[int], head: C
     parents, ranks, tokens, depth_scores, lex, traced = [], [], [], [], [], []
     branching = not trace and max(widths) > 1  # a chain needs no sort: depth order is the total order
     anc = np.zeros((b, 1, gamma), dtype=np.int64)  # 1-based lex index of each kept node's ancestor per depth
-    lib = native.lib() if head is not None else None
-    if lib is not None:
-        tokens_by_depth, rest_by_depth = cands.by_depth()
     for depth, width in enumerate(widths, start=1):
-        if lib is not None:  # log q, child scores and the best `width`: one C call (same floats, same order)
-            z = np.ascontiguousarray(logits.detach().float().numpy())
-            m = z.shape[1]
-            lq = np.empty((b, m, topk), dtype=np.float32)
-            par, rk, tok = np.empty((3, b, width), dtype=np.int64)
-            scores_next = np.empty((b, width), dtype=np.float32)
-            anc_next = np.empty((b, width, gamma), dtype=np.int64) if branching else None
-            bad, identity = lib.depth_step(z, b, m, topk, None if rest_by_depth is None else rest_by_depth[depth - 1],
-                                           scores, beta, width, tokens_by_depth[depth - 1], lq, par, rk, tok,
-                                           scores_next, anc if branching else None, anc_next, gamma, depth)
-            if bad:
-                raise ValueError("head.logits: must be finite (found NaN or inf)")
-            scores = scores_next
-            if trace:
-                traced.append(lq)
-            parents.append(par)
-            ranks.append(rk)
-            tokens.append(tok)
-            depth_scores.append(scores)
-            if branching:
-                anc = anc_next
-                lex.append(anc)
-            if depth < gamma:  # the last depth's advance would never be used
-                kept = states if identity else states[rows_t, torch.from_numpy(par)]
-                states, logits = head_advance_logits(head, block, depth, kept, torch.from_numpy(tok),
-                                                     cands.tokens_t[:, depth])
-            continue
         if head is not None:
             lq = log_normalize_host(logits.detach().float().numpy(), cands.rest_at(depth))  # [b, m, K]
             if not np.isfinite(lq).all():  # a NaN / inf logit gives NaN or -inf log q
@@ -284,6 +257,66 @@ def _expand(block: DraftBlock, cands: HostCandidates, widths: list[int], head: C
     if trace:
         return np.concatenate(traced, axis=1)
     return _select_tree(block, parents, ranks, tokens, depth_scores, lex, budget)
+
+
+def _expand_native(lib, block: DraftBlock, cands: HostCandidates, widths: list[int], head: CorrectionHead,
+                   beta: float, budget: int | None, trace: bool):
+    """:func:`_expand` with the compiled depth step and selection (``dartree/_native.c``): per depth one C
+    call (log q, child scores, the best ``width``, rank paths, parent-state rows) and the head call; the
+    outputs of every depth go into one preallocated buffer each (depth d's ``[b, W_d]`` block at
+    ``b * offset_d``), which the compiled selection reads at the end."""
+    b, gamma, topk = block.batch_size, len(widths), cands.tokens.shape[-1]
+    offsets = [0]
+    for w in widths:
+        offsets.append(offsets[-1] + w)
+    total = offsets[-1]
+    branching = not trace and max(widths) > 1  # a chain needs no sort: depth order is the total order
+    ints = np.empty((4, b * total), dtype=np.int64)  # parents, ranks, tokens, parent-state rows
+    scores = np.empty(b * total, dtype=np.float32)
+    paths = np.zeros(b * (total + 1) * gamma, dtype=np.int64) if branching else None  # a zero root path first
+    tokens_by_depth, rest_by_depth = cands.by_depth()
+    states = head_initial(head, block)
+    logits = head_logits(head, block, 1, states, cands.tokens_t[:, 0])
+    parent_scores = np.zeros(b, dtype=np.float32)
+    traced = []
+    for depth, width in enumerate(widths, start=1):
+        lo, hi = b * offsets[depth - 1], b * offsets[depth]
+        z = np.ascontiguousarray(logits.detach().float().numpy())
+        m = z.shape[1]
+        lq = np.empty((b, m, topk), dtype=np.float32)
+        if branching:  # the previous depth's paths (the root's zeros at depth 1), then this depth's
+            anc_in = paths[: b * gamma] if depth == 1 else paths[b * gamma + (lo - b * widths[depth - 2]) * gamma:
+                                                                   b * gamma + lo * gamma]
+            anc_out = paths[b * gamma + lo * gamma: b * gamma + hi * gamma]
+        else:
+            anc_in = anc_out = None
+        bad, identity = lib.depth_step(z, b, m, topk, None if rest_by_depth is None else rest_by_depth[depth - 1],
+                                       parent_scores, beta, width, tokens_by_depth[depth - 1], lq, ints[0, lo:hi],
+                                       ints[1, lo:hi], ints[2, lo:hi], scores[lo:hi], anc_in, anc_out, gamma, depth,
+                                       ints[3, lo:hi])
+        if bad:
+            raise ValueError("head.logits: must be finite (found NaN or inf)")
+        parent_scores = scores[lo:hi]
+        if trace:
+            traced.append(lq)
+        if depth < gamma:  # the last depth's advance would never be used
+            if not identity:
+                flat = states.reshape(b * m, states.shape[-1])
+                states = flat.index_select(0, torch.from_numpy(ints[3, lo:hi])).view(b, width, -1)
+            states, logits = head_advance_logits(head, block, depth, states,
+                                                 torch.from_numpy(ints[2, lo:hi]).view(b, width),
+                                                 cands.tokens_t[:, depth])
+    if trace:
+        return np.concatenate(traced, axis=1)
+    n_out = total if budget is None else min(budget, total)
+    out = np.empty((4, b, n_out + 1), dtype=np.int64)  # tokens, parents, depths, ranks
+    out_scores = np.empty((b, n_out + 1), dtype=np.float32)
+    lib.select_tree(b, gamma, np.array(widths, dtype=np.int64), n_out, ints[0], ints[1], ints[2], scores,
+                    None if paths is None else paths[b * gamma:], np.ascontiguousarray(block.root.numpy(), dtype=np.int64),
+                    out[0], out[1], out[2], out[3], out_scores)
+    t = torch.from_numpy(out)
+    return DraftTree(tokens=t[0], parents=t[1], depths=t[2], scores=torch.from_numpy(out_scores), ranks=t[3],
+                     num_nodes=torch.full((b,), n_out + 1, dtype=torch.int64))
 
 
 def _select_tree(block: DraftBlock, parents: list[np.ndarray], ranks: list[np.ndarray], tokens: list[np.ndarray],
