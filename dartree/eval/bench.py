@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from dartree import native
 from dartree.decode import ROUND_STAGES, GenerationResult, generate_ar
 from dartree.eval.bundles import Bundle, encode, stop_token_id
 from dartree.eval.datasets import load_prompts
@@ -223,6 +224,8 @@ def _meta(bundle: Bundle, argv: Sequence[str] | None) -> dict[str, Any]:
         "processor": platform.processor() or platform.machine(),
         "torch_threads": torch.get_num_threads(),
         "device": str(next(bundle.target.parameters()).device),
+        # the compiled host loops of the fast backend (dartree.native): off means the numpy fallbacks ran
+        "native_host_loops": native.enabled(),
     }
 
 

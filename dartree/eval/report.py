@@ -100,12 +100,19 @@ def tuning_table(result: TuneResult) -> str:
     return markdown_table(header, rows)
 
 
+def _native_note(meta: dict) -> str:
+    """How the fast backend's host loops ran (older result files do not record it)."""
+    if "native_host_loops" not in meta:
+        return ""
+    return ", compiled host loops" if meta["native_host_loops"] else ", numpy host loops (dartree._native not built)"
+
+
 def bench_markdown(result: BenchResult) -> str:
     """The whole benchmark report: Table 1 and Table 2 per temperature, tuning tables, lossless line."""
     meta = result.meta
     parts = [f"# dartree bench: {meta['model']}", "",
              f"{meta['date_utc']}; {meta['machine']}, torch {meta['torch']}, {meta['torch_threads']} threads, "
-             f"device {meta['device']}; {result.config.num_prompts} prompts per dataset, "
+             f"device {meta['device']}{_native_note(meta)}; {result.config.num_prompts} prompts per dataset, "
              f"{result.config.max_new_tokens} new tokens each."]
     if meta.get("command"):
         parts += ["", f"Command: `{meta['command']}`"]
