@@ -52,7 +52,8 @@ class HostCandidates:
         else:
             self.tokens, self.logits = select(x, topk)
             if with_rest:
-                self.rest = rest_logsumexp(x, torch.from_numpy(self.tokens), torch.from_numpy(self.logits[..., 0])).numpy()
+                top = torch.from_numpy(self.logits[..., 0])
+                self.rest = rest_logsumexp(x, torch.from_numpy(self.tokens), top).numpy()
             self.log_q = log_normalize_host(self.logits, self.rest)
         self.tokens_t = torch.from_numpy(self.tokens)
         self._by_depth: tuple[np.ndarray, np.ndarray | None] | None = None
@@ -311,9 +312,9 @@ def _expand_native(lib, block: DraftBlock, cands: HostCandidates, widths: list[i
     n_out = total if budget is None else min(budget, total)
     out = np.empty((4, b, n_out + 1), dtype=np.int64)  # tokens, parents, depths, ranks
     out_scores = np.empty((b, n_out + 1), dtype=np.float32)
+    root = np.ascontiguousarray(block.root.numpy(), dtype=np.int64)
     lib.select_tree(b, gamma, np.array(widths, dtype=np.int64), n_out, ints[0], ints[1], ints[2], scores,
-                    None if paths is None else paths[b * gamma:], np.ascontiguousarray(block.root.numpy(), dtype=np.int64),
-                    out[0], out[1], out[2], out[3], out_scores)
+                    None if paths is None else paths[b * gamma:], root, out[0], out[1], out[2], out[3], out_scores)
     t = torch.from_numpy(out)
     return DraftTree(tokens=t[0], parents=t[1], depths=t[2], scores=torch.from_numpy(out_scores), ranks=t[3],
                      num_nodes=torch.full((b,), n_out + 1, dtype=torch.int64))
