@@ -4,7 +4,8 @@
  * loops cost a few microseconds per call, dozens of calls per depth.  Each function below is one call
  * that reads numpy buffers and writes preallocated numpy outputs, with the same results bit for bit:
  *
- *   select        the K best tokens per row (logit descending, ties by token id), one vocabulary read
+ *   candidates    per row: the K best tokens (logit descending, ties by token id; one vocabulary read),
+ *                 the vocabulary normaliser rest_lse, and log q
  *   log_normalize log q = z - logaddexp(lse(z), rest), float64, one rounding to float32
  *   depth_step    one depth of the depth-wise builders: log q of every branch's candidates, child
  *                 scores (parent + log q) + beta, the best `width` (score descending, then position)
@@ -343,7 +344,10 @@ static float rest_row(const float *restrict x, Py_ssize_t vocab, float top, cons
 }
 
 /* candidates(logits f32 [rows, V], rows, V, K, vocab (0/1), tokens i64 [rows, K], values f32 [rows, K],
- *            rest f32 [rows] | None, log_q f32 [rows, K]) -> (status, row, finite) as select's.
+ *            rest f32 [rows] | None, log_q f32 [rows, K])
+ * -> (0, 0, 0) ok | (1, row, 0) NaN or +inf in a row (the first such row) | (2, row, finite) no NaN / +inf, and
+ * the first row with fewer than K logits above -inf has `finite` of them.
+ * tokens: the K best of each row by (logit descending, token id; -0.0 ties with +0.0); values: their logits.
  * select, then (with `vocab` and K < V) the row's rest_lse, then log q = z - logaddexp(lse(z), rest) (rest
  * -inf without it): dartree.fast.host_builders.HostCandidates in one call. */
 static PyObject *native_candidates(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -425,78 +429,6 @@ static PyObject *native_candidates(PyObject *self, PyObject *const *args, Py_ssi
     free(terms);
     free(scratch);
     release(b, 5);
-    return Py_BuildValue("(lll)", status, bad_row, finite);
-}
-
-/* select(logits f32 [rows, V], rows, V, K, tokens i64 [rows, K], values f32 [rows, K])
- * -> (0, 0, 0) ok | (1, row, 0) NaN or +inf in a row (the first such row) | (2, row, finite) no NaN / +inf, and
- * the first row with fewer than K logits above -inf has `finite` of them.
- * tokens: the K best of each row by (logit descending, token id; -0.0 ties with +0.0); values: their logits. */
-static PyObject *native_select(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "select: expected 6 arguments");
-        return NULL;
-    }
-    Py_ssize_t rows, vocab, topk;
-    if (get_ssize(args[1], &rows, "rows") < 0 || get_ssize(args[2], &vocab, "vocab") < 0 ||
-        get_ssize(args[3], &topk, "topk") < 0)
-        return NULL;
-    if (topk < 1 || topk > vocab) {
-        PyErr_SetString(PyExc_ValueError, "topk: must be in 1..vocab");
-        return NULL;
-    }
-    Buf b[3];
-    memset(b, 0, sizeof b);
-    if (acquire(args[0], &b[0], 4, rows * vocab, 0, 0, "logits") < 0 ||
-        acquire(args[4], &b[1], 8, rows * topk, 1, 0, "tokens") < 0 ||
-        acquire(args[5], &b[2], 4, rows * topk, 1, 0, "values") < 0) {
-        release(b, 3);
-        return NULL;
-    }
-    const float *logits = F32(b[0]);
-    int64_t *tokens = I64(b[1]);
-    float *values = F32(b[2]);
-    /* S tokens per group: about 8 K groups (a tight threshold, few tokens to collect), at most 64 tokens each */
-    Py_ssize_t S = 1;
-    while (S < 64 && (2 * S) * 8 * topk <= vocab) S *= 2;
-    Py_ssize_t n = LANES * (vocab / (LANES * S));
-    float *maxima = malloc(sizeof(float) * (size_t)(2 * n + 1));
-    uint64_t *keys = malloc(sizeof(uint64_t) * (size_t)(vocab + 1));
-    long status = 0, bad_row = 0, finite = 0;
-    if (!maxima || !keys) {
-        free(maxima);
-        free(keys);
-        release(b, 3);
-        return PyErr_NoMemory();
-    }
-    Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t r = 0; r < rows && status != 1; r++) {
-        const float *x = logits + r * vocab;
-        Py_ssize_t m = select_row(x, vocab, topk, S, maxima, maxima + n, keys);
-        if (m == -1) {
-            status = 1;
-            bad_row = (long)r;
-            break;
-        }
-        if (m < -1) {
-            if (!status) {
-                status = 2;
-                bad_row = (long)r;
-                finite = (long)(-2 - m);
-            }
-            continue;
-        }
-        int64_t *tok = tokens + r * topk;
-        float *val = values + r * topk;
-        for (Py_ssize_t i = 0; i < topk; i++) {
-            tok[i] = (int64_t)(uint32_t)keys[i];
-            val[i] = x[tok[i]];
-        }
-    }
-    Py_END_ALLOW_THREADS
-    free(maxima);
-    free(keys);
-    release(b, 3);
     return Py_BuildValue("(lll)", status, bad_row, finite);
 }
 
@@ -1068,7 +1000,6 @@ static PyObject *native_tree_struct(PyObject *self, PyObject *const *args, Py_ss
 
 /* ------------------------------------------------------------------------------------------ module */
 static PyMethodDef methods[] = {
-    {"select", (PyCFunction)(void (*)(void))native_select, METH_FASTCALL, "Top-K tokens per row (see the C source)."},
     {"candidates", (PyCFunction)(void (*)(void))native_candidates, METH_FASTCALL, "Top-K, rest_lse and log q per row."},
     {"log_normalize", (PyCFunction)(void (*)(void))native_log_normalize, METH_FASTCALL, "log q of K candidates."},
     {"depth_step", (PyCFunction)(void (*)(void))native_depth_step, METH_FASTCALL, "One depth of the depth-wise builders."},

@@ -56,15 +56,8 @@ def select(logits: Tensor, topk: int) -> tuple[np.ndarray, np.ndarray]:
     b, gamma, vocab = logits.shape
     rows = b * gamma
     lib = native.lib()
-    if lib is not None:  # the same two-stage selection, one C call
-        tokens = np.empty((b, gamma, topk), dtype=np.int64)
-        values = np.empty((b, gamma, topk), dtype=np.float32)
-        status, row, finite = lib.select(np.ascontiguousarray(logits.numpy()), rows, vocab, topk, tokens, values)
-        if status == 1:
-            check_logits(float("nan"))
-        if status == 2:
-            raise ValueError(too_few_finite(row // gamma, row % gamma + 1, finite, topk))
-        return tokens, values
+    if lib is not None:  # the same selection, compiled (with log q of the candidates, unused here)
+        return candidates_native(lib, logits, topk, False)[:2]
     x = logits.reshape(rows, vocab)
     xn = x.numpy()
     size = _group_size(vocab, topk)

@@ -224,7 +224,12 @@ def test_compiled_best_first_refuses_more_nodes_than_the_trie() -> None:
 def test_compiled_calls_check_their_buffers() -> None:
     lib = native.lib()
     x = np.zeros((2, 10), dtype=np.float32)
+
+    def call(logits, tokens):
+        return lib.candidates(logits, 2, 10, 3, 0, tokens, np.empty(6, dtype=np.float32), None,
+                              np.empty(6, dtype=np.float32))
+
     with pytest.raises(ValueError, match="tokens: expected 6 items"):
-        lib.select(x, 2, 10, 3, np.empty(5, dtype=np.int64), np.empty(6, dtype=np.float32))
+        call(x, np.empty(5, dtype=np.int64))
     with pytest.raises(ValueError, match="logits: expected"):
-        lib.select(x.astype(np.float64), 2, 10, 3, np.empty(6, dtype=np.int64), np.empty(6, dtype=np.float32))
+        call(x.astype(np.float64), np.empty(6, dtype=np.int64))
