@@ -54,6 +54,7 @@ class Compiled:
     shared: int        # bytes of shared memory the kernel needs (Triton's metadata)
     num_warps: int
     cubin_bytes: int
+    fma_f32: int = 0    # fused float32 multiply-adds in the PTX (0 where a kernel turns fp fusion off)
 
 
 def _kernel(name: str):
@@ -101,7 +102,8 @@ def compile_launch(launch: Launch, arch: int) -> Compiled:
         out = triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target, options=options.__dict__)
         seconds, cpu = time.perf_counter() - start, _cpu_seconds() - cpu
     return Compiled(kernel=launch.kernel, arch=arch, seconds=seconds, cpu_seconds=cpu, shared=int(out.metadata.shared),
-                    num_warps=int(out.metadata.num_warps), cubin_bytes=len(out.asm["cubin"]))
+                    num_warps=int(out.metadata.num_warps), cubin_bytes=len(out.asm["cubin"]),
+                    fma_f32=out.asm["ptx"].count("fma.rn.f32"))
 
 
 def distinct(launches: Iterable[Launch]) -> list[Launch]:

@@ -31,6 +31,7 @@ import triton.language as tl
 from torch import Tensor
 
 from dartree.fast.results import CandidateSet, DepthStep, GreedyWalk, TreeStructure, check_depth_step
+from dartree.scoring import rest_shift
 
 __all__ = ["LIMITS", "OPS", "Launch", "TensorArg", "supports", "record_launches", "topk_candidates", "depth_step",
            "top_b", "tree_structure", "greedy_walk"]
@@ -206,7 +207,7 @@ def _merge(best, key, LOG_N: tl.constexpr, LOG_K: tl.constexpr):
 # ----------------------------------------------------------------------------------- candidates
 @triton.jit(do_not_specialize=["V", "K"], do_not_specialize_on_alignment=["logits_ptr", "tokens_ptr", "values_ptr",
                                                                            "rest_ptr", "logq_ptr"])
-def _topk_candidates_kernel(logits_ptr, tokens_ptr, values_ptr, rest_ptr, logq_ptr, V, K,
+def _topk_candidates_kernel(logits_ptr, tokens_ptr, values_ptr, rest_ptr, logq_ptr, V, K, scale, inv_scale,
                             VOCAB_NORM: tl.constexpr, BLOCK_V: tl.constexpr, KP: tl.constexpr,
                             LOG_V: tl.constexpr, LOG_K: tl.constexpr):
     pos = tl.program_id(0).to(tl.int64)  # one (row, depth) position
@@ -227,22 +228,28 @@ def _topk_candidates_kernel(logits_ptr, tokens_ptr, values_ptr, rest_ptr, logq_p
     tl.store(values_ptr + out, z, mask=keep)
 
     rest = tl.full([], -float("inf"), tl.float32)
-    if VOCAB_NORM:  # online log-sum-exp of the tokens outside the candidates (key below the K-th)
-        mx = tl.full([BLOCK_V], -float("inf"), tl.float32)
-        acc = tl.zeros([BLOCK_V], tl.float32)
+    if VOCAB_NORM:  # dartree.scoring.rest_logsumexp, op by op: the same bits as the reference
+        top = tl.max(tl.where(k == 0, z, -float("inf")), axis=0)  # the best candidate's logit
+        acc = tl.zeros([BLOCK_V], tl.int64)
         for start in range(0, V, BLOCK_V):
             idx = start + offs
             x = tl.load(base + idx, mask=idx < V, other=0.0).to(tl.float32)
-            out_c = (idx < V) & (_pack(x, idx) < kth)
-            xv = tl.where(out_c, x, -float("inf"))
-            new = tl.maximum(mx, xv)
-            safe = tl.where(new == -float("inf"), 0.0, new)
-            acc = acc * tl.exp(mx - safe) + tl.where(out_c, tl.exp(xv - safe), 0.0)
-            mx = new
-        m = tl.max(mx, axis=0)
-        safe_m = tl.where(m == -float("inf"), 0.0, m)
-        total = tl.sum(acc * tl.exp(mx - safe_m), axis=0)
-        rest = tl.where(total > 0.0, safe_m + tl.log(total), -float("inf"))
+            out_c = (idx < V) & (_pack(x, idx) < kth)  # the tokens outside the candidates
+            y = tl.maximum((x - top) * 1.4426950408889634, -127.0)  # exp2_f32_: clamp, floor, polynomial
+            n = tl.floor(y)
+            f = y - n
+            p = f * 0.00021865784947294742 + 0.0012391331838443875  # never fused: enable_fp_fusion=False
+            p = p * f + 0.009684186428785324
+            p = p * f + 0.055480629205703735
+            p = p * f + 0.24023045599460602
+            p = p * f + 0.6931469440460205
+            p = p * f + 1.0
+            term = tl.where(out_c, p * ((n.to(tl.int32) + 127) << 23).to(tl.float32, bitcast=True), 0.0)
+            fixed = (term.to(tl.float64) * scale + 6755399441055744.0) - 6755399441055744.0  # round to integer
+            acc += fixed.to(tl.int64)
+        total = tl.sum(acc, axis=0)  # exact
+        safe = tl.maximum(total, 1).to(tl.float64)  # log(0) is never taken (and never warns)
+        rest = tl.where(total > 0, (top.to(tl.float64) + tl.log(safe * inv_scale)).to(tl.float32), -float("inf"))
     tl.store(rest_ptr + pos, rest)
 
     zm = tl.max(tl.where(keep, z, -float("inf")), axis=0)
@@ -267,9 +274,11 @@ def topk_candidates(logits: Tensor, topk: int, vocab_normalize: bool, block_v: i
     values = torch.empty(b, gamma, topk, dtype=torch.float32, device=dev)
     rest = torch.empty(b, gamma, dtype=torch.float32, device=dev)
     log_q = torch.empty(b, gamma, topk, dtype=torch.float32, device=dev)
-    _launch(_topk_candidates_kernel, (b * gamma,), (x, tokens, values, rest, log_q, vocab, topk), _warps(2 * block),
+    shift = rest_shift(vocab)  # the fixed-point sum of the normaliser: powers of two, exact as float32 arguments
+    _launch(_topk_candidates_kernel, (b * gamma,), (x, tokens, values, rest, log_q, vocab, topk, 2.0**shift,
+                                                     2.0**-shift), _warps(2 * block),
             VOCAB_NORM=bool(vocab_normalize and topk < vocab), BLOCK_V=block, KP=kp, LOG_V=_log2(block),
-            LOG_K=_log2(kp))
+            LOG_K=_log2(kp), enable_fp_fusion=False)
     return CandidateSet(tokens=tokens, logits=values, rest_lse=rest, log_q=log_q)
 
 

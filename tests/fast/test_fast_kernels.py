@@ -75,6 +75,28 @@ def test_topk_candidates_kernel_equals_twin(shape, topk, block_v, ties, vocab_no
                      "vocab" if vocab_normalize else "candidates")
     assert torch.equal(twin.tokens, ref.tokens) and torch.equal(twin.logits, ref.logits)
     assert torch.equal(twin.rest_lse, ref.rest_lse)
+    assert torch.equal(kernel.rest_lse.cpu(), ref.rest_lse.cpu())  # the normaliser's exact definition, op by op
+
+
+@pytest.mark.parametrize("case", ["far", "masked", "two-tiles"])
+def test_topk_candidates_kernel_normaliser_is_exact(case: str) -> None:
+    """rest_lse of the kernel == the reference's bit for bit: terms below 2**-126, -inf logits, and a
+    vocabulary streamed in several tiles (the fixed-point sum does not depend on the order)."""
+    logits = random_logits(5, (1, 2, 300), False) * 4
+    if case == "far":  # the 4 candidates 300 above every other token: every rest term underflows
+        logits[..., :4] += 300.0
+    if case == "masked":
+        logits[..., ::3] = float("-inf")
+    logits = logits.to(DEVICE)
+    from dartree.fast import triton_kernels
+
+    with ops.force_backend("triton"):
+        kernel = triton_kernels.topk_candidates(logits, 4, True, block_v=64 if case == "two-tiles" else None)
+    ref = candidates(DraftBlock(logits=logits, root=torch.zeros(1, dtype=torch.int64, device=DEVICE)), 4, "vocab")
+    assert torch.equal(kernel.tokens.cpu(), ref.tokens.cpu())
+    assert torch.equal(kernel.rest_lse.cpu(), ref.rest_lse.cpu())
+    if case == "far":
+        assert bool((kernel.rest_lse == float("-inf")).all())
 
 
 def test_topk_candidates_twin_equals_scoring_on_larger_vocab() -> None:

@@ -47,6 +47,10 @@ def check(pairs) -> None:
     for launch, compiled in pairs:
         assert compiled.cubin_bytes > 0, (launch, compiled)
         assert compiled.shared <= SHARED_NO_OPT_IN, (launch, compiled)
+        if dict(launch.constexprs).get("enable_fp_fusion") is False:  # the exact normaliser: no a*b+c fused
+            assert compiled.fma_f32 == 0, (launch, compiled)
+    normaliser = [c for launch, c in pairs if dict(launch.constexprs).get("VOCAB_NORM")]
+    assert normaliser and all(c.fma_f32 == 0 for c in normaliser)
 
 
 def test_every_kernel_is_launched_by_the_triton_path(test_shape_launches) -> None:
@@ -73,7 +77,7 @@ def test_largest_launches_are_derived_from_the_wrappers() -> None:
     for launch in largest_launches():
         by_kernel.setdefault(launch.kernel, []).append(dict(launch.constexprs) | {"warps": launch.num_warps})
     assert {"VOCAB_NORM": True, "BLOCK_V": 1024, "KP": LIMITS["topk"], "LOG_V": 10, "LOG_K": 9,
-            "warps": 16} in by_kernel["_topk_candidates_kernel"]
+            "enable_fp_fusion": False, "warps": 16} in by_kernel["_topk_candidates_kernel"]
     assert max(c["WP"] for c in by_kernel["_depth_step_kernel"]) == LIMITS["width"]
     assert max(c["BP"] for c in by_kernel["_top_b_kernel"]) == LIMITS["budget"]
     assert max(c["NP"] for c in by_kernel["_tree_structure_kernel"]) == LIMITS["nodes"]
