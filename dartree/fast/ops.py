@@ -14,15 +14,13 @@ kernel is defined.
 
 Exactness: integer outputs (tokens, ranks, parents, indices, masks) are equal on every path.  Scores
 are float32 and the selection keys are built from them, so ``depth_step`` computes
-``(parent + log_q) + beta`` with the same two IEEE additions everywhere; ``rest_lse`` is
-:func:`dartree.scoring.rest_logsumexp` on the host and twin paths (bit-identical to the reference)
-and a reduction in another order in the kernel (allclose).  The builders therefore take only the
-exact outputs of ``topk_candidates`` (tokens, gathered logits) plus ``rest_lse``, and compute every
-log q with :func:`dartree.scoring.log_normalize`, the reference's formula: on the host and torch
-paths trees are bit-identical to the reference; on the Triton path they are too with
-``normalize="candidates"`` (``rest_lse = -inf`` exactly), and with ``normalize="vocab"`` only the
-kernel's ``rest_lse`` may differ from the reference in the last bits (a tree can then differ only
-where two scores are within that rounding of each other).
+``(parent + log_q) + beta`` with the same two IEEE additions everywhere; ``rest_lse`` follows the
+exact definition of :func:`dartree.scoring.rest_logsumexp` on every path (torch ops on the twin path,
+C on the host, the same operations in the kernel, compiled without fused multiply-adds).  The
+builders take only the exact outputs of ``topk_candidates`` (tokens, gathered logits) plus
+``rest_lse``, and compute every log q with :func:`dartree.scoring.log_normalize`, the reference's
+formula, so trees are bit-identical to the reference on every path, up to the last float64 bit of
+two ``log`` implementations, which the rounding to float32 absorbs (see docs/kernels.md).
 """
 
 from __future__ import annotations
