@@ -5,13 +5,21 @@ still succeeds and ``dartree.native`` falls back to the numpy implementations (s
 ``dartree.native.available()`` says which one runs, and ``dartree bench`` records it).
 """
 
+import hashlib
+from pathlib import Path
+
 from setuptools import Extension, setup
+
+SOURCE = "dartree/_native.c"
+# The module carries the hash of the source it was built from: dartree.native refuses a stale build.
+DIGEST = hashlib.sha256(Path(__file__).resolve().parent.joinpath(SOURCE).read_bytes()).hexdigest()[:16]
 
 setup(
     ext_modules=[
         Extension(
             "dartree._native",
-            sources=["dartree/_native.c"],
+            sources=[SOURCE],
+            define_macros=[("DARTREE_NATIVE_SOURCE", f'"{DIGEST}"')],
             # IEEE float32/float64 as numpy computes it: no fused multiply-add, no fast-math.
             extra_compile_args=["-O3", "-ffp-contract=off", "-fno-fast-math"],
             optional=True,

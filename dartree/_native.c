@@ -1012,4 +1012,15 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native", "Compiled host loops of dartree's fast backend.",
                                     -1, methods};
 
-PyMODINIT_FUNC PyInit__native(void) { return PyModule_Create(&module); }
+#ifndef DARTREE_NATIVE_SOURCE
+#define DARTREE_NATIVE_SOURCE "unknown"
+#endif
+
+PyMODINIT_FUNC PyInit__native(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m && PyModule_AddStringConstant(m, "SOURCE", DARTREE_NATIVE_SOURCE) < 0) { /* setup.py: the source's hash */
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -6,7 +6,9 @@ each is a dozen calls of a few microseconds; ``dartree._native`` runs each as on
 results bit for bit (the C source says how).  It is built by ``pip install`` (``setup.py``) when a C
 compiler is present; without one, or with ``DARTREE_NATIVE=0`` in the environment, every caller runs
 its numpy version instead.  :func:`available` says whether the module was built, :func:`enabled`
-whether it runs now; ``dartree bench`` records the latter with every result.
+whether it runs now; ``dartree bench`` records the latter with every result.  A module built from
+another version of ``dartree/_native.c`` than the one in the source tree (:func:`stale`) is not used,
+with a warning: its loops may not be the ones the Python side expects.
 
 This module imports nothing from dartree: the ground-floor modules (:mod:`dartree.structure`,
 :mod:`dartree.scoring`) use it.
@@ -15,8 +17,11 @@ This module imports nothing from dartree: the ground-floor modules (:mod:`dartre
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
+import warnings
 from collections.abc import Iterator
+from pathlib import Path
 from types import ModuleType
 
 try:
@@ -24,7 +29,24 @@ try:
 except ImportError:  # not built (no compiler at install time): the numpy versions run
     _module = None
 
-__all__ = ["available", "enabled", "disabled", "lib"]
+__all__ = ["available", "enabled", "disabled", "lib", "stale"]
+
+_SOURCE = Path(__file__).resolve().parent / "_native.c"
+
+
+def stale(module=_module) -> bool:
+    """Whether ``module`` was built from another version of ``dartree/_native.c`` than the one beside
+    this file (a source tree edited or pulled without ``pip install -e .``).  An installed wheel ships
+    no C source: nothing to compare, not stale."""
+    if module is None or not _SOURCE.is_file():
+        return False
+    return getattr(module, "SOURCE", None) != hashlib.sha256(_SOURCE.read_bytes()).hexdigest()[:16]
+
+
+if stale():  # its loops may no longer be the ones the Python side expects: never run them
+    warnings.warn("dartree._native was built from an older dartree/_native.c: the numpy host loops run "
+                  "instead (rebuild with `pip install -e .` or `make setup`)", RuntimeWarning, stacklevel=2)
+    _module = None
 
 _lib: ModuleType | None = _module if os.environ.get("DARTREE_NATIVE", "1") != "0" else None
 

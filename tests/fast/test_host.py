@@ -127,6 +127,18 @@ def test_the_compiled_module_is_built() -> None:
     assert native.enabled()
 
 
+def test_a_stale_build_is_refused() -> None:
+    """The module carries the hash of the C source it was built from; one built from another version of
+    dartree/_native.c would run loops the Python side no longer expects, so dartree.native drops it."""
+    assert not native.stale()  # built from the source beside it (CI builds it fresh)
+
+    class OldBuild:
+        SOURCE = "0" * 16
+
+    assert native.stale(OldBuild())
+    assert native.stale(object())  # a build without the hash
+
+
 def _candidates_pair(x: torch.Tensor, topk: int):
     lib = native.lib()
     tokens, values, log_q, rest = host.candidates_native(lib, x, topk, True)
