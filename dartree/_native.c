@@ -37,13 +37,25 @@ static void release(Buf *b, int n) {
         if (b[i].held) PyBuffer_Release(&b[i].view);
 }
 
-/* Acquire `obj` as a C-contiguous buffer of `count` items of `itemsize` bytes (None allowed iff `optional`). */
+/* a * b, or -1 if either is negative or the product overflows (acquire then refuses the call). */
+static inline Py_ssize_t mul(Py_ssize_t a, Py_ssize_t b) {
+    Py_ssize_t r;
+    if (a < 0 || b < 0 || __builtin_mul_overflow(a, b, &r)) return -1;
+    return r;
+}
+
+/* Acquire `obj` as a C-contiguous buffer of `count` items of `itemsize` bytes (None allowed iff `optional`).
+ * On failure the caller still releases `b` (held may be set). */
 static int acquire(PyObject *obj, Buf *b, Py_ssize_t itemsize, Py_ssize_t count, int writable, int optional,
                    const char *name) {
     b->held = 0;
     if (obj == Py_None) {
         if (optional) return 0;
         PyErr_Format(PyExc_TypeError, "%s: a buffer is required", name);
+        return -1;
+    }
+    if (count < 0 || count > PY_SSIZE_T_MAX / itemsize) {
+        PyErr_Format(PyExc_ValueError, "%s: the sizes overflow", name);
         return -1;
     }
     int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
@@ -366,11 +378,11 @@ static PyObject *native_candidates(PyObject *self, PyObject *const *args, Py_ssi
     with_rest = with_rest && topk < vocab;
     Buf b[5];
     memset(b, 0, sizeof b);
-    if (acquire(args[0], &b[0], 4, rows * vocab, 0, 0, "logits") < 0 ||
-        acquire(args[5], &b[1], 8, rows * topk, 1, 0, "tokens") < 0 ||
-        acquire(args[6], &b[2], 4, rows * topk, 1, 0, "values") < 0 ||
+    if (acquire(args[0], &b[0], 4, mul(rows, vocab), 0, 0, "logits") < 0 ||
+        acquire(args[5], &b[1], 8, mul(rows, topk), 1, 0, "tokens") < 0 ||
+        acquire(args[6], &b[2], 4, mul(rows, topk), 1, 0, "values") < 0 ||
         acquire(args[7], &b[3], 4, rows, 1, !with_rest, "rest") < 0 ||
-        acquire(args[8], &b[4], 4, rows * topk, 1, 0, "log_q") < 0) {
+        acquire(args[8], &b[4], 4, mul(rows, topk), 1, 0, "log_q") < 0) {
         release(b, 5);
         return NULL;
     }
@@ -494,8 +506,8 @@ static PyObject *native_log_normalize(PyObject *self, PyObject *const *args, Py_
     if (get_ssize(args[1], &rows, "rows") < 0 || get_ssize(args[2], &k, "topk") < 0) return NULL;
     Buf b[3];
     memset(b, 0, sizeof b);
-    if (acquire(args[0], &b[0], 4, rows * k, 0, 0, "cand_logits") < 0 ||
-        acquire(args[3], &b[1], 8, rows, 0, 1, "rest_lse") < 0 || acquire(args[4], &b[2], 4, rows * k, 1, 0, "out") < 0) {
+    if (acquire(args[0], &b[0], 4, mul(rows, k), 0, 0, "cand_logits") < 0 ||
+        acquire(args[3], &b[1], 8, rows, 0, 1, "rest_lse") < 0 || acquire(args[4], &b[2], 4, mul(rows, k), 1, 0, "out") < 0) {
         release(b, 3);
         return NULL;
     }
@@ -539,24 +551,24 @@ static PyObject *native_depth_step(PyObject *self, PyObject *const *args, Py_ssi
     double beta_d = PyFloat_AsDouble(args[6]);
     if (beta_d == -1.0 && PyErr_Occurred()) return NULL;
     float beta = (float)beta_d;
-    Py_ssize_t total = m * k;
-    if (width < 1 || width > total || depth < 1 || depth > gamma) {
+    Py_ssize_t total = mul(m, k);
+    if (total < 0 || width < 1 || width > total || depth < 1 || depth > gamma) {
         PyErr_SetString(PyExc_ValueError, "depth_step: need 1 <= width <= m * K and 1 <= depth <= gamma");
         return NULL;
     }
     Buf a[12];
     memset(a, 0, sizeof a);
-    if (acquire(args[0], &a[0], 4, b * total, 0, 0, "logits") < 0 || acquire(args[4], &a[1], 8, b, 0, 1, "rest") < 0 ||
-        acquire(args[5], &a[2], 4, b * m, 0, 0, "parent_scores") < 0 ||
-        acquire(args[8], &a[3], 8, b * k, 0, 0, "cand_tokens") < 0 ||
-        acquire(args[9], &a[4], 4, b * total, 1, 0, "log_q") < 0 ||
-        acquire(args[10], &a[5], 8, b * width, 1, 0, "parents") < 0 ||
-        acquire(args[11], &a[6], 8, b * width, 1, 0, "ranks") < 0 ||
-        acquire(args[12], &a[7], 8, b * width, 1, 0, "tokens") < 0 ||
-        acquire(args[13], &a[8], 4, b * width, 1, 0, "scores") < 0 ||
-        acquire(args[14], &a[9], 8, b * m * gamma, 0, 1, "anc_in") < 0 ||
-        acquire(args[15], &a[10], 8, b * width * gamma, 1, 1, "anc_out") < 0 ||
-        acquire(args[18], &a[11], 8, b * width, 1, 1, "gather") < 0) {
+    if (acquire(args[0], &a[0], 4, mul(b, total), 0, 0, "logits") < 0 || acquire(args[4], &a[1], 8, b, 0, 1, "rest") < 0 ||
+        acquire(args[5], &a[2], 4, mul(b, m), 0, 0, "parent_scores") < 0 ||
+        acquire(args[8], &a[3], 8, mul(b, k), 0, 0, "cand_tokens") < 0 ||
+        acquire(args[9], &a[4], 4, mul(b, total), 1, 0, "log_q") < 0 ||
+        acquire(args[10], &a[5], 8, mul(b, width), 1, 0, "parents") < 0 ||
+        acquire(args[11], &a[6], 8, mul(b, width), 1, 0, "ranks") < 0 ||
+        acquire(args[12], &a[7], 8, mul(b, width), 1, 0, "tokens") < 0 ||
+        acquire(args[13], &a[8], 4, mul(b, width), 1, 0, "scores") < 0 ||
+        acquire(args[14], &a[9], 8, mul(mul(b, m), gamma), 0, 1, "anc_in") < 0 ||
+        acquire(args[15], &a[10], 8, mul(mul(b, width), gamma), 1, 1, "anc_out") < 0 ||
+        acquire(args[18], &a[11], 8, mul(b, width), 1, 1, "gather") < 0) {
         release(a, 12);
         return NULL;
     }
@@ -665,9 +677,13 @@ static PyObject *native_select_tree(PyObject *self, PyObject *const *args, Py_ss
     Py_ssize_t b, gamma, n_out;
     if (get_ssize(args[0], &b, "b") < 0 || get_ssize(args[1], &gamma, "gamma") < 0 || get_ssize(args[3], &n_out, "n_out") < 0)
         return NULL;
+    if (gamma < 1) {
+        PyErr_SetString(PyExc_ValueError, "select_tree: gamma >= 1");
+        return NULL;
+    }
     Buf w;
-    if (gamma < 1 || acquire(args[2], &w, 8, gamma, 0, 0, "widths") < 0) {
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "select_tree: gamma >= 1");
+    if (acquire(args[2], &w, 8, gamma, 0, 0, "widths") < 0) {
+        release(&w, 1);
         return NULL;
     }
     Py_ssize_t *offset = malloc(sizeof(Py_ssize_t) * (size_t)(gamma + 1));
@@ -676,8 +692,18 @@ static PyObject *native_select_tree(PyObject *self, PyObject *const *args, Py_ss
         return PyErr_NoMemory();
     }
     offset[0] = 0;
-    for (Py_ssize_t d = 0; d < gamma; d++) offset[d + 1] = offset[d] + I64(w)[d];
+    int bad_width = 0;
+    for (Py_ssize_t d = 0; d < gamma; d++) {
+        int64_t wd = I64(w)[d];
+        bad_width |= wd < 1 || __builtin_add_overflow(offset[d], (Py_ssize_t)wd, &offset[d + 1]);
+        if (bad_width) break;
+    }
     release(&w, 1);
+    if (bad_width) {
+        free(offset);
+        PyErr_SetString(PyExc_ValueError, "select_tree: every width must be >= 1 (and their sum representable)");
+        return NULL;
+    }
     Py_ssize_t total = offset[gamma];
     if (n_out > total) {
         free(offset);
@@ -686,14 +712,14 @@ static PyObject *native_select_tree(PyObject *self, PyObject *const *args, Py_ss
     }
     Buf a[11];
     memset(a, 0, sizeof a);
-    if (acquire(args[4], &a[0], 8, b * total, 0, 0, "parents") < 0 || acquire(args[5], &a[1], 8, b * total, 0, 0, "ranks") < 0 ||
-        acquire(args[6], &a[2], 8, b * total, 0, 0, "tokens") < 0 || acquire(args[7], &a[3], 4, b * total, 0, 0, "scores") < 0 ||
-        acquire(args[8], &a[4], 8, b * total * gamma, 0, 1, "paths") < 0 || acquire(args[9], &a[5], 8, b, 0, 0, "root") < 0 ||
-        acquire(args[10], &a[6], 8, b * (n_out + 1), 1, 0, "out_tokens") < 0 ||
-        acquire(args[11], &a[7], 8, b * (n_out + 1), 1, 0, "out_parents") < 0 ||
-        acquire(args[12], &a[8], 8, b * (n_out + 1), 1, 0, "out_depths") < 0 ||
-        acquire(args[13], &a[9], 8, b * (n_out + 1), 1, 0, "out_ranks") < 0 ||
-        acquire(args[14], &a[10], 4, b * (n_out + 1), 1, 0, "out_scores") < 0) {
+    if (acquire(args[4], &a[0], 8, mul(b, total), 0, 0, "parents") < 0 || acquire(args[5], &a[1], 8, mul(b, total), 0, 0, "ranks") < 0 ||
+        acquire(args[6], &a[2], 8, mul(b, total), 0, 0, "tokens") < 0 || acquire(args[7], &a[3], 4, mul(b, total), 0, 0, "scores") < 0 ||
+        acquire(args[8], &a[4], 8, mul(mul(b, total), gamma), 0, 1, "paths") < 0 || acquire(args[9], &a[5], 8, b, 0, 0, "root") < 0 ||
+        acquire(args[10], &a[6], 8, mul(b, (n_out + 1)), 1, 0, "out_tokens") < 0 ||
+        acquire(args[11], &a[7], 8, mul(b, (n_out + 1)), 1, 0, "out_parents") < 0 ||
+        acquire(args[12], &a[8], 8, mul(b, (n_out + 1)), 1, 0, "out_depths") < 0 ||
+        acquire(args[13], &a[9], 8, mul(b, (n_out + 1)), 1, 0, "out_ranks") < 0 ||
+        acquire(args[14], &a[10], 4, mul(b, (n_out + 1)), 1, 0, "out_scores") < 0) {
         free(offset);
         release(a, 11);
         return NULL;
@@ -743,8 +769,12 @@ static PyObject *native_select_tree(PyObject *self, PyObject *const *args, Py_ss
             Py_ssize_t j = idx[i], f = src[j], d = depth_of[j];
             Py_ssize_t parent = 0;
             if (d > 0) { /* the parent's node index: depth d - 1, column par_in[f] */
-                Py_ssize_t pj = offset[d - 1] + par_in[f];
-                parent = slot[pj];
+                int64_t pc = par_in[f];
+                if (pc < 0 || pc >= offset[d] - offset[d - 1]) {
+                    broken = 1;
+                    break;
+                }
+                parent = slot[offset[d - 1] + pc];
                 if (!parent) broken = 1;
             }
             I64(a[6])[o + i + 1] = tok_in[f];
@@ -757,7 +787,8 @@ static PyObject *native_select_tree(PyObject *self, PyObject *const *args, Py_ss
     free(offset); free(src); free(depth_of); free(idx); free(tmp); free(slot); free(score); free(path);
     release(a, 11);
     if (broken) {
-        PyErr_SetString(PyExc_ValueError, "select_tree: a selected node's parent is not selected (not prefix-closed)");
+        PyErr_SetString(PyExc_ValueError, "select_tree: a selected node's parent is outside the previous depth or not "
+                                          "selected (not prefix-closed)");
         return NULL;
     }
     Py_RETURN_NONE;
@@ -844,17 +875,31 @@ static PyObject *native_best_first(PyObject *self, PyObject *const *args, Py_ssi
     }
     Buf a[9];
     memset(a, 0, sizeof a);
-    if (acquire(args[0], &a[0], 4, b * gamma * k, 0, 0, "log_q") < 0 ||
-        acquire(args[4], &a[1], 8, b * gamma * k, 0, 1, "order") < 0 ||
-        acquire(args[6], &a[2], 8, b * gamma * k, 0, 0, "cand_tokens") < 0 || acquire(args[7], &a[3], 8, b, 0, 0, "root") < 0 ||
-        acquire(args[8], &a[4], 8, b * n, 1, 0, "tokens") < 0 || acquire(args[9], &a[5], 8, b * n, 1, 0, "parents") < 0 ||
-        acquire(args[10], &a[6], 8, b * n, 1, 0, "depths") < 0 || acquire(args[11], &a[7], 8, b * n, 1, 0, "ranks") < 0 ||
-        acquire(args[12], &a[8], 4, b * n, 1, 0, "scores") < 0) {
+    if (acquire(args[0], &a[0], 4, mul(mul(b, gamma), k), 0, 0, "log_q") < 0 ||
+        acquire(args[4], &a[1], 8, mul(mul(b, gamma), k), 0, 1, "order") < 0 ||
+        acquire(args[6], &a[2], 8, mul(mul(b, gamma), k), 0, 0, "cand_tokens") < 0 || acquire(args[7], &a[3], 8, b, 0, 0, "root") < 0 ||
+        acquire(args[8], &a[4], 8, mul(b, n), 1, 0, "tokens") < 0 || acquire(args[9], &a[5], 8, mul(b, n), 1, 0, "parents") < 0 ||
+        acquire(args[10], &a[6], 8, mul(b, n), 1, 0, "depths") < 0 || acquire(args[11], &a[7], 8, mul(b, n), 1, 0, "ranks") < 0 ||
+        acquire(args[12], &a[8], 4, mul(b, n), 1, 0, "scores") < 0) {
         release(a, 9);
         return NULL;
     }
     const float *lq_all = F32(a[0]);
     const int64_t *rk_all = I64_OR_NULL(a[1]), *cand_all = I64(a[2]), *root = I64(a[3]);
+    if (rk_all) { /* ranks index the candidates: each must be in 0..K-1 */
+        int out_of_range = 0;
+        for (Py_ssize_t i = 0; i < b * gamma * k; i++) out_of_range |= rk_all[i] < 0 || rk_all[i] >= k;
+        if (out_of_range) {
+            release(a, 9);
+            PyErr_SetString(PyExc_ValueError, "best_first: order holds a rank outside 0..K-1");
+            return NULL;
+        }
+    }
+    if (mul(n, gamma) < 0) {
+        release(a, 9);
+        PyErr_SetString(PyExc_ValueError, "best_first: the sizes overflow");
+        return NULL;
+    }
     Entry *heap = malloc(sizeof(Entry) * (size_t)(n + 1));
     int32_t *path_rank = malloc(sizeof(int32_t) * (size_t)(n * gamma));
     if (!heap || !path_rank) {
@@ -876,7 +921,7 @@ static PyObject *native_best_first(PyObject *self, PyObject *const *args, Py_ssi
         rnk[0] = -1;
         sc[0] = 0.0f;
         Py_ssize_t size = 1;
-        heap[0] = (Entry){lq[0], 0, 1, 0};
+        heap[0] = (Entry){0.0f + lq[0], 0, 1, 0}; /* root score + log q: -0.0 + 0.0 is +0.0, as in the reference */
         for (Py_ssize_t node = 1; node < n; node++) {
             if (!size) { /* n beyond the trie */
                 empty = 1;
@@ -932,10 +977,10 @@ static PyObject *native_tree_struct(PyObject *self, PyObject *const *args, Py_ss
     if (get_ssize(args[2], &b, "b") < 0 || get_ssize(args[3], &n, "n") < 0) return NULL;
     Buf a[6];
     memset(a, 0, sizeof a);
-    if (acquire(args[0], &a[0], 8, b * n, 0, 0, "parents") < 0 || acquire(args[1], &a[1], 8, b, 0, 0, "num_nodes") < 0 ||
-        acquire(args[4], &a[2], 1, b * n * n, 1, 0, "mask") < 0 || acquire(args[5], &a[3], 8, b * n, 1, 1, "depths") < 0 ||
-        acquire(args[6], &a[4], 8, b * n, 1, 1, "first_child") < 0 ||
-        acquire(args[7], &a[5], 8, b * n, 1, 1, "next_sibling") < 0) {
+    if (acquire(args[0], &a[0], 8, mul(b, n), 0, 0, "parents") < 0 || acquire(args[1], &a[1], 8, b, 0, 0, "num_nodes") < 0 ||
+        acquire(args[4], &a[2], 1, mul(mul(b, n), n), 1, 0, "mask") < 0 || acquire(args[5], &a[3], 8, mul(b, n), 1, 1, "depths") < 0 ||
+        acquire(args[6], &a[4], 8, mul(b, n), 1, 1, "first_child") < 0 ||
+        acquire(args[7], &a[5], 8, mul(b, n), 1, 1, "next_sibling") < 0) {
         release(a, 6);
         return NULL;
     }

@@ -101,7 +101,7 @@ def _pops_ranked(lq: list, topk: int, gamma: int, n: int, pars: list, deps: list
                  sc: list) -> None:
     """Best-first over rank-sorted rows ``lq[depth - 1][rank]``; appends the popped nodes' columns."""
     place = [(topk + 1) ** (gamma - d) for d in range(gamma + 1)]
-    f32 = array("f", [lq[0][0]])
+    f32 = array("f", [0.0 + lq[0][0]])  # root score + log q (-0.0 becomes +0.0)
     replace, push = heapq.heapreplace, heapq.heappush
     heap = [(-f32[0], place[1], 0, 1, 0)]
     base = len(sc) - 1  # the row's root
@@ -127,7 +127,7 @@ def _pops_sorted(lq: list, rk: list, topk: int, gamma: int, n: int, pars: list, 
     """As :func:`_pops_ranked` over rows sorted by (log q descending, rank); ``rk[depth - 1][pos]`` is the
     rank at a sorted position (the code holds ranks)."""
     place = [(topk + 1) ** (gamma - d) for d in range(gamma + 1)]
-    f32 = array("f", [lq[0][0]])
+    f32 = array("f", [0.0 + lq[0][0]])  # root score + log q (-0.0 becomes +0.0)
     replace, push = heapq.heapreplace, heapq.heappush
     heap = [(-f32[0], (rk[0][0] + 1) * place[1], 0, 1, 0)]
     base = len(sc) - 1

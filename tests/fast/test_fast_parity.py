@@ -23,6 +23,18 @@ def assert_same_tree(ref: DraftTree, fast: DraftTree) -> None:
     for name in FIELDS:
         a, b = getattr(ref, name), getattr(fast, name)
         assert a.dtype == b.dtype and torch.equal(a, b), name
+        if a.dtype == torch.float32:  # the same bits: torch.equal takes -0.0 for +0.0
+            assert torch.equal(a.view(torch.int32), b.view(torch.int32)), name
+
+
+def test_a_zero_log_q_at_depth_one_scores_plus_zero() -> None:
+    """The best-first heaps score the first node as root + log q, as the reference does: a log q of
+    -0.0 (a candidate with all the mass) gives +0.0, not -0.0."""
+    block = DraftBlock(logits=torch.tensor([[[-0.0, -1.0, -2.0], [0.5, 0.0, -1.0]]]), root=torch.tensor([0]))
+    for name in ("ddtree", "corrected-chain-ddtree"):
+        for kernels in ("host", "host-numpy", "torch"):
+            cfg = {"topk": 1, "budget": 2, "normalize": "candidates"}
+            assert_same_tree(*build_both(name, block, cfg, "identity", kernels))
 
 
 def build_both(name: str, block: DraftBlock, cfg: dict, head_name: str,

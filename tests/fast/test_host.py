@@ -245,3 +245,31 @@ def test_compiled_calls_check_their_buffers() -> None:
         call(x, np.empty(5, dtype=np.int64))
     with pytest.raises(ValueError, match="logits: expected"):
         call(x.astype(np.float64), np.empty(6, dtype=np.int64))
+
+
+def test_compiled_calls_refuse_sizes_and_indices_they_cannot_trust() -> None:
+    """Direct calls with made-up sizes or indices are errors, never out-of-bounds memory."""
+    lib = native.lib()
+    x = np.zeros((1, 8), dtype=np.float32)
+    i64, f32 = (lambda n: np.empty(n, dtype=np.int64)), (lambda n: np.empty(n, dtype=np.float32))
+    with pytest.raises(ValueError, match="the sizes overflow"):
+        lib.candidates(x, 1 << 62, 4, 4, 0, i64(4), f32(4), None, f32(4))
+    widths = np.array([1, -1], dtype=np.int64)
+    with pytest.raises(ValueError, match="every width must be >= 1"):
+        lib.select_tree(1, 2, widths, 0, i64(1), i64(1), i64(1), f32(1), None, i64(1), i64(1), i64(1), i64(1),
+                        i64(1), f32(1))
+    parents = np.array([0, 7], dtype=np.int64)  # depth 2's parent column 7 of a depth of width 1
+    with pytest.raises(ValueError, match="outside the previous depth"):
+        lib.select_tree(1, 2, np.array([1, 1], dtype=np.int64), 2, parents, i64(2), i64(2), np.zeros(2, np.float32),
+                        None, np.zeros(1, np.int64), i64(3), i64(3), i64(3), i64(3), f32(3))
+    lq = np.zeros((1, 2, 2), dtype=np.float32)
+    order = np.array([[[0, 5], [1, 0]]], dtype=np.int64)
+    with pytest.raises(ValueError, match="rank outside"):
+        lib.best_first(lq, 1, 2, 2, order, 3, np.zeros((1, 2, 2), np.int64), np.zeros(1, np.int64), i64(3), i64(3),
+                       i64(3), i64(3), f32(3))
+    int32_widths = np.array([1, 1], dtype=np.int32)  # a refused buffer is released, not kept exported
+    for _ in range(3):
+        with pytest.raises(ValueError, match="widths: expected"):
+            lib.select_tree(1, 2, int32_widths, 1, i64(2), i64(2), i64(2), f32(2), None, i64(1), i64(2), i64(2),
+                            i64(2), i64(2), f32(2))
+    int32_widths.resize(4, refcheck=True)  # raises if a buffer export were still held
