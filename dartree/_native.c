@@ -132,38 +132,6 @@ static void sort_u64(uint64_t *a, Py_ssize_t n) {
     }
 }
 
-/* The k-th largest of n floats (1 <= k <= n, no NaN): a min-heap of the k largest seen. */
-static float kth_largest(const float *x, Py_ssize_t n, Py_ssize_t k, float *heap) {
-    Py_ssize_t size = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        float v = x[i];
-        Py_ssize_t c;
-        if (size < k) { /* sift up */
-            c = size++;
-            while (c > 0) {
-                Py_ssize_t p = (c - 1) / 2;
-                if (!(heap[p] > v)) break;
-                heap[c] = heap[p];
-                c = p;
-            }
-            heap[c] = v;
-        } else if (v > heap[0]) { /* replace the minimum, sift down */
-            c = 0;
-            for (;;) {
-                Py_ssize_t l = 2 * c + 1, s = c;
-                float sv = v;
-                if (l < k && heap[l] < sv) { s = l; sv = heap[l]; }
-                if (l + 1 < k && heap[l + 1] < sv) { s = l + 1; }
-                if (s == c) break;
-                heap[c] = heap[s];
-                c = s;
-            }
-            heap[c] = v;
-        }
-    }
-    return heap[0];
-}
-
 /* ------------------------------------------------------------------------------------------ select */
 static inline float key_value(uint64_t key) { /* the (zero-normalised) float of desc_key */
     uint32_t asc = ~(uint32_t)(key >> 32);
@@ -584,7 +552,7 @@ static PyObject *native_depth_step(PyObject *self, PyObject *const *args, Py_ssi
     int64_t *parents = I64(a[5]), *ranks = I64(a[6]), *tokens = I64(a[7]), *anc_out = I64_OR_NULL(a[10]);
     int64_t *gather = I64_OR_NULL(a[11]);
     double *scratch = malloc(sizeof(double) * (size_t)k);
-    float *child = malloc(sizeof(float) * (size_t)(total + width));
+    float *child = malloc(sizeof(float) * (size_t)(2 * total)); /* the scores, then a copy to select in */
     if (!scratch || !child) {
         free(scratch);
         free(child);
@@ -602,7 +570,11 @@ static PyObject *native_depth_step(PyObject *self, PyObject *const *args, Py_ssi
         if (bad) break;
         /* the width-th best score t; all scores > t, then the first ties == t by position */
         Py_ssize_t kept = 0, greater = 0;
-        float t = width == total ? -INFINITY : kth_largest(child, total, width, child + total);
+        float t = -INFINITY;
+        if (width < total) {
+            memcpy(child + total, child, sizeof(float) * (size_t)total);
+            t = nth_largest(child + total, total, width);
+        }
         if (width < total)
             for (Py_ssize_t p = 0; p < total; p++) greater += child[p] > t;
         Py_ssize_t ties = width - greater;
