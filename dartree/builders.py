@@ -95,6 +95,10 @@ class PrunedConfig:
     """``dartree-pruned``: a supertree of ``width`` nodes per depth, then the global top-``budget``.
 
     beta: depth penalty added to every node's score, ``<= 0`` (prefix closure needs it; see Lemma 1).
+    bound: exact bound pruning in the fast backend (docs/builders.md, "Bound pruning"): once ``budget``
+        nodes exist, a branch that ranks after the ``budget``-th best of them is not expanded, and the
+        expansion stops when no branch is left.  The tree is identical node for node either way; the
+        reference always runs Algorithm 1 literally and ignores the field.
     """
 
     budget: int = 64
@@ -102,6 +106,7 @@ class PrunedConfig:
     topk: int = 64
     beta: float = -0.2
     normalize: Normalize = "candidates"
+    bound: bool = True
 
     def __post_init__(self) -> None:
         _check_int(self, "budget", 1, MAX_NODES)
@@ -113,6 +118,8 @@ class PrunedConfig:
                              f"prefix closure), got {self.beta!r}")
         if self.beta != self.beta or self.beta == float("-inf"):
             raise ValueError(f"beta: must be a finite number <= 0 (a depth penalty), got {self.beta!r}")
+        if not isinstance(self.bound, bool):
+            raise ValueError(f"bound: must be True or False, got {self.bound!r}")
 
 
 BuildFn = Callable[[DraftBlock, "CorrectionHead | None", Any], DraftTree]
