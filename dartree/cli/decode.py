@@ -131,13 +131,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
         prompts = [p for d in config.datasets for p in load_prompts(d, config.num_prompts,
                                                                     prompt_chars=config.prompt_chars)]
         if any(m.auto_fields for m in config.methods):
-            try:
-                prompts += load_prompts(config.datasets[0], config.calibration_prompts, offset=config.num_prompts,
-                                        prompt_chars=config.prompt_chars)
-            except ValueError as e:
-                first = config.datasets[0]
-                raise UsageError(f"--calibration-prompts: 'auto' settings are tuned on the prompts of {first!r} "
-                                 f"after its {config.num_prompts} evaluation prompts; {e}") from e
+            for d in config.datasets:
+                try:
+                    prompts += load_prompts(d, config.calibration_prompts, offset=config.num_prompts,
+                                            prompt_chars=config.prompt_chars)
+                except ValueError as e:
+                    raise UsageError(f"--calibration-prompts: 'auto' settings are tuned on the prompts of {d!r} "
+                                     f"after its {config.num_prompts} evaluation prompts; {e}") from e
     out = Path(preset["out"])
     prepare_out(args, out, BENCH_FILES)
     if args.threads is None:

@@ -229,7 +229,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--num-prompts", type=_positive_int, help="prompts per dataset")
     b.add_argument("--max-new-tokens", type=_positive_int, help="tokens per prompt")
     b.add_argument("--max-prompt-tokens", type=_positive_int, default=256)
-    b.add_argument("--calibration-prompts", type=_positive_int, default=2, help="prompts used by budget=auto")
+    b.add_argument("--calibration-prompts", type=_positive_int, default=4,
+                   help="prompts of every dataset (after the evaluation prompts) on which budget=auto is tuned, "
+                        "at each temperature (default 4)")
     b.add_argument("--tune-budgets", type=_ints, default=[4, 8, 16, 32, 64], help="budgets tried by auto")
     b.add_argument("--tune-widths", type=_ints, default=[4, 8, 16], help="widths tried by auto")
     b.add_argument("--stop-at-eos", action="store_true", help="stop a prompt at the end-of-text token")

@@ -29,7 +29,7 @@ from dartree.eval.bundles import Bundle, encode, stop_token_id
 from dartree.eval.datasets import load_prompts
 from dartree.eval.methods import AR, MethodSpec, make_decoder, resolve_backend
 from dartree.eval.simulate import reference
-from dartree.eval.tune import TuneResult, tune
+from dartree.eval.tune import DEFAULT_MIN_SPEEDUP, TuneResult, tune
 from dartree.verify.sampling import KeyedSampler
 
 __all__ = ["BenchConfig", "RunRecord", "Summary", "BenchResult", "run_bench", "summarize", "STAGES",
@@ -49,8 +49,10 @@ class BenchConfig:
     """What to run.  ``methods`` need not include ``ar``: AR always runs (it is the reference).
 
     max_prompt_tokens: prompts are cut to their last this-many tokens.
-    calibration_prompts: prompts (of the first dataset, after the evaluation prompts) that tune
-    methods with ``budget=auto`` / ``width=auto``.
+    calibration_prompts: prompts of every dataset (after its evaluation prompts) on which methods
+    with ``budget=auto`` / ``width=auto`` are tuned, at each temperature of the run.
+    tune_min_speedup: ``auto`` picks a tree only if it is forecast to beat AR by this factor, else AR
+    (:func:`dartree.eval.tune.choose`; 0 never picks AR).
     """
 
     methods: tuple[MethodSpec, ...]
@@ -64,9 +66,10 @@ class BenchConfig:
     backend: str = "auto"
     warmup: bool = True
     stop_at_eos: bool = False
-    calibration_prompts: int = 2
+    calibration_prompts: int = 4
     tune_budgets: tuple[int, ...] = (4, 8, 16, 32, 64)
     tune_widths: tuple[int, ...] = (4, 8, 16)
+    tune_min_speedup: float = DEFAULT_MIN_SPEEDUP
 
     def __post_init__(self) -> None:
         if not self.methods:
@@ -79,6 +82,8 @@ class BenchConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}: must be an integer >= 1, got {value!r}")
+        if isinstance(self.tune_min_speedup, bool) or not self.tune_min_speedup >= 0:
+            raise ValueError(f"tune_min_speedup: must be a number >= 0, got {self.tune_min_speedup!r}")
 
 
 @dataclass(frozen=True)
@@ -175,9 +180,12 @@ def _record(method: str, dataset: str, temperature: float, prompt_id: str, resul
                      first == -1, first)
 
 
-def summarize(records: Sequence[RunRecord], methods: Sequence[MethodSpec], backend: str,
-              gamma: int) -> tuple[Summary, ...]:
-    """Pool records per (method, dataset, temperature); speedup against AR of the same cell."""
+def summarize(records: Sequence[RunRecord], methods: Sequence[MethodSpec], backend: str, gamma: int,
+              resolved: dict[tuple[str, float], MethodSpec] | None = None) -> tuple[Summary, ...]:
+    """Pool records per (method, dataset, temperature); speedup against AR of the same cell.
+
+    ``resolved``: what a method ran as at a temperature (its ``auto`` settings tuned; possibly plain AR).
+    """
     cells: dict[tuple[str, str, float], list[RunRecord]] = {}
     for r in records:
         cells.setdefault((r.method, r.dataset, r.temperature), []).append(r)
@@ -192,7 +200,7 @@ def summarize(records: Sequence[RunRecord], methods: Sequence[MethodSpec], backe
         rate = tokens / seconds
         stage_ms = {s: 1000.0 * sum(r.stage_s[i] for r in rs) / rounds for i, s in enumerate(STAGES)}
         accepted = [a for r in rs for a in r.accepted_lengths]
-        spec = by_label[label]
+        spec = (resolved or {}).get((label, temperature), by_label[label])
         out.append(Summary(
             method=label, builder=spec.builder, settings=spec.config,
             backend="-" if spec.is_ar else resolve_backend(spec.builder, backend),
@@ -229,6 +237,34 @@ def _meta(bundle: Bundle, argv: Sequence[str] | None) -> dict[str, Any]:
     }
 
 
+def _tune_auto(bundle: Bundle, config: BenchConfig, log: Callable[[str], None] | None
+               ) -> tuple[dict[tuple[str, float], MethodSpec], list[TuneResult]]:
+    """What every method runs as at each temperature, and the tuning behind each ``auto`` method.
+
+    Calibration: ``config.calibration_prompts`` prompts of every dataset, after its evaluation
+    prompts, with references made at that temperature (keyed sampler with the run's seed at T>0).
+    """
+    resolved = {(m.label, t): m for m in config.methods for t in config.temperatures}
+    tuning: list[TuneResult] = []
+    auto = [m for m in config.methods if m.auto_fields]
+    if not auto:
+        return resolved, tuning
+    limit = config.max_prompt_tokens
+    calib = [(d, encode(bundle.tokenizer, p.text)[-limit:])
+             for d in config.datasets
+             for p in load_prompts(d, config.calibration_prompts, offset=config.num_prompts,
+                                   prompt_chars=config.prompt_chars)]
+    for temperature in config.temperatures:
+        refs = [reference(bundle, ids, config.max_new_tokens, temperature, config.seed, label=d) for d, ids in calib]
+        for m in auto:
+            result = tune(bundle, m, refs, config.backend, config.tune_budgets, config.tune_widths,
+                          progress=(lambda s, t=temperature: log(f"tune T={t:g}: {s}")) if log else None,
+                          temperature=temperature, seed=config.seed, min_speedup=config.tune_min_speedup)
+            tuning.append(result)
+            resolved[(m.label, temperature)] = result.resolve(m)
+    return resolved, tuning
+
+
 @torch.no_grad()
 def run_bench(bundle: Bundle, config: BenchConfig, argv: Sequence[str] | None = None,
               log: Callable[[str], None] = print, progress: bool = True) -> BenchResult:
@@ -243,39 +279,33 @@ def run_bench(bundle: Bundle, config: BenchConfig, argv: Sequence[str] | None = 
                for d in config.datasets}
     device = next(bundle.target.parameters()).device
 
-    # Resolve budget=auto / width=auto on calibration prompts disjoint from the evaluation prompts.
-    methods = list(config.methods)
-    tuning: list[TuneResult] = []
-    if any(m.auto_fields for m in methods):
-        calib = load_prompts(config.datasets[0], config.calibration_prompts, offset=config.num_prompts,
-                             prompt_chars=config.prompt_chars)
-        refs = [reference(bundle, encode(bundle.tokenizer, p.text)[-limit:], config.max_new_tokens)
-                for p in calib]
-        for i, m in enumerate(methods):
-            if m.auto_fields:
-                result = tune(bundle, m, refs, config.backend, config.tune_budgets, config.tune_widths,
-                              progress=(lambda s: log(f"tune: {s}")) if progress else None)
-                tuning.append(result)
-                methods[i] = m.with_settings(**result.settings())
-                log(f"tune: {m.label} -> {result.settings()} (expected {result.best.tokens_per_s:.1f} tok/s, "
-                    f"tau {result.best.tau:.2f})")
-    methods_t = tuple(methods)
-    timed = [m for m in methods_t if not m.is_ar]
+    # Resolve budget=auto / width=auto at each temperature on calibration prompts of every dataset,
+    # disjoint from the evaluation prompts: a tree, or plain AR when none is forecast to beat it.
+    resolved, tuning = _tune_auto(bundle, config, log if progress else None)
+    for t in tuning:
+        log(f"tune T={t.temperature:g}: {t.method} -> {t.choice_text} (forecast {t.forecast_tokens_per_s:.1f} tok/s "
+            f"= {t.forecast_tokens_per_s / t.ar_tokens_per_s:.2f}x AR, measured on {t.calibration_prompts} "
+            "calibration prompts" + ("; no tree is forecast to beat AR)" if t.use_ar else ")"))
+    timed = [m for m in config.methods if not (m.is_ar and m.label == AR)]
     ar_spec = MethodSpec(AR, label=AR)
-    decoders = {m.label: make_decoder(bundle, m, config.backend) for m in timed}
+    decoders = {(m.label, t): None if resolved[(m.label, t)].is_ar
+                else make_decoder(bundle, resolved[(m.label, t)], config.backend)
+                for m in timed for t in config.temperatures}
 
-    def run(label: str, ids: torch.Tensor, max_new: int, temperature: float) -> GenerationResult:
+    def run(label: str, ids: torch.Tensor, max_new: int, temperature: float,
+            tuned_at: float | None = None) -> GenerationResult:
         sampler = KeyedSampler(config.seed) if temperature > 0 else None
-        if label == AR:
+        decoder = None if label == AR else decoders[(label, temperature if tuned_at is None else tuned_at)]
+        if decoder is None:
             return generate_ar(bundle.target, ids, max_new, temperature, sampler,
                                stop_token_ids=None if stop is None else [stop])
-        return decoders[label].generate(ids, max_new, temperature, sampler,
-                                        stop_token_ids=None if stop is None else [stop])
+        return decoder.generate(ids, max_new, temperature, sampler, stop_token_ids=None if stop is None else [stop])
 
     if config.warmup:                          # first calls allocate caches and pick kernels: untimed
         first = torch.tensor([next(iter(prompts.values()))[0][1]], dtype=torch.int64, device=device)
-        for label in (AR, *decoders):
-            run(label, first, min(8, config.max_new_tokens), 0.0)
+        run(AR, first, min(8, config.max_new_tokens), 0.0)
+        for label, tuned_at in decoders:
+            run(label, first, min(8, config.max_new_tokens), 0.0, tuned_at)
 
     records: list[RunRecord] = []
     total = len(config.datasets) * len(config.temperatures) * config.num_prompts * (1 + len(timed))
@@ -294,6 +324,6 @@ def run_bench(bundle: Bundle, config: BenchConfig, argv: Sequence[str] | None = 
                     bar.set_postfix_str(f"{dataset} T={temperature:g} {m.label}", refresh=False)
                     bar.update(1)
     bar.close()
-    summaries = summarize(records, (ar_spec, *methods_t), config.backend, gamma)
-    return BenchResult(config=dataclasses.replace(config, methods=methods_t), meta=_meta(bundle, argv),
-                       records=tuple(records), summaries=summaries, tuning=tuple(tuning))
+    summaries = summarize(records, (ar_spec, *config.methods), config.backend, gamma, resolved)
+    return BenchResult(config=config, meta=_meta(bundle, argv), records=tuple(records), summaries=summaries,
+                       tuning=tuple(tuning))

@@ -11,7 +11,7 @@ from dartree.eval.bench import MODEL_STAGES, STAGES, BenchResult, Summary
 from dartree.eval.methods import AR
 from dartree.eval.tune import TuneResult
 
-__all__ = ["markdown_table", "table1", "table2", "tuning_table", "bench_markdown", "write_bench"]
+__all__ = ["markdown_table", "table1", "table2", "tuning_table", "forecast_table", "bench_markdown", "write_bench"]
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
@@ -25,6 +25,8 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 
 def _settings(s: Summary) -> str:
+    if s.builder == AR and s.method != AR:          # budget=auto resolved to plain AR
+        return "auto -> ar"
     keys = ("budget", "width", "topk", "beta")
     return " ".join(f"{k[0].upper() if k != 'topk' else 'K'}={s.settings[k]}" for k in keys if k in s.settings)
 
@@ -87,16 +89,49 @@ def table2(summaries: Sequence[Summary], temperature: float) -> str:
 
 
 def tuning_table(result: TuneResult) -> str:
-    """Every (B, W) the tuner scored, best marked (Table 4)."""
+    """Every (B, W) the tuner scored, the choice marked (Table 4).
+
+    ``model`` columns: the cost model's estimate (it ranks); ``measured`` columns: real decodes of the
+    finalists and AR on the calibration prompts (the choice and its forecast); ``-`` where not measured.
+    """
+    ar = result.ar_tokens_per_s
     rows = []
     for c in result.candidates:
-        mark = " **(chosen)**" if c == result.best else ""
+        mark = " **(chosen)**" if c == result.best and not result.use_ar else ""
+        m = result.measurement(c.budget, c.width)
         rows.append([f"{c.budget}{mark}", "-" if c.width is None else c.width, f"{c.tau:.2f}",
                      f"{c.mean_tree_size:.1f}", f"{1000 * c.draft_s:.2f}", f"{1000 * c.build_s:.2f}",
                      f"{1000 * c.verify_s:.2f}", f"{1000 * c.overhead_s:.2f}", f"{1000 * c.round_s:.2f}",
-                     f"{c.tokens_per_s:.1f}", f"{c.tokens_per_s / result.ar_tokens_per_s:.2f}x"])
-    header = ["budget", "width", "tau", "tree size", "draft ms", "build ms", "verify ms (model)", "commit ms",
-              "round ms", "expected tok/s", "expected speedup"]
+                     f"{c.tokens_per_s:.1f}", f"{c.tokens_per_s / ar:.2f}x",
+                     "-" if m is None else f"{m.tokens_per_s:.1f}",
+                     "-" if m is None else f"{m.tokens_per_s / ar:.2f}x"])
+    a = result.measurement(None)
+    if a is not None:
+        rows.append(["ar" + (" **(chosen)**" if result.use_ar else ""), "-", "1.00", "0.0", *["-"] * 7,
+                     f"{a.tokens_per_s:.1f}", "1.00x"])
+    header = ["budget", "width", "tau", "tree size", "draft ms", "build ms", "verify ms (model)",
+              "accept + commit ms", "round ms", "model tok/s", "model speedup", "measured tok/s", "measured speedup"]
+    return markdown_table(header, rows)
+
+
+def forecast_table(result: BenchResult) -> str:
+    """Per tuned method and temperature: the tuner's forecast (calibration prompts) beside what the
+    run measured (evaluation prompts), per dataset and pooled; error = forecast / measured - 1."""
+    rows = []
+    for tr in result.tuning:
+        cells = [s for s in result.summaries if s.method == tr.method and s.temperature == tr.temperature]
+        by_label = tr.forecast_by_label()
+        for s in cells:
+            f = by_label.get(s.dataset)
+            rows.append([tr.method, f"{tr.temperature:g}", f"auto -> {tr.choice_text}", s.dataset,
+                         "-" if f is None else f"{f:.1f}", f"{s.tokens_per_s:.1f}",
+                         "-" if f is None else f"{100 * (f / s.tokens_per_s - 1):+.0f}%"])
+        if cells:
+            tokens, seconds = sum(s.tokens for s in cells), sum(s.seconds for s in cells)
+            f, measured = tr.forecast_tokens_per_s, tokens / seconds
+            rows.append([tr.method, f"{tr.temperature:g}", f"auto -> {tr.choice_text}", "all", f"{f:.1f}",
+                         f"{measured:.1f}", f"{100 * (f / measured - 1):+.0f}%"])
+    header = ["method", "T", "resolved", "dataset", "forecast tok/s", "measured tok/s", "error"]
     return markdown_table(header, rows)
 
 
@@ -124,12 +159,20 @@ def bench_markdown(result: BenchResult) -> str:
                   "correction-head calls), builder (the rest of the build), mask (tree inputs), target (target "
                   "forward), accept (acceptance walk), context (drafter forward over the committed tokens), kv "
                   "(KV compaction, bookkeeping); overhead = round - (draft + head + target + context)."]
+    if result.tuning:
+        parts += ["", "## Tuned budget: forecast vs measured", "",
+                  "Forecast: the chosen setting's tokens/s decoded on held-out calibration prompts (the prompts "
+                  "after the evaluation prompts of each dataset, at the run's temperature); measured: the same "
+                  "setting on the evaluation prompts above.", "", forecast_table(result)]
     for tr in result.tuning:
-        parts += ["", f"## Adaptive budget for {tr.method}", "",
+        parts += ["", f"## Adaptive budget for {tr.method}, T={tr.temperature:g}", "",
                   f"Verify cost measured on this machine at prefix {tr.verify_cost.prefix_len}: " + ", ".join(
                       f"n={n}: {1000 * s:.2f} ms"
                       for n, s in zip(tr.verify_cost.sizes, tr.verify_cost.seconds, strict=True)),
-                  "", tuning_table(tr)]
+                  "", f"{tr.calibration_prompts} calibration prompts; the cost model ranks every setting, its "
+                  f"{sum(not m.is_ar for m in tr.measured)} best are decoded for real beside AR, and the fastest is "
+                  f"chosen if it beats AR by {100 * (tr.min_speedup - 1):.0f}% or more, else plain AR: "
+                  f"**auto -> {tr.choice_text}**.", "", tuning_table(tr)]
     bad = [r for r in result.records if not r.matches_ar]
     parts += ["", "Lossless check: every method's output equals AR's token for token on every prompt."
               if not bad else f"Lossless check FAILED on {len(bad)} runs: " + ", ".join(

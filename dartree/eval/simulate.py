@@ -48,6 +48,7 @@ class Reference:
     hidden: Tensor | None
     prompt_len: int
     ar_seconds: float
+    label: str = ""           # the prompt set (dataset) it came from, for per-set statistics
 
     @property
     def new_tokens(self) -> int:
@@ -92,8 +93,12 @@ def _sync(device: torch.device) -> None:
 
 @torch.no_grad()
 def reference(bundle: Bundle, prompt: list[int], max_new_tokens: int, temperature: float = 0.0,
-              seed: int = 0) -> Reference:
-    """The target's continuation of ``prompt`` (greedy, or keyed sampling with ``seed`` at T>0)."""
+              seed: int = 0, label: str = "") -> Reference:
+    """The target's continuation of ``prompt`` (greedy, or keyed sampling with ``seed`` at T>0).
+
+    At T>0 a replay of the reference is exact for decoding with ``KeyedSampler(seed)``: on the
+    reference path the target's sample at every node is the reference's token.
+    """
     target = HFTarget(bundle.target, layer_ids=tuple(bundle.drafter.target_layer_ids))
     ids = torch.tensor([prompt], dtype=torch.int64, device=target.device)
     sampler = KeyedSampler(seed) if temperature > 0 else None
@@ -103,7 +108,7 @@ def reference(bundle: Bundle, prompt: list[int], max_new_tokens: int, temperatur
     sequence = result.sequence
     hidden = target.prefill(sequence).hidden
     target.reset()
-    return Reference(sequence=sequence, hidden=hidden, prompt_len=len(prompt), ar_seconds=ar_seconds)
+    return Reference(sequence=sequence, hidden=hidden, prompt_len=len(prompt), ar_seconds=ar_seconds, label=label)
 
 
 @torch.no_grad()

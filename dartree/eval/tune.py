@@ -30,18 +30,26 @@ from dataclasses import dataclass
 import torch
 
 from dartree.builders import make_builder
+from dartree.decode import GenerationResult, generate_ar
 from dartree.eval.bundles import Bundle
-from dartree.eval.methods import AUTO, MethodSpec, make_decoder, resolve_backend
+from dartree.eval.methods import AR, AUTO, MethodSpec, make_decoder, resolve_backend
 from dartree.eval.simulate import Reference, simulate
 from dartree.models.target import HFTarget
 from dartree.tree import DraftTree
+from dartree.verify.sampling import KeyedSampler
 
-__all__ = ["VerifyCost", "ConfigStats", "Candidate", "TuneResult", "measure_verify_cost", "replay_stats",
-           "score_candidates", "score_at_concurrency", "pick_best", "tune", "measure_overhead", "DEFAULT_BUDGETS",
-           "DEFAULT_WIDTHS"]
+__all__ = ["VerifyCost", "ConfigStats", "Candidate", "Measurement", "TuneResult", "measure_verify_cost",
+           "replay_stats", "score_candidates", "score_at_concurrency", "pick_best", "choose", "measure_settings",
+           "tune", "measure_overhead", "DEFAULT_BUDGETS", "DEFAULT_WIDTHS", "DEFAULT_FINALISTS",
+           "DEFAULT_MIN_SPEEDUP"]
 
 DEFAULT_BUDGETS: tuple[int, ...] = (4, 8, 16, 32, 64)
 DEFAULT_WIDTHS: tuple[int, ...] = (4, 8, 16)
+#: Settings the cost model ranks best that are then decoded for real on the calibration prompts.
+DEFAULT_FINALISTS = 3
+#: A tree is chosen only when its measured calibration rate is at least this times AR's: a tree
+#: within noise of AR is not worth its risk (timings on a shared machine move by a few percent).
+DEFAULT_MIN_SPEEDUP = 1.03
 
 
 @dataclass(frozen=True)
@@ -104,8 +112,47 @@ class Candidate:
 
 
 @dataclass(frozen=True)
+class Measurement:
+    """Real decodes of one setting on the calibration prompts, timed as the benchmark times them
+    (the whole ``generate`` call, prefill included), interleaved with AR.
+
+    budget / width: the setting (``budget=None``: plain AR).  per_label: ``(label, tokens, seconds)``
+    per calibration set (the dataset a reference came from), in first-seen order.
+    """
+
+    budget: int | None
+    width: int | None
+    tokens: int
+    seconds: float
+    rounds: int
+    per_label: tuple[tuple[str, int, float], ...] = ()
+
+    @property
+    def is_ar(self) -> bool:
+        return self.budget is None
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else float("inf")
+
+    @property
+    def tau(self) -> float:
+        return self.tokens / max(1, self.rounds)
+
+    def label_tokens_per_s(self) -> dict[str, float]:
+        return {label: t / s if s > 0 else float("inf") for label, t, s in self.per_label}
+
+
+@dataclass(frozen=True)
 class TuneResult:
-    """The tuner's measurements and choice for one method."""
+    """The tuner's measurements and choice for one method at one temperature.
+
+    candidates: every setting scored by the cost model (the ranking).  measured: plain AR, then the
+    ``finalists`` best-ranked settings decoded for real on the calibration prompts (empty when the
+    tuner ran without real decodes).  best: the chosen tree (the fastest measured finalist; the cost
+    model's best without measurements).  use_ar: no tree is forecast to beat AR by ``min_speedup``,
+    so ``budget=auto`` resolves to plain AR.  ar_tokens_per_s: AR's measured rate on the same prompts.
+    """
 
     method: str
     builder: str
@@ -114,13 +161,53 @@ class TuneResult:
     verify_cost: VerifyCost
     overhead_s: float
     ar_tokens_per_s: float
+    measured: tuple[Measurement, ...] = ()
+    use_ar: bool = False
+    temperature: float = 0.0
+    min_speedup: float = 1.0
+    calibration_prompts: int = 0
 
     def settings(self) -> dict[str, int]:
-        """The chosen config fields (``budget``, and ``width`` when the builder has one)."""
+        """The chosen tree's config fields (``budget``, and ``width`` when the builder has one)."""
         out = {"budget": self.best.budget}
         if self.best.width is not None:
             out["width"] = self.best.width
         return out
+
+    def measurement(self, budget: int | None, width: int | None = None) -> Measurement | None:
+        """The real-decode measurement of a setting (``budget=None``: AR), if the tuner took one."""
+        return next((m for m in self.measured if (m.budget, m.width) == (budget, width)), None)
+
+    @property
+    def chosen(self) -> Measurement | None:
+        """The measurement behind the choice: AR's when ``use_ar``, else the chosen tree's."""
+        return self.measurement(None) if self.use_ar else self.measurement(self.best.budget, self.best.width)
+
+    @property
+    def forecast_tokens_per_s(self) -> float:
+        """What the run should measure for the resolved method: the chosen setting's calibration rate."""
+        m = self.chosen
+        if m is not None:
+            return m.tokens_per_s
+        return self.ar_tokens_per_s if self.use_ar else self.best.tokens_per_s
+
+    def forecast_by_label(self) -> dict[str, float]:
+        """The forecast per calibration set (dataset); empty without measurements."""
+        m = self.chosen
+        return {} if m is None else m.label_tokens_per_s()
+
+    @property
+    def choice_text(self) -> str:
+        """``ar``, or ``B=.. W=..`` of the chosen tree."""
+        if self.use_ar:
+            return "ar"
+        return f"B={self.best.budget}" + ("" if self.best.width is None else f" W={self.best.width}")
+
+    def resolve(self, method: MethodSpec) -> MethodSpec:
+        """``method`` with its ``auto`` fields replaced by the choice: plain AR (label kept) when ``use_ar``."""
+        if self.use_ar:
+            return MethodSpec(AR, label=method.label)
+        return method.with_settings(**self.settings())
 
 
 def _sync(device: torch.device) -> None:
@@ -197,11 +284,17 @@ def measure_verify_cost(model: torch.nn.Module, layer_ids: Sequence[int] = (), p
 
 
 @torch.no_grad()
-def measure_overhead(bundle: Bundle, method: MethodSpec, ref: Reference, backend: str) -> float:
-    """Mean commit seconds per round (KV compaction + drafter context update) of one real decode."""
+def measure_overhead(bundle: Bundle, method: MethodSpec, ref: Reference, backend: str, temperature: float = 0.0,
+                     seed: int = 0) -> float:
+    """Mean seconds per round outside draft, build and the verify probe, from one real decode.
+
+    That is the acceptance walk (``verify_s - target_s``: at T>0 it samples at every node) plus the
+    commit (KV compaction, the drafter's context update): the stages the replay does not run.
+    """
+    sampler = KeyedSampler(seed) if temperature > 0 else None
     decoded = make_decoder(bundle, method, backend).generate(ref.sequence[:, : ref.prompt_len],
-                                                             max(1, min(ref.new_tokens, 32)))
-    return sum(r.commit_s for r in decoded.rounds) / max(1, decoded.num_rounds)
+                                                             max(1, min(ref.new_tokens, 32)), temperature, sampler)
+    return sum(r.commit_s + r.accept_s for r in decoded.rounds) / max(1, decoded.num_rounds)
 
 
 @torch.no_grad()
@@ -280,6 +373,76 @@ def pick_best(candidates: Sequence[Candidate]) -> Candidate:
     return min(candidates, key=lambda c: (-c.tokens_per_s, c.budget, c.width or 0))
 
 
+def choose(candidates: Sequence[Candidate], ar_tokens_per_s: float, measured: Sequence[Measurement] = (),
+           min_speedup: float = 1.0) -> tuple[Candidate, bool]:
+    """The chosen tree and whether plain AR is used instead: ``(best, use_ar)``.
+
+    With ``measured`` (real decodes of some candidates), the best is the fastest measured candidate
+    (ties to the smaller budget, then width) and its forecast is that measurement; without, the cost
+    model's best (:func:`pick_best`).  ``use_ar`` when that forecast is below ``min_speedup`` times
+    ``ar_tokens_per_s``: ``budget=auto`` never picks a tree that is not forecast to beat AR.
+    """
+    if not candidates:
+        raise ValueError("candidates: need at least one candidate")
+    if isinstance(min_speedup, bool) or not min_speedup >= 0:
+        raise ValueError(f"min_speedup: must be a number >= 0 (0: never AR), got {min_speedup!r}")
+    rates = {(m.budget, m.width): m.tokens_per_s for m in measured if not m.is_ar}
+    finalists = [c for c in candidates if (c.budget, c.width) in rates]
+    if finalists:
+        best = min(finalists, key=lambda c: (-rates[(c.budget, c.width)], c.budget, c.width or 0))
+        forecast = rates[(best.budget, best.width)]
+    else:
+        best = pick_best(candidates)
+        forecast = best.tokens_per_s
+    return best, not forecast >= min_speedup * ar_tokens_per_s
+
+
+@torch.no_grad()
+def measure_settings(bundle: Bundle, method: MethodSpec, settings: Sequence[tuple[int, int | None]],
+                     refs: Sequence[Reference], backend: str, temperature: float = 0.0, seed: int = 0,
+                     labels: Sequence[str] | None = None) -> tuple[Measurement, ...]:
+    """Decode every reference's prompt for real with AR and with each ``(budget, width)`` of ``method``.
+
+    Timed as :func:`dartree.eval.bench.run_bench` times (the whole call, prefill included), after one
+    untimed warm-up each; per prompt AR and the settings run one after the other, the order rotated
+    from prompt to prompt so that load drifting over the run penalises none of them more.  At T>0 all
+    draw with the same :class:`~dartree.KeyedSampler` seed as the references.  Returns AR's
+    measurement first, then one per setting, in order.
+    """
+    labels = list(labels) if labels is not None else [r.label for r in refs]
+    if len(labels) != len(refs):
+        raise ValueError(f"labels: need one per reference ({len(refs)}), got {len(labels)}")
+    keys: list[tuple[int | None, int | None]] = [(None, None), *settings]
+    runners: list[Callable[..., GenerationResult]] = [lambda ids, n, t, smp: generate_ar(bundle.target, ids, n, t, smp)]
+    for budget, width in settings:
+        concrete = method.with_settings(budget=budget, **({"width": width} if width is not None else {}))
+        runners.append(make_decoder(bundle, concrete, backend).generate)
+    first = refs[0].sequence[:, : refs[0].prompt_len]
+    for run in runners:                      # first calls allocate caches and pick kernels: untimed
+        run(first, max(1, min(8, refs[0].new_tokens)), 0.0, None)
+    totals = {k: {} for k in keys}           # key -> label -> [tokens, seconds, rounds]
+    for i, (ref, label) in enumerate(zip(refs, labels, strict=True)):
+        ids = ref.sequence[:, : ref.prompt_len]
+        order = list(range(len(keys)))
+        order = order[i % len(order):] + order[: i % len(order)]
+        for j in order:
+            sampler = KeyedSampler(seed) if temperature > 0 else None
+            start = time.perf_counter()
+            result = runners[j](ids, ref.new_tokens, temperature, sampler)
+            seconds = time.perf_counter() - start
+            cell = totals[keys[j]].setdefault(label, [0, 0.0, 0])
+            cell[0] += result.tokens.shape[1]
+            cell[1] += seconds
+            cell[2] += max(1, result.num_rounds)
+    out = []
+    for budget, width in keys:
+        cells = totals[(budget, width)]
+        out.append(Measurement(budget, width, sum(c[0] for c in cells.values()), sum(c[1] for c in cells.values()),
+                               sum(c[2] for c in cells.values()),
+                               tuple((label, c[0], c[1]) for label, c in cells.items())))
+    return tuple(out)
+
+
 def tune(
     bundle: Bundle,
     method: MethodSpec,
@@ -290,14 +453,27 @@ def tune(
     verify_cost: VerifyCost | None = None,
     progress: Callable[[str], None] | None = None,
     temperature: float = 0.0,
+    seed: int = 0,
+    finalists: int = DEFAULT_FINALISTS,
+    min_speedup: float = DEFAULT_MIN_SPEEDUP,
+    labels: Sequence[str] | None = None,
 ) -> TuneResult:
-    """Choose ``budget`` (and ``width`` when ``method``'s builder has one) for this machine.
+    """Choose ``budget`` (and ``width`` when ``method``'s builder has one) for this machine, or plain AR.
 
     Fields of ``method`` already set to a number stay fixed; those set to ``"auto"`` (or unset) are
     searched over ``budgets`` / ``widths``.  ``refs`` are calibration references
-    (:func:`dartree.eval.simulate.reference`), disjoint from the prompts the result is reported on.
-    ``temperature``: the decoding the result is for; at 0 on the CPU the verify probe runs the LM head
-    on the roots only, as greedy decoding does (:attr:`HFTarget.scores_rows_apart`).
+    (:func:`dartree.eval.simulate.reference`) made at ``temperature`` with ``seed`` (at T>0 the replay
+    accepts against the sampled continuation), disjoint from the prompts the result is reported on;
+    ``labels`` name the set (dataset) of each, for per-set forecasts.
+
+    The cost model (module docstring) ranks every setting; the ``finalists`` best-ranked are then
+    decoded for real on every calibration prompt, interleaved with AR (:func:`measure_settings`), and
+    the fastest measured one is chosen: its measured rate is the forecast, every cost term measured at
+    the chosen size (prefill, head, sampling and all).  When that forecast is below ``min_speedup``
+    times AR's measured rate, the result says ``use_ar``.  ``finalists=0`` skips the real decodes
+    (choice and forecast from the cost model alone, against the references' AR timing).
+    At 0 on the CPU the verify probe runs the LM head on the roots only, as greedy decoding does
+    (:attr:`HFTarget.scores_rows_apart`).
     """
     if method.is_ar:
         raise ValueError("method: 'ar' has no budget to tune")
@@ -306,6 +482,8 @@ def tune(
         raise ValueError(f"method: {method.builder!r} has no budget to tune (fields: {fields})")
     if not refs:
         raise ValueError("refs: need at least one calibration reference")
+    if isinstance(finalists, bool) or not isinstance(finalists, int) or finalists < 0:
+        raise ValueError(f"finalists: must be an integer >= 0, got {finalists!r}")
     config = method.config
     budget_grid = tuple(budgets) if config.get("budget", AUTO) == AUTO else (config["budget"],)
     has_width = "width" in fields
@@ -324,7 +502,7 @@ def tune(
         verify_cost = measure_verify_cost(bundle.target, bundle.drafter.target_layer_ids, prefix_len, sizes, gamma,
                                           logits="root" if lazy else "all")
     probe = method.with_settings(budget=min(budget_grid), **({"width": min(width_grid)} if has_width else {}))
-    overhead_s = measure_overhead(bundle, probe, refs[0], backend)
+    overhead_s = measure_overhead(bundle, probe, refs[0], backend, temperature, seed)
     stats = {}
     for budget in budget_grid:
         for width in width_grid:
@@ -333,7 +511,19 @@ def tune(
             concrete = method.with_settings(budget=budget, **({"width": width} if width is not None else {}))
             stats[(budget, width)] = replay_stats(bundle, concrete, refs, backend)
     candidates = score_candidates(stats, verify_cost, overhead_s)
-    ar_tokens = sum(r.new_tokens for r in refs)
-    ar_seconds = sum(r.ar_seconds for r in refs)
-    return TuneResult(method.label, method.builder, candidates, pick_best(candidates), verify_cost, overhead_s,
-                      ar_tokens / ar_seconds if ar_seconds > 0 else float("inf"))
+    measured: tuple[Measurement, ...] = ()
+    if finalists:
+        ranked = sorted(candidates, key=lambda c: (-c.tokens_per_s, c.budget, c.width or 0))[:finalists]
+        if progress is not None:
+            progress(f"{method.builder}: decoding AR and " + ", ".join(
+                f"B={c.budget}" + (f" W={c.width}" if c.width is not None else "") for c in ranked)
+                + f" for real on {len(refs)} calibration prompts")
+        measured = measure_settings(bundle, method, [(c.budget, c.width) for c in ranked], refs, backend,
+                                    temperature, seed, labels)
+        ar_rate = measured[0].tokens_per_s
+    else:
+        ar_seconds = sum(r.ar_seconds for r in refs)
+        ar_rate = sum(r.new_tokens for r in refs) / ar_seconds if ar_seconds > 0 else float("inf")
+    best, use_ar = choose(candidates, ar_rate, measured, min_speedup)
+    return TuneResult(method.label, method.builder, candidates, best, verify_cost, overhead_s, ar_rate, measured,
+                      use_ar, temperature, min_speedup, len(refs))

@@ -13,7 +13,7 @@ def result(bundle):
     methods = parse_methods(["chain", "dartree-pruned:budget=auto,width=auto"])
     config = BenchConfig(methods=methods, datasets=("humaneval", "stdlib"), temperatures=(0.0, 1.0), num_prompts=1,
                          max_new_tokens=10, max_prompt_tokens=32, backend="ref", calibration_prompts=1, warmup=False,
-                         tune_budgets=(2, 5), tune_widths=(2,))
+                         tune_budgets=(2, 5), tune_widths=(2,), tune_min_speedup=0.0)   # 0: a tree, never AR
     return run_bench(bundle, config, argv=["dartree", "bench"], log=lambda s: None, progress=False)
 
 
@@ -48,10 +48,30 @@ def test_per_round_stats_add_up(result):
 
 
 def test_auto_budget_is_resolved_and_reported(result):
-    (tuned,) = result.tuning
-    pruned = [s for s in result.summaries if s.builder == "dartree-pruned"]
-    assert pruned and all(s.settings == {**tuned.settings(), "width": 2} for s in pruned)
-    assert tuned.best.budget in (2, 5)
+    assert [t.temperature for t in result.tuning] == [0.0, 1.0]        # tuned at each temperature of the run
+    for tuned in result.tuning:
+        assert not tuned.use_ar and tuned.best.budget in (2, 5) and tuned.calibration_prompts == 2   # 1 per dataset
+        assert tuned.measurement(None) is not None and tuned.chosen is not None
+        assert set(tuned.forecast_by_label()) == {"humaneval", "stdlib"}
+        pruned = [s for s in result.summaries if s.builder == "dartree-pruned" and s.temperature == tuned.temperature]
+        assert pruned and all(s.settings == {**tuned.settings(), "width": 2} for s in pruned)
+    md = bench_markdown(result)
+    assert "## Tuned budget: forecast vs measured" in md and "auto -> B=" in md
+
+
+def test_auto_resolves_to_ar_when_no_tree_is_forecast_to_beat_it(bundle):
+    """A bar no tree can clear (min speedup 1e9): ``auto`` runs as plain AR, and the tables say so."""
+    methods = parse_methods(["dartree-pruned:budget=auto,width=2"])
+    config = BenchConfig(methods=methods, datasets=("humaneval",), num_prompts=1, max_new_tokens=6,
+                         max_prompt_tokens=32, backend="ref", calibration_prompts=1, warmup=False,
+                         tune_budgets=(2,), tune_min_speedup=1e9)
+    res = run_bench(bundle, config, log=lambda s: None, progress=False)
+    (tuned,) = res.tuning
+    assert tuned.use_ar and tuned.choice_text == "ar"
+    cell = next(s for s in res.summaries if s.method == methods[0].label)
+    assert cell.builder == "ar" and cell.stage_ms["head"] == 0 and cell.lossless_prompts == 1
+    assert "| auto -> ar |" in table1(res.summaries, 0.0)
+    assert "auto -> ar" in bench_markdown(res)
 
 
 def test_tables_and_json_shapes(result, tmp_path):
