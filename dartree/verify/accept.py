@@ -18,7 +18,7 @@ from torch import Tensor
 
 from dartree.fast import ops
 from dartree.tree import PAD, DraftTree
-from dartree.verify.sampling import Sampler
+from dartree.verify.sampling import Sampler, check_temperature, sample_checked
 
 __all__ = ["VerifyResult", "verify_greedy", "verify_sampled", "accept_picks", "walk_greedy"]
 
@@ -111,13 +111,12 @@ def verify_sampled(
         prefix_len:    int or int64 ``[b]`` (the root's absolute position).
     """
     _check_logits(tree, target_logits)
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature > 0 \
-            or temperature == float("inf"):
-        raise ValueError(f"temperature: expected a finite number > 0 (use verify_greedy for 0), got {temperature!r}")
+    if check_temperature(temperature) == 0:
+        raise ValueError("temperature: 0 is greedy; use verify_greedy (verify_sampled needs a temperature > 0)")
     if not hasattr(sampler, "sample"):
         raise ValueError(f"sampler: expected an object with sample(logits, positions), got {type(sampler).__name__}")
     positions = tree.positions(prefix_len) + 1
-    picks = sampler.sample(target_logits.float() / temperature, positions)   # float32: same as generate_ar
+    picks = sample_checked(sampler, target_logits.float() / temperature, positions)   # float32: as generate_ar
     return accept_picks(tree, picks.to(torch.int64))
 
 

@@ -12,12 +12,20 @@ most of them thrown away) reproduces autoregressive sampling token for token.
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+import math
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
 
-__all__ = ["Sampler", "GeneratorSampler", "KeyedSampler", "hash32"]
+__all__ = ["Sampler", "GeneratorSampler", "KeyedSampler", "hash32", "MIN_TEMPERATURE", "check_temperature",
+           "sample_checked"]
+
+#: The smallest temperature > 0 accepted.  Below it ``logits / T`` leaves float32's range for
+#: ordinary logits (a Python float under ~1e-38 even rounds to 0 in float32, so every logit becomes
+#: +-inf and the draw is the lowest token id, not the greedy one) and nothing is gained: at 1e-6 a
+#: logit gap of 1e-4 is already e^100 in probability, i.e. greedy up to exact ties.
+MIN_TEMPERATURE = 1e-6
 
 _MASK32 = 0xFFFFFFFF
 
@@ -33,6 +41,24 @@ class Sampler(Protocol):
     """
 
     def sample(self, logits: Tensor, positions: Tensor) -> Tensor: ...
+
+
+def check_temperature(temperature: Any) -> float:
+    """The temperature as a float, or ``ValueError`` naming the allowed values.
+
+    Allowed: ``0`` (greedy: the target's argmax, no sampler) or a finite number ``>=``
+    :data:`MIN_TEMPERATURE` (``1e-6``).  A positive temperature below it is **refused**, not treated
+    as greedy: ``logits / T`` would overflow float32 (or divide by a float32 zero) and every logit would
+    become +-inf, so the "sample" would silently be the lowest token id.  Use ``0`` for greedy.
+    """
+    if isinstance(temperature, bool) or not isinstance(temperature, int | float) or not math.isfinite(temperature) \
+            or temperature < 0:
+        raise ValueError(f"temperature: expected 0 (greedy) or a finite number >= {MIN_TEMPERATURE}, got "
+                         f"{temperature!r}")
+    if 0 < temperature < MIN_TEMPERATURE:
+        raise ValueError(f"temperature: {temperature!r} is below the smallest allowed {MIN_TEMPERATURE} (logits / T "
+                         f"would overflow float32); use 0 for greedy decoding or a temperature >= {MIN_TEMPERATURE}")
+    return float(temperature)
 
 
 class GeneratorSampler:
@@ -122,3 +148,42 @@ class KeyedSampler:
                 return torch.argmax(logits.to(torch.float64) + g, dim=-1)
         g = self.noise(positions, logits.shape[-1])
         return torch.argmax(logits.to(torch.float64) + g, dim=-1)
+
+
+_TRUSTED = (GeneratorSampler, KeyedSampler)
+
+
+def sample_checked(sampler: Sampler, logits: Tensor, positions: Tensor) -> Tensor:
+    """``sampler.sample(logits, positions)``, checked where a custom sampler's output enters decoding.
+
+    The one call site of a sampler (speculative verification and the autoregressive loop).  For a
+    custom sampler the result must be an integer tensor (not bool, not float) of shape
+    ``logits.shape[:-1]`` on ``logits``' device with every id in ``[0, V)``; anything else is a
+    ``ValueError`` naming the sampler and what it returned.  The range check reads one flag (a host
+    sync, a few microseconds on the CPU; the decoder reads the round's tokens right after).  The
+    built-in :class:`GeneratorSampler` and :class:`KeyedSampler` (exact types) are not re-checked.
+
+    Shape:
+        logits: float ``[..., V]`` (already divided by the temperature); positions: int64 ``[...]``;
+        returns int64 ``[...]``.
+    """
+    out = sampler.sample(logits, positions)
+    if type(sampler) in _TRUSTED:
+        return out
+    name = type(sampler).__name__
+    if not isinstance(out, Tensor):
+        raise ValueError(f"sampler: {name}.sample returned {type(out).__name__}, expected an int64 tensor of shape "
+                         f"{list(logits.shape[:-1])} (one token id per position)")
+    if out.dtype == torch.bool or out.is_floating_point() or out.is_complex():
+        raise ValueError(f"sampler: {name}.sample returned a {out.dtype} tensor, expected integer token ids "
+                         f"(int64)")
+    if out.shape != logits.shape[:-1]:
+        raise ValueError(f"sampler: {name}.sample returned shape {list(out.shape)}, expected "
+                         f"{list(logits.shape[:-1])} (logits' leading shape: one id per position)")
+    if out.device != logits.device:
+        raise ValueError(f"sampler: {name}.sample returned a tensor on {out.device}, logits are on {logits.device}")
+    vocab = logits.shape[-1]
+    if out.numel() and bool(((out < 0) | (out >= vocab)).any()):    # host sync: custom samplers only
+        bad = out[(out < 0) | (out >= vocab)].reshape(-1)[:4].tolist()
+        raise ValueError(f"sampler: {name}.sample returned token ids {bad} outside the vocabulary [0, {vocab})")
+    return out.to(torch.int64)
