@@ -1,0 +1,111 @@
+"""The decoder's head proxy checks what a correction head returns where it enters a builder."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from dartree import DraftBlock, make_builder
+from dartree.models import GRUHead
+from dartree.testing import PathHashHead
+from dartree.verify.timing import timed_head
+
+
+def block(hidden: int = 8, vocab: int = 12) -> DraftBlock:
+    g = torch.Generator().manual_seed(0)
+    return DraftBlock(logits=torch.randn(2, 3, vocab, generator=g), root=torch.tensor([1, 2]),
+                      hidden=torch.randn(2, 3, hidden, generator=g))
+
+
+class Edited(PathHashHead):
+    """PathHashHead with one method's output replaced by ``fix(output)`` (no fused call: both backends
+    then call ``advance`` and ``logits``)."""
+
+    advance_logits = None
+
+    def __init__(self, method: str, fix) -> None:
+        super().__init__()
+        self.method, self.fix = method, fix
+
+    def initial_state(self, block):
+        out = super().initial_state(block)
+        return self.fix(out) if self.method == "initial_state" else out
+
+    def logits(self, block, depth, states, candidates):
+        out = super().logits(block, depth, states, candidates)
+        return self.fix(out) if self.method == "logits" else out
+
+    def advance(self, block, depth, states, tokens):
+        out = super().advance(block, depth, states, tokens)
+        return self.fix(out) if self.method == "advance" else out
+
+
+def build(head, backend: str = "ref", blk: DraftBlock | None = None):
+    blk = block() if blk is None else blk
+    return make_builder("dartree-pruned", backend, budget=6, width=3, topk=4).build(blk, timed_head(head))
+
+
+@pytest.mark.parametrize("backend", ["ref", "fast"])
+@pytest.mark.parametrize("method,fix,message", [
+    ("advance", lambda s: s.tolist(), r"^head.advance: returned list, expected a torch.Tensor"),
+    ("advance", lambda s: torch.cat([s, s], -1), r"^head.advance: returned shape \[\d, \d, 4\], expected "
+                                                  r"\[\d, \d, 2\] \(the state width S of initial_state must not"),
+    ("advance", lambda s: s[0], r"^head.advance: returned shape"),
+    ("initial_state", lambda s: s[None], r"^head.initial_state: returned shape \[1, \d, 2\], expected \[\d, 'S'\]"),
+    ("logits", lambda x: x.long(), r"^head.logits: returned torch.int64 logits, expected a floating dtype"),
+    ("logits", lambda x: x > 0, r"^head.logits: returned torch.bool logits"),
+    ("logits", lambda x: x[:, :, :1], r"^head.logits: returned logits of shape \[\d, 1, 1\], expected \[b, m, K\]"),
+    ("logits", lambda x: x.to("meta"), r"^head.logits: returned a tensor on meta, the block is on cpu"),
+])
+def test_bad_head_output_is_refused(method: str, fix, message: str, backend: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        build(Edited(method, fix), backend)
+
+
+def test_fused_output_is_checked() -> None:
+    class Fused(PathHashHead):
+        def advance_logits(self, block, depth, states, tokens, candidates):
+            new, logits = super().advance_logits(block, depth, states, tokens, candidates)
+            return new[..., :1], logits
+
+    with pytest.raises(ValueError, match=r"^head.advance_logits: returned shape .* must not change"):
+        build(Fused(), "fast")
+
+
+def test_head_on_another_device_and_hidden_width() -> None:
+    head = GRUHead(hidden_size=8, vocab_size=12, gru_hidden_dim=4, emb_dim=6)
+    head.set_embedding(torch.randn(12, 8))
+    build(head)                                                       # fine as it is
+    with pytest.raises(ValueError, match=r"^block: hidden has width 5, but GRUHead expects hidden_size=8"):
+        build(head, blk=block(hidden=5))
+    with pytest.raises(ValueError, match=r"^head: GRUHead's parameters are on meta, the block on cpu"):
+        timed_head(head.to("meta"), "cpu")
+    proxy = timed_head(GRUHead(hidden_size=8, vocab_size=12, gru_hidden_dim=4, emb_dim=6), "cpu")
+    proxy.head.to("meta")                                             # moved after the decoder was built
+    with pytest.raises(ValueError, match=r"^head: GRUHead's parameters are on meta"):
+        make_builder("dartree-pruned", budget=6, width=3, topk=4).build(block(), proxy)
+
+
+def test_proxy_overhead_is_small() -> None:
+    """The checks read metadata only: a few microseconds a call."""
+    blk = block()
+    head = PathHashHead()
+    proxy = timed_head(head)
+    states = proxy.initial_state(blk)[:, None, :].expand(2, 3, 2)
+    tokens = torch.zeros(2, 3, dtype=torch.int64)
+    candidates = torch.zeros(2, 4, dtype=torch.int64)
+
+    def per_call(fn) -> float:
+        fn()
+        start = time.perf_counter()
+        for _ in range(200):
+            fn()
+        return (time.perf_counter() - start) / 200
+
+    checked = min(per_call(lambda: (proxy.advance(blk, 1, states, tokens), proxy.logits(blk, 1, states, candidates)))
+                  for _ in range(3))
+    raw = min(per_call(lambda: (head.advance(blk, 1, states, tokens), head.logits(blk, 1, states, candidates)))
+              for _ in range(3))
+    assert checked - raw < 1e-4
