@@ -32,19 +32,23 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from dartree.eval.checks import check_positions, read_prompt_file
     from dartree.eval.methods import make_decoder, parse_method
     from dartree.eval.streaming import stream_generate
+    from dartree.eval.tune_cache import check_cached, resolve_unset
     from dartree.verify.sampling import KeyedSampler
 
     if (args.prompt is None) == (args.prompt_file is None):
         raise UsageError("generate: give exactly one of --prompt and --prompt-file")
-    if args.budget == "auto" or args.width == "auto":
-        raise UsageError("--budget/--width: 'auto' is for bench and tune; run `dartree tune` and pass the numbers")
     with user_input():
         method = parse_method(args.method, setting_defaults(args))
+        check_cached(method, args.temperature)
         text = args.prompt if args.prompt is not None else read_prompt_file(args.prompt_file)
     if not text:
         raise UsageError(f"{'--prompt' if args.prompt is not None else '--prompt-file'}: the prompt is empty; "
                          "give at least one character")
     bundle = load(args)
+    with user_input():          # budget / width unset or auto: this machine's tuned choice, or the device's default
+        method, note = resolve_unset(bundle, method, args.temperature)
+    if note:
+        log(f"{method.label}: {note}")
     check_fit(bundle, [method])
     ids = torch.tensor([prompt_ids(bundle, text, 1 << 30)], dtype=torch.int64)
     with user_input():
@@ -99,6 +103,19 @@ def _check_bench(bundle, config, texts: list[str]) -> None:
         check_positions(bundle, lengths, config.max_new_tokens, "--max-prompt-tokens")
 
 
+def _cache_tuning(bundle, config, result) -> None:
+    """Keep the bench's tuning of each ``auto`` method for ``dartree generate`` on this machine."""
+    from dartree.eval.tune_cache import cache_key, entry_of, model_hash, store
+
+    if not result.tuning:
+        return
+    digest = model_hash(bundle)
+    by_label = {m.label: m for m in config.methods}
+    for t in result.tuning:
+        path = store(cache_key(bundle, by_label[t.method], t.temperature, digest), entry_of(t))
+    log(f"tuning cached for `dartree generate` in {path}")
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.concurrency:
         from dartree.cli.concurrency import cmd_bench_concurrency
@@ -147,6 +164,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     argv = ["dartree", *sys.argv[1:]] if args.argv is None else ["dartree", *args.argv]
     start = time.perf_counter()
     result = run_bench(bundle, config, argv=argv, log=log)
+    _cache_tuning(bundle, config, result)
     clear_out(out, BENCH_FILES)
     paths = write_bench(result, out)
     plot = plot_acceptance(result.summaries, out / "acceptance.png")

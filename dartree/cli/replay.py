@@ -111,6 +111,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from dartree.eval.plots import plot_tuning
     from dartree.eval.report import tuning_table
     from dartree.eval.tune import tune
+    from dartree.eval.tune_cache import cache_key, entry_of, store
 
     with user_input():
         method = parse_method(args.method, setting_defaults(args))      # unset budget / width are searched
@@ -126,7 +127,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     check_fit(bundle, [method])
     refs = references(bundle, args, [p.text for p in prompts])
     result = tune(bundle, method, refs, args.backend, args.budgets, args.widths, progress=log,
-                  temperature=args.temperature)
+                  temperature=args.temperature, seed=args.seed)
+    cached = store(cache_key(bundle, method, args.temperature), entry_of(result))
     clear_out(args.out, tune_files(method.builder))
     table = tuning_table(result)
     (args.out / f"tune_{method.builder}.md").write_text(f"# Adaptive budget for {method.label} on {bundle.name}\n\n"
@@ -134,8 +136,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
     (args.out / f"tune_{method.builder}.json").write_text(json.dumps(asdict(result), indent=1))
     plot = plot_tuning(result, args.out / f"tune_{method.builder}.png")
     print(table)
-    chosen = " ".join(f"--{k} {v}" for k, v in result.settings().items())
-    print(f"\nchosen: {chosen}  (expected {result.best.tokens_per_s:.1f} tokens/s, "
-          f"{result.best.tokens_per_s / result.ar_tokens_per_s:.2f}x AR)")
+    chosen = "plain AR (no tree is forecast to beat it)" if result.use_ar else " ".join(
+        f"--{k} {v}" for k, v in result.settings().items())
+    print(f"\nchosen: {chosen}  (forecast {result.forecast_tokens_per_s:.1f} tokens/s, "
+          f"{result.forecast_tokens_per_s / result.ar_tokens_per_s:.2f}x AR, measured on {len(refs)} prompts)")
+    log(f"cached for `dartree generate` (this model, machine, threads and temperature) in {cached}")
     log(f"wrote {args.out / f'tune_{method.builder}.md'}, {plot}")
     return 0

@@ -168,19 +168,51 @@ class GRUHead(nn.Module):
         g = self.prefix_gru
         flat_h = states.reshape(-1, states.shape[-1])
         table = self._gate_table(states.dtype)
-        if table is None:
+        if table is None or torch.is_grad_enabled() and states.requires_grad:
             x = F.embedding(tokens, self.embedding_weight).to(states.dtype)
             h = torch._VF.gru_cell(x.reshape(-1, x.shape[-1]), flat_h, g.weight_ih_l0, g.weight_hh_l0,
                                    g.bias_ih_l0 if self.bias else None, g.bias_hh_l0 if self.bias else None)
             return h.view(states.shape)
-        # perf: the input gates of every token precomputed (one row per token); then exactly
-        # torch's GRU cell (aten/src/ATen/native/RNN.cpp, GRUCell), with r and z in one op
-        gi = F.embedding(tokens.reshape(-1), table)                                  # [N, 3G]
-        gh = F.linear(flat_h, g.weight_hh_l0, g.bias_hh_l0 if self.bias else None)   # [N, 3G]
-        size = self.gru_hidden_dim
-        rz = gh[:, : 2 * size].add_(gi[:, : 2 * size]).sigmoid_()
-        new = gi[:, 2 * size :].add(gh[:, 2 * size :].mul_(rz[:, :size])).tanh_()
-        return (flat_h - new).mul_(rz[:, size:]).add_(new).view(states.shape)
+        # perf: the input gates of every token precomputed (one row per token), read into a reused
+        # buffer; then exactly torch's GRU cell (aten/src/ATen/native/RNN.cpp, GRUCell) with r and z
+        # in one op, every intermediate in place in the buffers, one fresh tensor for the result
+        gi, gh, gi_rz, gi_n, gh_rz, gh_n, r, z = self._step_buffers(flat_h, table)
+        torch.index_select(table, 0, tokens.reshape(-1), out=gi)                    # [N, 3G]
+        w_hh_t = self._recurrent_weight_t()
+        if self.bias:
+            torch.addmm(g.bias_hh_l0, flat_h, w_hh_t, out=gh)                       # = F.linear(h, W_hh, b_hh)
+        else:
+            torch.mm(flat_h, w_hh_t, out=gh)
+        gh_rz.add_(gi_rz).sigmoid_()                                                # r, z
+        new = gh_n.mul_(r).add_(gi_n).tanh_()                                       # n = tanh(gi_n + r * gh_n)
+        return torch.sub(flat_h, new).mul_(z).add_(new).view(states.shape)          # n + z * (h - n)
+
+    def _recurrent_weight_t(self) -> Tensor:
+        """``W_hh`` transposed (a view, as ``F.linear`` passes it), cached while the weight is unchanged."""
+        w = self.prefix_gru.weight_hh_l0
+        cache = self.__dict__.get("_w_hh_t")
+        if cache is None or cache[0] is not w or cache[1] != w._version:
+            cache = (w, w._version, w.t())
+            self.__dict__["_w_hh_t"] = cache
+        return cache[2]
+
+    def _step_buffers(self, flat_h: Tensor, table: Tensor) -> tuple[Tensor, ...]:
+        """perf: the GRU step's intermediates ``gi, gh [N, 3G]`` and their gate views, allocated once per
+        row count ``N`` (and dtype, device) and reused: never returned to a caller, so reusing them
+        cannot alias a state the caller keeps.  Not for concurrent calls on one head from two threads."""
+        key = (flat_h.shape[0], table.dtype, table.device)
+        buffers = self.__dict__.setdefault("_step_buffer_cache", {})
+        found = buffers.get(key)
+        if found is None:
+            if len(buffers) >= 64:
+                buffers.clear()
+            size = self.gru_hidden_dim
+            gi = torch.empty(flat_h.shape[0], 3 * size, dtype=table.dtype, device=table.device)
+            gh = torch.empty_like(gi)
+            found = (gi, gh, gi[:, : 2 * size], gi[:, 2 * size :], gh[:, : 2 * size], gh[:, 2 * size :],
+                     gh[:, :size], gh[:, size : 2 * size])
+            buffers[key] = found
+        return found
 
     def _gate_table(self, dtype: torch.dtype) -> Tensor | None:
         """``emb @ W_ih^T + b_ih`` ``[V, 3G]`` (the GRU's input gates of every token), or ``None`` when
@@ -257,15 +289,17 @@ class GRUHead(nn.Module):
             return base.expand(-1, states.shape[1], -1).contiguous()
         part, gate = self._depth_terms(block, depth)
         w_s, table = self._projection_tables()
-        mid = F.silu(part + F.linear(self._normed(states), w_s))                   # [b, m, E]
+        mid = F.silu(F.linear(self._normed(states), w_s).add_(part))            # [b, m, E]
+        size = self.emb_dim
+        rows = F.embedding(candidates, table)                                    # [b, K, E (+ 1)]
+        correction = torch.bmm(mid, rows[..., :size].mT)                         # [b, m, K]
         if self.bias:
-            rows = F.embedding(candidates, table)                                    # [b, K, E + 1]
-            correction = torch.bmm(mid, rows[..., :-1].transpose(1, 2)) + rows[..., -1][:, None, :]
-        else:
-            correction = torch.bmm(mid, F.embedding(candidates, table).transpose(1, 2))   # [b, m, K]
+            correction.add_(rows[:, None, :, size])
         if gate is not None:
-            correction = gate * correction
-        return base + (correction if correction.dtype == torch.float32 else correction.float())
+            correction = gate * correction      # not in place: autograd may need the product
+        if correction.dtype != torch.float32:
+            correction = correction.float()
+        return correction.add_(base)            # = base + correction (fp addition commutes bit for bit)
 
     def _projection_tables(self) -> tuple[Tensor, Tensor]:
         """perf: fc1's state half as a contiguous ``[E, G]`` matrix and fc2's rows ``[V, E]`` (with the
@@ -354,9 +388,10 @@ class MarkovHead(nn.Module):
     def _logits(self, block: DraftBlock, depth: int, previous: Tensor, candidates: Tensor) -> Tensor:
         u = F.embedding(previous, self.markov_w1.weight)                           # [b, m, r]
         rows = F.embedding(candidates, self.markov_w2.weight)                      # [b, K, r]
-        bias = torch.bmm(u, rows.transpose(1, 2))                                  # [b, m, K]
-        bias = bias if bias.dtype == torch.float32 else bias.float()
-        return _base_candidates(block, depth, candidates)[:, None, :] + bias
+        bias = torch.bmm(u, rows.mT)                                               # [b, m, K]
+        if bias.dtype != torch.float32:
+            bias = bias.float()
+        return bias.add_(_base_candidates(block, depth, candidates)[:, None, :])  # = base + bias, bit for bit
 
     def logits(self, block: DraftBlock, depth: int, states: Tensor, candidates: Tensor) -> Tensor:
         """Shape: states ``[b, m, 1]``, candidates int64 ``[b, K]`` -> float32 ``[b, m, K]``."""

@@ -181,3 +181,97 @@ def test_gate_and_norm_change_the_correction_as_specified(tiny_heads):
         want = block.logits[:, 2][:, None] + gate * (F.silu(torch.cat([z, s], -1) @ w1.T) @ w2.T)
         assert_close(got, want, atol=1e-5, rtol=1e-5)
         assert torch.equal(head.logits(block, 2, states, everything)[:, 0], block.logits[:, 1])   # prefix depth
+
+
+# ---------------------------------------------------------------- the lean steps against the previous ones
+def previous_gru_step(head: GRUHead, tokens: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
+    """The GRU step before the reused buffers (commit 449f525): the gate table, then torch's GRU-cell
+    arithmetic op by op, each intermediate a fresh tensor."""
+    g, size = head.prefix_gru, head.gru_hidden_dim
+    flat_h = states.reshape(-1, size)
+    gi = F.embedding(tokens.reshape(-1), head._gate_table(states.dtype))
+    gh = F.linear(flat_h, g.weight_hh_l0, g.bias_hh_l0 if head.bias else None)
+    rz = gh[:, : 2 * size].add_(gi[:, : 2 * size]).sigmoid_()
+    new = gi[:, 2 * size :].add(gh[:, 2 * size :].mul_(rz[:, :size])).tanh_()
+    return (flat_h - new).mul_(rz[:, size:]).add_(new).view(states.shape)
+
+
+def previous_gru_logits(head: GRUHead, block: DraftBlock, depth: int, states: torch.Tensor, cand: torch.Tensor):
+    """The corrected logits before the in-place accumulation (commit 449f525)."""
+    base = torch.gather(block.logits[:, depth - 1], 1, cand)[:, None, :]
+    if depth <= head.prefix_len:
+        return base.expand(-1, states.shape[1], -1).contiguous()
+    fc1, fc2 = head.embed_proj[0], head.embed_proj[2]
+    w_h, w_s = fc1.weight[:, :H], fc1.weight[:, H:].contiguous()
+    h_d = block.hidden[:, depth - 1]
+    part = F.linear(h_d[:, None, :], w_h, fc1.bias)
+    mid = F.silu(part + F.linear(head._normed(states), w_s))
+    if head.bias:
+        rows = F.embedding(cand, torch.cat([fc2.weight, fc2.bias[:, None]], dim=1))
+        correction = torch.bmm(mid, rows[..., :-1].transpose(1, 2)) + rows[..., -1][:, None, :]
+    else:
+        correction = torch.bmm(mid, F.embedding(cand, fc2.weight).transpose(1, 2))
+    if head.bias_gate is not None:
+        correction = torch.sigmoid(head.bias_gate(h_d))[:, :, None] * correction
+    return base + correction
+
+
+def previous_markov_logits(head: MarkovHead, block: DraftBlock, depth: int, previous: torch.Tensor, cand):
+    u = F.embedding(previous, head.markov_w1.weight)
+    bias = torch.bmm(u, F.embedding(cand, head.markov_w2.weight).transpose(1, 2))
+    return torch.gather(block.logits[:, depth - 1], 1, cand)[:, None, :] + bias
+
+
+@pytest.mark.parametrize("which", ["gru", "gru-bias-free", "gru-norm-gate", "markov"])
+@pytest.mark.parametrize("m", [1, 5, 12])
+def test_lean_steps_are_bit_identical_to_the_previous_formulation(tiny_heads, which, m):
+    """fp32: the reused-buffer GRU step, the in-place correction sums and the Markov bias give exactly
+    the previous implementation's bits (same ops, same operands, additions commuted only)."""
+    head = _variants(tiny_heads)[which]
+    block = make_block(7)
+    states, candidates = branch_inputs(head, block, m=m, seed=m)
+    tokens = torch.randint(0, V, (B, m), generator=torch.Generator().manual_seed(m))
+    with torch.no_grad():
+        for depth in range(1, GAMMA):
+            new, fused = head.advance_logits(block, depth, states, tokens, candidates)
+            if which == "markov":
+                assert torch.equal(new[..., 0], tokens.float())
+                want = previous_markov_logits(head, block, depth + 1, tokens, candidates)
+            else:
+                assert torch.equal(new, previous_gru_step(head, tokens, states))
+                want = previous_gru_logits(head, block, depth + 1, new, candidates)
+            assert torch.equal(fused, want)
+            states = new
+        if which != "markov":
+            root = head.initial_state(block)
+            assert torch.equal(root, previous_gru_step(head, block.root, torch.zeros_like(root)))
+
+
+def test_gru_step_buffers_never_alias_a_returned_state(tiny_heads):
+    """The step's intermediates are reused across calls; the states it returns are not."""
+    head = tiny_heads[0]
+    block = make_block(8)
+    states, _ = branch_inputs(head, block, m=4)
+    tokens = torch.randint(0, V, (B, 4), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        first = head.advance(block, 2, states, tokens)
+        kept = first.clone()
+        second = head.advance(block, 3, first, tokens.flip(1))
+        third = head.advance(block, 3, first, tokens.flip(1))
+    assert torch.equal(first, kept) and torch.equal(second, third)
+    assert first.data_ptr() != second.data_ptr() != third.data_ptr()
+
+
+def test_gru_step_under_autograd_is_the_gru_cell(tiny_heads):
+    """States that need gradients take the differentiable path (torch's GRU cell), same values."""
+    head = tiny_heads[0]
+    block = make_block(9)
+    states, _ = branch_inputs(head, block, m=3)
+    tokens = torch.randint(0, V, (B, 3), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = head.advance(block, 2, states, tokens)
+    leaf = states.clone().requires_grad_(True)
+    got = head.advance(block, 2, leaf, tokens)
+    got.sum().backward()
+    assert leaf.grad is not None and leaf.grad.abs().sum() > 0
+    assert_close(got.detach(), want, atol=1e-6, rtol=1e-5)
