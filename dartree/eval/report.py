@@ -115,23 +115,39 @@ def tuning_table(result: TuneResult) -> str:
 
 
 def forecast_table(result: BenchResult) -> str:
-    """Per tuned method and temperature: the tuner's forecast (calibration prompts) beside what the
-    run measured (evaluation prompts), per dataset and pooled; error = forecast / measured - 1."""
+    """Per tuned method and temperature: the tuner's forecast (calibration prompts) beside what the run
+    measured (evaluation prompts), per dataset and pooled; error = forecast / measured - 1.
+
+    The speedup columns and AR's rate at calibration vs evaluation show how much of an error is the
+    machine's load drifting between the two (both speedups are over AR timed in the same window).
+    """
     rows = []
     for tr in result.tuning:
-        cells = [s for s in result.summaries if s.method == tr.method and s.temperature == tr.temperature]
+        temp = [s for s in result.summaries if s.temperature == tr.temperature]
+        cells = [s for s in temp if s.method == tr.method]
+        ar_eval = {s.dataset: s for s in temp if s.method == AR}
+        ar_calib = tr.measurement(None)
+        ar_by_label = {} if ar_calib is None else ar_calib.label_tokens_per_s()
         by_label = tr.forecast_by_label()
+
+        def row(dataset: str, forecast: float | None, ar_cal: float | None, measured: float, ar_ev: float,
+                tr: TuneResult = tr) -> None:
+            rows.append([tr.method, f"{tr.temperature:g}", f"auto -> {tr.choice_text}", dataset,
+                         "-" if forecast is None else f"{forecast:.1f}", f"{measured:.1f}",
+                         "-" if forecast is None else f"{100 * (forecast / measured - 1):+.0f}%",
+                         "-" if forecast is None or not ar_cal else f"{forecast / ar_cal:.2f}x",
+                         f"{measured / ar_ev:.2f}x", "-" if not ar_cal else f"{ar_cal:.1f} -> {ar_ev:.1f}"])
+
         for s in cells:
-            f = by_label.get(s.dataset)
-            rows.append([tr.method, f"{tr.temperature:g}", f"auto -> {tr.choice_text}", s.dataset,
-                         "-" if f is None else f"{f:.1f}", f"{s.tokens_per_s:.1f}",
-                         "-" if f is None else f"{100 * (f / s.tokens_per_s - 1):+.0f}%"])
-        if cells:
-            tokens, seconds = sum(s.tokens for s in cells), sum(s.seconds for s in cells)
-            f, measured = tr.forecast_tokens_per_s, tokens / seconds
-            rows.append([tr.method, f"{tr.temperature:g}", f"auto -> {tr.choice_text}", "all", f"{f:.1f}",
-                         f"{measured:.1f}", f"{100 * (f / measured - 1):+.0f}%"])
-    header = ["method", "T", "resolved", "dataset", "forecast tok/s", "measured tok/s", "error"]
+            if s.dataset in ar_eval:
+                row(s.dataset, by_label.get(s.dataset), ar_by_label.get(s.dataset), s.tokens_per_s,
+                    ar_eval[s.dataset].tokens_per_s)
+        if cells and ar_eval:
+            ars = list(ar_eval.values())
+            row("all", tr.forecast_tokens_per_s, tr.ar_tokens_per_s, sum(s.tokens for s in cells)
+                / sum(s.seconds for s in cells), sum(s.tokens for s in ars) / sum(s.seconds for s in ars))
+    header = ["method", "T", "resolved", "dataset", "forecast tok/s", "measured tok/s", "error", "forecast speedup",
+              "measured speedup", "AR tok/s calibration -> evaluation"]
     return markdown_table(header, rows)
 
 

@@ -9,6 +9,12 @@ import torch
 from dartree.eval.bundles import Bundle, tiny_random_bundle
 
 
+@pytest.fixture(autouse=True)
+def _tune_cache(tmp_path_factory, monkeypatch):
+    """Every test gets its own tuning cache folder: none reads or writes the user's."""
+    monkeypatch.setenv("DARTREE_CACHE_DIR", str(tmp_path_factory.mktemp("tune-cache")))
+
+
 @pytest.fixture(scope="session")
 def bundle() -> Bundle:
     torch.set_num_threads(1)

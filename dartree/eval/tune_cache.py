@@ -1,0 +1,206 @@
+"""Tuning results cached per model and machine, so that ``dartree generate`` decodes with the tree
+that pays here without tuning on every call.
+
+One JSON file, ``tune.json`` in the user's cache folder (``$DARTREE_CACHE_DIR``, else
+``$XDG_CACHE_HOME/dartree``, else ``~/.cache/dartree``; never inside the package), maps a key to
+the choice of one :func:`dartree.eval.tune.tune` run.  The key is everything the choice depends on:
+
+* the model: a SHA-256 over every weight of the target, the drafter and the heads (names, dtypes,
+  shapes and bytes), so retrained weights never reuse an old choice;
+* the machine: the device (and its name: the CUDA device, or the CPU model) and the torch threads;
+* the method: builder, head and the settings that were not searched; the temperature.
+
+Writes are atomic (a temporary file in the same folder, then ``os.replace``): a reader sees the old
+file or the new one, never half of one.  Two writers at once may lose one entry, never the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dartree.eval.bundles import Bundle
+from dartree.eval.methods import AUTO, AUTO_FIELDS, MethodSpec
+
+__all__ = ["CACHE_FILE", "DEVICE_DEFAULT_BUDGET", "cache_dir", "model_hash", "machine", "cache_key", "lookup", "store",
+           "entry_of", "tune_hint", "check_cached", "resolve_unset"]
+
+CACHE_FILE = "tune.json"
+_VERSION = 1
+
+
+def cache_dir() -> Path:
+    """The folder of the cache file (not created here)."""
+    explicit = os.environ.get("DARTREE_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "dartree"
+
+
+def _modules(bundle: Bundle) -> list[tuple[str, Any]]:
+    return [("target", bundle.target), ("drafter", bundle.drafter),
+            *((f"head.{k}", v) for k, v in sorted(bundle.heads.items()))]
+
+
+def model_hash(bundle: Bundle) -> str:
+    """SHA-256 (hex) over every weight of the bundle's modules: the identity of the model files."""
+    digest = hashlib.sha256()
+    for prefix, module in _modules(bundle):
+        digest.update(f"{prefix}:{type(module).__name__};".encode())
+        if not isinstance(module, torch.nn.Module):
+            continue
+        for name, tensor in sorted(module.state_dict().items()):
+            t = tensor.detach().to("cpu").contiguous()
+            digest.update(f"{name}|{t.dtype}|{tuple(t.shape)};".encode())
+            digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return digest.hexdigest()
+
+
+def machine(device: torch.device | str) -> dict[str, Any]:
+    """What the timing depends on besides the model: device, its name, torch threads."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+    else:
+        name = f"{platform.machine()} {platform.processor() or ''}".strip() + f", {os.cpu_count()} cpus"
+    return {"device": device.type, "device_name": name, "torch_threads": torch.get_num_threads()}
+
+
+def cache_key(bundle: Bundle, method: MethodSpec, temperature: float, digest: str | None = None) -> str:
+    """The key of ``method`` tuned for ``bundle`` on this machine at ``temperature`` (a JSON string).
+
+    The searched fields (``budget`` / ``width`` unset or ``auto``) are left out, so ``dartree-pruned``
+    and ``dartree-pruned:budget=auto,width=auto`` share a key.  ``digest``: a precomputed
+    :func:`model_hash`.
+    """
+    fixed = {k: v for k, v in method.config.items() if not (k in AUTO_FIELDS and v == AUTO)}
+    device = next(bundle.target.parameters()).device
+    key = {"v": _VERSION, "model": digest or model_hash(bundle), **machine(device), "builder": method.builder,
+           "head": method.head, "settings": dict(sorted(fixed.items())), "temperature": float(temperature)}
+    return json.dumps(key, sort_keys=True, default=str)
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):          # absent, unreadable or damaged: an empty cache, not an error
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def lookup(key: str, folder: Path | None = None) -> dict[str, Any] | None:
+    """The cached entry of ``key`` (see :func:`entry_of`), or ``None``."""
+    entry = _read((folder or cache_dir()) / CACHE_FILE).get(key)
+    if not isinstance(entry, dict) or not isinstance(entry.get("settings"), dict | str):
+        return None
+    return entry
+
+
+def store(key: str, entry: dict[str, Any], folder: Path | None = None) -> Path:
+    """Add (or replace) ``key`` in the cache file, atomically; returns the file's path."""
+    folder = folder or cache_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / CACHE_FILE
+    data = _read(path)
+    data[key] = entry
+    fd, tmp = tempfile.mkstemp(prefix=".tune-", suffix=".json", dir=folder)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def entry_of(result: Any) -> dict[str, Any]:
+    """The cache entry of a :class:`~dartree.eval.tune.TuneResult`: ``settings`` is ``"ar"`` or the fields."""
+    return {"settings": "ar" if result.use_ar else result.settings(), "method": result.method,
+            "forecast_tokens_per_s": result.forecast_tokens_per_s, "ar_tokens_per_s": result.ar_tokens_per_s,
+            "calibration_prompts": result.calibration_prompts,
+            "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+
+
+#: ``generate``'s budget when the method leaves it unset and nothing is cached for this machine,
+#: measured per device type: on one CPU thread B=16 beats the builders' B=64 default for every tree
+#: method of the zoo (docs/results.md, results/demo vs results/zoo-b64); on a GPU a forward of 64
+#: tree nodes costs about as much as one of 1 node, so the paper's B=64 stays.
+DEVICE_DEFAULT_BUDGET: dict[str, int] = {"cpu": 16, "cuda": 64}
+
+
+def tune_hint(method: MethodSpec, temperature: float) -> str:
+    """The command that tunes ``method`` here and caches the choice (for messages)."""
+    threads = torch.get_num_threads()
+    text = method.builder + "".join(
+        f"{',' if i else ':'}{k}={v}" for i, (k, v) in enumerate(
+            (k, v) for k, v in sorted(method.config.items()) if not (k in AUTO_FIELDS and v == AUTO)))
+    if method.head not in (None, "gru"):
+        text += ("," if ":" in text else ":") + f"head={method.head}"
+    return (f"dartree tune --method {text} --temperature {temperature:g} --threads {threads} --num-prompts 8")
+
+
+def _no_tuning(method: MethodSpec, temperature: float, where: str) -> ValueError:
+    return ValueError(f"budget=auto: no tuning of {method.builder} is cached for this model on this machine "
+                      f"({where}, {torch.get_num_threads()} threads, T={temperature:g}); run "
+                      f"`{tune_hint(method, temperature)}` once (it caches the choice in {cache_dir()}), or give "
+                      "numbers, e.g. budget=16")
+
+
+def check_cached(method: MethodSpec, temperature: float) -> None:
+    """Before any model loads: ``ValueError`` when ``method`` asks for ``auto`` and no entry of its
+    builder is cached at all (the full check, :func:`resolve_unset`, needs the model's hash)."""
+    if not method.auto_fields:
+        return
+    for key in _read(cache_dir() / CACHE_FILE):
+        try:
+            if json.loads(key).get("builder") == method.builder:
+                return
+        except (ValueError, AttributeError):
+            continue
+    raise _no_tuning(method, temperature, "nothing cached")
+
+
+def resolve_unset(bundle: Bundle, method: MethodSpec, temperature: float) -> tuple[MethodSpec, str]:
+    """What ``generate`` decodes for ``method``, and a note saying where the settings came from.
+
+    ``budget`` / ``width`` set to ``auto``: the choice cached for this model and machine (a tree, or
+    plain AR, label kept), else ``ValueError`` with the command that tunes and caches it.  Left unset
+    (the default ``--method dartree-pruned``): the cached choice when there is one, else
+    :data:`DEVICE_DEFAULT_BUDGET`.  Numbers given stay as they are.
+    """
+    from dartree.eval.methods import AR
+
+    if method.is_ar or "budget" not in method.fields():
+        return method, ""
+    searched = [k for k in AUTO_FIELDS if k in method.fields() and method.config.get(k, AUTO) == AUTO]
+    explicit = bool(method.auto_fields)
+    if not searched or (not explicit and "budget" in method.config):
+        return method, ""                       # the user's numbers (an unset width keeps its default)
+    key = cache_key(bundle, method, temperature)
+    entry = lookup(key)
+    if entry is not None:
+        when = f"tuned {entry.get('date_utc', '?')}, cache {cache_dir() / CACHE_FILE}"
+        if entry["settings"] == "ar":
+            return MethodSpec(AR, label=method.label), f"auto -> ar for this machine ({when}): no tree beat AR"
+        chosen = {k: int(v) for k, v in entry["settings"].items() if k in searched}
+        rest = {k: v for k, v in method.config.items() if v != AUTO}
+        text = " ".join(f"{k}={v}" for k, v in chosen.items())
+        return method.with_settings(**chosen, **rest), f"{text} tuned for this machine ({when})"
+    if explicit:
+        raise _no_tuning(method, temperature, machine(next(bundle.target.parameters()).device)["device"])
+    device = next(bundle.target.parameters()).device.type
+    budget = DEVICE_DEFAULT_BUDGET.get(device, 64)
+    return (method.with_settings(budget=budget),
+            f"budget={budget}: the measured default on {device}; `{tune_hint(method, temperature)}` tunes this machine")
