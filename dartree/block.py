@@ -14,7 +14,18 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
-__all__ = ["DraftBlock", "CorrectionHead", "check_finite", "check_logits"]
+__all__ = ["DraftBlock", "CorrectionHead", "check_finite", "check_logits", "check_not_meta"]
+
+
+def check_not_meta(name: str, x: Tensor) -> None:
+    """Raise ``ValueError`` if ``x`` is on the ``meta`` device: it has a shape but no values to read.
+
+    Meta blocks are accepted by :class:`DraftBlock` (shape-only tracing, e.g. the proof that a fast
+    build makes no host sync), so the checks that read values call this first and say so.
+    """
+    if x.device.type == "meta":
+        raise ValueError(f"{name}: on the meta device (a tensor with a shape but no data); trees are built from "
+                         f"real values: put the drafter's output and the inputs on cpu or an accelerator")
 
 
 def check_finite(name: str, x: Tensor) -> None:
@@ -23,6 +34,7 @@ def check_finite(name: str, x: Tensor) -> None:
     This is a host-device synchronisation (one ``.item()``); callers run it once per round, on
     purpose, so that a NaN from a drafter is reported instead of silently building a garbage tree.
     """
+    check_not_meta(name, x)
     if not bool(torch.isfinite(x).all()):
         raise ValueError(f"{name}: must be finite (found NaN or inf)")
 
@@ -45,8 +57,13 @@ class DraftBlock:
         hidden: float ``[b, gamma, H]`` or ``None``; the shared representations ``H_d``.
         root:   int64 ``[b]`` the last committed token (the tree's root, not yet in the target's cache).
 
-    Construction checks ranks, dtypes, batch sizes and devices (no host-device sync).  The logits
-    are checked by the builders: NaN and ``+inf`` are errors, ``-inf`` masks a token.
+    Construction checks ranks, dtypes, batch sizes and devices (no host-device sync), and on the CPU
+    that ``root`` lies in ``[0, V)`` (on accelerators the decoder's :func:`dartree.tree.check_decodable`
+    reads the root with the tree, in its one synchronisation).  The logits are checked by the
+    builders: NaN and ``+inf`` are errors, ``-inf`` masks a token.  ``hidden``'s width must be the
+    head's hidden size; the decoder's head proxy checks it once per build.  A block on the ``meta``
+    device (shapes only) is accepted for tracing (tests/fast/test_no_sync.py); the reference builders
+    and the decoder's checks refuse it with one message (:func:`check_not_meta`).
     """
 
     logits: Tensor
@@ -68,11 +85,17 @@ class DraftBlock:
             raise ValueError(f"root: expected int64 tensor of shape [{b}] (batch of logits), got {got}")
         if self.root.device != self.logits.device:
             raise ValueError(f"root: on {self.root.device}, but logits are on {self.logits.device}")
+        if self.root.device.type == "cpu":
+            # CPU only (a read of b ints, ~1 us); elsewhere it would be a host sync per round, and the
+            # decoder's check_decodable reads the root with the rest of the tree.
+            roots = self.root.tolist()
+            if min(roots) < 0 or max(roots) >= vocab:
+                raise ValueError(f"root: expected token ids in [0, {vocab}) (the block's vocabulary), got {roots}")
         if self.hidden is not None:
             h = self.hidden
-            if not isinstance(h, Tensor) or h.dim() != 3 or h.shape[:2] != (b, gamma):
+            if not isinstance(h, Tensor) or h.dim() != 3 or h.shape[:2] != (b, gamma) or h.shape[2] < 1:
                 got = tuple(h.shape) if isinstance(h, Tensor) else type(h)
-                raise ValueError(f"hidden: expected shape [{b}, {gamma}, H] to match logits, got {got}")
+                raise ValueError(f"hidden: expected shape [{b}, {gamma}, H] (H >= 1) to match logits, got {got}")
             if not h.is_floating_point():
                 raise ValueError(f"hidden: expected a floating dtype, got {h.dtype}")
             if h.device != self.logits.device:

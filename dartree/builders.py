@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from dartree.block import CorrectionHead, DraftBlock, check_logits
+from dartree.block import CorrectionHead, DraftBlock, check_logits, check_not_meta
 from dartree.scoring import NORMALIZE_CHOICES, Normalize
 from dartree.tree import DraftTree
 
@@ -30,6 +30,9 @@ MAX_NODES = 1 << 14
 target (and a supertree of W nodes per depth W head branches), so 16384 is already far beyond what a
 target verifies in one forward; a larger value is a typo, not a tree.  The candidate trie bounds the
 tree too: a tree never holds more than its ``K + K^2 + ... + K^gamma`` nodes."""
+#: The most negative depth penalty: scores are float32 and a node at depth d carries ``d * beta``
+#: (d <= budget <= MAX_NODES), so past this a deep node's score rounds to -inf, the padding value.
+MIN_BETA = -1e30
 
 
 def _check_int(owner: Any, name: str, low: int, high: int | None = None) -> None:
@@ -116,8 +119,9 @@ class PrunedConfig:
         if isinstance(self.beta, bool) or not isinstance(self.beta, int | float) or not self.beta <= 0:
             raise ValueError(f"beta: must be a finite number <= 0 (a depth penalty: a positive value breaks "
                              f"prefix closure), got {self.beta!r}")
-        if self.beta != self.beta or self.beta == float("-inf"):
-            raise ValueError(f"beta: must be a finite number <= 0 (a depth penalty), got {self.beta!r}")
+        if not self.beta >= MIN_BETA:        # NaN, -inf, and penalties that overflow float32 scores
+            raise ValueError(f"beta: must be a finite number in [{MIN_BETA:g}, 0] (a depth penalty; scores are "
+                             f"float32 and d * beta must stay finite), got {self.beta!r}")
         if not isinstance(self.bound, bool):
             raise ValueError(f"bound: must be True or False, got {self.bound!r}")
 
@@ -147,6 +151,8 @@ def register_builder(spec: BuilderSpec) -> None:
 
 
 def builder_spec(name: str) -> BuilderSpec:
+    if not isinstance(name, str):
+        raise ValueError(f"name: expected a builder name (str), one of {sorted(_REGISTRY)}; got {type(name).__name__}")
     if name not in _REGISTRY:
         raise ValueError(f"name: unknown builder {name!r}; registered: {sorted(_REGISTRY)}")
     return _REGISTRY[name]
@@ -194,6 +200,7 @@ class TreeBuilder:
         if topk > block.vocab_size:
             raise ValueError(f"topk: {topk} is outside the allowed range 1..V={block.vocab_size} (block vocabulary)")
         if self.backend == "ref":
+            check_not_meta("block.logits", block.logits)
             check_logits("block.logits", block.logits)  # NaN / +inf; the fast builders check as they read
             return self._fn(block, head, self.config)
         from dartree.fast import checks

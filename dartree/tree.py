@@ -12,16 +12,13 @@ backends that select the same set produce identical tensors.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from dartree.block import DraftBlock, check_not_meta
 from dartree.structure import PAD, TreeStructure, ancestor_mask, tree_structure
-
-if TYPE_CHECKING:
-    from dartree.block import DraftBlock
 
 __all__ = ["DraftTree", "PAD", "check_decodable", "rank_path_key"]
 
@@ -378,6 +375,7 @@ def check_decodable(tree: DraftTree, block: DraftBlock, budget: int | None = Non
             raise ValueError(f"builder: tree.{name} is on {t.device}, the block on {block.device}")
     if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
         raise ValueError(f"budget: expected an int >= 1 or None, got {budget!r}")
+    check_not_meta("block.root", block.root)
     limit = tree.max_nodes if budget is None else min(tree.max_nodes, 1 + budget)
     root, vocab, gamma = block.root, block.vocab_size, block.gamma
     if tree.device.type == "cpu" and _decodable_host(tree, root, vocab, gamma, limit):

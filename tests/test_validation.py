@@ -25,6 +25,8 @@ def block(b: int = 2, gamma: int = 3, vocab: int = 10) -> DraftBlock:
     ("dartree-pruned", {"beta": 0.1}, "beta"),
     ("dartree-pruned", {"beta": float("nan")}, "beta"),
     ("dartree-pruned", {"beta": float("-inf")}, "beta"),
+    ("dartree-pruned", {"beta": -1e39}, "beta"),            # finite in float64, -inf in float32 scores
+    ("dartree-pruned", {"beta": -3e38}, "beta"),            # finite in float32, but d * beta is not
     ("sequential-heap", {"normalize": "softmax"}, "normalize"),
     ("chain", {"budget": 4}, "budget"),          # chains take no budget
     ("ddtree", {"width": 4}, "width"),           # only dartree-pruned has a width
@@ -33,6 +35,12 @@ def block(b: int = 2, gamma: int = 3, vocab: int = 10) -> DraftBlock:
 def test_bad_config_names_the_field(name: str, config: dict, field: str) -> None:
     with pytest.raises(ValueError, match=rf"^{field}:"):
         make_builder(name, **config)
+
+
+@pytest.mark.parametrize("name", [["chain"], {"chain": 1}, None, 3])
+def test_builder_name_of_the_wrong_type(name) -> None:
+    with pytest.raises(ValueError, match=r"^name: expected a builder name \(str\), one of \['chain'"):
+        make_builder(name)
 
 
 def test_bad_name_and_backend() -> None:
@@ -183,3 +191,27 @@ def test_integer_fields_take_anything_operator_index_takes(value) -> None:
 def test_integer_fields_reject_what_is_not_an_integer(value) -> None:
     with pytest.raises(ValueError, match="budget: must be an integer >= 1"):
         make_builder("ddtree", budget=value)
+
+
+def test_block_on_the_meta_device_is_one_clear_error() -> None:
+    """Meta blocks trace shapes (tests/fast/test_no_sync.py); what reads values says what is wrong."""
+    from dartree.tree import check_decodable
+
+    meta = DraftBlock(logits=torch.randn(1, 3, 10, device="meta"), root=torch.zeros(1, dtype=torch.int64,
+                                                                                     device="meta"))
+    with pytest.raises(ValueError, match=r"^block.logits: on the meta device"):
+        make_builder("ddtree", budget=4, topk=3).build(meta)
+    tree = make_builder("ddtree", budget=4, topk=3).build(block(b=1))
+    with pytest.raises(ValueError, match=r"^block.root: on the meta device"):
+        check_decodable(tree.to("meta"), meta)
+
+
+@pytest.mark.parametrize("root", [10, -1, 10**9])
+def test_block_root_outside_the_vocabulary(root: int) -> None:
+    with pytest.raises(ValueError, match=r"^root: expected token ids in \[0, 10\)"):
+        DraftBlock(logits=torch.randn(2, 3, 10), root=torch.tensor([0, root]))
+
+
+def test_block_hidden_of_width_zero() -> None:
+    with pytest.raises(ValueError, match=r"^hidden: expected shape \[1, 3, H\] \(H >= 1\)"):
+        DraftBlock(logits=torch.randn(1, 3, 10), root=torch.tensor([0]), hidden=torch.randn(1, 3, 0))
