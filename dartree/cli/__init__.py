@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from dartree.cli.decode import cmd_bench, cmd_generate
 from dartree.cli.errors import UsageError
-from dartree.cli.parser import PRESETS, build_parser
+from dartree.cli.parser import PRESETS, build_parser, join_negative_values
 from dartree.cli.replay import cmd_show_tree, cmd_sweep, cmd_tune
 
 __all__ = ["main", "build_parser", "PRESETS", "UsageError"]
@@ -35,7 +35,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     and propagates with its traceback.
     """
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(join_negative_values(list(sys.argv[1:] if argv is None else argv)))
     args.argv = list(argv) if argv is not None else None
     import torch
 

@@ -8,16 +8,17 @@ import sys
 from pathlib import Path
 
 from dartree.cli.errors import UsageError, user_input
-from dartree.cli.helpers import clear_out, load, log, prepare_out, setting_defaults
+from dartree.cli.helpers import check_fit, check_grid, load, log, prepare_out, setting_defaults, written
 from dartree.cli.parser import BENCH_DEFAULTS, PRESETS
+from dartree.eval.outdir import CONCURRENCY_FILES
 
 __all__ = ["cmd_bench_concurrency", "CONCURRENCY_FILES"]
-
-CONCURRENCY_FILES = ("concurrency.md", "concurrency.json", "concurrency.png")
 
 
 def cmd_bench_concurrency(args: argparse.Namespace) -> int:
     from dartree.eval.bench import _meta
+    from dartree.eval.bundles import encode
+    from dartree.eval.checks import check_positions
     from dartree.eval.concurrency import concurrency_markdown, plot_concurrency, rows_json, run_concurrency
     from dartree.eval.datasets import load_prompts
     from dartree.eval.methods import parse_methods
@@ -34,35 +35,42 @@ def cmd_bench_concurrency(args: argparse.Namespace) -> int:
     dataset, temperature = preset["datasets"][0], float(preset["temperatures"][0])
     with user_input():
         methods = parse_methods([m for m in preset["methods"] if m != "ar"] or ["ar"], defaults)
-        load_prompts(dataset, num_prompts)
+        prompts = load_prompts(dataset, num_prompts)
         if any(m.auto_fields for m in methods):
             try:
-                load_prompts(dataset, max(levels), offset=num_prompts)
+                prompts += load_prompts(dataset, max(levels), offset=num_prompts)
             except ValueError as e:
                 raise UsageError(f"--concurrency: 'auto' settings are tuned at each C on {max(levels)} prompts of "
                                  f"{dataset!r} after its {num_prompts} evaluation prompts; {e}") from e
+        for m in methods:
+            check_grid(m, args.tune_budgets, args.tune_widths, "--tune-budgets", "--tune-widths")
     out = Path(preset["out"])
-    prepare_out(args, out, CONCURRENCY_FILES)
-    if args.threads is None:
-        args.threads = preset["threads"]
-    bundle = load(args)
-    rows = run_concurrency(bundle, [m for m in methods if not m.is_ar], levels, dataset=dataset,
-                           num_prompts=num_prompts, max_new_tokens=preset["max_new_tokens"],
-                           temperature=temperature, seed=args.seed, backend=args.backend,
-                           max_prompt_tokens=args.max_prompt_tokens, stop_at_eos=args.stop_at_eos,
-                           warmup=not args.no_warmup, tune_budgets=tuple(args.tune_budgets),
-                           tune_widths=tuple(args.tune_widths), log=log)
-    argv = ["dartree", *sys.argv[1:]] if args.argv is None else ["dartree", *args.argv]
-    meta = _meta(bundle, argv)
-    meta.update(dataset=dataset, temperature=temperature, prompts=num_prompts,
-                max_new_tokens=preset["max_new_tokens"])
-    text = concurrency_markdown(rows, meta)
-    clear_out(out, CONCURRENCY_FILES)
-    (out / "concurrency.md").write_text(text)
-    (out / "concurrency.json").write_text(json.dumps({"meta": meta, "rows": rows_json(rows)}, indent=1))
-    plot = plot_concurrency(rows, out / "concurrency.png")
+    with prepare_out(args, out, CONCURRENCY_FILES) as run:
+        if args.threads is None:
+            args.threads = preset["threads"]
+        bundle = load(args)
+        timed = [m for m in methods if not m.is_ar]
+        check_fit(bundle, timed)        # heads, topk: before anything is served
+        with user_input():
+            check_positions(bundle, [min(len(encode(bundle.tokenizer, p.text)), args.max_prompt_tokens)
+                                     for p in prompts], preset["max_new_tokens"], "--max-prompt-tokens")
+        rows = run_concurrency(bundle, timed, levels, dataset=dataset,
+                               num_prompts=num_prompts, max_new_tokens=preset["max_new_tokens"],
+                               temperature=temperature, seed=args.seed, backend=args.backend,
+                               max_prompt_tokens=args.max_prompt_tokens, stop_at_eos=args.stop_at_eos,
+                               warmup=not args.no_warmup, tune_budgets=tuple(args.tune_budgets),
+                               tune_widths=tuple(args.tune_widths), log=log)
+        argv = ["dartree", *sys.argv[1:]] if args.argv is None else ["dartree", *args.argv]
+        meta = _meta(bundle, argv)
+        meta.update(dataset=dataset, temperature=temperature, prompts=num_prompts,
+                    max_new_tokens=preset["max_new_tokens"])
+        text = concurrency_markdown(rows, meta)
+        with written(run):          # the three files replace an earlier run together, once all are written
+            run.write("concurrency.md", text)
+            run.write("concurrency.json", json.dumps({"meta": meta, "rows": rows_json(rows)}, indent=1))
+            plot_concurrency(rows, run.path("concurrency.png"))
     print(text)
-    log(f"wrote {out / 'concurrency.md'}, {out / 'concurrency.json'}, {plot}")
+    log(f"wrote {', '.join(map(str, run.committed))}")
     lost = [r for r in rows if r.lossless_prompts != r.prompts]
     if lost:
         log(f"LOSSLESS CHECK FAILED: {[(r.method, r.concurrency) for r in lost]} differ from AR's output"

@@ -11,13 +11,14 @@ from pathlib import Path
 from dartree.cli.errors import UsageError, user_input
 from dartree.cli.helpers import (
     check_fit,
-    clear_out,
+    check_grid,
     load,
     log,
     prepare_out,
     prompt_ids,
     round_summary,
     setting_defaults,
+    written,
 )
 from dartree.cli.parser import BENCH_DEFAULTS, PRESETS
 
@@ -92,6 +93,18 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def tuning_plot_names(tuning) -> list[str]:
+    """A file name per tuning result: ``tuning_BUILDER.png``, with the method label and then the temperature
+    added where several results would share a name (no plot of the run overwrites another)."""
+    def safe(text: str) -> str:
+        return text.replace(":", "_").replace(",", "_").replace("=", "")
+
+    stems = [t.builder if len({u.method for u in tuning if u.builder == t.builder}) == 1 else safe(t.method)
+             for t in tuning]
+    return [f"tuning_{stem}" + (f"_T{t.temperature:g}" if stems.count(stem) > 1 else "") + ".png"
+            for stem, t in zip(stems, tuning, strict=True)]
+
+
 def _check_bench(bundle, config, texts: list[str]) -> None:
     """Check what bench will decode against the model before it runs: heads, topk, positions."""
     from dartree.eval.bundles import encode
@@ -155,23 +168,25 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 except ValueError as e:
                     raise UsageError(f"--calibration-prompts: 'auto' settings are tuned on the prompts of {d!r} "
                                      f"after its {config.num_prompts} evaluation prompts; {e}") from e
+        for m in config.methods:
+            check_grid(m, config.tune_budgets, config.tune_widths, "--tune-budgets", "--tune-widths")
     out = Path(preset["out"])
-    prepare_out(args, out, BENCH_FILES)
-    if args.threads is None:
-        args.threads = preset["threads"]
-    bundle = load(args)
-    _check_bench(bundle, config, [p.text for p in prompts])
-    argv = ["dartree", *sys.argv[1:]] if args.argv is None else ["dartree", *args.argv]
-    start = time.perf_counter()
-    result = run_bench(bundle, config, argv=argv, log=log)
-    _cache_tuning(bundle, config, result)
-    clear_out(out, BENCH_FILES)
-    paths = write_bench(result, out)
-    plot = plot_acceptance(result.summaries, out / "acceptance.png")
-    tuning_plots = [plot_tuning(t, out / f"tuning_{t.builder}.png") for t in result.tuning]
+    with prepare_out(args, out, BENCH_FILES) as run:
+        if args.threads is None:
+            args.threads = preset["threads"]
+        bundle = load(args)
+        _check_bench(bundle, config, [p.text for p in prompts])
+        argv = ["dartree", *sys.argv[1:]] if args.argv is None else ["dartree", *args.argv]
+        start = time.perf_counter()
+        result = run_bench(bundle, config, argv=argv, log=log)
+        _cache_tuning(bundle, config, result)
+        with written(run):          # the files replace an earlier run together, once all are written
+            write_bench(result, run.staged)
+            plot_acceptance(result.summaries, run.path("acceptance.png"))
+            for t, name in zip(result.tuning, tuning_plot_names(result.tuning), strict=True):
+                plot_tuning(t, run.path(name))
     print(bench_markdown(result))
-    log(f"wrote {paths['markdown']}, {paths['json']}, {plot}" + "".join(f", {p}" for p in tuning_plots)
-        + f" in {time.perf_counter() - start:.0f} s")
+    log(f"wrote {', '.join(map(str, run.committed))} in {time.perf_counter() - start:.0f} s")
     if not result.lossless:
         bad = sum(not r.matches_ar for r in result.records)
         log(f"LOSSLESS CHECK FAILED: {bad} of {len(result.records)} outputs differ from AR's (see the table's "

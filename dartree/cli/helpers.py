@@ -5,14 +5,15 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from dartree.cli.errors import UsageError, user_input
 
-__all__ = ["log", "setting_defaults", "load", "prepare_out", "clear_out", "prompt_ids", "dataset_prompts",
-           "references", "check_fit", "round_summary"]
+__all__ = ["log", "setting_defaults", "load", "prepare_out", "written", "prompt_ids", "dataset_prompts",
+           "references", "check_fit", "check_grid", "round_summary"]
 
 
 def log(msg: str) -> None:
@@ -43,13 +44,23 @@ def load(args: argparse.Namespace):
         raise UsageError("--target and --drafter: give both (a local target and its drafter) or neither")
     if local[0] is None and getattr(args, "tokenizer", None) is not None:
         raise UsageError("--tokenizer: only used with --target and --drafter")
+    if local[0] is not None and getattr(args, "model", None) is not None:
+        raise UsageError(f"--model {args.model} and --target/--drafter: give one of them (a bundled model, or local "
+                         "checkpoint directories)")
     with user_input():              # an unknown --model, unreadable weights: named in one line
         if local[0] is not None:
             from dartree.eval.bundles import local_bundle
 
-            bundle = local_bundle(local[0], local[1], args.tokenizer)
+            try:
+                bundle = local_bundle(local[0], local[1], args.tokenizer)
+            except (OSError, RuntimeError) as e:   # unreadable files; weights that disagree with their config
+                reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+                raise UsageError(f"--target {local[0]} / --drafter {local[1]}: cannot load the checkpoints: "
+                                 f"{reason}") from e
         else:
-            bundle = load_bundle(args.model)
+            from dartree.cli.parser import DEFAULT_MODEL
+
+            bundle = load_bundle(args.model or DEFAULT_MODEL)
     if device != "cpu":
         bundle.to(device)
     log(f"model {bundle.name} loaded in {time.perf_counter() - start:.1f} s" + (f" (on {device})" if device != "cpu"
@@ -57,22 +68,35 @@ def load(args: argparse.Namespace):
     return bundle
 
 
-def prepare_out(args: argparse.Namespace, out: Path, kind: Sequence[str]) -> None:
-    """Check --out before any model loads: writable, and no earlier results of this ``kind`` unless --force."""
-    from dartree.eval.outdir import check_out_dir
+def prepare_out(args: argparse.Namespace, out: Path, kind: Sequence[str]):
+    """Open --out before any model loads (:func:`dartree.eval.outdir.open_run`): locked against other runs,
+    writable, and no earlier results of this ``kind`` unless --force.  Returns the
+    :class:`~dartree.eval.outdir.RunFolder` (a context manager) the command writes through."""
+    from dartree.eval.outdir import open_run
 
     with user_input():
-        earlier = check_out_dir(out, kind, args.force)
+        run = open_run(out, kind, args.force)
+    if run.restored:
+        log(f"{out}: an interrupted commit was rolled back; the earlier run's {', '.join(run.restored)} restored")
+    earlier = run.earlier()
     if earlier:
-        log(f"--force: {len(earlier)} files of an earlier run in {out} are replaced when this run's are written")
+        log(f"--force: {len(earlier)} files of an earlier run in {out} are replaced once this run's are complete")
+    return run
 
 
-def clear_out(out: Path, kind: Sequence[str]) -> None:
-    """Remove the earlier run's files of this ``kind`` (--force) just before this run's are written."""
-    from dartree.eval.outdir import clear_earlier_run
-
-    clear_earlier_run(out, kind)
-    out.mkdir(parents=True, exist_ok=True)
+@contextmanager
+def written(run) -> Iterator[None]:
+    """Write the run's files inside this block; on leaving it they replace the earlier run together
+    (:meth:`~dartree.eval.outdir.RunFolder.commit`).  A write error (disk full) is one line: nothing was
+    replaced."""
+    try:
+        yield
+        with user_input():
+            run.commit()
+    except OSError as e:
+        where = f"{e.filename}: " if getattr(e, "filename", None) else ""
+        raise UsageError(f"--out: cannot write the results to {run.out}: {where}{e.strerror or e}; nothing in "
+                         f"{run.out} was replaced") from e
 
 
 def prompt_ids(bundle, text: str, limit: int) -> list[int]:
@@ -101,6 +125,26 @@ def references(bundle, args: argparse.Namespace, texts: Sequence[str]):
     with user_input():
         check_positions(bundle, map(len, ids), args.max_new_tokens, "--max-prompt-tokens")
     return [reference(bundle, x, args.max_new_tokens, args.temperature, args.seed) for x in ids]
+
+
+def check_grid(method, budgets: Sequence[int], widths: Sequence[int], budget_option: str, width_option: str,
+               fields: Sequence[str] | None = None) -> None:
+    """Every setting a tuner would try for ``method`` (its ``fields``, default its ``auto`` ones, over
+    ``budgets`` x ``widths``) is a valid builder config: checked before any model loads, named by the
+    option that gave it."""
+    from itertools import product
+
+    from dartree.eval.methods import make_method_builder
+
+    grid = {"budget": budgets, "width": widths}
+    auto = tuple(method.auto_fields if fields is None else fields)
+    for values in product(*(grid[k] for k in auto)):
+        try:
+            make_method_builder(method.with_settings(**dict(zip(auto, values, strict=True))), "ref")
+        except ValueError as e:
+            field = str(e).split(":")[0]
+            option = {"budget": budget_option, "width": width_option}.get(field, f"{budget_option}/{width_option}")
+            raise UsageError(f"{option}: {e}") from e
 
 
 def check_fit(bundle, methods, topk_values: Sequence[int] = ()) -> None:

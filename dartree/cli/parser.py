@@ -8,10 +8,11 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DESCRIPTION", "DEFAULT_MODEL", "PRESETS", "BENCH_DEFAULTS", "build_parser"]
+__all__ = ["DESCRIPTION", "DEFAULT_MODEL", "PRESETS", "BENCH_DEFAULTS", "build_parser", "join_negative_values"]
 
 DESCRIPTION = """Draft-tree speculative decoding: generate, benchmark, sweep, draw trees, tune the budget.
 
@@ -155,8 +156,9 @@ def _common() -> argparse.ArgumentParser:
 
     p = argparse.ArgumentParser(add_help=False)
     g = p.add_argument_group("model and runtime")
-    g.add_argument("--model", default=DEFAULT_MODEL,
-                   help=f"bundled zoo model, or 'tiny-random' (a toy for trying commands) (default {DEFAULT_MODEL})")
+    g.add_argument("--model", default=None,
+                   help=f"bundled zoo model, or 'tiny-random' (a toy for trying commands) (default {DEFAULT_MODEL}); "
+                        "not with --target/--drafter")
     g.add_argument("--target", type=_folder, default=None, metavar="DIR",
                    help="a local HF causal-LM directory (config.json + safetensors) to use instead of --model; "
                         "needs --drafter (see docs/checkpoints.md)")
@@ -199,6 +201,28 @@ def _prompt_args(p: argparse.ArgumentParser, dataset_default: str = "humaneval")
     g.add_argument("--max-new-tokens", type=_positive_int, default=64, help="tokens per prompt (default 64)")
     g.add_argument("--temperature", type=_temperature, default=0.0, help="0 = greedy (default)")
     g.add_argument("--max-prompt-tokens", type=_positive_int, default=256, help="prompts keep their last N tokens")
+
+
+#: Options whose value may start with '-' (a negative number or a list of them: ``--values -0.1,-0.2``).
+NEGATIVE_VALUE_OPTIONS: tuple[str, ...] = ("--values", "--beta", "--temperature")
+_NUMBERS = re.compile(r"-\.?\d[\w.+-]*(,[\w.+-]*)*")
+
+
+def join_negative_values(argv: list[str]) -> list[str]:
+    """``--values -0.1,-0.2`` -> ``--values=-0.1,-0.2``: argparse takes a value starting with '-' for an option
+    unless it is a single plain number, so the documented form of negative sweep values would not parse."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        if argv[i] == "--":
+            return out + argv[i:]
+        if argv[i] in NEGATIVE_VALUE_OPTIONS and i + 1 < len(argv) and _NUMBERS.fullmatch(argv[i + 1]):
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+            continue
+        out.append(argv[i])
+        i += 1
+    return out
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -9,13 +9,14 @@ import json
 from dartree.cli.errors import UsageError, user_input
 from dartree.cli.helpers import (
     check_fit,
-    clear_out,
+    check_grid,
     dataset_prompts,
     load,
     log,
     prepare_out,
     references,
     setting_defaults,
+    written,
 )
 
 __all__ = ["cmd_sweep", "cmd_show_tree", "cmd_tune"]
@@ -43,19 +44,19 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             for v in values:                            # every point's builder config is valid
                 make_method_builder(m.with_settings(**{args.param: v if args.param == "beta" else int(v)}), "ref")
     prompts = dataset_prompts(args)
-    prepare_out(args, args.out, sweep_files(args.param))
-    bundle = load(args)
-    check_fit(bundle, methods, [int(v) for v in values] if args.param == "topk" else ())
-    refs = references(bundle, args, [p.text for p in prompts])
-    result = run_sweep(bundle, methods, args.param, values, refs, args.backend, progress=log)
-    clear_out(args.out, sweep_files(args.param))
-    table = sweep_table(result)
-    (args.out / f"sweep_{args.param}.md").write_text(
-        f"# Sweep of {args.param} on {bundle.name}, {args.dataset}, T={args.temperature:g}\n\n{table}\n")
-    (args.out / f"sweep_{args.param}.json").write_text(json.dumps(asdict(result), indent=1))
-    plot = plot_sweep(args.param, result.series(), args.out / f"sweep_{args.param}.png")
+    with prepare_out(args, args.out, sweep_files(args.param)) as run:
+        bundle = load(args)
+        check_fit(bundle, methods, [int(v) for v in values] if args.param == "topk" else ())
+        refs = references(bundle, args, [p.text for p in prompts])
+        result = run_sweep(bundle, methods, args.param, values, refs, args.backend, progress=log)
+        table = sweep_table(result)
+        with written(run):          # the three files replace an earlier sweep of this parameter together
+            run.write(f"sweep_{args.param}.md",
+                      f"# Sweep of {args.param} on {bundle.name}, {args.dataset}, T={args.temperature:g}\n\n{table}\n")
+            run.write(f"sweep_{args.param}.json", json.dumps(asdict(result), indent=1))
+            plot_sweep(args.param, result.series(), run.path(f"sweep_{args.param}.png"))
     print(table)
-    log(f"wrote {args.out / f'sweep_{args.param}.md'}, {plot}")
+    log(f"wrote {', '.join(map(str, run.committed))}")
     return 0
 
 
@@ -77,29 +78,29 @@ def cmd_show_tree(args: argparse.Namespace) -> int:
     if args.prompt is not None and not args.prompt:
         raise UsageError("--prompt: the prompt is empty; give at least one character")
     texts = [args.prompt] if args.prompt is not None else [p.text for p in dataset_prompts(args)]
-    prepare_out(args, args.out, TREE_FILES)
-    bundle = load(args)
-    check_fit(bundle, [method, *depth_methods])
-    refs = references(bundle, args, texts)
-    rounds = recorded_rounds(bundle, method, refs[0], args.backend)
-    if args.round > len(rounds):
-        raise UsageError(f"--round: the first prompt took {len(rounds)} rounds; pick 1..{len(rounds)}")
-    r = rounds[args.round - 1]
-    clear_out(args.out, TREE_FILES)
-    safe = method.label.replace(":", "_").replace(",", "_").replace("=", "")
-    tree_png = plot_tree(r.tree, r.accepted, lambda t: decode(bundle.tokenizer, [t]),
-                         args.out / f"tree_{safe}_round{args.round}.png",
-                         title=f"{method.label}, round {args.round}: {r.tree_size} draft nodes, "
-                               f"{r.accepted_length} accepted (green), then the target's bonus token "
-                               f"{decode(bundle.tokenizer, [r.bonus]) if r.bonus >= 0 else '(end)'!r}")
+    with prepare_out(args, args.out, TREE_FILES) as run:
+        bundle = load(args)
+        check_fit(bundle, [method, *depth_methods])
+        refs = references(bundle, args, texts)
+        rounds = recorded_rounds(bundle, method, refs[0], args.backend)
+        if args.round > len(rounds):
+            raise UsageError(f"--round: the first prompt took {len(rounds)} rounds; pick 1..{len(rounds)}")
+        r = rounds[args.round - 1]
+        gamma = int(getattr(bundle.drafter, "gamma", 0)) or max(int(x.tree.depths.max()) for x in rounds)
+        counts = {}
+        for m in depth_methods:
+            all_rounds = [x for ref in refs for x in recorded_rounds(bundle, m, ref, args.backend)]
+            counts[m.label] = depth_counts(all_rounds, gamma)
+        safe = method.label.replace(":", "_").replace(",", "_").replace("=", "")
+        with written(run):          # both plots replace an earlier run's together
+            plot_tree(r.tree, r.accepted, lambda t: decode(bundle.tokenizer, [t]),
+                      run.path(f"tree_{safe}_round{args.round}.png"),
+                      title=f"{method.label}, round {args.round}: {r.tree_size} draft nodes, "
+                            f"{r.accepted_length} accepted (green), then the target's bonus token "
+                            f"{decode(bundle.tokenizer, [r.bonus]) if r.bonus >= 0 else '(end)'!r}")
+            plot_depth_distribution(counts, run.path("depth_distribution.png"))
     print(r.tree.format(0, lambda t: repr(decode(bundle.tokenizer, [t]))))
-    gamma = int(getattr(bundle.drafter, "gamma", 0)) or max(int(x.tree.depths.max()) for x in rounds)
-    counts = {}
-    for m in depth_methods:
-        all_rounds = [x for ref in refs for x in recorded_rounds(bundle, m, ref, args.backend)]
-        counts[m.label] = depth_counts(all_rounds, gamma)
-    depth_png = plot_depth_distribution(counts, args.out / "depth_distribution.png")
-    log(f"wrote {tree_png}, {depth_png}")
+    log(f"wrote {', '.join(map(str, run.committed))}")
     return 0
 
 
@@ -121,25 +122,26 @@ def cmd_tune(args: argparse.Namespace) -> int:
         if not searched:         # every tunable setting is fixed: --budgets / --widths would be ignored
             raise ValueError(f"method: {method.label!r} (with --budget/--width) fixes every setting tune searches; "
                              "leave budget (or width) unset or 'auto'")
+        check_grid(method, args.budgets, args.widths, "--budgets", "--widths", searched)
     prompts = dataset_prompts(args)
-    prepare_out(args, args.out, tune_files(method.builder))
-    bundle = load(args)
-    check_fit(bundle, [method])
-    refs = references(bundle, args, [p.text for p in prompts])
-    result = tune(bundle, method, refs, args.backend, args.budgets, args.widths, progress=log,
-                  temperature=args.temperature, seed=args.seed)
+    with prepare_out(args, args.out, tune_files(method.builder)) as run:
+        bundle = load(args)
+        check_fit(bundle, [method])
+        refs = references(bundle, args, [p.text for p in prompts])
+        result = tune(bundle, method, refs, args.backend, args.budgets, args.widths, progress=log,
+                      temperature=args.temperature, seed=args.seed)
+        table = tuning_table(result)
+        with written(run):          # the three files replace an earlier tuning of this builder together
+            run.write(f"tune_{method.builder}.md", f"# Adaptive budget for {method.label} on {bundle.name}\n\n"
+                                                   f"{table}\n")
+            run.write(f"tune_{method.builder}.json", json.dumps(asdict(result), indent=1))
+            plot_tuning(result, run.path(f"tune_{method.builder}.png"))
     cached = store(cache_key(bundle, method, args.temperature), entry_of(result))
-    clear_out(args.out, tune_files(method.builder))
-    table = tuning_table(result)
-    (args.out / f"tune_{method.builder}.md").write_text(f"# Adaptive budget for {method.label} on {bundle.name}\n\n"
-                                                        f"{table}\n")
-    (args.out / f"tune_{method.builder}.json").write_text(json.dumps(asdict(result), indent=1))
-    plot = plot_tuning(result, args.out / f"tune_{method.builder}.png")
     print(table)
     chosen = "plain AR (no tree is forecast to beat it)" if result.use_ar else " ".join(
         f"--{k} {v}" for k, v in result.settings().items())
     print(f"\nchosen: {chosen}  (forecast {result.forecast_tokens_per_s:.1f} tokens/s, "
           f"{result.forecast_tokens_per_s / result.ar_tokens_per_s:.2f}x AR, measured on {len(refs)} prompts)")
     log(f"cached for `dartree generate` (this model, machine, threads and temperature) in {cached}")
-    log(f"wrote {args.out / f'tune_{method.builder}.md'}, {plot}")
+    log(f"wrote {', '.join(map(str, run.committed))}")
     return 0

@@ -221,6 +221,6 @@ def plot_concurrency(rows: Sequence[ConcurrencyRow], path: Path) -> Path:
     ax.axhline(1.0, color="grey", linewidth=0.8)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    return path
+    from dartree.eval.plots import save_png
+
+    return save_png(fig, path)

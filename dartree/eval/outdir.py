@@ -1,32 +1,72 @@
-"""Run folders: where a command writes its results, checked before any model loads.
+"""Run folders: where a command writes its results, complete or not at all, one writer at a time.
 
 Each command that writes results owns a set of file names in its ``--out`` folder (its *kind*:
-:data:`BENCH_FILES`, :func:`sweep_files`, :data:`TREE_FILES`, :func:`tune_files`).  Before it loads
-a model, the command calls :func:`check_out_dir`: the folder must be creatable and writable (a
-probe file is written and removed), and must not hold files of the command's kind from an earlier
-run, so that a run never replaces another one silently.  With ``force=True`` such files are
-accepted; the command calls :func:`clear_earlier_run` just before it writes its own, so no stale
-file of the earlier run stays mixed with the new ones (e.g. the tuning plot of a builder the new
-run does not tune), and a run that fails halfway leaves the earlier results in place.
+:data:`BENCH_FILES`, :data:`CONCURRENCY_FILES`, :func:`sweep_files`, :data:`TREE_FILES`,
+:func:`tune_files`).  Files of other kinds are never touched: sweeps of different parameters, a
+bench and its ``sweeps/`` sub-folder, or a user's notes share a folder safely.
 
-Files of other kinds are never touched: sweeps of different parameters, a bench and its
-``sweeps/`` sub-folder, or a user's notes share a folder safely.
+A command opens its folder with :func:`open_run` before any model loads and writes every file of
+its run through the returned :class:`RunFolder`; nothing appears in ``--out`` until
+:meth:`RunFolder.commit`.  The design, step by step:
+
+1. **Lock.**  ``open_run`` creates the folder if needed and takes an exclusive, non-blocking
+   ``flock`` on the folder itself (a descriptor of the directory: no lock file is left behind).
+   A second run on the same folder fails at once with a ``ValueError`` naming the folder.  The
+   lock is held until the run commits or gives up; the kernel releases it if the process dies.
+2. **Recovery.**  Under the lock, a journal left by a commit that was killed (``kill -9``, power
+   loss) is rolled back, restoring the earlier run, and staging folders of runs that died are removed.
+3. **Checks.**  The folder must be writable, no run file name may be a folder, and files of the
+   command's kind from an earlier run need ``force=True`` (a run never replaces another silently).
+4. **Staging.**  Files are written into ``--out/.dartree-staging-XXXXXXXX/new/`` (``mkdtemp``:
+   private, in the same file system as their final place).  An interrupt (Ctrl-C) or a write error
+   (disk full) here removes the staging folder; ``--out`` is untouched and holds no partial file.
+5. **Commit.**  SIGINT, SIGTERM and SIGHUP are held back for the few renames that follow (delivered
+   once the commit is done):
+
+   a. every staged file and the staging folder are flushed to disk (``fsync``);
+   b. the journal ``--out/.dartree-journal.json`` is written (temporary file, ``fsync``,
+      ``os.replace``): the staging folder, the earlier run's file names and the new ones;
+   c. every file of the earlier run (replaced or stale alike) is renamed into the staging
+      folder's ``earlier/``;
+   d. every new file is renamed into ``--out``;
+   e. ``--out`` is flushed and the journal removed: **the commit point**;
+   f. the staging folder, now holding the earlier run, is removed.
+
+   If a step of b-e fails (an ``OSError``, an interrupt that got through), every rename is undone
+   in reverse before the error propagates, so ``--out`` holds the earlier run again; if the process
+   dies there, the journal makes the next run in the folder (step 2) undo them.  Before the commit
+   point ``--out`` holds the earlier run, after it the new one: never a mix of the two.
+
+Every change is a ``rename`` of a directory entry, never a write through an existing name, so a
+symlink in ``--out`` is replaced (or moved aside) itself and its target is never written.
 """
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import glob
+import json
 import os
+import shutil
+import signal
 import tempfile
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
-__all__ = ["BENCH_FILES", "TREE_FILES", "sweep_files", "tune_files", "check_out_dir", "clear_earlier_run",
-           "run_files"]
+__all__ = ["BENCH_FILES", "CONCURRENCY_FILES", "TREE_FILES", "sweep_files", "tune_files", "run_files",
+           "open_run", "RunFolder", "write_atomic", "JOURNAL", "STAGING_PREFIX"]
 
 BENCH_FILES: tuple[str, ...] = ("results.md", "results.json", "acceptance.png", "tuning_*.png")
+CONCURRENCY_FILES: tuple[str, ...] = ("concurrency.md", "concurrency.json", "concurrency.png")
 TREE_FILES: tuple[str, ...] = ("tree_*.png", "depth_distribution.png")
+#: The commit journal of a run folder (present only while a commit is in progress or was killed).
+JOURNAL = ".dartree-journal.json"
+#: Name prefix of the staging folders inside a run folder.
+STAGING_PREFIX = ".dartree-staging-"
 
 
 def sweep_files(param: str) -> tuple[str, ...]:
@@ -39,45 +79,279 @@ def tune_files(builder: str) -> tuple[str, ...]:
     return tuple(f"tune_{glob.escape(builder)}.{ext}" for ext in ("md", "json", "png"))
 
 
+def _matches(name: str, patterns: Sequence[str]) -> bool:
+    return any(fnmatch.fnmatchcase(name, pat) for pat in patterns)
+
+
 def run_files(out: Path, patterns: Sequence[str]) -> list[Path]:
-    """The regular files in ``out`` whose names match ``patterns`` (sorted; empty when ``out`` does not exist)."""
+    """The entries of ``out`` of this kind that are not folders: files and symlinks (sorted; empty when
+    ``out`` does not exist)."""
     if not out.is_dir():
         return []
-    return sorted(p for p in out.iterdir()
-                  if p.is_file() and not p.is_symlink() and any(fnmatch.fnmatchcase(p.name, pat) for pat in patterns))
+    return sorted(p for p in out.iterdir() if _matches(p.name, patterns) and (p.is_symlink() or not p.is_dir()))
 
 
-def _names(paths: list[Path], limit: int = 4) -> str:
+def _names(paths: Sequence[Path], limit: int = 4) -> str:
     names = [p.name for p in paths[:limit]]
     return ", ".join(names) + (f" and {len(paths) - limit} more" if len(paths) > limit else "")
 
 
-def check_out_dir(out: Path, patterns: Sequence[str], force: bool = False) -> list[Path]:
-    """Make sure results can be written to ``out``; returns the earlier run's files that ``force`` replaces.
+def _is_folder(path: Path) -> bool:
+    return path.is_dir() and not path.is_symlink()
+
+
+def _fsync(path: Path, directory: bool = False) -> None:
+    fd = os.open(path, (os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)) if directory else os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, data: bytes | str) -> Path:
+    """Write ``data`` to ``path`` complete or not at all: a temporary file beside it, ``fsync``, then
+    ``os.replace`` (a symlink at ``path`` is replaced itself, its target is not written).  Returns ``path``."""
+    raw = data.encode() if isinstance(data, str) else data
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(raw)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with _quiet():
+            os.unlink(tmp)
+        raise
+    return path
+
+
+@contextmanager
+def _quiet() -> Iterator[None]:
+    """Best-effort cleanup: a missing file or a second failure must not hide the error being raised."""
+    try:
+        yield
+    except OSError:
+        pass
+
+
+@contextmanager
+def _signals_held() -> Iterator[None]:
+    """Hold back SIGINT/SIGTERM/SIGHUP (delivered on exit) so that a commit's renames are not cut short."""
+    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+# ------------------------------------------------------------------------------------------- journal
+def _read_journal(out: Path) -> dict[str, Any] | None:
+    path = out / JOURNAL
+    if not os.path.lexists(path):
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        with os.fdopen(fd, "rb") as f:
+            journal = json.loads(f.read())
+        names = [journal["staging"], *journal["earlier"], *journal["new"]]
+        if not journal["staging"].startswith(STAGING_PREFIX) or any(
+                not isinstance(n, str) or n in ("", ".", "..") or os.sep in n or n != Path(n).name for n in names):
+            raise ValueError("a name that is not a plain file name")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"--out: {path} (the journal of an interrupted commit) is unreadable ({e}); check the "
+                         f"folder's files and remove it") from None
+    return journal
+
+
+def _undo(out: Path, journal: dict[str, Any]) -> list[str]:
+    """Undo the renames of a commit (c and d), whatever step it reached; returns the earlier files restored.
+
+    Idempotent: every step is a rename decided by where the file is now, so an undo that is itself
+    interrupted is finished by the next one.
+    """
+    staging = out / journal["staging"]
+    new, earlier = staging / "new", staging / "earlier"
+    if not staging.is_dir():       # nothing was moved out of a staging folder that is gone
+        return []
+    for name in journal["new"]:    # installed (gone from staging): take it back
+        if not os.path.lexists(new / name) and os.path.lexists(out / name):
+            os.replace(out / name, new / name)
+    restored = []
+    for name in journal["earlier"]:
+        if os.path.lexists(earlier / name):
+            os.replace(earlier / name, out / name)
+            restored.append(name)
+    _fsync(out, directory=True)
+    return restored
+
+
+def _recover(out: Path) -> list[str]:
+    """Roll back a commit that was killed, remove staging folders of dead runs; returns files restored."""
+    restored: list[str] = []
+    journal = _read_journal(out)
+    if journal is not None:
+        restored = _undo(out, journal)
+        os.unlink(out / JOURNAL)
+    for p in out.iterdir():     # we hold the lock: every staging folder here belongs to a run that died
+        if p.name.startswith(STAGING_PREFIX) and _is_folder(p):
+            shutil.rmtree(p, ignore_errors=True)
+    return restored
+
+
+# ---------------------------------------------------------------------------------------- run folder
+class RunFolder:
+    """An open, locked run folder: write files with :meth:`write` (or at :meth:`path`), then :meth:`commit`.
+
+    Use it as a context manager: leaving the block without a commit (an error, Ctrl-C) removes what
+    was staged and leaves ``out`` as it was; leaving it releases the lock.  See the module docstring.
+    """
+
+    def __init__(self, out: Path, patterns: Sequence[str], force: bool, lock_fd: int, restored: Sequence[str]):
+        self.out = out
+        self.patterns = tuple(patterns)
+        self.force = force
+        self.restored = tuple(restored)       # files of an earlier run restored by recovery (step 2)
+        self._lock_fd: int | None = lock_fd
+        self._staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=out))
+        self._keep_staging = False       # an undo that failed needs the earlier run kept in staging
+        (self._staging / "new").mkdir()
+        self.committed: tuple[Path, ...] | None = None
+
+    @property
+    def staged(self) -> Path:
+        """The folder this run's files are written into until the commit (for functions that write into a folder)."""
+        return self._staging / "new"
+
+    def earlier(self) -> list[Path]:
+        """The files of this kind in ``out`` now (an earlier run's; replaced by the commit)."""
+        return run_files(self.out, self.patterns)
+
+    def path(self, name: str) -> Path:
+        """Where file ``name`` of this run is written until the commit (e.g. for a plotting function)."""
+        if not isinstance(name, str) or name != Path(name).name or name in ("", ".", ".."):
+            raise ValueError(f"name: expected a plain file name, got {name!r}")
+        if not _matches(name, self.patterns):
+            raise ValueError(f"name: {name!r} is not a file of this run's kind {self.patterns}")
+        self._check_open()
+        return self.staged / name
+
+    def _check_open(self) -> None:
+        if self.committed is not None or self._lock_fd is None:
+            raise ValueError(f"run folder {self.out}: already committed or closed")
+
+    def write(self, name: str, data: bytes | str) -> Path:
+        """Stage file ``name`` with ``data`` (text is UTF-8); returns the path it will have after the commit."""
+        path = self.path(name)
+        path.write_bytes(data.encode() if isinstance(data, str) else data)
+        return self.out / name
+
+    def commit(self) -> tuple[Path, ...]:
+        """Replace the earlier run of this kind with the staged files (step 5 of the module docstring)."""
+        self._check_open()
+        new_dir = self.staged
+        names = sorted(p.name for p in new_dir.iterdir())
+        if not names:
+            raise ValueError(f"run folder {self.out}: nothing was written to commit")
+        strays = [n for n in names if not _matches(n, self.patterns) or _is_folder(new_dir / n)]
+        if strays:    # a file of no kind would never be replaced or refused by a later run
+            raise ValueError(f"run folder {self.out}: staged {strays} are not files of this run's kind {self.patterns}")
+        blocked = [self.out / n for n in names if _is_folder(self.out / n)]
+        if blocked:
+            raise ValueError(f"--out: {_names(blocked)} in {self.out} is a folder, where this run writes a file; "
+                             "move it away or pick another --out")
+        earlier = [p.name for p in self.earlier()]
+        for n in names:
+            _fsync(new_dir / n)
+        _fsync(new_dir, directory=True)
+        (self._staging / "earlier").mkdir()
+        journal = {"staging": self._staging.name, "earlier": earlier, "new": names}
+        with _signals_held():
+            write_atomic(self.out / JOURNAL, json.dumps(journal))
+            try:
+                for n in earlier:
+                    os.replace(self.out / n, self._staging / "earlier" / n)
+                for n in names:
+                    os.replace(new_dir / n, self.out / n)
+                _fsync(self.out, directory=True)
+            except BaseException:
+                try:
+                    _undo(self.out, journal)
+                    os.unlink(self.out / JOURNAL)
+                except OSError:     # journal and staging folder stay: the next run in this folder finishes the undo
+                    self._keep_staging = True
+                raise
+            os.unlink(self.out / JOURNAL)          # the commit point
+        self.committed = tuple(self.out / n for n in names)
+        shutil.rmtree(self._staging, ignore_errors=True)
+        return self.committed
+
+    def close(self) -> None:
+        """Remove what was staged and not committed; release the lock (idempotent)."""
+        if self._lock_fd is None:
+            return
+        if self.committed is None and not self._keep_staging:
+            shutil.rmtree(self._staging, ignore_errors=True)
+        fd, self._lock_fd = self._lock_fd, None
+        os.close(fd)                # closing the descriptor releases the flock
+
+    def __enter__(self) -> RunFolder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _lock(out: Path) -> int:
+    import fcntl
+
+    fd = os.open(out, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        os.close(fd)
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise ValueError(f"--out: another dartree run is writing to {out}; wait for it to finish or pick "
+                             "another --out") from None
+        raise
+    return fd
+
+
+def open_run(out: Path, patterns: Sequence[str], force: bool = False) -> RunFolder:
+    """Open ``out`` for a run of the kind ``patterns``: steps 1-3 of the module docstring.
 
     Creates ``out`` (and its parents) when missing.  Raises ``ValueError`` naming the folder when it
-    cannot be created or written, when it is a file, or when it holds files matching ``patterns``
-    and ``force`` is false.
+    cannot be created or written, when it is a file, when another run holds it, when a name of this
+    kind is a folder, or when it holds an earlier run of this kind and ``force`` is false.
     """
-    if out.exists() and not out.is_dir():
+    out = Path(out)
+    if os.path.lexists(out) and not out.is_dir():
         raise ValueError(f"--out: {out} is a file, not a folder; pick a folder")
+    fd = None
     try:
+        out.mkdir(parents=True, exist_ok=True)
+        fd = _lock(out)
+        restored = _recover(out)
         earlier = run_files(out, patterns)
+        folders = [p for p in out.iterdir() if _is_folder(p) and p.name in patterns]   # fixed names only
+        if folders:
+            raise ValueError(f"--out: {_names(folders)} in {out} is a folder, where this run writes a file; move it "
+                             "away or pick another --out")
         if earlier and not force:
             raise ValueError(f"--out: {out} already holds results of an earlier run ({_names(earlier)}); pass "
                              f"--force to replace them, or pick another --out")
-        out.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=".dartree-probe-", dir=out)
-        os.close(fd)
-        os.unlink(probe)
+        run = RunFolder(out, patterns, force, fd, restored)
     except OSError as e:
+        if fd is not None:
+            os.close(fd)
         raise ValueError(f"--out: cannot write to {out}: {e.strerror or e}; pick a writable folder") from None
-    return earlier
+    except BaseException:
+        if fd is not None:
+            os.close(fd)
+        raise
+    return run
 
-
-def clear_earlier_run(out: Path, patterns: Sequence[str]) -> list[Path]:
-    """Delete the files of ``out`` that match ``patterns`` (an earlier run of the same kind); returns them."""
-    removed = run_files(out, patterns)
-    for path in removed:
-        path.unlink()
-    return removed

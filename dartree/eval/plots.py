@@ -1,27 +1,33 @@
 """Figures: acceptance by position (Figure 5), sweeps (Figures 4, 6), trees (Figures 8-11), depths (Figure 7).
 
 Every function writes one PNG with matplotlib's object API (no pyplot state, no display needed) and
-returns its path.
+returns its path; a figure is rendered in memory and written complete or not at all (no half-written PNG
+under its name when drawing is interrupted or the disk is full).
 """
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from matplotlib.figure import Figure
 
 from dartree.eval.bench import Summary
+from dartree.eval.outdir import write_atomic
 from dartree.eval.tune import TuneResult
 from dartree.tree import DraftTree
 
-__all__ = ["plot_acceptance", "plot_sweep", "plot_tree", "plot_depth_distribution", "plot_tuning", "token_label"]
+__all__ = ["plot_acceptance", "plot_sweep", "plot_tree", "plot_depth_distribution", "plot_tuning", "token_label",
+           "save_png"]
 
 
-def _save(fig: Figure, path: Path) -> Path:
+def save_png(fig: Figure, path: Path) -> Path:
+    """Render ``fig`` in memory, then write the PNG complete or not at all (:func:`write_atomic`)."""
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=120, bbox_inches="tight")
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    return path
+    return write_atomic(path, png.getvalue())
 
 
 def plot_acceptance(summaries: Sequence[Summary], path: Path) -> Path:
@@ -42,7 +48,7 @@ def plot_acceptance(summaries: Sequence[Summary], path: Path) -> Path:
         ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 def plot_sweep(param: str, series: Mapping[str, Sequence[tuple[float, float, float]]], path: Path) -> Path:
@@ -61,7 +67,7 @@ def plot_sweep(param: str, series: Mapping[str, Sequence[tuple[float, float, flo
         if param in ("budget", "width", "topk") and all(p[0] > 0 for pts in series.values() for p in pts):
             ax.set_xscale("log", base=2)
     right.axhline(1.0, color="gray", lw=0.8, ls="--")
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 def token_label(text: str, limit: int = 10) -> str:
@@ -120,7 +126,7 @@ def plot_tree(tree: DraftTree, accepted: Sequence[int], token_text: Callable[[in
     for side in ("top", "right", "left"):
         ax.spines[side].set_visible(False)
     ax.set_title(title or f"{n - 1} draft nodes, {len(on_path) - 1} accepted", fontsize=9)
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 def plot_depth_distribution(depth_counts: Mapping[str, Sequence[float]], path: Path) -> Path:
@@ -137,7 +143,7 @@ def plot_depth_distribution(depth_counts: Mapping[str, Sequence[float]], path: P
     ax.set_ylabel("nodes per tree (mean)")
     ax.grid(alpha=0.3, axis="y")
     ax.legend(fontsize=7)
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 def plot_tuning(result: TuneResult, path: Path) -> Path:
@@ -165,4 +171,4 @@ def plot_tuning(result: TuneResult, path: Path) -> Path:
     right.set_title(f"cost model for {result.method}", fontsize=9)
     right.grid(alpha=0.3)
     right.legend(fontsize=7)
-    return _save(fig, path)
+    return save_png(fig, path)

@@ -9,6 +9,7 @@ from typing import Any
 
 from dartree.eval.bench import MODEL_STAGES, STAGES, BenchResult, Summary
 from dartree.eval.methods import AR
+from dartree.eval.outdir import write_atomic
 from dartree.eval.tune import TuneResult
 
 __all__ = ["markdown_table", "table1", "table2", "tuning_table", "forecast_table", "bench_markdown", "write_bench"]
@@ -198,9 +199,15 @@ def bench_markdown(result: BenchResult) -> str:
 
 
 def write_bench(result: BenchResult, out: Path) -> dict[str, Path]:
-    """Write ``results.md`` and ``results.json`` into ``out``; returns their paths."""
+    """Write ``results.md`` and ``results.json`` into ``out``, each complete or not at all
+    (:func:`dartree.eval.outdir.write_atomic`); returns their paths.
+
+    The command line writes into a :class:`~dartree.eval.outdir.RunFolder`'s staging folder, so that
+    the two files and the plots replace an earlier run together.
+    """
     out.mkdir(parents=True, exist_ok=True)
     paths = {"markdown": out / "results.md", "json": out / "results.json"}
-    paths["markdown"].write_text(bench_markdown(result))
-    paths["json"].write_text(json.dumps(result.to_json(), indent=1, default=str))
+    text = json.dumps(result.to_json(), indent=1, default=str)      # serialised first: a failure writes nothing
+    write_atomic(paths["markdown"], bench_markdown(result))
+    write_atomic(paths["json"], text)
     return paths

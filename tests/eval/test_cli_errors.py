@@ -63,7 +63,7 @@ def files(tmp_path):
     (["bench", "--num-prompts", "200", "--out", "{tmp}/b"], "dataset 'humaneval' has 164 prompts, asked for 200"),
     (["bench", "--methods", "ddtree:budget=auto", "--num-prompts", "163", "--out", "{tmp}/b"],
      "--calibration-prompts: 'auto' settings are tuned on the prompts of 'humaneval' after its 163 evaluation "
-     "prompts; num_prompts: dataset 'humaneval' has 164 prompts, asked for 2 after an offset of 163"),
+     "prompts; num_prompts: dataset 'humaneval' has 164 prompts, asked for 4 after an offset of 163"),
     (["bench", "--out", "{tmp}/a_file"], "--out: {tmp}/a_file is a file"),
     (["bench", "--out", "{tmp}/a_file/sub"], "--out: cannot write to {tmp}/a_file/sub"),
     (["tune", "--method", "ddtree", "--out", "{tmp}/a_file"], "is a file"),

@@ -1,0 +1,207 @@
+"""Run folders (dartree.eval.outdir): a run's files appear complete or not at all, an earlier run is
+replaced only once the new one is complete, one writer at a time, no symlink followed.  Faults are
+simulated at every rename of a commit (Ctrl-C, disk full, a process killed mid-commit)."""
+
+import errno
+import json
+import os
+
+import pytest
+
+import dartree.eval.outdir as outdir
+from dartree.eval.outdir import BENCH_FILES, JOURNAL, STAGING_PREFIX, open_run, write_atomic
+from dartree.eval.plots import plot_depth_distribution
+
+EARLIER = {"results.md": "earlier table", "results.json": '{"earlier": true}', "tuning_ddtree.png": "stale plot"}
+OTHERS = {"notes.txt": "mine", "sweep_width.md": "a sweep"}
+
+
+@pytest.fixture
+def folder(tmp_path):
+    """A folder holding an earlier bench (with a tuning plot the new run does not write) and other kinds' files."""
+    out = tmp_path / "run"
+    out.mkdir()
+    for name, text in {**EARLIER, **OTHERS}.items():
+        (out / name).write_text(text)
+    return out
+
+
+def contents(out):
+    return {p.name: p.read_text() for p in out.iterdir() if p.is_file()}
+
+
+def hidden(out):
+    return sorted(p.name for p in out.iterdir() if p.name.startswith("."))
+
+
+def stage_new_run(run):
+    run.write("results.md", "new table")
+    run.write("results.json", json.dumps({"new": True}))
+    run.write("acceptance.png", b"new plot")
+
+
+def test_a_commit_replaces_the_earlier_run_and_nothing_else(folder):
+    with open_run(folder, BENCH_FILES, force=True) as run:
+        assert sorted(p.name for p in run.earlier()) == sorted(EARLIER)
+        stage_new_run(run)
+        assert contents(folder) == {**EARLIER, **OTHERS}          # nothing shows before the commit
+        committed = run.commit()
+    assert sorted(p.name for p in committed) == ["acceptance.png", "results.json", "results.md"]
+    assert contents(folder) == {"results.md": "new table", "results.json": '{"new": true}',
+                                "acceptance.png": "new plot", **OTHERS}       # the stale plot is gone
+    assert hidden(folder) == []                                               # no journal, staging or lock file
+
+
+@pytest.mark.parametrize("fault", [KeyboardInterrupt(), OSError(errno.ENOSPC, "No space left on device")],
+                         ids=["ctrl-c", "disk-full"])
+def test_a_fault_while_the_files_are_written_leaves_the_earlier_run(folder, fault):
+    with pytest.raises(type(fault)), open_run(folder, BENCH_FILES, force=True) as run:
+        run.write("results.md", "new table")
+        run.path("results.json").write_text('{"half": ')        # half-written, then the fault
+        raise fault
+    assert contents(folder) == {**EARLIER, **OTHERS} and hidden(folder) == []
+
+
+# A commit of 3 new files over 3 earlier ones makes 7 os.replace calls: the journal, 3 moved aside, 3 moved in.
+@pytest.mark.parametrize("at", range(1, 8))
+@pytest.mark.parametrize("fault", [KeyboardInterrupt(), OSError(errno.ENOSPC, "No space left on device")],
+                         ids=["ctrl-c", "disk-full"])
+def test_a_fault_at_any_rename_of_the_commit_leaves_the_earlier_run(folder, monkeypatch, at, fault):
+    real, calls = os.replace, []
+
+    def replace(src, dst):
+        calls.append(dst)
+        if len(calls) == at:
+            raise fault
+        real(src, dst)
+
+    monkeypatch.setattr(outdir.os, "replace", replace)
+    with pytest.raises(type(fault)), open_run(folder, BENCH_FILES, force=True) as run:
+        stage_new_run(run)
+        run.commit()
+    assert contents(folder) == {**EARLIER, **OTHERS} and hidden(folder) == []
+
+
+@pytest.mark.parametrize("at", range(2, 8))
+def test_a_commit_killed_midway_is_rolled_back_by_the_next_run(folder, monkeypatch, at):
+    real, calls = os.replace, []
+
+    class Killed(BaseException):
+        pass
+
+    def replace(src, dst):
+        calls.append(dst)
+        if len(calls) == at:
+            raise Killed
+        real(src, dst)
+
+    monkeypatch.setattr(outdir.os, "replace", replace)
+    monkeypatch.setattr(outdir, "_undo", lambda *a: (_ for _ in ()).throw(OSError("the process is gone")))
+    with pytest.raises(Killed):
+        run = open_run(folder, BENCH_FILES, force=True)
+        stage_new_run(run)
+        run.commit()
+    run.close()                                    # the kernel drops a dead process's lock
+    assert JOURNAL in hidden(folder)              # a mix of runs on disk, and the journal that says how to undo it
+    monkeypatch.undo()
+    with open_run(folder, BENCH_FILES, force=True) as again:
+        assert set(again.restored) == {os.path.basename(d) for d in calls[1:at - 1]} & set(EARLIER)
+    assert contents(folder) == {**EARLIER, **OTHERS} and hidden(folder) == []
+
+
+def test_staging_folders_of_dead_runs_are_removed(folder):
+    (folder / f"{STAGING_PREFIX}dead" / "new").mkdir(parents=True)
+    (folder / f"{STAGING_PREFIX}dead" / "new" / "results.json").write_text('{"half')
+    with open_run(folder, BENCH_FILES, force=True):
+        pass
+    assert contents(folder) == {**EARLIER, **OTHERS} and hidden(folder) == []
+
+
+def test_one_writer_per_folder(tmp_path):
+    out = tmp_path / "fresh"
+    with open_run(out, BENCH_FILES) as first:
+        with pytest.raises(ValueError, match=f"--out: another dartree run is writing to {out}"):
+            open_run(out, BENCH_FILES)
+        with pytest.raises(ValueError, match="another dartree run"):     # whatever the kind
+            open_run(out, ("sweep_width.md",))
+        first.write("results.md", "x")
+        first.commit()
+    with open_run(out, BENCH_FILES, force=True):                        # released once the first is done
+        pass
+
+
+def test_an_earlier_run_needs_force(folder):
+    with pytest.raises(ValueError, match=r"already holds results of an earlier run \(results.json, results.md, "
+                                         r"tuning_ddtree.png\); pass --force"):
+        open_run(folder, BENCH_FILES)
+    assert contents(folder) == {**EARLIER, **OTHERS} and hidden(folder) == []
+
+
+def test_a_symlinked_run_file_is_replaced_itself_never_written_through(tmp_path):
+    outside = tmp_path / "precious.json"
+    outside.write_text("do not touch")
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "results.json").symlink_to(outside)
+    with pytest.raises(ValueError, match=r"earlier run \(results.json\)"):   # a link of the kind counts as a run file
+        open_run(out, BENCH_FILES)
+    with open_run(out, BENCH_FILES, force=True) as run:
+        stage_new_run(run)
+        run.commit()
+    assert outside.read_text() == "do not touch"
+    assert not (out / "results.json").is_symlink() and json.loads((out / "results.json").read_text()) == {"new": True}
+
+
+def test_a_folder_with_a_run_file_name_is_refused(tmp_path):
+    out = tmp_path / "run"
+    (out / "results.json").mkdir(parents=True)
+    (out / "results.json" / "inside").write_text("kept")
+    with pytest.raises(ValueError, match=f"--out: results.json in {out} is a folder, where this run writes a file"):
+        open_run(out, BENCH_FILES, force=True)
+    (out / "tuning_x.png").mkdir()          # a pattern's name: refused when this run writes it
+    (out / "results.json" / "inside").unlink()
+    (out / "results.json").rmdir()
+    with pytest.raises(ValueError, match="tuning_x.png in .* is a folder"), open_run(out, BENCH_FILES) as run:
+        run.write("tuning_x.png", b"plot")
+        run.commit()
+    assert (out / "tuning_x.png").is_dir() and hidden(out) == []
+
+
+def test_only_plain_names_of_the_kind_are_written(tmp_path):
+    with open_run(tmp_path / "run", BENCH_FILES) as run:
+        for bad in ("../escape.md", "notes.txt", "", "sub/results.md"):
+            with pytest.raises(ValueError, match="name: "):
+                run.path(bad)
+        (run.staged / "notes.txt").write_text("a stray")          # written into the folder by mistake
+        with pytest.raises(ValueError, match="not files of this run's kind"):
+            run.commit()
+
+
+def test_write_atomic_leaves_the_old_file_or_the_new_one(tmp_path, monkeypatch):
+    path = tmp_path / "results.json"
+    path.write_text("old")
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(outdir.os, "fsync", full)
+    with pytest.raises(OSError, match="No space"):
+        write_atomic(path, '{"new": 1}')
+    assert path.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["results.json"]
+    monkeypatch.undo()
+    link = tmp_path / "link.json"
+    link.symlink_to(path)
+    write_atomic(link, "through?")
+    assert path.read_text() == "old" and link.read_text() == "through?" and not link.is_symlink()
+
+
+def test_an_interrupted_plot_leaves_no_file(tmp_path, monkeypatch):
+    from matplotlib.figure import Figure
+
+    def interrupted(self, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Figure, "savefig", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        plot_depth_distribution({"m": [1.0, 2.0]}, tmp_path / "depth_distribution.png")
+    assert list(tmp_path.iterdir()) == []
