@@ -65,13 +65,25 @@ def model_hash(bundle: Bundle) -> str:
     return digest.hexdigest()
 
 
+def _cpu_model() -> str:
+    """The CPU's model name on Linux (``/proc/cpuinfo``), else ``""``."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
 def machine(device: torch.device | str) -> dict[str, Any]:
     """What the timing depends on besides the model: device, its name, torch threads."""
     device = torch.device(device)
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
     else:
-        name = f"{platform.machine()} {platform.processor() or ''}".strip() + f", {os.cpu_count()} cpus"
+        name = f"{_cpu_model() or platform.processor() or platform.machine()}, {os.cpu_count()} cpus"
     return {"device": device.type, "device_name": name, "torch_threads": torch.get_num_threads()}
 
 
