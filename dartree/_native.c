@@ -9,6 +9,8 @@
  *   log_normalize log q = z - logaddexp(lse(z), rest), float64, one rounding to float32
  *   depth_step    one depth of the depth-wise builders: log q of every branch's candidates, child
  *                 scores (parent + log q) + beta, the best `width` (score descending, then position)
+ *   bound_frontier dartree-pruned's exact bound: the branches of a depth that do not rank after the
+ *                 budget-th best node so far (docs/builders.md, "Bound pruning")
  *   select_tree   the best n nodes of a depth-wise supertree in the total order, as a tree
  *   best_first    DDTree's best-first with lazy sibling pushing over per-depth sorted log q
  *   tree_struct   ancestor mask, depths, first-child and next-sibling links from parents
@@ -496,25 +498,31 @@ static PyObject *native_log_normalize(PyObject *self, PyObject *const *args, Py_
 }
 
 /* -------------------------------------------------------------------------------------- depth step */
-/* depth_step(logits f32 [b, m, K], b, m, K, rest f64 [b] | None, parent f32 [b, m], beta (float), width,
+/* depth_step(logits f32 [b, m, K], b, m, K, rest f64 [b] | None, parent f32 [b, P], beta (float), width,
  *            cand_tokens i64 [b, K], log_q f32 [b, m, K] (out), parents i64 [b, W], ranks i64 [b, W],
- *            tokens i64 [b, W], scores f32 [b, W], anc_in i64 [b, m, gamma] | None, anc_out i64 [b, W, gamma] | None,
- *            gamma, depth, gather i64 [b, W] | None)
+ *            tokens i64 [b, W], scores f32 [b, W], anc_in i64 [b, P, gamma] | None, anc_out i64 [b, W, gamma] | None,
+ *            gamma, depth, gather i64 [b, W] | None, fmap i64 [b, m] | None, live i64 [b] | None, P)
  * -> (nonfinite, identity): nonfinite = some log q is NaN or infinite (nothing else is then meaningful);
  *    identity = W == m and every kept child's parent is its own index (the branch states need no gather).
  * gather: r * m + parent, the row of each kept child's parent state in the [b * m, S] states.
  *
  * Per row: log q of every branch's K candidates; child scores (parent + log q) + beta in float32; the best
- * `width` of the m*K flat positions under (score descending, position), listed in position order. */
+ * `width` of the m*K flat positions under (score descending, position), listed in position order.
+ *
+ * The bound (bound_frontier) hands over a compacted frontier: fmap maps branch i of row r to its column in the
+ * previous depth's P kept nodes (the parents written, parent's and anc_in's rows), and only the first live[r] branches
+ * of row r are expanded (the others pad the head call of a batch; their logits are not read).  A row with
+ * fewer than `width` children of live branches keeps them all, then fills its slots with fillers: rank -1,
+ * score -inf, the row's first candidate token and first state row (never selected, never expanded). */
 static PyObject *native_depth_step(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 19) {
-        PyErr_SetString(PyExc_TypeError, "depth_step: expected 19 arguments");
+    if (nargs != 22) {
+        PyErr_SetString(PyExc_TypeError, "depth_step: expected 22 arguments");
         return NULL;
     }
-    Py_ssize_t b, m, k, width, gamma, depth;
+    Py_ssize_t b, m, k, width, gamma, depth, pw;
     if (get_ssize(args[1], &b, "b") < 0 || get_ssize(args[2], &m, "m") < 0 || get_ssize(args[3], &k, "topk") < 0 ||
         get_ssize(args[7], &width, "width") < 0 || get_ssize(args[16], &gamma, "gamma") < 0 ||
-        get_ssize(args[17], &depth, "depth") < 0)
+        get_ssize(args[17], &depth, "depth") < 0 || get_ssize(args[21], &pw, "P") < 0)
         return NULL;
     double beta_d = PyFloat_AsDouble(args[6]);
     if (beta_d == -1.0 && PyErr_Occurred()) return NULL;
@@ -524,25 +532,36 @@ static PyObject *native_depth_step(PyObject *self, PyObject *const *args, Py_ssi
         PyErr_SetString(PyExc_ValueError, "depth_step: need 1 <= width <= m * K and 1 <= depth <= gamma");
         return NULL;
     }
-    Buf a[12];
+    if (args[19] == Py_None) pw = m; /* no compaction: the branches are the previous depth's columns */
+    Buf a[14];
     memset(a, 0, sizeof a);
     if (acquire(args[0], &a[0], 4, mul(b, total), 0, 0, "logits") < 0 || acquire(args[4], &a[1], 8, b, 0, 1, "rest") < 0 ||
-        acquire(args[5], &a[2], 4, mul(b, m), 0, 0, "parent_scores") < 0 ||
+        acquire(args[5], &a[2], 4, mul(b, pw), 0, 0, "parent_scores") < 0 ||
         acquire(args[8], &a[3], 8, mul(b, k), 0, 0, "cand_tokens") < 0 ||
         acquire(args[9], &a[4], 4, mul(b, total), 1, 0, "log_q") < 0 ||
         acquire(args[10], &a[5], 8, mul(b, width), 1, 0, "parents") < 0 ||
         acquire(args[11], &a[6], 8, mul(b, width), 1, 0, "ranks") < 0 ||
         acquire(args[12], &a[7], 8, mul(b, width), 1, 0, "tokens") < 0 ||
         acquire(args[13], &a[8], 4, mul(b, width), 1, 0, "scores") < 0 ||
-        acquire(args[14], &a[9], 8, mul(mul(b, m), gamma), 0, 1, "anc_in") < 0 ||
+        acquire(args[14], &a[9], 8, mul(mul(b, pw), gamma), 0, 1, "anc_in") < 0 ||
         acquire(args[15], &a[10], 8, mul(mul(b, width), gamma), 1, 1, "anc_out") < 0 ||
-        acquire(args[18], &a[11], 8, mul(b, width), 1, 1, "gather") < 0) {
-        release(a, 12);
+        acquire(args[18], &a[11], 8, mul(b, width), 1, 1, "gather") < 0 ||
+        acquire(args[19], &a[12], 8, mul(b, m), 0, 1, "fmap") < 0 || acquire(args[20], &a[13], 8, b, 0, 1, "live") < 0) {
+        release(a, 14);
         return NULL;
     }
     if (a[9].held != a[10].held) {
-        release(a, 12);
+        release(a, 14);
         PyErr_SetString(PyExc_ValueError, "depth_step: anc_in and anc_out go together");
+        return NULL;
+    }
+    const int64_t *fmap = I64_OR_NULL(a[12]), *live = I64_OR_NULL(a[13]);
+    int bad_map = 0;
+    for (Py_ssize_t r = 0; live && r < b; r++) bad_map |= live[r] < 0 || live[r] > m;
+    for (Py_ssize_t i = 0; fmap && i < b * m; i++) bad_map |= fmap[i] < 0 || fmap[i] >= pw;
+    if (bad_map) {
+        release(a, 14);
+        PyErr_SetString(PyExc_ValueError, "depth_step: need 0 <= live <= m and 0 <= fmap < P");
         return NULL;
     }
     const float *logits = F32(a[0]), *parent = F32(a[2]);
@@ -556,53 +575,65 @@ static PyObject *native_depth_step(PyObject *self, PyObject *const *args, Py_ssi
     if (!scratch || !child) {
         free(scratch);
         free(child);
-        release(a, 12);
+        release(a, 14);
         return PyErr_NoMemory();
     }
     int bad = 0, identity = width == m;
     for (Py_ssize_t r = 0; r < b && !bad; r++) {
-        for (Py_ssize_t i = 0; i < m; i++) {
+        Py_ssize_t mr = live ? live[r] : m, total_r = mr * k; /* the live branches and their children */
+        Py_ssize_t width_r = width < total_r ? width : total_r;
+        for (Py_ssize_t i = 0; i < mr; i++) {
             Py_ssize_t o = (r * m + i) * k;
             bad |= normalize_row(logits + o, k, rest ? rest + r : NULL, log_q + o, scratch);
-            float ps = parent[r * m + i];
+            float ps = parent[fmap ? r * pw + fmap[r * m + i] : r * m + i];
             for (Py_ssize_t j = 0; j < k; j++) child[i * k + j] = (ps + log_q[o + j]) + beta;
         }
         if (bad) break;
         /* the width-th best score t; all scores > t, then the first ties == t by position */
         Py_ssize_t kept = 0, greater = 0;
         float t = -INFINITY;
-        if (width < total) {
-            memcpy(child + total, child, sizeof(float) * (size_t)total);
-            t = nth_largest(child + total, total, width);
+        if (width_r < total_r) {
+            memcpy(child + total, child, sizeof(float) * (size_t)total_r);
+            t = nth_largest(child + total, total_r, width_r);
         }
-        if (width < total)
-            for (Py_ssize_t p = 0; p < total; p++) greater += child[p] > t;
-        Py_ssize_t ties = width - greater;
-        for (Py_ssize_t p = 0; p < total && kept < width; p++) {
-            int take = width == total || child[p] > t;
+        if (width_r < total_r)
+            for (Py_ssize_t p = 0; p < total_r; p++) greater += child[p] > t;
+        Py_ssize_t ties = width_r - greater;
+        for (Py_ssize_t p = 0; p < total_r && kept < width_r; p++) {
+            int take = width_r == total_r || child[p] > t;
             if (!take && child[p] == t && ties > 0) {
                 take = 1;
                 ties--;
             }
             if (!take) continue;
             Py_ssize_t w = r * width + kept;
-            Py_ssize_t par = p / k, rk = p % k;
-            parents[w] = par;
+            Py_ssize_t par = p / k, rk = p % k, col = fmap ? fmap[r * m + par] : par;
+            parents[w] = col;
             ranks[w] = rk;
             tokens[w] = cand[r * k + rk];
             scores[w] = child[p];
             identity &= par == kept;
             if (gather) gather[w] = r * m + par;
             if (anc_out) {
-                memcpy(anc_out + w * gamma, anc_in + (r * m + par) * gamma, sizeof(int64_t) * (size_t)gamma);
+                memcpy(anc_out + w * gamma, anc_in + (r * pw + col) * gamma, sizeof(int64_t) * (size_t)gamma);
                 anc_out[w * gamma + depth - 1] = kept + 1;
             }
             kept++;
         }
+        for (; kept < width; kept++) { /* fillers (only under the bound, in a batch) */
+            Py_ssize_t w = r * width + kept;
+            parents[w] = fmap ? fmap[r * m] : 0;
+            ranks[w] = -1;
+            tokens[w] = cand[r * k];
+            scores[w] = -INFINITY;
+            identity = 0;
+            if (gather) gather[w] = r * m;
+            if (anc_out) memset(anc_out + w * gamma, 0, sizeof(int64_t) * (size_t)gamma);
+        }
     }
     free(scratch);
     free(child);
-    release(a, 12);
+    release(a, 14);
     return Py_BuildValue("(ii)", bad, identity && !bad);
 }
 
@@ -616,6 +647,7 @@ typedef struct {
 /* 1 if node a comes before node b: score descending, then rank path (a prefix first). */
 static int tree_before(Py_ssize_t a, Py_ssize_t b, const TreeOrder *o) {
     if (o->score[a] != o->score[b]) return o->score[a] > o->score[b];
+    if (!o->path) return a < b; /* a chain: depth order (bound_frontier's flat indices grow with the depth) */
     const int64_t *pa = o->path + a * o->gamma, *pb = o->path + b * o->gamma;
     for (Py_ssize_t d = 0; d < o->gamma; d++)
         if (pa[d] != pb[d]) return pa[d] < pb[d];
@@ -640,7 +672,9 @@ static void merge_sort(Py_ssize_t *idx, Py_ssize_t *tmp, Py_ssize_t n, const Tre
  * b * offset_d * gamma); parents are indices into the previous depth's W.  The output is the DraftTree of the
  * best n_out supertree nodes in the total order (score descending, then rank path; without paths, a chain,
  * depth order), the root first.  A selected node whose parent is not selected is a ValueError (prefix closure
- * is the builders' invariant). */
+ * is the builders' invariant).  Under the bound a depth may be empty (width 0: the expansion stopped) and a row
+ * may hold fillers (rank -1, see depth_step): they are never selected; fewer than n_out other nodes in a row is
+ * a ValueError. */
 static PyObject *native_select_tree(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 15) {
         PyErr_SetString(PyExc_TypeError, "select_tree: expected 15 arguments");
@@ -667,13 +701,13 @@ static PyObject *native_select_tree(PyObject *self, PyObject *const *args, Py_ss
     int bad_width = 0;
     for (Py_ssize_t d = 0; d < gamma; d++) {
         int64_t wd = I64(w)[d];
-        bad_width |= wd < 1 || __builtin_add_overflow(offset[d], (Py_ssize_t)wd, &offset[d + 1]);
+        bad_width |= wd < 0 || __builtin_add_overflow(offset[d], (Py_ssize_t)wd, &offset[d + 1]);
         if (bad_width) break;
     }
     release(&w, 1);
     if (bad_width) {
         free(offset);
-        PyErr_SetString(PyExc_ValueError, "select_tree: every width must be >= 1 (and their sum representable)");
+        PyErr_SetString(PyExc_ValueError, "select_tree: every width must be >= 0 (and their sum representable)");
         return NULL;
     }
     Py_ssize_t total = offset[gamma];
@@ -713,7 +747,9 @@ static PyObject *native_select_tree(PyObject *self, PyObject *const *args, Py_ss
         release(a, 11);
         return PyErr_NoMemory();
     }
-    for (Py_ssize_t r = 0; r < b && !broken; r++) {
+    int few = 0;
+    for (Py_ssize_t r = 0; r < b && !broken && !few; r++) {
+        Py_ssize_t count = 0; /* nodes of the row that are not fillers */
         for (Py_ssize_t d = 0, j = 0; d < gamma; d++) {
             Py_ssize_t wd = offset[d + 1] - offset[d];
             for (Py_ssize_t c = 0; c < wd; c++, j++) {
@@ -722,12 +758,16 @@ static PyObject *native_select_tree(PyObject *self, PyObject *const *args, Py_ss
                 depth_of[j] = d;
                 score[j] = sc_in[f];
                 if (path) memcpy(path + j * gamma, path_in + f * gamma, sizeof(int64_t) * (size_t)gamma);
-                idx[j] = j;
+                if (rk_in[f] >= 0) idx[count++] = j;
             }
+        }
+        if (count < n_out) {
+            few = 1;
+            break;
         }
         if (path) {
             TreeOrder o = {score, path, gamma};
-            merge_sort(idx, tmp, total, &o);
+            merge_sort(idx, tmp, count, &o);
         }
         for (Py_ssize_t j = 0; j < total; j++) slot[j] = 0;
         for (Py_ssize_t i = 0; i < n_out; i++) slot[idx[i]] = i + 1;
@@ -763,7 +803,126 @@ static PyObject *native_select_tree(PyObject *self, PyObject *const *args, Py_ss
                                           "selected (not prefix-closed)");
         return NULL;
     }
+    if (few) {
+        PyErr_SetString(PyExc_ValueError, "select_tree: a row holds fewer than n_out nodes");
+        return NULL;
+    }
     Py_RETURN_NONE;
+}
+
+/* ---------------------------------------------------------------------------------- bound frontier */
+/* bound_frontier(b, gamma, depth, widths i64 [depth], budget, ranks i64, scores f32, paths i64 | None,
+ *                fmap i64 [b, W_depth] (out), live i64 [b] (out)) -> the largest live count of a row.
+ * The buffers are select_tree's: depth j's [b, W_j] block at b * offset_j (paths: [b, W_j, gamma] blocks at
+ * b * offset_j * gamma); fillers (rank -1) are not nodes.  Per row: theta = the budget-th best node of depths
+ * 1..depth in the total order (score descending, then rank path; without paths, a chain: depth order).  The
+ * nodes of depth `depth` that do not rank after theta (all of them while the row holds fewer than `budget`
+ * nodes) go to fmap[r, 0..live[r]) in column order; fmap[r, live[r]..) repeats the first of them (column 0
+ * when none): the padding of a batch's head call.  A node ranking after theta has no descendant in the final
+ * top budget, whatever else is expanded (docs/builders.md, "Bound pruning"). */
+static PyObject *native_bound_frontier(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 10) {
+        PyErr_SetString(PyExc_TypeError, "bound_frontier: expected 10 arguments");
+        return NULL;
+    }
+    Py_ssize_t b, gamma, depth, budget;
+    if (get_ssize(args[0], &b, "b") < 0 || get_ssize(args[1], &gamma, "gamma") < 0 ||
+        get_ssize(args[2], &depth, "depth") < 0 || get_ssize(args[4], &budget, "budget") < 0)
+        return NULL;
+    if (gamma < 1 || depth < 1 || depth > gamma || budget < 1) {
+        PyErr_SetString(PyExc_ValueError, "bound_frontier: need 1 <= depth <= gamma and budget >= 1");
+        return NULL;
+    }
+    Buf w;
+    if (acquire(args[3], &w, 8, depth, 0, 0, "widths") < 0) {
+        release(&w, 1);
+        return NULL;
+    }
+    Py_ssize_t *offset = malloc(sizeof(Py_ssize_t) * (size_t)(depth + 1));
+    if (!offset) {
+        release(&w, 1);
+        return PyErr_NoMemory();
+    }
+    offset[0] = 0;
+    int bad_width = 0;
+    for (Py_ssize_t d = 0; d < depth && !bad_width; d++) {
+        int64_t wd = I64(w)[d];
+        bad_width |= wd < 0 || __builtin_add_overflow(offset[d], (Py_ssize_t)wd, &offset[d + 1]);
+    }
+    release(&w, 1);
+    if (bad_width) {
+        free(offset);
+        PyErr_SetString(PyExc_ValueError, "bound_frontier: every width must be >= 0 (and their sum representable)");
+        return NULL;
+    }
+    Py_ssize_t total = offset[depth], wd = offset[depth] - offset[depth - 1];
+    Buf a[5];
+    memset(a, 0, sizeof a);
+    if (acquire(args[5], &a[0], 8, mul(b, total), 0, 0, "ranks") < 0 || acquire(args[6], &a[1], 4, mul(b, total), 0, 0, "scores") < 0 ||
+        acquire(args[7], &a[2], 8, mul(mul(b, total), gamma), 0, 1, "paths") < 0 ||
+        acquire(args[8], &a[3], 8, mul(b, wd), 1, 0, "fmap") < 0 || acquire(args[9], &a[4], 8, b, 1, 0, "live") < 0) {
+        free(offset);
+        release(a, 5);
+        return NULL;
+    }
+    const int64_t *rank = I64(a[0]);
+    const float *score = F32(a[1]);
+    int64_t *fmap = I64(a[3]), *live = I64(a[4]);
+    float *vals = malloc(sizeof(float) * (size_t)(total + 1));
+    Py_ssize_t *ties = malloc(sizeof(Py_ssize_t) * (size_t)(total + 1));
+    Py_ssize_t *tmp = malloc(sizeof(Py_ssize_t) * (size_t)(total + 1));
+    char *in = malloc((size_t)(wd + 1));
+    if (!vals || !ties || !tmp || !in) {
+        free(offset); free(vals); free(ties); free(tmp); free(in);
+        release(a, 5);
+        return PyErr_NoMemory();
+    }
+    TreeOrder order = {score, I64_OR_NULL(a[2]), gamma};
+    Py_ssize_t most = 0;
+    for (Py_ssize_t r = 0; r < b; r++) {
+        Py_ssize_t n = 0, base = b * offset[depth - 1] + r * wd;
+        for (Py_ssize_t d = 0; d < depth; d++) {
+            Py_ssize_t wj = offset[d + 1] - offset[d];
+            for (Py_ssize_t c = 0, f = b * offset[d] + r * wj; c < wj; c++, f++)
+                if (rank[f] >= 0) vals[n++] = score[f];
+        }
+        float t = -INFINITY;
+        int every_tie = 1; /* all nodes scoring t rank before or at theta */
+        memset(in, 0, (size_t)wd);
+        if (n >= budget) {
+            t = nth_largest(vals, n, budget);
+            Py_ssize_t greater = 0, nt = 0;
+            for (Py_ssize_t d = 0; d < depth; d++) {
+                Py_ssize_t wj = offset[d + 1] - offset[d];
+                for (Py_ssize_t c = 0, f = b * offset[d] + r * wj; c < wj; c++, f++) {
+                    if (rank[f] < 0) continue;
+                    greater += score[f] > t;
+                    if (score[f] == t) ties[nt++] = f;
+                }
+            }
+            Py_ssize_t need = budget - greater; /* 1 <= need <= nt: theta is the need-th tie in rank-path order */
+            if (need < nt) {
+                every_tie = 0;
+                merge_sort(ties, tmp, nt, &order);
+                for (Py_ssize_t i = 0; i < need; i++)
+                    if (ties[i] >= base && ties[i] < base + wd) in[ties[i] - base] = 1;
+            }
+        }
+        Py_ssize_t kept = 0;
+        for (Py_ssize_t c = 0; c < wd; c++) {
+            Py_ssize_t f = base + c;
+            if (rank[f] < 0) continue;
+            float s = score[f];
+            if (n < budget || s > t || (s == t && (every_tie || in[c]))) fmap[r * wd + kept++] = c;
+        }
+        live[r] = kept;
+        if (kept > most) most = kept;
+        int64_t first = kept ? fmap[r * wd] : 0;
+        for (Py_ssize_t j = kept; j < wd; j++) fmap[r * wd + j] = first;
+    }
+    free(offset); free(vals); free(ties); free(tmp); free(in);
+    release(a, 5);
+    return PyLong_FromSsize_t(most);
 }
 
 /* -------------------------------------------------------------------------------------- best first */
@@ -1022,6 +1181,7 @@ static PyMethodDef methods[] = {
     {"depth_step", (PyCFunction)(void (*)(void))native_depth_step, METH_FASTCALL, "One depth of the depth-wise builders."},
     {"best_first", (PyCFunction)(void (*)(void))native_best_first, METH_FASTCALL, "DDTree's best-first pops."},
     {"select_tree", (PyCFunction)(void (*)(void))native_select_tree, METH_FASTCALL, "The best n nodes as a tree."},
+    {"bound_frontier", (PyCFunction)(void (*)(void))native_bound_frontier, METH_FASTCALL, "The branches the bound keeps."},
     {"tree_struct", (PyCFunction)(void (*)(void))native_tree_struct, METH_FASTCALL, "Mask, depths and links."},
     {NULL, NULL, 0, NULL},
 };

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from dartree.block import CorrectionHead, DraftBlock
-from dartree.fast import checks, ops
+from dartree.fast import checks, expansion, ops
 from dartree.fast.heads import check_logits_finite, head_advance_logits, head_initial, head_logits
 from dartree.fast.keys import lexsort, word_plan
 from dartree.fast.results import CandidateSet
@@ -87,8 +87,42 @@ def _layout(widths: tuple[int, ...], device: torch.device) -> tuple[list[Tensor]
     return digits, depths.to(device), plan.num_words
 
 
+class _StopPoll:
+    """Whether the bound's stop flag (a 0-d bool tensor per depth) has been seen set, read without a sync.
+
+    - CPU tensors (the kernels forced onto the CPU in tests, ``TRITON_INTERPRET=1``): read at once, free;
+    - CUDA: each flag is copied into pinned host memory with ``non_blocking=True`` behind an event; a flag
+      is read only once its event has completed (``Event.query()`` never blocks), so the stop lags the
+      device by the depths still in flight (typically one) and the build never waits on the device;
+    - any other device (e.g. ``meta``): never read, the expansion runs to the end.
+    Expanding past the stop is harmless: every later node descends from a frontier that ranks after the
+    budget-th best node, so none enters the tree (docs/builders.md, "Bound pruning").
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.kind = device.type
+        self.pending: list[tuple[Tensor, torch.cuda.Event]] = []
+
+    def stop(self, flag: Tensor) -> bool:
+        if self.kind == "cpu":
+            return bool(flag)  # a CPU tensor: no device to wait for
+        if self.kind != "cuda":
+            return False
+        host = torch.empty((), dtype=torch.bool, pin_memory=True)
+        host.copy_(flag, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        self.pending.append((host, event))
+        while self.pending and self.pending[0][1].query():  # completed copies only: never a sync
+            done, _ = self.pending.pop(0)
+            if bool(done):  # pinned host memory, already written
+                return True
+        return False
+
+
 def expand(block: DraftBlock, cands: CandidateSet, widths: list[int], head: CorrectionHead | None = None,
-           beta: float = 0.0, log_q: Tensor | None = None, trace: bool = False, words: bool = True) -> Supertree:
+           beta: float = 0.0, log_q: Tensor | None = None, trace: bool = False, words: bool = True,
+           bound: int | None = None) -> Supertree:
     """Depth-wise batched expansion: at depth d keep the best ``widths[d-1]`` children of the kept nodes.
 
     With a head, each depth makes one fused ``advance_logits`` call for all branches of all rows (or the
@@ -97,6 +131,14 @@ def expand(block: DraftBlock, cands: CandidateSet, widths: list[int], head: Corr
     shares ``log_q[:, d-1]`` (default: the base log q of the candidates).  ``trace`` records the
     ``[b, 1, K]`` log q of each depth (chains only); ``words`` builds the rank-path words that
     :func:`assemble` needs to sort a branching supertree.
+
+    ``bound`` (``dartree-pruned``'s budget; docs/builders.md, "Bound pruning"): once the rows hold that
+    many nodes, a running top-``bound`` of the scores gives each row's ``bound``-th best score; when every
+    frontier node of every row scores strictly below it, no deeper node can enter the tree and the
+    expansion stops (read through :class:`_StopPoll`: at once on the CPU, without a sync and up to the
+    depths in flight late on CUDA).  No branch is masked: on a GPU the head call costs the same for
+    fewer rows, so only skipped depths save time; ties with the threshold are kept (the host path
+    breaks them by rank path and drops single branches, see :mod:`dartree.fast.host_builders`).
 
     Shape:
         cands: :class:`CandidateSet` ``[b, gamma, K]``; log_q: float32 ``[b, gamma, K]`` or None.
@@ -112,6 +154,9 @@ def expand(block: DraftBlock, cands: CandidateSet, widths: list[int], head: Corr
     path_words = torch.zeros(b, 1, num_words, dtype=torch.int64, device=block.device)
     tree = Supertree(parents=[], ranks=[], tokens=[], scores=[], words=[])
     traced: list[Tensor] = []
+    poll = _StopPoll(block.device) if bound is not None else None
+    best = None  # [b, <= bound] the best scores so far (running top-bound)
+    count = 0  # nodes per row so far (the same in every row)
     for depth, width in enumerate(widths, start=1):
         cand_tokens = cands.tokens[:, depth - 1]  # [b, K]
         if head is not None:
@@ -123,10 +168,6 @@ def expand(block: DraftBlock, cands: CandidateSet, widths: list[int], head: Corr
             traced.append(lq)
         step = ops.depth_step(scores, lq, beta, width)
         tokens = torch.gather(cand_tokens, 1, step.ranks)
-        if head is not None and depth < len(widths):  # the last depth's advance would never be used
-            idx = step.parents[:, :, None].expand(-1, -1, states.shape[-1])
-            states, logits = head_advance_logits(head, block, depth, torch.gather(states, 1, idx), tokens,
-                                                 cands.tokens[:, depth])
         if words:
             idx = step.parents[:, :, None].expand(-1, -1, num_words)
             path_words = torch.gather(path_words, 1, idx) + digits[depth - 1]
@@ -136,6 +177,21 @@ def expand(block: DraftBlock, cands: CandidateSet, widths: list[int], head: Corr
         tree.tokens.append(tokens)
         tree.scores.append(step.scores)
         scores = step.scores
+        count += width
+        if poll is not None and depth < len(widths):
+            best = step.scores if best is None else torch.cat([best, step.scores], dim=1)
+            if count >= bound:
+                best = torch.topk(best, bound, dim=1, sorted=False).values
+                # every frontier node below the bound-th best score: nothing deeper enters the tree
+                if poll.stop((step.scores.amax(1) < best.amin(1)).all()):
+                    break
+        if head is not None and depth < len(widths):  # the last depth's advance would never be used
+            idx = step.parents[:, :, None].expand(-1, -1, states.shape[-1])
+            states, logits = head_advance_logits(head, block, depth, torch.gather(states, 1, idx), tokens,
+                                                 cands.tokens[:, depth])
+    done = len(tree.parents)
+    expansion.record(expansion.Expansion(depths=done, full_depths=len(widths), branches=b * (1 + sum(widths[:done - 1])),
+                                         full_branches=b * (1 + sum(widths[:-1]))))
     if trace:
         return Supertree(tree.parents, tree.ranks, tree.tokens, tree.scores, tree.words,
                          log_q=torch.cat(traced, dim=1))

@@ -25,6 +25,7 @@ import torch
 
 from dartree import native
 from dartree.block import CorrectionHead, DraftBlock
+from dartree.fast import expansion
 from dartree.fast.heads import head_advance_logits, head_initial, head_logits
 from dartree.fast.host import candidates_native, keep_best, select
 from dartree.fast.widths import pruned_widths, quota_widths, trie_size
@@ -205,7 +206,7 @@ def _best_first_tree(block: DraftBlock, cands: HostCandidates, ints: np.ndarray,
 
 # -------------------------------------------------------------------------------- depth-wise
 def _expand(block: DraftBlock, cands: HostCandidates, widths: list[int], head: CorrectionHead | None,
-            beta: float = 0.0, budget: int | None = None, trace: bool = False):
+            beta: float = 0.0, budget: int | None = None, trace: bool = False, bound: bool = False):
     """Depth-wise expansion (DARTree's Algorithm 1, chains with width 1) and the final selection.
 
     Returns the DraftTree of the best ``budget`` supertree nodes (all when None) in the total order,
@@ -213,7 +214,7 @@ def _expand(block: DraftBlock, cands: HostCandidates, widths: list[int], head: C
     """
     lib = native.lib()
     if lib is not None and head is not None:
-        return _expand_native(lib, block, cands, widths, head, beta, budget, trace)
+        return _expand_native(lib, block, cands, widths, head, beta, budget, trace, bound)
     b = block.batch_size
     gamma = len(widths)
     topk = cands.tokens.shape[-1]
@@ -255,22 +256,27 @@ def _expand(block: DraftBlock, cands: HostCandidates, widths: list[int], head: C
         if head is not None and depth < gamma:  # the last depth's advance would never be used
             states, logits = head_advance_logits(head, block, depth, states[rows_t, torch.from_numpy(par)],
                                                  torch.from_numpy(tok), cands.tokens_t[:, depth])
+    expansion.record(expansion.Expansion(depths=gamma, full_depths=gamma, branches=b * (1 + sum(widths[:-1])),
+                                         full_branches=b * (1 + sum(widths[:-1]))))
     if trace:
         return np.concatenate(traced, axis=1)
     return _select_tree(block, parents, ranks, tokens, depth_scores, lex, budget)
 
 
 def _expand_native(lib, block: DraftBlock, cands: HostCandidates, widths: list[int], head: CorrectionHead,
-                   beta: float, budget: int | None, trace: bool):
+                   beta: float, budget: int | None, trace: bool, bound: bool = False):
     """:func:`_expand` with the compiled depth step and selection (``dartree/_native.c``): per depth one C
     call (log q, child scores, the best ``width``, rank paths, parent-state rows) and the head call; the
     outputs of every depth go into one preallocated buffer each (depth d's ``[b, W_d]`` block at
-    ``b * offset_d``), which the compiled selection reads at the end."""
+    ``b * offset_d``), which the compiled selection reads at the end.
+
+    ``bound`` (``dartree-pruned``; docs/builders.md, "Bound pruning"): after each depth, once a row holds
+    ``budget`` nodes, one C call (``bound_frontier``) keeps only the branches that do not rank after the
+    row's ``budget``-th best node; the next head call scores those (a batch pads rows to the longest one)
+    and the expansion stops when no row keeps a branch.  Depth d then keeps ``min(W, m K)`` nodes for the
+    ``m`` branches scored (rows with fewer children fill their slots with never-selected fillers)."""
     b, gamma, topk = block.batch_size, len(widths), cands.tokens.shape[-1]
-    offsets = [0]
-    for w in widths:
-        offsets.append(offsets[-1] + w)
-    total = offsets[-1]
+    total = sum(widths)  # the most nodes the buffers hold (the bound only ever keeps fewer)
     branching = not trace and max(widths) > 1  # a chain needs no sort: depth order is the total order
     ints = np.empty((4, b * total), dtype=np.int64)  # parents, ranks, tokens, parent-state rows
     scores = np.empty(b * total, dtype=np.float32)
@@ -280,40 +286,63 @@ def _expand_native(lib, block: DraftBlock, cands: HostCandidates, widths: list[i
     logits = head_logits(head, block, 1, states, cands.tokens_t[:, 0])
     parent_scores = np.zeros(b, dtype=np.float32)
     traced = []
-    for depth, width in enumerate(widths, start=1):
-        lo, hi = b * offsets[depth - 1], b * offsets[depth]
+    used: list[int] = []  # the slots of every expanded depth
+    m, fmap, live, prev = 1, None, None, 1  # branches per row, their columns in the previous depth, live counts
+    lo = branches = 0
+    for depth in range(1, gamma + 1):
+        width = min(widths[depth - 1], m * topk)
+        hi = lo + b * width
         z = np.ascontiguousarray(logits.detach().float().numpy())
-        m = z.shape[1]
         lq = np.empty((b, m, topk), dtype=np.float32)
+        branches += b * m
         if branching:  # the previous depth's paths (the root's zeros at depth 1), then this depth's
-            anc_in = paths[: b * gamma] if depth == 1 else paths[b * gamma + (lo - b * widths[depth - 2]) * gamma:
-                                                                   b * gamma + lo * gamma]
+            anc_in = paths[: b * gamma] if depth == 1 else paths[b * gamma + (lo - b * prev) * gamma: b * gamma + lo * gamma]
             anc_out = paths[b * gamma + lo * gamma: b * gamma + hi * gamma]
         else:
             anc_in = anc_out = None
         bad, identity = lib.depth_step(z, b, m, topk, None if rest_by_depth is None else rest_by_depth[depth - 1],
                                        parent_scores, beta, width, tokens_by_depth[depth - 1], lq, ints[0, lo:hi],
                                        ints[1, lo:hi], ints[2, lo:hi], scores[lo:hi], anc_in, anc_out, gamma, depth,
-                                       ints[3, lo:hi])
+                                       ints[3, lo:hi], fmap, live, prev)
         if bad:
             raise ValueError("head.logits: must be finite (found NaN or inf)")
+        used.append(width)
         parent_scores = scores[lo:hi]
         if trace:
             traced.append(lq)
-        if depth < gamma:  # the last depth's advance would never be used
-            if not identity:
-                flat = states.reshape(b * m, states.shape[-1])
-                states = flat.index_select(0, torch.from_numpy(ints[3, lo:hi])).view(b, width, -1)
-            states, logits = head_advance_logits(head, block, depth, states,
-                                                 torch.from_numpy(ints[2, lo:hi]).view(b, width),
-                                                 cands.tokens_t[:, depth])
+        if depth == gamma:  # the last depth's advance would never be used
+            break
+        rows, tok = ints[3, lo:hi], ints[2, lo:hi]
+        fmap = live = None
+        if bound and hi >= b * budget:  # a row may hold `budget` nodes: drop what ranks after its budget-th
+            fmap_all, live = np.empty((b, width), dtype=np.int64), np.empty(b, dtype=np.int64)
+            keep = lib.bound_frontier(b, gamma, depth, np.array(used, dtype=np.int64), budget, ints[1, :hi], scores[:hi],
+                                      None if paths is None else paths[b * gamma: b * gamma + hi * gamma], fmap_all, live)
+            if keep == 0:  # no row keeps a branch: nothing deeper can enter the tree
+                break
+            if keep < width or (live < width).any():
+                fmap = np.ascontiguousarray(fmap_all[:, :keep])
+                cols = (fmap + (np.arange(b) * width)[:, None]).ravel()
+                rows, tok = rows[cols], tok[cols]
+                identity = False
+            else:
+                live = None
+        m, prev, lo = width if fmap is None else fmap.shape[1], width, hi
+        if not identity:
+            flat = states.reshape(-1, states.shape[-1])
+            states = flat.index_select(0, torch.from_numpy(rows)).view(b, m, -1)
+        states, logits = head_advance_logits(head, block, depth, states, torch.from_numpy(tok).view(b, m),
+                                             cands.tokens_t[:, depth])
+    expansion.record(expansion.Expansion(depths=len(used), full_depths=gamma, branches=branches,
+                                         full_branches=b * (1 + sum(widths[:-1]))))
     if trace:
         return np.concatenate(traced, axis=1)
     n_out = total if budget is None else min(budget, total)
     out = np.empty((4, b, n_out + 1), dtype=np.int64)  # tokens, parents, depths, ranks
     out_scores = np.empty((b, n_out + 1), dtype=np.float32)
     root = np.ascontiguousarray(block.root.numpy(), dtype=np.int64)
-    lib.select_tree(b, gamma, np.array(widths, dtype=np.int64), n_out, ints[0], ints[1], ints[2], scores,
+    used += [0] * (gamma - len(used))  # depths never expanded are empty
+    lib.select_tree(b, gamma, np.array(used, dtype=np.int64), n_out, ints[0], ints[1], ints[2], scores,
                     None if paths is None else paths[b * gamma:], root, out[0], out[1], out[2], out[3], out_scores)
     t = torch.from_numpy(out)
     return DraftTree(tokens=t[0], parents=t[1], depths=t[2], scores=torch.from_numpy(out_scores), ranks=t[3],
@@ -383,5 +412,5 @@ def dartree_fixed(block: DraftBlock, head: CorrectionHead, config) -> DraftTree:
 def dartree_pruned(block: DraftBlock, head: CorrectionHead, config) -> DraftTree:
     cands = HostCandidates(block, config.topk, config.normalize)
     return _expand(block, cands, pruned_widths(config.width, config.topk, block.gamma), head, beta=config.beta,
-                   budget=config.budget)
+                   budget=config.budget, bound=config.bound)
 

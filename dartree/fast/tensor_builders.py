@@ -62,4 +62,5 @@ def dartree_pruned(block: DraftBlock, head: CorrectionHead, config) -> DraftTree
     """DARTree (pruned): a supertree of width W per depth, then one global top-B by s_beta."""
     cands = candidate_set(block, config.topk, config.normalize)
     widths = pruned_widths(config.width, config.topk, block.gamma)
-    return assemble(block, expand(block, cands, widths, head=head, beta=config.beta), config.budget)
+    bound = config.budget if config.bound else None
+    return assemble(block, expand(block, cands, widths, head=head, beta=config.beta, bound=bound), config.budget)
