@@ -61,7 +61,12 @@ from torch import Tensor, nn
 
 from dartree.block import DraftBlock
 
-__all__ = ["DFlashConfig", "DFlashDrafter", "dflash_target_layer_ids"]
+__all__ = ["DFlashConfig", "DFlashDrafter", "dflash_target_layer_ids", "MAX_BLOCK_SIZE"]
+
+#: Largest ``block_size`` accepted (the released drafters use 7 to 16).  A block is
+#: ``block_size`` slots through every draft layer each round and a tree is at most
+#: ``dartree.builders.MAX_NODES`` nodes, so anything larger is a typo that would only fail allocating.
+MAX_BLOCK_SIZE = 4096
 
 
 def dflash_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -70,19 +75,23 @@ def dflash_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> li
 
     One draft layer reads the middle layer ``num_target_layers // 2``; otherwise the layers are
     ``round(1 + i * (num_target_layers - 4) / (num_draft_layers - 1))`` for ``i = 0..n-1`` (from
-    layer 1 to layer ``num_target_layers - 3``), with Python's ``round``.
+    layer 1 to layer ``num_target_layers - 3``), with Python's ``round``, exactly as the references.
+    For a 2-layer target the rule runs from layer 1 down to ``-1`` (e.g. ``[1, -1]`` or
+    ``[1, 0, 0, -1]``); ``-1`` is the embedding output, HF's ``hidden_states[0]``, which is what the
+    references read (``hidden_states[layer + 1]``), so such lists are returned as they are.  Only a
+    layer outside ``[-1, num_target_layers)`` is refused (a 1-layer target with several draft layers:
+    ``-2`` would wrap around to the last hidden state in the references).
     """
-    if num_target_layers < 1:
-        raise ValueError(f"num_target_layers: expected >= 1, got {num_target_layers}")
-    if num_draft_layers < 1:
-        raise ValueError(f"num_draft_layers: expected >= 1, got {num_draft_layers}")
+    for name, value in (("num_target_layers", num_target_layers), ("num_draft_layers", num_draft_layers)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
     if num_draft_layers == 1:
         return [num_target_layers // 2]
     start, end = 1, num_target_layers - 3
     span = end - start
     ids = [int(round(start + i * span / (num_draft_layers - 1))) for i in range(num_draft_layers)]
-    if min(ids) < 0 or max(ids) >= num_target_layers:
-        raise ValueError(f"num_target_layers: the evenly spaced rule gives layers {ids} outside [0, "
+    if min(ids) < -1 or max(ids) >= num_target_layers:
+        raise ValueError(f"num_target_layers: the evenly spaced rule gives layers {ids} outside [-1, "
                          f"{num_target_layers}) for {num_draft_layers} draft layers; set target_layer_ids")
     return ids
 
@@ -118,9 +127,23 @@ class DFlashConfig:
                 raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
         if not isinstance(self.shift_label, bool):
             raise ValueError(f"shift_label: expected a bool, got {self.shift_label!r}")
-        if isinstance(self.block_size, bool) or not isinstance(self.block_size, int) or self.block_size < 2:
-            raise ValueError(f"block_size: expected an int >= 2 (root + at least one mask slot), "
-                             f"got {self.block_size!r}")
+        if isinstance(self.block_size, bool) or not isinstance(self.block_size, int) \
+                or not 2 <= self.block_size <= MAX_BLOCK_SIZE:
+            raise ValueError(f"block_size: expected an int in [2, {MAX_BLOCK_SIZE}] (root + at least one mask "
+                             f"slot; released drafters use 16), got {self.block_size!r}")
+        for name in ("rms_norm_eps", "rope_theta"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+                raise ValueError(f"{name}: expected a finite number > 0, got {value!r}")
+        if self.num_target_layers is not None and (isinstance(self.num_target_layers, bool)
+                                                   or not isinstance(self.num_target_layers, int)
+                                                   or self.num_target_layers < 1):
+            raise ValueError(f"num_target_layers: expected an int >= 1 or None, got {self.num_target_layers!r}")
+        if isinstance(self.mask_token_id, bool) or not isinstance(self.mask_token_id, int):
+            raise ValueError(f"mask_token_id: expected an int in [0, {self.vocab_size}), got {self.mask_token_id!r}")
+        if self.head_dim is not None and (isinstance(self.head_dim, bool) or not isinstance(self.head_dim, int)
+                                          or self.head_dim < 2):
+            raise ValueError(f"head_dim: expected an even int >= 2 or None, got {self.head_dim!r}")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(f"num_key_value_heads: must divide num_attention_heads={self.num_attention_heads}, "
                              f"got {self.num_key_value_heads}")
@@ -130,7 +153,12 @@ class DFlashConfig:
             self.head_dim = self.hidden_size // self.num_attention_heads
         if self.head_dim % 2:
             raise ValueError(f"head_dim: must be even for RoPE, got {self.head_dim}")
-        self.target_layer_ids = [int(i) for i in self.target_layer_ids]
+        ids = self.target_layer_ids
+        if isinstance(ids, str | bytes) or not hasattr(ids, "__iter__") \
+                or any(isinstance(i, bool) or not isinstance(i, int) for i in ids):
+            raise ValueError(f"target_layer_ids: expected a list of ints (decoder layers, -1 = the embedding "
+                             f"output), got {ids!r}")
+        self.target_layer_ids = [int(i) for i in ids]
         top = self.num_target_layers if self.num_target_layers is not None else None
         if not self.target_layer_ids or min(self.target_layer_ids) < -1 \
                 or (top is not None and max(self.target_layer_ids) >= top):

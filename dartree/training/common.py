@@ -33,12 +33,16 @@ def lr_at(step: int, frac: float, peak: float, warmup: int) -> float:
 @torch.no_grad()
 def optimizer_step(opt, loss: torch.Tensor, params, lr: float, state: dict, started: float, bar) -> None:
     """One clipped optimizer step at learning rate ``lr``, plus the step / wall-clock budget bookkeeping
-    shared by every stage (``state`` holds ``step`` and ``elapsed``; ``started`` is the step's start time)."""
+    shared by every stage (``state`` holds ``step`` and ``elapsed``; ``started`` is the step's start time).
+    ``params``: one list of parameters clipped together, or a list of such lists, each clipped on its own
+    (models trained side by side that share nothing)."""
     for group in opt.param_groups:
         group["lr"] = lr
     opt.zero_grad(set_to_none=True)
     loss.backward()
-    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    params = list(params)
+    for clipped in (params if params and isinstance(params[0], list) else [params]):
+        torch.nn.utils.clip_grad_norm_(clipped, 1.0)
     opt.step()
     state["step"] += 1
     state["elapsed"] += time.time() - started

@@ -210,6 +210,11 @@ def stage_drafter(work: Path, args: argparse.Namespace) -> None:
         drafter = DFlashDrafter(config, target=model)
         drafter.load_state_dict(start.state_dict())
         log(f"drafter: warm start from {args.init_from / 'drafter'}")
+        if args.drafter_minutes <= 0:           # keep the bundle's drafter as it is (retrain the heads only)
+            torch.save({"model": drafter.state_dict(), "config": config.to_dict()}, final)
+            (work / "drafter_stats.json").write_text(json.dumps({"kept_from": str(args.init_from)}, indent=1))
+            log(f"drafter: kept from {args.init_from / 'drafter'} (--drafter-minutes 0)")
+            return
     else:
         config = drafter_config(model, args)
         drafter = DFlashDrafter(config, target=model)

@@ -30,11 +30,16 @@ def stage_export(work: Path, args: argparse.Namespace) -> None:
     save_drafter(drafter, out / "drafter")
     heads = torch.load(work / "heads_final.pt", weights_only=False)
     c = model.config
-    gru = GRUHead(c.hidden_size, c.vocab_size, **heads["gru_config"])
-    gru.load_state_dict(heads["gru"])
+    widths = heads.get("gru_widths") or [{"config": heads["gru_config"], "state": heads["gru"]}]
+    for i, width in enumerate(widths):      # the first as gru_head/; with several, each as gru_head_<G>x<E>/ too
+        gru = GRUHead(c.hidden_size, c.vocab_size, **width["config"])
+        gru.load_state_dict(width["state"])
+        if i == 0:
+            save_gru_head(gru, out / "gru_head", drafter.config)
+        if len(widths) > 1:
+            save_gru_head(gru, out / f"gru_head_{gru.gru_hidden_dim}x{gru.emb_dim}", drafter.config)
     markov = MarkovHead(c.vocab_size, **heads["markov_config"])
     markov.load_state_dict(heads["markov"])
-    save_gru_head(gru, out / "gru_head", drafter.config)
     save_markov_head(markov, out / "markov_head", drafter.config)
     stats = {}
     for name in ("target", "drafter", "heads"):

@@ -1,5 +1,12 @@
 """Stage 5, ``heads``: the GRU (Domino) and Markov (DSpark) correction heads, trained on the frozen
-drafter's block outputs against the same greedy labels."""
+drafter's block outputs against the same greedy labels.
+
+Several GRU widths can be trained side by side on the same batches (``--gru-widths 64x64,128x128``):
+the frozen target and drafter run once per step for all of them, which is most of a step's time.
+Each head has its own parameters and its own gradient clipping, so a head trains exactly as it
+would alone on those batches.  The first width is the one exported as ``gru_head/``; with more than
+one, each is also exported as ``gru_head_<G>x<E>/`` (see :mod:`dartree.training.export`).
+"""
 
 from __future__ import annotations
 
@@ -25,7 +32,7 @@ from dartree.training.drafter import (
 )
 from dartree.training.target import load_target
 
-__all__ = ["head_batch", "head_losses", "eval_heads", "stage_heads", "nn_init_zero"]
+__all__ = ["head_batch", "head_losses", "eval_heads", "stage_heads", "nn_init_zero", "gru_name"]
 
 
 def head_batch(drafter, model, x: torch.Tensor, anchors: torch.Tensor, sampled: bool):
@@ -41,45 +48,58 @@ def head_batch(drafter, model, x: torch.Tensor, anchors: torch.Tensor, sampled: 
     return h.flatten(0, 1), base.flatten(0, 1), y.flatten(0, 1), previous.flatten(0, 1)
 
 
+def gru_logits(gru, h, base, previous) -> torch.Tensor:
+    """The GRU head's logits at depths > its prefix (``[N, gamma - p, V]``), teacher-forced along ``previous``."""
+    states, _ = gru.prefix_gru(F.embedding(previous, gru.embedding_weight))  # [N, gamma, G]
+    p = gru.prefix_len
+    return gru.full_logits(base[:, p:], h[:, p:], states[:, p:])
+
+
 def head_logits(gru, markov, h, base, previous) -> tuple[torch.Tensor, torch.Tensor]:
     """The GRU head's logits at depths > its prefix (``[N, gamma - p, V]``) and the Markov head's at
     every depth (``[N, gamma, V]``), teacher-forced along ``previous``."""
-    states, _ = gru.prefix_gru(F.embedding(previous, gru.embedding_weight))  # [N, gamma, G]
-    p = gru.prefix_len
-    return gru.full_logits(base[:, p:], h[:, p:], states[:, p:]), markov.full_logits(base, previous)
+    return gru_logits(gru, h, base, previous), markov.full_logits(base, previous)
 
 
 def head_losses(gru, markov, h, base, y, previous) -> tuple[torch.Tensor, torch.Tensor]:
-    gru_logits, markov_logits = head_logits(gru, markov, h, base, previous)
-    return block_loss(gru_logits, y[:, gru.prefix_len:]).mean(), block_loss(markov_logits, y).mean()
+    gl, ml = head_logits(gru, markov, h, base, previous)
+    return block_loss(gl, y[:, gru.prefix_len:]).mean(), block_loss(ml, y).mean()
 
 
-def eval_heads(gru, markov, drafter, model, chunks: list[dict], args, decode_prompts: int = 0) -> dict:
-    """Greedy-chunk losses and teacher-forced chain tau per head, sampled-chunk losses and, with
-    ``decode_prompts``, the corrected-chain tau of real greedy decoding per head."""
+def gru_name(config: dict, several: bool) -> str:
+    """``gru`` for a single GRU width, ``gru_<G>x<E>`` when several are trained side by side."""
+    return f"gru_{config['gru_hidden_dim']}x{config['emb_dim']}" if several else "gru"
+
+
+def eval_heads(grus: dict, markov, drafter, model, chunks: list[dict], args, decode_prompts: int = 0) -> dict:
+    """Greedy-chunk losses and teacher-forced chain tau per head (``grus``: name -> GRU head, plus
+    ``markov`` unless it is None), sampled-chunk losses and, with ``decode_prompts``, the
+    corrected-chain tau of real greedy decoding per head."""
     gen = torch.Generator().manual_seed(99)
-    names = ("base", "gru", "markov")
+    names = ("base", *grus, *(("markov",) if markov is not None else ()))
     totals = {f"{k}_{kind}": 0.0 for k in names for kind in ("loss", "sampled_loss", "tau")}
     counts = {"greedy": 0, "sampled": 0}
-    p = gru.prefix_len
     with torch.no_grad():
         for i in range(len(chunks)):
             x, anchors, sampled = chunk_batch(chunks, 8, 8, drafter.block_size, gen, chunk=i)
             h, base, y, previous = head_batch(drafter, model, x, anchors, sampled)
-            gl_tail, ml = head_logits(gru, markov, h, base, previous)
-            gl = torch.cat([base[:, :p], gl_tail], dim=1)
+            logits = {"base": base}
+            if markov is not None:
+                logits["markov"] = markov.full_logits(base, previous)
+            for name, gru in grus.items():
+                logits[name] = torch.cat([base[:, :gru.prefix_len], gru_logits(gru, h, base, previous)], dim=1)
             kind = "sampled_loss" if sampled else "loss"
             counts["sampled" if sampled else "greedy"] += 1
-            for name, logits in (("base", base), ("gru", gl), ("markov", ml)):
-                totals[f"{name}_{kind}"] += block_loss(logits, y).mean().item()
+            for name in names:
+                totals[f"{name}_{kind}"] += block_loss(logits[name], y).mean().item()
                 if not sampled:         # teacher-forced chain acceptance: argmax along the greedy path
-                    hit = logits.argmax(-1) == y
+                    hit = logits[name].argmax(-1) == y
                     totals[f"{name}_tau"] += hit.long().cumprod(-1).sum(-1).float().mean().item() + 1.0
     out = {key: value / max(1, counts["sampled" if "sampled" in key else "greedy"]) for key, value in totals.items()}
     if decode_prompts:
         prompts = validation_prompts(chunks, decode_prompts)
         new = args.distill_new_tokens - drafter.block_size
-        for name, head in (("gru", gru), ("markov", markov)):
+        for name, head in (*grus.items(), *((("markov", markov),) if markov is not None else ())):
             head.eval()
             out[f"{name}_decode_tau"] = decode_tau(model, drafter, prompts, new, "corrected-chain", head=head)
     return out
@@ -87,6 +107,20 @@ def eval_heads(gru, markov, drafter, model, chunks: list[dict], args, decode_pro
 
 def _summary(ev: dict) -> str:
     return ", ".join(f"{k} {v:.3f}" for k, v in ev.items())
+
+
+def _warm_start(args: argparse.Namespace, model) -> dict:
+    """The ``--init-from`` bundle's heads (name -> head), or ``{}``."""
+    if args.init_from is None:
+        return {}
+    from dartree.models.loaders import load_head
+
+    return {name: load_head(args.init_from / f"{name}_head", target=model) for name in ("gru", "markov")}
+
+
+def _gru_configs(args: argparse.Namespace) -> list[dict]:
+    widths = args.gru_widths or [(args.gru_hidden, args.gru_emb_dim)]
+    return [{"gru_hidden_dim": g, "emb_dim": e, "prefix_len": 1} for g, e in widths]
 
 
 def stage_heads(work: Path, args: argparse.Namespace) -> None:
@@ -101,64 +135,87 @@ def stage_heads(work: Path, args: argparse.Namespace) -> None:
     distill = load_distill(work)
     c = model.config
     torch.manual_seed(2)
-    gru_config = {"gru_hidden_dim": args.gru_hidden, "emb_dim": args.gru_emb_dim, "prefix_len": 1}
-    markov_config = {"markov_rank": args.markov_rank}
-    started = None
-    if args.init_from is not None:          # warm start from a released bundle's heads, with their settings
-        from dartree.models.loaders import load_head
-
-        started = {name: load_head(args.init_from / f"{name}_head", target=model) for name in ("gru", "markov")}
+    started = _warm_start(args, model)
+    gru_configs = _gru_configs(args)
+    if not args.gru_widths and "gru" in started:     # one width, none asked for: the bundle's settings
         g = started["gru"]
-        gru_config = {"gru_hidden_dim": g.gru_hidden_dim, "emb_dim": g.emb_dim, "prefix_len": g.prefix_len}
-        markov_config = {"markov_rank": started["markov"].markov_w1.weight.shape[1]}
-    gru = GRUHead(c.hidden_size, c.vocab_size, **gru_config, embedding=model.get_input_embeddings().weight)
-    nn_init_zero(gru.embed_proj[2])
+        gru_configs = [{"gru_hidden_dim": g.gru_hidden_dim, "emb_dim": g.emb_dim, "prefix_len": g.prefix_len}]
+    rank = args.markov_rank                           # None: the bundle's rank, else 128
+    if rank is None:
+        rank = started["markov"].markov_w1.weight.shape[1] if "markov" in started else 128
+    markov_config = {"markov_rank": rank}
+    several = len(gru_configs) > 1
+    warm: set[str] = set()                   # the heads warm-started from --init-from
+    grus: dict[str, GRUHead] = {}
+    for config in gru_configs:
+        gru = GRUHead(c.hidden_size, c.vocab_size, **config, embedding=model.get_input_embeddings().weight)
+        nn_init_zero(gru.embed_proj[2])
+        s = started.get("gru")
+        if s is not None and (s.gru_hidden_dim, s.emb_dim, s.prefix_len) == tuple(config.values()):
+            gru.load_state_dict(s.state_dict())     # warm start only where the bundle's head has this width
+            warm.add(gru_name(config, several))
+            log(f"heads: GRU {config} warm-started from {args.init_from}")
+        else:
+            log(f"heads: GRU {config} from a fresh initialisation")
+        grus[gru_name(config, several)] = gru
     markov = MarkovHead(c.vocab_size, **markov_config)
     torch.nn.init.normal_(markov.markov_w1.weight, std=0.02)
     torch.nn.init.zeros_(markov.markov_w2.weight)
-    if started is not None:
-        gru.load_state_dict(started["gru"].state_dict())
+    if "markov" in started and started["markov"].markov_w1.weight.shape[1] == markov_config["markov_rank"]:
         markov.load_state_dict(started["markov"].state_dict())
-        log(f"heads: warm start from {args.init_from} ({gru_config}, {markov_config})")
-    params = list(gru.parameters()) + list(markov.parameters())
+        warm.add("markov")
+        log(f"heads: Markov {markov_config} warm-started from {args.init_from}")
+    train_markov = "markov" in args.head_kinds
+    evaluated = markov if train_markov else None          # an untrained Markov head is not re-measured
+    trained = {**grus, **({"markov": markov} if train_markov else {})}
+    groups = [list(m.parameters()) for m in trained.values()]
+    params = [p for group in groups for p in group]
     opt = torch.optim.AdamW(params, lr=args.heads_lr, betas=(0.9, 0.95), weight_decay=0.0)
     ckpt_path = work / "heads_ckpt.pt"
-    state = resume(ckpt_path, "heads", {"gru": gru, "markov": markov}, opt)
+    state = resume(ckpt_path, "heads", {**grus, "markov": markov}, opt)
     train, validation = distill["train"], distill["validation"]
-    if state["step"] == 0:
-        ev = eval_heads(gru, markov, drafter, model, validation[:16], args, decode_prompts=args.decode_prompts)
+    fresh = all(name not in warm for name in trained)
+    if state["step"] == 0 and fresh:        # fc2 / markov_w2 start at zero: every corrected logit is the base's
+        log("heads before training: every head starts uncorrected (zero output projection), not re-measured")
+    elif state["step"] == 0:
+        ev = eval_heads(grus, evaluated, drafter, model, validation[:16], args, decode_prompts=args.decode_prompts)
         state["initial"] = ev
         log(f"heads before training: {_summary(ev)}")
     gen = torch.Generator().manual_seed(state["step"] + 13)
     budget = args.heads_minutes * 60.0
     bar = tqdm(desc="heads", initial=state["step"], mininterval=20)
     last_save = time.time()
-    gru.train()
-    markov.train()
+    for m in trained.values():
+        m.train()
     while state["elapsed"] < budget:
         t0 = time.time()
         x, anchors, sampled = chunk_batch(train, args.drafter_batch, args.anchors, drafter.block_size, gen)
         h, base, y, previous = head_batch(drafter, model, x, anchors, sampled)
-        g, mk = head_losses(gru, markov, h, base, y, previous)
-        loss = g + mk
+        losses = {name: block_loss(gru_logits(gru, h, base, previous), y[:, gru.prefix_len:]).mean()
+                  for name, gru in grus.items()}
+        if train_markov:
+            losses["markov"] = block_loss(markov.full_logits(base, previous), y).mean()
         lr = lr_at(state["step"], state["elapsed"] / budget, args.heads_lr, 30)
-        optimizer_step(opt, loss, params, lr, state, t0, bar)
-        bar.set_postfix(gru=f"{g.item():.3f}", markov=f"{mk.item():.3f}")
+        optimizer_step(opt, sum(losses.values()), groups, lr, state, t0, bar)
+        bar.set_postfix({name: f"{loss.item():.3f}" for name, loss in losses.items()})
         if state["step"] % args.eval_every == 0:
-            ev = eval_heads(gru, markov, drafter, model, validation[:16], args, decode_prompts=args.decode_prompts)
-            gru.train()
-            markov.train()
-            state["history"].append((state["step"], g.item(), mk.item(), ev))
+            ev = eval_heads(grus, evaluated, drafter, model, validation[:16], args, decode_prompts=args.decode_prompts)
+            for m in trained.values():
+                m.train()
+            state["history"].append((state["step"], {name: loss.item() for name, loss in losses.items()}, ev))
             log(f"heads step {state['step']}: {_summary(ev)}")
         if time.time() - last_save > 300:
-            save_checkpoint(ckpt_path, {"gru": gru, "markov": markov}, opt, state)
+            save_checkpoint(ckpt_path, {**grus, "markov": markov}, opt, state)
             last_save = time.time()
     bar.close()
-    ev = eval_heads(gru, markov, drafter, model, validation, args, decode_prompts=2 * args.decode_prompts)
+    ev = eval_heads(grus, evaluated, drafter, model, validation, args, decode_prompts=2 * args.decode_prompts)
     state["final"] = ev
     log(f"heads done: {_summary(ev)}")
-    torch.save({"gru": gru.state_dict(), "markov": markov.state_dict(),
-                "gru_config": gru_config, "markov_config": markov_config}, final)
+    first = next(iter(grus.values()))
+    torch.save({"gru": first.state_dict(), "markov": markov.state_dict(),
+                "gru_config": gru_configs[0], "markov_config": markov_config,
+                "gru_widths": [{"config": config, "state": gru.state_dict()}
+                               for config, gru in zip(gru_configs, grus.values(), strict=True)]}, final)
     (work / "heads_stats.json").write_text(json.dumps(state, indent=1))
 
 

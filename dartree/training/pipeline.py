@@ -43,6 +43,23 @@ def _stages(text: str) -> list[str]:
     return names
 
 
+def _widths(text: str) -> list[tuple[int, int]]:
+    try:
+        widths = [tuple(int(v) for v in item.strip().split("x")) for item in text.split(",") if item.strip()]
+    except ValueError:
+        widths = []
+    if not widths or any(len(w) != 2 or min(w) < 1 for w in widths) or len(set(widths)) != len(widths):
+        raise argparse.ArgumentTypeError(f"expected distinct GxE pairs of ints >= 1 (e.g. 64x64,128x128), got {text!r}")
+    return widths
+
+
+def _head_kinds(text: str) -> list[str]:
+    kinds = [s.strip() for s in text.split(",") if s.strip()]
+    if "gru" not in kinds or any(k not in ("gru", "markov") for k in kinds):
+        raise argparse.ArgumentTypeError(f"expected gru or gru,markov, got {text!r}")
+    return kinds
+
+
 def _bundle_dir(text: str) -> Path:
     path = Path(text)
     missing = [name for name in ("target", "drafter", "gru_head", "markov_head", "tokenizer.json")
@@ -97,7 +114,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--heads-lr", type=float, default=2e-3)
     p.add_argument("--gru-hidden", type=int, default=256)
     p.add_argument("--gru-emb-dim", type=int, default=256)
-    p.add_argument("--markov-rank", type=int, default=128)
+    p.add_argument("--gru-widths", type=_widths, default=None,
+                   help="GRU heads trained side by side on the same batches, GxE (gru_hidden_dim x emb_dim) comma-"
+                        "separated, e.g. 64x64,128x128; the first is exported as gru_head/ (default: one head, "
+                        "--gru-hidden x --gru-emb-dim, or the --init-from bundle's width)")
+    p.add_argument("--markov-rank", type=int, default=None, help="default: the --init-from bundle's rank, else 128")
+    p.add_argument("--head-kinds", type=_head_kinds, default="gru,markov",
+                   help="heads the heads stage trains: gru,markov (an untrained Markov head keeps its start)")
     p.add_argument("--tau-prompts", type=int, default=5, help="prompts per split for the tau stage")
     p.add_argument("--tau-new-tokens", type=int, default=96)
     args = p.parse_args(argv)

@@ -140,3 +140,33 @@ def test_recipe_options_are_checked_and_a_work_dir_keeps_its_origin(tmp_path, ca
     _check_origin(parse_args(["--work", str(work)]))                         # the same origin again: fine
     with pytest.raises(SystemExit, match="init_from"):                       # a kept target would be stale
         _check_origin(parse_args(["--work", str(work), "--init-from", str(bundle)]))
+
+
+def test_gru_widths_and_head_kinds_are_parsed_and_checked(capsys):
+    args = parse_args(["--gru-widths", "64x64, 128x32", "--head-kinds", "gru"])
+    assert args.gru_widths == [(64, 64), (128, 32)] and args.head_kinds == ["gru"]
+    assert parse_args([]).gru_widths is None and parse_args([]).head_kinds == ["gru", "markov"]
+    assert parse_args([]).markov_rank is None                    # the bundle's rank, else 128
+    for argv in (["--gru-widths", "64"], ["--gru-widths", "64x0"], ["--gru-widths", "8x8,8x8"],
+                 ["--head-kinds", "markov"], ["--head-kinds", "gru,lstm"]):
+        with pytest.raises(SystemExit):
+            parse_args(argv)
+        assert argv[0] in capsys.readouterr().err
+
+
+def test_heads_trained_side_by_side_are_clipped_apart():
+    """A list of parameter lists: each clipped on its own, so a head's update ignores the others' gradients."""
+    from dartree.training.common import optimizer_step
+
+    class Bar:
+        def update(self, n):
+            pass
+
+    a, b = torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(3))
+    opt = torch.optim.SGD([a, b], lr=1.0)
+    state = {"step": 0, "elapsed": 0.0}
+    loss = (a * torch.tensor([0.1, 0.0, 0.0])).sum() + (b * torch.tensor([100.0, 0.0, 0.0])).sum()
+    optimizer_step(opt, loss, [[a], [b]], 1.0, state, 0.0, Bar())
+    assert torch.allclose(a.detach(), torch.tensor([-0.1, 0.0, 0.0]))       # below the clip norm: untouched
+    assert torch.allclose(b.detach(), torch.tensor([-1.0, 0.0, 0.0]))       # clipped to norm 1 alone
+    assert state["step"] == 1
