@@ -178,10 +178,12 @@ def _common() -> argparse.ArgumentParser:
 
 
 def _out_args(p: argparse.ArgumentParser, default: Path | None, what: str) -> None:
-    p.add_argument("--out", type=_folder, default=default, help=f"output folder ({what}); must be empty or new"
-                   + (f" (default {default})" if default is not None else ""))
+    p.add_argument("--out", type=_folder, default=default,
+                   help=f"output folder ({what}); must hold no earlier run of this command; one run writes a "
+                        "folder at a time" + (f" (default {default})" if default is not None else ""))
     p.add_argument("--force", action="store_true",
-                   help="replace the results of an earlier run in --out (its files are removed first)")
+                   help="replace the results of an earlier run in --out (in one step, once this run's files "
+                        "are all written)")
 
 
 def _method_defaults(p: argparse.ArgumentParser) -> None:
