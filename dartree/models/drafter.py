@@ -53,6 +53,7 @@ released z-lab checkpoints (``layers.{i}.self_attn.q_proj.weight``, ``fc.weight`
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -130,7 +131,7 @@ class DFlashConfig:
         if isinstance(self.block_size, bool) or not isinstance(self.block_size, int) \
                 or not 2 <= self.block_size <= MAX_BLOCK_SIZE:
             raise ValueError(f"block_size: expected an int in [2, {MAX_BLOCK_SIZE}] (root + at least one mask "
-                             f"slot; released drafters use 16), got {self.block_size!r}")
+                             f"slot; the released drafters use 7 to 16), got {self.block_size!r}")
         for name in ("rms_norm_eps", "rope_theta"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
@@ -154,11 +155,13 @@ class DFlashConfig:
         if self.head_dim % 2:
             raise ValueError(f"head_dim: must be even for RoPE, got {self.head_dim}")
         ids = self.target_layer_ids
-        if isinstance(ids, str | bytes) or not hasattr(ids, "__iter__") \
-                or any(isinstance(i, bool) or not isinstance(i, int) for i in ids):
+        try:                # integers only (numpy ints too): a float layer such as 1.5 is a typo, not layer 1
+            if isinstance(ids, str | bytes) or any(isinstance(i, bool) for i in ids):
+                raise TypeError
+            self.target_layer_ids = [operator.index(i) for i in ids]
+        except TypeError:
             raise ValueError(f"target_layer_ids: expected a list of ints (decoder layers, -1 = the embedding "
-                             f"output), got {ids!r}")
-        self.target_layer_ids = [int(i) for i in ids]
+                             f"output), got {ids!r}") from None
         top = self.num_target_layers if self.num_target_layers is not None else None
         if not self.target_layer_ids or min(self.target_layer_ids) < -1 \
                 or (top is not None and max(self.target_layer_ids) >= top):

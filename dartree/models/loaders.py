@@ -14,21 +14,29 @@ format is read as its authors' code reads it (sources and the full key table: ``
   weights ``prefix_gru.*``, ``embed_proj.{0,2}.*`` (bias-free in the release), ``bias_norm.weight``,
   ``bias_gate.*``; loaded as ``drafter.heads["gru"]``.
 - **DSpark** (DeepSpec ``deepspec/modeling/dspark``): the draft fields at the top level
-  (``block_size``, ``mask_token_id``, ``target_layer_ids`` which may hold -1 = the embedding
-  output, ``num_anchors``, ``markov_rank``, ``markov_head_type``, ``enable_confidence_head``);
+  (``block_size``, ``mask_token_id``, ``target_layer_ids``, ``num_anchors``, ``markov_rank``, ``markov_head_type``, ``enable_confidence_head``);
   every slot is a proposal (depth ``d`` is slot ``d - 1``).  Extra weights ``embed_tokens.weight``,
   ``lm_head.weight``, ``markov_head.markov_w{1,2}.weight`` (vanilla head; none when
   ``markov_rank`` is 0: DeepSpec's "DFlash"), ``confidence_head.proj.*``.
 
 Which format a directory is in is decided by one rule (anything ambiguous is rejected): DeepSpec
-when ``architectures`` names a DSpark model or the config has ``num_anchors`` / ``markov_rank``;
-Domino when ``dflash_config.projector_type`` is set; DFlash otherwise.  A draft key may sit in
-``dflash_config`` or at the top level; when both hold different values the config is rejected.
+when ``architectures`` names a DSpark model (DeepSpec always writes ``Qwen3DSparkModel``); Domino
+when ``dflash_config.projector_type`` is set; DFlash otherwise.  The DeepSpec-only keys
+``num_anchors`` / ``markov_rank`` never switch the layout: with a DFlash ``architectures`` they are
+ignored with a warning (as z-lab ignores them), with no architectures to decide they are refused.
+A draft key may sit in ``dflash_config`` or at the top level; when both hold different values the
+config is rejected (``shift_label`` too: true in either place of a DFlash config is refused; Domino
+reads it from ``dflash_config`` only, so a top-level-only true is refused as well).
+
+``target_layer_ids`` may hold -1 in every format: the embedding output, HF's ``hidden_states[0]``
+(DFlash and Domino read ``hidden_states[layer + 1]``; the evenly spaced fallback yields -1 for a
+2-layer target, e.g. ``[1, -1]``).
 
 Head-only directories (the bundled zoo ships its heads this way so the backbone is stored once)
 have ``config.json`` with ``"head_type": "gru" | "markov"`` and the same weight names as above.
 
-Every weight in the files must be consumed and every parameter found; unsupported features
+Every weight in the files must be consumed and every parameter found, every weight floating point
+(integer tensors are not cast); unsupported features
 (sliding-window layers, causal draft attention, attention biases, DFlash2, scaled logits) are
 refused; every problem is a ``ValueError`` naming the file and the key.  Nothing is downloaded.
 """
@@ -36,6 +44,7 @@ refused; every problem is a ``ValueError`` naming the file and the key.  Nothing
 from __future__ import annotations
 
 import json
+import os
 import warnings
 from pathlib import Path
 from typing import NoReturn
@@ -45,7 +54,13 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import Tensor, nn
 
-from dartree.models.drafter import DFlashConfig, DFlashDrafter, RotaryEmbedding, dflash_target_layer_ids
+from dartree.models.drafter import (
+    MAX_BLOCK_SIZE,
+    DFlashConfig,
+    DFlashDrafter,
+    RotaryEmbedding,
+    dflash_target_layer_ids,
+)
 from dartree.models.heads import GRUHead, MarkovHead
 from dartree.models.writers import save_drafter, save_gru_head, save_markov_head
 
@@ -95,7 +110,8 @@ class CheckpointConfig:
             return default
         return got
 
-    def int(self, key: str, default: object = _MISSING, minimum: int | None = None, where: str = "any") -> int:
+    def int(self, key: str, default: object = _MISSING, minimum: int | None = None, where: str = "any",
+            maximum: int | None = None) -> int:
         v = self.value(key, default, where)
         if v is default:
             return v
@@ -103,14 +119,18 @@ class CheckpointConfig:
             self.fail(key, f"expected an integer, got {v!r}")
         if minimum is not None and v < minimum:
             self.fail(key, f"expected an integer >= {minimum}, got {v!r}")
+        if maximum is not None and v > maximum:
+            self.fail(key, f"expected an integer <= {maximum}, got {v!r}")
         return int(v)
 
-    def float(self, key: str, default: object = _MISSING, where: str = "any") -> float:
+    def float(self, key: str, default: object = _MISSING, where: str = "any", positive: bool = False) -> float:
         v = self.value(key, default, where)
         if v is default:
             return v
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             self.fail(key, f"expected a number, got {v!r}")
+        if positive and not 0 < v < float("inf"):
+            self.fail(key, f"expected a finite number > 0, got {v!r}")
         return float(v)
 
     def bool(self, key: str, default: object = _MISSING, where: str = "any") -> bool:
@@ -161,21 +181,49 @@ def _read_weights(path: Path) -> dict[str, Tensor]:
 
 
 def _read_dir(path: str | Path) -> tuple[Path, CheckpointConfig, dict[str, Tensor]]:
+    if isinstance(path, bytes) or not isinstance(path, str | os.PathLike):
+        raise ValueError(f"path: expected a local checkpoint directory (str or os.PathLike), got "
+                         f"{type(path).__name__} {path!r}")
     path = Path(path)
-    if not path.is_dir():
-        raise ValueError(f"path: {str(path)!r} is not a local directory (checkpoints are never downloaded)")
-    return path, _read_config(path), _read_weights(path)
+    try:
+        if not path.is_dir():
+            raise ValueError(f"path: {str(path)!r} is not a local directory (checkpoints are never downloaded)")
+        if not os.access(path, os.R_OK | os.X_OK):
+            raise PermissionError(f"permission denied: {str(path)!r}")
+        return path, _read_config(path), _read_weights(path)
+    except OSError as e:         # PermissionError and friends on the folder, its listing or a file
+        raise ValueError(f"path: cannot read the checkpoint directory {str(path)!r}: {e}") from None
 
 
 # ---------------------------------------------------------------------------- format and layout
+_DEEPSPEC_KEYS = ("num_anchors", "markov_rank")
+
+
 def _format(config: CheckpointConfig) -> str:
-    """``"dspark"``, ``"domino"`` or ``"dflash"`` (see the module docstring)."""
+    """``"dspark"``, ``"domino"`` or ``"dflash"`` (see the module docstring).
+
+    ``architectures`` decides between DeepSpec and z-lab / Domino, as it decides which class the
+    authors' code instantiates (DeepSpec always writes ``Qwen3DSparkModel``; z-lab and Domino
+    ``DFlashDraftModel``).  DeepSpec-only keys (``num_anchors``, ``markov_rank``) in a config whose
+    architectures name a DFlash model are ignored with a warning (z-lab's loader ignores them too);
+    with no architectures to decide, they make the config ambiguous and it is refused.
+    """
     archs = config.raw.get("architectures") or []
     if not isinstance(archs, list):
         config.fail("architectures", f"expected a list of names, got {archs!r}")
     if any("DFlash2" in str(a) for a in archs) or "conv_kernel_size" in config.draft:
         config.fail("architectures", "DFlash2 drafters (convolutions, candidate selector) are not supported")
-    dspark = any("DSpark" in str(a) for a in archs) or "num_anchors" in config.raw or "markov_rank" in config.raw
+    deepspec_keys = [k for k in _DEEPSPEC_KEYS if k in config.raw]
+    dspark = any("DSpark" in str(a) for a in archs)
+    if not dspark and deepspec_keys:
+        if not any("DFlash" in str(a) for a in archs):
+            config.fail(deepspec_keys[0], f"DeepSpec keys {deepspec_keys} but architectures {archs!r} names neither "
+                                          f"a DSpark model (every slot a proposal) nor a DFlash one (slot 0 dropped); "
+                                          f"set architectures to ['Qwen3DSparkModel'] or ['DFlashDraftModel']")
+        warnings.warn(f"config: {config.file}: architectures {archs!r} is a DFlash model, so the DeepSpec keys "
+                      f"{deepspec_keys} are ignored (as z-lab's loader ignores them) and the z-lab layout is read "
+                      f"(slot 0 dropped); set architectures to ['Qwen3DSparkModel'] for a DeepSpec checkpoint",
+                      stacklevel=3)
     projector = config.value("projector_type", None, where="dflash")
     if dspark and projector is not None:
         config.fail("projector_type", "a DeepSpec (DSpark) config with a Domino projector is ambiguous")
@@ -186,7 +234,7 @@ def _format(config: CheckpointConfig) -> str:
 
 def _shift_label(config: CheckpointConfig, kind: str) -> bool:
     """The block layout: True = every slot is a proposal (depth d = slot d - 1)."""
-    shift = config.bool("shift_label", None, where="dflash")
+    shift = config.bool("shift_label", None)             # either place (both different: refused)
     if kind == "dspark":
         if shift is False:
             config.fail("shift_label", "DeepSpec reads every slot of a DSpark block as a proposal; "
@@ -195,6 +243,9 @@ def _shift_label(config: CheckpointConfig, kind: str) -> bool:
     if kind == "dflash" and shift:
         config.fail("shift_label", "z-lab's DFlash loader ignores shift_label and drops slot 0; a drafter "
                                    "trained with shifted labels is a Domino (projector_type) or DSpark checkpoint")
+    if shift and config.draft.get("shift_label") is None:
+        config.fail("shift_label", "Domino reads shift_label from dflash_config (a top-level true is ignored there "
+                                   "and slot 0 dropped); move it into dflash_config")
     return bool(shift)
 
 
@@ -268,9 +319,8 @@ def _dflash_config(config: CheckpointConfig, kind: str) -> DFlashConfig:
                          f"reference's evenly spaced fallback")
     else:
         target_layer_ids = dflash_target_layer_ids(num_target_layers, layers)
-    if kind != "dspark" and -1 in target_layer_ids:
-        config.fail("target_layer_ids", "-1 (the embedding output) is a DeepSpec convention; DFlash and Domino "
-                                        "read hidden_states[layer + 1]")
+    # -1 is the embedding output in every format: DFlash and Domino read hidden_states[layer + 1] (-1 -> the
+    # embeddings, hidden_states[0]), DeepSpec names it so; HFTarget serves it the same way.
     theta, scaled, max_positions = _rope(config)
     heads = config.int("num_attention_heads", minimum=1, where="top")
     head_dim = config.int("head_dim", None, minimum=2, where="top")
@@ -283,9 +333,9 @@ def _dflash_config(config: CheckpointConfig, kind: str) -> DFlashConfig:
         vocab_size=config.int("vocab_size", minimum=1, where="top"),
         target_layer_ids=target_layer_ids,
         mask_token_id=config.int("mask_token_id", minimum=0),
-        block_size=config.int("block_size", 16, minimum=1),
+        block_size=config.int("block_size", 16, minimum=2, maximum=MAX_BLOCK_SIZE),
         head_dim=head_dim,
-        rms_norm_eps=config.float("rms_norm_eps", 1e-6, where="top"),
+        rms_norm_eps=config.float("rms_norm_eps", 1e-6, where="top", positive=True),
         rope_theta=theta,
         num_target_layers=num_target_layers,
         shift_label=_shift_label(config, kind),
@@ -312,7 +362,16 @@ def _load_into(module: nn.Module, weights: dict[str, Tensor], prefix: str, path:
         if tuple(t.shape) != tuple(param.shape):
             raise ValueError(f"weights: {prefix + k} in {path} has shape {tuple(t.shape)}, "
                              f"the config implies {tuple(param.shape)}")
+        _check_float(prefix + k, t, path)
         param.copy_(t.to(param.dtype))
+
+
+def _check_float(name: str, tensor: Tensor, path: Path) -> None:
+    """Weights are floating point: an integer or bool tensor is not cast silently (quantised
+    checkpoints are not supported; a wrong dtype is a broken export)."""
+    if not tensor.is_floating_point():
+        raise ValueError(f"weights: {name} in {path} is {tensor.dtype}; expected a floating dtype (float32, bfloat16, "
+                         f"float16): integer (quantised) weights are not supported")
 
 
 def _gru_head_from(config: CheckpointConfig, weights: dict[str, Tensor], hidden_size: int, vocab_size: int,
@@ -324,7 +383,7 @@ def _gru_head_from(config: CheckpointConfig, weights: dict[str, Tensor], hidden_
                    bias="prefix_gru.bias_ih_l0" in weights,        # released Domino heads are bias-free
                    bias_norm=config.bool("use_bias_norm", False),
                    bias_gate=config.bool("use_bias_gate", False),
-                   norm_eps=config.float("rms_norm_eps", 1e-6, where="top"))
+                   norm_eps=config.float("rms_norm_eps", 1e-6, where="top", positive=True))
     with torch.no_grad():
         _load_into(head, weights, "", path)
     return head.requires_grad_(False).eval()       # inference: no autograd graph in the builders
@@ -394,6 +453,8 @@ def load_drafter(path: str | Path, target: nn.Module | None = None) -> DFlashDra
     if (embedding is None) != (lm_head is None):
         raise ValueError(f"weights: {path} has only one of embed_tokens.weight / lm_head.weight")
     if embedding is not None:
+        _check_float("embed_tokens.weight", embedding, path)
+        _check_float("lm_head.weight", lm_head, path)
         drafter.set_shared_weights(embedding.float(), lm_head.float())
         if "gru" in heads:
             heads["gru"].set_embedding(drafter.embedding_weight)

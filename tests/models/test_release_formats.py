@@ -192,11 +192,14 @@ def test_missing_target_layer_ids_uses_the_evenly_spaced_rule(tmp_path, target):
     ({"hidden_act": "gelu"}, "hidden_act"),
     ({"block_size": 8}, "block_size"),                                   # top level 8, dflash_config 5
     ({"dflash_config": {"mask_token_id": rf.MASK, "target_layer_ids": [1, 3], "shift_label": True}}, "shift_label"),
-    ({"dflash_config": {"mask_token_id": rf.MASK, "target_layer_ids": [-1, 3]}}, "target_layer_ids"),
-    ({"markov_rank": 4, "dflash_config": {"mask_token_id": rf.MASK, "target_layer_ids": [1, 3],
-                                          "projector_type": "domino"}}, "projector_type"),
-    ({"markov_rank": 4, "markov_head_type": "gated", "mask_token_id": rf.MASK, "target_layer_ids": [1, 3]},
-     "markov_head_type"),
+    ({"dflash_config": {"mask_token_id": rf.MASK, "target_layer_ids": [1, 3]}, "shift_label": True}, "shift_label"),
+    ({"architectures": ["Qwen3DSparkModel"], "markov_rank": 4,
+      "dflash_config": {"mask_token_id": rf.MASK, "target_layer_ids": [1, 3], "projector_type": "domino"}},
+     "projector_type"),
+    ({"architectures": ["Qwen3DSparkModel"], "markov_rank": 4, "markov_head_type": "gated", "mask_token_id": rf.MASK,
+      "target_layer_ids": [1, 3]}, "markov_head_type"),
+    ({"architectures": None, "num_anchors": 512}, "num_anchors"),          # nothing decides the layout
+    ({"architectures": ["Qwen3ForCausalLM"], "markov_rank": 0}, "markov_rank"),
     ({"rope_scaling": {"rope_type": "mystery", "factor": 2.0}}, "rope"),
 ])
 def test_unsupported_or_ambiguous_configs_are_refused(tmp_path, change, key):
