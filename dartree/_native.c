@@ -498,31 +498,25 @@ static PyObject *native_log_normalize(PyObject *self, PyObject *const *args, Py_
 }
 
 /* -------------------------------------------------------------------------------------- depth step */
-/* depth_step(logits f32 [b, m, K], b, m, K, rest f64 [b] | None, parent f32 [b, P], beta (float), width,
+/* depth_step(logits f32 [b, m, K], b, m, K, rest f64 [b] | None, parent f32 [b, m], beta (float), width,
  *            cand_tokens i64 [b, K], log_q f32 [b, m, K] (out), parents i64 [b, W], ranks i64 [b, W],
- *            tokens i64 [b, W], scores f32 [b, W], anc_in i64 [b, P, gamma] | None, anc_out i64 [b, W, gamma] | None,
- *            gamma, depth, gather i64 [b, W] | None, fmap i64 [b, m] | None, live i64 [b] | None, P)
+ *            tokens i64 [b, W], scores f32 [b, W], anc_in i64 [b, m, gamma] | None, anc_out i64 [b, W, gamma] | None,
+ *            gamma, depth, gather i64 [b, W] | None)
  * -> (nonfinite, identity): nonfinite = some log q is NaN or infinite (nothing else is then meaningful);
  *    identity = W == m and every kept child's parent is its own index (the branch states need no gather).
  * gather: r * m + parent, the row of each kept child's parent state in the [b * m, S] states.
  *
  * Per row: log q of every branch's K candidates; child scores (parent + log q) + beta in float32; the best
- * `width` of the m*K flat positions under (score descending, position), listed in position order.
- *
- * The bound (bound_frontier) hands over a compacted frontier: fmap maps branch i of row r to its column in the
- * previous depth's P kept nodes (the parents written, parent's and anc_in's rows), and only the first live[r] branches
- * of row r are expanded (the others pad the head call of a batch; their logits are not read).  A row with
- * fewer than `width` children of live branches keeps them all, then fills its slots with fillers: rank -1,
- * score -inf, the row's first candidate token and first state row (never selected, never expanded). */
+ * `width` of the m*K flat positions under (score descending, position), listed in position order. */
 static PyObject *native_depth_step(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 22) {
-        PyErr_SetString(PyExc_TypeError, "depth_step: expected 22 arguments");
+    if (nargs != 19) {
+        PyErr_SetString(PyExc_TypeError, "depth_step: expected 19 arguments");
         return NULL;
     }
-    Py_ssize_t b, m, k, width, gamma, depth, pw;
+    Py_ssize_t b, m, k, width, gamma, depth;
     if (get_ssize(args[1], &b, "b") < 0 || get_ssize(args[2], &m, "m") < 0 || get_ssize(args[3], &k, "topk") < 0 ||
         get_ssize(args[7], &width, "width") < 0 || get_ssize(args[16], &gamma, "gamma") < 0 ||
-        get_ssize(args[17], &depth, "depth") < 0 || get_ssize(args[21], &pw, "P") < 0)
+        get_ssize(args[17], &depth, "depth") < 0)
         return NULL;
     double beta_d = PyFloat_AsDouble(args[6]);
     if (beta_d == -1.0 && PyErr_Occurred()) return NULL;
@@ -532,36 +526,25 @@ static PyObject *native_depth_step(PyObject *self, PyObject *const *args, Py_ssi
         PyErr_SetString(PyExc_ValueError, "depth_step: need 1 <= width <= m * K and 1 <= depth <= gamma");
         return NULL;
     }
-    if (args[19] == Py_None) pw = m; /* no compaction: the branches are the previous depth's columns */
-    Buf a[14];
+    Buf a[12];
     memset(a, 0, sizeof a);
     if (acquire(args[0], &a[0], 4, mul(b, total), 0, 0, "logits") < 0 || acquire(args[4], &a[1], 8, b, 0, 1, "rest") < 0 ||
-        acquire(args[5], &a[2], 4, mul(b, pw), 0, 0, "parent_scores") < 0 ||
+        acquire(args[5], &a[2], 4, mul(b, m), 0, 0, "parent_scores") < 0 ||
         acquire(args[8], &a[3], 8, mul(b, k), 0, 0, "cand_tokens") < 0 ||
         acquire(args[9], &a[4], 4, mul(b, total), 1, 0, "log_q") < 0 ||
         acquire(args[10], &a[5], 8, mul(b, width), 1, 0, "parents") < 0 ||
         acquire(args[11], &a[6], 8, mul(b, width), 1, 0, "ranks") < 0 ||
         acquire(args[12], &a[7], 8, mul(b, width), 1, 0, "tokens") < 0 ||
         acquire(args[13], &a[8], 4, mul(b, width), 1, 0, "scores") < 0 ||
-        acquire(args[14], &a[9], 8, mul(mul(b, pw), gamma), 0, 1, "anc_in") < 0 ||
+        acquire(args[14], &a[9], 8, mul(mul(b, m), gamma), 0, 1, "anc_in") < 0 ||
         acquire(args[15], &a[10], 8, mul(mul(b, width), gamma), 1, 1, "anc_out") < 0 ||
-        acquire(args[18], &a[11], 8, mul(b, width), 1, 1, "gather") < 0 ||
-        acquire(args[19], &a[12], 8, mul(b, m), 0, 1, "fmap") < 0 || acquire(args[20], &a[13], 8, b, 0, 1, "live") < 0) {
-        release(a, 14);
+        acquire(args[18], &a[11], 8, mul(b, width), 1, 1, "gather") < 0) {
+        release(a, 12);
         return NULL;
     }
     if (a[9].held != a[10].held) {
-        release(a, 14);
+        release(a, 12);
         PyErr_SetString(PyExc_ValueError, "depth_step: anc_in and anc_out go together");
-        return NULL;
-    }
-    const int64_t *fmap = I64_OR_NULL(a[12]), *live = I64_OR_NULL(a[13]);
-    int bad_map = 0;
-    for (Py_ssize_t r = 0; live && r < b; r++) bad_map |= live[r] < 0 || live[r] > m;
-    for (Py_ssize_t i = 0; fmap && i < b * m; i++) bad_map |= fmap[i] < 0 || fmap[i] >= pw;
-    if (bad_map) {
-        release(a, 14);
-        PyErr_SetString(PyExc_ValueError, "depth_step: need 0 <= live <= m and 0 <= fmap < P");
         return NULL;
     }
     const float *logits = F32(a[0]), *parent = F32(a[2]);
@@ -575,65 +558,53 @@ static PyObject *native_depth_step(PyObject *self, PyObject *const *args, Py_ssi
     if (!scratch || !child) {
         free(scratch);
         free(child);
-        release(a, 14);
+        release(a, 12);
         return PyErr_NoMemory();
     }
     int bad = 0, identity = width == m;
     for (Py_ssize_t r = 0; r < b && !bad; r++) {
-        Py_ssize_t mr = live ? live[r] : m, total_r = mr * k; /* the live branches and their children */
-        Py_ssize_t width_r = width < total_r ? width : total_r;
-        for (Py_ssize_t i = 0; i < mr; i++) {
+        for (Py_ssize_t i = 0; i < m; i++) {
             Py_ssize_t o = (r * m + i) * k;
             bad |= normalize_row(logits + o, k, rest ? rest + r : NULL, log_q + o, scratch);
-            float ps = parent[fmap ? r * pw + fmap[r * m + i] : r * m + i];
+            float ps = parent[r * m + i];
             for (Py_ssize_t j = 0; j < k; j++) child[i * k + j] = (ps + log_q[o + j]) + beta;
         }
         if (bad) break;
         /* the width-th best score t; all scores > t, then the first ties == t by position */
         Py_ssize_t kept = 0, greater = 0;
         float t = -INFINITY;
-        if (width_r < total_r) {
-            memcpy(child + total, child, sizeof(float) * (size_t)total_r);
-            t = nth_largest(child + total, total_r, width_r);
+        if (width < total) {
+            memcpy(child + total, child, sizeof(float) * (size_t)total);
+            t = nth_largest(child + total, total, width);
         }
-        if (width_r < total_r)
-            for (Py_ssize_t p = 0; p < total_r; p++) greater += child[p] > t;
-        Py_ssize_t ties = width_r - greater;
-        for (Py_ssize_t p = 0; p < total_r && kept < width_r; p++) {
-            int take = width_r == total_r || child[p] > t;
+        if (width < total)
+            for (Py_ssize_t p = 0; p < total; p++) greater += child[p] > t;
+        Py_ssize_t ties = width - greater;
+        for (Py_ssize_t p = 0; p < total && kept < width; p++) {
+            int take = width == total || child[p] > t;
             if (!take && child[p] == t && ties > 0) {
                 take = 1;
                 ties--;
             }
             if (!take) continue;
             Py_ssize_t w = r * width + kept;
-            Py_ssize_t par = p / k, rk = p % k, col = fmap ? fmap[r * m + par] : par;
-            parents[w] = col;
+            Py_ssize_t par = p / k, rk = p % k;
+            parents[w] = par;
             ranks[w] = rk;
             tokens[w] = cand[r * k + rk];
             scores[w] = child[p];
             identity &= par == kept;
             if (gather) gather[w] = r * m + par;
             if (anc_out) {
-                memcpy(anc_out + w * gamma, anc_in + (r * pw + col) * gamma, sizeof(int64_t) * (size_t)gamma);
+                memcpy(anc_out + w * gamma, anc_in + (r * m + par) * gamma, sizeof(int64_t) * (size_t)gamma);
                 anc_out[w * gamma + depth - 1] = kept + 1;
             }
             kept++;
         }
-        for (; kept < width; kept++) { /* fillers (only under the bound, in a batch) */
-            Py_ssize_t w = r * width + kept;
-            parents[w] = fmap ? fmap[r * m] : 0;
-            ranks[w] = -1;
-            tokens[w] = cand[r * k];
-            scores[w] = -INFINITY;
-            identity = 0;
-            if (gather) gather[w] = r * m;
-            if (anc_out) memset(anc_out + w * gamma, 0, sizeof(int64_t) * (size_t)gamma);
-        }
     }
     free(scratch);
     free(child);
-    release(a, 14);
+    release(a, 12);
     return Py_BuildValue("(ii)", bad, identity && !bad);
 }
 
@@ -673,8 +644,8 @@ static void merge_sort(Py_ssize_t *idx, Py_ssize_t *tmp, Py_ssize_t n, const Tre
  * best n_out supertree nodes in the total order (score descending, then rank path; without paths, a chain,
  * depth order), the root first.  A selected node whose parent is not selected is a ValueError (prefix closure
  * is the builders' invariant).  Under the bound a depth may be empty (width 0: the expansion stopped) and a row
- * may hold fillers (rank -1, see depth_step): they are never selected; fewer than n_out other nodes in a row is
- * a ValueError. */
+ * may hold nodes of rank -1 (fillers): they are never selected; fewer than n_out other nodes in a row is a
+ * ValueError. */
 static PyObject *native_select_tree(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 15) {
         PyErr_SetString(PyExc_TypeError, "select_tree: expected 15 arguments");

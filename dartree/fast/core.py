@@ -190,7 +190,8 @@ def expand(block: DraftBlock, cands: CandidateSet, widths: list[int], head: Corr
             states, logits = head_advance_logits(head, block, depth, torch.gather(states, 1, idx), tokens,
                                                  cands.tokens[:, depth])
     done = len(tree.parents)
-    expansion.record(expansion.Expansion(depths=done, full_depths=len(widths), branches=b * (1 + sum(widths[:done - 1])),
+    expansion.record(expansion.Expansion(depths=done, full_depths=len(widths),
+                                         branches=b * (1 + sum(widths[:done - 1])),
                                          full_branches=b * (1 + sum(widths[:-1]))))
     if trace:
         return Supertree(tree.parents, tree.ranks, tree.tokens, tree.scores, tree.words,

@@ -271,10 +271,12 @@ def _expand_native(lib, block: DraftBlock, cands: HostCandidates, widths: list[i
     ``b * offset_d``), which the compiled selection reads at the end.
 
     ``bound`` (``dartree-pruned``; docs/builders.md, "Bound pruning"): after each depth, once a row holds
-    ``budget`` nodes, one C call (``bound_frontier``) keeps only the branches that do not rank after the
-    row's ``budget``-th best node; the next head call scores those (a batch pads rows to the longest one)
-    and the expansion stops when no row keeps a branch.  Depth d then keeps ``min(W, m K)`` nodes for the
-    ``m`` branches scored (rows with fewer children fill their slots with never-selected fillers)."""
+    ``budget`` nodes, one C call (``bound_frontier``) finds the branches that do not rank after the row's
+    ``budget``-th best node (ties broken by rank path); when no row keeps one, the expansion stops: no
+    deeper node can enter the tree.  Until then nothing changes: single branches are not dropped, because
+    a head call on fewer rows need not give the same float bits per row (a real GRU's matmul does not;
+    measured on the zoo, dropping them saved no further depth), and every head call made is the one
+    Algorithm 1 makes, so the tree is identical bit for bit."""
     b, gamma, topk = block.batch_size, len(widths), cands.tokens.shape[-1]
     total = sum(widths)  # the most nodes the buffers hold (the bound only ever keeps fewer)
     branching = not trace and max(widths) > 1  # a chain needs no sort: depth order is the total order
@@ -286,24 +288,24 @@ def _expand_native(lib, block: DraftBlock, cands: HostCandidates, widths: list[i
     logits = head_logits(head, block, 1, states, cands.tokens_t[:, 0])
     parent_scores = np.zeros(b, dtype=np.float32)
     traced = []
-    used: list[int] = []  # the slots of every expanded depth
-    m, fmap, live, prev = 1, None, None, 1  # branches per row, their columns in the previous depth, live counts
+    used: list[int] = []  # the width of every expanded depth
     lo = branches = 0
-    for depth in range(1, gamma + 1):
-        width = min(widths[depth - 1], m * topk)
+    for depth, width in enumerate(widths, start=1):
+        m = 1 if depth == 1 else widths[depth - 2]
         hi = lo + b * width
         z = np.ascontiguousarray(logits.detach().float().numpy())
         lq = np.empty((b, m, topk), dtype=np.float32)
         branches += b * m
         if branching:  # the previous depth's paths (the root's zeros at depth 1), then this depth's
-            anc_in = paths[: b * gamma] if depth == 1 else paths[b * gamma + (lo - b * prev) * gamma: b * gamma + lo * gamma]
+            start = b * gamma + (lo - b * m) * gamma
+            anc_in = paths[: b * gamma] if depth == 1 else paths[start: b * gamma + lo * gamma]
             anc_out = paths[b * gamma + lo * gamma: b * gamma + hi * gamma]
         else:
             anc_in = anc_out = None
         bad, identity = lib.depth_step(z, b, m, topk, None if rest_by_depth is None else rest_by_depth[depth - 1],
                                        parent_scores, beta, width, tokens_by_depth[depth - 1], lq, ints[0, lo:hi],
                                        ints[1, lo:hi], ints[2, lo:hi], scores[lo:hi], anc_in, anc_out, gamma, depth,
-                                       ints[3, lo:hi], fmap, live, prev)
+                                       ints[3, lo:hi])
         if bad:
             raise ValueError("head.logits: must be finite (found NaN or inf)")
         used.append(width)
@@ -312,26 +314,19 @@ def _expand_native(lib, block: DraftBlock, cands: HostCandidates, widths: list[i
             traced.append(lq)
         if depth == gamma:  # the last depth's advance would never be used
             break
-        rows, tok = ints[3, lo:hi], ints[2, lo:hi]
-        fmap = live = None
-        if bound and hi >= b * budget:  # a row may hold `budget` nodes: drop what ranks after its budget-th
-            fmap_all, live = np.empty((b, width), dtype=np.int64), np.empty(b, dtype=np.int64)
-            keep = lib.bound_frontier(b, gamma, depth, np.array(used, dtype=np.int64), budget, ints[1, :hi], scores[:hi],
-                                      None if paths is None else paths[b * gamma: b * gamma + hi * gamma], fmap_all, live)
+        if bound and hi >= b * budget:  # the rows hold `budget` nodes: does a branch not rank after the budget-th?
+            keep = lib.bound_frontier(b, gamma, depth, np.array(used, dtype=np.int64), budget, ints[1, :hi],
+                                      scores[:hi],
+                                      None if paths is None else paths[b * gamma: b * gamma + hi * gamma],
+                                      np.empty((b, width), dtype=np.int64), np.empty(b, dtype=np.int64))
             if keep == 0:  # no row keeps a branch: nothing deeper can enter the tree
                 break
-            if keep < width or (live < width).any():
-                fmap = np.ascontiguousarray(fmap_all[:, :keep])
-                cols = (fmap + (np.arange(b) * width)[:, None]).ravel()
-                rows, tok = rows[cols], tok[cols]
-                identity = False
-            else:
-                live = None
-        m, prev, lo = width if fmap is None else fmap.shape[1], width, hi
+        lo = hi
         if not identity:
-            flat = states.reshape(-1, states.shape[-1])
-            states = flat.index_select(0, torch.from_numpy(rows)).view(b, m, -1)
-        states, logits = head_advance_logits(head, block, depth, states, torch.from_numpy(tok).view(b, m),
+            flat = states.reshape(b * m, states.shape[-1])
+            states = flat.index_select(0, torch.from_numpy(ints[3, lo - b * width:lo])).view(b, width, -1)
+        states, logits = head_advance_logits(head, block, depth, states,
+                                             torch.from_numpy(ints[2, lo - b * width:lo]).view(b, width),
                                              cands.tokens_t[:, depth])
     expansion.record(expansion.Expansion(depths=len(used), full_depths=gamma, branches=branches,
                                          full_branches=b * (1 + sum(widths[:-1]))))
