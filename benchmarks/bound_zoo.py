@@ -75,7 +75,8 @@ def main() -> None:
               f"head logits evaluations per round (one head call each) "
               f"off {statistics.mean(depths[False]):.2f}, on {statistics.mean(depths[True]):.2f}; "
               f"build ms per round (median over rounds) off {1e3 * statistics.median(per_round[False]):.3f}, "
-              f"on {1e3 * statistics.median(per_round[True]):.3f}; mean off {1e3 * statistics.mean(per_round[False]):.3f}, "
+              f"on {1e3 * statistics.median(per_round[True]):.3f}; "
+              f"mean off {1e3 * statistics.mean(per_round[False]):.3f}, "
               f"on {1e3 * statistics.mean(per_round[True]):.3f}")
 
 
