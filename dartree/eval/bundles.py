@@ -127,26 +127,21 @@ def local_bundle(target_dir: str | Path, drafter_dir: str | Path, tokenizer: str
                  attn_implementation: str = "sdpa") -> Bundle:
     """A bundle from local directories: a HF causal-LM target, a released drafter and a tokenizer.
 
-    The target loads in float32 with ``local_files_only`` (nothing is downloaded); the drafter with
+    The target loads in float32 with ``local_files_only`` (nothing is downloaded) by
+    :func:`dartree.models.loaders.load_target` (a missing, unexpected or mis-shaped tensor is an
+    error, not a randomly initialised layer); the drafter with
     :func:`dartree.models.load_drafter` (DFlash, Domino or DSpark, bound to the target), and its heads
     (Domino's ``"gru"``, DSpark's ``"markov"``) become the bundle's heads.  ``tokenizer`` defaults to
     ``target_dir``.
     """
-    import torch
-    from transformers import AutoModelForCausalLM
-
     from dartree.models import load_drafter
+    from dartree.models.loaders import load_target
 
     target_dir, drafter_dir = Path(target_dir), Path(drafter_dir)
     for name, path in (("target", target_dir), ("drafter", drafter_dir)):
         if not (path / "config.json").is_file():
             raise ValueError(f"{name}: {path} is not a checkpoint directory (no config.json)")
     tok = _local_tokenizer(Path(tokenizer) if tokenizer is not None else target_dir)
-    try:
-        target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32, local_files_only=True,
-                                                      attn_implementation=attn_implementation)
-    except OSError as e:
-        raise ValueError(f"target: {target_dir} could not be loaded as a causal LM ({e})") from e
-    target.eval().requires_grad_(False)
+    target = load_target(target_dir, attn_implementation)    # missing / unexpected tensors are errors
     drafter = load_drafter(drafter_dir, target=target)
     return Bundle(f"{target_dir.name}+{drafter_dir.name}", target, tok, drafter, dict(drafter.heads))

@@ -14,7 +14,8 @@ format is read as its authors' code reads it (sources and the full key table: ``
   weights ``prefix_gru.*``, ``embed_proj.{0,2}.*`` (bias-free in the release), ``bias_norm.weight``,
   ``bias_gate.*``; loaded as ``drafter.heads["gru"]``.
 - **DSpark** (DeepSpec ``deepspec/modeling/dspark``): the draft fields at the top level
-  (``block_size``, ``mask_token_id``, ``target_layer_ids``, ``num_anchors``, ``markov_rank``, ``markov_head_type``, ``enable_confidence_head``);
+  (``block_size``, ``mask_token_id``, ``target_layer_ids``, ``num_anchors``, ``markov_rank``,
+  ``markov_head_type``, ``enable_confidence_head``); ``architectures`` names ``Qwen3DSparkModel``;
   every slot is a proposal (depth ``d`` is slot ``d - 1``).  Extra weights ``embed_tokens.weight``,
   ``lm_head.weight``, ``markov_head.markov_w{1,2}.weight`` (vanilla head; none when
   ``markov_rank`` is 0: DeepSpec's "DFlash"), ``confidence_head.proj.*``.
@@ -66,6 +67,7 @@ from dartree.models.writers import save_drafter, save_gru_head, save_markov_head
 
 __all__ = [
     "load_drafter",
+    "load_target",
     "load_head",
     "save_drafter",
     "save_gru_head",
@@ -482,3 +484,39 @@ def load_head(path: str | Path, target: nn.Module | None = None) -> GRUHead | Ma
     if target is not None:
         head.bind(target)
     return head
+
+
+def load_target(path: str | Path, attn_implementation: str = "sdpa") -> nn.Module:
+    """A HF causal-LM target from a local directory, float32, eval mode, parameters frozen.
+
+    transformers prints a load report and carries on when the weights do not cover the model (a
+    missing tensor is randomly initialised, an unexpected one dropped), which would decode with a
+    random layer and exit 0; here every missing, unexpected or mismatched tensor is a ``ValueError``
+    naming the directory and the tensors.  Nothing is downloaded (``local_files_only``).
+    """
+    from transformers import AutoModelForCausalLM
+
+    if isinstance(path, bytes) or not isinstance(path, str | os.PathLike):
+        raise ValueError(f"target: expected a local checkpoint directory (str or os.PathLike), got "
+                         f"{type(path).__name__} {path!r}")
+    path = Path(path)
+    try:
+        if not (path / "config.json").is_file():
+            raise ValueError(f"target: {path} is not a checkpoint directory (no config.json)")
+        model, info = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True,
+                                                           attn_implementation=attn_implementation,
+                                                           output_loading_info=True)
+    except OSError as e:
+        raise ValueError(f"target: {path} could not be loaded as a causal LM ({e})") from None
+    except (RuntimeError, KeyError, TypeError) as e:      # e.g. a weight whose shape disagrees with the config
+        raise ValueError(f"target: {path}: the weights do not fit its config.json ({str(e).strip()[:500]})") from None
+    problems = [f"{len(info[key])} {what} tensor(s): {sorted(map(str, info[key]))[:8]}"
+                for key, what in (("missing_keys", "missing"), ("unexpected_keys", "unexpected"),
+                                  ("mismatched_keys", "mismatched"))
+                if info.get(key)]
+    if info.get("error_msgs"):
+        problems.append(f"load errors: {list(info['error_msgs'])[:4]}")
+    if problems:
+        raise ValueError(f"target: {path} does not match its config.json: " + "; ".join(problems)
+                         + " (transformers would initialise missing tensors at random)")
+    return model.eval().requires_grad_(False)

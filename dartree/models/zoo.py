@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from dartree.models.drafter import DFlashDrafter
-from dartree.models.loaders import load_drafter, load_head
+from dartree.models.loaders import load_drafter, load_head, load_target
 
 __all__ = ["ZooBundle", "available", "load", "ZOO_DIR", "DEFAULT_NAME"]
 
@@ -80,14 +80,8 @@ def load(name: str = DEFAULT_NAME, attn_implementation: str = "sdpa") -> ZooBund
         raise ValueError(f"name: unknown zoo entry {name!r}; available: {names}")
     if attn_implementation not in ("sdpa", "eager"):
         raise ValueError(f"attn_implementation: expected 'sdpa' or 'eager', got {attn_implementation!r}")
-    from transformers import AutoModelForCausalLM
-
     path = ZOO_DIR / name
-    target = AutoModelForCausalLM.from_pretrained(path / "target", dtype=torch.float32,
-                                                  attn_implementation=attn_implementation, local_files_only=True)
-    target.eval()
-    for p in target.parameters():
-        p.requires_grad_(False)
+    target = load_target(path / "target", attn_implementation)     # missing / unexpected tensors are errors
     drafter = load_drafter(path / "drafter", target=target)
     heads = {key: load_head(path / f"{key}_head", target=target) for key in ("gru", "markov")}
     tokenizer = _load_tokenizer(path / "tokenizer.json")

@@ -251,3 +251,60 @@ def test_a_two_layer_target_decodes_losslessly(tmp_path) -> None:
     assert torch.as_tensor(out.tokens).reshape(-1).tolist() == want
 
 
+
+
+# -------------------------------------------------------------------------------------------- the target
+def _saved_target(tmp_path, tie: bool = False) -> Path:
+    torch.manual_seed(0)
+    config = Qwen3Config(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=8, tie_word_embeddings=tie)
+    path = tmp_path / f"target_{tie}"
+    Qwen3ForCausalLM(config).save_pretrained(path)
+    return path
+
+
+def _edit_weights(path: Path, edit) -> None:
+    from safetensors.torch import load_file, save_file
+
+    file = path / "model.safetensors"
+    weights = load_file(str(file))
+    edit(weights)
+    save_file(weights, str(file), metadata={"format": "pt"})
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_a_complete_target_loads(tmp_path, tie: bool) -> None:
+    from dartree.models.loaders import load_target
+
+    model = load_target(_saved_target(tmp_path, tie))
+    assert not model.training and not any(p.requires_grad for p in model.parameters())
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda w: w.pop("model.layers.1.mlp.down_proj.weight"), r"1 missing tensor\(s\): \['model.layers.1.mlp.down_proj"),
+    (lambda w: w.update({"model.extra.weight": torch.zeros(2)}), r"1 unexpected tensor\(s\): \['model.extra.weight'\]"),
+    (lambda w: w.update({"model.norm.weight": torch.ones(7)}), r"(mismatched|do not fit)"),
+])
+def test_a_target_missing_or_with_extra_tensors_is_an_error(tmp_path, edit, message: str) -> None:
+    from dartree.eval.bundles import local_bundle
+    from dartree.models.loaders import load_target
+
+    path = _saved_target(tmp_path)
+    _edit_weights(path, edit)
+    with pytest.raises(ValueError, match=rf"^target: .*{message}"):
+        load_target(path)
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+
+    Tokenizer(WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]")).save(str(tmp_path / "tokenizer.json"))
+    drafter, _, _ = _dflash_dir(tmp_path)
+    with pytest.raises(ValueError, match=rf"^target: .*{message}"):
+        local_bundle(path, drafter, tokenizer=tmp_path / "tokenizer.json")
+
+
+@pytest.mark.parametrize("path", [None, 3])
+def test_load_target_path_of_the_wrong_type(path) -> None:
+    from dartree.models.loaders import load_target
+
+    with pytest.raises(ValueError, match=r"^target: expected a local checkpoint directory"):
+        load_target(path)
