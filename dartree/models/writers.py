@@ -103,15 +103,11 @@ def save_drafter(
         if gru_head.bias:
             raise ValueError("gru_head: the released Domino head is bias-free and its loader ignores bias "
                              "tensors; save a biased head with save_gru_head")
-        if -1 in c.target_layer_ids:
-            raise ValueError("drafter: target layer -1 is a DeepSpec convention that Domino cannot read")
         draft.update(projector_type="domino", shift_label=c.shift_label, **_gru_flags(gru_head))
         config.update(emb_dim=gru_head.emb_dim, dflash_config=draft)
         tensors.update(_tensors(gru_head))
         return _write(path, config, tensors)
     if markov_head is None and not c.shift_label:
-        if -1 in c.target_layer_ids:
-            raise ValueError("drafter: target layer -1 is a DeepSpec convention that z-lab's DFlash cannot read")
         draft["shift_label"] = False
         config["dflash_config"] = draft
         return _write(path, config, tensors)

@@ -3,6 +3,7 @@ references (a 2-layer target, an explicit -1) accepted and drafted as they draft
 
 from __future__ import annotations
 
+import json
 import os
 import warnings
 from pathlib import Path
@@ -308,3 +309,19 @@ def test_load_target_path_of_the_wrong_type(path) -> None:
 
     with pytest.raises(ValueError, match=r"^target: expected a local checkpoint directory"):
         load_target(path)
+
+
+@pytest.mark.parametrize("with_head", [False, True])
+def test_layer_minus_one_round_trips_through_the_dflash_and_domino_writers(tmp_path, with_head: bool) -> None:
+    from dartree.models import DFlashDrafter, GRUHead, save_drafter
+
+    config = DFlashConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                          intermediate_size=8, vocab_size=111, target_layer_ids=[1, -1], mask_token_id=110,
+                          block_size=5, num_target_layers=2)
+    drafter = DFlashDrafter(config)
+    head = GRUHead(32, 111, 12, 16, bias=False) if with_head else None
+    saved = save_drafter(drafter, tmp_path / "d", gru_head=head)
+    written = json.loads((saved / "config.json").read_text())
+    assert written["dflash_config"]["target_layer_ids"] == [1, -1]
+    loaded = load_drafter(saved)
+    assert loaded.target_layer_ids == (1, -1) and ("gru" in loaded.heads) == with_head
