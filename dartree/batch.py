@@ -19,45 +19,35 @@ sum a row's rounds for its latency, the rounds of the longest row for the batch'
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 
 from dartree.batch_drafters import batch_drafter
-from dartree.block import DraftBlock
-from dartree.decode import (
-    GenerationResult,
-    RoundStats,
-    SpeculativeDecoder,
-    _as_target,
-    _check_request,
-    _Clock,
-    _Request,
-    _TimedRows,
-    _truncate,
-)
 from dartree.models.ragged import RaggedTarget
 from dartree.models.target import HFTarget
-from dartree.tree import DraftTree
+from dartree.rounds import (
+    STOP_REASONS,
+    Clock,
+    GenerationResult,
+    Request,
+    RoundStats,
+    TimedRows,
+    as_target,
+    check_block,
+    check_requests,
+    first_tokens,
+    fit_tree,
+    truncate,
+)
 from dartree.verify.accept import verify_greedy, verify_sampled, walk_greedy
-from dartree.verify.sampling import Sampler
+from dartree.verify.sampling import Sampler, sample_checked
+
+if TYPE_CHECKING:
+    from dartree.decode import SpeculativeDecoder
 
 __all__ = ["generate_batch", "generate_ar_batch", "SpecBatch", "ARBatch"]
-
-
-def _requests(target: HFTarget, prompts: Sequence[Tensor], max_new_tokens, temperature, sampler,
-              stop_token_ids) -> list[_Request]:
-    if isinstance(prompts, Tensor) or not isinstance(prompts, Sequence) or len(prompts) == 0:
-        raise ValueError("prompts: expected a non-empty sequence of 1-D integer tensors (one per request)")
-    reqs = []
-    for i, p in enumerate(prompts):
-        try:
-            reqs.append(_check_request(target, p, max_new_tokens, temperature, sampler, stop_token_ids))
-        except ValueError as err:
-            raise ValueError(f"prompts[{i}]: {err}") from None
-    if sampler is None and reqs[0].sampler is not None:     # one default sampler shared by every row
-        reqs = [_Request(r.prompt, r.max_new_tokens, r.temperature, reqs[0].sampler, r.stop) for r in reqs]
-    return reqs
 
 
 def _padded(rows: list[list[int]], device: torch.device) -> Tensor:
@@ -65,27 +55,13 @@ def _padded(rows: list[list[int]], device: torch.device) -> Tensor:
     return torch.tensor([r + [0] * (m - len(r)) for r in rows], dtype=torch.int64, device=device).reshape(len(rows), m)
 
 
-def _fit(ragged: RaggedTarget, tree: DraftTree, gamma: int) -> DraftTree:
-    """Per-row ``SpeculativeDecoder._fit``: positions past the model's limit (per row), static-cache room (shared)."""
-    target = ragged.target
-    keep = None
-    limit = target.max_positions
-    if limit is not None and max(ragged.lengths) + gamma > limit - 1:
-        room = limit - 1 - ragged.lengths_tensor().to(tree.device)
-        keep = tree.depths <= room[:, None]
-    space = None if target.capacity is None else target.capacity - ragged.width
-    if space is not None and tree.max_nodes > space:
-        first = torch.arange(tree.max_nodes, device=tree.device)[None, :] < space
-        keep = first if keep is None else keep & first
-    return tree if keep is None else tree.select(keep)
-
-
 class SpecBatch:
     """The live rows of batched speculative decoding; requests join with :meth:`admit`, :meth:`step` runs one round.
 
-    ``generate_batch`` admits every prompt and steps until none is live; ``dartree.serve`` keeps
-    ``concurrency`` requests live, admitting the next prompt whenever a row finishes.  A row's
-    output does not depend on when it joined or on the other rows.
+    The round is :meth:`SpeculativeDecoder.generate`'s, on every live row (the shared pieces are
+    :mod:`dartree.rounds`).  ``generate_batch`` admits every prompt and steps until none is live;
+    ``dartree.serve`` keeps ``concurrency`` requests live, admitting the next prompt whenever a row
+    finishes.  A row's output does not depend on when it joined or on the other rows.
     """
 
     def __init__(self, decoder: SpeculativeDecoder) -> None:
@@ -93,38 +69,56 @@ class SpecBatch:
         self.target = decoder.target
         self.drafter = batch_drafter(decoder.drafter)
         self.ragged = RaggedTarget(self.target)
-        self.clock = _Clock(self.target.device)
+        self.clock = Clock(self.target.device)
         self.live: list[int] = []            # request index of each batch row
-        self.reqs: list[_Request] = []
+        self.reqs: list[Request] = []
         self.generated: list[list[int]] = []
         self.rounds: list[list[RoundStats]] = []
         self.stopped: list[bool] = []
         self.prefill_s: list[float] = []
         self.roots = torch.zeros(0, dtype=torch.int64, device=self.target.device)
 
-    def admit(self, reqs: list[_Request]) -> list[int]:
-        """Prefill ``reqs`` and add them as rows; returns their request indices."""
+    def admit(self, reqs: list[Request]) -> list[int]:
+        """Prefill ``reqs``, take each one's first token from its prompt's last logits and add the
+        unfinished ones as rows (request indices continue from the earlier admissions, in order).
+        Returns the indices of the requests that are complete at once (their first token is a stop
+        token, or ``max_new_tokens`` is 1): they never join the batch."""
         self.clock.lap()
-        self._prefill([q.prompt[0, :-1] for q in reqs])
-        self.roots = torch.cat([self.roots, *[q.prompt[:, -1] for q in reqs]])
+        prompts = [q.prompt[0] for q in reqs]
+        logits = self._prefill(prompts)                                                # [k, V]
+        positions = torch.tensor([p.shape[0] for p in prompts], dtype=torch.int64, device=self.target.device)
+        firsts = first_tokens(logits, reqs, positions)
+        host = firsts.tolist()       # one sync per admission, on purpose: the first tokens may end requests
         ids = list(range(len(self.reqs), len(self.reqs) + len(reqs)))
         self.reqs += reqs
-        self.generated += [[] for _ in reqs]
+        self.generated += [[t] for t in host]
         self.rounds += [[] for _ in reqs]
-        self.stopped += [False] * len(reqs)
+        self.stopped += [t in q.stop for t, q in zip(host, reqs, strict=True)]
+        joined = [j for j, q in enumerate(ids) if not self.stopped[q] and self.reqs[q].max_new_tokens > 1]
+        old = len(self.live)
+        if len(joined) < len(reqs):          # finished at their first token: they leave before any round
+            self._keep(list(range(old)) + [old + j for j in joined])
         self.prefill_s += [self.clock.lap()] * len(reqs)
-        self.live += ids
-        return ids
+        self.live += [ids[j] for j in joined]
+        index = torch.tensor(joined, dtype=torch.int64, device=firsts.device)
+        self.roots = torch.cat([self.roots, firsts[index].to(self.roots.device)])
+        joined_ids = {ids[j] for j in joined}
+        return [q for q in ids if q not in joined_ids]
 
-    def _prefill(self, contexts: list[Tensor]) -> None:
-        """Prefill the target over ``contexts`` (prompts less their last token) and give the drafter its rows."""
+    def _keep(self, rows: list[int]) -> None:
+        self.ragged.keep_rows(rows)
+        self.drafter.keep_rows(rows)
+
+    def _prefill(self, prompts: list[Tensor]) -> Tensor:
+        """Prefill the target over ``prompts``, give the drafter its rows; the prompts' last logits ``[k, V]``."""
         if not self.live:
-            out = self.ragged.prefill(contexts)
+            out = self.ragged.prefill(prompts, logits="last")
             self.drafter.start(0)
         else:
-            out = self.ragged.add_rows(contexts)
-        self.drafter.add_rows(out.hidden, _padded([c.tolist() for c in contexts], self.target.device),
-                              [c.shape[0] for c in contexts])
+            out = self.ragged.add_rows(prompts, logits="last")
+        self.drafter.add_rows(out.hidden, _padded([p.tolist() for p in prompts], self.target.device),
+                              [p.shape[0] for p in prompts])
+        return out.logits[:, -1]
 
     def step(self) -> list[int]:
         """One round for every live row; returns the request indices that finished in it."""
@@ -133,14 +127,10 @@ class SpecBatch:
         b = len(live)
         clock.lap()
         block = drafter.draft_rows(roots)
-        if not isinstance(block, DraftBlock) or block.batch_size != b or block.vocab_size > target.vocab_size:
-            raise ValueError(f"drafter: draft_rows must return a DraftBlock of batch {b} over at most "
-                             f"{target.vocab_size} tokens")
-        if block.root is not roots and not torch.equal(block.root, roots.to(block.root.device)):
-            raise ValueError("drafter: draft_rows(roots) returned a block whose root differs from the roots given")
+        check_block(block, roots, target.vocab_size, rows=b)
         draft_s = clock.lap()
-        timed = decoder._timed_head
-        tree = _fit(ragged, decoder.builder.build(block, timed), block.gamma)
+        timed = decoder.timed_head
+        tree = fit_tree(decoder.builder.build(block, timed), block.gamma, ragged.lengths, ragged.width, target)
         build_s = clock.lap()
         head_s = 0.0 if timed is None else timed.take()
         prefix = ragged.lengths_tensor().to(tree.device)
@@ -151,7 +141,7 @@ class SpecBatch:
         scored = ragged.forward_tree(tree, inputs, logits="root" if lazy else "all")
         target_s = clock.lap()
         if lazy:
-            rows = _TimedRows(target, scored.final)
+            rows = TimedRows(target, scored.final)
             result = walk_greedy(tree, scored.logits[:, 0], rows)
         elif first.sampler is None:
             result = verify_greedy(tree, scored.logits.to(tree.device))
@@ -167,7 +157,7 @@ class SpecBatch:
         for r, q in enumerate(live):
             row = host[r][:n]
             committed = row[: row.index(-1)] if -1 in row else row
-            kept, stop = _truncate(committed, self.reqs[q].max_new_tokens - len(self.generated[q]), self.reqs[q].stop)
+            kept, stop = truncate(committed, self.reqs[q].max_new_tokens - len(self.generated[q]), self.reqs[q].stop)
             self.generated[q].extend(kept)
             self.stopped[q] = stop
             counts.append(len(kept))
@@ -184,8 +174,7 @@ class SpecBatch:
         kv_s = clock.lap()
         keep = [r for r in range(b) if not done[r]]
         if len(keep) < b:     # a finished row needs no context: drop it first, then feed the rest
-            ragged.keep_rows(keep)
-            drafter.keep_rows(keep)
+            self._keep(keep)
             index = torch.tensor(keep, dtype=torch.int64, device=roots.device)
             roots, cached = roots[index], cached[index.to(cached.device)]
             hidden = None if hidden is None else hidden[index.to(hidden.device)]
@@ -203,7 +192,7 @@ class SpecBatch:
         req = self.reqs[q]
         return GenerationResult(tokens=torch.tensor([self.generated[q]], dtype=torch.int64, device=req.prompt.device),
                                 prompt=req.prompt, rounds=tuple(self.rounds[q]),
-                                stop_reason="stop_token" if self.stopped[q] else "max_new_tokens",
+                                stop_reason=STOP_REASONS[1] if self.stopped[q] else STOP_REASONS[0],
                                 prefill_s=self.prefill_s[q])
 
 
@@ -221,7 +210,7 @@ def generate_batch(
     Same arguments as :meth:`SpeculativeDecoder.generate`, with ``prompts`` a sequence of integer
     ``[L]`` or ``[1, L]`` tensors of any lengths; one result per prompt, in order.
     """
-    reqs = _requests(decoder.target, prompts, max_new_tokens, temperature, sampler, stop_token_ids)
+    reqs = check_requests(decoder.target, prompts, max_new_tokens, temperature, sampler, stop_token_ids)
     batch = SpecBatch(decoder)
     batch.admit(reqs)
     while batch.live:
@@ -236,15 +225,17 @@ class ARBatch(SpecBatch):
         self.target = target
         self.drafter = None
         self.ragged = RaggedTarget(target)
-        self.clock = _Clock(target.device)
+        self.clock = Clock(target.device)
         self.live, self.reqs, self.generated, self.rounds, self.stopped, self.prefill_s = [], [], [], [], [], []
         self.roots = torch.zeros(0, dtype=torch.int64, device=target.device)
 
-    def _prefill(self, contexts: list[Tensor]) -> None:
+    def _keep(self, rows: list[int]) -> None:
+        self.ragged.keep_rows(rows)
+
+    def _prefill(self, prompts: list[Tensor]) -> Tensor:
         if self.live:
-            self.ragged.add_rows(contexts)
-        else:
-            self.ragged.prefill(contexts)
+            return self.ragged.add_rows(prompts, logits="last").logits[:, -1]
+        return self.ragged.prefill(prompts, logits="last").logits[:, -1]
 
     def step(self) -> list[int]:
         ragged, clock, live, first = self.ragged, self.clock, self.live, self.reqs[self.live[0]]
@@ -255,7 +246,7 @@ class ARBatch(SpecBatch):
         if first.sampler is None:
             nxt = logits.argmax(dim=-1)
         else:
-            nxt = first.sampler.sample(logits.float() / first.temperature, positions).to(torch.int64)
+            nxt = sample_checked(first.sampler, logits.float() / first.temperature, positions).to(torch.int64)
         verify_s = target_s + clock.lap()
         tokens = nxt.tolist()             # one sync per step, on purpose: stop tokens are checked on the host
         ragged.commit(torch.zeros(len(live), 1, dtype=torch.int64, device=self.target.device), [1] * len(live))
@@ -293,8 +284,8 @@ def generate_ar_batch(
     ``sampler.sample(logits / temperature, p)``, so each row equals ``generate_ar`` on that prompt.
     """
     if not isinstance(target, HFTarget):
-        target = _as_target(target, ())
-    reqs = _requests(target, prompts, max_new_tokens, temperature, sampler, stop_token_ids)
+        target = as_target(target, ())
+    reqs = check_requests(target, prompts, max_new_tokens, temperature, sampler, stop_token_ids)
     batch = ARBatch(target)
     batch.admit(reqs)
     while batch.live:

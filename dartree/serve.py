@@ -17,9 +17,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from dartree.batch import ARBatch, SpecBatch, _requests
-from dartree.decode import GenerationResult, SpeculativeDecoder, _as_target
+from dartree.batch import ARBatch, SpecBatch
+from dartree.decode import SpeculativeDecoder
 from dartree.models.target import HFTarget
+from dartree.rounds import GenerationResult, as_target, check_requests
 from dartree.verify.sampling import Sampler
 
 __all__ = ["ServeResult", "serve"]
@@ -65,21 +66,28 @@ def serve(
     if isinstance(decoder, SpeculativeDecoder):
         target, batch = decoder.target, SpecBatch(decoder)
     else:
-        target = decoder if isinstance(decoder, HFTarget) else _as_target(decoder, ())
+        target = decoder if isinstance(decoder, HFTarget) else as_target(decoder, ())
         batch = ARBatch(target)
-    reqs = _requests(target, prompts, max_new_tokens, temperature, sampler, stop_token_ids)
+    reqs = check_requests(target, prompts, max_new_tokens, temperature, sampler, stop_token_ids)
     start = time.perf_counter()
-    batch.admit(reqs[:concurrency])
-    nxt, steps = min(concurrency, len(reqs)), 0
-    while batch.live:
-        done = batch.step()
-        steps += 1
+    nxt, steps = 0, 0
+
+    def report(done: list[int]) -> None:
         if on_finish is not None:
             for q in done:
                 on_finish(q, batch.result(q))     # admitted in prompt order: q is the prompt index
-        free = concurrency - len(batch.live)
-        if free and nxt < len(reqs):
-            batch.admit(reqs[nxt: nxt + free])
-            nxt += min(free, len(reqs) - nxt)
+
+    def fill() -> None:                           # free slots take the next prompts
+        nonlocal nxt
+        while nxt < len(reqs) and len(batch.live) < concurrency:
+            take = reqs[nxt: nxt + concurrency - len(batch.live)]
+            nxt += len(take)
+            report(batch.admit(take))             # requests that end at their first token finish here
+
+    fill()
+    while batch.live:
+        report(batch.step())
+        steps += 1
+        fill()
     seconds = time.perf_counter() - start
     return ServeResult(tuple(batch.result(q) for q in range(len(reqs))), seconds, concurrency, steps)

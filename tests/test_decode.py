@@ -49,7 +49,7 @@ def hf_greedy(model, prompt: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
 
 
 def check_stats(result: GenerationResult, gamma: int = GAMMA) -> None:
-    assert sum(r.committed for r in result.rounds) == result.tokens.shape[1]
+    assert 1 + sum(r.committed for r in result.rounds) == result.tokens.shape[1]     # the first from the prefill
     for r in result.rounds:
         assert 0 <= r.accepted_length <= gamma and 1 <= r.committed <= r.accepted_length + 1
         assert r.tree_size >= 1 and min(r.draft_s, r.build_s, r.mask_s, r.verify_s, r.commit_s) >= 0
@@ -61,7 +61,7 @@ def check_stats(result: GenerationResult, gamma: int = GAMMA) -> None:
     assert fine["head"] + fine["builder"] == pytest.approx(coarse["build"])
     assert fine["target"] + fine["accept"] == pytest.approx(coarse["verify"])
     assert fine["context"] + fine["kv"] == pytest.approx(coarse["commit"])
-    assert result.tau == pytest.approx(result.tokens.shape[1] / result.num_rounds)
+    assert result.tau == pytest.approx((result.tokens.shape[1] - 1) / max(1, result.num_rounds))
 
 
 PROMPTS = [(torch.tensor([[7]]), 13), (torch.tensor([[3, 14, 15, 92, 65, 35]]), 9),
@@ -124,26 +124,26 @@ def test_ar_greedy_equals_hf(arch, attn):
     prompt = torch.tensor([[1, 2, 3, 4]])
     ar = generate_ar(model, prompt, 10)
     assert ar.tokens.tolist() == hf_greedy(model, prompt, 10).tolist()
-    assert ar.tau == 1.0 and ar.num_rounds == 10
+    assert ar.tau == 1.0 and ar.num_rounds == 9           # the first token comes from the prefill
     assert torch.equal(ar.sequence, torch.cat([prompt, ar.tokens], 1))
 
 
 def test_acceptance_regimes():
     model = model_for("llama", "sdpa")
     prompt = torch.tensor([[5, 6, 7]])
-    want = hf_greedy(model, prompt, 15).tolist()
+    want = hf_greedy(model, prompt, 16).tolist()
     chain, _ = builder_and_head("chain")
     ddtree, _ = builder_and_head("ddtree")
-    full = SpeculativeDecoder(model, OracleDrafter(model, GAMMA), chain).generate(prompt, 15)
-    assert [(r.accepted_length, r.committed) for r in full.rounds] == [(4, 5)] * 3     # 15 = 3 x (4 + 1)
+    full = SpeculativeDecoder(model, OracleDrafter(model, GAMMA), chain).generate(prompt, 16)
+    assert [(r.accepted_length, r.committed) for r in full.rounds] == [(4, 5)] * 3     # 16 = 1 + 3 x (4 + 1)
     assert full.tau == GAMMA + 1
-    zero = SpeculativeDecoder(model, OracleDrafter(model, GAMMA, drop=1.0), ddtree).generate(prompt, 15)
+    zero = SpeculativeDecoder(model, OracleDrafter(model, GAMMA, drop=1.0), ddtree).generate(prompt, 16)
     assert {r.accepted_length for r in zero.rounds} == {0} and zero.tau == 1.0
     # demoted true tokens: a chain misses them, a tree with two candidates per depth still accepts them
     chain_partial = SpeculativeDecoder(model, OracleDrafter(model, GAMMA, demote=0.5, seed=3), chain).generate(
-        prompt, 15)
+        prompt, 16)
     tree_partial = SpeculativeDecoder(model, OracleDrafter(model, GAMMA, demote=0.5, seed=3), ddtree).generate(
-        prompt, 15)
+        prompt, 16)
     assert 1.0 < chain_partial.tau < tree_partial.tau < GAMMA + 1
     for result in (full, zero, chain_partial, tree_partial):
         assert result.tokens.tolist() == want
@@ -157,9 +157,9 @@ def test_truncate_exactly_at_max_new_tokens():
     prompt = torch.tensor([[9, 8, 7]])
     chain, _ = builder_and_head("chain")
     drafter = OracleDrafter(model, GAMMA)
-    result = SpeculativeDecoder(model, drafter, chain).generate(prompt, 7)
-    assert result.tokens.tolist() == hf_greedy(model, prompt, 7).tolist()
-    # round 1 commits 4 accepted + bonus; round 2 accepts 4 but only 2 fit
+    result = SpeculativeDecoder(model, drafter, chain).generate(prompt, 8)
+    assert result.tokens.tolist() == hf_greedy(model, prompt, 8).tolist()
+    # the prefill gives token 1; round 1 commits 4 accepted + bonus; round 2 accepts 4 but only 2 fit
     assert [(r.accepted_length, r.committed) for r in result.rounds] == [(4, 5), (4, 2)]
     # the target and the drafter hold exactly prompt + output minus its last token
     assert drafter.context.tolist() == torch.cat([prompt, result.tokens[:, :-1]], 1).tolist()
@@ -170,7 +170,7 @@ def test_stop_token_inside_accepted_path():
     prompt = torch.tensor([[9, 8, 7]])
     ref = hf_greedy(model, prompt, 12)[0].tolist()
     chain, _ = builder_and_head("chain")
-    for index in (2, 4, 6):                 # inside round 1's path, round 1's bonus, inside round 2
+    for index in (0, 3, 5, 7):              # the prefill's token, inside round 1's path, its bonus, inside round 2
         stop = ref[index]
         first = ref.index(stop)
         result = SpeculativeDecoder(model, OracleDrafter(model, GAMMA), chain).generate(
@@ -295,9 +295,9 @@ def test_on_round_streams_every_committed_token_once():
     seen = []
     result = SpeculativeDecoder(model, OracleDrafter(model, GAMMA, demote=0.5, seed=1), builder).generate(
         prompt, 13, on_round=lambda stats, tokens: seen.append((stats, list(tokens))))
-    assert [stats for stats, _ in seen] == list(result.rounds)
+    assert [stats for stats, _ in seen] == [None, *result.rounds]       # None: the prefill's first token
     assert [t for _, tokens in seen for t in tokens] == result.tokens[0].tolist()
-    assert all(len(tokens) == stats.committed for stats, tokens in seen)
+    assert all(len(tokens) == (1 if stats is None else stats.committed) for stats, tokens in seen)
 
 
 def test_head_time_is_charged_to_the_head_stage():

@@ -123,7 +123,7 @@ def simulate(bundle: Bundle, builder, head: CorrectionHead | None, ref: Referenc
     end = seq.shape[1]
     hidden = ref.hidden
     drafter.reset()
-    p = ref.prompt_len - 1                                   # position of the current root
+    p = ref.prompt_len             # position of the current root: the first new token (the prefill's)
     drafter.append_context(None if hidden is None else hidden[:, :p], seq[:, :p])
     rounds: list[SimulatedRound] = []
     gamma = 0

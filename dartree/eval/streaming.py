@@ -19,7 +19,8 @@ def stream_generate(decoder: SpeculativeDecoder, input_ids: Tensor, max_new_toke
                     sampler: Sampler | None = None, stop_token_ids: list[int] | None = None) -> GenerationResult:
     """``decoder.generate(...)`` that calls ``on_tokens`` with the tokens each round commits, as it ends.
 
-    Every token of the result is reported exactly once, in order, one call per round.
+    Every token of the result is reported exactly once, in order: the first (from the prefill), then one
+    call per round.
     """
     return decoder.generate(input_ids, max_new_tokens, temperature, sampler, stop_token_ids,
                             on_round=lambda stats, tokens: on_tokens(tokens))

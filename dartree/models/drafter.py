@@ -22,7 +22,11 @@ the last one, which is the root of the next tree.  One decoding session::
 ``append_context`` costs O(new tokens) per round (keys/values of the new context features are
 computed once per draft layer and cached); ``draft`` attends to the cached context and keeps
 nothing (the block's keys/values are scratch), so a round's cost does not grow with a re-encoding
-of the whole context.  ``crop(length)`` drops context entries past ``length``;
+of the whole context.  One drafter forward per round, as DFlash's reference loop runs: the hidden
+states ``append_context`` receives are only checked and held; the next ``draft`` computes their
+keys/values in the same pass over the layers as the block's (the same ops in the same order as an
+eager append: bit-identical blocks).  Anything that reads the context (``crop``, ``_ctx``) computes
+a held append first.  ``crop(length)`` drops context entries past ``length``;
 ``context_length`` reports the current length.  An empty context is allowed (one-token prompt).
 
 Block layout (``DFlashConfig.shift_label``): the block input is always ``[root, mask, ..., mask]``
@@ -472,6 +476,7 @@ class DFlashDrafter(nn.Module):
         self._lm_head: Tensor | None = None
         self._kv: list[tuple[Tensor, Tensor]] | None = None    # per layer [b, kv, capacity, hd] (perf)
         self._length = 0
+        self._held: list[Tensor] = []       # appended hidden states whose keys/values the next draft computes
         self._block_ids: Tensor | None = None                   # perf: [b, block_size] scratch of draft()
         if target is not None:
             self.bind(target)
@@ -496,7 +501,7 @@ class DFlashDrafter(nn.Module):
     @property
     def context_length(self) -> int:
         """Context entries held (equals the target's committed cache length during decoding)."""
-        return self._length
+        return self._length + sum(h.shape[1] for h in self._held)
 
     @property
     def embedding_weight(self) -> Tensor:
@@ -538,11 +543,13 @@ class DFlashDrafter(nn.Module):
         """Forget the context (start of a new sequence)."""
         self._kv = None
         self._length = 0
+        self._held = []
 
     # ---- context storage (perf): preallocated per-layer buffers, appended in place, grown by doubling
     @property
     def _ctx(self) -> list[tuple[Tensor, Tensor]] | None:
         """Per-layer keys/values of the context, ``[b, kv, context_length, hd]`` views of the buffers."""
+        self._flush()
         if self._kv is None:
             return None
         n = self._length
@@ -571,6 +578,7 @@ class DFlashDrafter(nn.Module):
 
     def crop(self, length: int) -> None:
         """Keep only the first ``length`` context entries."""
+        self._flush()
         if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= self._length:
             raise ValueError(f"length: expected an int in [0, {self._length}], got {length!r}")
         self._length = length          # the buffers keep their slots; later appends overwrite them
@@ -581,14 +589,17 @@ class DFlashDrafter(nn.Module):
         Shape:
             hidden_states: ``[b, m, len(target_layer_ids) * H]`` -> ``[b, m, H]``.
         """
+        self._check_hidden(hidden_states)
+        w = self.fc.weight
+        x = hidden_states if hidden_states.dtype == w.dtype else hidden_states.to(w.dtype)
+        return _rms(self.hidden_norm, F.linear(x, w))
+
+    def _check_hidden(self, hidden_states: object) -> None:
         width = len(self.config.target_layer_ids) * self.config.hidden_size
         if not isinstance(hidden_states, Tensor) or hidden_states.dim() != 3 or hidden_states.shape[-1] != width:
             got = tuple(hidden_states.shape) if isinstance(hidden_states, Tensor) else type(hidden_states).__name__
             raise ValueError(f"hidden_states: expected [b, m, {width}] (target layers "
                              f"{list(self.target_layer_ids)} concatenated), got {got}")
-        w = self.fc.weight
-        x = hidden_states if hidden_states.dtype == w.dtype else hidden_states.to(w.dtype)
-        return _rms(self.hidden_norm, F.linear(x, w))
 
     def context_key_values(self, features: Tensor, positions: Tensor) -> list[tuple[Tensor, Tensor]]:
         """Per-layer keys/values of context features.
@@ -615,16 +626,33 @@ class DFlashDrafter(nn.Module):
             hidden_states = torch.cat(list(hidden_states), dim=-1)
         if hidden_states is None:
             raise ValueError("hidden_states: the DFlash drafter needs the target's hidden states, got None")
-        feats = self.context_features(hidden_states)
-        b, m, _ = feats.shape
+        self._check_hidden(hidden_states)
+        b, m, _ = hidden_states.shape
         if tokens is not None and (not isinstance(tokens, Tensor) or tuple(tokens.shape) != (b, m)):
             got = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
             raise ValueError(f"tokens: expected shape {(b, m)} to match hidden_states, got {got}")
-        if self._length and self._kv[0][0].shape[0] != b:
-            raise ValueError(f"hidden_states: batch {b} differs from the context's batch {self._kv[0][0].shape[0]}")
+        batch = self._held[0].shape[0] if self._held else self._kv[0][0].shape[0] if self._length else b
+        if batch != b:
+            raise ValueError(f"hidden_states: batch {b} differs from the context's batch {batch}")
+        if m:
+            self._held.append(hidden_states)       # perf: computed by the next draft, in its pass (see above)
+
+    def _take_held(self) -> Tensor | None:
+        """The context features of the held appends (``[b, m, H]``), or ``None``; nothing is held after."""
+        if not self._held:
+            return None
+        held = self._held[0] if len(self._held) == 1 else torch.cat(self._held, dim=1)
+        self._held = []
+        return self.context_features(held)
+
+    def _flush(self) -> None:
+        """Compute the held appends now (for a reader of the context other than :meth:`draft`)."""
+        feats = self._take_held()
+        if feats is None:
+            return
         # perf: context_key_values(feats, arange(n, n + m)) written straight into the buffers, with one
         # k/v matmul per layer and the cached rotary table
-        n = self._length
+        n, (b, m, _) = self._length, feats.shape
         kv = self._reserve(b, n + m, feats)
         cos, sin = self.layers[0].self_attn.rotary.table(n, m, feats)
         for layer, (k_buf, v_buf) in zip(self.layers, kv, strict=True):
@@ -671,13 +699,18 @@ class DFlashDrafter(nn.Module):
         if not isinstance(root, Tensor) or root.dtype != torch.int64 or root.dim() != 1:
             raise ValueError("root: expected an int64 tensor of shape [b]")
         b = root.shape[0]
-        if self._length and self._kv[0][0].shape[0] != b:
-            raise ValueError(f"root: batch {b} differs from the context's batch {self._kv[0][0].shape[0]}")
+        batch = self._held[0].shape[0] if self._held else self._kv[0][0].shape[0] if self._length else b
+        if batch != b:
+            raise ValueError(f"root: batch {b} differs from the context's batch {batch}")
         # perf: the decoding forward (DFlashLayer.decode), equal to
         #   block_hidden(root[:, None], arange(n, n + block_size), self._ctx)
         # with the block ids from a reused buffer, one rotary table for every layer, the block's
         # keys/values written into the context buffers' spare slots, and only the gamma depth slots
-        # normed and projected by the LM head (one 2-D matmul).
+        # normed and projected by the LM head (one 2-D matmul).  The held context appends enter in the
+        # same pass: per layer, their keys/values are stored (DFlashLayer.store_context) right before
+        # the block reads them.
+        feats = self._take_held()
+        m = 0 if feats is None else feats.shape[1]
         n, size, embedding = self._length, self.block_size, self.embedding_weight
         ids = self._block_ids
         if ids is None or ids.shape[0] != b or ids.device != root.device:
@@ -687,10 +720,15 @@ class DFlashDrafter(nn.Module):
         dtype = self.fc.weight.dtype
         if x.dtype != dtype:
             x = x.to(dtype)
-        kv = self._reserve(b, n + size, x)
-        cos, sin = self.layers[0].self_attn.rotary.table(n, size, x)
+        kv = self._reserve(b, n + m + size, x)
+        cos, sin = self.layers[0].self_attn.rotary.table(n, m + size, x)
+        if m:
+            ctx_cos, ctx_sin, cos, sin = cos[:, :, :m], sin[:, :, :m], cos[:, :, m:], sin[:, :, m:]
         for layer, (k_buf, v_buf) in zip(self.layers, kv, strict=True):
-            x = layer.decode(x, cos, sin, k_buf, v_buf, n)
+            if m:
+                layer.store_context(feats, ctx_cos, ctx_sin, k_buf, v_buf, n)
+            x = layer.decode(x, cos, sin, k_buf, v_buf, n + m)
+        self._length = n + m
         hidden = _rms(self.norm, x[:, self.config.first_slot:])                                      # slot -> depth
         head = self.lm_head_weight
         logits = F.linear(hidden.reshape(-1, hidden.shape[-1]), head if head.dtype == dtype else head.to(dtype))

@@ -78,12 +78,15 @@ class RaggedTarget:
 
     # --------------------------------------------------------------------------------- forwards
     @torch.no_grad()
-    def prefill(self, contexts: list[Tensor]) -> TargetOutput:
+    def prefill(self, contexts: list[Tensor], logits: str = "all") -> TargetOutput:
         """Reset the cache and run each row's context (1-D int64, possibly empty) causally.
 
         Returns the padded outputs: ``logits [b, m, V]``, ``hidden [b, m, F]`` with ``m`` the longest
-        context; entries past a row's length are padding.
+        context; entries past a row's length are padding.  ``logits="last"`` runs the LM head only at
+        each row's last position (``logits [b, 1, V]``; every row needs at least one token).
         """
+        if logits not in ("all", "last"):
+            raise ValueError(f"logits: expected 'all' or 'last', got {logits!r}")
         t = self.target
         if not contexts:
             raise ValueError("contexts: expected at least one row")
@@ -109,7 +112,17 @@ class RaggedTarget:
         # causal within the row's own tokens; a padding query sees only itself (a finite softmax row)
         mask = (k <= q)[None] & ((k < own) | (k == q)[None])
         positions = torch.arange(m, device=t.device).expand(b, m)
-        out = t._run(ids, positions, self._mask(mask[:, None]))
+        keep = None
+        if logits == "last":
+            if min(lengths) == 0:
+                raise ValueError("contexts: logits='last' needs at least one token in every row")
+            ends = sorted({n - 1 for n in lengths})           # HF keeps these columns for every row
+            keep = torch.tensor(ends, dtype=torch.int64, device=t.device)
+        out = t._run(ids, positions, self._mask(mask[:, None]), keep=keep)
+        if keep is not None:
+            column = torch.tensor([ends.index(n - 1) for n in lengths], dtype=torch.int64, device=out.logits.device)
+            last = out.logits[torch.arange(b, device=column.device), column][:, None]
+            out = TargetOutput(last, out.hidden, out.final)
         self._cut(self.width)
         return out
 
@@ -246,7 +259,7 @@ class RaggedTarget:
         self._cut(self.width)
 
     @torch.no_grad()
-    def add_rows(self, contexts: list[Tensor]) -> TargetOutput:
+    def add_rows(self, contexts: list[Tensor], logits: str = "all") -> TargetOutput:
         """Append new rows (prefilled with ``contexts``) after the current ones: a freed slot takes a new request.
 
         The new contexts are prefilled in a cache of their own, then both caches are padded to the
@@ -256,10 +269,10 @@ class RaggedTarget:
         if self._pending is not None:
             raise ValueError("contexts: a forward is pending; commit first")
         if not self.lengths:
-            return self.prefill(contexts)
+            return self.prefill(contexts, logits)
         t = self.target
         old_cache, old_lengths = t.cache, self.lengths
-        out = self.prefill(contexts)                        # into a fresh cache
+        out = self.prefill(contexts, logits)                # into a fresh cache
         new_cache, new_lengths = t.cache, self.lengths
         width = max(old_lengths + new_lengths)
         merged = []

@@ -22,6 +22,7 @@ Batched forwards are supported with one shared prefix length (rows of equal leng
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -130,6 +131,7 @@ class HFTarget:
         self._lm_head = model.get_output_embeddings()
         self._first = torch.zeros(1, dtype=torch.int64, device=self.device)
         self._rows_apart: bool | None = None
+        self._keeps_logits: bool | None = None
         probe = self._new_cache()
         kinds = sorted({type(layer).__name__ for layer in probe.layers} - {"DynamicLayer", "StaticLayer"})
         if kinds:
@@ -167,9 +169,28 @@ class HFTarget:
         if not isinstance(input_ids, Tensor) or input_ids.dtype != torch.int64 or input_ids.dim() != 2:
             raise ValueError("input_ids: expected an int64 tensor [b, m]")
 
+    @property
+    def keeps_logits(self) -> bool:
+        """Whether the model's forward takes ``logits_to_keep`` (then prefills run the LM head on the
+        positions they use only, as the references do; otherwise they slice full logits)."""
+        if self._keeps_logits is None:
+            try:
+                params = inspect.signature(self.model.forward).parameters
+            except (TypeError, ValueError):
+                params = {}
+            self._keeps_logits = "logits_to_keep" in params
+        return self._keeps_logits
+
     def _run(self, input_ids: Tensor, position_ids: Tensor, attention_mask: Tensor | None,
-             root_only: bool = False) -> TargetOutput:
-        extra = {"logits_to_keep": self._first} if root_only else {}
+             root_only: bool = False, keep: int | Tensor | None = None) -> TargetOutput:
+        """One forward.  ``root_only``: logits of position 0 plus every final hidden state; ``keep``:
+        HF's ``logits_to_keep`` (an int keeps the last positions, a 1-D tensor those indices)."""
+        if root_only:
+            extra = {"logits_to_keep": self._first}
+        elif keep is not None and self.keeps_logits:
+            extra = {"logits_to_keep": keep}
+        else:
+            extra = {}
         out = self.model(
             input_ids=input_ids,
             position_ids=position_ids,
@@ -182,7 +203,10 @@ class HFTarget:
         hidden = None
         if self.layer_ids:
             hidden = torch.cat([out.hidden_states[i + 1] for i in self.layer_ids], dim=-1)
-        return TargetOutput(logits=out.logits, hidden=hidden, final=out.hidden_states[-1] if root_only else None)
+        logits = out.logits
+        if keep is not None and not extra:          # no logits_to_keep: slice what the caller asked for
+            logits = logits[:, -keep:] if isinstance(keep, int) else logits[:, keep.to(logits.device)]
+        return TargetOutput(logits=logits, hidden=hidden, final=out.hidden_states[-1] if root_only else None)
 
     @property
     def scores_rows_apart(self) -> bool:
@@ -219,27 +243,32 @@ class HFTarget:
                              f"{self.max_cache_len} (holding {self._length})")
 
     @torch.no_grad()
-    def prefill(self, input_ids: Tensor) -> TargetOutput:
+    def prefill(self, input_ids: Tensor, logits: str = "all") -> TargetOutput:
         """Reset the cache and run ``input_ids`` causally (``m = 0`` gives empty outputs).
 
+        ``logits="last"`` runs the LM head on the last position only (the one that predicts the first
+        new token; ``logits_to_keep=1``, as the references prefill), ``"all"`` on every position.
+
         Shape:
-            input_ids: int64 ``[b, m]``.
+            input_ids: int64 ``[b, m]`` -> logits ``[b, m, V]`` (``[b, 1, V]`` for ``"last"``).
         """
         self._check_ids(input_ids)
         if self.max_cache_len is not None and input_ids.shape[1] > self.max_cache_len:
             raise ValueError(f"input_ids: {input_ids.shape[1]} tokens exceed the static cache's capacity "
                              f"{self.max_cache_len}")
         self.reset()
-        return self.extend(input_ids)
+        return self.extend(input_ids, logits)
 
     @torch.no_grad()
-    def extend(self, input_ids: Tensor) -> TargetOutput:
-        """Append ``input_ids`` to the committed cache with causal attention.
+    def extend(self, input_ids: Tensor, logits: str = "all") -> TargetOutput:
+        """Append ``input_ids`` to the committed cache with causal attention (``logits`` as in :meth:`prefill`).
 
         Shape:
             input_ids: int64 ``[b, m]``.
         """
         self._check_ids(input_ids)
+        if logits not in ("all", "last"):
+            raise ValueError(f"logits: expected 'all' or 'last', got {logits!r}")
         if self._pending is not None:
             raise ValueError("input_ids: a tree forward is pending; commit or rollback first")
         if self._cache is None:
@@ -251,7 +280,7 @@ class HFTarget:
             return TargetOutput(torch.zeros(b, 0, self.vocab_size, dtype=self.dtype, device=self.device), hidden)
         self._check_room(m, "input_ids")
         positions = torch.arange(self._length, self._length + m, device=self.device).expand(b, m)
-        out = self._run(input_ids.to(self.device), positions, None)
+        out = self._run(input_ids.to(self.device), positions, None, keep=1 if logits == "last" and m > 1 else None)
         self._length += m
         return out
 

@@ -1,0 +1,376 @@
+"""The pieces of a decoding round that every entry point shares.
+
+:meth:`dartree.decode.SpeculativeDecoder.generate` (one request), :func:`dartree.batch.generate_batch`
+and :func:`dartree.serve.serve` (many rows) and the AR baselines run the same steps: check the
+request, prefill the whole prompt and take the first new token from its last logits, then per round
+draft, build, fit the tree to the model, verify, truncate at the stop token or the token limit,
+commit.  What they share lives here, public, so that no module reaches into another's private
+names: the request checks (:func:`check_request`, :func:`check_requests`), the per-round result
+types (:class:`RoundStats`, :class:`GenerationResult`), the stage clock, the contract checks of a
+drafter's block and a builder's tree, the cut of a tree to the model's limits (:func:`fit_tree`),
+the first token (:func:`first_tokens`) and the truncation (:func:`truncate`).
+"""
+
+from __future__ import annotations
+
+import operator
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from dartree.block import DraftBlock
+from dartree.models.target import HFTarget
+from dartree.tree import DraftTree
+from dartree.verify.sampling import GeneratorSampler, Sampler, check_temperature, sample_checked
+
+__all__ = ["RoundStats", "GenerationResult", "STOP_REASONS", "ROUND_STAGES", "Request", "Clock", "TimedRows",
+           "as_target", "check_request", "check_requests", "check_block", "fit_tree", "first_tokens", "truncate",
+           "index_arg", "stop_tokens"]
+
+STOP_REASONS = ("max_new_tokens", "stop_token")
+#: Disjoint per-round stages, in round order; they sum to ``RoundStats.total_s``.
+ROUND_STAGES = ("draft", "head", "builder", "mask", "target", "accept", "context", "kv")
+
+
+@dataclass(frozen=True)
+class RoundStats:
+    """One round of speculative decoding (or one AR step).
+
+    accepted_length: draft tokens the target accepted (before any truncation).
+    committed: tokens appended to the output this round (accepted + bonus, after truncation).
+    tree_size: draft nodes in the verified tree (root excluded).
+    *_s: wall seconds (CUDA is synchronised at stage boundaries).  The five stages ``draft``
+    (``drafter.draft``), ``build`` (the tree builder, head calls included), ``mask`` (tree inputs),
+    ``verify`` (target forward + acceptance walk) and ``commit`` (KV compaction, drafter context
+    update, bookkeeping) are disjoint and sum to the round.  ``head_s`` is the part of ``build_s``
+    spent inside correction-head calls, ``target_s`` the part of ``verify_s`` spent in the target's
+    forward, ``context_s`` the part of ``commit_s`` spent in ``drafter.append_context`` (the
+    drafter's forward over the newly committed tokens: projection, keys and values).
+    """
+
+    accepted_length: int
+    committed: int
+    tree_size: int
+    draft_s: float
+    build_s: float
+    mask_s: float
+    verify_s: float
+    commit_s: float
+    head_s: float = 0.0
+    target_s: float = 0.0
+    context_s: float = 0.0
+
+    @property
+    def total_s(self) -> float:
+        return self.draft_s + self.build_s + self.mask_s + self.verify_s + self.commit_s
+
+    @property
+    def builder_s(self) -> float:
+        """The builder's own time: ``build_s`` outside head calls."""
+        return self.build_s - self.head_s
+
+    @property
+    def accept_s(self) -> float:
+        """The acceptance walk: ``verify_s`` outside the target forward."""
+        return self.verify_s - self.target_s
+
+    @property
+    def kv_s(self) -> float:
+        """The commit outside the drafter's context update: KV compaction and bookkeeping."""
+        return self.commit_s - self.context_s
+
+    @property
+    def model_s(self) -> float:
+        """Time in model forwards: drafter (draft + context update), head calls, target."""
+        return self.draft_s + self.context_s + self.head_s + self.target_s
+
+    @property
+    def overhead_s(self) -> float:
+        """Everything that is not a model forward: round - (drafter forward + head calls + target forward)."""
+        return self.total_s - self.model_s
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    """Output of :meth:`SpeculativeDecoder.generate` or :func:`generate_ar`.
+
+    The first new token comes from the prefill (the prompt's last logits, as the references take
+    it); ``rounds`` are the rounds after it, so ``1 + sum(r.committed for r in rounds) ==
+    len(tokens)`` and ``tau`` is the mean committed per drafted round.
+
+    Shape:
+        tokens: int64 ``[1, m]`` the new tokens only (the prompt excluded).
+        prompt: int64 ``[1, L]``.
+    """
+
+    tokens: Tensor
+    prompt: Tensor
+    rounds: tuple[RoundStats, ...]
+    stop_reason: str
+    prefill_s: float
+
+    @property
+    def sequence(self) -> Tensor:
+        """int64 ``[1, L + m]``: prompt followed by the new tokens (what HF ``generate`` returns)."""
+        return torch.cat([self.prompt, self.tokens], dim=1)
+
+    @property
+    def num_rounds(self) -> int:
+        return len(self.rounds)
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens committed per round (accepted draft tokens + 1 bonus)."""
+        return sum(r.committed for r in self.rounds) / max(1, len(self.rounds))
+
+    @property
+    def mean_accepted_length(self) -> float:
+        return sum(r.accepted_length for r in self.rounds) / max(1, len(self.rounds))
+
+    def stage_seconds(self) -> dict[str, float]:
+        """Total wall seconds per stage over all rounds (plus ``prefill``): draft, build, mask, verify, commit."""
+        out = {"prefill": self.prefill_s}
+        for stage in ("draft", "build", "mask", "verify", "commit"):
+            out[stage] = sum(getattr(r, f"{stage}_s") for r in self.rounds)
+        return out
+
+    def stage_breakdown(self) -> dict[str, float]:
+        """Total wall seconds per disjoint fine stage (:data:`ROUND_STAGES`) over all rounds, plus ``prefill``.
+
+        As :meth:`stage_seconds` with ``build`` split into ``head`` and ``builder``, ``verify`` into
+        ``target`` and ``accept``, ``commit`` into ``context`` and ``kv``; same total.
+        """
+        out = {"prefill": self.prefill_s}
+        for stage in ROUND_STAGES:
+            out[stage] = sum(getattr(r, f"{stage}_s") for r in self.rounds)
+        return out
+
+
+class Clock:
+    """Stage timer; synchronises CUDA at each mark so that time is charged to the right stage."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.last = self._now()
+
+    def _now(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()   # deliberate: per-stage wall times need the device idle
+        return time.perf_counter()
+
+    def lap(self) -> float:
+        now = self._now()
+        out, self.last = now - self.last, now
+        return out
+
+
+class TimedRows:
+    """``rows(rows, nodes)``: the target's logits at those (row, node) pairs from its final hidden
+    states ``[b, n, H]``, timing each call (the walk of :func:`~dartree.verify.walk_greedy`)."""
+
+    def __init__(self, target: HFTarget, final: Tensor) -> None:
+        self.target, self.final, self.seconds = target, final, 0.0
+
+    def __call__(self, rows: list[int], nodes: list[int]) -> Tensor:
+        start = time.perf_counter()
+        out = self.target.head_logits(self.final[rows, nodes])
+        self.seconds += time.perf_counter() - start
+        return out
+
+
+def as_target(target: HFTarget | nn.Module, layer_ids: tuple[int, ...]) -> HFTarget:
+    """``target`` as an :class:`HFTarget` capturing ``layer_ids`` (a causal LM is wrapped; an HFTarget is checked)."""
+    if isinstance(target, HFTarget):
+        if target.layer_ids != layer_ids:
+            raise ValueError(f"target: captures layers {target.layer_ids}, but the drafter needs {layer_ids}; "
+                             f"build HFTarget(model, layer_ids=drafter.target_layer_ids)")
+        return target
+    if isinstance(target, nn.Module):
+        return HFTarget(target, layer_ids=layer_ids)
+    raise ValueError(f"target: expected an HFTarget or a transformers causal LM, got {type(target).__name__}")
+
+
+@dataclass(frozen=True)
+class Request:
+    """One checked request.  ``prompt`` int64 ``[1, L]`` on the target's device; ``sampler`` is
+    ``None`` at temperature 0; ``stop`` the stop tokens (normalised once, up front)."""
+
+    prompt: Tensor
+    max_new_tokens: int
+    temperature: float
+    sampler: Sampler | None
+    stop: frozenset[int]
+
+
+def index_arg(name: str, value: object) -> int:
+    """``operator.index(value)`` (Python, numpy and 0-d integer tensor integers), never a bool."""
+    if isinstance(value, bool) or (isinstance(value, Tensor) and value.dtype == torch.bool):
+        raise ValueError(f"{name}: expected an integer, got {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name}: expected an integer, got {type(value).__name__} {value!r}") from None
+
+
+def stop_tokens(stop_token_ids: object, vocab_size: int) -> frozenset[int]:
+    """Stop tokens from an int, a numpy / tensor integer or array, or an iterable of integers.
+
+    An iterator (e.g. a generator) is read once here: callers normalise once per call and share the
+    result between rows, so no row sees an exhausted iterator.
+    """
+    if stop_token_ids is None:
+        return frozenset()
+    if isinstance(stop_token_ids, Tensor):
+        if stop_token_ids.is_floating_point() or stop_token_ids.is_complex() or stop_token_ids.dtype == torch.bool:
+            raise ValueError(f"stop_token_ids: expected integer tokens, got a {stop_token_ids.dtype} tensor")
+        stop_token_ids = stop_token_ids.reshape(-1).tolist()
+    elif hasattr(stop_token_ids, "tolist") and hasattr(stop_token_ids, "ndim"):    # a numpy array or scalar
+        stop_token_ids = [stop_token_ids.tolist()] if stop_token_ids.ndim == 0 else stop_token_ids.ravel().tolist()
+    elif hasattr(stop_token_ids, "__index__") or isinstance(stop_token_ids, str | bytes):
+        stop_token_ids = [stop_token_ids]
+    try:
+        items = list(stop_token_ids)
+    except TypeError:
+        raise ValueError(f"stop_token_ids: expected an integer or an iterable of integers, "
+                         f"got {type(stop_token_ids).__name__}") from None
+    stop, bad = set(), []
+    for t in items:
+        try:
+            value = index_arg("stop_token_ids", t)
+        except ValueError:
+            bad.append(t)
+            continue
+        (stop.add(value) if 0 <= value < vocab_size else bad.append(t))
+    if bad:
+        raise ValueError(f"stop_token_ids: each must be an integer in [0, {vocab_size}), got {sorted(map(repr, bad))}")
+    return frozenset(stop)
+
+
+def _check_prompt(target: HFTarget, input_ids: object, max_new_tokens: int) -> Tensor:
+    if not isinstance(input_ids, Tensor) or input_ids.is_floating_point() or input_ids.is_complex() \
+            or input_ids.dtype == torch.bool:
+        raise ValueError("input_ids: expected an integer tensor of shape [L] or [1, L]")
+    if input_ids.device.type == "meta":
+        raise ValueError("input_ids: a tensor on the 'meta' device holds no values; pass real token ids")
+    prompt = input_ids[None] if input_ids.dim() == 1 else input_ids
+    if prompt.dim() != 2:
+        raise ValueError(f"input_ids: expected shape [L] or [1, L], got {tuple(input_ids.shape)}")
+    if prompt.shape[0] != 1:
+        raise ValueError(f"input_ids: batch size must be 1 (generate decodes one prompt), got {prompt.shape[0]}")
+    length = prompt.shape[1]
+    if length == 0:
+        raise ValueError("input_ids: empty prompt; need at least one token (the prefill scores its last one)")
+    limit = target.max_positions
+    if limit is not None and length > limit:
+        raise ValueError(f"input_ids: prompt of {length} tokens exceeds the model's maximum positions "
+                         f"(max_position_embeddings={limit})")
+    if limit is not None and length + max_new_tokens > limit:
+        raise ValueError(f"max_new_tokens: prompt ({length}) + max_new_tokens ({max_new_tokens}) exceeds the "
+                         f"model's maximum positions (max_position_embeddings={limit}); allowed <= {limit - length}")
+    if target.capacity is not None and length + max_new_tokens - 1 > target.capacity:
+        raise ValueError(f"max_new_tokens: prompt + max_new_tokens - 1 = {length + max_new_tokens - 1} exceeds the "
+                         f"static cache's capacity {target.capacity}")
+    prompt = prompt.to(device=target.device, dtype=torch.int64)
+    # One sync per call (not per round): token ids out of range would index the embedding out of bounds.
+    if bool(((prompt < 0) | (prompt >= target.vocab_size)).any()):
+        raise ValueError(f"input_ids: token ids must lie in [0, {target.vocab_size})")
+    return prompt
+
+
+def _check_options(target: HFTarget, max_new_tokens: object, temperature: object, sampler: object,
+                   stop_token_ids: object) -> tuple[int, float, Sampler | None, frozenset[int]]:
+    max_new_tokens = index_arg("max_new_tokens", max_new_tokens)
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens: expected an int >= 1, got {max_new_tokens!r}")
+    temperature = check_temperature(temperature)
+    if temperature == 0:
+        sampler = None             # greedy: the sampler is unused
+    elif sampler is None:
+        sampler = GeneratorSampler()
+    elif not callable(getattr(sampler, "sample", None)):
+        raise ValueError(f"sampler: expected None, a GeneratorSampler, a KeyedSampler or any object with "
+                         f"sample(logits, positions), got {type(sampler).__name__}")
+    return max_new_tokens, temperature, sampler, stop_tokens(stop_token_ids, target.vocab_size)
+
+
+def check_request(target: HFTarget, input_ids: Tensor, max_new_tokens: int, temperature: float = 0.0,
+                  sampler: Sampler | None = None, stop_token_ids: Iterable[int] | None = None) -> Request:
+    """One request, checked (every argument named in its error) and normalised."""
+    max_new, temperature, sampler, stop = _check_options(target, max_new_tokens, temperature, sampler, stop_token_ids)
+    return Request(_check_prompt(target, input_ids, max_new), max_new, temperature, sampler, stop)
+
+
+def check_requests(target: HFTarget, prompts: Sequence[Tensor], max_new_tokens: int, temperature: float = 0.0,
+                   sampler: Sampler | None = None, stop_token_ids: Iterable[int] | None = None) -> list[Request]:
+    """A request per prompt with shared options, normalised once (a stop-token iterator is read once,
+    one default sampler is shared by every row); a bad prompt is named by its index."""
+    if isinstance(prompts, Tensor) or not isinstance(prompts, Sequence) or len(prompts) == 0:
+        raise ValueError("prompts: expected a non-empty sequence of 1-D integer tensors (one per request)")
+    max_new, temperature, sampler, stop = _check_options(target, max_new_tokens, temperature, sampler, stop_token_ids)
+    reqs = []
+    for i, p in enumerate(prompts):
+        try:
+            reqs.append(Request(_check_prompt(target, p, max_new), max_new, temperature, sampler, stop))
+        except ValueError as err:
+            raise ValueError(f"prompts[{i}]: {err}") from None
+    return reqs
+
+
+def first_tokens(logits: Tensor, reqs: Sequence[Request], positions: Tensor) -> Tensor:
+    """The first new token of each request from its prompt's last logits: the argmax at T=0, else the
+    request's sampler at the token's absolute position (the prompt length), as every later token.
+
+    Shape:
+        logits: float ``[b, V]``; positions: int64 ``[b]`` -> int64 ``[b]``.
+    """
+    first = reqs[0]
+    if first.sampler is None:
+        return logits.argmax(dim=-1)
+    return sample_checked(first.sampler, logits.float() / first.temperature, positions).to(torch.int64)
+
+
+def check_block(block: object, roots: Tensor, vocab_size: int, rows: int = 1) -> None:
+    """A drafter's block must be a DraftBlock of ``rows`` rows over the target's vocabulary, built on ``roots``."""
+    if not isinstance(block, DraftBlock) or block.batch_size != rows:
+        raise ValueError(f"drafter: draft must return a DraftBlock of batch {rows}, got "
+                         f"{type(block).__name__ if not isinstance(block, DraftBlock) else block.batch_size}")
+    if block.vocab_size > vocab_size:
+        raise ValueError(f"drafter: block vocabulary {block.vocab_size} exceeds the target's "
+                         f"{vocab_size}; draft tokens must be valid target tokens")
+    # The tree's root token is block.root: a block built on another root would be verified on the
+    # wrong token.  Same object: nothing to compare (the common case; a comparison syncs on CUDA).
+    if block.root is not roots and not torch.equal(block.root, roots.to(block.root.device)):
+        raise ValueError(f"drafter: draft returned a block whose root {block.root.tolist()} differs from "
+                         f"the root it was given {roots.tolist()}; DraftBlock.root must equal the root argument")
+
+
+def fit_tree(tree: DraftTree, gamma: int, lengths: Sequence[int], width: int, target: HFTarget) -> DraftTree:
+    """Drop the nodes the model cannot hold: positions past ``max_positions`` (per row: row ``r``'s
+    root sits at position ``lengths[r]``), slots past a static cache's capacity (``width`` columns
+    in use).
+
+    Only near the end of the position range or the cache; nodes are sorted so that parents precede
+    children, hence both cuts are prefix-closed.  ``select`` syncs, but only in those rounds.
+    """
+    keep = None
+    limit = target.max_positions
+    if limit is not None and max(lengths) + gamma > limit - 1:
+        room = limit - 1 - torch.tensor(list(lengths), dtype=torch.int64, device=tree.device)
+        keep = tree.depths <= room[:, None]
+    space = None if target.capacity is None else target.capacity - width
+    if space is not None and tree.max_nodes > space:
+        first = torch.arange(tree.max_nodes, device=tree.device)[None, :] < space
+        keep = first if keep is None else keep & first
+    return tree if keep is None else tree.select(keep)
+
+
+def truncate(tokens: list[int], remaining: int, stop: frozenset[int]) -> tuple[list[int], bool]:
+    """The committed tokens that fit, and whether a stop token ended them."""
+    tokens = tokens[:remaining]
+    for i, t in enumerate(tokens):
+        if t in stop:
+            return tokens[: i + 1], True
+    return tokens, False
