@@ -16,7 +16,7 @@ __all__ = ["cmd_bench_concurrency", "CONCURRENCY_FILES"]
 
 
 def cmd_bench_concurrency(args: argparse.Namespace) -> int:
-    from dartree.eval.bench import _meta
+    from dartree.eval.bench import run_meta
     from dartree.eval.bundles import encode
     from dartree.eval.checks import check_positions
     from dartree.eval.concurrency import concurrency_markdown, plot_concurrency, rows_json, run_concurrency
@@ -61,7 +61,7 @@ def cmd_bench_concurrency(args: argparse.Namespace) -> int:
                                warmup=not args.no_warmup, tune_budgets=tuple(args.tune_budgets),
                                tune_widths=tuple(args.tune_widths), log=log)
         argv = ["dartree", *sys.argv[1:]] if args.argv is None else ["dartree", *args.argv]
-        meta = _meta(bundle, argv)
+        meta = run_meta(bundle, argv)
         meta.update(dataset=dataset, temperature=temperature, prompts=num_prompts,
                     max_new_tokens=preset["max_new_tokens"])
         text = concurrency_markdown(rows, meta)

@@ -33,7 +33,7 @@ from dartree.eval.tune import DEFAULT_MIN_SPEEDUP, TuneResult, tune
 from dartree.verify.sampling import KeyedSampler
 
 __all__ = ["BenchConfig", "RunRecord", "Summary", "BenchResult", "run_bench", "summarize", "STAGES",
-           "MODEL_STAGES", "acceptance_curve"]
+           "MODEL_STAGES", "acceptance_curve", "run_meta"]
 
 #: Disjoint per-round stages (``dartree.decode.ROUND_STAGES``): draft (drafter forward), head (inside
 #: correction-head calls), builder (the rest of the tree build), mask (tree inputs), target (target
@@ -221,7 +221,8 @@ def _timed(fn: Callable[[], GenerationResult]) -> tuple[GenerationResult, float]
     return result, time.perf_counter() - start
 
 
-def _meta(bundle: Bundle, argv: Sequence[str] | None) -> dict[str, Any]:
+def run_meta(bundle: Bundle, argv: Sequence[str] | None) -> dict[str, Any]:
+    """What a results file records about the run: versions, threads, device, model, command line."""
     return {
         "model": bundle.name,
         "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -325,5 +326,5 @@ def run_bench(bundle: Bundle, config: BenchConfig, argv: Sequence[str] | None = 
                     bar.update(1)
     bar.close()
     summaries = summarize(records, (ar_spec, *config.methods), config.backend, gamma, resolved)
-    return BenchResult(config=config, meta=_meta(bundle, argv), records=tuple(records), summaries=summaries,
+    return BenchResult(config=config, meta=run_meta(bundle, argv), records=tuple(records), summaries=summaries,
                        tuning=tuple(tuning))

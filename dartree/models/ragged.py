@@ -26,7 +26,7 @@ from transformers.cache_utils import StaticLayer
 
 from dartree.models.target import HFTarget, TargetOutput
 from dartree.tree import DraftTree
-from dartree.verify.cache import _layers
+from dartree.verify.cache import cache_layers
 from dartree.verify.inputs import TreeInputs, tree_inputs
 
 __all__ = ["RaggedTarget"]
@@ -199,7 +199,7 @@ class RaggedTarget:
         new_lengths = [length + k for length, k in zip(self.lengths, counts, strict=True)]
         # every row at the width and only the root kept (node 0 is always the root): already in place
         in_place = c == 1 and all(length == w for length in self.lengths)
-        layers = [layer for layer in _layers(self.target.cache) if layer.is_initialized]
+        layers = [layer for layer in cache_layers(self.target.cache) if layer.is_initialized]
         if layers and not in_place:
             device = layers[0].keys.device
             src = (nodes[:, :c].clamp(min=0).to(device) + w)[:, None, :, None]
@@ -218,7 +218,7 @@ class RaggedTarget:
 
     def _cut(self, width: int) -> None:
         """Hold exactly ``width`` columns: a view of a dynamic layer, a static layer's length."""
-        for layer in _layers(self.target.cache):
+        for layer in cache_layers(self.target.cache):
             if not layer.is_initialized:
                 continue
             if isinstance(layer, StaticLayer):
@@ -248,7 +248,7 @@ class RaggedTarget:
             self.lengths = []
             return
         self.lengths = [self.lengths[r] for r in rows]
-        layers = [layer for layer in _layers(self.target.cache) if layer.is_initialized]
+        layers = [layer for layer in cache_layers(self.target.cache) if layer.is_initialized]
         if layers:
             index = torch.tensor(rows, dtype=torch.int64, device=layers[0].keys.device)
             for layer in layers:
@@ -276,7 +276,7 @@ class RaggedTarget:
         new_cache, new_lengths = t.cache, self.lengths
         width = max(old_lengths + new_lengths)
         merged = []
-        for a, b in zip(_layers(old_cache), _layers(new_cache), strict=True):
+        for a, b in zip(cache_layers(old_cache), cache_layers(new_cache), strict=True):
             if not a.is_initialized and not b.is_initialized:
                 merged.append(None)
                 continue
@@ -297,12 +297,12 @@ class RaggedTarget:
                         x = ref.new_zeros(rows, ref.shape[1], size, ref.shape[3])
                     parts.append(x)
             merged.append(((parts[0], parts[2]), (parts[1], parts[3])))
-        for layer, pair in zip(_layers(old_cache), merged, strict=True):
+        for layer, pair in zip(cache_layers(old_cache), merged, strict=True):
             if pair is None:
                 continue
             (k0, k1), (v0, v1) = pair
             if not layer.is_initialized:             # take the new cache's initialised layer over
-                fresh = _layers(new_cache)[_layers(old_cache).index(layer)]
+                fresh = cache_layers(new_cache)[cache_layers(old_cache).index(layer)]
                 layer.__dict__.update({k: v for k, v in fresh.__dict__.items() if k not in ("keys", "values")})
             layer.keys, layer.values = torch.cat([k0, k1]), torch.cat([v0, v1])
             if isinstance(layer, StaticLayer):
@@ -316,4 +316,4 @@ class RaggedTarget:
         """Per layer, the committed keys and values of ``row``: ``[1, heads, lengths[row], d]`` each (tests)."""
         n = self.lengths[row]
         return [(layer.keys[row: row + 1, :, :n], layer.values[row: row + 1, :, :n])
-                for layer in _layers(self.target.cache) if layer.is_initialized]
+                for layer in cache_layers(self.target.cache) if layer.is_initialized]

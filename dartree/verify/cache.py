@@ -16,10 +16,11 @@ import torch
 from torch import Tensor
 from transformers.cache_utils import Cache, DynamicLayer, StaticLayer
 
-__all__ = ["keep_indices", "gather_cache", "compact_tail", "cache_length"]
+__all__ = ["keep_indices", "gather_cache", "compact_tail", "cache_length", "cache_layers"]
 
 
-def _layers(cache: Cache) -> list:
+def cache_layers(cache: Cache) -> list:
+    """The layers of ``cache`` (each a ``DynamicLayer`` or ``StaticLayer``; any other kind is refused)."""
     if not isinstance(cache, Cache):
         raise ValueError(f"cache: expected a transformers Cache, got {type(cache).__name__}")
     for i, layer in enumerate(cache.layers):
@@ -31,7 +32,7 @@ def _layers(cache: Cache) -> list:
 
 def cache_length(cache: Cache) -> int:
     """Slots in use (a Python int; a ``StaticLayer`` keeps it on the device, so this syncs for static caches)."""
-    layers = _layers(cache)
+    layers = cache_layers(cache)
     if not layers or not layers[0].is_initialized:
         return 0
     return int(layers[0].get_seq_length())
@@ -61,7 +62,7 @@ def gather_cache(cache: Cache, keep: Tensor) -> None:
     Shape:
         keep: int64 ``[b, k]`` (every index below the current length; not checked, to avoid a sync).
     """
-    layers = _layers(cache)
+    layers = cache_layers(cache)
     if not isinstance(keep, Tensor) or keep.dtype != torch.int64 or keep.dim() != 2:
         raise ValueError("keep: expected an int64 tensor [b, k]")
     k = keep.shape[1]
@@ -101,7 +102,7 @@ def compact_tail(cache: Cache, prefix_len: int, nodes: Tensor, host_nodes: list[
         nodes: int64 ``[b, c]`` tree node indices to keep (root first; ``c >= 1``), every
         ``prefix_len + nodes`` below the current length (not checked, to avoid a sync).
     """
-    layers = _layers(cache)
+    layers = cache_layers(cache)
     if not isinstance(nodes, Tensor) or nodes.dtype != torch.int64 or nodes.dim() != 2 or nodes.shape[1] < 1:
         raise ValueError("nodes: expected an int64 tensor [b, c] with c >= 1")
     if isinstance(prefix_len, bool) or not isinstance(prefix_len, int) or prefix_len < 0:
