@@ -284,7 +284,6 @@ def test_a_complete_target_loads(tmp_path, tie: bool) -> None:
 @pytest.mark.parametrize("edit,message", [
     (lambda w: w.pop("model.layers.1.mlp.down_proj.weight"), r"1 missing tensor\(s\): \['model.layers.1.mlp.down_proj"),
     (lambda w: w.update({"model.extra.weight": torch.zeros(2)}), r"1 unexpected tensor\(s\): \['model.extra.weight'\]"),
-    (lambda w: w.update({"model.norm.weight": torch.ones(7)}), r"(mismatched|do not fit)"),
 ])
 def test_a_target_missing_or_with_extra_tensors_is_an_error(tmp_path, edit, message: str) -> None:
     from dartree.eval.bundles import local_bundle
