@@ -129,7 +129,23 @@ def _cache_tuning(bundle, config, result) -> None:
     log(f"tuning cached for `dartree generate` in {path}")
 
 
+def _peers(names: list[str] | None) -> tuple[str, ...]:
+    """``--peers``: absent -> none; given without names -> every peer; else the names, checked."""
+    from dartree.eval.peers import PEERS
+
+    if names is None:
+        return ()
+    if not names:
+        return PEERS
+    bad = [n for n in names if n not in PEERS]
+    if bad:
+        raise UsageError(f"--peers: each must be one of {', '.join(PEERS)}, got {', '.join(bad)}")
+    return tuple(dict.fromkeys(names))
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.concurrency and args.peers is not None:
+        raise UsageError("--peers: the peers run one request at a time; drop --concurrency to compare them")
     if args.concurrency:
         from dartree.cli.concurrency import cmd_bench_concurrency
 
@@ -156,7 +172,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
             num_prompts=preset["num_prompts"], max_new_tokens=preset["max_new_tokens"],
             max_prompt_tokens=args.max_prompt_tokens, seed=args.seed, backend=args.backend,
             warmup=not args.no_warmup, stop_at_eos=args.stop_at_eos, calibration_prompts=args.calibration_prompts,
-            tune_budgets=tuple(args.tune_budgets), tune_widths=tuple(args.tune_widths))
+            tune_budgets=tuple(args.tune_budgets), tune_widths=tuple(args.tune_widths),
+            peers=_peers(args.peers))
         # Enough prompts in every dataset (and calibration prompts for budget=auto)?
         prompts = [p for d in config.datasets for p in load_prompts(d, config.num_prompts,
                                                                     prompt_chars=config.prompt_chars)]

@@ -265,6 +265,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--strict", action=argparse.BooleanOptionalAction, default=True,
                    help="exit with status 1 if any output differs from AR's (default); --no-strict still "
                         "reports the failure but exits 0")
+    b.add_argument("--peers", nargs="*", metavar="PEER", default=None,
+                   help="also time the peers' own loops on the same prompts at T=0, side by side: hf-generate, "
+                        "hf-prompt-lookup, dflash (z-lab's package: pip install --no-deps dflash==0.1.0); "
+                        "--peers alone: all three")
     b.add_argument("--concurrency", nargs="+", type=_positive_int, metavar="C",
                    help="serve the prompts with C requests in flight instead (e.g. 1 2 4 8): aggregate tokens/s "
                         "and speedup over batched AR at each C; first dataset and temperature only")

@@ -28,6 +28,7 @@ from dartree.decode import ROUND_STAGES, GenerationResult, generate_ar
 from dartree.eval.bundles import Bundle, encode, stop_token_id
 from dartree.eval.datasets import load_prompts
 from dartree.eval.methods import AR, MethodSpec, make_decoder, resolve_backend
+from dartree.eval.peers import PEER_PREFIX, PEERS, PeerResult, make_peer, peer_unavailable
 from dartree.eval.simulate import reference
 from dartree.eval.tune import DEFAULT_MIN_SPEEDUP, TuneResult, tune
 from dartree.verify.sampling import KeyedSampler
@@ -53,6 +54,9 @@ class BenchConfig:
     with ``budget=auto`` / ``width=auto`` are tuned, at each temperature of the run.
     tune_min_speedup: ``auto`` picks a tree only if it is forecast to beat AR by this factor, else AR
     (:func:`dartree.eval.tune.choose`; 0 never picks AR).
+    peers: peer decoders (:data:`dartree.eval.peers.PEERS`) timed on the same prompts, right after
+    the methods, at T=0 (they decode greedily); rows ``peer:NAME``.  A peer that cannot run here
+    (e.g. the ``dflash`` package is absent) is skipped with its reason logged.
     """
 
     methods: tuple[MethodSpec, ...]
@@ -70,8 +74,14 @@ class BenchConfig:
     tune_budgets: tuple[int, ...] = (4, 8, 16, 32, 64)
     tune_widths: tuple[int, ...] = (4, 8, 16)
     tune_min_speedup: float = DEFAULT_MIN_SPEEDUP
+    peers: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        bad = [p for p in self.peers if p not in PEERS]
+        if bad or len(set(self.peers)) != len(self.peers):
+            raise ValueError(f"peers: each must be one of {PEERS}, once, got {list(self.peers)}")
+        if self.peers and self.stop_at_eos:
+            raise ValueError("peers: the peers decode exactly max_new_tokens tokens; drop stop_at_eos to compare them")
         if not self.methods:
             raise ValueError("methods: need at least one method")
         if not self.datasets:
@@ -180,6 +190,17 @@ def _record(method: str, dataset: str, temperature: float, prompt_id: str, resul
                      first == -1, first)
 
 
+def _peer_record(label: str, dataset: str, prompt_id: str, prompt_tokens: int, result: PeerResult, seconds: float,
+                 ar_tokens: torch.Tensor) -> RunRecord:
+    mine, ref = result.tokens[0].cpu().tolist(), ar_tokens[0].tolist()
+    first = next((i for i, (a, b) in enumerate(zip(mine, ref, strict=False)) if a != b),
+                 -1 if len(mine) == len(ref) else min(len(mine), len(ref)))
+    committed = result.committed or ()
+    return RunRecord(label, dataset, 0.0, prompt_id, prompt_tokens, len(mine), seconds, 0.0,
+                     tuple(c - 1 for c in committed), committed, (0,) * len(committed), (0.0,) * len(STAGES),
+                     first == -1, first)
+
+
 def summarize(records: Sequence[RunRecord], methods: Sequence[MethodSpec], backend: str, gamma: int,
               resolved: dict[tuple[str, float], MethodSpec] | None = None) -> tuple[Summary, ...]:
     """Pool records per (method, dataset, temperature); speedup against AR of the same cell.
@@ -196,6 +217,16 @@ def summarize(records: Sequence[RunRecord], methods: Sequence[MethodSpec], backe
         seconds = sum(r.seconds for r in rs)
         rounds = sum(r.rounds for r in rs)
         ar = cells[(AR, dataset, temperature)]
+        if label.startswith(PEER_PREFIX):      # a peer's loop: no stage split; tau where it reports rounds
+            ar_rate = sum(r.new_tokens for r in ar) / sum(r.seconds for r in ar)
+            tau = sum(sum(r.committed) for r in rs) / rounds if rounds else 0.0
+            out.append(Summary(
+                method=label, builder="peer", settings={}, backend="-", dataset=dataset, temperature=temperature,
+                prompts=len(rs), tokens=tokens, seconds=seconds, tokens_per_s=tokens / seconds,
+                speedup=tokens / seconds / ar_rate, tau=tau, rounds=rounds, mean_tree_size=0.0,
+                stage_ms=dict.fromkeys(STAGES, 0.0), round_ms=0.0, overhead_ms=0.0,
+                lossless_prompts=sum(r.matches_ar for r in rs), acceptance=()))
+            continue
         ar_rate = sum(r.new_tokens for r in ar) / sum(r.seconds for r in ar)
         rate = tokens / seconds
         stage_ms = {s: 1000.0 * sum(r.stage_s[i] for r in rs) / rounds for i, s in enumerate(STAGES)}
@@ -302,14 +333,24 @@ def run_bench(bundle: Bundle, config: BenchConfig, argv: Sequence[str] | None = 
                                stop_token_ids=None if stop is None else [stop])
         return decoder.generate(ids, max_new, temperature, sampler, stop_token_ids=None if stop is None else [stop])
 
+    peers = {}
+    for name in config.peers:
+        reason = peer_unavailable(name, bundle) if 0.0 in config.temperatures else "peers decode at T=0 only"
+        if reason is None:
+            peers[PEER_PREFIX + name] = make_peer(name, bundle)
+        else:
+            log(f"peer {name}: skipped: {reason}")
+
     if config.warmup:                          # first calls allocate caches and pick kernels: untimed
         first = torch.tensor([next(iter(prompts.values()))[0][1]], dtype=torch.int64, device=device)
         run(AR, first, min(8, config.max_new_tokens), 0.0)
         for label, tuned_at in decoders:
             run(label, first, min(8, config.max_new_tokens), 0.0, tuned_at)
+        for peer in peers.values():
+            peer(first, min(8, config.max_new_tokens))
 
     records: list[RunRecord] = []
-    total = len(config.datasets) * len(config.temperatures) * config.num_prompts * (1 + len(timed))
+    total = len(config.datasets) * config.num_prompts * (len(config.temperatures) * (1 + len(timed)) + len(peers))
     bar = tqdm(total=total, desc="bench", disable=not progress, file=sys.stderr)
     for dataset in config.datasets:
         for temperature in config.temperatures:
@@ -323,6 +364,14 @@ def run_bench(bundle: Bundle, config: BenchConfig, argv: Sequence[str] | None = 
                     res, seconds = _timed(lambda: run(m.label, ids, config.max_new_tokens, temperature))  # noqa: B023
                     records.append(_record(m.label, dataset, temperature, prompt_id, res, seconds, ar_tokens))
                     bar.set_postfix_str(f"{dataset} T={temperature:g} {m.label}", refresh=False)
+                    bar.update(1)
+                if temperature != 0:
+                    continue
+                for label, peer in peers.items():
+                    start = time.perf_counter()
+                    out = peer(ids, config.max_new_tokens)
+                    seconds = time.perf_counter() - start
+                    records.append(_peer_record(label, dataset, prompt_id, ids.shape[1], out, seconds, ar_tokens))
                     bar.update(1)
     bar.close()
     summaries = summarize(records, (ar_spec, *config.methods), config.backend, gamma, resolved)

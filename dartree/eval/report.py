@@ -59,7 +59,7 @@ def table1(summaries: Sequence[Summary], temperature: float) -> str:
                 row += ["-", "-"]
                 continue
             row[1] = _settings(s)
-            row += [f"{s.speedup:.2f}x", f"{s.tau:.2f}"]
+            row += [f"{s.speedup:.2f}x", f"{s.tau:.2f}" if s.rounds else "-"]     # a peer may report no rounds
             ok, total = ok + s.lossless_prompts, total + s.prompts
             tokens, seconds = tokens + s.tokens, seconds + s.seconds
         row += [f"{tokens / seconds:.1f}" if seconds else "-", "-" if method == AR else f"{ok}/{total}"]
@@ -75,6 +75,8 @@ def table2(summaries: Sequence[Summary], temperature: float) -> str:
     rows = []
     for method in _methods([s for s in summaries if s.temperature == temperature]):
         group = [s for s in summaries if s.method == method and s.temperature == temperature]
+        if group[0].builder == "peer":        # a peer's loop is timed whole: no stages
+            continue
         rounds = sum(s.rounds for s in group)
         ms = {st: sum(s.stage_ms[st] * s.rounds for s in group) / rounds for st in STAGES}
         total = sum(ms.values())

@@ -1,0 +1,126 @@
+"""Peer decoders: the code a user compares dartree against first, on the same models and prompts.
+
+A *peer* is a decoding loop that dartree does not own:
+
+* ``hf-generate``: transformers' own greedy ``generate`` (the AR baseline every HF user has);
+* ``hf-prompt-lookup``: ``generate(prompt_lookup_num_tokens=N)``, HF's n-gram speculative decoding
+  (needs no drafter: it proposes continuations of n-grams found in the prompt);
+* ``dflash``: z-lab's released DFlash loop (``dflash_generate`` of the PyPI package ``dflash``,
+  MIT), on the bundle's drafter exported with :func:`dartree.models.writers.save_drafter` and
+  loaded by ``dflash.DFlashDraftModel.from_pretrained``: the authors' code on dartree's weights.
+
+``dflash`` is an optional extra of the benchmarks, never of the library: install it with
+``pip install --no-deps dflash==0.1.0`` (it needs only torch and transformers at run time; its
+pinned extras would replace both).  :func:`peer_unavailable` says why a peer cannot run.
+
+Every peer decodes greedily (T=0) and returns a :class:`PeerResult`: the new tokens only,
+``int64 [1, m]`` (the harness compares them with dartree's AR output token for token), and the
+tokens each of its rounds committed where the peer reports them (``dflash``: its acceptance
+lengths, so tau is comparable; HF reports none).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from dartree.eval.bundles import Bundle
+
+__all__ = ["PEERS", "PEER_PREFIX", "PeerResult", "PeerDecoder", "peer_unavailable", "make_peer", "export_for_dflash"]
+
+#: Peer names, in the order the tables show them.
+PEERS: tuple[str, ...] = ("hf-generate", "hf-prompt-lookup", "dflash")
+#: HF prompt lookup's proposal length (transformers' own default is 10; 5 measured better on the zoo's code).
+PROMPT_LOOKUP_TOKENS = 5
+
+#: How tables label a peer: ``peer:NAME``.
+PEER_PREFIX = "peer:"
+
+
+@dataclass(frozen=True)
+class PeerResult:
+    """A peer's decode.  Shape: tokens int64 ``[1, m]`` (new tokens only)."""
+
+    tokens: Tensor
+    committed: tuple[int, ...] | None = None     # tokens committed per round, when the peer reports them
+
+
+PeerDecoder = Callable[[Tensor, int], PeerResult]     # (input_ids [1, L], max_new_tokens) -> result
+
+
+def peer_unavailable(name: str, bundle: Bundle | None = None) -> str | None:
+    """Why peer ``name`` cannot run (on ``bundle``), or ``None`` when it can."""
+    if name not in PEERS:
+        raise ValueError(f"peer: must be one of {PEERS}, got {name!r}")
+    if name == "dflash":
+        if importlib.util.find_spec("dflash") is None:
+            return "the dflash package is not installed (pip install --no-deps dflash==0.1.0)"
+        if bundle is not None and not hasattr(bundle.drafter, "config"):
+            return f"the bundle's drafter ({type(bundle.drafter).__name__}) is not a DFlash drafter"
+        if bundle is not None and getattr(bundle.drafter.config, "shift_label", False):
+            return "dflash_generate reads slot 0 as the root: a shift_label (DSpark-layout) drafter does not fit it"
+    if bundle is not None and not callable(getattr(bundle.target, "generate", None)):
+        return f"the target ({type(bundle.target).__name__}) has no generate()"
+    return None
+
+
+def export_for_dflash(bundle: Bundle, folder: str | Path):
+    """``bundle.drafter`` written in z-lab's DFlash layout and loaded back by ``dflash.DFlashDraftModel``.
+
+    The loaded model is in eval mode, in the drafter's dtype, on the target's device.
+    """
+    from dflash import DFlashDraftModel
+
+    from dartree.models.writers import save_drafter
+
+    path = save_drafter(bundle.drafter, Path(folder) / "dflash-drafter")
+    param = next(bundle.target.parameters())
+    model = DFlashDraftModel.from_pretrained(str(path), dtype=bundle.drafter.fc.weight.dtype)
+    return model.to(param.device).eval()
+
+
+def make_peer(name: str, bundle: Bundle, prompt_lookup_tokens: int = PROMPT_LOOKUP_TOKENS) -> PeerDecoder:
+    """A greedy decoder of peer ``name`` on ``bundle``'s target (and drafter, for ``dflash``)."""
+    reason = peer_unavailable(name, bundle)
+    if reason is not None:
+        raise ValueError(f"peer: {name} cannot run: {reason}")
+    target = bundle.target
+    pad = getattr(target.generation_config, "pad_token_id", None)
+    pad = 0 if pad is None else pad
+
+    if name in ("hf-generate", "hf-prompt-lookup"):
+        extra = {"prompt_lookup_num_tokens": prompt_lookup_tokens} if name == "hf-prompt-lookup" else {}
+
+        @torch.no_grad()
+        def hf(input_ids: Tensor, max_new_tokens: int) -> PeerResult:
+            # min_new_tokens: the comparison needs exactly max_new_tokens (no early stop at eos)
+            out = target.generate(input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False,
+                                  max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
+                                  pad_token_id=pad, **extra)
+            return PeerResult(out[:, input_ids.shape[1]:])
+
+        return hf
+
+    from dflash.model import dflash_generate
+
+    with tempfile.TemporaryDirectory(prefix="dartree-dflash-") as tmp:
+        model = export_for_dflash(bundle, tmp)
+
+    cuda = next(target.parameters()).device.type == "cuda"
+
+    def dflash(input_ids: Tensor, max_new_tokens: int) -> PeerResult:
+        # return_stats gives its acceptance lengths (tokens per round after the prefill's first one), but
+        # its clocks call torch.cuda.synchronize(), which a CPU-only torch refuses: on the CPU, no rounds
+        out = dflash_generate(model, target, input_ids, max_new_tokens, stop_token_ids=None, temperature=0.0,
+                              return_stats=cuda)
+        if not cuda:
+            return PeerResult(out[:, input_ids.shape[1]:])
+        return PeerResult(out.output_ids[:, input_ids.shape[1]:], tuple(int(a) for a in out.acceptance_lengths))
+
+    return dflash

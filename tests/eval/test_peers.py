@@ -1,0 +1,69 @@
+"""Peer decoders as benchmark rows: they decode what AR decodes, their rows have no stages, bad names are refused."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from dartree import generate_ar
+from dartree.eval import peers
+from dartree.eval.bench import STAGES, BenchConfig, RunRecord, summarize
+from dartree.eval.bundles import tiny_random_bundle
+from dartree.eval.methods import AR, MethodSpec
+from dartree.eval.report import table1, table2
+
+
+@pytest.fixture(scope="module")
+def bundle():
+    return tiny_random_bundle()
+
+
+@pytest.mark.parametrize("name", ["hf-generate", "hf-prompt-lookup"])
+def test_hf_peers_decode_what_ar_decodes(bundle, name):
+    ids = torch.tensor([[5, 6, 7, 5, 6, 7, 5, 6]])
+    out = peers.make_peer(name, bundle)(ids, 12)
+    assert out.tokens.shape == (1, 12) and out.committed is None
+    assert torch.equal(out.tokens, generate_ar(bundle.target, ids, 12).tokens)
+
+
+def test_dflash_absent_is_a_reason_not_a_crash(bundle, monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "dflash" else real(n, *a))
+    assert "pip install --no-deps dflash" in peers.peer_unavailable("dflash", bundle)
+    with pytest.raises(ValueError, match="peer: dflash cannot run"):
+        peers.make_peer("dflash", bundle)
+
+
+def test_dflash_needs_a_dflash_drafter(bundle):
+    if importlib.util.find_spec("dflash") is None:
+        pytest.skip("the dflash package is not installed (pip install --no-deps dflash==0.1.0)")
+    assert "not a DFlash drafter" in peers.peer_unavailable("dflash", bundle)      # the toy's OracleDrafter
+
+
+def test_bad_peer_names_are_refused():
+    with pytest.raises(ValueError, match="peer: must be one of"):
+        peers.peer_unavailable("vllm")
+    with pytest.raises(ValueError, match="peers: each must be one of"):
+        BenchConfig(methods=(MethodSpec("chain", label="chain"),), peers=("nope",))
+    with pytest.raises(ValueError, match="stop_at_eos"):
+        BenchConfig(methods=(MethodSpec("chain", label="chain"),), peers=("hf-generate",), stop_at_eos=True)
+
+
+def _record(method: str, seconds: float, committed: tuple[int, ...], new_tokens: int = 8) -> RunRecord:
+    return RunRecord(method, "humaneval", 0.0, "p0", 5, new_tokens, seconds, 0.0, tuple(c - 1 for c in committed),
+                     committed, (0,) * len(committed), (0.0,) * len(STAGES), True)
+
+
+def test_a_peer_row_has_a_speedup_and_no_stages():
+    ar = _record(AR, 2.0, (1,) * 7)
+    lookup = _record(peers.PEER_PREFIX + "hf-prompt-lookup", 1.0, ())
+    dflash = _record(peers.PEER_PREFIX + "dflash", 0.5, (4, 3))
+    summaries = summarize([ar, lookup, dflash], (MethodSpec(AR, label=AR),), "auto", 4)
+    by = {s.method: s for s in summaries}
+    assert by["peer:hf-prompt-lookup"].speedup == pytest.approx(2.0) and by["peer:hf-prompt-lookup"].rounds == 0
+    assert by["peer:dflash"].speedup == pytest.approx(4.0) and by["peer:dflash"].tau == pytest.approx(3.5)
+    text = table1(summaries, 0.0)
+    assert "| peer:hf-prompt-lookup |  | 2.00x | - |" in text and "| peer:dflash |  | 4.00x | 3.50 |" in text
+    assert "peer:" not in table2(summaries, 0.0)
