@@ -40,7 +40,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise UsageError("generate: give exactly one of --prompt and --prompt-file")
     with user_input():
         method = parse_method(args.method, setting_defaults(args))
-        check_cached(method, args.temperature)
+        check_cached(method, args.temperature, args.threads)
         text = args.prompt if args.prompt is not None else read_prompt_file(args.prompt_file)
     if not text:
         raise UsageError(f"{'--prompt' if args.prompt is not None else '--prompt-file'}: the prompt is empty; "

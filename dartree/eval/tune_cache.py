@@ -152,9 +152,9 @@ def entry_of(result: Any) -> dict[str, Any]:
 DEVICE_DEFAULT_BUDGET: dict[str, int] = {"cpu": 16, "cuda": 64}
 
 
-def tune_hint(method: MethodSpec, temperature: float) -> str:
-    """The command that tunes ``method`` here and caches the choice (for messages)."""
-    threads = torch.get_num_threads()
+def tune_hint(method: MethodSpec, temperature: float, threads: int | None = None) -> str:
+    """The command that tunes ``method`` here (``threads``: default torch's now) and caches the choice."""
+    threads = threads or torch.get_num_threads()
     text = method.builder + "".join(
         f"{',' if i else ':'}{k}={v}" for i, (k, v) in enumerate(
             (k, v) for k, v in sorted(method.config.items()) if not (k in AUTO_FIELDS and v == AUTO)))
@@ -163,16 +163,18 @@ def tune_hint(method: MethodSpec, temperature: float) -> str:
     return (f"dartree tune --method {text} --temperature {temperature:g} --threads {threads} --num-prompts 8")
 
 
-def _no_tuning(method: MethodSpec, temperature: float, where: str) -> ValueError:
+def _no_tuning(method: MethodSpec, temperature: float, where: str, threads: int | None = None) -> ValueError:
+    threads = threads or torch.get_num_threads()
     return ValueError(f"budget=auto: no tuning of {method.builder} is cached for this model on this machine "
-                      f"({where}, {torch.get_num_threads()} threads, T={temperature:g}); run "
-                      f"`{tune_hint(method, temperature)}` once (it caches the choice in {cache_dir()}), or give "
-                      "numbers, e.g. budget=16")
+                      f"({where}, {threads} threads, T={temperature:g}); run "
+                      f"`{tune_hint(method, temperature, threads)}` once (it caches the choice in {cache_dir()}), "
+                      "or give numbers, e.g. budget=16")
 
 
-def check_cached(method: MethodSpec, temperature: float) -> None:
+def check_cached(method: MethodSpec, temperature: float, threads: int | None = None) -> None:
     """Before any model loads: ``ValueError`` when ``method`` asks for ``auto`` and no entry of its
-    builder is cached at all (the full check, :func:`resolve_unset`, needs the model's hash)."""
+    builder is cached at all (the full check, :func:`resolve_unset`, needs the model's hash).
+    ``threads``: the torch threads the command will use (for the message)."""
     if not method.auto_fields:
         return
     for key in _read(cache_dir() / CACHE_FILE):
@@ -181,7 +183,7 @@ def check_cached(method: MethodSpec, temperature: float) -> None:
                 return
         except (ValueError, AttributeError):
             continue
-    raise _no_tuning(method, temperature, "nothing cached")
+    raise _no_tuning(method, temperature, "nothing cached", threads)
 
 
 def resolve_unset(bundle: Bundle, method: MethodSpec, temperature: float) -> tuple[MethodSpec, str]:
