@@ -196,7 +196,7 @@ class SpecBatch:
                                 prefill_s=self.prefill_s[q])
 
 
-@torch.no_grad()
+@torch.inference_mode()      # as SpeculativeDecoder.generate
 def generate_batch(
     decoder: SpeculativeDecoder,
     prompts: Sequence[Tensor],
@@ -268,7 +268,7 @@ class ARBatch(SpecBatch):
         return [q for r, q in enumerate(live) if r not in kept]
 
 
-@torch.no_grad()
+@torch.inference_mode()      # as SpeculativeDecoder.generate
 def generate_ar_batch(
     target: HFTarget | nn.Module,
     prompts: Sequence[Tensor],

@@ -44,7 +44,7 @@ class ServeResult:
         return self.tokens / self.seconds
 
 
-@torch.no_grad()
+@torch.inference_mode()      # as SpeculativeDecoder.generate
 def serve(
     decoder: SpeculativeDecoder | HFTarget | nn.Module,
     prompts: Sequence[Tensor],

@@ -562,6 +562,9 @@ class DFlashDrafter(nn.Module):
         if kv is not None and not self._length and (kv[0][0].shape[0] != b or kv[0][0].dtype != like.dtype
                                                     or kv[0][0].device != like.device):
             kv = self._kv = None
+        if kv is not None and kv[0][0].is_inference() and not torch.is_inference_mode_enabled():
+            # made by a decode (inference mode); written in place here, outside it: copy them out once
+            kv = self._kv = [(k.clone(), v.clone()) for k, v in kv]
         if kv is None or end > kv[0][0].shape[2]:
             c = self.config
             cap = max(end, 64, 2 * (kv[0][0].shape[2] if kv is not None else 0))
@@ -713,7 +716,8 @@ class DFlashDrafter(nn.Module):
         m = 0 if feats is None else feats.shape[1]
         n, size, embedding = self._length, self.block_size, self.embedding_weight
         ids = self._block_ids
-        if ids is None or ids.shape[0] != b or ids.device != root.device:
+        if ids is None or ids.shape[0] != b or ids.device != root.device \
+                or (ids.is_inference() and not torch.is_inference_mode_enabled()):
             ids = self._block_ids = torch.full((b, size), self.mask_token_id, dtype=torch.int64, device=root.device)
         ids[:, 0] = root
         x = F.embedding(ids, embedding)

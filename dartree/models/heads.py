@@ -80,6 +80,12 @@ def _base_candidates(block: DraftBlock, depth: int, candidates: Tensor) -> Tenso
 GATE_TABLE_LIMIT = 1 << 24
 
 
+
+def _version(x: Tensor) -> int | None:
+    """``x._version`` (bumped by every in-place write); ``None`` for an inference tensor, which keeps no
+    counter: a block made in a decode is never written after the drafter returns it."""
+    return None if x.is_inference() else x._version
+
 class GRUHead(nn.Module):
     """Domino correction head: a GRU over the branch's target embeddings + a low-rank residual.
 
@@ -200,7 +206,8 @@ class GRUHead(nn.Module):
         """perf: the GRU step's intermediates ``gi, gh [N, 3G]`` and their gate views, allocated once per
         row count ``N`` (and dtype, device) and reused: never returned to a caller, so reusing them
         cannot alias a state the caller keeps.  Not for concurrent calls on one head from two threads."""
-        key = (flat_h.shape[0], table.dtype, table.device)
+        # inference mode in the key: buffers made in a decode (inference tensors) cannot be written outside it
+        key = (flat_h.shape[0], table.dtype, table.device, torch.is_inference_mode_enabled())
         buffers = self.__dict__.setdefault("_step_buffer_cache", {})
         found = buffers.get(key)
         if found is None:
@@ -264,7 +271,7 @@ class GRUHead(nn.Module):
         """
         hidden = block.hidden
         cache = self._depth_cache
-        if cache is not None and cache[0] is hidden and cache[1] == hidden._version and cache[2] == depth:
+        if cache is not None and cache[0] is hidden and cache[1] == _version(hidden) and cache[2] == depth:
             return cache[3], cache[4]
         fc1 = self.embed_proj[0]
         h_d = hidden[:, depth - 1]
@@ -273,7 +280,7 @@ class GRUHead(nn.Module):
         gate = self._gate(h_d.to(w_h.dtype))                                     # [b, 1]
         gate = None if gate is None else gate[:, :, None]                        # [b, 1, 1]
         if not part.requires_grad:        # never hold on to an autograd graph
-            self._depth_cache = (hidden, hidden._version, depth, part, gate)
+            self._depth_cache = (hidden, _version(hidden), depth, part, gate)
         return part, gate
 
     # ------------------------------------------------------------------------- protocol

@@ -169,6 +169,8 @@ class TreeInputBuffer:
         if kv < end:
             raise ValueError(f"kv_len: {kv} cannot hold prefix_len + n = {prefix_len} + {n}")
         rows, cols = self._mask.shape
+        if self._mask.is_inference() and not torch.is_inference_mode_enabled():
+            rows = cols = 0           # made in a decode (inference mode), written here outside it: a new one
         if n > rows or kv > cols:                          # grow (rarely): start from a clean buffer
             self._mask = torch.zeros(max(n, 2 * rows), max(kv, 2 * cols), dtype=torch.bool, device=self.device)
             self._valid = torch.ones(1, self._mask.shape[0], dtype=torch.bool, device=self.device)

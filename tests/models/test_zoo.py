@@ -86,3 +86,26 @@ def test_speculative_decoding_is_lossless_on_humaneval(bundle, humaneval_cases, 
     for prompt, ref in humaneval_cases:
         out = decoder.generate(prompt, max_new_tokens=NEW_TOKENS)
         assert torch.equal(out.tokens, ref)
+
+
+@pytest.mark.parametrize("backend", ["ref", "fast"])
+def test_a_decode_leaves_nothing_that_breaks_use_outside_it(bundle, humaneval_cases, backend):
+    """Decoding runs in inference mode; the buffers it leaves in the drafter, the head and the target's
+    tree-input buffer are inference tensors.  Used after it, outside inference mode (no_grad), each
+    part still works and gives what it gives in a decode."""
+    prompt, ref = humaneval_cases[0]
+    builder = dartree.make_builder("dartree-pruned", backend=backend, budget=16, width=4, topk=8)
+    decoder = SpeculativeDecoder(bundle.target, bundle.drafter, builder, head=bundle.heads["gru"])
+    assert torch.equal(decoder.generate(prompt, max_new_tokens=NEW_TOKENS).tokens, ref)
+    with torch.no_grad():
+        target, drafter = decoder.target, bundle.drafter
+        out = target.prefill(prompt, logits="last")
+        drafter.reset()
+        drafter.append_context(out.hidden, prompt)
+        block = drafter.draft(out.logits[:, -1].argmax(-1))
+        tree = builder.build(block, bundle.heads["gru"])
+        target.forward_tree(target.tree_inputs(tree), logits="all")
+        target.rollback()
+    with torch.inference_mode():
+        again = decoder.generate(prompt, max_new_tokens=NEW_TOKENS).tokens
+    assert torch.equal(again, ref)
