@@ -208,6 +208,7 @@ def stage_heads(work: Path, args: argparse.Namespace) -> None:
             save_checkpoint(ckpt_path, {**grus, "markov": markov}, opt, state)
             last_save = time.time()
     bar.close()
+    save_checkpoint(ckpt_path, {**grus, "markov": markov}, opt, state)   # a longer --heads-minutes resumes here
     ev = eval_heads(grus, evaluated, drafter, model, validation, args, decode_prompts=2 * args.decode_prompts)
     state["final"] = ev
     log(f"heads done: {_summary(ev)}")
