@@ -41,6 +41,7 @@ from dartree.rounds import (
     fit_tree,
     truncate,
 )
+from dartree.tree import check_decodable
 from dartree.verify.accept import verify_greedy, verify_sampled, walk_greedy
 from dartree.verify.sampling import Sampler, sample_checked
 
@@ -130,7 +131,8 @@ class SpecBatch:
         check_block(block, roots, target.vocab_size, rows=b)
         draft_s = clock.lap()
         timed = decoder.timed_head
-        tree = fit_tree(decoder.builder.build(block, timed), block.gamma, ragged.lengths, ragged.width, target)
+        tree = fit_tree(check_decodable(decoder.builder.build(block, timed), block), block.gamma, ragged.lengths,
+                        ragged.width, target)                  # the builder's tree checked, as in generate
         build_s = clock.lap()
         head_s = 0.0 if timed is None else timed.take()
         prefix = ragged.lengths_tensor().to(tree.device)

@@ -72,6 +72,7 @@ from dartree.rounds import (
     fit_tree,
     truncate,
 )
+from dartree.tree import check_decodable
 from dartree.verify.accept import verify_greedy, verify_sampled, walk_greedy
 from dartree.verify.sampling import Sampler, sample_checked
 from dartree.verify.timing import check_head, timed_head
@@ -188,7 +189,10 @@ class SpeculativeDecoder:
             check_block(block, root, target.vocab_size)
             draft_s = clock.lap()
             timed = self._timed_head
-            tree = fit_tree(self.builder.build(block, timed), block.gamma, (prefix,), prefix, target)
+            # the builder's tree is user code's output: its contract is checked before the target sees it
+            # (~50 us on the CPU; the builder stage pays it)
+            tree = fit_tree(check_decodable(self.builder.build(block, timed), block), block.gamma, (prefix,),
+                            prefix, target)
             build_s = clock.lap()
             head_s = 0.0 if timed is None else timed.take()
             inputs = target.tree_inputs(tree)

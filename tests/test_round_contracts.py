@@ -1,0 +1,99 @@
+"""What every decoding entry point checks where user code and user values enter the shared round
+(dartree.rounds): a builder's tree, stop tokens given as an iterator, temperatures, meta tensors."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import dartree
+from dartree.batch import generate_ar_batch
+from dartree.serve import serve
+from dartree.testing import OracleDrafter
+from tests.verify.helpers import one_thread, tiny_lm  # noqa: F401 (autouse fixture)
+
+V = 128
+GAMMA = 4
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_lm("qwen3", "sdpa", vocab=V)
+
+
+class _Rerooted:
+    """A builder that hands the decoder a tree whose root token is not the block's root (or a token >= V)."""
+
+    needs_head = False
+    name = "rerooted"
+
+    def __init__(self, change: str) -> None:
+        self.inner = dartree.make_builder("chain", backend="ref")
+        self.change = change
+
+    def build(self, block, head=None):
+        tree = self.inner.build(block, head)
+        tokens = tree.tokens.clone()
+        if self.change == "root":
+            tokens[:, 0] = (tokens[:, 0] + 1) % V
+        else:
+            tokens[:, 1] = V + 3
+        return dataclasses.replace(tree, tokens=tokens)
+
+
+@pytest.mark.parametrize("change", ["root", "token"])
+def test_a_tree_that_breaks_the_contract_is_refused_not_decoded(model, change):
+    prompt = torch.tensor([[5, 6, 7]])
+    decoder = dartree.SpeculativeDecoder(model, OracleDrafter(model, GAMMA), _Rerooted(change))
+    match = "root" if change == "root" else "token 131, need 0 <= token < V=128"
+    with pytest.raises(ValueError, match=f"builder: .*{match}"):
+        decoder.generate(prompt, 6)
+    with pytest.raises(ValueError, match=f"builder: .*{match}"):
+        decoder.generate_batch([prompt[0], prompt[0, :2]], 6)
+
+
+def test_stop_tokens_from_an_iterator_reach_every_row(model):
+    prompts = [torch.tensor([5, 6, 7]), torch.tensor([9, 8]), torch.tensor([3, 1, 4, 1])]
+    free = dartree.generate_ar(model, prompts[1], 12).tokens[0].tolist()
+    stop = free[4]                                    # stops row 1 at its 5th token (or earlier)
+    want = [dartree.generate_ar(model, p, 12, stop_token_ids=[stop]).tokens for p in prompts]
+    decoder = dartree.SpeculativeDecoder(model, OracleDrafter(model, GAMMA), dartree.make_builder("chain"))
+    runs = {
+        "generate_batch": decoder.generate_batch(prompts, 12, stop_token_ids=iter([stop])),
+        "generate_ar_batch": generate_ar_batch(model, prompts, 12, stop_token_ids=(t for t in [stop])),
+        "serve": serve(decoder, prompts, 2, 12, stop_token_ids=iter([stop])).results,
+    }
+    for name, results in runs.items():
+        assert [r.tokens.tolist() for r in results] == [w.tolist() for w in want], name
+        assert results[1].stop_reason == "stop_token", name
+
+
+def test_a_request_that_ends_at_its_first_token_finishes_at_admission(model):
+    prompts = [torch.tensor([5, 6, 7]), torch.tensor([9, 8])]
+    first = dartree.generate_ar(model, prompts[0], 1).tokens[0, 0].item()
+    decoder = dartree.SpeculativeDecoder(model, OracleDrafter(model, GAMMA), dartree.make_builder("chain"))
+    seen = []
+    out = serve(decoder, prompts, 1, 6, stop_token_ids=[first], on_finish=lambda q, r: seen.append(q))
+    assert out.results[0].tokens.tolist() == [[first]] and out.results[0].rounds == ()
+    assert out.results[0].stop_reason == "stop_token" and sorted(seen) == [0, 1]
+    one = decoder.generate_batch(prompts, 1)
+    assert [r.tokens.shape[1] for r in one] == [1, 1] and all(r.rounds == () for r in one)
+
+
+@pytest.mark.parametrize("temperature", [1e-300, 1e-7, -1.0, float("nan")])
+def test_temperatures_that_would_overflow_are_refused(model, temperature):
+    decoder = dartree.SpeculativeDecoder(model, OracleDrafter(model, GAMMA), dartree.make_builder("chain"))
+    for call in (lambda: decoder.generate(torch.tensor([5, 6]), 4, temperature=temperature),
+                 lambda: dartree.generate_ar(model, torch.tensor([5, 6]), 4, temperature=temperature),
+                 lambda: decoder.generate_batch([torch.tensor([5, 6])], 4, temperature=temperature)):
+        with pytest.raises(ValueError, match="temperature"):
+            call()
+
+
+def test_meta_input_ids_are_one_clear_error(model):
+    with pytest.raises(ValueError, match="input_ids: .*meta"):
+        dartree.generate_ar(model, torch.zeros(1, 3, dtype=torch.int64, device="meta"), 4)
+    with pytest.raises(ValueError, match=r"prompts\[0\]: input_ids: .*meta"):
+        generate_ar_batch(model, [torch.zeros(3, dtype=torch.int64, device="meta")], 4)
