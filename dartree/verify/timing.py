@@ -4,7 +4,11 @@
 head missing a method fails there with a message naming it, not deep inside a builder.
 :class:`TimedHead` wraps the head for the decoding loop: it forwards every call, adds the wall time
 spent inside head calls to ``seconds`` (the ``head`` column of the stage tables; the rest of the
-build is the builder's own work), and checks that each call returned a tensor.  The optional fused
+build is the builder's own work), and checks what each call returns where it enters the builder
+(:func:`check_state` / :func:`check_logits_out`: a tensor, on the block's device, of the documented
+shape, a state width that does not change between calls, floating logits; at ``initial_state``
+also the head's parameters' device and ``block.hidden``'s width against ``head.hidden_size``).
+These read only metadata (no host sync): about 1-2 us a call.  The optional fused
 method ``advance_logits`` is exposed only when the wrapped head has it, because builders detect it
 with ``getattr(head, "advance_logits", None)``.
 
@@ -18,9 +22,9 @@ import time
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-__all__ = ["HEAD_METHODS", "check_head", "TimedHead", "timed_head"]
+__all__ = ["HEAD_METHODS", "check_head", "check_head_device", "TimedHead", "timed_head"]
 
 #: Methods every correction head must have (``dartree.block.CorrectionHead``).
 HEAD_METHODS = ("initial_state", "logits", "advance")
@@ -38,9 +42,46 @@ def check_head(head: Any) -> None:
         raise ValueError(f"head: {type(head).__name__}.advance_logits is not callable")
 
 
-def _tensor(name: str, out: Any) -> Any:
+def check_head_device(head: Any, device: torch.device | str) -> None:
+    """Raise ``ValueError`` if ``head`` is a module whose parameters are not on ``device``."""
+    params = getattr(head, "parameters", None)
+    if not isinstance(head, nn.Module) or params is None:
+        return
+    first = next(iter(head.parameters()), None)
+    if first is not None and first.device != torch.device(device):
+        raise ValueError(f"head: {type(head).__name__}'s parameters are on {first.device}, the block on "
+                         f"{torch.device(device)}; move the head with head.to(device)")
+
+
+def _tensor(name: str, out: Any) -> Tensor:
     if not isinstance(out, Tensor):
         raise ValueError(f"head.{name}: returned {type(out).__name__}, expected a torch.Tensor")
+    return out
+
+
+def _state(name: str, out: Any, block: Any, lead: tuple[int, ...], width: int | None) -> Tensor:
+    """A state tensor returned by ``name``: shape ``lead + (S,)`` with ``S == width`` when known."""
+    out = _tensor(name, out)
+    if out.dim() != len(lead) + 1 or tuple(out.shape[:-1]) != lead or (width is not None and out.shape[-1] != width):
+        want = [*lead, "S" if width is None else width]
+        raise ValueError(f"head.{name}: returned shape {list(out.shape)}, expected {want}"
+                         + ("" if width is None else " (the state width S of initial_state must not change)"))
+    if out.device != block.device:
+        raise ValueError(f"head.{name}: returned a tensor on {out.device}, the block is on {block.device}")
+    return out
+
+
+def _logits(name: str, out: Any, block: Any, states: Tensor, candidates: Tensor) -> Tensor:
+    """Corrected logits returned by ``name``: floating ``[b, m, K]`` on the block's device."""
+    out = _tensor(name, out)
+    want = (states.shape[0], states.shape[1], candidates.shape[-1])
+    if tuple(out.shape) != want:
+        raise ValueError(f"head.{name}: returned logits of shape {list(out.shape)}, expected [b, m, K] = {list(want)}")
+    if not out.is_floating_point():
+        raise ValueError(f"head.{name}: returned {out.dtype} logits, expected a floating dtype (scores are "
+                         f"log-softmaxed; integer or bool logits are not scores)")
+    if out.device != block.device:
+        raise ValueError(f"head.{name}: returned a tensor on {out.device}, the block is on {block.device}")
     return out
 
 
@@ -49,9 +90,11 @@ class TimedHead:
 
     def __init__(self, head: Any, device: torch.device | str = "cpu") -> None:
         check_head(head)
+        check_head_device(head, device)
         self.head = head
         self.seconds = 0.0
         self._cuda = torch.device(device).type == "cuda"
+        self._width: int | None = None          # the state width S of the last initial_state
 
     def take(self) -> float:
         """Seconds accumulated since the last ``take`` (and reset to 0)."""
@@ -69,16 +112,26 @@ class TimedHead:
         return out
 
     def initial_state(self, block: Any) -> Tensor:
-        return _tensor("initial_state", self._call("initial_state", block))
+        # once per build: the head's device and the drafter's hidden width (metadata only)
+        check_head_device(self.head, block.device)
+        size = getattr(self.head, "hidden_size", None)
+        hidden = getattr(block, "hidden", None)
+        if isinstance(size, int) and isinstance(hidden, Tensor) and hidden.shape[-1] != size:
+            raise ValueError(f"block: hidden has width {hidden.shape[-1]}, but {type(self.head).__name__} expects "
+                             f"hidden_size={size} (the drafter's H_d must match the head's hidden size)")
+        out = _state("initial_state", self._call("initial_state", block), block, (block.batch_size,), None)
+        self._width = out.shape[-1]
+        return out
 
     def logits(self, block: Any, depth: int, states: Tensor, candidates: Tensor) -> Tensor:
-        return _tensor("logits", self._call("logits", block, depth, states, candidates))
+        return _logits("logits", self._call("logits", block, depth, states, candidates), block, states, candidates)
 
     def advance(self, block: Any, depth: int, states: Tensor, tokens: Tensor) -> Tensor:
-        return _tensor("advance", self._call("advance", block, depth, states, tokens))
+        out = self._call("advance", block, depth, states, tokens)
+        return _state("advance", out, block, tuple(tokens.shape), self._width)
 
     def __getattr__(self, name: str) -> Any:      # other attributes of the head (not its methods above)
-        if name in ("head", "advance_logits"):
+        if name in ("head", "advance_logits", "_width"):
             raise AttributeError(name)
         return getattr(self.head, name)
 
@@ -92,7 +145,8 @@ class _TimedFusedHead(TimedHead):
         if not isinstance(out, tuple) or len(out) != 2 or not all(isinstance(x, Tensor) for x in out):
             raise ValueError(f"head.advance_logits: returned {type(out).__name__}, expected a tuple "
                              f"(new_states, logits) of two tensors")
-        return out
+        new = _state("advance_logits", out[0], block, tuple(tokens.shape), self._width)
+        return new, _logits("advance_logits", out[1], block, new, candidates)
 
 
 def timed_head(head: Any, device: torch.device | str = "cpu") -> TimedHead:
