@@ -134,7 +134,7 @@ class SpecBatch:
         tree = fit_tree(check_decodable(decoder.builder.build(block, timed), block), block.gamma, ragged.lengths,
                         ragged.width, target)                  # the builder's tree checked, as in generate
         build_s = clock.lap()
-        head_s = 0.0 if timed is None else timed.take()
+        head_s, head_calls = (0.0, 0) if timed is None else (timed.take(), timed.take_calls())
         prefix = ragged.lengths_tensor().to(tree.device)
         inputs = ragged.tree_inputs(tree)
         mask_s = clock.lap()
@@ -186,7 +186,8 @@ class SpecBatch:
         for r, q in enumerate(live):
             accepted_length = (host[r][:n].index(-1) if -1 in host[r][:n] else n) - 1
             self.rounds[q].append(RoundStats(accepted_length, counts[r], host[r][n] - 1, draft_s, build_s, mask_s,
-                                             verify_s, kv_s + context_s, head_s, target_s, context_s))
+                                             verify_s, kv_s + context_s, head_s, target_s, context_s,
+                                             head_calls))
         self.live, self.roots = [live[r] for r in keep], roots
         return [live[r] for r in range(b) if done[r]]
 

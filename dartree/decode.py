@@ -194,7 +194,7 @@ class SpeculativeDecoder:
             tree = fit_tree(check_decodable(self.builder.build(block, timed), block), block.gamma, (prefix,),
                             prefix, target)
             build_s = clock.lap()
-            head_s = 0.0 if timed is None else timed.take()
+            head_s, head_calls = (0.0, 0) if timed is None else (timed.take(), timed.take_calls())
             inputs = target.tree_inputs(tree)
             mask_s = clock.lap()
             scored = target.forward_tree(inputs, logits="root" if lazy else "all")
@@ -231,7 +231,7 @@ class SpeculativeDecoder:
             drafter.append_context(hidden, cached)
             context_s = clock.lap()
             rounds.append(RoundStats(accepted_length, count, tree_size, draft_s, build_s, mask_s, verify_s,
-                                     kv_s + context_s, head_s, target_s, context_s))
+                                     kv_s + context_s, head_s, target_s, context_s, head_calls))
             if on_round is not None:
                 on_round(rounds[-1], kept)
 

@@ -47,8 +47,10 @@ class RoundStats:
     ``verify`` (target forward + acceptance walk) and ``commit`` (KV compaction, drafter context
     update, bookkeeping) are disjoint and sum to the round.  ``head_s`` is the part of ``build_s``
     spent inside correction-head calls, ``target_s`` the part of ``verify_s`` spent in the target's
-    forward, ``context_s`` the part of ``commit_s`` spent in ``drafter.append_context`` (the
-    drafter's forward over the newly committed tokens: projection, keys and values).
+    forward, ``context_s`` the part of ``commit_s`` spent in ``drafter.append_context`` (a DFlash
+    drafter only holds the new context there: its keys and values are computed inside the next
+    ``draft``, which ``draft_s`` then includes).  ``head_calls``: correction-head method calls in the
+    build (``initial_state``, ``logits``, ``advance``, ``advance_logits``; bound pruning lowers it).
     """
 
     accepted_length: int
@@ -62,6 +64,7 @@ class RoundStats:
     head_s: float = 0.0
     target_s: float = 0.0
     context_s: float = 0.0
+    head_calls: int = 0       # correction-head method calls in the build (what bound pruning saves)
 
     @property
     def total_s(self) -> float:

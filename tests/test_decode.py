@@ -381,3 +381,31 @@ def test_protocols_are_checked_at_the_boundary():
     for make in (lambda: HFTarget(bert), lambda: SpeculativeDecoder(bert, drafter, pruned, PathHashHead())):
         with pytest.raises(ValueError, match="model: BertModel has no language-model head"):
             make()
+
+
+def test_head_calls_are_counted_per_round():
+    model = model_for("qwen3", "sdpa")
+    prompt = torch.tensor([[3, 1, 4]])
+    builder, head = builder_and_head("dartree-pruned")
+    calls = []
+
+    class Counting(PathHashHead):
+        def initial_state(self, *args):
+            calls.append("initial_state")
+            return super().initial_state(*args)
+
+        def logits(self, *args):
+            calls.append("logits")
+            return super().logits(*args)
+
+        def advance(self, *args):
+            calls.append("advance")
+            return super().advance(*args)
+
+    result = SpeculativeDecoder(model, OracleDrafter(model, GAMMA, demote=0.4, seed=1), builder,
+                                Counting()).generate(prompt, 9)
+    assert all(r.head_calls >= 2 for r in result.rounds)               # initial_state + one call per depth at least
+    assert len(calls) == sum(r.head_calls for r in result.rounds)
+    chain, _ = builder_and_head("chain")
+    plain = SpeculativeDecoder(model, OracleDrafter(model, GAMMA), chain).generate(prompt, 9)
+    assert all(r.head_calls == 0 for r in plain.rounds)

@@ -114,6 +114,7 @@ class RunRecord:
     stage_s: tuple[float, ...]            # summed over rounds, in STAGES order
     matches_ar: bool
     first_difference: int = -1            # index of the first token that differs from AR's (-1: none)
+    head_calls: int = 0                   # correction-head calls over all rounds (bound pruning lowers it)
 
     @property
     def rounds(self) -> int:
@@ -187,7 +188,7 @@ def _record(method: str, dataset: str, temperature: float, prompt_id: str, resul
     return RunRecord(method, dataset, temperature, prompt_id, result.prompt.shape[1], result.tokens.shape[1], seconds,
                      result.prefill_s, tuple(r.accepted_length for r in result.rounds),
                      tuple(r.committed for r in result.rounds), tuple(r.tree_size for r in result.rounds), stage,
-                     first == -1, first)
+                     first == -1, first, sum(r.head_calls for r in result.rounds))
 
 
 def _peer_record(label: str, dataset: str, prompt_id: str, prompt_tokens: int, result: PeerResult, seconds: float,

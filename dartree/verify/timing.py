@@ -93,6 +93,7 @@ class TimedHead:
         check_head_device(head, device)
         self.head = head
         self.seconds = 0.0
+        self.calls = 0                          # head method calls since the last take_calls
         self._cuda = torch.device(device).type == "cuda"
         self._width: int | None = None          # the state width S of the last initial_state
 
@@ -101,7 +102,13 @@ class TimedHead:
         out, self.seconds = self.seconds, 0.0
         return out
 
+    def take_calls(self) -> int:
+        """Head method calls since the last ``take_calls`` (and reset to 0)."""
+        out, self.calls = self.calls, 0
+        return out
+
     def _call(self, name: str, *args: Any) -> Any:
+        self.calls += 1
         if self._cuda:
             torch.cuda.synchronize()       # deliberate: charge the head only for its own work
         start = time.perf_counter()
