@@ -10,9 +10,9 @@ the last one, which is the root of the next tree.  One decoding session::
     drafter.bind(target_model)                        # share embedding + LM head (load_drafter / zoo do it)
     target = HFTarget(target_model, layer_ids=drafter.target_layer_ids)
     drafter.reset()                                   # new prompt
-    out = target.prefill(prompt[:, :-1])
-    drafter.append_context(out.hidden, prompt[:, :-1])   # hidden [b, m, len(target_layer_ids) * H]
-    root = prompt[:, -1]
+    out = target.prefill(prompt, logits="last")
+    drafter.append_context(out.hidden, prompt)        # hidden [b, m, len(target_layer_ids) * H]
+    root = out.logits[:, -1].argmax(-1)               # the first new token (greedy)
     loop:
         block = drafter.draft(root)                   # DraftBlock: logits [b, gamma, V], hidden [b, gamma, H], root
         ... build tree, verify, target.commit(accepted, count) ...
