@@ -66,7 +66,7 @@ from torch import Tensor, nn
 
 from dartree.block import DraftBlock
 
-__all__ = ["DFlashConfig", "DFlashDrafter", "dflash_target_layer_ids", "MAX_BLOCK_SIZE"]
+__all__ = ["DFlashConfig", "DFlashDrafter", "dflash_target_layer_ids", "MAX_BLOCK_SIZE", "tensor_version"]
 
 #: Largest ``block_size`` accepted (the released drafters use 7 to 16).  A block is
 #: ``block_size`` slots through every draft layer each round and a tree is at most
@@ -316,13 +316,20 @@ def _rms(norm: RMSNorm, x: Tensor) -> Tensor:
     return norm(x)
 
 
+def tensor_version(x: Tensor) -> int | None:
+    """``x._version`` (bumped by every in-place write), or ``None`` for an inference tensor (made under
+    ``torch.inference_mode``, e.g. weights loaded there), which keeps no counter and cannot be written
+    in place outside inference mode: caches keyed on it then rely on identity and storage address."""
+    return None if x.is_inference() else x._version
+
+
 def derived(owner: nn.Module, slot: str, sources: list[Tensor | None], build):
     """perf: ``build()`` (a tensor derived from the tensors ``sources``), cached on ``owner`` under
     ``slot`` and rebuilt when any source is replaced, moved, cast or edited in place (checked by
     identity, storage address and version counter; a strong reference is kept, so a new tensor can
     never alias a cached one).  Never registered: state_dicts and checkpoints are unchanged.
     """
-    key = [None if w is None else (w, w.data_ptr(), w._version) for w in sources]
+    key = [None if w is None else (w, w.data_ptr(), tensor_version(w)) for w in sources]
     cache = owner.__dict__.get(slot)
     if cache is not None and len(cache[0]) == len(key) and all(
             (a is None and b is None) or (a is not None and b is not None and a[0] is b[0] and a[1] == b[1]

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dartree.block import DraftBlock
-from dartree.models.drafter import RMSNorm, derived
+from dartree.models.drafter import RMSNorm, derived, tensor_version
 
 __all__ = ["GRUHead", "MarkovHead"]
 
@@ -79,12 +79,6 @@ def _base_candidates(block: DraftBlock, depth: int, candidates: Tensor) -> Tenso
 #: (64 MiB in float32); larger vocabularies compute them per step.
 GATE_TABLE_LIMIT = 1 << 24
 
-
-
-def _version(x: Tensor) -> int | None:
-    """``x._version`` (bumped by every in-place write); ``None`` for an inference tensor, which keeps no
-    counter: a block made in a decode is never written after the drafter returns it."""
-    return None if x.is_inference() else x._version
 
 class GRUHead(nn.Module):
     """Domino correction head: a GRU over the branch's target embeddings + a low-rank residual.
@@ -197,8 +191,8 @@ class GRUHead(nn.Module):
         """``W_hh`` transposed (a view, as ``F.linear`` passes it), cached while the weight is unchanged."""
         w = self.prefix_gru.weight_hh_l0
         cache = self.__dict__.get("_w_hh_t")
-        if cache is None or cache[0] is not w or cache[1] != w._version:
-            cache = (w, w._version, w.t())
+        if cache is None or cache[0] is not w or cache[1] != tensor_version(w):
+            cache = (w, tensor_version(w), w.t())
             self.__dict__["_w_hh_t"] = cache
         return cache[2]
 
@@ -271,7 +265,7 @@ class GRUHead(nn.Module):
         """
         hidden = block.hidden
         cache = self._depth_cache
-        if cache is not None and cache[0] is hidden and cache[1] == _version(hidden) and cache[2] == depth:
+        if cache is not None and cache[0] is hidden and cache[1] == tensor_version(hidden) and cache[2] == depth:
             return cache[3], cache[4]
         fc1 = self.embed_proj[0]
         h_d = hidden[:, depth - 1]
@@ -280,7 +274,7 @@ class GRUHead(nn.Module):
         gate = self._gate(h_d.to(w_h.dtype))                                     # [b, 1]
         gate = None if gate is None else gate[:, :, None]                        # [b, 1, 1]
         if not part.requires_grad:        # never hold on to an autograd graph
-            self._depth_cache = (hidden, _version(hidden), depth, part, gate)
+            self._depth_cache = (hidden, tensor_version(hidden), depth, part, gate)
         return part, gate
 
     # ------------------------------------------------------------------------- protocol

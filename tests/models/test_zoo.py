@@ -109,3 +109,14 @@ def test_a_decode_leaves_nothing_that_breaks_use_outside_it(bundle, humaneval_ca
     with torch.inference_mode():
         again = decoder.generate(prompt, max_new_tokens=NEW_TOKENS).tokens
     assert torch.equal(again, ref)
+
+
+def test_models_loaded_in_inference_mode_decode(humaneval_cases):
+    """Weights loaded under torch.inference_mode are inference tensors (no version counter): the
+    drafter's and the head's derived-weight caches still work, and the output is still lossless."""
+    prompt, ref = humaneval_cases[0]
+    with torch.inference_mode():
+        loaded = zoo.load(zoo.DEFAULT_NAME)
+        builder = dartree.make_builder("dartree-pruned", backend="fast", budget=16, width=4, topk=8)
+        decoder = SpeculativeDecoder(loaded.target, loaded.drafter, builder, head=loaded.heads["gru"])
+        assert torch.equal(decoder.generate(prompt, max_new_tokens=NEW_TOKENS).tokens, ref)
