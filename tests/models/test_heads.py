@@ -275,3 +275,19 @@ def test_gru_step_under_autograd_is_the_gru_cell(tiny_heads):
     got.sum().backward()
     assert leaf.grad is not None and leaf.grad.abs().sum() > 0
     assert_close(got.detach(), want, atol=1e-6, rtol=1e-5)
+
+
+def test_gru_step_buffers_work_across_inference_mode_and_no_grad(tiny_heads):
+    """Buffers first allocated under torch.inference_mode are reused outside it (and the reverse)."""
+    head = tiny_heads[0]
+    block = make_block(10)
+    g = torch.Generator().manual_seed(2)
+    for rows in (5, 7):
+        states = torch.randn(B, rows, head.gru_hidden_dim, generator=g)
+        tokens = torch.randint(0, V, (B, rows), generator=g)
+        first, second = (torch.inference_mode, torch.no_grad) if rows == 5 else (torch.no_grad, torch.inference_mode)
+        with first():
+            a = head.advance(block, 1, states, tokens)
+        with second():
+            b = head.advance(block, 1, states, tokens)
+        assert torch.equal(a, b)
