@@ -42,4 +42,4 @@ def test_streaming_reports_every_token_once_per_round(bundle):
     decoder = make_decoder(bundle, parse_method("ddtree:budget=6"), "ref")
     result = stream_generate(decoder, ids, 17, chunks.append)
     assert sum(chunks, []) == result.tokens[0].tolist()
-    assert [len(c) for c in chunks] == [1] + [r.committed for r in result.rounds]   # the prefill's token, then per round
+    assert [len(c) for c in chunks] == [1] + [r.committed for r in result.rounds]   # prefill token, then rounds
