@@ -190,7 +190,8 @@ class SpeculativeDecoder:
             draft_s = clock.lap()
             timed = self._timed_head
             # the builder's tree is user code's output: its contract is checked before the target sees it
-            # (~50 us on the CPU; the builder stage pays it)
+            # (~50 us of numpy on the CPU, no sync; on an accelerator one host sync, on purpose: a bad tree
+            # must fail here, not inside the target; folding it into the round's own sync is left to do)
             tree = fit_tree(check_decodable(self.builder.build(block, timed), block), block.gamma, (prefix,),
                             prefix, target)
             build_s = clock.lap()
