@@ -65,6 +65,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dartree.block import DraftBlock
+from dartree.models.kmajor import KMAJOR_LIMIT_BYTES, derived, linear, tensor_version
 
 __all__ = ["DFlashConfig", "DFlashDrafter", "dflash_target_layer_ids", "MAX_BLOCK_SIZE", "tensor_version"]
 
@@ -316,31 +317,6 @@ def _rms(norm: RMSNorm, x: Tensor) -> Tensor:
     return norm(x)
 
 
-def tensor_version(x: Tensor) -> int | None:
-    """``x._version`` (bumped by every in-place write), or ``None`` for an inference tensor (made under
-    ``torch.inference_mode``, e.g. weights loaded there), which keeps no counter and cannot be written
-    in place outside inference mode: caches keyed on it then rely on identity and storage address."""
-    return None if x.is_inference() else x._version
-
-
-def derived(owner: nn.Module, slot: str, sources: list[Tensor | None], build):
-    """perf: ``build()`` (a tensor derived from the tensors ``sources``), cached on ``owner`` under
-    ``slot`` and rebuilt when any source is replaced, moved, cast or edited in place (checked by
-    identity, storage address and version counter; a strong reference is kept, so a new tensor can
-    never alias a cached one).  Never registered: state_dicts and checkpoints are unchanged.
-    """
-    key = [None if w is None else (w, w.data_ptr(), tensor_version(w)) for w in sources]
-    cache = owner.__dict__.get(slot)
-    if cache is not None and len(cache[0]) == len(key) and all(
-            (a is None and b is None) or (a is not None and b is not None and a[0] is b[0] and a[1] == b[1]
-                                          and a[2] == b[2]) for a, b in zip(cache[0], key, strict=True)):
-        return cache[1]
-    with torch.no_grad():
-        value = build()
-    owner.__dict__[slot] = (key, value)
-    return value
-
-
 def _fused_weight(module: nn.Module, names: tuple[str, ...]) -> Tensor:
     """perf: the weights of the linears ``names`` of ``module`` concatenated along the output dim, so
     that one matmul replaces several (each output column is the same dot product), cached by
@@ -348,6 +324,22 @@ def _fused_weight(module: nn.Module, names: tuple[str, ...]) -> Tensor:
     """
     ws = [getattr(module, n).weight for n in names]
     return derived(module, "_fused_" + "_".join(names), ws, lambda: torch.cat([w.detach() for w in ws]))
+
+
+def _matmul(x: Tensor, w: Tensor, owner: nn.Module, slot: str, sources: list[Tensor]) -> Tensor:
+    """perf: ``F.linear(x, w)`` bit for bit, from a K-major copy on the CPU where that is exact
+    (:func:`dartree.models.kmajor.linear`); weights over 1/16 of ``KMAJOR_LIMIT_BYTES`` are not
+    copied (a copy doubles their memory)."""
+    small = w.numel() * w.element_size() <= KMAJOR_LIMIT_BYTES // 16
+    return linear(x, w, None, owner if small else None, slot, sources)
+
+
+def _project(x: Tensor, module: nn.Module, names: tuple[str, ...]) -> Tensor:
+    """perf: ``x`` through the linears ``names`` of ``module`` as one matmul (:func:`_fused_weight`;
+    one name: that linear alone), via :func:`_matmul`."""
+    sources = [getattr(module, n).weight for n in names]
+    w = _fused_weight(module, names) if len(names) > 1 else sources[0]
+    return _matmul(x, w, module, "_kmajor_" + "_".join(names), sources)
 
 
 class DFlashAttention(nn.Module):
@@ -420,7 +412,7 @@ class DFlashLayer(nn.Module):
         a = self.self_attn
         b, t, _ = x.shape
         nkv = a.num_kv_heads * a.head_dim
-        kv = F.linear(x, _fused_weight(a, ("k_proj", "v_proj")))
+        kv = _project(x, a, ("k_proj", "v_proj"))
         k = _rms(a.k_norm, kv[..., :nkv].view(b, t, a.num_kv_heads, a.head_dim)).transpose(1, 2)
         k_buf[:, :, start:start + t] = rotate(k, cos, sin)
         v_buf[:, :, start:start + t] = kv[..., nkv:].view(b, t, a.num_kv_heads, a.head_dim).transpose(1, 2)
@@ -439,7 +431,7 @@ class DFlashLayer(nn.Module):
         a = self.self_attn
         b, t, _ = x.shape
         nq, nkv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
-        qkv = F.linear(_rms(self.input_layernorm, x), _fused_weight(a, ("q_proj", "k_proj", "v_proj")))
+        qkv = _project(_rms(self.input_layernorm, x), a, ("q_proj", "k_proj", "v_proj"))
         q = rotate(_rms(a.q_norm, qkv[..., :nq].view(b, t, a.num_heads, a.head_dim)).transpose(1, 2), cos, sin)
         k = rotate(_rms(a.k_norm, qkv[..., nq:nq + nkv].view(b, t, a.num_kv_heads, a.head_dim)).transpose(1, 2),
                    cos, sin)
@@ -449,11 +441,11 @@ class DFlashLayer(nn.Module):
         out = F.scaled_dot_product_attention(q, k_buf[:, :, :end], v_buf[:, :, :end],
                                              scale=1.0 / math.sqrt(a.head_dim),
                                              enable_gqa=a.num_heads != a.num_kv_heads)
-        x = x + F.linear(out.transpose(1, 2).reshape(b, t, -1), a.o_proj.weight)
+        x = x + _project(out.transpose(1, 2).reshape(b, t, -1), a, ("o_proj",))
         m = self.mlp
-        gate_up = F.linear(_rms(self.post_attention_layernorm, x), _fused_weight(m, ("gate_proj", "up_proj")))
+        gate_up = _project(_rms(self.post_attention_layernorm, x), m, ("gate_proj", "up_proj"))
         inter = m.gate_proj.out_features
-        return x + F.linear(F.silu(gate_up[..., :inter]) * gate_up[..., inter:], m.down_proj.weight)
+        return x + _project(F.silu(gate_up[..., :inter]) * gate_up[..., inter:], m, ("down_proj",))
 
 
 class DFlashDrafter(nn.Module):
@@ -602,7 +594,7 @@ class DFlashDrafter(nn.Module):
         self._check_hidden(hidden_states)
         w = self.fc.weight
         x = hidden_states if hidden_states.dtype == w.dtype else hidden_states.to(w.dtype)
-        return _rms(self.hidden_norm, F.linear(x, w))
+        return _rms(self.hidden_norm, _matmul(x, w, self.fc, "_kmajor_fc", [w]))
 
     def _check_hidden(self, hidden_states: object) -> None:
         width = len(self.config.target_layer_ids) * self.config.hidden_size
@@ -742,7 +734,9 @@ class DFlashDrafter(nn.Module):
         self._length = n + m
         hidden = _rms(self.norm, x[:, self.config.first_slot:])                                      # slot -> depth
         head = self.lm_head_weight
-        logits = F.linear(hidden.reshape(-1, hidden.shape[-1]), head if head.dtype == dtype else head.to(dtype))
+        if head.dtype != dtype:
+            head = head.to(dtype)
+        logits = _matmul(hidden.reshape(-1, hidden.shape[-1]), head, self, "_kmajor_lm_head", [head])
         return DraftBlock(logits=logits.view(b, self.gamma, -1), root=root, hidden=hidden)
 
     def forward(self, root: Tensor) -> DraftBlock:

@@ -37,7 +37,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dartree.block import DraftBlock
-from dartree.models.drafter import RMSNorm, derived, tensor_version
+from dartree.models.drafter import RMSNorm
+from dartree.models.kmajor import derived, exact_from, linear, tensor_version
 
 __all__ = ["GRUHead", "MarkovHead"]
 
@@ -178,7 +179,7 @@ class GRUHead(nn.Module):
         # in one op, every intermediate in place in the buffers, one fresh tensor for the result
         gi, gh, gi_rz, gi_n, gh_rz, gh_n, r, z = self._step_buffers(flat_h, table)
         torch.index_select(table, 0, tokens.reshape(-1), out=gi)                    # [N, 3G]
-        w_hh_t = self._recurrent_weight_t()
+        w_hh_t = self._recurrent_weight_t(flat_h.shape[0])
         if self.bias:
             torch.addmm(g.bias_hh_l0, flat_h, w_hh_t, out=gh)                       # = F.linear(h, W_hh, b_hh)
         else:
@@ -187,9 +188,15 @@ class GRUHead(nn.Module):
         new = gh_n.mul_(r).add_(gi_n).tanh_()                                       # n = tanh(gi_n + r * gh_n)
         return torch.sub(flat_h, new).mul_(z).add_(new).view(states.shape)          # n + z * (h - n)
 
-    def _recurrent_weight_t(self) -> Tensor:
-        """``W_hh`` transposed (a view, as ``F.linear`` passes it), cached while the weight is unchanged."""
+    def _recurrent_weight_t(self, rows: int) -> Tensor:
+        """``W_hh`` transposed (a view, as ``F.linear`` passes it), cached while the weight is unchanged;
+        perf: on the CPU a K-major copy once ``rows`` is enough for it to give the same bits
+        (:mod:`dartree.models.kmajor`)."""
         w = self.prefix_gru.weight_hh_l0
+        if w.device.type == "cpu":
+            start = exact_from(w.shape[1], w.shape[0], w.dtype, self.bias)
+            if start is not None and rows >= start:
+                return derived(self, "_w_hh_kmajor", [w], lambda: w.detach().t().contiguous())
         cache = self.__dict__.get("_w_hh_t")
         if cache is None or cache[0] is not w or cache[1] != tensor_version(w):
             cache = (w, tensor_version(w), w.t())
@@ -290,7 +297,7 @@ class GRUHead(nn.Module):
             return base.expand(-1, states.shape[1], -1).contiguous()
         part, gate = self._depth_terms(block, depth)
         w_s, table = self._projection_tables()
-        mid = F.silu(F.linear(self._normed(states), w_s).add_(part))            # [b, m, E]
+        mid = F.silu(linear(self._normed(states), w_s, None, self, "_w_s_kmajor").add_(part))   # [b, m, E]
         size = self.emb_dim
         rows = F.embedding(candidates, table)                                    # [b, K, E (+ 1)]
         correction = torch.bmm(mid, rows[..., :size].mT)                         # [b, m, K]

@@ -1,0 +1,120 @@
+"""perf: ``F.linear`` on the CPU from a K-major copy of the weight, where that is bit-identical.
+
+``F.linear(x, w)`` multiplies by ``w.t()``, a transposed view, and MKL's small-matrix sgemm with a
+transposed B operand is markedly slower than with a K-major ``[in, out]`` one: measured on one core
+(AVX-512, torch 2.13, 16 rows), ``[16, 256] x [256, 768]`` takes 67 us against 40 us and the LM head
+``[16, 256] x [256, 4098]`` 500 us against 313-397 us.  For few rows (1-10 here) the two layouts
+take different kernels and differ in the last bit; from some row count on they give the same bits.
+So :func:`linear` uses the copy only for calls with at least that many rows, found once per
+``(in, out, dtype, bias)`` by :func:`exact_from` (a probe of every row count up to 32 and several
+above), and ``F.linear`` below it: its output equals ``F.linear``'s bit for bit at every call, so a
+model run through it computes the same numbers as through its own modules.
+
+Which path this serves: the CPU.  On accelerators the BLAS reads a transposed operand at no cost,
+the copy would only spend memory, and :func:`linear` is ``F.linear``.  The copy doubles the memory
+of the weights it is made for; :func:`kmajor_allowed` keeps it to models whose linear weights fit in
+:data:`KMAJOR_LIMIT_BYTES`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = ["KMAJOR_LIMIT_BYTES", "derived", "exact_from", "kmajor_allowed", "linear", "linear_bytes",
+           "tensor_version"]
+
+#: most bytes of linear weights a model may have for :func:`linear` to keep K-major copies of them
+KMAJOR_LIMIT_BYTES = 1 << 30
+
+#: row counts the probe compares (the kernels switch at small counts; larger ones are spot-checked)
+_PROBE_ROWS = (*range(1, 33), 40, 48, 64, 96, 128, 192, 256)
+_FROM: dict[tuple, int | None] = {}
+
+
+def exact_from(in_features: int, out_features: int, dtype: torch.dtype, bias: bool = False) -> int | None:
+    """Smallest row count from which the K-major product equals ``F.linear`` bit for bit on this CPU
+    (every probed count from there on agrees), or ``None`` if the largest probed count does not.
+
+    The probe multiplies seeded random data once per shape and dtype (cached for the process).
+    """
+    key = (in_features, out_features, dtype, bias)
+    if key in _FROM:
+        return _FROM[key]
+    gen = torch.Generator().manual_seed(in_features * 7919 + out_features)
+    w = torch.randn(out_features, in_features, generator=gen).to(dtype)
+    b = torch.randn(out_features, generator=gen).to(dtype) if bias else None
+    x = torch.randn(_PROBE_ROWS[-1], in_features, generator=gen).to(dtype)
+    wt = w.t().contiguous()
+    start: int | None = None
+    with torch.no_grad():
+        for rows in _PROBE_ROWS:
+            mine = x[:rows] @ wt if b is None else torch.addmm(b, x[:rows], wt)
+            same = torch.equal(mine, F.linear(x[:rows], w, b))
+            if not same:
+                start = None
+            elif start is None:
+                start = rows
+    _FROM[key] = start
+    return start
+
+
+def linear_bytes(module: nn.Module) -> int:
+    """Bytes of the weights of every ``nn.Linear`` in ``module``."""
+    return sum(m.weight.numel() * m.weight.element_size() for m in module.modules() if isinstance(m, nn.Linear))
+
+
+def kmajor_allowed(module: nn.Module, limit: int = KMAJOR_LIMIT_BYTES) -> bool:
+    """Whether :func:`linear` should keep K-major copies for ``module``'s weights: on the CPU, and only
+    while their bytes stay within ``limit`` (the copies double them)."""
+    param = next(module.parameters(), None)
+    return param is not None and param.device.type == "cpu" and linear_bytes(module) <= limit
+
+
+def tensor_version(x: Tensor) -> int | None:
+    """``x._version`` (bumped by every in-place write), or ``None`` for an inference tensor (made under
+    ``torch.inference_mode``, e.g. weights loaded there), which keeps no counter and cannot be written
+    in place outside inference mode: caches keyed on it then rely on identity and storage address."""
+    return None if x.is_inference() else x._version
+
+
+def derived(owner: object, slot: str, sources: list[Tensor | None], build):
+    """perf: ``build()`` (a tensor derived from the tensors ``sources``), cached on ``owner`` under
+    ``slot`` and rebuilt when any source is replaced, moved, cast or edited in place (checked by
+    identity, storage address and version counter; a strong reference is kept, so a new tensor can
+    never alias a cached one).  Never registered: state_dicts and checkpoints are unchanged.
+    """
+    key = [None if w is None else (w, w.data_ptr(), tensor_version(w)) for w in sources]
+    cache = owner.__dict__.get(slot)
+    if cache is not None and len(cache[0]) == len(key) and all(
+            (a is None and b is None) or (a is not None and b is not None and a[0] is b[0] and a[1] == b[1]
+                                          and a[2] == b[2]) for a, b in zip(cache[0], key, strict=True)):
+        return cache[1]
+    with torch.no_grad():
+        value = build()
+    owner.__dict__[slot] = (key, value)
+    return value
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, owner: object | None = None,
+           slot: str = "_kmajor", sources: list[Tensor] | None = None) -> Tensor:
+    """``F.linear(x, weight, bias)``, bit for bit; on the CPU from a K-major copy of ``weight`` (cached
+    on ``owner`` under ``slot`` by :func:`derived`, rebuilt when a tensor of ``sources``, default
+    ``[weight]``, changes) when ``x`` has enough rows for that product to give the same bits
+    (:func:`exact_from`).  ``owner=None``, and a weight autograd tracks, is plain ``F.linear``.
+
+    Shape:
+        x: ``[..., in]``; weight: ``[out, in]``; bias: ``[out]`` -> ``[..., out]``.
+    """
+    if owner is None or x.device.type != "cpu" or x.dtype != weight.dtype or (
+            weight.requires_grad and torch.is_grad_enabled()):
+        return F.linear(x, weight, bias)
+    k = x.shape[-1]
+    start = exact_from(k, weight.shape[0], weight.dtype, bias is not None)
+    if start is None or x.numel() < start * k:
+        return F.linear(x, weight, bias)
+    wt = derived(owner, slot, [weight] if sources is None else sources, lambda: weight.detach().t().contiguous())
+    if bias is None:
+        return x @ wt
+    return torch.addmm(bias, x.reshape(-1, k), wt).view(*x.shape[:-1], wt.shape[1])

@@ -1,0 +1,229 @@
+"""perf: a Llama-family HF causal LM's forward without its module machinery, same numbers.
+
+``HFTarget`` runs the target once per round, and on the CPU a small model's forward is as much
+Python and dispatch as arithmetic: measured on the zoo target (6 layers, width 256, 16 tree nodes
+after 200 cached tokens, one thread), HF's forward takes ~9 ms, of which the 43 matmuls are ~4.8.
+:class:`LeanForward` runs the same computation from the same weights, caches and attention
+function (HF's own ``ALL_ATTENTION_FUNCTIONS`` entry, HF's own rotary module, ``cache.update``),
+op for op as ``modeling_llama`` / ``modeling_qwen2`` / ``modeling_qwen3`` write it, minus what a
+decoding loop does not use: module calls, decorators, output-recording hooks, output dataclasses,
+dtype casts that are no-ops, and the hidden states of layers nobody reads.  Its matmuls go through
+:func:`dartree.models.kmajor.linear` (bit for bit ``F.linear``; faster on the CPU).  The zoo forward
+above takes ~5.7 ms with it (``benchmarks/peers_side_by_side.py`` measures whole decodes).
+
+Supported: ``model_type`` in :data:`MODEL_TYPES` whose modules have the standard layout (checked
+attribute by attribute), full attention in every layer, ``eager`` or ``sdpa``.  :func:`lean_forward`
+returns the reason when a model is not, and :class:`HFTarget` then calls the model itself.  Whether
+the lean forward equals the model's is not assumed: ``HFTarget`` compares the two on a probe
+(prefill, then a masked forward on the cache, every hidden state and logit, ``torch.equal``) before
+it uses it.
+
+Which path this serves: both.  On the CPU it removes dispatch and Python time and the slow
+transposed-operand matmuls; on accelerators it issues the same kernels as HF with less host time
+between launches (a launch-bound small-batch decode gains the same way).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from transformers.masking_utils import create_causal_mask
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from dartree.models.kmajor import kmajor_allowed, linear
+
+__all__ = ["LeanForward", "MODEL_TYPES", "lean_forward"]
+
+#: the HF model types whose decoder layers :class:`LeanForward` knows
+MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+_NORMS = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm")
+_ACTS = {"SiLUActivation", "SiLU"}
+
+
+def _rms(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """HF's ``*RMSNorm.forward``, op for op (its fp32 casts skipped where they are no-ops)."""
+    dtype = x.dtype
+    h = x if dtype == torch.float32 else x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * (h if dtype == torch.float32 else h.to(dtype))
+
+
+def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """``x * cos + rotate_half(x) * sin`` as HF's ``apply_rotary_pos_emb`` computes it."""
+    half = x.shape[-1] // 2
+    return (x * cos) + (torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin)
+
+
+class _Linear:
+    """One ``nn.Linear``, run by :func:`dartree.models.kmajor.linear` (its K-major copy kept here)."""
+
+    def __init__(self, module: nn.Linear, kmajor: bool) -> None:
+        self.module = module
+        self.owner = self if kmajor else None
+
+    def __call__(self, x: Tensor) -> Tensor:
+        m = self.module
+        return linear(x, m.weight, m.bias, self.owner)
+
+
+class _Layer:
+    __slots__ = ("attn", "q", "k", "v", "o", "gate", "up", "down", "act", "norm_in", "norm_post",
+                 "q_norm", "k_norm", "head_dim", "index")
+
+    def __init__(self, layer: nn.Module, index: int, kmajor: bool) -> None:
+        a, mlp = layer.self_attn, layer.mlp
+        self.attn, self.index, self.head_dim = a, index, int(a.head_dim)
+        self.q, self.k, self.v, self.o = (_Linear(getattr(a, n), kmajor)
+                                          for n in ("q_proj", "k_proj", "v_proj", "o_proj"))
+        self.gate, self.up, self.down = (_Linear(getattr(mlp, n), kmajor)
+                                         for n in ("gate_proj", "up_proj", "down_proj"))
+        self.act = mlp.act_fn
+        self.norm_in, self.norm_post = layer.input_layernorm, layer.post_attention_layernorm
+        self.q_norm, self.k_norm = getattr(a, "q_norm", None), getattr(a, "k_norm", None)
+
+
+def _why_not(model: nn.Module) -> str | None:
+    """Why :class:`LeanForward` cannot run ``model`` (``None``: it can)."""
+    config = getattr(model, "config", None)
+    kind = getattr(config, "model_type", None)
+    if kind not in MODEL_TYPES:
+        return f"model_type {kind!r} is not one of {MODEL_TYPES}"
+    if getattr(config, "_attn_implementation", None) not in ("eager", "sdpa"):
+        return f"attention {config._attn_implementation!r}"
+    if any(t != "full_attention" for t in getattr(config, "layer_types", None) or ()):
+        return "layers other than full attention"
+    windowed = kind == "mistral" or getattr(config, "use_sliding_window", False)
+    if getattr(config, "sliding_window", None) is not None and windowed:
+        return "sliding-window attention"
+    if getattr(config, "pretraining_tp", 1) not in (1, None):
+        return "pretraining_tp > 1"
+    base = getattr(model, "model", None)
+    head = getattr(model, "lm_head", None)
+    if base is None or not isinstance(head, nn.Linear) or head.bias is not None:
+        return "no .model / bias-free .lm_head Linear"
+    for name in ("embed_tokens", "layers", "norm", "rotary_emb"):
+        if not hasattr(base, name):
+            return f"no .model.{name}"
+    if not isinstance(base.embed_tokens, nn.Embedding):
+        return "embed_tokens is not an nn.Embedding"
+    if len(base.layers) != config.num_hidden_layers:
+        return "layer count differs from config.num_hidden_layers"
+    norms = [base.norm]
+    for layer in base.layers:
+        a, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+        if a is None or mlp is None:
+            return "a layer without self_attn / mlp"
+        for n in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            if not isinstance(getattr(a, n, None), nn.Linear):
+                return f"self_attn.{n} is not an nn.Linear"
+        for n in ("gate_proj", "up_proj", "down_proj"):
+            if not isinstance(getattr(mlp, n, None), nn.Linear):
+                return f"mlp.{n} is not an nn.Linear"
+        if type(getattr(mlp, "act_fn", None)).__name__ not in _ACTS:
+            return f"activation {type(getattr(mlp, 'act_fn', None)).__name__}"
+        if not all(hasattr(a, n) for n in ("head_dim", "scaling", "num_key_value_groups")):
+            return "self_attn lacks head_dim / scaling / num_key_value_groups"
+        norms += [getattr(layer, "input_layernorm", None), getattr(layer, "post_attention_layernorm", None)]
+        norms += [getattr(a, n) for n in ("q_norm", "k_norm") if hasattr(a, n)]
+    if any(type(n).__name__ not in _NORMS or not hasattr(n, "variance_epsilon") for n in norms):
+        return "a norm other than the Llama-family RMSNorm"
+    return None
+
+
+def lean_forward(model: nn.Module, kmajor: bool | None = None) -> tuple[LeanForward | None, str | None]:
+    """``(LeanForward(model), None)``, or ``(None, reason)`` when the model's layout is not one it knows.
+
+    ``kmajor``: keep K-major weight copies (default: :func:`dartree.models.kmajor.kmajor_allowed`).
+    """
+    why = _why_not(model)
+    if why is not None:
+        return None, why
+    return LeanForward(model, kmajor_allowed(model) if kmajor is None else bool(kmajor)), None
+
+
+class LeanForward:
+    """The forward of a supported HF causal LM (see the module docstring); check with :func:`lean_forward`.
+
+    Args:
+        model: the HF model (its weights are read at every call: edits and reloads are seen).
+        kmajor: keep K-major copies of the linear weights (CPU; see :mod:`dartree.models.kmajor`).
+    """
+
+    def __init__(self, model: nn.Module, kmajor: bool) -> None:
+        self.model = model
+        self.config = model.config
+        self.kmajor = kmajor
+        base = model.model
+        self._base = base
+        self._layers = [_Layer(layer, i, kmajor) for i, layer in enumerate(base.layers)]
+        self._head = _Linear(model.lm_head, kmajor)
+        impl = self.config._attn_implementation
+        module = sys.modules[type(base.layers[0].self_attn).__module__]
+        self._attention = ALL_ATTENTION_FUNCTIONS.get_interface(impl, module.eager_attention_forward)
+
+    def __call__(
+        self,
+        input_ids: Tensor,
+        position_ids: Tensor,
+        attention_mask: Tensor | None,
+        cache,
+        hidden_ids: tuple[int, ...] = (),
+        keep: int | Tensor = 0,
+        final: bool = False,
+    ) -> tuple[Tensor, list[Tensor], Tensor | None]:
+        """One forward that appends to ``cache`` as the model's own forward would.
+
+        Args:
+            hidden_ids: indices into HF's ``hidden_states`` (0: embeddings; ``i + 1``: layer ``i``'s
+                output; ``num_layers``: the final-normed state) to return, in this order.
+            keep: HF's ``logits_to_keep`` (0: every position; an int: the last ones; a 1-D tensor).
+            final: also return the final-normed hidden states of every position.
+
+        Shape:
+            input_ids, position_ids: int64 ``[b, m]``; attention_mask: a prepared 4-D mask or ``None``
+            (causal) -> ``(logits [b, kept, V], [hidden [b, m, H] per hidden_ids], final [b, m, H] | None)``.
+        """
+        base, config = self._base, self.config
+        h = F.embedding(input_ids, base.embed_tokens.weight, base.embed_tokens.padding_idx)
+        if attention_mask is None:
+            attention_mask = create_causal_mask(config=config, inputs_embeds=h, attention_mask=None, cache=cache,
+                                                position_ids=position_ids)
+        cos, sin = base.rotary_emb(h, position_ids)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        b, m = input_ids.shape
+        count = len(self._layers)
+        wanted = set(hidden_ids)
+        states: dict[int, Tensor] = {0: h} if 0 in wanted else {}
+        attention = self._attention
+        for layer in self._layers:
+            a, d = layer.attn, layer.head_dim
+            norm = layer.norm_in
+            x = _rms(h, norm.weight, norm.variance_epsilon)
+            q = layer.q(x).view(b, m, -1, d)
+            k = layer.k(x).view(b, m, -1, d)
+            if layer.q_norm is not None:
+                q = _rms(q, layer.q_norm.weight, layer.q_norm.variance_epsilon)
+                k = _rms(k, layer.k_norm.weight, layer.k_norm.variance_epsilon)
+            v = layer.v(x).view(b, m, -1, d).transpose(1, 2)
+            q = _rotate(q.transpose(1, 2), cos, sin)
+            k = _rotate(k.transpose(1, 2), cos, sin)
+            k, v = cache.update(k, v, layer.index)
+            out, _ = attention(a, q, k, v, attention_mask, dropout=0.0, scaling=a.scaling)
+            h = h + layer.o(out.reshape(b, m, -1))
+            norm = layer.norm_post
+            x = _rms(h, norm.weight, norm.variance_epsilon)
+            h = h + layer.down(layer.act(layer.gate(x)) * layer.up(x))
+            if layer.index + 1 in wanted and layer.index + 1 < count:
+                states[layer.index + 1] = h
+        norm = base.norm
+        h = _rms(h, norm.weight, norm.variance_epsilon)
+        states[count] = h
+        if isinstance(keep, Tensor):
+            rows = h[:, keep]
+        else:
+            rows = h[:, -keep:] if keep else h
+        logits = self._head(rows)
+        return logits, [states[i] for i in hidden_ids], h if final else None

@@ -1,0 +1,127 @@
+"""LeanForward and kmajor.linear: the same bits as the model's own forward and as F.linear."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, \
+    Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+import dartree.models.lean as lean_module
+from dartree.models import kmajor
+from dartree.models.target import HFTarget
+from tests.verify.helpers import one_thread, random_tree  # noqa: F401 (autouse fixture)
+
+V = 97
+
+
+def model_of(arch: str, attn: str = "sdpa", act: str = "silu", seed: int = 0):
+    torch.manual_seed(seed)
+    common = dict(vocab_size=V, hidden_size=48, intermediate_size=80, num_hidden_layers=3, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=128, attn_implementation=attn, hidden_act=act,
+                  initializer_range=0.2)
+    if arch == "qwen3":
+        model = Qwen3ForCausalLM(Qwen3Config(head_dim=16, **common))
+    elif arch == "llama":
+        model = LlamaForCausalLM(LlamaConfig(attention_bias=True, mlp_bias=True, **common))
+    elif arch == "qwen2":
+        model = Qwen2ForCausalLM(Qwen2Config(**common))
+    else:
+        model = MistralForCausalLM(MistralConfig(sliding_window=None, **common))
+    return model.eval()
+
+
+def outputs_equal(a, b) -> None:
+    assert torch.equal(a.logits, b.logits)
+    for x, y in ((a.hidden, b.hidden), (a.final, b.final)):
+        assert (x is None) == (y is None)
+        if x is not None:
+            assert torch.equal(x, y)
+
+
+@pytest.mark.parametrize("kind", ["dynamic", "static"])
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+@pytest.mark.parametrize("arch", ["qwen3", "llama", "qwen2", "mistral"])
+def test_lean_forward_equals_the_models_own(arch, attn, kind):
+    model = model_of(arch, attn)
+    size = 96 if kind == "static" else None
+    mine = HFTarget(model, layer_ids=(-1, 0, 2), cache=kind, max_cache_len=size)
+    theirs = HFTarget(model, layer_ids=(-1, 0, 2), cache=kind, max_cache_len=size, forward="hf")
+    assert mine.forward_path == "lean" and mine.forward_note is None and theirs.forward_path == "hf"
+    prompt = torch.randint(0, V, (1, 30), generator=torch.Generator().manual_seed(1))
+    outputs_equal(mine.prefill(prompt), theirs.prefill(prompt))
+    for logits in ("all", "root"):
+        tree = random_tree([17], seed=5, vocab=V)
+        outputs_equal(mine.forward_tree(mine.tree_inputs(tree), logits),
+                      theirs.forward_tree(theirs.tree_inputs(tree), logits))
+        accepted = torch.tensor([[0, 1, 3]])
+        mine.commit(accepted, 2)
+        theirs.commit(accepted, 2)
+    for m, logits in ((1, "all"), (4, "all"), (12, "last")):      # extend causally after a past
+        ids = torch.randint(0, V, (1, m), generator=torch.Generator().manual_seed(m))
+        outputs_equal(mine.extend(ids, logits), theirs.extend(ids, logits))
+
+
+def test_unsupported_layout_runs_the_models_forward():
+    model = model_of("qwen3", act="gelu")
+    target = HFTarget(model)
+    assert target.forward_path == "hf" and "activation" in target.forward_note
+    with pytest.raises(ValueError, match="forward: 'lean' cannot run Qwen3ForCausalLM: activation"):
+        HFTarget(model, forward="lean")
+    with pytest.raises(ValueError, match="forward: expected one of"):
+        HFTarget(model, forward="fast")
+
+
+def test_probe_refuses_a_lean_forward_that_differs(monkeypatch):
+    """The probe compares before use: a lean forward one ulp off is never used."""
+    def rotate_off(x, cos, sin):
+        half = x.shape[-1] // 2
+        return (x * cos) + (torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin) * (1 + 2 ** -20)
+
+    monkeypatch.setattr(lean_module, "_rotate", rotate_off)
+    model = model_of("llama", seed=3)
+    target = HFTarget(model)
+    assert target.forward_path == "hf" and "differ" in target.forward_note
+
+
+def test_weights_edited_in_place_are_seen():
+    model = model_of("qwen3", seed=4)
+    mine, theirs = HFTarget(model, layer_ids=(1,)), HFTarget(model, layer_ids=(1,), forward="hf")
+    prompt = torch.arange(40)[None] % V
+    outputs_equal(mine.prefill(prompt), theirs.prefill(prompt))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(1.25)
+    outputs_equal(mine.prefill(prompt), theirs.prefill(prompt))
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("shape", [(37, 111), (256, 768), (128, 384)])
+def test_kmajor_linear_is_f_linear_bit_for_bit(shape, bias):
+    k, n = shape
+    gen = torch.Generator().manual_seed(k + n)
+    w = torch.randn(n, k, generator=gen)
+    b = torch.randn(n, generator=gen) if bias else None
+    owner = type("Owner", (), {})()
+    for rows in (1, 2, 7, 10, 11, 12, 16, 17, 33, 100):
+        x = torch.randn(2, rows, k, generator=gen)
+        assert torch.equal(kmajor.linear(x, w, b, owner), F.linear(x, w, b))
+    with torch.no_grad():
+        w.mul_(0.5)                                           # an in-place edit rebuilds the copy
+    x = torch.randn(64, k, generator=gen)
+    assert torch.equal(kmajor.linear(x, w, b, owner), F.linear(x, w, b))
+
+
+def test_kmajor_linear_keeps_gradients():
+    w = torch.randn(24, 16, requires_grad=True)
+    x = torch.randn(40, 16)
+    kmajor.linear(x, w, None, type("Owner", (), {})()).sum().backward()
+    assert w.grad is not None
+    torch.testing.assert_close(w.grad, x.sum(0).expand(24, 16))
+
+
+def test_kmajor_allowed_only_on_the_cpu_within_the_limit():
+    model = model_of("qwen3")
+    assert kmajor.kmajor_allowed(model)
+    assert not kmajor.kmajor_allowed(model, limit=kmajor.linear_bytes(model) - 1)
