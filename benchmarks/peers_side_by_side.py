@@ -25,6 +25,7 @@ from dartree import SpeculativeDecoder, generate_ar, make_builder
 from dartree.eval.bundles import encode, load_bundle
 from dartree.eval.datasets import load_prompts
 from dartree.eval.peers import make_peer
+from dartree.models.target import HFTarget
 
 #: name -> (builder, settings, head) of the dartree methods this script knows
 METHODS = {
@@ -36,6 +37,9 @@ METHODS = {
     "corrected-chain": ("corrected-chain", {}, "gru"),
 }
 PEER_NAMES = ("hf-generate", "hf-prompt-lookup", "dflash")
+#: a dartree method (or ar) with ``-hf`` appended runs its target through the model's own forward
+#: (``HFTarget(..., forward="hf")``) instead of the lean one: the lean forward's share, same run
+HF_SUFFIX = "-hf"
 
 
 def main() -> None:
@@ -44,7 +48,8 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--methods", default="dflash,chain,hf-generate,ar,ddtree16,hf-prompt-lookup",
-                        help=f"comma-separated; ar, {', '.join(METHODS)}, {', '.join(PEER_NAMES)}")
+                        help=f"comma-separated; ar, {', '.join(METHODS)}, {', '.join(PEER_NAMES)}; "
+                             f"a dartree method or ar + '{HF_SUFFIX}': through the model's own forward")
     args = parser.parse_args()
     torch.set_num_threads(1)
     bundle = load_bundle("pystdlib-tiny")
@@ -52,15 +57,20 @@ def main() -> None:
                for name in ("humaneval", "stdlib", "packages") for p in load_prompts(name, args.prompts)]
     names = args.methods.split(",")
     decoders = {}
+    layers = tuple(bundle.drafter.target_layer_ids)
     for name in names:
-        if name == "ar":
-            decoders[name] = lambda ids, n: generate_ar(bundle.target, ids, n).tokens
+        plain = name.removesuffix(HF_SUFFIX)
+        forward = "hf" if plain != name else "auto"
+        if plain == "ar":
+            target = HFTarget(bundle.target, forward=forward)
+            decoders[name] = lambda ids, n, target=target: generate_ar(target, ids, n).tokens
         elif name in PEER_NAMES:
             peer = make_peer(name, bundle)
             decoders[name] = lambda ids, n, peer=peer: peer(ids, n).tokens
         else:
-            builder, settings, head = METHODS[name]
-            spec = SpeculativeDecoder(bundle.target, bundle.drafter, make_builder(builder, backend="fast", **settings),
+            builder, settings, head = METHODS[plain]
+            spec = SpeculativeDecoder(HFTarget(bundle.target, layer_ids=layers, forward=forward), bundle.drafter,
+                                      make_builder(builder, backend="fast", **settings),
                                       head=None if head is None else bundle.heads[head])
             decoders[name] = lambda ids, n, spec=spec: spec.generate(ids, n).tokens
     m = args.new_tokens
