@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from dartree.batch_drafters import batch_drafter
+from dartree.builders import checked_tree
 from dartree.models.ragged import RaggedTarget
 from dartree.models.target import HFTarget
 from dartree.rounds import (
@@ -41,7 +42,6 @@ from dartree.rounds import (
     fit_tree,
     truncate,
 )
-from dartree.tree import check_decodable
 from dartree.verify.accept import verify_greedy, verify_sampled, walk_greedy
 from dartree.verify.sampling import Sampler, sample_checked
 
@@ -131,8 +131,8 @@ class SpecBatch:
         check_block(block, roots, target.vocab_size, rows=b)
         draft_s = clock.lap()
         timed = decoder.timed_head
-        tree = fit_tree(check_decodable(decoder.builder.build(block, timed), block), block.gamma, ragged.lengths,
-                        ragged.width, target)                  # the builder's tree checked, as in generate
+        tree = checked_tree(decoder.builder, decoder.builder.build(block, timed), block)    # as in generate
+        tree = fit_tree(tree, block.gamma, ragged.lengths, ragged.width, target)
         build_s = clock.lap()
         head_s, head_calls = (0.0, 0) if timed is None else (timed.take(), timed.take_calls())
         prefix = ragged.lengths_tensor().to(tree.device)

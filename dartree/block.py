@@ -58,8 +58,8 @@ class DraftBlock:
         root:   int64 ``[b]`` the last committed token (the tree's root, not yet in the target's cache).
 
     Construction checks ranks, dtypes, batch sizes and devices (no host-device sync), and on the CPU
-    that ``root`` lies in ``[0, V)`` (on accelerators the decoder's :func:`dartree.tree.check_decodable`
-    reads the root with the tree, in its one synchronisation).  The logits are checked by the
+    that ``root`` lies in ``[0, V)`` (on accelerators the decoder checks that it is the root it passed,
+    which its verifier produced, and a user builder's tree root in :func:`dartree.tree.check_decodable`).  The logits are checked by the
     builders: NaN and ``+inf`` are errors, ``-inf`` masks a token.  ``hidden``'s width must be the
     head's hidden size; the decoder's head proxy checks it once per build.  A block on the ``meta``
     device (shapes only) is accepted for tracing (tests/fast/test_no_sync.py); the reference builders
@@ -87,7 +87,7 @@ class DraftBlock:
             raise ValueError(f"root: on {self.root.device}, but logits are on {self.logits.device}")
         if self.root.device.type == "cpu":
             # CPU only (a read of b ints, ~1 us); elsewhere it would be a host sync per round, and the
-            # decoder's check_decodable reads the root with the rest of the tree.
+            # decoder's check_block compares it with the root it passed.
             roots = self.root.tolist()
             if min(roots) < 0 or max(roots) >= vocab:
                 raise ValueError(f"root: expected token ids in [0, {vocab}) (the block's vocabulary), got {roots}")

@@ -54,6 +54,21 @@ def test_a_tree_that_breaks_the_contract_is_refused_not_decoded(model, change):
         decoder.generate_batch([prompt[0], prompt[0, :2]], 6)
 
 
+def test_a_strategy_registered_from_outside_is_checked_and_dartrees_own_are_trusted(model, monkeypatch):
+    from dartree import builders
+
+    monkeypatch.setattr(builders, "_REGISTRY", dict(builders._REGISTRY))
+    bad = _Rerooted("token")
+    builders.register_builder(builders.BuilderSpec(
+        name="user-rerooted", config_cls=builders.ChainConfig, needs_head=False,
+        ref=lambda block, head, config: bad.build(block)))
+    user = dartree.make_builder("user-rerooted")
+    assert not user.trusted and dartree.make_builder("chain", backend="fast").trusted
+    decoder = dartree.SpeculativeDecoder(model, OracleDrafter(model, GAMMA), user)
+    with pytest.raises(ValueError, match="builder: .*token 131, need 0 <= token < V=128"):
+        decoder.generate(torch.tensor([[5, 6, 7]]), 6)
+
+
 def test_stop_tokens_from_an_iterator_reach_every_row(model):
     prompts = [torch.tensor([5, 6, 7]), torch.tensor([9, 8]), torch.tensor([3, 1, 4, 1])]
     free = dartree.generate_ar(model, prompts[1], 12).tokens[0].tolist()

@@ -33,11 +33,14 @@ def with_value(t: torch.Tensor, row: int, node: int, value: int) -> torch.Tensor
     return t
 
 
+@pytest.mark.parametrize("backend", ["ref", "fast"])
 @pytest.mark.parametrize("name", BUILDERS)
-def test_every_builder_tree_is_decodable(name: str) -> None:
+def test_every_builder_tree_is_decodable(name: str, backend: str) -> None:
+    """What makes the built-in strategies trusted (BuilderSpec.trusted: the decoder skips the check)."""
     blk = block(b=2, gamma=4, vocab=11)
     config = {"topk": 3} if name in ("chain", "corrected-chain") else {"topk": 3, "budget": 7}
-    builder = make_builder(name, **config)
+    builder = make_builder(name, backend=backend, **config)
+    assert builder.trusted
     tree = builder.build(blk, PathHashHead() if builder.needs_head else None)
     assert check_decodable(tree, blk, budget=config.get("budget")) is tree
 
