@@ -31,6 +31,7 @@ from dartree.eval.methods import AR, MethodSpec, make_decoder, resolve_backend
 from dartree.eval.peers import PEER_PREFIX, PEERS, PeerResult, make_peer, peer_unavailable
 from dartree.eval.simulate import reference
 from dartree.eval.tune import DEFAULT_MIN_SPEEDUP, TuneResult, tune
+from dartree.models.target import HFTarget
 from dartree.verify.sampling import KeyedSampler
 
 __all__ = ["BenchConfig", "RunRecord", "Summary", "BenchResult", "run_bench", "summarize", "STAGES",
@@ -267,6 +268,8 @@ def run_meta(bundle: Bundle, argv: Sequence[str] | None) -> dict[str, Any]:
         "device": str(next(bundle.target.parameters()).device),
         # the compiled host loops of the fast backend (dartree.native): off means the numpy fallbacks ran
         "native_host_loops": native.enabled(),
+        # which forward the target ran (dartree.models.lean: "lean" once probed equal to the model's own)
+        "target_forward": HFTarget(bundle.target).forward_path,
     }
 
 

@@ -158,7 +158,10 @@ def _native_note(meta: dict) -> str:
     """How the fast backend's host loops ran (older result files do not record it)."""
     if "native_host_loops" not in meta:
         return ""
-    return ", compiled host loops" if meta["native_host_loops"] else ", numpy host loops (dartree._native not built)"
+    note = ", compiled host loops" if meta["native_host_loops"] else ", numpy host loops (dartree._native not built)"
+    if "target_forward" in meta:
+        note += ", lean target forward" if meta["target_forward"] == "lean" else ", the target's own forward"
+    return note
 
 
 def bench_markdown(result: BenchResult) -> str:

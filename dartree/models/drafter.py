@@ -326,20 +326,18 @@ def _fused_weight(module: nn.Module, names: tuple[str, ...]) -> Tensor:
     return derived(module, "_fused_" + "_".join(names), ws, lambda: torch.cat([w.detach() for w in ws]))
 
 
-def _matmul(x: Tensor, w: Tensor, owner: nn.Module, slot: str, sources: list[Tensor]) -> Tensor:
+def _matmul(x: Tensor, w: Tensor) -> Tensor:
     """perf: ``F.linear(x, w)`` bit for bit, from a K-major copy on the CPU where that is exact
-    (:func:`dartree.models.kmajor.linear`); weights over 1/16 of ``KMAJOR_LIMIT_BYTES`` are not
-    copied (a copy doubles their memory)."""
-    small = w.numel() * w.element_size() <= KMAJOR_LIMIT_BYTES // 16
-    return linear(x, w, None, owner if small else None, slot, sources)
+    (:func:`dartree.models.kmajor.linear`; the LM head's copy is the target's); weights over 1/16 of
+    ``KMAJOR_LIMIT_BYTES`` are not copied (a copy doubles their memory)."""
+    return linear(x, w, None, w.numel() * w.element_size() <= KMAJOR_LIMIT_BYTES // 16)
 
 
 def _project(x: Tensor, module: nn.Module, names: tuple[str, ...]) -> Tensor:
     """perf: ``x`` through the linears ``names`` of ``module`` as one matmul (:func:`_fused_weight`;
     one name: that linear alone), via :func:`_matmul`."""
-    sources = [getattr(module, n).weight for n in names]
-    w = _fused_weight(module, names) if len(names) > 1 else sources[0]
-    return _matmul(x, w, module, "_kmajor_" + "_".join(names), sources)
+    w = _fused_weight(module, names) if len(names) > 1 else getattr(module, names[0]).weight
+    return _matmul(x, w)
 
 
 class DFlashAttention(nn.Module):
@@ -594,7 +592,7 @@ class DFlashDrafter(nn.Module):
         self._check_hidden(hidden_states)
         w = self.fc.weight
         x = hidden_states if hidden_states.dtype == w.dtype else hidden_states.to(w.dtype)
-        return _rms(self.hidden_norm, _matmul(x, w, self.fc, "_kmajor_fc", [w]))
+        return _rms(self.hidden_norm, _matmul(x, w))
 
     def _check_hidden(self, hidden_states: object) -> None:
         width = len(self.config.target_layer_ids) * self.config.hidden_size
@@ -736,7 +734,7 @@ class DFlashDrafter(nn.Module):
         head = self.lm_head_weight
         if head.dtype != dtype:
             head = head.to(dtype)
-        logits = _matmul(hidden.reshape(-1, hidden.shape[-1]), head, self, "_kmajor_lm_head", [head])
+        logits = _matmul(hidden.reshape(-1, hidden.shape[-1]), head)
         return DraftBlock(logits=logits.view(b, self.gamma, -1), root=root, hidden=hidden)
 
     def forward(self, root: Tensor) -> DraftBlock:

@@ -38,7 +38,7 @@ from torch import Tensor, nn
 
 from dartree.block import DraftBlock
 from dartree.models.drafter import RMSNorm
-from dartree.models.kmajor import derived, exact_from, linear, tensor_version
+from dartree.models.kmajor import derived, exact_from, kmajor_copy, linear, tensor_version
 
 __all__ = ["GRUHead", "MarkovHead"]
 
@@ -196,7 +196,7 @@ class GRUHead(nn.Module):
         if w.device.type == "cpu":
             start = exact_from(w.shape[1], w.shape[0], w.dtype, self.bias)
             if start is not None and rows >= start:
-                return derived(self, "_w_hh_kmajor", [w], lambda: w.detach().t().contiguous())
+                return kmajor_copy(w)
         cache = self.__dict__.get("_w_hh_t")
         if cache is None or cache[0] is not w or cache[1] != tensor_version(w):
             cache = (w, tensor_version(w), w.t())
@@ -297,7 +297,7 @@ class GRUHead(nn.Module):
             return base.expand(-1, states.shape[1], -1).contiguous()
         part, gate = self._depth_terms(block, depth)
         w_s, table = self._projection_tables()
-        mid = F.silu(linear(self._normed(states), w_s, None, self, "_w_s_kmajor").add_(part))   # [b, m, E]
+        mid = F.silu(linear(self._normed(states), w_s).add_(part))   # [b, m, E]
         size = self.emb_dim
         rows = F.embedding(candidates, table)                                    # [b, K, E (+ 1)]
         correction = torch.bmm(mid, rows[..., :size].mT)                         # [b, m, K]

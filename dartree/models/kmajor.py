@@ -18,12 +18,14 @@ of the weights it is made for; :func:`kmajor_allowed` keeps it to models whose l
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["KMAJOR_LIMIT_BYTES", "derived", "exact_from", "kmajor_allowed", "linear", "linear_bytes",
-           "tensor_version"]
+__all__ = ["KMAJOR_LIMIT_BYTES", "derived", "exact_from", "kmajor_allowed", "kmajor_copy", "linear",
+           "linear_bytes", "tensor_version"]
 
 #: most bytes of linear weights a model may have for :func:`linear` to keep K-major copies of them
 KMAJOR_LIMIT_BYTES = 1 << 30
@@ -97,24 +99,40 @@ def derived(owner: object, slot: str, sources: list[Tensor | None], build):
     return value
 
 
-def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, owner: object | None = None,
-           slot: str = "_kmajor", sources: list[Tensor] | None = None) -> Tensor:
-    """``F.linear(x, weight, bias)``, bit for bit; on the CPU from a K-major copy of ``weight`` (cached
-    on ``owner`` under ``slot`` by :func:`derived`, rebuilt when a tensor of ``sources``, default
-    ``[weight]``, changes) when ``x`` has enough rows for that product to give the same bits
-    (:func:`exact_from`).  ``owner=None``, and a weight autograd tracks, is plain ``F.linear``.
+#: id(weight) -> (weakref to it, storage address, version, its K-major copy): one copy per weight in
+#: the process, shared by every caller (the target's LM head and the drafter's are one tensor)
+_COPIES: dict[int, tuple[weakref.ref, int, int | None, Tensor]] = {}
+
+
+def kmajor_copy(weight: Tensor) -> Tensor:
+    """``weight.t().contiguous()``, made once per weight tensor in the process and shared, rebuilt when
+    the weight's storage changes or it is written in place (its version), freed with the weight."""
+    key, version = id(weight), tensor_version(weight)
+    entry = _COPIES.get(key)
+    if entry is not None and entry[0]() is weight and entry[1] == weight.data_ptr() and entry[2] == version:
+        return entry[3]
+    with torch.no_grad():
+        copy = weight.detach().t().contiguous()
+    _COPIES[key] = (weakref.ref(weight, lambda _, key=key: _COPIES.pop(key, None)), weight.data_ptr(), version, copy)
+    return copy
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, copy: bool = True) -> Tensor:
+    """``F.linear(x, weight, bias)``, bit for bit; on the CPU from the K-major copy of ``weight``
+    (:func:`kmajor_copy`) when ``x`` has enough rows for that product to give the same bits
+    (:func:`exact_from`).  ``copy=False``, and anything autograd tracks, is plain ``F.linear``.
 
     Shape:
         x: ``[..., in]``; weight: ``[out, in]``; bias: ``[out]`` -> ``[..., out]``.
     """
-    if owner is None or x.device.type != "cpu" or x.dtype != weight.dtype or (
-            weight.requires_grad and torch.is_grad_enabled()):
+    if not copy or x.device.type != "cpu" or x.dtype != weight.dtype or (
+            torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad)):
         return F.linear(x, weight, bias)
     k = x.shape[-1]
     start = exact_from(k, weight.shape[0], weight.dtype, bias is not None)
     if start is None or x.numel() < start * k:
         return F.linear(x, weight, bias)
-    wt = derived(owner, slot, [weight] if sources is None else sources, lambda: weight.detach().t().contiguous())
+    wt = kmajor_copy(weight)
     if bias is None:
         return x @ wt
     return torch.addmm(bias, x.reshape(-1, k), wt).view(*x.shape[:-1], wt.shape[1])

@@ -58,15 +58,16 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 class _Linear:
-    """One ``nn.Linear``, run by :func:`dartree.models.kmajor.linear` (its K-major copy kept here)."""
+    """One ``nn.Linear``, run by :func:`dartree.models.kmajor.linear`."""
+
+    __slots__ = ("module", "kmajor")
 
     def __init__(self, module: nn.Linear, kmajor: bool) -> None:
-        self.module = module
-        self.owner = self if kmajor else None
+        self.module, self.kmajor = module, kmajor
 
     def __call__(self, x: Tensor) -> Tensor:
         m = self.module
-        return linear(x, m.weight, m.bias, self.owner)
+        return linear(x, m.weight, m.bias, self.kmajor)
 
 
 class _Layer:

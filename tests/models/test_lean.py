@@ -5,8 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, \
-    Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 
 import dartree.models.lean as lean_module
 from dartree.models import kmajor
@@ -103,22 +111,33 @@ def test_kmajor_linear_is_f_linear_bit_for_bit(shape, bias):
     gen = torch.Generator().manual_seed(k + n)
     w = torch.randn(n, k, generator=gen)
     b = torch.randn(n, generator=gen) if bias else None
-    owner = type("Owner", (), {})()
     for rows in (1, 2, 7, 10, 11, 12, 16, 17, 33, 100):
         x = torch.randn(2, rows, k, generator=gen)
-        assert torch.equal(kmajor.linear(x, w, b, owner), F.linear(x, w, b))
+        assert torch.equal(kmajor.linear(x, w, b), F.linear(x, w, b))
+    copy = kmajor.kmajor_copy(w)
+    assert kmajor.kmajor_copy(w) is copy and torch.equal(copy, w.t())      # one copy per weight
     with torch.no_grad():
         w.mul_(0.5)                                           # an in-place edit rebuilds the copy
     x = torch.randn(64, k, generator=gen)
-    assert torch.equal(kmajor.linear(x, w, b, owner), F.linear(x, w, b))
+    assert torch.equal(kmajor.linear(x, w, b), F.linear(x, w, b))
+    assert kmajor.kmajor_copy(w) is not copy
 
 
 def test_kmajor_linear_keeps_gradients():
     w = torch.randn(24, 16, requires_grad=True)
     x = torch.randn(40, 16)
-    kmajor.linear(x, w, None, type("Owner", (), {})()).sum().backward()
+    kmajor.linear(x, w).sum().backward()
     assert w.grad is not None
     torch.testing.assert_close(w.grad, x.sum(0).expand(24, 16))
+
+
+def test_kmajor_copies_are_freed_with_their_weight():
+    w = torch.randn(8, 4)
+    kmajor.kmajor_copy(w)
+    key = id(w)
+    assert key in kmajor._COPIES
+    del w
+    assert key not in kmajor._COPIES
 
 
 def test_kmajor_allowed_only_on_the_cpu_within_the_limit():
