@@ -173,7 +173,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
             max_prompt_tokens=args.max_prompt_tokens, seed=args.seed, backend=args.backend,
             warmup=not args.no_warmup, stop_at_eos=args.stop_at_eos, calibration_prompts=args.calibration_prompts,
             tune_budgets=tuple(args.tune_budgets), tune_widths=tuple(args.tune_widths),
-            peers=_peers(args.peers))
+            # the preset's peers unless --peers says otherwise (they decode the full length: not with --stop-at-eos)
+            peers=_peers(args.peers if args.peers is not None else None if args.stop_at_eos else preset.get("peers")))
         # Enough prompts in every dataset (and calibration prompts for budget=auto)?
         prompts = [p for d in config.datasets for p in load_prompts(d, config.num_prompts,
                                                                     prompt_chars=config.prompt_chars)]

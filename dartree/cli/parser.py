@@ -40,6 +40,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "max_new_tokens": 64,
         "budget": 16,
         "out": "runs/demo",
+        # HF `generate` beside dartree's AR: the baseline every HF user has (dartree's AR is faster)
+        "peers": ["hf-generate"],
         # One thread: two threads on a 2-core machine that anything else is using oversubscribe
         # OpenMP and make every timing several times slower (measured: AR 8 ms -> 23 ms per token).
         "threads": 1,

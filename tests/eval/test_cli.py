@@ -83,6 +83,7 @@ def test_demo_preset_compares_the_six_methods_and_the_tuned_budget_at_greedy():
     assert [m.split(":")[0] for m in demo["methods"]] == ["chain", "ddtree", "corrected-chain", "dartree-fixed",
                                                          "dartree-pruned", "dartree-pruned"]
     assert "budget=auto" in demo["methods"][-1] and demo["temperatures"] == [0.0] and demo["threads"] == 1
+    assert demo["peers"] == ["hf-generate"]                 # HF's own AR beside dartree's
 
 
 def test_local_checkpoint_directories_decode_like_the_bundled_model(tmp_path, capsys):
