@@ -33,7 +33,7 @@ from torch import Tensor, nn
 from transformers.masking_utils import create_causal_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from dartree.models.kmajor import kmajor_allowed, linear
+from dartree.models.kmajor import derived, kmajor_allowed, linear
 
 __all__ = ["LeanForward", "MODEL_TYPES", "lean_forward"]
 
@@ -57,6 +57,18 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return (x * cos) + (torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin)
 
 
+def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scaling: float, groups: int) -> Tensor:
+    """HF's ``sdpa_attention_forward`` for these layers, with grouped-query attention inside sdpa
+    instead of its copies of the keys and values (``repeat_kv``); ``[b, m, heads, d]`` out."""
+    m = q.shape[2]
+    causal = mask is None and m > 1
+    if causal and k.shape[2] > m:        # as HF: a prefill into an empty static cache attends to its own slots
+        k, v = k[:, :, :m], v[:, :, :m]
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling, is_causal=causal,
+                                         enable_gqa=groups > 1)
+    return out.transpose(1, 2)
+
+
 class _Linear:
     """One ``nn.Linear``, run by :func:`dartree.models.kmajor.linear`."""
 
@@ -71,9 +83,6 @@ class _Linear:
 
 
 class _Layer:
-    __slots__ = ("attn", "q", "k", "v", "o", "gate", "up", "down", "act", "norm_in", "norm_post",
-                 "q_norm", "k_norm", "head_dim", "index")
-
     def __init__(self, layer: nn.Module, index: int, kmajor: bool) -> None:
         a, mlp = layer.self_attn, layer.mlp
         self.attn, self.index, self.head_dim = a, index, int(a.head_dim)
@@ -84,6 +93,14 @@ class _Layer:
         self.act = mlp.act_fn
         self.norm_in, self.norm_post = layer.input_layernorm, layer.post_attention_layernorm
         self.q_norm, self.k_norm = getattr(a, "q_norm", None), getattr(a, "k_norm", None)
+        self.groups = int(a.num_key_value_groups)
+
+    def qk_norm_weight(self, heads_q: int, heads_k: int) -> Tensor:
+        """``q_norm``'s weight for each of ``heads_q`` heads, then ``k_norm``'s for ``heads_k``: ``[hq + hk, d]``
+        (the products with it are the two norms' products, element for element)."""
+        wq, wk = self.q_norm.weight, self.k_norm.weight
+        return derived(self, "_qk_norm", [wq, wk], lambda: torch.cat([wq.detach().expand(heads_q, -1),
+                                                                       wk.detach().expand(heads_k, -1)]))
 
 
 def _why_not(model: nn.Module) -> str | None:
@@ -134,15 +151,17 @@ def _why_not(model: nn.Module) -> str | None:
     return None
 
 
-def lean_forward(model: nn.Module, kmajor: bool | None = None) -> tuple[LeanForward | None, str | None]:
+def lean_forward(model: nn.Module, kmajor: bool | None = None, joint: bool = True
+                 ) -> tuple[LeanForward | None, str | None]:
     """``(LeanForward(model), None)``, or ``(None, reason)`` when the model's layout is not one it knows.
 
-    ``kmajor``: keep K-major weight copies (default: :func:`dartree.models.kmajor.kmajor_allowed`).
+    ``kmajor``: keep K-major weight copies (default: :func:`dartree.models.kmajor.kmajor_allowed`);
+    ``joint``: see :class:`LeanForward`.
     """
     why = _why_not(model)
     if why is not None:
         return None, why
-    return LeanForward(model, kmajor_allowed(model) if kmajor is None else bool(kmajor)), None
+    return LeanForward(model, kmajor_allowed(model) if kmajor is None else bool(kmajor), joint), None
 
 
 class LeanForward:
@@ -151,12 +170,20 @@ class LeanForward:
     Args:
         model: the HF model (its weights are read at every call: edits and reloads are seen).
         kmajor: keep K-major copies of the linear weights (CPU; see :mod:`dartree.models.kmajor`).
+        joint: with sdpa, norm and rotate q and k as one tensor and run sdpa with ``enable_gqa``
+            (fewer ops; the probe decides whether the bits are the model's).
     """
 
-    def __init__(self, model: nn.Module, kmajor: bool) -> None:
+    def __init__(self, model: nn.Module, kmajor: bool, joint: bool = True) -> None:
         self.model = model
         self.config = model.config
         self.kmajor = kmajor
+        # perf: q and k normed and rotated as one tensor, and sdpa called with grouped-query attention
+        # instead of HF's copies of the keys and values per query head (the same products element for
+        # element; HFTarget's probe checks the bits and falls back to joint=False)
+        self.joint = joint and self.config._attn_implementation == "sdpa" and all(
+            layer.q_norm is None or layer.q_norm.variance_epsilon == layer.k_norm.variance_epsilon
+            for layer in [_Layer(x, 0, False) for x in model.model.layers])
         base = model.model
         self._base = base
         self._layers = [_Layer(layer, i, kmajor) for i, layer in enumerate(base.layers)]
@@ -205,14 +232,23 @@ class LeanForward:
             x = _rms(h, norm.weight, norm.variance_epsilon)
             q = layer.q(x).view(b, m, -1, d)
             k = layer.k(x).view(b, m, -1, d)
-            if layer.q_norm is not None:
-                q = _rms(q, layer.q_norm.weight, layer.q_norm.variance_epsilon)
-                k = _rms(k, layer.k_norm.weight, layer.k_norm.variance_epsilon)
             v = layer.v(x).view(b, m, -1, d).transpose(1, 2)
-            q = _rotate(q.transpose(1, 2), cos, sin)
-            k = _rotate(k.transpose(1, 2), cos, sin)
-            k, v = cache.update(k, v, layer.index)
-            out, _ = attention(a, q, k, v, attention_mask, dropout=0.0, scaling=a.scaling)
+            if self.joint:
+                hq = q.shape[2]
+                qk = torch.cat((q, k), dim=2)                                   # [b, m, hq + hk, d]
+                if layer.q_norm is not None:
+                    qk = _rms(qk, layer.qk_norm_weight(hq, k.shape[2]), layer.q_norm.variance_epsilon)
+                qk = _rotate(qk.transpose(1, 2), cos, sin)
+                k, v = cache.update(qk[:, hq:], v, layer.index)
+                out = _sdpa(qk[:, :hq], k, v, attention_mask, a.scaling, layer.groups)
+            else:
+                if layer.q_norm is not None:
+                    q = _rms(q, layer.q_norm.weight, layer.q_norm.variance_epsilon)
+                    k = _rms(k, layer.k_norm.weight, layer.k_norm.variance_epsilon)
+                q = _rotate(q.transpose(1, 2), cos, sin)
+                k = _rotate(k.transpose(1, 2), cos, sin)
+                k, v = cache.update(k, v, layer.index)
+                out, _ = attention(a, q, k, v, attention_mask, dropout=0.0, scaling=a.scaling)
             h = h + layer.o(out.reshape(b, m, -1))
             norm = layer.norm_post
             x = _rms(h, norm.weight, norm.variance_epsilon)

@@ -49,29 +49,44 @@ FORWARDS = ("auto", "lean", "hf")
 _LEAN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _probe_equal(model: nn.Module, lean: LeanForward) -> str | None:
-    """Run the model and ``lean`` on the same inputs (a 24-token prefill, then 16 tokens under a
-    tree-like mask on that cache) and compare every hidden state and logit bit for bit; the reason
-    they differ, or ``None``."""
+#: slots the probe fills (a static cache needs at least this capacity for the lean forward)
+PROBE_SLOTS = 45
+
+
+def _probe_equal(model: nn.Module, lean: LeanForward, capacity: int | None) -> str | None:
+    """Run the model and ``lean`` on the same inputs and caches (a static one of ``capacity`` slots, or
+    dynamic when ``None``): a 24-token prefill, 16 tokens under a tree-like mask, one token as an AR
+    step, then 4 causal tokens; compare every hidden state and logit bit for bit.  The reason they
+    differ, or ``None``."""
     config = model.config
     text = config.get_text_config(decoder=True)
     vocab, layers = int(text.vocab_size), int(text.num_hidden_layers)
     device = next(model.parameters()).device
     dtype = next(model.parameters()).dtype
-    ids = (torch.arange(40, device=device, dtype=torch.int64) * 7919 + 3) % vocab
-    first, second = ids[None, :24], ids[None, 24:]
-    pos1 = torch.arange(24, device=device)[None]
-    pos2 = 24 + torch.tensor([0, 1, 1, 2, 2, 3, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7], device=device)[None]
-    keys, query = torch.arange(40, device=device)[None, :] - 24, torch.arange(16, device=device)[:, None]
-    allowed = (keys < 0) | (keys == query) | ((keys < query) & (keys % 3 == 0))    # prefix, self, some ancestors
+    ids = (torch.arange(PROBE_SLOTS, device=device, dtype=torch.int64) * 7919 + 3) % vocab
+    kv = 40 if capacity is None else capacity
+    keys, query = torch.arange(kv, device=device)[None, :] - 24, torch.arange(16, device=device)[:, None]
+    # the prefix, the node itself and some of its ancestors; no column past the 16 tree slots
+    allowed = ((keys < 0) | (keys == query) | ((keys < query) & (keys % 3 == 0))) & (keys < 16)
     mask = allowed[None, None]
     if config._attn_implementation == "eager":
         mask = torch.where(mask, torch.zeros((), dtype=dtype, device=device),
                            torch.full((), torch.finfo(dtype).min, dtype=dtype, device=device))
+    steps = ((ids[None, :24], torch.arange(24, device=device)[None], None),
+             (ids[None, 24:40],
+              24 + torch.tensor([0, 1, 1, 2, 2, 3, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7], device=device)[None], mask),
+             (ids[None, 40:41], torch.full((1, 1), 32, device=device), None),
+             (ids[None, 41:45], torch.arange(33, 37, device=device)[None], None))
     every = tuple(range(layers + 1))
+
+    def new_cache() -> Cache:
+        if capacity is None:
+            return DynamicCache(config=config)
+        return StaticCache(config=config, max_cache_len=capacity)
+
     with torch.no_grad():
-        theirs_cache, mine_cache = DynamicCache(config=config), DynamicCache(config=config)
-        for step, (x, pos, m) in enumerate(((first, pos1, None), (second, pos2, mask))):
+        theirs_cache, mine_cache = new_cache(), new_cache()
+        for step, (x, pos, m) in enumerate(steps):
             theirs = model(input_ids=x, position_ids=pos, attention_mask=m, cache=theirs_cache, use_cache=True,
                            output_hidden_states=True)
             logits, hidden, _ = lean(x, pos, m, mine_cache, every)
@@ -83,18 +98,24 @@ def _probe_equal(model: nn.Module, lean: LeanForward) -> str | None:
     return None
 
 
-def _lean_for(model: nn.Module) -> tuple[LeanForward | None, str | None]:
-    """The probed :class:`LeanForward` of ``model`` (cached per model and attention implementation)."""
-    impl = model.config._attn_implementation
+def _lean_for(model: nn.Module, capacity: int | None) -> tuple[LeanForward | None, str | None]:
+    """The probed :class:`LeanForward` of ``model`` with a dynamic cache (``capacity=None``) or a static
+    one of ``capacity`` slots (cached per model, attention implementation and capacity)."""
+    key = (model.config._attn_implementation, capacity)
     per_model = _LEAN.setdefault(model, {})
-    if impl not in per_model:
+    if key not in per_model:
         lean, why = lean_forward(model)
+        if lean is not None and capacity is not None and capacity < PROBE_SLOTS:
+            lean, why = None, f"a static cache of {capacity} slots is too small to probe (< {PROBE_SLOTS})"
         if lean is not None:
-            why = _probe_equal(model, lean)
+            why = _probe_equal(model, lean, capacity)
+            if why is not None and lean.joint:       # the joint q/k ops or grouped sdpa differ: without them
+                lean = lean_forward(model, joint=False)[0]
+                why = _probe_equal(model, lean, capacity)
             if why is not None:
                 lean = None
-        per_model[impl] = (lean, why)
-    return per_model[impl]
+        per_model[key] = (lean, why)
+    return per_model[key]
 
 
 @dataclass(frozen=True)
@@ -206,7 +227,7 @@ class HFTarget:
         #: why the model's own forward runs (``None`` when the lean one does)
         self.forward_note: str | None = "forward='hf'"
         if forward != "hf":
-            self._lean, self.forward_note = _lean_for(model)
+            self._lean, self.forward_note = _lean_for(model, max_cache_len if cache == "static" else None)
             if self._lean is None and forward == "lean":
                 raise ValueError(f"forward: 'lean' cannot run {type(model).__name__}: {self.forward_note}")
 

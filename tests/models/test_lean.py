@@ -57,6 +57,8 @@ def test_lean_forward_equals_the_models_own(arch, attn, kind):
     mine = HFTarget(model, layer_ids=(-1, 0, 2), cache=kind, max_cache_len=size)
     theirs = HFTarget(model, layer_ids=(-1, 0, 2), cache=kind, max_cache_len=size, forward="hf")
     assert mine.forward_path == "lean" and mine.forward_note is None and theirs.forward_path == "hf"
+    if kind == "dynamic":     # torch 2.13 CPU: the joint q/k ops and grouped sdpa pass the probe; with a static
+        assert mine._lean.joint == (attn == "sdpa")       # cache's masked padding sdpa's bits differ: fallback
     prompt = torch.randint(0, V, (1, 30), generator=torch.Generator().manual_seed(1))
     outputs_equal(mine.prefill(prompt), theirs.prefill(prompt))
     for logits in ("all", "root"):
@@ -91,6 +93,17 @@ def test_probe_refuses_a_lean_forward_that_differs(monkeypatch):
     model = model_of("llama", seed=3)
     target = HFTarget(model)
     assert target.forward_path == "hf" and "differ" in target.forward_note
+
+
+def test_probe_falls_back_to_separate_q_k_ops_when_the_joint_ones_differ(monkeypatch):
+    real = lean_module._sdpa
+
+    def sdpa_off(q, k, v, mask, scaling, groups):
+        return real(q, k, v, mask, scaling, groups) * (1 + 2 ** -20)
+
+    monkeypatch.setattr(lean_module, "_sdpa", sdpa_off)
+    target = HFTarget(model_of("qwen3", seed=5))
+    assert target.forward_path == "lean" and not target._lean.joint
 
 
 def test_weights_edited_in_place_are_seen():
