@@ -30,6 +30,7 @@ import sys
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from transformers.cache_utils import DynamicLayer
 from transformers.masking_utils import create_causal_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
@@ -55,6 +56,45 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """``x * cos + rotate_half(x) * sin`` as HF's ``apply_rotary_pos_emb`` computes it."""
     half = x.shape[-1] // 2
     return (x * cos) + (torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin)
+
+
+def _append(cache, index: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    """``cache.update(k, v, index)``; perf: a ``DynamicLayer`` keeps its keys / values as prefix views
+    of buffers with spare slots, so an append writes the new slots in place instead of concatenating
+    a copy of the whole cache (O(new) instead of O(cached) per layer and forward; the buffers grow by
+    half when full).  Anything that replaces the layer's tensors (``crop`` and the KV compaction keep
+    prefix views, other code may not) is noticed: the next append starts new buffers from them."""
+    layer = cache.layers[index]
+    if type(layer) is not DynamicLayer:
+        return cache.update(k, v, index)
+    if not layer.is_initialized:
+        layer.lazy_initialization(k, v)
+    keys, values = layer.keys, layer.values
+    m = k.shape[-2]
+    buffers = layer.__dict__.get("_dartree_kv")
+    if keys.dim() == 4 and keys.shape[-2] > 0:
+        length = keys.shape[-2]
+        fits = buffers is not None and buffers[0].shape[-2] >= length + m and all(
+            t.data_ptr() == buf.data_ptr() and t.stride() == buf.stride() and t.shape[:2] == buf.shape[:2]
+            and t.shape[-1] == buf.shape[-1] and t.dtype == buf.dtype and t.device == buf.device
+            for t, buf in ((keys, buffers[0]), (values, buffers[1])))
+    else:
+        length, fits = 0, False
+    if not fits:
+        b, heads, _, _ = k.shape
+        cap = length + m + max(256, (length + m) // 2)
+        new = []
+        for old, x in ((keys, k), (values, v)):
+            buf = x.new_empty(b, heads, cap, x.shape[-1])
+            if length:
+                buf[:, :, :length] = old
+            new.append(buf)
+        buffers = layer.__dict__["_dartree_kv"] = tuple(new)
+    kbuf, vbuf = buffers
+    kbuf[:, :, length:length + m] = k
+    vbuf[:, :, length:length + m] = v
+    layer.keys, layer.values = kbuf[:, :, :length + m], vbuf[:, :, :length + m]
+    return layer.keys, layer.values
 
 
 def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scaling: float, groups: int) -> Tensor:
@@ -91,6 +131,7 @@ class _Layer:
         self.gate, self.up, self.down = (_Linear(getattr(mlp, n), kmajor)
                                          for n in ("gate_proj", "up_proj", "down_proj"))
         self.act = mlp.act_fn
+        self.silu = type(mlp.act_fn).__name__ in _ACTS        # perf: F.silu itself, not the module call
         self.norm_in, self.norm_post = layer.input_layernorm, layer.post_attention_layernorm
         self.q_norm, self.k_norm = getattr(a, "q_norm", None), getattr(a, "k_norm", None)
         self.groups = int(a.num_key_value_groups)
@@ -239,7 +280,7 @@ class LeanForward:
                 if layer.q_norm is not None:
                     qk = _rms(qk, layer.qk_norm_weight(hq, k.shape[2]), layer.q_norm.variance_epsilon)
                 qk = _rotate(qk.transpose(1, 2), cos, sin)
-                k, v = cache.update(qk[:, hq:], v, layer.index)
+                k, v = _append(cache, layer.index, qk[:, hq:], v)
                 out = _sdpa(qk[:, :hq], k, v, attention_mask, a.scaling, layer.groups)
             else:
                 if layer.q_norm is not None:
@@ -247,12 +288,13 @@ class LeanForward:
                     k = _rms(k, layer.k_norm.weight, layer.k_norm.variance_epsilon)
                 q = _rotate(q.transpose(1, 2), cos, sin)
                 k = _rotate(k.transpose(1, 2), cos, sin)
-                k, v = cache.update(k, v, layer.index)
+                k, v = _append(cache, layer.index, k, v)
                 out, _ = attention(a, q, k, v, attention_mask, dropout=0.0, scaling=a.scaling)
             h = h + layer.o(out.reshape(b, m, -1))
             norm = layer.norm_post
             x = _rms(h, norm.weight, norm.variance_epsilon)
-            h = h + layer.down(layer.act(layer.gate(x)) * layer.up(x))
+            gate = layer.gate(x)
+            h = h + layer.down((F.silu(gate) if layer.silu else layer.act(gate)) * layer.up(x))
             if layer.index + 1 in wanted and layer.index + 1 < count:
                 states[layer.index + 1] = h
         norm = base.norm

@@ -73,6 +73,32 @@ def test_lean_forward_equals_the_models_own(arch, attn, kind):
         outputs_equal(mine.extend(ids, logits), theirs.extend(ids, logits))
 
 
+def test_cache_buffers_survive_crop_compaction_and_replacement():
+    """The lean forward's in-place key/value buffers (a DynamicLayer holds prefix views of them) give the
+    model's own numbers after a rollback, a commit, a cache replaced by other code, and a regrowth."""
+    model = model_of("qwen3", seed=6)
+    mine, theirs = HFTarget(model, layer_ids=(1,)), HFTarget(model, layer_ids=(1,), forward="hf")
+    prompt = torch.randint(0, V, (1, 20), generator=torch.Generator().manual_seed(2))
+    outputs_equal(mine.prefill(prompt), theirs.prefill(prompt))
+    for step in range(30):                                   # 20 + 30 * (1..17) slots: the buffers regrow
+        tree = random_tree([17], seed=step, vocab=V)
+        outputs_equal(mine.forward_tree(mine.tree_inputs(tree)), theirs.forward_tree(theirs.tree_inputs(tree)))
+        if step % 3 == 0:
+            mine.rollback()
+            theirs.rollback()
+            continue
+        accepted = torch.tensor([[0, 2, 5]]) if step % 2 else torch.tensor([[0, 1, 2]])
+        mine.commit(accepted, 3)
+        theirs.commit(accepted, 3)
+        if step == 10:                                       # other code replaces the tensors: new buffers
+            for layer in mine.cache.layers:
+                layer.keys, layer.values = layer.keys.clone(), layer.values.clone()
+    ids = torch.randint(0, V, (1, 5), generator=torch.Generator().manual_seed(9))
+    outputs_equal(mine.extend(ids), theirs.extend(ids))
+    for a, b in zip(mine.cache.layers, theirs.cache.layers, strict=True):
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+
+
 def test_unsupported_layout_runs_the_models_forward():
     model = model_of("qwen3", act="gelu")
     target = HFTarget(model)
