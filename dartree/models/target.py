@@ -100,8 +100,10 @@ def _probe_equal(model: nn.Module, lean: LeanForward, capacity: int | None) -> s
 
 def _lean_for(model: nn.Module, capacity: int | None) -> tuple[LeanForward | None, str | None]:
     """The probed :class:`LeanForward` of ``model`` with a dynamic cache (``capacity=None``) or a static
-    one of ``capacity`` slots (cached per model, attention implementation and capacity)."""
-    key = (model.config._attn_implementation, capacity)
+    one of ``capacity`` slots (cached per model, attention implementation, capacity, dtype and device:
+    a model cast or moved after a probe is probed again)."""
+    param = next(model.parameters())
+    key = (model.config._attn_implementation, capacity, param.dtype, param.device)
     per_model = _LEAN.setdefault(model, {})
     if key not in per_model:
         lean, why = lean_forward(model)

@@ -99,6 +99,20 @@ def test_cache_buffers_survive_crop_compaction_and_replacement():
         assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
 
 
+def test_a_model_cast_after_its_probe_is_probed_again_and_stays_exact_in_bf16():
+    from dartree.models.target import _LEAN
+
+    model = model_of("qwen3", seed=7)
+    HFTarget(model)
+    model.to(torch.bfloat16)
+    mine, theirs = HFTarget(model, layer_ids=(0, 2)), HFTarget(model, layer_ids=(0, 2), forward="hf")
+    assert len(_LEAN[model]) == 2 and mine.forward_path == "lean"
+    prompt = torch.randint(0, V, (1, 30), generator=torch.Generator().manual_seed(1))
+    outputs_equal(mine.prefill(prompt), theirs.prefill(prompt))
+    tree = random_tree([17], seed=5, vocab=V)
+    outputs_equal(mine.forward_tree(mine.tree_inputs(tree)), theirs.forward_tree(theirs.tree_inputs(tree)))
+
+
 def test_unsupported_layout_runs_the_models_forward():
     model = model_of("qwen3", act="gelu")
     target = HFTarget(model)
