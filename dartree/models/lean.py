@@ -1,26 +1,29 @@
 """perf: a Llama-family HF causal LM's forward without its module machinery, same numbers.
 
 ``HFTarget`` runs the target once per round, and on the CPU a small model's forward is as much
-Python and dispatch as arithmetic: measured on the zoo target (6 layers, width 256, 16 tree nodes
-after 200 cached tokens, one thread), HF's forward takes ~9 ms, of which the 43 matmuls are ~4.8.
-:class:`LeanForward` runs the same computation from the same weights, caches and attention
-function (HF's own ``ALL_ATTENTION_FUNCTIONS`` entry, HF's own rotary module, ``cache.update``),
-op for op as ``modeling_llama`` / ``modeling_qwen2`` / ``modeling_qwen3`` write it, minus what a
-decoding loop does not use: module calls, decorators, output-recording hooks, output dataclasses,
-dtype casts that are no-ops, and the hidden states of layers nobody reads.  Its matmuls go through
-:func:`dartree.models.kmajor.linear` (bit for bit ``F.linear``; faster on the CPU).  The zoo forward
-above takes ~5.7 ms with it (``benchmarks/peers_side_by_side.py`` measures whole decodes).
+Python and dispatch as arithmetic: on the zoo target (6 layers, width 256, one thread) an AR step
+through HF's forward is ~4 ms of which the matmuls are a small part, and 16 tree nodes ~8.4 ms.
+:class:`LeanForward` runs the same computation from the same weights, caches, rotary module and
+(eager) attention function, op for op as ``modeling_llama`` / ``modeling_qwen2`` /
+``modeling_qwen3`` write it, minus what a decoding loop does not use: module calls, decorators,
+output-recording hooks, output dataclasses, dtype casts that are no-ops, and the hidden states of
+layers nobody reads.  With ``joint`` (sdpa), q and k are normed and rotated as one tensor and sdpa
+runs grouped-query attention itself instead of HF's per-head copies of the keys and values;
+a ``DynamicLayer`` is appended in place (:func:`_append`).  Its matmuls go through
+:func:`dartree.models.kmajor.linear` (bit for bit ``F.linear``; faster on the CPU).  Measured
+interleaved after 200 cached tokens: 1.39x HF's forward for an AR step, 1.40x for 16 nodes
+(``docs/results.md``; ``benchmarks/peers_side_by_side.py`` measures whole decodes).
 
 Supported: ``model_type`` in :data:`MODEL_TYPES` whose modules have the standard layout (checked
 attribute by attribute), full attention in every layer, ``eager`` or ``sdpa``.  :func:`lean_forward`
 returns the reason when a model is not, and :class:`HFTarget` then calls the model itself.  Whether
-the lean forward equals the model's is not assumed: ``HFTarget`` compares the two on a probe
-(prefill, then a masked forward on the cache, every hidden state and logit, ``torch.equal``) before
-it uses it.
+the lean forward equals the model's is not assumed: ``HFTarget`` compares the two on a probe (a
+prefill, a tree-masked forward, an AR step and a causal extend on the target's own kind of cache;
+every hidden state and logit, ``torch.equal``) before it uses it, and retries without ``joint``.
 
 Which path this serves: both.  On the CPU it removes dispatch and Python time and the slow
-transposed-operand matmuls; on accelerators it issues the same kernels as HF with less host time
-between launches (a launch-bound small-batch decode gains the same way).
+transposed-operand matmuls; on accelerators it issues fewer kernels than HF (no key/value copies)
+with less host time between launches (a launch-bound small-batch decode gains the same way).
 """
 
 from __future__ import annotations
