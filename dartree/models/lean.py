@@ -225,6 +225,9 @@ class LeanForward:
         # perf: q and k normed and rotated as one tensor, and sdpa called with grouped-query attention
         # instead of HF's copies of the keys and values per query head (the same products element for
         # element; HFTarget's probe checks the bits and falls back to joint=False)
+        # grouped-query sdpa on the CPU only: CUDA's fused kernels take no mask with it (HF's
+        # use_gqa_in_sdpa says so), so there the joint path keeps HF's attention function
+        self._grouped = next(model.parameters()).device.type == "cpu"
         self.joint = joint and self.config._attn_implementation == "sdpa" and all(
             layer.q_norm is None or layer.q_norm.variance_epsilon == layer.k_norm.variance_epsilon
             for layer in [_Layer(x, 0, False) for x in model.model.layers])
@@ -284,7 +287,10 @@ class LeanForward:
                     qk = _rms(qk, layer.qk_norm_weight(hq, k.shape[2]), layer.q_norm.variance_epsilon)
                 qk = _rotate(qk.transpose(1, 2), cos, sin)
                 k, v = _append(cache, layer.index, qk[:, hq:], v)
-                out = _sdpa(qk[:, :hq], k, v, attention_mask, a.scaling, layer.groups)
+                if self._grouped:
+                    out = _sdpa(qk[:, :hq], k, v, attention_mask, a.scaling, layer.groups)
+                else:
+                    out, _ = attention(a, qk[:, :hq], k, v, attention_mask, dropout=0.0, scaling=a.scaling)
             else:
                 if layer.q_norm is not None:
                     q = _rms(q, layer.q_norm.weight, layer.q_norm.variance_epsilon)

@@ -146,6 +146,19 @@ def test_probe_falls_back_to_separate_q_k_ops_when_the_joint_ones_differ(monkeyp
     assert target.forward_path == "lean" and not target._lean.joint
 
 
+@pytest.mark.parametrize("capacity", [None, 64])
+def test_the_accelerator_branch_of_the_joint_path_is_exact(capacity):
+    """Off the CPU the joint q/k path keeps HF's attention function (no grouped sdpa): checked here on
+    CPU tensors through the same probe."""
+    from dartree.models.lean import lean_forward
+    from dartree.models.target import _probe_equal
+
+    model = model_of("qwen3", seed=8)
+    lean = lean_forward(model)[0]
+    lean._grouped = False
+    assert lean.joint and _probe_equal(model, lean, capacity) is None
+
+
 def test_weights_edited_in_place_are_seen():
     model = model_of("qwen3", seed=4)
     mine, theirs = HFTarget(model, layer_ids=(1,)), HFTarget(model, layer_ids=(1,), forward="hf")
