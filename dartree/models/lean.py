@@ -19,7 +19,8 @@ attribute by attribute), full attention in every layer, ``eager`` or ``sdpa``.  
 returns the reason when a model is not, and :class:`HFTarget` then calls the model itself.  Whether
 the lean forward equals the model's is not assumed: ``HFTarget`` compares the two on a probe (a
 prefill, a tree-masked forward, an AR step and a causal extend on the target's own kind of cache;
-every hidden state and logit, ``torch.equal``) before it uses it, and retries without ``joint``.
+every hidden state and logit, ``torch.equal``) before it uses it, and retries without ``grouped``, then
+without ``joint``.
 
 Which path this serves: both.  On the CPU it removes dispatch and Python time and the slow
 transposed-operand matmuls; on accelerators it issues fewer kernels than HF (no key/value copies)
@@ -205,17 +206,17 @@ def _why_not(model: nn.Module) -> str | None:
     return None
 
 
-def lean_forward(model: nn.Module, kmajor: bool | None = None, joint: bool = True
+def lean_forward(model: nn.Module, kmajor: bool | None = None, joint: bool = True, grouped: bool = True
                  ) -> tuple[LeanForward | None, str | None]:
     """``(LeanForward(model), None)``, or ``(None, reason)`` when the model's layout is not one it knows.
 
     ``kmajor``: keep K-major weight copies (default: :func:`dartree.models.kmajor.kmajor_allowed`);
-    ``joint``: see :class:`LeanForward`.
+    ``joint``, ``grouped``: see :class:`LeanForward`.
     """
     why = _why_not(model)
     if why is not None:
         return None, why
-    return LeanForward(model, kmajor_allowed(model) if kmajor is None else bool(kmajor), joint), None
+    return LeanForward(model, kmajor_allowed(model) if kmajor is None else bool(kmajor), joint, grouped), None
 
 
 class LeanForward:
@@ -226,9 +227,10 @@ class LeanForward:
         kmajor: keep K-major copies of the linear weights (CPU; see :mod:`dartree.models.kmajor`).
         joint: with sdpa, norm and rotate q and k as one tensor and run sdpa with ``enable_gqa``
             (fewer ops; the probe decides whether the bits are the model's).
+        grouped: with ``joint``, sdpa's own grouped-query attention on the CPU (else HF's attention function).
     """
 
-    def __init__(self, model: nn.Module, kmajor: bool, joint: bool = True) -> None:
+    def __init__(self, model: nn.Module, kmajor: bool, joint: bool = True, grouped: bool = True) -> None:
         self.model = model
         self.config = model.config
         self.kmajor = kmajor
@@ -237,7 +239,7 @@ class LeanForward:
         # element; HFTarget's probe checks the bits and falls back to joint=False)
         # grouped-query sdpa on the CPU only: CUDA's fused kernels take no mask with it (HF's
         # use_gqa_in_sdpa says so), so there the joint path keeps HF's attention function
-        self._grouped = next(model.parameters()).device.type == "cpu"
+        self._grouped = grouped and next(model.parameters()).device.type == "cpu"
         self.joint = joint and self.config._attn_implementation == "sdpa" and all(
             layer.q_norm is None or layer.q_norm.variance_epsilon == layer.k_norm.variance_epsilon
             for layer in [_Layer(x, 0, False) for x in model.model.layers])
@@ -294,7 +296,7 @@ class LeanForward:
                 hq = q.shape[2]
                 qk = torch.cat((q, k), dim=2)                                   # [b, m, hq + hk, d]
                 if layer.q_norm is not None:
-                    qk = _rms(qk, layer.qk_norm_weight(hq, k.shape[2]), layer.q_norm.variance_epsilon)
+                    qk = _rms(qk, layer.qk_norm_weight(hq, qk.shape[2] - hq), layer.q_norm.variance_epsilon)
                 qk = _rotate(qk.transpose(1, 2), cos, sin)
                 k, v = _append(cache, layer.index, qk[:, hq:], v)
                 if self._grouped:

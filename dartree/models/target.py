@@ -110,11 +110,14 @@ def _lean_for(model: nn.Module, capacity: int | None) -> tuple[LeanForward | Non
         if lean is not None and capacity is not None and capacity < PROBE_SLOTS:
             lean, why = None, f"a static cache of {capacity} slots is too small to probe (< {PROBE_SLOTS})"
         if lean is not None:
-            why = _probe_equal(model, lean, capacity)
-            if why is not None and lean.joint:       # the joint q/k ops or grouped sdpa differ: without them
-                lean = lean_forward(model, joint=False)[0]
+            # the fastest variant first; where the probe finds other bits, the next one: HF's attention
+            # function, then q and k normed and rotated apart as well
+            for options in ({}, {"grouped": False}, {"joint": False}):
+                lean = lean_forward(model, **options)[0] if options else lean
                 why = _probe_equal(model, lean, capacity)
-            if why is not None:
+                if why is None:
+                    break
+            else:
                 lean = None
         per_model[key] = (lean, why)
     return per_model[key]

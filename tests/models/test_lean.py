@@ -57,8 +57,10 @@ def test_lean_forward_equals_the_models_own(arch, attn, kind):
     mine = HFTarget(model, layer_ids=(-1, 0, 2), cache=kind, max_cache_len=size)
     theirs = HFTarget(model, layer_ids=(-1, 0, 2), cache=kind, max_cache_len=size, forward="hf")
     assert mine.forward_path == "lean" and mine.forward_note is None and theirs.forward_path == "hf"
-    if kind == "dynamic":     # torch 2.13 CPU: the joint q/k ops and grouped sdpa pass the probe; with a static
-        assert mine._lean.joint == (attn == "sdpa")       # cache's masked padding sdpa's bits differ: fallback
+    # torch 2.13 CPU: the joint q/k ops pass the probe with sdpa; grouped sdpa with a dynamic cache only
+    # (a static cache's masked padding changes sdpa's bits there: HF's attention function runs instead)
+    assert mine._lean.joint == (attn == "sdpa")
+    assert (mine._lean.joint and mine._lean._grouped) == (attn == "sdpa" and kind == "dynamic")
     prompt = torch.randint(0, V, (1, 30), generator=torch.Generator().manual_seed(1))
     outputs_equal(mine.prefill(prompt), theirs.prefill(prompt))
     for logits in ("all", "root"):
@@ -135,14 +137,22 @@ def test_probe_refuses_a_lean_forward_that_differs(monkeypatch):
     assert target.forward_path == "hf" and "differ" in target.forward_note
 
 
-def test_probe_falls_back_to_separate_q_k_ops_when_the_joint_ones_differ(monkeypatch):
-    real = lean_module._sdpa
+def test_probe_falls_back_step_by_step_where_the_bits_differ(monkeypatch):
+    real_sdpa, real_rotate = lean_module._sdpa, lean_module._rotate
 
     def sdpa_off(q, k, v, mask, scaling, groups):
-        return real(q, k, v, mask, scaling, groups) * (1 + 2 ** -20)
+        return real_sdpa(q, k, v, mask, scaling, groups) * (1 + 2 ** -20)
 
     monkeypatch.setattr(lean_module, "_sdpa", sdpa_off)
-    target = HFTarget(model_of("qwen3", seed=5))
+    target = HFTarget(model_of("qwen3", seed=5))              # grouped sdpa off: HF's attention function
+    assert target.forward_path == "lean" and target._lean.joint and not target._lean._grouped
+
+    def rotate_joint_off(x, cos, sin):                        # only the joint q/k rotation (6 heads) is off
+        out = real_rotate(x, cos, sin)
+        return out * (1 + 2 ** -20) if x.shape[1] == 6 else out
+
+    monkeypatch.setattr(lean_module, "_rotate", rotate_joint_off)
+    target = HFTarget(model_of("qwen3", seed=6))
     assert target.forward_path == "lean" and not target._lean.joint
 
 
