@@ -72,8 +72,8 @@ from dartree.rounds import (
     fit_tree,
     truncate,
 )
-from dartree.verify.accept import verify_greedy, verify_sampled, walk_greedy
-from dartree.verify.sampling import Sampler, sample_checked
+from dartree.verify.accept import verify_greedy, verify_sampled, walk_greedy, walk_sampled
+from dartree.verify.sampling import KeyedSampler, Sampler, sample_checked
 from dartree.verify.timing import check_head, timed_head
 
 __all__ = ["Drafter", "RoundStats", "GenerationResult", "SpeculativeDecoder", "generate_ar", "STOP_REASONS",
@@ -175,8 +175,9 @@ class SpeculativeDecoder:
         root = first_tokens(out.logits[:, -1], (req,), torch.full((1,), length, device=target.device))
         first = int(root[0])            # one sync, on purpose: the first token may be a stop token
         generated, stopped = [first], first in req.stop
-        # T=0 on the CPU: the LM head runs only on the nodes the greedy walk visits (probed once per target)
-        lazy = req.sampler is None and target.scores_rows_apart
+        # on the CPU: the LM head runs only on the nodes the walk visits (probed once per target), greedy or
+        # with a keyed sampler (its draw at a node depends on nothing else: walk_sampled equals verify_sampled)
+        lazy = (req.sampler is None or type(req.sampler) is KeyedSampler) and target.scores_rows_apart
         prefill_s = clock.lap()
         if on_round is not None:
             on_round(None, [first])
@@ -201,7 +202,10 @@ class SpeculativeDecoder:
             target_s = clock.lap()
             if lazy:
                 rows = TimedRows(target, scored.final)
-                result = walk_greedy(tree, scored.logits[:, 0], rows)
+                if req.sampler is None:
+                    result = walk_greedy(tree, scored.logits[:, 0], rows)
+                else:
+                    result = walk_sampled(tree, scored.logits[:, 0], rows, req.temperature, req.sampler, prefix)
             elif req.sampler is None:
                 result = verify_greedy(tree, scored.logits)
             else:

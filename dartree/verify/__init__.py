@@ -1,6 +1,6 @@
 """Tree verification: target inputs and masks, greedy / sampled acceptance, samplers, KV compaction."""
 
-from dartree.verify.accept import VerifyResult, accept_picks, verify_greedy, verify_sampled, walk_greedy
+from dartree.verify.accept import VerifyResult, accept_picks, verify_greedy, verify_sampled, walk_greedy, walk_sampled
 from dartree.verify.cache import cache_length, compact_tail, gather_cache, keep_indices
 from dartree.verify.inputs import ATTENTION_IMPLEMENTATIONS, TreeInputBuffer, TreeInputs, tree_inputs
 from dartree.verify.sampling import GeneratorSampler, KeyedSampler, Sampler, hash32
@@ -23,4 +23,5 @@ __all__ = [
     "verify_greedy",
     "verify_sampled",
     "walk_greedy",
+    "walk_sampled",
 ]

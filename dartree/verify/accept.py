@@ -18,9 +18,9 @@ from torch import Tensor
 
 from dartree.fast import ops
 from dartree.tree import PAD, DraftTree
-from dartree.verify.sampling import Sampler, check_temperature, sample_checked
+from dartree.verify.sampling import KeyedSampler, Sampler, check_temperature, sample_checked
 
-__all__ = ["VerifyResult", "verify_greedy", "verify_sampled", "accept_picks", "walk_greedy"]
+__all__ = ["VerifyResult", "verify_greedy", "verify_sampled", "accept_picks", "walk_greedy", "walk_sampled"]
 
 
 @dataclass(frozen=True)
@@ -135,6 +135,43 @@ def walk_greedy(tree: DraftTree, root_logits: Tensor,
         root_logits: float ``[b, V]``; node_logits(rows, nodes) -> float ``[k, V]`` for the ``k``
         (row, node) pairs given, every node ``>= 1``.
     """
+    return _walk(tree, root_logits, node_logits, lambda logits, rows, nodes: logits.argmax(-1).tolist())
+
+
+def walk_sampled(tree: DraftTree, root_logits: Tensor, node_logits: Callable[[list[int], list[int]], Tensor],
+                 temperature: float, sampler: KeyedSampler, prefix_len: int | Tensor = 0) -> VerifyResult:
+    """:func:`verify_sampled` that draws only at the nodes the walk visits (and runs the LM head only
+    there), for a :class:`~dartree.verify.sampling.KeyedSampler`: its draw at a node is a pure function
+    of that node's logits and position, so the visited nodes get the draws ``verify_sampled`` gives
+    them and the result equals it (``picks`` holds ``PAD`` at the nodes never scored).  perf: at T=1
+    the keyed noise of a whole tree (about gamma positions x V) was most of the round's acceptance time.
+
+    Shape:
+        root_logits: float ``[b, V]``; node_logits(rows, nodes) -> float ``[k, V]``; prefix_len: int or
+        int64 ``[b]`` (the root's absolute position).
+    """
+    if not isinstance(sampler, KeyedSampler):
+        raise ValueError(f"sampler: walk_sampled needs a KeyedSampler (draws that depend only on the node), "
+                         f"got {type(sampler).__name__}; use verify_sampled")
+    if check_temperature(temperature) == 0:
+        raise ValueError("temperature: 0 is greedy; use walk_greedy")
+    b = tree.tokens.shape[0]
+    base = [int(prefix_len)] * b if not isinstance(prefix_len, Tensor) else [int(x) for x in
+                                                                              prefix_len.reshape(-1).tolist()]
+    depths = tree.depths.tolist()
+
+    def pick(logits: Tensor, rows: list[int], nodes: list[int]) -> list[int]:
+        positions = torch.tensor([base[r] + depths[r][i] + 1 for r, i in zip(rows, nodes, strict=True)],
+                                 dtype=torch.int64, device=logits.device)
+        return sample_checked(sampler, logits.float() / temperature, positions).tolist()
+
+    return _walk(tree, root_logits, node_logits, pick)
+
+
+def _walk(tree: DraftTree, root_logits: Tensor, node_logits: Callable[[list[int], list[int]], Tensor],
+          pick_rows: Callable[[Tensor, list[int], list[int]], list[int]]) -> VerifyResult:
+    """The host walk of :func:`walk_greedy` / :func:`walk_sampled`; ``pick_rows(logits, rows, nodes)``
+    gives the target's token at each (row, node) pair from its logits."""
     b, n = tree.tokens.shape
     if not isinstance(root_logits, Tensor) or root_logits.shape[:1] != (b,) or root_logits.dim() != 2 \
             or not root_logits.is_floating_point():
@@ -145,7 +182,7 @@ def walk_greedy(tree: DraftTree, root_logits: Tensor,
     child = [{(parents[r][i], tokens[r][i]): i for i in range(1, counts[r])} for r in range(b)]
     picks = [[PAD] * n for _ in range(b)]
     paths = [[0] for _ in range(b)]
-    for r, pick in enumerate(root_logits.argmax(-1).tolist()):
+    for r, pick in enumerate(pick_rows(root_logits, list(range(b)), [0] * b)):
         picks[r][0] = pick
     walking = list(range(b))
     while walking:
@@ -158,7 +195,7 @@ def walk_greedy(tree: DraftTree, root_logits: Tensor,
                 rows.append(r)
                 nodes.append(nxt)
         if rows:
-            for r, i, pick in zip(rows, nodes, node_logits(rows, nodes).argmax(-1).tolist(), strict=True):
+            for r, i, pick in zip(rows, nodes, pick_rows(node_logits(rows, nodes), rows, nodes), strict=True):
                 picks[r][i] = pick
         walking = rows
     accepted = [path + [PAD] * (n - len(path)) for path in paths]

@@ -291,3 +291,37 @@ def test_walk_greedy_scores_only_the_path_and_equals_verify_greedy(seed):
         assert all(lazy.picks[r, i] == -1 for i in range(n) if i not in paths[r])
     with pytest.raises(ValueError, match="root_logits"):
         walk_greedy(tree, torch.zeros(V), rows)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_walk_sampled_scores_only_the_path_and_equals_verify_sampled(seed):
+    """T>0 with a keyed sampler, the LM head and the draws run lazily along the walk: the same result as
+    drawing at every node (a keyed draw depends only on the node's logits and position)."""
+    from dartree.verify import walk_sampled
+
+    g = torch.Generator().manual_seed(seed)
+    sizes = torch.randint(1, 12, (1 + seed % 3,), generator=g).tolist()
+    tree = random_tree(sizes, seed, vocab=V)
+    b, n = tree.tokens.shape
+    logits = torch.randn(b, n, V, generator=g)
+    for r in range(b):                                   # children likely to be drawn: long walks
+        tokens, parents = tree.tokens[r].tolist(), tree.parents[r].tolist()
+        for i in range(sizes[r]):
+            for j in (j for j in range(1, sizes[r]) if parents[j] == i):
+                logits[r, i, tokens[j]] += 4.0
+    prefix = torch.tensor([3, 40, 7][:b])
+    sampler, temperature = KeyedSampler(seed + 5), 0.8
+    calls = []
+
+    def rows(rs, nodes):
+        calls.append(list(zip(rs, nodes, strict=True)))
+        return logits[rs, nodes]
+
+    lazy = walk_sampled(tree, logits[:, 0], rows, temperature, sampler, prefix)
+    full = verify_sampled(tree, logits, temperature, sampler, prefix)
+    for field in ("accepted", "accepted_length", "bonus", "tokens"):
+        assert torch.equal(getattr(lazy, field), getattr(full, field)), field
+    paths = [[i for i in full.accepted[r].tolist() if i >= 0] for r in range(b)]
+    assert sorted(p for c in calls for p in c) == sorted((r, i) for r in range(b) for i in paths[r][1:])
+    with pytest.raises(ValueError, match="sampler: walk_sampled needs a KeyedSampler"):
+        walk_sampled(tree, logits[:, 0], rows, temperature, GeneratorSampler(torch.Generator()), prefix)
