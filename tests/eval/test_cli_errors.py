@@ -10,6 +10,7 @@ import pytest
 import dartree.eval.bench
 import dartree.eval.bundles
 from dartree.cli import UsageError, main
+from tests.eval.cli_helpers import fails
 
 TOY = ["--model", "tiny-random", "--threads", "1", "--backend", "ref"]
 QUICK = ["--num-prompts", "1", "--max-new-tokens", "4", "--max-prompt-tokens", "16"]
@@ -27,19 +28,6 @@ def loads(monkeypatch, bundle):
 
     monkeypatch.setattr(dartree.eval.bundles, "load_bundle", load)
     return calls
-
-
-def fails(argv, capsys) -> str:
-    """Run ``main(argv)``: it must exit 2, its last stderr line the only error line; returns that line.
-
-    (Progress lines such as "model ... loaded" may come before it.)
-    """
-    with pytest.raises(SystemExit) as e:
-        main(argv)
-    assert e.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith("dartree: error: ") and not any("error" in line for line in err[:-1]), err
-    return err[-1]
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ from dartree.cli.parser import build_parser, join_negative_values
 from dartree.eval.bench import BenchConfig, run_bench
 from dartree.eval.methods import parse_method
 from dartree.eval.outdir import BENCH_FILES, open_run
+from tests.eval.cli_helpers import fails
 
 TOY = ["--model", "tiny-random", "--threads", "1", "--backend", "ref"]
 QUICK = ["--num-prompts", "1", "--max-new-tokens", "4", "--max-prompt-tokens", "16"]
@@ -57,16 +58,6 @@ def earlier(tmp_path):
 
 def files(out):
     return {p.name: p.read_text(errors="replace") for p in out.iterdir() if p.is_file()}
-
-
-def fails(argv, capsys) -> str:
-    """``main(argv)`` exits 2 with one ``dartree: error:`` line and no traceback; returns the line."""
-    with pytest.raises(SystemExit) as e:
-        main(argv)
-    assert e.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith("dartree: error: ") and not any("error" in line for line in err[:-1]), err
-    return err[-1]
 
 
 def test_a_forced_bench_replaces_the_earlier_run_in_one_step(earlier, loads):
