@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["KMAJOR_LIMIT_BYTES", "derived", "exact_from", "kmajor_allowed", "kmajor_copy", "linear",
+__all__ = ["KMAJOR_LIMIT_BYTES", "derived", "exact_from", "kmajor_allowed", "kmajor_copy", "kmajor_product", "linear",
            "linear_bytes", "tensor_version"]
 
 #: most bytes of linear weights a model may have for :func:`linear` to keep K-major copies of them
@@ -132,7 +132,13 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, copy: bool = T
     start = exact_from(k, weight.shape[0], weight.dtype, bias is not None)
     if start is None or x.numel() < start * k:
         return F.linear(x, weight, bias)
+    return kmajor_product(x, weight, bias)
+
+
+def kmajor_product(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``x @ weight.t() (+ bias)`` from :func:`kmajor_copy`, unconditionally: the fast path of :func:`linear`,
+    for a caller that has made its checks once (bit for bit ``F.linear`` only from :func:`exact_from` rows)."""
     wt = kmajor_copy(weight)
     if bias is None:
         return x @ wt
-    return torch.addmm(bias, x.reshape(-1, k), wt).view(*x.shape[:-1], wt.shape[1])
+    return torch.addmm(bias, x.reshape(-1, wt.shape[0]), wt).view(*x.shape[:-1], wt.shape[1])

@@ -145,6 +145,7 @@ def walk_sampled(tree: DraftTree, root_logits: Tensor, node_logits: Callable[[li
     of that node's logits and position, so the visited nodes get the draws ``verify_sampled`` gives
     them and the result equals it (``picks`` holds ``PAD`` at the nodes never scored).  perf: at T=1
     the keyed noise of a whole tree (about gamma positions x V) was most of the round's acceptance time.
+    Host-side walk (reads the tree's depths): meant for CPU trees, as :func:`walk_greedy`.
 
     Shape:
         root_logits: float ``[b, V]``; node_logits(rows, nodes) -> float ``[k, V]``; prefix_len: int or

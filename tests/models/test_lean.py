@@ -169,6 +169,17 @@ def test_the_accelerator_branch_of_the_joint_path_is_exact(capacity):
     assert lean.joint and _probe_equal(model, lean, capacity) is None
 
 
+def test_a_lean_forward_that_raises_on_the_probe_leaves_the_models_own(monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("shape mismatch")
+
+    monkeypatch.setattr(lean_module, "_append", broken)
+    target = HFTarget(model_of("llama", seed=9))
+    assert target.forward_path == "hf" and "RuntimeError: shape mismatch" in target.forward_note
+    out = target.prefill(torch.tensor([[1, 2, 3]]))
+    assert out.logits.shape == (1, 3, V)
+
+
 def test_weights_edited_in_place_are_seen():
     model = model_of("qwen3", seed=4)
     mine, theirs = HFTarget(model, layer_ids=(1,)), HFTarget(model, layer_ids=(1,), forward="hf")
