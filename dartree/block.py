@@ -148,6 +148,18 @@ class CorrectionHead(Protocol):
     ``depth + 1``.  Returns ``(new_states [b, m, S], logits [b, m, K])``, equal (bit for bit, fp32) to
     ``s = advance(block, depth, states, tokens); (s, logits(block, depth + 1, s, candidates))``.  It is
     never called at the last depth: builders never compute the last depth's advance.
+
+    Optional preparation (detected with ``getattr(head, "prepare_block", None)``; perf: what every
+    depth of a build shares is computed once, and a depth costs one call)::
+
+        prepare_block(block, candidates) -> steps | None
+
+    ``candidates`` int64 ``[b, gamma, K]`` are the sets ``C_d`` of every depth (``[:, d - 1]``), fixed
+    for the build.  ``steps.logits(depth, states)`` and ``steps.advance_logits(depth, states, tokens)``
+    must equal (bit for bit, fp32) ``logits(block, depth, states, candidates[:, depth - 1])`` and
+    ``advance_logits(block, depth, states, tokens, candidates[:, depth])``.  ``None`` declines (the
+    builder then makes the calls above).  The depth-wise fast builders use it; the reference backend
+    and the sequential heap (which scores sub-blocks) make the protocol calls.
     """
 
     def initial_state(self, block: DraftBlock) -> Tensor: ...

@@ -23,7 +23,7 @@ from torch import Tensor
 
 from dartree.block import CorrectionHead, DraftBlock
 from dartree.fast import checks, expansion, ops
-from dartree.fast.heads import check_logits_finite, head_advance_logits, head_initial, head_logits
+from dartree.fast.heads import HeadSteps, check_logits_finite
 from dartree.fast.keys import lexsort, word_plan
 from dartree.fast.results import CandidateSet
 from dartree.scoring import log_normalize
@@ -147,8 +147,9 @@ def expand(block: DraftBlock, cands: CandidateSet, widths: list[int], head: Corr
     scores = torch.zeros(b, 1, dtype=torch.float32, device=block.device)  # the root
     states = logits = None
     if head is not None:
-        states = head_initial(head, block)
-        logits = head_logits(head, block, 1, states, cands.tokens[:, 0])
+        steps = HeadSteps(head, block, cands.tokens)
+        states = steps.initial()
+        logits = steps.logits(1, states)
     shared = cands.log_q if log_q is None else log_q
     digits, _, num_words = _layout(tuple(widths), block.device)
     path_words = torch.zeros(b, 1, num_words, dtype=torch.int64, device=block.device)
@@ -187,8 +188,7 @@ def expand(block: DraftBlock, cands: CandidateSet, widths: list[int], head: Corr
                     break
         if head is not None and depth < len(widths):  # the last depth's advance would never be used
             idx = step.parents[:, :, None].expand(-1, -1, states.shape[-1])
-            states, logits = head_advance_logits(head, block, depth, torch.gather(states, 1, idx), tokens,
-                                                 cands.tokens[:, depth])
+            states, logits = steps.advance_logits(depth, torch.gather(states, 1, idx), tokens)
     done = len(tree.parents)
     expansion.record(expansion.Expansion(depths=done, full_depths=len(widths),
                                          branches=b * (1 + sum(widths[:done - 1])),

@@ -16,8 +16,9 @@ from torch import Tensor
 
 from dartree.block import CorrectionHead, DraftBlock
 from dartree.fast import checks
+from dartree.verify.timing import check_steps
 
-__all__ = ["head_initial", "head_logits", "head_advance", "head_advance_logits", "fused"]
+__all__ = ["HeadSteps", "head_initial", "head_logits", "head_advance", "head_advance_logits", "fused"]
 
 
 def _check(out: Tensor, what: str, shape: tuple[int, ...], state: bool) -> Tensor:
@@ -78,3 +79,45 @@ def head_initial(head: CorrectionHead, block: DraftBlock) -> Tensor:
         got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
         raise ValueError(f"head.initial_state: returned {got}, expected [b={block.batch_size}, S]")
     return out[:, None]
+
+
+class HeadSteps:
+    """The head calls of one depth-wise build: the root, then ``logits`` / ``advance_logits`` by depth.
+
+    When the head has the protocol's optional ``prepare_block(block, candidates)`` and it returns an
+    object, that object's calls are used (the head prepared what every depth shares once: perf, one
+    call per depth with no per-call gathers on either device); otherwise the protocol calls, with
+    ``candidates[:, d - 1]`` as ``C_d``.  Outputs are shape-checked either way.
+
+    Shape:
+        candidates: int64 ``[b, gamma, K]``.
+    """
+
+    def __init__(self, head: CorrectionHead, block: DraftBlock, candidates: Tensor) -> None:
+        self.head, self.block, self.candidates = head, block, candidates
+        prepare = getattr(head, "prepare_block", None)
+        steps = None if prepare is None else prepare(block, candidates)
+        self.steps = None if steps is None else check_steps(steps)
+
+    def initial(self) -> Tensor:
+        """Root states ``[b, 1, S]``."""
+        return head_initial(self.head, self.block)
+
+    def logits(self, depth: int, states: Tensor) -> Tensor:
+        """Corrected logits ``[b, m, K]`` of ``C_depth`` after the branch states ``[b, m, S]``."""
+        if self.steps is None:
+            return head_logits(self.head, self.block, depth, states, self.candidates[:, depth - 1])
+        out = self.steps.logits(depth, states)
+        return _check(out, "prepare_block(...).logits", (states.shape[0], states.shape[1], self.candidates.shape[-1]),
+                      False)
+
+    def advance_logits(self, depth: int, states: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
+        """States after ``tokens [b, m]`` at ``depth``, and the corrected logits of ``C_{depth+1}``."""
+        if self.steps is None:
+            return head_advance_logits(self.head, self.block, depth, states, tokens, self.candidates[:, depth])
+        out = self.steps.advance_logits(depth, states, tokens)
+        name = "prepare_block(...).advance_logits"
+        if not isinstance(out, tuple) or len(out) != 2:
+            raise ValueError(f"head.{name}: returned {type(out).__name__}, expected (states, logits)")
+        return (_check(out[0], name, tuple(tokens.shape), True),
+                _check(out[1], name, (*tokens.shape, self.candidates.shape[-1]), False))

@@ -26,7 +26,7 @@ import torch
 from dartree import native
 from dartree.block import CorrectionHead, DraftBlock
 from dartree.fast import expansion
-from dartree.fast.heads import head_advance_logits, head_initial, head_logits
+from dartree.fast.heads import HeadSteps
 from dartree.fast.host import candidates_native, keep_best, select
 from dartree.fast.widths import pruned_widths, quota_widths, trie_size
 from dartree.scoring import log_normalize_host, rest_logsumexp
@@ -224,8 +224,9 @@ def _expand(block: DraftBlock, cands: HostCandidates, widths: list[int], head: C
     beta32 = np.float32(beta)
     states = logits = None
     if head is not None:
-        states = head_initial(head, block)
-        logits = head_logits(head, block, 1, states, cands.tokens_t[:, 0])
+        steps = HeadSteps(head, block, cands.tokens_t)
+        states = steps.initial()
+        logits = steps.logits(1, states)
     parents, ranks, tokens, depth_scores, lex, traced = [], [], [], [], [], []
     branching = not trace and max(widths) > 1  # a chain needs no sort: depth order is the total order
     anc = np.zeros((b, 1, gamma), dtype=np.int64)  # 1-based lex index of each kept node's ancestor per depth
@@ -254,8 +255,7 @@ def _expand(block: DraftBlock, cands: HostCandidates, widths: list[int], head: C
             anc[:, :, depth - 1] = np.arange(1, width + 1)
             lex.append(anc)
         if head is not None and depth < gamma:  # the last depth's advance would never be used
-            states, logits = head_advance_logits(head, block, depth, states[rows_t, torch.from_numpy(par)],
-                                                 torch.from_numpy(tok), cands.tokens_t[:, depth])
+            states, logits = steps.advance_logits(depth, states[rows_t, torch.from_numpy(par)], torch.from_numpy(tok))
     expansion.record(expansion.Expansion(depths=gamma, full_depths=gamma, branches=b * (1 + sum(widths[:-1])),
                                          full_branches=b * (1 + sum(widths[:-1]))))
     if trace:
@@ -284,8 +284,9 @@ def _expand_native(lib, block: DraftBlock, cands: HostCandidates, widths: list[i
     scores = np.empty(b * total, dtype=np.float32)
     paths = np.zeros(b * (total + 1) * gamma, dtype=np.int64) if branching else None  # a zero root path first
     tokens_by_depth, rest_by_depth = cands.by_depth()
-    states = head_initial(head, block)
-    logits = head_logits(head, block, 1, states, cands.tokens_t[:, 0])
+    steps = HeadSteps(head, block, cands.tokens_t)
+    states = steps.initial()
+    logits = steps.logits(1, states)
     parent_scores = np.zeros(b, dtype=np.float32)
     traced = []
     used: list[int] = []  # the width of every expanded depth
@@ -325,9 +326,8 @@ def _expand_native(lib, block: DraftBlock, cands: HostCandidates, widths: list[i
         if not identity:
             flat = states.reshape(b * m, states.shape[-1])
             states = flat.index_select(0, torch.from_numpy(ints[3, lo - b * width:lo])).view(b, width, -1)
-        states, logits = head_advance_logits(head, block, depth, states,
-                                             torch.from_numpy(ints[2, lo - b * width:lo]).view(b, width),
-                                             cands.tokens_t[:, depth])
+        tokens = torch.from_numpy(ints[2, lo - b * width:lo]).view(b, width)
+        states, logits = steps.advance_logits(depth, states, tokens)
     expansion.record(expansion.Expansion(depths=len(used), full_depths=gamma, branches=branches,
                                          full_branches=b * (1 + sum(widths[:-1]))))
     if trace:

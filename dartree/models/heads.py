@@ -70,6 +70,22 @@ def _check_tokens(block: DraftBlock, tokens: Tensor, name: str, m: int | None = 
         raise ValueError(f"{name}: expected an int64 tensor {want}, got {got}")
 
 
+def _check_candidates(block: DraftBlock, candidates: Tensor) -> None:
+    ok = isinstance(candidates, Tensor) and candidates.dtype == torch.int64 and candidates.dim() == 3 \
+        and candidates.shape[:2] == (block.batch_size, block.gamma) and candidates.device == block.device
+    if not ok:
+        got = f"{candidates.dtype} {tuple(candidates.shape)}" if isinstance(candidates, Tensor) \
+            else type(candidates).__name__
+        raise ValueError(f"candidates: expected an int64 tensor [{block.batch_size}, {block.gamma}, K] on "
+                         f"{block.device}, got {got}")
+
+
+def _candidate_base(block: DraftBlock, candidates: Tensor) -> Tensor:
+    """float32 ``[b, gamma, K]``: base logits of every depth's ``candidates [b, gamma, K]``."""
+    logits = block.logits
+    return torch.gather(logits if logits.dtype == torch.float32 else logits.float(), 2, candidates)
+
+
 def _base_candidates(block: DraftBlock, depth: int, candidates: Tensor) -> Tensor:
     """float32 ``[b, K]``: base logits of ``candidates`` at ``depth``."""
     logits = block.logits[:, depth - 1]
@@ -136,7 +152,6 @@ class GRUHead(nn.Module):
             nn.Linear(hidden_size, emb_dim, bias=False), nn.SiLU(), nn.Linear(emb_dim, 1, bias=True)
         ) if bias_gate else None
         self._embedding: Tensor | None = None
-        self._depth_cache: tuple | None = None
         if embedding is not None:
             self.set_embedding(embedding)
 
@@ -174,19 +189,26 @@ class GRUHead(nn.Module):
             h = torch._VF.gru_cell(x.reshape(-1, x.shape[-1]), flat_h, g.weight_ih_l0, g.weight_hh_l0,
                                    g.bias_ih_l0 if self.bias else None, g.bias_hh_l0 if self.bias else None)
             return h.view(states.shape)
-        # perf: the input gates of every token precomputed (one row per token), read into a reused
-        # buffer; then exactly torch's GRU cell (aten/src/ATen/native/RNN.cpp, GRUCell) with r and z
-        # in one op, every intermediate in place in the buffers, one fresh tensor for the result
-        gi, gh, gi_rz, gi_n, gh_rz, gh_n, r, z = self._step_buffers(flat_h, table)
-        torch.index_select(table, 0, tokens.reshape(-1), out=gi)                    # [N, 3G]
-        w_hh_t = self._recurrent_weight_t(flat_h.shape[0])
+        return self._cell(tokens.reshape(-1), flat_h, table, self._recurrent_weight_t(flat_h.shape[0]),
+                          self._step_buffers(flat_h, table)).view(states.shape)
+
+    def _cell(self, tokens: Tensor, flat_h: Tensor, table: Tensor, w_hh_t: Tensor,
+              buffers: tuple[Tensor, ...]) -> Tensor:
+        """The GRU cell on ``flat_h [N, G]`` for ``tokens [N]`` from the gate table and ``W_hh^T``.
+
+        perf: the input gates of every token precomputed (one row per token), read into a reused
+        buffer; then exactly torch's GRU cell (aten/src/ATen/native/RNN.cpp, GRUCell) with r and z
+        in one op, every intermediate in place in the buffers, one fresh tensor for the result.
+        """
+        gi, gh, gi_rz, gi_n, gh_rz, gh_n, r, z = buffers
+        torch.index_select(table, 0, tokens, out=gi)                                # [N, 3G]
         if self.bias:
-            torch.addmm(g.bias_hh_l0, flat_h, w_hh_t, out=gh)                       # = F.linear(h, W_hh, b_hh)
+            torch.addmm(self.prefix_gru.bias_hh_l0, flat_h, w_hh_t, out=gh)         # = F.linear(h, W_hh, b_hh)
         else:
             torch.mm(flat_h, w_hh_t, out=gh)
         gh_rz.add_(gi_rz).sigmoid_()                                                # r, z
         new = gh_n.mul_(r).add_(gi_n).tanh_()                                       # n = tanh(gi_n + r * gh_n)
-        return torch.sub(flat_h, new).mul_(z).add_(new).view(states.shape)          # n + z * (h - n)
+        return torch.sub(flat_h, new).mul_(z).add_(new)                             # n + z * (h - n)
 
     def _recurrent_weight_t(self, rows: int) -> Tensor:
         """``W_hh`` transposed (a view, as ``F.linear`` passes it), cached while the weight is unchanged;
@@ -264,25 +286,35 @@ class GRUHead(nn.Module):
         return base + (correction if gate is None else gate * correction)
 
     def _depth_terms(self, block: DraftBlock, depth: int) -> tuple[Tensor, Tensor | None]:
-        """``fc1``'s hidden half ``[b, 1, E]`` and the gate ``[b, 1, 1]`` (or ``None``) at ``depth``.
+        """``fc1``'s hidden half ``[b, 1, E]`` and the gate ``[b, 1, 1]`` (or ``None``) at ``depth``: the
+        ``depth`` slice of :meth:`_block_terms`."""
+        part, gate = self._block_terms(block)
+        return part[:, depth - 1, None], None if gate is None else gate[:, depth - 1, None]
 
-        They depend only on the block and the depth, not on the branch: computed once and reused
-        while the same ``block.hidden`` tensor (same object, same version) asks for the same depth
-        (a strong reference is kept, so a new tensor can never alias a cached one).
+    def _block_terms(self, block: DraftBlock, cached: bool = True) -> tuple[Tensor, Tensor | None]:
+        """``fc1``'s hidden half ``[b, gamma, E]`` and the gate ``[b, gamma, 1]`` (or ``None``) of every depth.
+
+        They depend only on the block, not on the branch: one product per batch row over all its depths
+        (``[gamma, H]``, so a row's bits do not depend on the batch it is in, and a sub-block
+        ``block.rows(...)`` gets the same values), cached while the same ``block.hidden`` and weights
+        (same objects, storage and versions) ask again (:func:`derived`); recomputed, uncached, when
+        autograd tracks the weights or ``cached`` is false (:meth:`prepare_block`, once per build).
         """
-        hidden = block.hidden
-        cache = self._depth_cache
-        if cache is not None and cache[0] is hidden and cache[1] == tensor_version(hidden) and cache[2] == depth:
-            return cache[3], cache[4]
-        fc1 = self.embed_proj[0]
-        h_d = hidden[:, depth - 1]
-        w_h = fc1.weight[:, : self.hidden_size]
-        part = F.linear(h_d.to(w_h.dtype)[:, None, :], w_h, fc1.bias)             # [b, 1, E]
-        gate = self._gate(h_d.to(w_h.dtype))                                     # [b, 1]
-        gate = None if gate is None else gate[:, :, None]                        # [b, 1, 1]
-        if not part.requires_grad:        # never hold on to an autograd graph
-            self._depth_cache = (hidden, tensor_version(hidden), depth, part, gate)
-        return part, gate
+        hidden, fc1 = block.hidden, self.embed_proj[0]
+
+        def build() -> tuple[Tensor, Tensor | None]:
+            w_h = fc1.weight[:, : self.hidden_size]
+            rows = [h.to(w_h.dtype) for h in hidden.unbind(0)]                     # [gamma, H] each
+            part = torch.stack([F.linear(h, w_h, fc1.bias) for h in rows])       # [b, gamma, E]
+            gate = None if self.bias_gate is None else torch.stack([self._gate(h) for h in rows])  # [b, gamma, 1]
+            return part, gate
+
+        sources = [hidden, fc1.weight, fc1.bias]
+        if self.bias_gate is not None:
+            sources += list(self.bias_gate.parameters())
+        if not cached or torch.is_grad_enabled() and any(w is not None and w.requires_grad for w in sources):
+            return build()
+        return derived(self, "_block_terms_cache", sources, build)
 
     # ------------------------------------------------------------------------- protocol
     def initial_state(self, block: DraftBlock) -> Tensor:
@@ -297,12 +329,24 @@ class GRUHead(nn.Module):
             return base.expand(-1, states.shape[1], -1).contiguous()
         part, gate = self._depth_terms(block, depth)
         w_s, table = self._projection_tables()
-        mid = F.silu(linear(self._normed(states), w_s).add_(part))   # [b, m, E]
+        mid = linear(self._normed(states), w_s)                                  # [b, m, E]
         size = self.emb_dim
         rows = F.embedding(candidates, table)                                    # [b, K, E (+ 1)]
-        correction = torch.bmm(mid, rows[..., :size].mT)                         # [b, m, K]
-        if self.bias:
-            correction.add_(rows[:, None, :, size])
+        return self._corrected(mid, part, gate, rows[..., :size].mT, rows[:, None, :, size] if self.bias else None,
+                               base)
+
+    @staticmethod
+    def _corrected(mid: Tensor, part: Tensor, gate: Tensor | None, rows_t: Tensor, bias: Tensor | None,
+                   base: Tensor) -> Tensor:
+        """``base + gate * (fc2 rows . silu(mid + part) + bias)``: the correction of the K candidates.
+
+        Shape:
+            mid ``[b, m, E]`` (fc1's state half), part ``[b, 1, E]``, gate ``[b, 1, 1]`` or None,
+            rows_t ``[b, E, K]``, bias and base ``[b, 1, K]`` -> float32 ``[b, m, K]``.
+        """
+        correction = torch.bmm(F.silu(mid.add_(part)), rows_t)                   # [b, m, K]
+        if bias is not None:
+            correction.add_(bias)
         if gate is not None:
             correction = gate * correction      # not in place: autograd may need the product
         if correction.dtype != torch.float32:
@@ -361,6 +405,92 @@ class GRUHead(nn.Module):
         return new, self._logits(block, depth + 1, new, candidates)
 
 
+    def prepare_block(self, block: DraftBlock, candidates: Tensor) -> _GRUSteps | None:
+        """The protocol's optional per-build preparation (:class:`dartree.block.CorrectionHead`): every
+        depth's candidate rows of the output projection and base logits gathered once, the weights
+        resolved once, and each depth's ``fc1`` hidden half computed on first use; ``None`` (use the
+        protocol calls) where autograd tracks the weights or the gate table does not apply.
+
+        Shape: candidates int64 ``[b, gamma, K]`` (``C_d`` at ``[:, d - 1]``).
+        """
+        _check_candidates(block, candidates)
+        if block.hidden is None:
+            raise ValueError("block: the GRU head needs block.hidden (the drafter's H_d); got None")
+        dtype = self.prefix_gru.weight_hh_l0.dtype
+        if torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()):
+            return None
+        table = self._gate_table(dtype)
+        return None if table is None else _GRUSteps(self, block, candidates, table)
+
+
+def _check_step_depth(depth: int, last: int) -> None:
+    if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= last:
+        raise ValueError(f"depth: expected an int in [1, {last}], got {depth!r}")
+
+
+def _kmajor_from(weight: Tensor, bias: bool) -> tuple[float, Tensor | None]:
+    """(the row count from which ``weight``'s K-major copy gives ``F.linear``'s bits, the copy), or
+    ``(inf, None)`` off the CPU or where no probed count does (:func:`dartree.models.kmajor.exact_from`)."""
+    start = exact_from(weight.shape[1], weight.shape[0], weight.dtype, bias) if weight.device.type == "cpu" else None
+    return (float("inf"), None) if start is None else (start, kmajor_copy(weight))
+
+
+class _GRUSteps:
+    """:meth:`GRUHead.prepare_block`'s result, for one build: ``logits`` / ``advance_logits`` without
+    the block and the candidates, bit for bit the head's own calls (fp32; tested).  perf: per depth a
+    call runs the GRU cell (9 ops into reused buffers) and the correction (5 ops) and nothing else."""
+
+    def __init__(self, head: GRUHead, block: DraftBlock, candidates: Tensor, table: Tensor) -> None:
+        self.head, self.block, self.table = head, block, table
+        self.gamma, self.size = block.gamma, head.gru_hidden_dim
+        # every depth's operands as one tuple of views each (unbind: one op, no indexing per call)
+        self.base = _candidate_base(block, candidates).unsqueeze(2).unbind(1)     # gamma x [b, 1, K]
+        w_s, rows_table = head._projection_tables()
+        rows = F.embedding(candidates, rows_table)                               # [b, gamma, K, E (+ 1)]
+        self.rows_t = rows[..., : head.emb_dim].mT.unbind(1)                     # gamma x [b, E, K]
+        self.bias = rows[..., head.emb_dim].unsqueeze(2).unbind(1) if head.bias else None  # gamma x [b, 1, K]
+        part, gate = head._block_terms(block, False)                             # [b, gamma, E], [b, gamma, 1]
+        self.part = part.unsqueeze(2).unbind(1)                                  # gamma x [b, 1, E]
+        self.gate = None if gate is None else gate.unsqueeze(2).unbind(1)       # gamma x [b, 1, 1]
+        w_hh = head.prefix_gru.weight_hh_l0
+        self.w_hh_t, self.w_s = w_hh.t(), w_s
+        # K-major copies and the row counts from which they give F.linear's bits (CPU only), as
+        # GRUHead._recurrent_weight_t and kmajor.linear decide per call
+        self.hh_from, self.hh_copy = _kmajor_from(w_hh, head.bias)
+        self.s_from, self.s_copy = _kmajor_from(w_s, False)
+        self.buffers: dict[int, tuple[Tensor, ...]] = {}
+
+    def logits(self, depth: int, states: Tensor) -> Tensor:
+        """``head.logits(block, depth, states, candidates[:, depth - 1])``."""
+        _check_step_depth(depth, self.gamma)
+        return self._logits(depth, states)
+
+    def advance_logits(self, depth: int, states: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
+        """``head.advance_logits(block, depth, states, tokens, candidates[:, depth])``."""
+        _check_step_depth(depth, self.gamma - 1)
+        flat_h = states.reshape(-1, self.size)
+        n = flat_h.shape[0]
+        buffers = self.buffers.get(n)
+        if buffers is None:
+            buffers = self.buffers[n] = self.head._step_buffers(flat_h, self.table)
+        w_hh_t = self.hh_copy if n >= self.hh_from else self.w_hh_t
+        new = self.head._cell(tokens.reshape(-1), flat_h, self.table, w_hh_t, buffers).view(states.shape)
+        return new, self._logits(depth + 1, new)
+
+    def _logits(self, depth: int, states: Tensor) -> Tensor:
+        base = self.base[depth - 1]                                              # [b, 1, K]
+        head = self.head
+        if depth <= head.prefix_len:
+            return base.expand(-1, states.shape[1], -1).contiguous()
+        normed = head._normed(states)
+        if normed.numel() >= self.s_from * self.size and normed.dtype == self.w_s.dtype:
+            mid = normed @ self.s_copy                                           # = kmajor.linear(normed, w_s)
+        else:
+            mid = F.linear(normed, self.w_s)
+        return head._corrected(mid, self.part[depth - 1], None if self.gate is None else self.gate[depth - 1],
+                               self.rows_t[depth - 1], None if self.bias is None else self.bias[depth - 1], base)
+
+
 class MarkovHead(nn.Module):
     """DSpark vanilla Markov head: a rank-r bigram bias ``markov_w2[v] . markov_w1[previous token]``.
 
@@ -394,12 +524,27 @@ class MarkovHead(nn.Module):
         return block.root.to(torch.float32)[:, None]
 
     def _logits(self, block: DraftBlock, depth: int, previous: Tensor, candidates: Tensor) -> Tensor:
-        u = F.embedding(previous, self.markov_w1.weight)                           # [b, m, r]
         rows = F.embedding(candidates, self.markov_w2.weight)                      # [b, K, r]
-        bias = torch.bmm(u, rows.mT)                                               # [b, m, K]
+        return self._biased(previous, rows.mT, _base_candidates(block, depth, candidates)[:, None, :])
+
+    def _biased(self, previous: Tensor, rows_t: Tensor, base: Tensor) -> Tensor:
+        """``base + markov_w2[candidates] . markov_w1[previous]``.
+
+        Shape: previous int64 ``[b, m]``, rows_t ``[b, r, K]``, base ``[b, 1, K]`` -> float32 ``[b, m, K]``.
+        """
+        bias = torch.bmm(F.embedding(previous, self.markov_w1.weight), rows_t)    # [b, m, K]
         if bias.dtype != torch.float32:
             bias = bias.float()
-        return bias.add_(_base_candidates(block, depth, candidates)[:, None, :])  # = base + bias, bit for bit
+        return bias.add_(base)                  # = base + bias, bit for bit
+
+    def prepare_block(self, block: DraftBlock, candidates: Tensor) -> _MarkovSteps:
+        """The protocol's optional per-build preparation (see :meth:`GRUHead.prepare_block`): every depth's
+        candidate rows of ``markov_w2`` and base logits gathered once.
+
+        Shape: candidates int64 ``[b, gamma, K]`` (``C_d`` at ``[:, d - 1]``).
+        """
+        _check_candidates(block, candidates)
+        return _MarkovSteps(self, block, candidates)
 
     def logits(self, block: DraftBlock, depth: int, states: Tensor, candidates: Tensor) -> Tensor:
         """Shape: states ``[b, m, 1]``, candidates int64 ``[b, K]`` -> float32 ``[b, m, K]``."""
@@ -429,3 +574,22 @@ class MarkovHead(nn.Module):
         _check_tokens(block, tokens, "tokens", states.shape[1])
         _check_tokens(block, candidates, "candidates")
         return tokens.to(torch.float32)[..., None], self._logits(block, depth + 1, tokens, candidates)
+
+
+class _MarkovSteps:
+    """:meth:`MarkovHead.prepare_block`'s result, for one build: bit for bit the head's own calls."""
+
+    def __init__(self, head: MarkovHead, block: DraftBlock, candidates: Tensor) -> None:
+        self.head, self.gamma = head, block.gamma
+        self.base = _candidate_base(block, candidates).unsqueeze(2).unbind(1)     # gamma x [b, 1, K]
+        self.rows_t = F.embedding(candidates, head.markov_w2.weight).mT.unbind(1)  # gamma x [b, r, K]
+
+    def logits(self, depth: int, states: Tensor) -> Tensor:
+        """``head.logits(block, depth, states, candidates[:, depth - 1])``."""
+        _check_step_depth(depth, self.gamma)
+        return self.head._biased(states[..., 0].to(torch.int64), self.rows_t[depth - 1], self.base[depth - 1])
+
+    def advance_logits(self, depth: int, states: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
+        """``head.advance_logits(block, depth, states, tokens, candidates[:, depth])``."""
+        _check_step_depth(depth, self.gamma - 1)
+        return tokens.to(torch.float32)[..., None], self.head._biased(tokens, self.rows_t[depth], self.base[depth])

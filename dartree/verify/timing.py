@@ -10,7 +10,8 @@ shape, a state width that does not change between calls, floating logits; at ``i
 also the head's parameters' device and ``block.hidden``'s width against ``head.hidden_size``).
 These read only metadata (no host sync): about 1-2 us a call.  The optional fused
 method ``advance_logits`` is exposed only when the wrapped head has it, because builders detect it
-with ``getattr(head, "advance_logits", None)``.
+with ``getattr(head, "advance_logits", None)``; ``prepare_block`` is always there and returns ``None``
+when the head has none, and the calls of what it prepares are timed, counted and checked alike.
 
 On CUDA each head call is bracketed by ``torch.cuda.synchronize`` so that its time is charged to
 the head and not to whatever synchronises next; on the CPU timing costs two ``perf_counter`` calls.
@@ -24,7 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-__all__ = ["HEAD_METHODS", "check_head", "check_head_device", "TimedHead", "timed_head"]
+__all__ = ["HEAD_METHODS", "check_head", "check_head_device", "check_steps", "TimedHead", "timed_head"]
 
 #: Methods every correction head must have (``dartree.block.CorrectionHead``).
 HEAD_METHODS = ("initial_state", "logits", "advance")
@@ -37,9 +38,10 @@ def check_head(head: Any) -> None:
         raise ValueError(f"head: {type(head).__name__} is missing {missing}; a correction head needs "
                          f"initial_state(block), logits(block, depth, states, candidates) and "
                          f"advance(block, depth, states, tokens) (dartree.block.CorrectionHead)")
-    fused = getattr(head, "advance_logits", None)
-    if fused is not None and not callable(fused):
-        raise ValueError(f"head: {type(head).__name__}.advance_logits is not callable")
+    for optional in ("advance_logits", "prepare_block"):
+        method = getattr(head, optional, None)
+        if method is not None and not callable(method):
+            raise ValueError(f"head: {type(head).__name__}.{optional} is not callable")
 
 
 def check_head_device(head: Any, device: torch.device | str) -> None:
@@ -109,14 +111,27 @@ class TimedHead:
 
     def _call(self, name: str, *args: Any) -> Any:
         self.calls += 1
+        return self._timed(getattr(self.head, name), *args)
+
+    def _timed(self, fn: Any, *args: Any) -> Any:
         if self._cuda:
             torch.cuda.synchronize()       # deliberate: charge the head only for its own work
         start = time.perf_counter()
-        out = getattr(self.head, name)(*args)
+        out = fn(*args)
         if self._cuda:
             torch.cuda.synchronize()
         self.seconds += time.perf_counter() - start
         return out
+
+    def prepare_block(self, block: Any, candidates: Tensor) -> _TimedSteps | None:
+        """The head's optional ``prepare_block`` (timed, not counted as a call), its result wrapped so
+        that each of its calls is timed, counted and checked; ``None`` when the head has none or
+        declines (the builder then makes the protocol calls)."""
+        prepare = getattr(self.head, "prepare_block", None)
+        if prepare is None:
+            return None
+        steps = self._timed(prepare, block, candidates)
+        return None if steps is None else _TimedSteps(self, check_steps(steps), block, candidates)
 
     def initial_state(self, block: Any) -> Tensor:
         # once per build: the head's device and the drafter's hidden width (metadata only)
@@ -141,6 +156,39 @@ class TimedHead:
         if name in ("head", "advance_logits", "_width"):
             raise AttributeError(name)
         return getattr(self.head, name)
+
+
+def check_steps(steps: Any) -> Any:
+    """``steps`` (what a head's ``prepare_block`` returned), after checking it has callable ``logits``
+    and ``advance_logits`` (:class:`dartree.block.CorrectionHead`)."""
+    missing = [m for m in ("logits", "advance_logits") if not callable(getattr(steps, m, None))]
+    if missing:
+        raise ValueError(f"head.prepare_block: returned {type(steps).__name__}, which lacks {missing}; it must "
+                         f"return None or an object with logits(depth, states) and "
+                         f"advance_logits(depth, states, tokens) (dartree.block.CorrectionHead)")
+    return steps
+
+
+class _TimedSteps:
+    """A prepared head's calls, timed and counted on the :class:`TimedHead` and checked as its own are."""
+
+    def __init__(self, timed: TimedHead, steps: Any, block: Any, candidates: Tensor) -> None:
+        self._head, self._steps, self._block, self._candidates = timed, steps, block, candidates
+
+    def logits(self, depth: int, states: Tensor) -> Tensor:
+        self._head.calls += 1
+        out = self._head._timed(self._steps.logits, depth, states)
+        return _logits("prepare_block(...).logits", out, self._block, states, self._candidates)
+
+    def advance_logits(self, depth: int, states: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
+        self._head.calls += 1
+        out = self._head._timed(self._steps.advance_logits, depth, states, tokens)
+        name = "prepare_block(...).advance_logits"
+        if not isinstance(out, tuple) or len(out) != 2 or not all(isinstance(x, Tensor) for x in out):
+            raise ValueError(f"head.{name}: returned {type(out).__name__}, expected a tuple (new_states, logits) "
+                             f"of two tensors")
+        new = _state(name, out[0], self._block, tuple(tokens.shape), self._head._width)
+        return new, _logits(name, out[1], self._block, new, self._candidates)
 
 
 class _TimedFusedHead(TimedHead):

@@ -160,7 +160,6 @@ def test_depth_terms_follow_the_block_and_in_place_edits(tiny_heads):
         fresh.load_state_dict(head.state_dict())
         assert torch.equal(head.logits(other, 3, states, candidates), fresh.logits(other, 3, states, candidates))
         block.hidden.mul_(2.0)
-        fresh._depth_cache = None
         assert torch.equal(head.logits(block, 3, states, candidates), fresh.logits(block, 3, states, candidates))
         assert not torch.equal(head.logits(block, 3, states, candidates), first)
 
@@ -197,14 +196,15 @@ def previous_gru_step(head: GRUHead, tokens: torch.Tensor, states: torch.Tensor)
 
 
 def previous_gru_logits(head: GRUHead, block: DraftBlock, depth: int, states: torch.Tensor, cand: torch.Tensor):
-    """The corrected logits before the in-place accumulation (commit 449f525)."""
+    """The corrected logits before the in-place accumulation (commit 449f525), with fc1's hidden half
+    (and the gate) taken from one product per batch row over all its depths (issue 20; before, one
+    product per depth over the batch: the same sums, a different matmul kernel's rounding)."""
     base = torch.gather(block.logits[:, depth - 1], 1, cand)[:, None, :]
     if depth <= head.prefix_len:
         return base.expand(-1, states.shape[1], -1).contiguous()
     fc1, fc2 = head.embed_proj[0], head.embed_proj[2]
     w_h, w_s = fc1.weight[:, :H], fc1.weight[:, H:].contiguous()
-    h_d = block.hidden[:, depth - 1]
-    part = F.linear(h_d[:, None, :], w_h, fc1.bias)
+    part = torch.stack([F.linear(row, w_h, fc1.bias)[depth - 1] for row in block.hidden])[:, None, :]
     mid = F.silu(part + F.linear(head._normed(states), w_s))
     if head.bias:
         rows = F.embedding(cand, torch.cat([fc2.weight, fc2.bias[:, None]], dim=1))
@@ -212,7 +212,8 @@ def previous_gru_logits(head: GRUHead, block: DraftBlock, depth: int, states: to
     else:
         correction = torch.bmm(mid, F.embedding(cand, fc2.weight).transpose(1, 2))
     if head.bias_gate is not None:
-        correction = torch.sigmoid(head.bias_gate(h_d))[:, :, None] * correction
+        gate = torch.stack([torch.sigmoid(head.bias_gate(row))[depth - 1] for row in block.hidden])
+        correction = gate[:, :, None] * correction
     return base + correction
 
 

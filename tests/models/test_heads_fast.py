@@ -7,9 +7,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from dartree import make_builder
 from dartree.block import DraftBlock
+from dartree.fast import ops
 from dartree.models import heads as heads_module
 from dartree.models.heads import GRUHead
+from dartree.verify.timing import timed_head
 from tests.models.conftest import HIDDEN, VOCAB
 
 TOL = {"atol": 1e-6, "rtol": 1e-5}
@@ -97,3 +100,83 @@ def test_logits_stay_differentiable_under_autograd(tiny_heads):
     head.logits(block, 2, torch.randn(2, 3, 12), torch.randint(0, VOCAB, (2, 5))).sum().backward()
     assert head.embed_proj[0].weight.grad is not None and head.embed_proj[2].weight.grad is not None
     assert head.embed_proj[2].bias.grad is not None
+
+
+# ------------------------------------------------------------------ prepare_block (issue 20)
+def _prepared_variants(tiny_heads):
+    gru, markov = tiny_heads
+    plain = GRUHead(HIDDEN, VOCAB, 12, 16, prefix_len=0, bias=False, embedding=gru.embedding_weight)
+    gated = GRUHead(HIDDEN, VOCAB, 12, 16, prefix_len=2, bias=False, bias_norm=True, bias_gate=True,
+                    embedding=gru.embedding_weight)
+    gen = torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        for head in (plain, gated):
+            for p in head.parameters():
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
+    return {"gru": gru, "gru-bias-free": plain.eval(), "gru-norm-gate": gated.eval(), "markov": markov}
+
+
+class Unprepared:
+    """A head's protocol calls without its ``prepare_block``."""
+
+    def __init__(self, head) -> None:
+        self.head = head
+        self.initial_state, self.logits, self.advance = head.initial_state, head.logits, head.advance
+        self.advance_logits = head.advance_logits
+
+
+@pytest.mark.parametrize("which", ["gru", "gru-bias-free", "gru-norm-gate", "markov"])
+@pytest.mark.parametrize("m", [1, 5, 12])
+def test_prepared_steps_are_the_protocol_calls_bit_for_bit(tiny_heads, which, m):
+    """``prepare_block(block, C)``'s calls give the bits of ``logits`` / ``advance_logits`` with ``C[:, d - 1]``,
+    at every depth (prefix depths included), for one and for many branches of several rows."""
+    head = _prepared_variants(tiny_heads)[which]
+    block = make_block(b=3, gamma=6, seed=m)
+    gen = torch.Generator().manual_seed(m)
+    cands = torch.stack([torch.stack([torch.randperm(VOCAB, generator=gen)[:9] for _ in range(6)]) for _ in range(3)])
+    with torch.inference_mode():
+        steps = head.prepare_block(block, cands)
+        states = head.initial_state(block)[:, None].expand(-1, m, -1).contiguous()
+        assert torch.equal(steps.logits(1, states), head.logits(block, 1, states, cands[:, 0]))
+        for depth in range(1, block.gamma):
+            tokens = torch.randint(0, VOCAB, (3, m), generator=gen)
+            new, logits = steps.advance_logits(depth, states, tokens)
+            want_new, want = head.advance_logits(block, depth, states, tokens, cands[:, depth])
+            assert torch.equal(new, want_new) and torch.equal(logits, want)
+            assert torch.equal(steps.logits(depth + 1, new), head.logits(block, depth + 1, new, cands[:, depth]))
+            states = new
+        with pytest.raises(ValueError, match="depth"):
+            steps.advance_logits(block.gamma, states, tokens)        # the last depth is never advanced
+
+
+def test_prepare_block_refuses_bad_candidates_and_declines_under_autograd(tiny_heads):
+    gru, markov = tiny_heads
+    block = make_block(b=2, gamma=4)
+    good = torch.zeros(2, 4, 3, dtype=torch.int64)
+    for head in (gru, markov):
+        for bad in (good[:, :3], good.float(), good[0], "tokens"):
+            with pytest.raises(ValueError, match=r"candidates: expected an int64 tensor \[2, 4, K\]"):
+                head.prepare_block(block, bad)
+    with pytest.raises(ValueError, match="block.hidden"):
+        gru.prepare_block(DraftBlock(logits=block.logits, root=block.root), good)
+    assert gru.prepare_block(block, good) is None                       # grad on, weights trainable: None
+    with torch.no_grad():
+        assert gru.prepare_block(block, good) is not None
+
+
+@pytest.mark.parametrize("kernels", ["host", "torch"])
+@pytest.mark.parametrize("name", ["dartree-pruned", "dartree-fixed", "corrected-chain", "corrected-chain-ddtree"])
+def test_builders_with_a_prepared_head_build_the_trees_of_the_protocol_calls(tiny_heads, name, kernels):
+    """Every depth-wise fast builder (compiled host loop and torch twin) builds the same tree, scores bit
+    for bit, whether the head prepares the block or answers the protocol calls."""
+    cfg = {"topk": 6} | ({} if name == "corrected-chain" else {"budget": 14})
+    cfg |= {"width": 4} if name == "dartree-pruned" else {}
+    for which, head in _prepared_variants(tiny_heads).items():
+        block = make_block(b=2, gamma=5, seed=len(which))
+        with torch.inference_mode(), ops.force_backend(kernels):
+            builder = make_builder(name, backend="fast", **cfg)
+            timed = timed_head(head)
+            trees = [builder.build(block, h) for h in (head, Unprepared(head), timed)]
+        for tree in trees[1:]:
+            assert tree.canonical() == trees[0].canonical() and torch.equal(tree.scores, trees[0].scores), which
+        assert timed.take_calls() >= 2 and timed.take() > 0.0           # the prepared calls are timed and counted

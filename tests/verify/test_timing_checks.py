@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from dartree import DraftBlock, make_builder
+from dartree.fast import ops
 from dartree.models import GRUHead
 from dartree.testing import PathHashHead
 from dartree.verify.timing import timed_head
@@ -109,3 +110,49 @@ def test_proxy_overhead_is_small() -> None:
     raw = min(per_call(lambda: (head.advance(blk, 1, states, tokens), head.logits(blk, 1, states, candidates)))
               for _ in range(3))
     assert checked - raw < 1e-4
+
+
+class Prepared(PathHashHead):
+    """PathHashHead with a ``prepare_block`` whose result is ``make(self, block, candidates)``."""
+
+    def __init__(self, make) -> None:
+        super().__init__()
+        self.make = make
+
+    def prepare_block(self, block, candidates):
+        return self.make(self, block, candidates)
+
+
+class Steps:
+    def __init__(self, head, block, candidates, fix=lambda x: x) -> None:
+        self.head, self.block, self.candidates, self.fix = head, block, candidates, fix
+
+    def logits(self, depth, states):
+        return self.fix(self.head.logits(self.block, depth, states, self.candidates[:, depth - 1]))
+
+    def advance_logits(self, depth, states, tokens):
+        return self.head.advance_logits(self.block, depth, states, tokens, self.candidates[:, depth])
+
+
+@pytest.mark.parametrize("timed", [False, True])
+@pytest.mark.parametrize("make, match", [
+    (lambda h, b, c: object(), r"prepare_block: returned object, which lacks \['logits', 'advance_logits'\]"),
+    (lambda h, b, c: Steps(h, b, c, fix=lambda x: x[:, :, :1]), r"prepare_block\(\.\.\.\)\.logits: returned"),
+    (lambda h, b, c: Steps(h, b, c, fix=lambda x: "scores"), r"prepare_block\(\.\.\.\)\.logits: returned str"),
+])
+def test_what_prepare_block_returns_is_checked_where_it_enters(make, match, timed):
+    head = Prepared(make)
+    for kernels in ("host", "torch"):
+        with ops.force_backend(kernels), pytest.raises(ValueError, match=match):
+            make_builder("dartree-pruned", backend="fast", budget=4, width=2, topk=3).build(
+                block(), timed_head(head) if timed else head)
+
+
+def test_a_prepare_block_that_declines_gives_the_protocol_calls():
+    """``None`` from prepare_block: the builder makes the protocol calls (same tree as without it)."""
+    declining, plain = Prepared(lambda h, b, c: None), PathHashHead()
+    builder = make_builder("dartree-pruned", backend="fast", budget=5, width=2, topk=3)
+    got, want = builder.build(block(), timed_head(declining)), builder.build(block(), plain)
+    assert got.canonical() == want.canonical() and torch.equal(got.scores, want.scores)
+    steps = Prepared(lambda h, b, c: Steps(h, b, c))
+    assert builder.build(block(), timed_head(steps)).canonical() == want.canonical()
