@@ -18,9 +18,10 @@ import torch
 
 from benchmarks.common import TOPK, draft_block, gru_head
 from benchmarks.host_ddtree import build_ddtree
-from benchmarks.test_bench_builders import TimedHead, ddtree_block
+from benchmarks.test_bench_builders import ddtree_block
 from dartree import make_builder
 from dartree.testing import PathHashHead
+from dartree.verify.timing import TimedHead
 
 
 def interleaved(calls: dict, rounds: int) -> dict[str, float]:

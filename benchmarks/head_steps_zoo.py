@@ -16,7 +16,8 @@ import statistics
 import time
 
 import torch
-from bound_zoo import Recorder  # the sibling script: run as a script, benchmarks/ is on sys.path
+from bound_zoo import Recorder  # the sibling scripts: run as a script, benchmarks/ is on sys.path
+from common import draft_block, gru_head
 
 from dartree import SpeculativeDecoder, make_builder
 from dartree.eval.datasets import load_prompts
@@ -35,6 +36,26 @@ METHODS = {"dartree-pruned B=16 W=12": ("dartree-pruned", {"budget": 16, "width"
            "dartree-pruned B=64 W=12": ("dartree-pruned", {"budget": 64, "width": 12}),
            "dartree-fixed B=16": ("dartree-fixed", {"budget": 16}),
            "corrected-chain": ("corrected-chain", {})}
+
+
+def compare(label: str, builder, blocks, heads: dict, repeats: int) -> None:
+    """Print the median build time of each head on ``blocks`` (interleaved) and the per-block ratio."""
+    times = {k: [[] for _ in blocks] for k in heads}
+    with torch.inference_mode():
+        for block in blocks:
+            a, b = (builder.build(block, h) for h in heads.values())
+            assert a.canonical() == b.canonical() and torch.equal(a.scores, b.scores)
+        for _ in range(repeats):
+            for i, block in enumerate(blocks):
+                for k, h in heads.items():
+                    t0 = time.perf_counter()
+                    builder.build(block, h)
+                    times[k][i].append(time.perf_counter() - t0)
+    med = {k: statistics.median(statistics.median(r) for r in v) for k, v in times.items()}
+    ratios = [statistics.median(p) / statistics.median(q) for p, q in zip(times["prepared"], times["protocol"],
+                                                                          strict=True)]
+    print(f"{label}: prepared {1e3 * med['prepared']:.3f} ms, protocol calls {1e3 * med['protocol']:.3f} ms, "
+          f"median per-round ratio {statistics.median(ratios):.3f}")
 
 
 def main() -> None:
@@ -56,24 +77,13 @@ def main() -> None:
     print(f"{len(rec.blocks)} blocks from {len(prompts)} prompts, {args.head} head, {args.repeats} repeats; "
           f"build ms per round, median over rounds of the median over repeats")
     for label, (name, cfg) in METHODS.items():
-        builder = make_builder(name, backend="fast", **cfg)
-        times = {k: [[] for _ in rec.blocks] for k in heads}
-        with torch.inference_mode():
-            for block in rec.blocks:
-                a, b = (builder.build(block, h) for h in heads.values())
-                assert a.canonical() == b.canonical() and torch.equal(a.scores, b.scores)
-            for _ in range(args.repeats):
-                for i, block in enumerate(rec.blocks):
-                    for k, h in heads.items():
-                        t0 = time.perf_counter()
-                        builder.build(block, h)
-                        times[k][i].append(time.perf_counter() - t0)
-        med = {k: statistics.median(statistics.median(r) for r in v) for k, v in times.items()}
-        ratios = [statistics.median(p) / statistics.median(q) for p, q in zip(times["prepared"], times["protocol"],
-                                                                              strict=True)]
-        print(f"{label}: prepared {1e3 * med['prepared']:.3f} ms, protocol calls {1e3 * med['protocol']:.3f} ms, "
-              f"median per-round ratio {statistics.median(ratios):.3f}")
-
+        compare(label, make_builder(name, backend="fast", **cfg), rec.blocks, heads, args.repeats)
+    synthetic = gru_head(4096)
+    blocks = [draft_block(4096)]
+    print("synthetic GRU head of benchmarks.common (H=G=512, E=256, V=4096), its random block, 20 x repeats:")
+    for label, (name, cfg) in METHODS.items():
+        compare(label, make_builder(name, backend="fast", **cfg), blocks,
+                {"prepared": synthetic, "protocol": ProtocolOnly(synthetic)}, 20 * args.repeats)
 
 if __name__ == "__main__":
     main()

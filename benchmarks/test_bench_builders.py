@@ -27,26 +27,8 @@ from benchmarks.common import BUDGETS, FULL, GOALS, TOPK, VOCABS, WIDTHS, draft_
 from benchmarks.host_ddtree import build_ddtree
 from dartree import DraftBlock, make_builder
 from dartree.testing import PathHashHead
-
-
-class TimedHead:
-    """Forwards to a head and accumulates the wall time spent inside its calls."""
-
-    def __init__(self, head) -> None:
-        self.head, self.seconds = head, 0.0
-        if hasattr(head, "advance_logits"):
-            self.advance_logits = self._timed(head.advance_logits)
-        self.initial_state = self._timed(head.initial_state)
-        self.logits = self._timed(head.logits)
-        self.advance = self._timed(head.advance)
-
-    def _timed(self, fn):
-        def call(*args):
-            start = time.perf_counter()
-            out = fn(*args)
-            self.seconds += time.perf_counter() - start
-            return out
-        return call
+from dartree.tree import check_decodable
+from dartree.verify.timing import TimedHead  # times every head call, the prepared ones too
 
 
 def configs() -> list:
@@ -123,3 +105,12 @@ def test_ddtree_and_mask(benchmark, provider: str, vocab: int) -> None:
 
     tree, mask = run(benchmark, build_and_mask)
     assert torch.equal(mask.sum((1, 2)), tree.depths.sum(1) + tree.num_nodes)  # ancestors-or-self per node
+
+
+@pytest.mark.parametrize("budget", [16, 64])
+def test_check_decodable(benchmark, budget: int) -> None:
+    """The decoder's check of a tree from a strategy registered from outside (once per round; about
+    50-60 us on one thread against a 10-20 ms round; was a timed unit test in tests/test_tree_contract.py)."""
+    blk = DraftBlock(logits=torch.randn(1, 16, 1000), root=torch.tensor([5]))
+    tree = make_builder("ddtree", budget=budget, topk=8).build(blk)
+    benchmark(check_decodable, tree, blk)

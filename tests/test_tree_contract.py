@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import time
 
 import pytest
 import torch
@@ -148,22 +147,6 @@ def test_the_torch_path_agrees_with_the_host_path() -> None:
         host = _decodable_host(case, blk.root, 10, blk.gamma, case.max_nodes)
         flags = _decodable_flags(case, blk.root, 10, blk.gamma, case.max_nodes)
         assert host == (not any(bool(f.any()) for _, f in flags))
-
-
-@pytest.mark.parametrize("budget", [16, 64])
-def test_cost_is_small(budget: int) -> None:
-    """The per-round cost: tens of microseconds (measured ~50-60 us on one thread, vs a ~20 ms round)."""
-    blk = DraftBlock(logits=torch.randn(1, 16, 1000), root=torch.tensor([5]))
-    tree = make_builder("ddtree", budget=budget, topk=8).build(blk)
-    check_decodable(tree, blk)
-    best = min(_time(lambda: check_decodable(tree, blk)) for _ in range(50))
-    assert best < 2e-3          # generous: a shared, loaded CI machine
-
-
-def _time(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
 
 
 def test_validate_refuses_bad_arguments_and_fields() -> None:
