@@ -290,12 +290,20 @@ def _expand_native(lib, block: DraftBlock, cands: HostCandidates, widths: list[i
     parent_scores = np.zeros(b, dtype=np.float32)
     traced = []
     used: list[int] = []  # the width of every expanded depth
+    # perf: scratch the C calls write into, allocated once (they accept buffers at least as long as needed)
+    most = max(widths)
+    lq_scratch = None if trace else np.empty(b * most * topk, dtype=np.float32)
+    used_arr = np.zeros(gamma, dtype=np.int64)
+    kept_rows, kept_counts = np.empty(b * most, dtype=np.int64), np.empty(b, dtype=np.int64)
     lo = branches = 0
     for depth, width in enumerate(widths, start=1):
         m = 1 if depth == 1 else widths[depth - 2]
         hi = lo + b * width
-        z = np.ascontiguousarray(logits.detach().float().numpy())
-        lq = np.empty((b, m, topk), dtype=np.float32)
+        if logits.dtype == torch.float32 and logits.is_contiguous() and not logits.requires_grad:
+            z = logits.numpy()
+        else:
+            z = np.ascontiguousarray(logits.detach().float().numpy())
+        lq = np.empty((b, m, topk), dtype=np.float32) if trace else lq_scratch
         branches += b * m
         if branching:  # the previous depth's paths (the root's zeros at depth 1), then this depth's
             start = b * gamma + (lo - b * m) * gamma
@@ -310,16 +318,16 @@ def _expand_native(lib, block: DraftBlock, cands: HostCandidates, widths: list[i
         if bad:
             raise ValueError("head.logits: must be finite (found NaN or inf)")
         used.append(width)
+        used_arr[depth - 1] = width
         parent_scores = scores[lo:hi]
         if trace:
             traced.append(lq)
         if depth == gamma:  # the last depth's advance would never be used
             break
         if bound and hi >= b * budget:  # the rows hold `budget` nodes: does a branch not rank after the budget-th?
-            keep = lib.bound_frontier(b, gamma, depth, np.array(used, dtype=np.int64), budget, ints[1, :hi],
-                                      scores[:hi],
+            keep = lib.bound_frontier(b, gamma, depth, used_arr, budget, ints[1, :hi], scores[:hi],
                                       None if paths is None else paths[b * gamma: b * gamma + hi * gamma],
-                                      np.empty((b, width), dtype=np.int64), np.empty(b, dtype=np.int64))
+                                      kept_rows, kept_counts)
             if keep == 0:  # no row keeps a branch: nothing deeper can enter the tree
                 break
         lo = hi

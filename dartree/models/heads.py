@@ -318,10 +318,39 @@ class GRUHead(nn.Module):
 
     # ------------------------------------------------------------------------- protocol
     def initial_state(self, block: DraftBlock) -> Tensor:
-        """State after reading the root.  Shape: ``[b, G]``."""
+        """State after reading the root.  Shape: ``[b, G]``.
+
+        perf: on the CPU a one-row block's root state is kept per root token with the weights' plan
+        (:meth:`_plan`: dropped when a weight changes) and returned as a copy: the same bits, as the
+        same one-row step computed it.
+        """
+        if block.batch_size == 1 and block.device.type == "cpu":
+            plan = self._plan()
+            if plan is not None:
+                key = (int(block.root[0]), torch.is_inference_mode_enabled())
+                state = plan.roots.get(key)
+                if state is None:
+                    if len(plan.roots) >= ROOT_CACHE_LIMIT:
+                        plan.roots.clear()
+                    state = plan.roots[key] = self._root_state(block)
+                return state.clone()
+        return self._root_state(block)
+
+    def _root_state(self, block: DraftBlock) -> Tensor:
         h0 = torch.zeros(block.batch_size, self.gru_hidden_dim, device=block.device,
                          dtype=self.prefix_gru.weight_hh_l0.dtype)
         return self.gru_step(block.root, h0)
+
+    def _plan(self) -> _Plan | None:
+        """perf: what a build reads from the weights (gate table, projection tables, ``W_hh^T``, K-major
+        copies) resolved once per weight version (one :func:`derived` lookup instead of one each);
+        ``None`` where autograd tracks the weights or the gate table does not apply."""
+        if torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()):
+            return None
+        g, fc1, fc2 = self.prefix_gru, self.embed_proj[0], self.embed_proj[2]
+        biases = [g.bias_ih_l0, g.bias_hh_l0, fc1.bias, fc2.bias] if self.bias else []
+        sources = [self.embedding_weight, g.weight_ih_l0, g.weight_hh_l0, fc1.weight, fc2.weight, *biases]
+        return derived(self, "_plan_cache", sources, lambda: _Plan.of(self))
 
     def _logits(self, block: DraftBlock, depth: int, states: Tensor, candidates: Tensor) -> Tensor:
         base = _base_candidates(block, depth, candidates)[:, None, :]            # [b, 1, K]
@@ -416,11 +445,8 @@ class GRUHead(nn.Module):
         _check_candidates(block, candidates)
         if block.hidden is None:
             raise ValueError("block: the GRU head needs block.hidden (the drafter's H_d); got None")
-        dtype = self.prefix_gru.weight_hh_l0.dtype
-        if torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()):
-            return None
-        table = self._gate_table(dtype)
-        return None if table is None else _GRUSteps(self, block, candidates, table)
+        plan = self._plan()
+        return None if plan is None else _GRUSteps(self, block, candidates, plan)
 
 
 def _check_step_depth(depth: int, last: int) -> None:
@@ -435,29 +461,51 @@ def _kmajor_from(weight: Tensor, bias: bool) -> tuple[float, Tensor | None]:
     return (float("inf"), None) if start is None else (start, kmajor_copy(weight))
 
 
+#: perf: root states a GRU head keeps per root token (at most; then the cache starts over)
+ROOT_CACHE_LIMIT = 4096
+
+
+class _Plan:
+    """:meth:`GRUHead._plan`: the weight-derived tensors of a build, and the root states per token."""
+
+    __slots__ = ("table", "w_s", "rows_table", "w_hh_t", "hh_from", "hh_copy", "s_from", "s_copy", "roots")
+
+    @classmethod
+    def of(cls, head: GRUHead) -> _Plan | None:
+        w_hh = head.prefix_gru.weight_hh_l0
+        table = head._gate_table(w_hh.dtype)
+        if table is None:
+            return None
+        plan = cls()
+        plan.table = table
+        plan.w_s, plan.rows_table = head._projection_tables()
+        plan.w_hh_t = w_hh.t()
+        # K-major copies and the row counts from which they give F.linear's bits (CPU only), as
+        # GRUHead._recurrent_weight_t and kmajor.linear decide per call
+        plan.hh_from, plan.hh_copy = _kmajor_from(w_hh, head.bias)
+        plan.s_from, plan.s_copy = _kmajor_from(plan.w_s, False)
+        plan.roots = {}
+        return plan
+
+
 class _GRUSteps:
     """:meth:`GRUHead.prepare_block`'s result, for one build: ``logits`` / ``advance_logits`` without
     the block and the candidates, bit for bit the head's own calls (fp32; tested).  perf: per depth a
     call runs the GRU cell (9 ops into reused buffers) and the correction (5 ops) and nothing else."""
 
-    def __init__(self, head: GRUHead, block: DraftBlock, candidates: Tensor, table: Tensor) -> None:
-        self.head, self.block, self.table = head, block, table
+    def __init__(self, head: GRUHead, block: DraftBlock, candidates: Tensor, plan: _Plan) -> None:
+        self.head, self.table, self.w_hh_t, self.w_s = head, plan.table, plan.w_hh_t, plan.w_s
+        self.hh_from, self.hh_copy, self.s_from, self.s_copy = plan.hh_from, plan.hh_copy, plan.s_from, plan.s_copy
         self.gamma, self.size = block.gamma, head.gru_hidden_dim
-        # every depth's operands as one tuple of views each (unbind: one op, no indexing per call)
+        # every depth's base logits and fc1 hidden half as one tuple of views each (unbind: one op, no
+        # indexing per call); the output rows of a depth's candidates gathered when the depth is first
+        # scored (a build that stops early never reads the deeper ones)
         self.base = _candidate_base(block, candidates).unsqueeze(2).unbind(1)     # gamma x [b, 1, K]
-        w_s, rows_table = head._projection_tables()
-        rows = F.embedding(candidates, rows_table)                               # [b, gamma, K, E (+ 1)]
-        self.rows_t = rows[..., : head.emb_dim].mT.unbind(1)                     # gamma x [b, E, K]
-        self.bias = rows[..., head.emb_dim].unsqueeze(2).unbind(1) if head.bias else None  # gamma x [b, 1, K]
+        self.candidates, self.rows_table, self.emb_dim = candidates, plan.rows_table, head.emb_dim
+        self.rows: list[tuple[Tensor, Tensor | None] | None] = [None] * block.gamma
         part, gate = head._block_terms(block, False)                             # [b, gamma, E], [b, gamma, 1]
         self.part = part.unsqueeze(2).unbind(1)                                  # gamma x [b, 1, E]
         self.gate = None if gate is None else gate.unsqueeze(2).unbind(1)       # gamma x [b, 1, 1]
-        w_hh = head.prefix_gru.weight_hh_l0
-        self.w_hh_t, self.w_s = w_hh.t(), w_s
-        # K-major copies and the row counts from which they give F.linear's bits (CPU only), as
-        # GRUHead._recurrent_weight_t and kmajor.linear decide per call
-        self.hh_from, self.hh_copy = _kmajor_from(w_hh, head.bias)
-        self.s_from, self.s_copy = _kmajor_from(w_s, False)
         self.buffers: dict[int, tuple[Tensor, ...]] = {}
 
     def logits(self, depth: int, states: Tensor) -> Tensor:
@@ -487,8 +535,13 @@ class _GRUSteps:
             mid = normed @ self.s_copy                                           # = kmajor.linear(normed, w_s)
         else:
             mid = F.linear(normed, self.w_s)
+        rows = self.rows[depth - 1]
+        if rows is None:
+            found = F.embedding(self.candidates[:, depth - 1], self.rows_table)  # [b, K, E (+ 1)]
+            size = self.emb_dim
+            rows = self.rows[depth - 1] = (found[..., :size].mT, found[:, None, :, size] if head.bias else None)
         return head._corrected(mid, self.part[depth - 1], None if self.gate is None else self.gate[depth - 1],
-                               self.rows_t[depth - 1], None if self.bias is None else self.bias[depth - 1], base)
+                               rows[0], rows[1], base)
 
 
 class MarkovHead(nn.Module):

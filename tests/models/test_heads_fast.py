@@ -180,3 +180,22 @@ def test_builders_with_a_prepared_head_build_the_trees_of_the_protocol_calls(tin
         for tree in trees[1:]:
             assert tree.canonical() == trees[0].canonical() and torch.equal(tree.scores, trees[0].scores), which
         assert timed.take_calls() >= 2 and timed.take() > 0.0           # the prepared calls are timed and counted
+
+
+def test_root_states_kept_per_token_are_the_computed_ones_and_follow_the_weights(tiny_heads):
+    """A one-row block's root state comes from the per-token cache: the bits of the step itself, a copy
+    the caller may edit, and recomputed after a weight is edited in place."""
+    gru = _prepared_variants(tiny_heads)["gru-norm-gate"]
+    one = make_block(b=1, gamma=4, seed=3)
+    with torch.no_grad():
+        first = gru.initial_state(one)
+        assert torch.equal(first, gru._root_state(one))
+        first.add_(1.0)                                                 # the caller's copy
+        again = gru.initial_state(one)
+        assert torch.equal(again, gru._root_state(one)) and not torch.equal(again, first)
+        gru.prefix_gru.weight_hh_l0.mul_(0.5)
+        gru.prefix_gru.bias_ih_l0.mul_(-1.0) if gru.bias else gru.prefix_gru.weight_ih_l0.mul_(-1.0)
+        edited = gru.initial_state(one)
+        assert torch.equal(edited, gru._root_state(one)) and not torch.equal(edited, again)
+        three = make_block(b=3, gamma=4, seed=3)                        # more rows: computed, not cached
+        assert torch.equal(gru.initial_state(three), gru._root_state(three))
