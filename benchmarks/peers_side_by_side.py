@@ -33,6 +33,7 @@ METHODS = {
     "ddtree16": ("ddtree", {"budget": 16}, None),
     "ddtree64": ("ddtree", {"budget": 64}, None),
     "pruned16": ("dartree-pruned", {"budget": 16, "width": 12}, "gru"),
+    "pruned16w8": ("dartree-pruned", {"budget": 16, "width": 8}, "gru"),    # the demo tuner's usual choice
     "pruned64": ("dartree-pruned", {"budget": 64, "width": 12}, "gru"),
     "corrected-chain": ("corrected-chain", {}, "gru"),
 }
