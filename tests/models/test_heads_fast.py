@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from dartree import make_builder
 from dartree.block import DraftBlock
@@ -14,6 +16,7 @@ from dartree.models import heads as heads_module
 from dartree.models.heads import GRUHead
 from dartree.verify.timing import timed_head
 from tests.models.conftest import HIDDEN, VOCAB
+from tests.strategies import random_logits
 
 TOL = {"atol": 1e-6, "rtol": 1e-5}
 
@@ -199,3 +202,31 @@ def test_root_states_kept_per_token_are_the_computed_ones_and_follow_the_weights
         assert torch.equal(edited, gru._root_state(one)) and not torch.equal(edited, again)
         three = make_block(b=3, gamma=4, seed=3)                        # more rows: computed, not cached
         assert torch.equal(gru.initial_state(three), gru._root_state(three))
+
+
+@st.composite
+def prepared_cases(draw):
+    b, gamma = draw(st.integers(1, 3)), draw(st.integers(2, 6))
+    seed = draw(st.integers(0, 2**31 - 1))
+    block = make_block(b=b, gamma=gamma, seed=seed)
+    if draw(st.booleans()):                                             # ties in candidates and scores
+        block = DraftBlock(logits=random_logits(seed, (b, gamma, VOCAB), True), root=block.root, hidden=block.hidden)
+    name = draw(st.sampled_from(["dartree-pruned", "dartree-fixed", "corrected-chain"]))
+    cfg = {"topk": draw(st.sampled_from([1, 3, 8]))}
+    if name != "corrected-chain":
+        cfg["budget"] = draw(st.sampled_from([1, 4, 16, 400]))
+    if name == "dartree-pruned":
+        cfg |= {"width": draw(st.sampled_from([1, 3, 12])), "beta": draw(st.sampled_from([0.0, -0.2]))}
+    return block, name, cfg, draw(st.sampled_from(["gru", "gru-bias-free", "gru-norm-gate", "markov"])), \
+        draw(st.sampled_from(["host", "torch"]))
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])  # not mutated
+@given(case=prepared_cases())
+def test_prepared_and_protocol_calls_build_the_same_tree_on_random_blocks(tiny_heads, case):
+    block, name, cfg, which, kernels = case
+    head = _prepared_variants(tiny_heads)[which]
+    with torch.inference_mode(), ops.force_backend(kernels):
+        builder = make_builder(name, backend="fast", **cfg)
+        got, want = builder.build(block, head), builder.build(block, Unprepared(head))
+    assert got.canonical() == want.canonical() and torch.equal(got.scores, want.scores)
