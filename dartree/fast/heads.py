@@ -64,12 +64,14 @@ def head_advance_logits(head: CorrectionHead, block: DraftBlock, depth: int, sta
     if fn is None:
         new = head_advance(head, block, depth, states, tokens)
         return new, head_logits(head, block, depth + 1, new, cand_tokens)
-    out = fn(block, depth, states, tokens, cand_tokens)
+    return _pair("advance_logits", fn(block, depth, states, tokens, cand_tokens), tokens, cand_tokens.shape[-1])
+
+
+def _pair(name: str, out, tokens: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """``(states [b, m, S], logits [b, m, k])`` returned by the fused call ``name``, shape-checked."""
     if not isinstance(out, tuple) or len(out) != 2:
-        raise ValueError(f"head.advance_logits: returned {type(out).__name__}, expected (states, logits)")
-    new = _check(out[0], "advance_logits", tuple(tokens.shape), True)
-    logits = _check(out[1], "advance_logits", (*tokens.shape, cand_tokens.shape[-1]), False)
-    return new, logits
+        raise ValueError(f"head.{name}: returned {type(out).__name__}, expected (states, logits)")
+    return _check(out[0], name, tuple(tokens.shape), True), _check(out[1], name, (*tokens.shape, k), False)
 
 
 def head_initial(head: CorrectionHead, block: DraftBlock) -> Tensor:
@@ -122,8 +124,4 @@ class HeadSteps:
         out = self.steps.advance_logits(depth, states, tokens)
         if self._checked:
             return out
-        name = "prepare_block(...).advance_logits"
-        if not isinstance(out, tuple) or len(out) != 2:
-            raise ValueError(f"head.{name}: returned {type(out).__name__}, expected (states, logits)")
-        return (_check(out[0], name, tuple(tokens.shape), True),
-                _check(out[1], name, (*tokens.shape, self.candidates.shape[-1]), False))
+        return _pair("prepare_block(...).advance_logits", out, tokens, self.candidates.shape[-1])

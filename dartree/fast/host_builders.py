@@ -289,11 +289,11 @@ def _expand_native(lib, block: DraftBlock, cands: HostCandidates, widths: list[i
     logits = steps.logits(1, states)
     parent_scores = np.zeros(b, dtype=np.float32)
     traced = []
-    used: list[int] = []  # the width of every expanded depth
     # perf: scratch the C calls write into, allocated once (they accept buffers at least as long as needed)
     most = max(widths)
     lq_scratch = None if trace else np.empty(b * most * topk, dtype=np.float32)
-    used_arr = np.zeros(gamma, dtype=np.int64)
+    used = np.zeros(gamma, dtype=np.int64)  # the width of every expanded depth (0: never expanded)
+    expanded = 0
     kept_rows, kept_counts = np.empty(b * most, dtype=np.int64), np.empty(b, dtype=np.int64)
     lo = branches = 0
     for depth, width in enumerate(widths, start=1):
@@ -317,15 +317,14 @@ def _expand_native(lib, block: DraftBlock, cands: HostCandidates, widths: list[i
                                        ints[3, lo:hi])
         if bad:
             raise ValueError("head.logits: must be finite (found NaN or inf)")
-        used.append(width)
-        used_arr[depth - 1] = width
+        used[depth - 1], expanded = width, depth
         parent_scores = scores[lo:hi]
         if trace:
             traced.append(lq)
         if depth == gamma:  # the last depth's advance would never be used
             break
         if bound and hi >= b * budget:  # the rows hold `budget` nodes: does a branch not rank after the budget-th?
-            keep = lib.bound_frontier(b, gamma, depth, used_arr, budget, ints[1, :hi], scores[:hi],
+            keep = lib.bound_frontier(b, gamma, depth, used, budget, ints[1, :hi], scores[:hi],
                                       None if paths is None else paths[b * gamma: b * gamma + hi * gamma],
                                       kept_rows, kept_counts)
             if keep == 0:  # no row keeps a branch: nothing deeper can enter the tree
@@ -336,7 +335,7 @@ def _expand_native(lib, block: DraftBlock, cands: HostCandidates, widths: list[i
             states = flat.index_select(0, torch.from_numpy(ints[3, lo - b * width:lo])).view(b, width, -1)
         tokens = torch.from_numpy(ints[2, lo - b * width:lo]).view(b, width)
         states, logits = steps.advance_logits(depth, states, tokens)
-    expansion.record(expansion.Expansion(depths=len(used), full_depths=gamma, branches=branches,
+    expansion.record(expansion.Expansion(depths=expanded, full_depths=gamma, branches=branches,
                                          full_branches=b * (1 + sum(widths[:-1]))))
     if trace:
         return np.concatenate(traced, axis=1)
@@ -344,8 +343,7 @@ def _expand_native(lib, block: DraftBlock, cands: HostCandidates, widths: list[i
     out = np.empty((4, b, n_out + 1), dtype=np.int64)  # tokens, parents, depths, ranks
     out_scores = np.empty((b, n_out + 1), dtype=np.float32)
     root = np.ascontiguousarray(block.root.numpy(), dtype=np.int64)
-    used += [0] * (gamma - len(used))  # depths never expanded are empty
-    lib.select_tree(b, gamma, np.array(used, dtype=np.int64), n_out, ints[0], ints[1], ints[2], scores,
+    lib.select_tree(b, gamma, used, n_out, ints[0], ints[1], ints[2], scores,
                     None if paths is None else paths[b * gamma:], root, out[0], out[1], out[2], out[3], out_scores)
     t = torch.from_numpy(out)
     return DraftTree(tokens=t[0], parents=t[1], depths=t[2], scores=torch.from_numpy(out_scores), ranks=t[3],

@@ -433,12 +433,11 @@ class GRUHead(nn.Module):
         new = self.gru_step(tokens, states)
         return new, self._logits(block, depth + 1, new, candidates)
 
-
     def prepare_block(self, block: DraftBlock, candidates: Tensor) -> _GRUSteps | None:
         """The protocol's optional per-build preparation (:class:`dartree.block.CorrectionHead`): every
-        depth's candidate rows of the output projection and base logits gathered once, the weights
-        resolved once, and each depth's ``fc1`` hidden half computed on first use; ``None`` (use the
-        protocol calls) where autograd tracks the weights or the gate table does not apply.
+        depth's base logits and ``fc1`` hidden half computed once, the weights resolved once (:meth:`_plan`),
+        and each depth's candidate rows of the output projection gathered when it is first scored; ``None``
+        (use the protocol calls) where autograd tracks the weights or the gate table does not apply.
 
         Shape: candidates int64 ``[b, gamma, K]`` (``C_d`` at ``[:, d - 1]``).
         """

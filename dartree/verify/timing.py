@@ -87,6 +87,16 @@ def _logits(name: str, out: Any, block: Any, states: Tensor, candidates: Tensor)
     return out
 
 
+def _pair(name: str, out: Any, block: Any, tokens: Tensor, width: int | None,
+          candidates: Tensor) -> tuple[Tensor, Tensor]:
+    """``(new_states, logits)`` returned by a fused call ``name``, each checked as :func:`_state` / :func:`_logits`."""
+    if not isinstance(out, tuple) or len(out) != 2 or not all(isinstance(x, Tensor) for x in out):
+        raise ValueError(f"head.{name}: returned {type(out).__name__}, expected a tuple (new_states, logits) "
+                         f"of two tensors")
+    new = _state(name, out[0], block, tuple(tokens.shape), width)
+    return new, _logits(name, out[1], block, new, candidates)
+
+
 class TimedHead:
     """Forwards to ``head``; ``seconds`` accumulates the wall time spent inside its calls."""
 
@@ -183,12 +193,8 @@ class _TimedSteps:
     def advance_logits(self, depth: int, states: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
         self._head.calls += 1
         out = self._head._timed(self._steps.advance_logits, depth, states, tokens)
-        name = "prepare_block(...).advance_logits"
-        if not isinstance(out, tuple) or len(out) != 2 or not all(isinstance(x, Tensor) for x in out):
-            raise ValueError(f"head.{name}: returned {type(out).__name__}, expected a tuple (new_states, logits) "
-                             f"of two tensors")
-        new = _state(name, out[0], self._block, tuple(tokens.shape), self._head._width)
-        return new, _logits(name, out[1], self._block, new, self._candidates)
+        return _pair("prepare_block(...).advance_logits", out, self._block, tokens, self._head._width,
+                     self._candidates)
 
 
 class _TimedFusedHead(TimedHead):
@@ -197,11 +203,7 @@ class _TimedFusedHead(TimedHead):
     def advance_logits(self, block: Any, depth: int, states: Tensor, tokens: Tensor,
                        candidates: Tensor) -> tuple[Tensor, Tensor]:
         out = self._call("advance_logits", block, depth, states, tokens, candidates)
-        if not isinstance(out, tuple) or len(out) != 2 or not all(isinstance(x, Tensor) for x in out):
-            raise ValueError(f"head.advance_logits: returned {type(out).__name__}, expected a tuple "
-                             f"(new_states, logits) of two tensors")
-        new = _state("advance_logits", out[0], block, tuple(tokens.shape), self._width)
-        return new, _logits("advance_logits", out[1], block, new, candidates)
+        return _pair("advance_logits", out, block, tokens, self._width, candidates)
 
 
 def timed_head(head: Any, device: torch.device | str = "cpu") -> TimedHead:

@@ -180,6 +180,8 @@ def test_builders_with_a_prepared_head_build_the_trees_of_the_protocol_calls(tin
             builder = make_builder(name, backend="fast", **cfg)
             timed = timed_head(head)
             trees = [builder.build(block, h) for h in (head, Unprepared(head), timed)]
+            cands = torch.zeros(block.batch_size, block.gamma, 2, dtype=torch.int64)
+            assert head.prepare_block(block, cands) is not None, which    # the first build took the prepared path
         for tree in trees[1:]:
             assert tree.canonical() == trees[0].canonical() and torch.equal(tree.scores, trees[0].scores), which
         assert timed.take_calls() >= 2 and timed.take() > 0.0           # the prepared calls are timed and counted
