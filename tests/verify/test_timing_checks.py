@@ -148,6 +148,25 @@ def test_what_prepare_block_returns_is_checked_where_it_enters(make, match, time
                 block(), timed_head(head) if timed else head)
 
 
+class NarrowGRU(GRUHead):
+    """A user's GRUHead subclass whose prepared ``logits`` drop all candidates but the first."""
+
+    def prepare_block(self, block, candidates):
+        return Steps(self, block, candidates, fix=lambda x: x[:, :, :1])
+
+
+def test_only_the_bundled_head_classes_skip_the_checks_of_prepared_calls():
+    """The proxy trusts dartree's own GRUHead / MarkovHead (exact classes); a subclass is user code."""
+    from dartree.models import MarkovHead
+    from dartree.verify.timing import _bundled
+
+    gru, narrow = (cls(hidden_size=8, vocab_size=12, gru_hidden_dim=4, emb_dim=6) for cls in (GRUHead, NarrowGRU))
+    assert _bundled(gru) and _bundled(MarkovHead(12, 3)) and not _bundled(narrow) and not _bundled(PathHashHead())
+    narrow.set_embedding(torch.randn(12, 8))
+    with pytest.raises(ValueError, match=r"prepare_block\(\.\.\.\)\.logits: returned logits of shape"):
+        make_builder("dartree-pruned", backend="fast", budget=4, width=2, topk=3).build(block(), timed_head(narrow))
+
+
 def test_a_prepare_block_that_declines_gives_the_protocol_calls():
     """``None`` from prepare_block: the builder makes the protocol calls (same tree as without it)."""
     declining, plain = Prepared(lambda h, b, c: None), PathHashHead()
