@@ -783,23 +783,32 @@ static PyObject *native_select_tree(PyObject *self, PyObject *const *args, Py_ss
 
 /* ---------------------------------------------------------------------------------- bound frontier */
 /* bound_frontier(b, gamma, depth, widths i64 [depth], budget, ranks i64, scores f32, paths i64 | None,
- *                fmap i64 [b, W_depth] (out), live i64 [b] (out)) -> the largest live count of a row.
+ *                fmap i64 [b, W_depth] (out), live i64 [b] (out), beta (float)) -> the largest live count of a row.
  * The buffers are select_tree's: depth j's [b, W_j] block at b * offset_j (paths: [b, W_j, gamma] blocks at
  * b * offset_j * gamma); fillers (rank -1) are not nodes.  Per row: theta = the budget-th best node of depths
  * 1..depth in the total order (score descending, then rank path; without paths, a chain: depth order).  The
- * nodes of depth `depth` that do not rank after theta (all of them while the row holds fewer than `budget`
- * nodes) go to fmap[r, 0..live[r]) in column order; fmap[r, live[r]..) repeats the first of them (column 0
- * when none): the padding of a batch's head call.  A node ranking after theta has no descendant in the final
- * top budget, whatever else is expanded (docs/builders.md, "Bound pruning"). */
+ * nodes of depth `depth` that may have a child ranking at or before theta (all of them while the row holds
+ * fewer than `budget` nodes) go to fmap[r, 0..live[r]) in column order; fmap[r, live[r]..) repeats the first
+ * of them (column 0 when none): the padding of a batch's head call.  A node u has none when it ranks after
+ * theta, or when (s(u) + beta) in float32 scores below theta: every child scores (s(u) + log q) + beta <=
+ * s(u) + beta, float32 rounding being monotone; such a node has no descendant in the final top budget,
+ * whatever else is expanded (docs/builders.md, "Bound pruning"). */
 static PyObject *native_bound_frontier(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 10) {
-        PyErr_SetString(PyExc_TypeError, "bound_frontier: expected 10 arguments");
+    if (nargs != 11) {
+        PyErr_SetString(PyExc_TypeError, "bound_frontier: expected 11 arguments");
         return NULL;
     }
     Py_ssize_t b, gamma, depth, budget;
     if (get_ssize(args[0], &b, "b") < 0 || get_ssize(args[1], &gamma, "gamma") < 0 ||
         get_ssize(args[2], &depth, "depth") < 0 || get_ssize(args[4], &budget, "budget") < 0)
         return NULL;
+    double beta_d = PyFloat_AsDouble(args[10]);
+    if (beta_d == -1.0 && PyErr_Occurred()) return NULL;
+    if (!(beta_d <= 0.0)) {
+        PyErr_SetString(PyExc_ValueError, "bound_frontier: beta must be <= 0 (a depth penalty)");
+        return NULL;
+    }
+    float beta = (float)beta_d;
     if (gamma < 1 || depth < 1 || depth > gamma || budget < 1) {
         PyErr_SetString(PyExc_ValueError, "bound_frontier: need 1 <= depth <= gamma and budget >= 1");
         return NULL;
@@ -883,8 +892,9 @@ static PyObject *native_bound_frontier(PyObject *self, PyObject *const *args, Py
         for (Py_ssize_t c = 0; c < wd; c++) {
             Py_ssize_t f = base + c;
             if (rank[f] < 0) continue;
-            float s = score[f];
-            if (n < budget || s > t || (s == t && (every_tie || in[c]))) fmap[r * wd + kept++] = c;
+            float s = score[f], best_child = s + beta; /* no child of f scores above it */
+            if (n < budget || best_child > t || (best_child == t && (s > t || every_tie || in[c])))
+                fmap[r * wd + kept++] = c;
         }
         live[r] = kept;
         if (kept > most) most = kept;

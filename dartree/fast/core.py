@@ -134,11 +134,12 @@ def expand(block: DraftBlock, cands: CandidateSet, widths: list[int], head: Corr
 
     ``bound`` (``dartree-pruned``'s budget; docs/builders.md, "Bound pruning"): once the rows hold that
     many nodes, a running top-``bound`` of the scores gives each row's ``bound``-th best score; when every
-    frontier node of every row scores strictly below it, no deeper node can enter the tree and the
-    expansion stops (read through :class:`_StopPoll`: at once on the CPU, without a sync and up to the
-    depths in flight late on CUDA).  No branch is masked: on a GPU the head call costs the same for
-    fewer rows, so only skipped depths save time; ties with the threshold are kept (the host path
-    breaks them by rank path and drops single branches, see :mod:`dartree.fast.host_builders`).
+    frontier node of every row scores, plus ``beta`` (what its best child can score at most), strictly
+    below it, no deeper node can enter the tree and the expansion stops (read through
+    :class:`_StopPoll`: at once on the CPU, without a sync and up to the depths in flight late on CUDA).
+    No branch is masked: on a GPU the head call costs the same for fewer rows, so only skipped depths
+    save time; ties with the threshold are kept (the host path breaks them by rank path, see
+    :mod:`dartree.fast.host_builders`).
 
     Shape:
         cands: :class:`CandidateSet` ``[b, gamma, K]``; log_q: float32 ``[b, gamma, K]`` or None.
@@ -183,8 +184,9 @@ def expand(block: DraftBlock, cands: CandidateSet, widths: list[int], head: Corr
             best = step.scores if best is None else torch.cat([best, step.scores], dim=1)
             if count >= bound:
                 best = torch.topk(best, bound, dim=1, sorted=False).values
-                # every frontier node below the bound-th best score: nothing deeper enters the tree
-                if poll.stop((step.scores.amax(1) < best.amin(1)).all()):
+                # every frontier node's best possible child (its score + beta: log q <= 0, float32
+                # rounding monotone) below the bound-th best score: nothing deeper enters the tree
+                if poll.stop((step.scores.amax(1) + beta < best.amin(1)).all()):
                     break
         if head is not None and depth < len(widths):  # the last depth's advance would never be used
             idx = step.parents[:, :, None].expand(-1, -1, states.shape[-1])

@@ -271,9 +271,10 @@ def _expand_native(lib, block: DraftBlock, cands: HostCandidates, widths: list[i
     ``b * offset_d``), which the compiled selection reads at the end.
 
     ``bound`` (``dartree-pruned``; docs/builders.md, "Bound pruning"): after each depth, once a row holds
-    ``budget`` nodes, one C call (``bound_frontier``) finds the branches that do not rank after the row's
-    ``budget``-th best node (ties broken by rank path); when no row keeps one, the expansion stops: no
-    deeper node can enter the tree.  Until then nothing changes: single branches are not dropped, because
+    ``budget`` nodes, one C call (``bound_frontier``) finds the branches that may have a child ranking at
+    or before the row's ``budget``-th best node (ties broken by rank path; a child scores at most its
+    parent's score plus ``beta``); when no row keeps one, the expansion stops: no deeper node can enter
+    the tree.  Until then nothing changes: single branches are not dropped, because
     a head call on fewer rows need not give the same float bits per row (a real GRU's matmul does not;
     measured on the zoo, dropping them saved no further depth), and every head call made is the one
     Algorithm 1 makes, so the tree is identical bit for bit."""
@@ -326,7 +327,7 @@ def _expand_native(lib, block: DraftBlock, cands: HostCandidates, widths: list[i
         if bound and hi >= b * budget:  # the rows hold `budget` nodes: does a branch not rank after the budget-th?
             keep = lib.bound_frontier(b, gamma, depth, used, budget, ints[1, :hi], scores[:hi],
                                       None if paths is None else paths[b * gamma: b * gamma + hi * gamma],
-                                      kept_rows, kept_counts)
+                                      kept_rows, kept_counts, beta)
             if keep == 0:  # no row keeps a branch: nothing deeper can enter the tree
                 break
         lo = hi

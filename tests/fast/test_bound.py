@@ -89,6 +89,23 @@ def test_the_bound_saves_head_calls_where_the_tree_ends_early() -> None:
         assert stats.depths < stats.full_depths == 10, kernels
 
 
+def test_the_bound_counts_beta_against_every_child() -> None:
+    """A frontier node scoring above the budget-th node, by less than |beta|, has no child that can enter
+    the tree: every child scores at most its score + beta.  Here both depth-1 nodes fill the budget of 2
+    and the better one leads by less than |beta| = 0.5, so the expansion stops after depth 1; with
+    beta = 0 it cannot."""
+    logits = torch.zeros(1, 3, 2)
+    logits[0, 0] = torch.tensor([0.52, 0.48]).log()
+    block = DraftBlock(logits=logits, root=torch.tensor([0]))
+    for beta, stops in ((-0.5, True), (0.0, False)):
+        cfg = {"topk": 2, "width": 2, "budget": 2, "beta": beta, "normalize": "candidates"}
+        ref = make_builder("dartree-pruned", backend="ref", **cfg).build(block, IdentityHead())
+        for kernels in ("host", "torch"):
+            on, stats = build(block, IdentityHead(), cfg, True, kernels)
+            assert_same_tree(ref, on)
+            assert (stats.depths == 1) == stops, (beta, kernels, stats.depths)
+
+
 def test_a_tie_with_the_budget_th_node_is_broken_by_rank_path() -> None:
     """All candidates tie at every depth (beta = 0: children tie their parents too): the budget-th node is
     decided by rank path alone, and a frontier node with its score must be kept or dropped by path."""
