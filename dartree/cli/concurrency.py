@@ -19,7 +19,13 @@ def cmd_bench_concurrency(args: argparse.Namespace) -> int:
     from dartree.eval.bench import run_meta
     from dartree.eval.bundles import encode
     from dartree.eval.checks import check_positions
-    from dartree.eval.concurrency import concurrency_markdown, plot_concurrency, rows_json, run_concurrency
+    from dartree.eval.concurrency import (
+        check_methods,
+        concurrency_markdown,
+        plot_concurrency,
+        rows_json,
+        run_concurrency,
+    )
     from dartree.eval.datasets import load_prompts
     from dartree.eval.methods import parse_methods
 
@@ -42,6 +48,7 @@ def cmd_bench_concurrency(args: argparse.Namespace) -> int:
             except ValueError as e:
                 raise UsageError(f"--concurrency: 'auto' settings are tuned at each C on {max(levels)} prompts of "
                                  f"{dataset!r} after its {num_prompts} evaluation prompts; {e}") from e
+        check_methods(methods)
         for m in methods:
             check_grid(m, args.tune_budgets, args.tune_widths, "--tune-budgets", "--tune-widths")
     out = Path(preset["out"])

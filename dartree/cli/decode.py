@@ -171,7 +171,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
             temperatures=tuple(dict.fromkeys(float(t) for t in preset["temperatures"])),
             num_prompts=preset["num_prompts"], max_new_tokens=preset["max_new_tokens"],
             max_prompt_tokens=args.max_prompt_tokens, seed=args.seed, backend=args.backend,
-            warmup=not args.no_warmup, stop_at_eos=args.stop_at_eos, calibration_prompts=args.calibration_prompts,
+            warmup=not args.no_warmup, stop_at_eos=args.stop_at_eos,
+            calibration_prompts=args.calibration_prompts or preset.get("calibration_prompts", 4),
             tune_budgets=tuple(args.tune_budgets), tune_widths=tuple(args.tune_widths),
             # the preset's peers unless --peers says otherwise (they decode the full length: not with --stop-at-eos)
             peers=_peers(args.peers if args.peers is not None else None if args.stop_at_eos else preset.get("peers")))

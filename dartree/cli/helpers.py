@@ -135,8 +135,9 @@ def check_grid(method, budgets: Sequence[int], widths: Sequence[int], budget_opt
     from itertools import product
 
     from dartree.eval.methods import make_method_builder
+    from dartree.eval.tune import DEFAULT_BETAS
 
-    grid = {"budget": budgets, "width": widths}
+    grid = {"budget": budgets, "width": widths, "beta": DEFAULT_BETAS}
     auto = tuple(method.auto_fields if fields is None else fields)
     for values in product(*(grid[k] for k in auto)):
         try:

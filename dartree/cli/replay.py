@@ -119,6 +119,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         if method.is_ar or "budget" not in method.fields():
             raise ValueError(f"method: {method.label!r} has no budget to tune")
         searched = [k for k in ("budget", "width") if k in method.fields() and method.config.get(k, "auto") == "auto"]
+        searched += ["beta"] if method.config.get("beta") == "auto" else []     # beta: only when asked
         if not searched:         # every tunable setting is fixed: --budgets / --widths would be ignored
             raise ValueError(f"method: {method.label!r} (with --budget/--width) fixes every setting tune searches; "
                              "leave budget (or width) unset or 'auto'")

@@ -38,7 +38,8 @@ from dartree.models.target import HFTarget
 from dartree.serve import ServeResult, serve
 from dartree.verify.sampling import KeyedSampler
 
-__all__ = ["ConcurrencyRow", "run_concurrency", "concurrency_markdown", "plot_concurrency", "rows_json"]
+__all__ = ["ConcurrencyRow", "check_methods", "run_concurrency", "concurrency_markdown", "plot_concurrency",
+           "rows_json"]
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,15 @@ class ConcurrencyRow:
     steps: int                     # batched rounds
     lossless_prompts: int
     settings: str = ""             # the settings chosen for an 'auto' method at this C
+
+
+def check_methods(methods: Sequence[MethodSpec]) -> None:
+    """``ValueError`` for a method that asks for ``beta=auto``: the concurrency tuner searches budget and
+    width per level, not beta."""
+    for m in methods:
+        if "beta" in m.auto_fields:
+            raise ValueError(f"beta: 'auto' is not searched per concurrency level ({m.label!r}); give a number "
+                             f"(`dartree tune --method {m.builder}:beta=auto` tunes it for single requests)")
 
 
 @torch.no_grad()
@@ -83,6 +93,7 @@ def run_concurrency(
 
     if not levels or any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in levels):
         raise ValueError(f"concurrency: expected integers >= 1, got {list(levels)}")
+    check_methods(methods)
     device = next(bundle.target.parameters()).device
     prompts = [torch.tensor(encode(bundle.tokenizer, p.text)[-max_prompt_tokens:], dtype=torch.int64, device=device)
                for p in load_prompts(dataset, num_prompts)]

@@ -3,7 +3,8 @@
 Syntax: ``NAME[:KEY=VALUE,...]`` where NAME is ``ar`` or a registry name (``dartree.BUILDERS``) and
 KEY is a field of that builder's config (``budget``, ``width``, ``topk``, ``beta``, ``normalize``)
 or ``head`` (which correction head of the bundle a corrected builder uses; default ``gru``).
-``budget=auto`` / ``width=auto`` are resolved by :mod:`dartree.eval.tune` before decoding.
+``budget=auto`` / ``width=auto`` / ``beta=auto`` are resolved by :mod:`dartree.eval.tune` before
+decoding (an unset budget or width may be searched too; an unset beta keeps the builder's default).
 
     parse_method("dartree-pruned:budget=32,width=8,head=markov")
 """
@@ -18,12 +19,15 @@ from dartree.builders import BUILDERS, TreeBuilder, builder_spec, make_builder
 from dartree.decode import SpeculativeDecoder
 from dartree.eval.bundles import Bundle
 
-__all__ = ["AR", "AUTO", "MethodSpec", "parse_method", "parse_methods", "BACKEND_CHOICES", "resolve_backend",
+__all__ = ["AR", "AUTO", "AUTO_FIELDS", "SEARCHED_WHEN_UNSET",
+           "MethodSpec", "parse_method", "parse_methods", "BACKEND_CHOICES", "resolve_backend",
            "make_method_builder", "make_decoder"]
 
 AR = "ar"
 AUTO = "auto"
-AUTO_FIELDS = ("budget", "width")
+AUTO_FIELDS = ("budget", "width", "beta")
+#: the auto fields a tuner also searches when they are left unset (beta: only when asked, ``beta=auto``)
+SEARCHED_WHEN_UNSET = ("budget", "width")
 BACKEND_CHOICES = ("auto", "ref", "fast")
 _INT_FIELDS = ("budget", "width", "topk")
 
@@ -81,7 +85,7 @@ def _value(key: str, text: str) -> Any:
         try:
             return float(text)
         except ValueError:
-            raise ValueError(f"beta: expected a number <= 0, got {text!r}") from None
+            raise ValueError(f"beta: expected a number <= 0 or 'auto', got {text!r}") from None
     return text
 
 

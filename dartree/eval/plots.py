@@ -15,7 +15,7 @@ from matplotlib.figure import Figure
 
 from dartree.eval.bench import Summary
 from dartree.eval.outdir import write_atomic
-from dartree.eval.tune import TuneResult
+from dartree.eval.tune import TuneResult, setting_text
 from dartree.tree import DraftTree
 
 __all__ = ["plot_acceptance", "plot_sweep", "plot_tree", "plot_depth_distribution", "plot_tuning", "token_label",
@@ -163,7 +163,7 @@ def plot_tuning(result: TuneResult, path: Path) -> Path:
                    label="no width" if w is None else f"W={w}")
     best = result.best
     right.scatter([best.budget], [best.tokens_per_s], s=120, facecolors="none", edgecolors="red", zorder=3,
-                  label=f"chosen B={best.budget}" + ("" if best.width is None else f" W={best.width}"))
+                  label=f"chosen {setting_text(best.budget, best.width, best.beta)}")
     right.axhline(result.ar_tokens_per_s, color="gray", ls="--", lw=0.8, label="AR")
     right.set_xscale("log", base=2)
     right.set_xlabel("budget B")

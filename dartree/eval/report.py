@@ -28,8 +28,9 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 def _settings(s: Summary) -> str:
     if s.builder == AR and s.method != AR:          # budget=auto resolved to plain AR
         return "auto -> ar"
-    keys = ("budget", "width", "topk", "beta")
-    return " ".join(f"{k[0].upper() if k != 'topk' else 'K'}={s.settings[k]}" for k in keys if k in s.settings)
+    short = {"budget": "B", "width": "W", "topk": "K", "beta": "beta"}
+    return " ".join(f"{name}={s.settings[k]:g}" if k == "beta" else f"{name}={s.settings[k]}"
+                    for k, name in short.items() if k in s.settings)
 
 
 def _methods(summaries: Sequence[Summary]) -> list[str]:
@@ -92,17 +93,20 @@ def table2(summaries: Sequence[Summary], temperature: float) -> str:
 
 
 def tuning_table(result: TuneResult) -> str:
-    """Every (B, W) the tuner scored, the choice marked (Table 4).
+    """Every (B, W) the tuner scored, the choice marked (Table 4); with ``beta=auto`` a beta column (the
+    depth penalty each (B, W) kept).
 
     ``model`` columns: the cost model's estimate (it ranks); ``measured`` columns: real decodes of the
     finalists and AR on the calibration prompts (the choice and its forecast); ``-`` where not measured.
     """
     ar = result.ar_tokens_per_s
+    betas = any(c.beta is not None for c in result.candidates)     # beta=auto: the beta each setting kept
     rows = []
     for c in result.candidates:
         mark = " **(chosen)**" if c == result.best and not result.use_ar else ""
         m = result.measurement(c.budget, c.width)
-        rows.append([f"{c.budget}{mark}", "-" if c.width is None else c.width, f"{c.tau:.2f}",
+        rows.append([f"{c.budget}{mark}", "-" if c.width is None else c.width,
+                     *([f"{c.beta:g}"] if betas else []), f"{c.tau:.2f}",
                      f"{c.mean_tree_size:.1f}", f"{1000 * c.draft_s:.2f}", f"{1000 * c.build_s:.2f}",
                      f"{1000 * c.verify_s:.2f}", f"{1000 * c.overhead_s:.2f}", f"{1000 * c.round_s:.2f}",
                      f"{c.tokens_per_s:.1f}", f"{c.tokens_per_s / ar:.2f}x",
@@ -110,9 +114,10 @@ def tuning_table(result: TuneResult) -> str:
                      "-" if m is None else f"{m.tokens_per_s / ar:.2f}x"])
     a = result.measurement(None)
     if a is not None:
-        rows.append(["ar" + (" **(chosen)**" if result.use_ar else ""), "-", "1.00", "0.0", *["-"] * 7,
-                     f"{a.tokens_per_s:.1f}", "1.00x"])
-    header = ["budget", "width", "tau", "tree size", "draft ms", "build ms", "verify ms (model)",
+        rows.append(["ar" + (" **(chosen)**" if result.use_ar else ""), "-", *(["-"] if betas else []), "1.00",
+                     "0.0", *["-"] * 7, f"{a.tokens_per_s:.1f}", "1.00x"])
+    header = ["budget", "width", *(["beta"] if betas else []), "tau", "tree size", "draft ms", "build ms",
+              "verify ms (model)",
               "accept + commit ms", "round ms", "model tok/s", "model speedup", "measured tok/s", "measured speedup"]
     return markdown_table(header, rows)
 

@@ -37,6 +37,7 @@ for a given set of measurements.
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -55,11 +56,14 @@ from dartree.verify.sampling import KeyedSampler
 
 __all__ = ["VerifyCost", "ConfigStats", "Candidate", "Measurement", "TuneResult", "measure_verify_cost",
            "replay_stats", "score_candidates", "score_at_concurrency", "pick_best", "choose", "measure_settings",
-           "tune", "measure_overhead", "DEFAULT_BUDGETS", "DEFAULT_WIDTHS", "DEFAULT_FINALISTS",
-           "DEFAULT_MIN_SPEEDUP"]
+           "tune", "measure_overhead", "setting_text", "DEFAULT_BUDGETS", "DEFAULT_WIDTHS", "DEFAULT_BETAS",
+           "DEFAULT_FINALISTS", "DEFAULT_MIN_SPEEDUP"]
 
 DEFAULT_BUDGETS: tuple[int, ...] = (4, 8, 16, 32, 64)
 DEFAULT_WIDTHS: tuple[int, ...] = (4, 8, 16)
+#: Depth penalties tried when ``beta=auto`` (explicitly: an unset beta keeps the builder's default).
+#: On the zoo, B=16, the best of them accepted 2-3% more than -0.2 (32 held-out prompts, 2026-12-01).
+DEFAULT_BETAS: tuple[float, ...] = (0.0, -0.1, -0.2)
 #: Settings the cost model ranks best that are then decoded for real on the calibration prompts.
 DEFAULT_FINALISTS = 3
 #: A tree is chosen only when its measured calibration rate is at least this times AR's: a tree
@@ -112,7 +116,11 @@ class ConfigStats:
 
 @dataclass(frozen=True)
 class Candidate:
-    """One (budget, width) scored by the cost model; ``width`` is ``None`` for builders without one."""
+    """One (budget, width) scored by the cost model; ``width`` is ``None`` for builders without one.
+
+    ``beta``: the depth penalty this (budget, width) was replayed with when the tuner searched it
+    (``beta=auto``: the one of :data:`DEFAULT_BETAS` the cost model scores best here), else ``None``.
+    """
 
     budget: int
     width: int | None
@@ -124,6 +132,7 @@ class Candidate:
     overhead_s: float
     round_s: float
     tokens_per_s: float
+    beta: float | None = None
 
 
 @dataclass(frozen=True)
@@ -132,7 +141,8 @@ class Measurement:
     (the whole ``generate`` call, prefill included), interleaved with AR.
 
     budget / width: the setting (``budget=None``: plain AR).  per_label: ``(label, tokens, seconds)``
-    per calibration set (the dataset a reference came from), in first-seen order.
+    per calibration set (the dataset a reference came from), in first-seen order.  beta: the depth
+    penalty decoded with when the tuner searched it, else ``None``.
     """
 
     budget: int | None
@@ -141,6 +151,7 @@ class Measurement:
     seconds: float
     rounds: int
     per_label: tuple[tuple[str, int, float], ...] = ()
+    beta: float | None = None
 
     @property
     def is_ar(self) -> bool:
@@ -182,11 +193,14 @@ class TuneResult:
     min_speedup: float = 1.0
     calibration_prompts: int = 0
 
-    def settings(self) -> dict[str, int]:
-        """The chosen tree's config fields (``budget``, and ``width`` when the builder has one)."""
-        out = {"budget": self.best.budget}
+    def settings(self) -> dict[str, int | float]:
+        """The chosen tree's config fields (``budget``, ``width`` when the builder has one, ``beta`` when
+        it was searched)."""
+        out: dict[str, int | float] = {"budget": self.best.budget}
         if self.best.width is not None:
             out["width"] = self.best.width
+        if self.best.beta is not None:
+            out["beta"] = self.best.beta
         return out
 
     def measurement(self, budget: int | None, width: int | None = None) -> Measurement | None:
@@ -216,13 +230,18 @@ class TuneResult:
         """``ar``, or ``B=.. W=..`` of the chosen tree."""
         if self.use_ar:
             return "ar"
-        return f"B={self.best.budget}" + ("" if self.best.width is None else f" W={self.best.width}")
+        return setting_text(self.best.budget, self.best.width, self.best.beta)
 
     def resolve(self, method: MethodSpec) -> MethodSpec:
         """``method`` with its ``auto`` fields replaced by the choice: plain AR (label kept) when ``use_ar``."""
         if self.use_ar:
             return MethodSpec(AR, label=method.label)
         return method.with_settings(**self.settings())
+
+
+def setting_text(budget: int, width: int | None, beta: float | None = None) -> str:
+    """``B=.. W=.. beta=..`` (the parts a setting has)."""
+    return f"B={budget}" + ("" if width is None else f" W={width}") + ("" if beta is None else f" beta={beta:g}")
 
 
 def _sync(device: torch.device) -> None:
@@ -415,8 +434,10 @@ def choose(candidates: Sequence[Candidate], ar_tokens_per_s: float, measured: Se
 @torch.no_grad()
 def measure_settings(bundle: Bundle, method: MethodSpec, settings: Sequence[tuple[int, int | None]],
                      refs: Sequence[Reference], backend: str, temperature: float = 0.0, seed: int = 0,
-                     labels: Sequence[str] | None = None) -> tuple[Measurement, ...]:
-    """Decode every reference's prompt for real with AR and with each ``(budget, width)`` of ``method``.
+                     labels: Sequence[str] | None = None,
+                     betas: Sequence[float | None] | None = None) -> tuple[Measurement, ...]:
+    """Decode every reference's prompt for real with AR and with each ``(budget, width)`` of ``method``
+    (and its ``betas[i]`` when given and not ``None``).
 
     Timed as :func:`dartree.eval.bench.run_bench` times (the whole call, prefill included), after one
     untimed warm-up each; per prompt AR and the settings run one after the other, the order rotated
@@ -427,11 +448,13 @@ def measure_settings(bundle: Bundle, method: MethodSpec, settings: Sequence[tupl
     labels = list(labels) if labels is not None else [r.label for r in refs]
     if len(labels) != len(refs):
         raise ValueError(f"labels: need one per reference ({len(refs)}), got {len(labels)}")
+    betas = [None] * len(settings) if betas is None else list(betas)
+    if len(betas) != len(settings):
+        raise ValueError(f"betas: need one per setting ({len(settings)}), got {len(betas)}")
     keys: list[tuple[int | None, int | None]] = [(None, None), *settings]
     runners: list[Callable[..., GenerationResult]] = [lambda ids, n, t, smp: generate_ar(bundle.target, ids, n, t, smp)]
-    for budget, width in settings:
-        concrete = method.with_settings(budget=budget, **({"width": width} if width is not None else {}))
-        runners.append(make_decoder(bundle, concrete, backend).generate)
+    for (budget, width), beta in zip(settings, betas, strict=True):
+        runners.append(make_decoder(bundle, _concrete(method, budget, width, beta), backend).generate)
     first = refs[0].sequence[:, : refs[0].prompt_len]
     for run in runners:                      # first calls allocate caches and pick kernels: untimed
         run(first, max(1, min(8, refs[0].new_tokens)), 0.0, None)
@@ -450,12 +473,18 @@ def measure_settings(bundle: Bundle, method: MethodSpec, settings: Sequence[tupl
             cell[1] += seconds
             cell[2] += max(1, result.num_rounds)
     out = []
-    for budget, width in keys:
+    for (budget, width), beta in zip(keys, [None, *betas], strict=True):
         cells = totals[(budget, width)]
         out.append(Measurement(budget, width, sum(c[0] for c in cells.values()), sum(c[1] for c in cells.values()),
                                sum(c[2] for c in cells.values()),
-                               tuple((label, c[0], c[1]) for label, c in cells.items())))
+                               tuple((label, c[0], c[1]) for label, c in cells.items()), beta))
     return tuple(out)
+
+
+def _concrete(method: MethodSpec, budget: int, width: int | None, beta: float | None = None) -> MethodSpec:
+    """``method`` with these settings (``width`` / ``beta`` only where not ``None``)."""
+    extra = ({"width": width} if width is not None else {}) | ({"beta": beta} if beta is not None else {})
+    return method.with_settings(budget=budget, **extra)
 
 
 def tune(
@@ -472,11 +501,17 @@ def tune(
     finalists: int = DEFAULT_FINALISTS,
     min_speedup: float = DEFAULT_MIN_SPEEDUP,
     labels: Sequence[str] | None = None,
+    betas: Sequence[float] = DEFAULT_BETAS,
 ) -> TuneResult:
     """Choose ``budget`` (and ``width`` when ``method``'s builder has one) for this machine, or plain AR.
 
     Fields of ``method`` already set to a number stay fixed; those set to ``"auto"`` (or unset) are
-    searched over ``budgets`` / ``widths``.  ``refs`` are calibration references
+    searched over ``budgets`` / ``widths``.  ``beta`` is searched over ``betas`` only when set to
+    ``"auto"``: each (budget, width) is replayed with every beta and keeps the one with the highest
+    replayed tau (ties: the first of ``betas``).  Beta changes what is accepted; what it changes in a
+    round's cost (the bound stops a head step earlier or later) is below the timing noise, and
+    choosing by the replay's measured times would make the choice depend on that noise.  The ranking,
+    the real decodes and the choice are then per (budget, width) as without it.  ``refs`` are calibration references
     (:func:`dartree.eval.simulate.reference`) made at ``temperature`` with ``seed`` (at T>0 the replay
     accepts against the sampled continuation), disjoint from the prompts the result is reported on;
     ``labels`` name the set (dataset) of each, for per-set forecasts.
@@ -508,6 +543,12 @@ def tune(
     for name, grid in (("budgets", budget_grid), ("widths", width_grid if has_width else (1,))):
         if not grid or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in grid):
             raise ValueError(f"{name}: need integers >= 1, got {grid}")
+    beta_grid: tuple[float | None, ...] = (None,)
+    if config.get("beta") == AUTO:
+        beta_grid = tuple(betas)
+        if not beta_grid or any(isinstance(v, bool) or not isinstance(v, int | float) or not v <= 0
+                                for v in beta_grid):
+            raise ValueError(f"betas: need numbers <= 0 (depth penalties), got {beta_grid}")
     gamma = int(getattr(bundle.drafter, "gamma", 15))
     if verify_cost is None:
         prefix_len = int(sum(r.sequence.shape[1] for r in refs) / len(refs))
@@ -516,25 +557,30 @@ def tune(
         lazy = temperature == 0 and HFTarget(bundle.target).scores_rows_apart
         verify_cost = measure_verify_cost(bundle.target, bundle.drafter.target_layer_ids, prefix_len, sizes, gamma,
                                           logits="root" if lazy else "all")
-    probe = method.with_settings(budget=min(budget_grid), **({"width": min(width_grid)} if has_width else {}))
+    probe = _concrete(method, min(budget_grid), min(width_grid) if has_width else None, beta_grid[0])
     overhead_s = measure_overhead(bundle, probe, refs[0], backend, temperature, seed)
     stats = {}
+    chosen_beta: dict[tuple[int, int | None], float | None] = {}
     for budget in budget_grid:
         for width in width_grid:
-            if progress is not None:
-                progress(f"{method.builder} B={budget}" + (f" W={width}" if width is not None else ""))
-            concrete = method.with_settings(budget=budget, **({"width": width} if width is not None else {}))
-            stats[(budget, width)] = replay_stats(bundle, concrete, refs, backend)
-    candidates = score_candidates(stats, verify_cost, overhead_s)
+            best_tau = None
+            for beta in beta_grid:          # one replay each; the setting keeps the beta accepted furthest
+                if progress is not None:
+                    progress(f"{method.builder} {setting_text(budget, width, beta)}")
+                replayed = replay_stats(bundle, _concrete(method, budget, width, beta), refs, backend)
+                if best_tau is None or replayed.tau > best_tau:   # ties: the first beta of the grid
+                    best_tau, stats[(budget, width)], chosen_beta[(budget, width)] = replayed.tau, replayed, beta
+    candidates = tuple(dataclasses.replace(c, beta=chosen_beta[(c.budget, c.width)])
+                       for c in score_candidates(stats, verify_cost, overhead_s))
     measured: tuple[Measurement, ...] = ()
     if finalists:
         ranked = sorted(candidates, key=lambda c: (-c.tokens_per_s, c.budget, c.width or 0))[:finalists]
         if progress is not None:
             progress(f"{method.builder}: decoding AR and " + ", ".join(
-                f"B={c.budget}" + (f" W={c.width}" if c.width is not None else "") for c in ranked)
+                setting_text(c.budget, c.width, c.beta) for c in ranked)
                 + f" for real on {len(refs)} calibration prompts")
         measured = measure_settings(bundle, method, [(c.budget, c.width) for c in ranked], refs, backend,
-                                    temperature, seed, labels)
+                                    temperature, seed, labels, [c.beta for c in ranked])
         ar_rate = measured[0].tokens_per_s
     else:
         ar_seconds = sum(r.ar_seconds for r in refs)

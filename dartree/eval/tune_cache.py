@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from dartree.eval.bundles import Bundle
-from dartree.eval.methods import AUTO, AUTO_FIELDS, MethodSpec
+from dartree.eval.methods import AUTO, AUTO_FIELDS, SEARCHED_WHEN_UNSET, MethodSpec
 
 __all__ = ["CACHE_FILE", "DEVICE_DEFAULT_BUDGET", "cache_dir", "model_hash", "machine", "cache_key", "lookup", "store",
            "entry_of", "tune_hint", "check_cached", "resolve_unset"]
@@ -91,10 +91,10 @@ def cache_key(bundle: Bundle, method: MethodSpec, temperature: float, digest: st
     """The key of ``method`` tuned for ``bundle`` on this machine at ``temperature`` (a JSON string).
 
     The searched fields (``budget`` / ``width`` unset or ``auto``) are left out, so ``dartree-pruned``
-    and ``dartree-pruned:budget=auto,width=auto`` share a key.  ``digest``: a precomputed
-    :func:`model_hash`.
+    and ``dartree-pruned:budget=auto,width=auto`` share a key; ``beta=auto`` stays in it (a tuning that
+    searched beta is another entry).  ``digest``: a precomputed :func:`model_hash`.
     """
-    fixed = {k: v for k, v in method.config.items() if not (k in AUTO_FIELDS and v == AUTO)}
+    fixed = {k: v for k, v in method.config.items() if not (k in SEARCHED_WHEN_UNSET and v == AUTO)}
     device = next(bundle.target.parameters()).device
     key = {"v": _VERSION, "model": digest or model_hash(bundle), **machine(device), "builder": method.builder,
            "head": method.head, "settings": dict(sorted(fixed.items())), "temperature": float(temperature)}
@@ -157,7 +157,7 @@ def tune_hint(method: MethodSpec, temperature: float, threads: int | None = None
     threads = threads or torch.get_num_threads()
     text = method.builder + "".join(
         f"{',' if i else ':'}{k}={v}" for i, (k, v) in enumerate(
-            (k, v) for k, v in sorted(method.config.items()) if not (k in AUTO_FIELDS and v == AUTO)))
+            (k, v) for k, v in sorted(method.config.items()) if not (k in SEARCHED_WHEN_UNSET and v == AUTO)))
     if method.head not in (None, "gru"):
         text += ("," if ":" in text else ":") + f"head={method.head}"
     return (f"dartree tune --method {text} --temperature {temperature:g} --threads {threads} --num-prompts 8")
@@ -198,7 +198,9 @@ def resolve_unset(bundle: Bundle, method: MethodSpec, temperature: float) -> tup
 
     if method.is_ar or "budget" not in method.fields():
         return method, ""
-    searched = [k for k in AUTO_FIELDS if k in method.fields() and method.config.get(k, AUTO) == AUTO]
+    config = method.config
+    searched = [k for k in AUTO_FIELDS if k in method.fields()
+                and (config.get(k) == AUTO or (k in SEARCHED_WHEN_UNSET and k not in config))]
     explicit = bool(method.auto_fields)
     if not searched or (not explicit and "budget" in method.config):
         return method, ""                       # the user's numbers (an unset width keeps its default)
@@ -208,7 +210,7 @@ def resolve_unset(bundle: Bundle, method: MethodSpec, temperature: float) -> tup
         when = f"tuned {entry.get('date_utc', '?')}, cache {cache_dir() / CACHE_FILE}"
         if entry["settings"] == "ar":
             return MethodSpec(AR, label=method.label), f"auto -> ar for this machine ({when}): no tree beat AR"
-        chosen = {k: int(v) for k, v in entry["settings"].items() if k in searched}
+        chosen = {k: float(v) if k == "beta" else int(v) for k, v in entry["settings"].items() if k in searched}
         rest = {k: v for k, v in method.config.items() if v != AUTO}
         text = " ".join(f"{k}={v}" for k, v in chosen.items())
         return method.with_settings(**chosen, **rest), f"{text} tuned for this machine ({when})"

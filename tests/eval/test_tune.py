@@ -1,13 +1,16 @@
 import pytest
 
 from dartree.eval.bundles import encode
+from dartree.eval.concurrency import check_methods
 from dartree.eval.methods import parse_method
+from dartree.eval.report import tuning_table
 from dartree.eval.simulate import reference
 from dartree.eval.tune import (
     ConfigStats,
     VerifyCost,
     measure_verify_cost,
     pick_best,
+    replay_stats,
     score_at_concurrency,
     score_candidates,
     tune,
@@ -95,3 +98,34 @@ def test_tune_on_the_toy_model(bundle):
     assert {c.width for c in fixed_width.candidates} == {2}
     with pytest.raises(ValueError, match="method: 'chain' has no budget"):
         tune(bundle, parse_method("chain"), refs)
+
+
+def test_beta_auto_keeps_the_best_beta_of_each_setting(bundle):
+    """``beta=auto``: every (budget, width) replayed with each beta keeps the one accepted furthest (tau,
+    ties to the first); the choice, its real decodes and the resolved method carry it.  Unset, beta is
+    not searched."""
+    refs = [reference(bundle, encode(bundle.tokenizer, "def f(x):\n"), 12)]
+    cost = VerifyCost((1, 4, 9), (1e-3, 2e-3, 4e-3), 16)
+    method = parse_method("dartree-pruned:budget=auto,width=auto,beta=auto")
+    assert method.auto_fields == ("beta", "budget", "width")
+    betas = (0.0, -0.5, -3.0)
+    result = tune(bundle, method, refs, "ref", budgets=(2, 6), widths=(2,), verify_cost=cost, betas=betas,
+                  min_speedup=0)                 # never AR: the tree is resolved
+    for c in result.candidates:
+        taus = [replay_stats(bundle, method.with_settings(budget=c.budget, width=2, beta=beta), refs, "ref").tau
+                for beta in betas]
+        assert c.beta == betas[taus.index(max(taus))] and c.tau == max(taus)
+    assert result.settings() == {"budget": result.best.budget, "width": 2, "beta": result.best.beta}
+    assert result.resolve(method).config == result.settings()
+    assert all(m.beta == next(c.beta for c in result.candidates if (c.budget, c.width) == (m.budget, m.width))
+               for m in result.measured if not m.is_ar)
+    assert f"beta={result.best.beta:g}" in result.choice_text and "| beta |" in tuning_table(result)
+    plain = tune(bundle, parse_method("dartree-pruned:budget=auto,width=2"), refs, "ref", budgets=(2,),
+                 verify_cost=cost, finalists=0)
+    assert plain.best.beta is None and "beta" not in plain.settings() and "| beta |" not in tuning_table(plain)
+    with pytest.raises(ValueError, match=r"betas: need numbers <= 0"):
+        tune(bundle, method, refs, "ref", budgets=(2,), widths=(2,), verify_cost=cost, betas=(0.5,))
+    with pytest.raises(ValueError, match=r"beta: not a setting of 'ddtree'"):
+        parse_method("ddtree:beta=auto")
+    with pytest.raises(ValueError, match=r"beta: 'auto' is not searched per concurrency level"):
+        check_methods([method])

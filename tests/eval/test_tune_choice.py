@@ -187,3 +187,22 @@ def test_generate_resolution_uses_the_cache_then_the_device_default(bundle):
     store(cache_key(bundle, auto, 1.0), entry_of(dataclasses.replace(r, use_ar=True)))
     method, note = resolve_unset(bundle, auto, 1.0)
     assert method.is_ar and method.label == auto.label and "auto -> ar" in note
+
+
+def test_a_tuned_beta_is_cached_apart_and_resolved_as_a_number(bundle):
+    """``beta=auto`` is its own cache entry (a tuning that kept the default beta is another), and the
+    cached beta comes back as a float."""
+    auto = parse_method("dartree-pruned:budget=auto,width=auto")
+    with_beta = parse_method("dartree-pruned:budget=auto,width=auto,beta=auto")
+    assert cache_key(bundle, with_beta, 0.0) != cache_key(bundle, auto, 0.0)
+    cands = _candidates()
+    best = dataclasses.replace(cands[1], beta=-0.1)
+    r = _result((cands[0], best, cands[2]), [_measured(50.0, None), _measured(80.0, 16)], 50.0, use_ar=False,
+                best=best)
+    assert r.settings() == {"budget": 16, "width": 4, "beta": -0.1} and r.choice_text == "B=16 W=4 beta=-0.1"
+    store(cache_key(bundle, with_beta, 0.0), entry_of(r))
+    method, note = resolve_unset(bundle, with_beta, 0.0)
+    assert method.config == {"budget": 16, "width": 4, "beta": -0.1} and isinstance(method.config["beta"], float)
+    assert "beta=-0.1" in note
+    with pytest.raises(ValueError, match="budget=auto: no tuning"):   # the beta entry is not the plain one's
+        resolve_unset(bundle, auto, 0.0)
