@@ -10,7 +10,8 @@ steps: a cost model ranks every setting cheaply, then the best-ranked few are de
    forward for trees of ``n`` nodes after a prefix of typical length (:func:`measure_verify_cost`);
 2. acceptance: tau and the tree sizes of every (B, W) on the grid, plus the draft and build time per
    round, by replaying rounds on the calibration prompts (:mod:`dartree.eval.simulate`), whose
-   references are made at the temperature being tuned for;
+   references are made at the temperature being tuned for (with ``beta=auto``, each (B, W) is
+   replayed at every beta of :data:`DEFAULT_BETAS` and keeps the one of highest tau);
 3. a per-round overhead (the acceptance walk, sampling included at T>0, and the commit: KV-cache
    compaction and the drafter's context update), measured from one real decode;
 
