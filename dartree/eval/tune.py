@@ -120,7 +120,7 @@ class Candidate:
     """One (budget, width) scored by the cost model; ``width`` is ``None`` for builders without one.
 
     ``beta``: the depth penalty this (budget, width) was replayed with when the tuner searched it
-    (``beta=auto``: the one of :data:`DEFAULT_BETAS` the cost model scores best here), else ``None``.
+    (``beta=auto``: the one of :data:`DEFAULT_BETAS` of highest replayed tau here), else ``None``.
     """
 
     budget: int
