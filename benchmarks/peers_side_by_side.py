@@ -34,6 +34,7 @@ METHODS = {
     "ddtree64": ("ddtree", {"budget": 64}, None),
     "pruned16": ("dartree-pruned", {"budget": 16, "width": 12}, "gru"),
     "pruned16w8": ("dartree-pruned", {"budget": 16, "width": 8}, "gru"),    # the demo tuner's usual choice
+    "pruned16b0": ("dartree-pruned", {"budget": 16, "width": 12, "beta": 0.0}, "gru"),  # beta=auto's usual pick
     "pruned64": ("dartree-pruned", {"budget": 64, "width": 12}, "gru"),
     "corrected-chain": ("corrected-chain", {}, "gru"),
 }
