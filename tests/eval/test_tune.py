@@ -93,6 +93,7 @@ def test_tune_on_the_toy_model(bundle):
     result = tune(bundle, parse_method("dartree-pruned:budget=auto,width=auto"), refs, "ref",
                   budgets=(2, 6), widths=(2, 3), verify_cost=cost)
     assert len(result.candidates) == 4 and result.best in result.candidates
+    assert len({c.draft_s for c in result.candidates}) == 1   # the drafter's time, pooled over the replays
     assert set(result.settings()) == {"budget", "width"}
     fixed_width = tune(bundle, parse_method("dartree-pruned:width=2"), refs, "ref", budgets=(2, 6), verify_cost=cost)
     assert {c.width for c in fixed_width.candidates} == {2}
