@@ -198,7 +198,9 @@ def bench_markdown(result: BenchResult) -> str:
         parts += ["", f"## Adaptive budget for {tr.method}, T={tr.temperature:g}", "",
                   f"Verify cost measured on this machine at prefix {tr.verify_cost.prefix_len}: " + ", ".join(
                       f"n={n}: {1000 * s:.2f} ms"
-                      for n, s in zip(tr.verify_cost.sizes, tr.verify_cost.seconds, strict=True)),
+                      for n, s in zip(tr.verify_cost.sizes, tr.verify_cost.seconds, strict=True))
+                  + (f"; one LM-head row of the acceptance walk (per accepted node): "
+                     f"{1000 * tr.verify_cost.row_s:.2f} ms" if tr.verify_cost.row_s > 0 else ""),
                   "", f"{tr.calibration_prompts} calibration prompts; the cost model ranks every setting, its "
                   f"{sum(not m.is_ar for m in tr.measured)} best are decoded for real beside AR, and the fastest is "
                   f"chosen if it beats AR by {100 * (tr.min_speedup - 1):.0f}% or more, else plain AR: "

@@ -17,9 +17,12 @@ steps: a cost model ranks every setting cheaply, then the best-ranked few are de
 
 and scores each candidate with the cost model (the expected tokens per second)::
 
-    round_s(B, W)    = draft_s + build_s(B, W) + mean over rounds of t_v(tree_size + 1) + overhead_s
+    round_s(B, W)    = draft_s + build_s(B, W) + mean over rounds of t_v(tree_size + 1)
+                       + (tau(B, W) - 1) * row_s + overhead_s
 
-(``draft_s``: the drafter's forward, the same for every setting, pooled over all replays: the median)
+(``draft_s``: the drafter's forward, the same for every setting, pooled over all replays: the median;
+``row_s``: one LM-head row, which greedy decoding on the CPU runs per accepted node after a forward
+that scored the root only: 228 us on the zoo, about 0.8 ms of a B=16 round at tau 4.4)
     tokens_per_s     = tau(B, W) / round_s(B, W)
 
 4. the ``finalists`` best-ranked settings and AR are then decoded for real on every calibration
@@ -79,11 +82,14 @@ class VerifyCost:
     """Measured seconds of one tree verification (inputs + target forward) by tree size.
 
     sizes: tree nodes, root included, strictly increasing; seconds: median wall time at each size.
+    row_s: seconds of the LM head on one node, which the greedy walk runs once per accepted node when
+    the forward scored the root only (``logits="root"``); 0 when every node was scored in the forward.
     """
 
     sizes: tuple[int, ...]
     seconds: tuple[float, ...]
     prefix_len: int = 0
+    row_s: float = 0.0
 
     def __post_init__(self) -> None:
         if len(self.sizes) < 2 or len(self.sizes) != len(self.seconds):
@@ -93,6 +99,8 @@ class VerifyCost:
             raise ValueError(f"sizes: must be strictly increasing integers >= 1, got {self.sizes}")
         if any(not s >= 0 for s in self.seconds):
             raise ValueError(f"seconds: must be finite and >= 0, got {self.seconds}")
+        if not self.row_s >= 0:
+            raise ValueError(f"row_s: must be finite and >= 0, got {self.row_s}")
 
     def at(self, nodes: float) -> float:
         """Seconds for a tree of ``nodes`` nodes: piecewise linear, extrapolated linearly past the ends."""
@@ -302,6 +310,7 @@ def measure_verify_cost(model: torch.nn.Module, layer_ids: Sequence[int] = (), p
         ragged = RaggedTarget(target)
         ragged.prefill(list(prefix))
     seconds = []
+    final = None
     for n in sizes:
         tree = _synthetic_tree(n, gamma, target.device, rows)
         times = []
@@ -309,15 +318,27 @@ def measure_verify_cost(model: torch.nn.Module, layer_ids: Sequence[int] = (), p
             _sync(target.device)
             start = time.perf_counter()
             if ragged is None:
-                target.forward_tree(target.tree_inputs(tree), logits=logits)
+                out = target.forward_tree(target.tree_inputs(tree), logits=logits)
+                final = out.final if out.final is not None else final
             else:
                 ragged.forward_tree(tree, logits=logits)
             _sync(target.device)
             times.append(time.perf_counter() - start)
             (target if ragged is None else ragged).rollback()
         seconds.append(statistics.median(times[1:]))
+    row_s = 0.0
+    if logits == "root" and final is not None:          # the walk's rows: one LM-head row per accepted node
+        row = final[:, 0]
+        times = []
+        for _ in range(repeats + 1):
+            _sync(target.device)
+            start = time.perf_counter()
+            target.head_logits(row)
+            _sync(target.device)
+            times.append(time.perf_counter() - start)
+        row_s = statistics.median(times[1:])
     target.reset()
-    return VerifyCost(sizes, tuple(seconds), prefix_len)
+    return VerifyCost(sizes, tuple(seconds), prefix_len, row_s)
 
 
 @torch.no_grad()
@@ -360,7 +381,8 @@ def score_candidates(stats: dict[tuple[int, int | None], ConfigStats], cost: Ver
     out = []
     for (budget, width), s in sorted(stats.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
         sizes = s.tree_sizes or (round(s.mean_tree_size),)
-        verify_s = sum(cost.at(size + 1) for size in sizes) / len(sizes)
+        # the forward, plus the greedy walk's LM-head rows (one per accepted node: tau - 1 a round)
+        verify_s = sum(cost.at(size + 1) for size in sizes) / len(sizes) + max(0.0, s.tau - 1) * cost.row_s
         round_s = s.draft_s + s.build_s + verify_s + overhead_s
         out.append(Candidate(budget, width, s.tau, s.mean_tree_size, s.draft_s, s.build_s, verify_s, overhead_s,
                              round_s, s.tau / round_s if round_s > 0 else float("inf")))
@@ -525,7 +547,8 @@ def tune(
     the chosen size (prefill, head, sampling and all).  When that forecast is below ``min_speedup``
     times AR's measured rate, the result says ``use_ar``.  ``finalists=0`` skips the real decodes
     (choice and forecast from the cost model alone, against the references' AR timing).
-    At 0 on the CPU the verify probe runs the LM head on the roots only, as greedy decoding does
+    On the CPU the verify probe runs the LM head on the roots only and times one more row, as
+    decoding does: the walk (greedy, or keyed sampling at T>0) scores only the nodes it visits
     (:attr:`HFTarget.scores_rows_apart`).
     """
     if method.is_ar:
@@ -557,7 +580,8 @@ def tune(
         prefix_len = int(sum(r.sequence.shape[1] for r in refs) / len(refs))
         largest = max(budget_grid) + 1
         sizes = sorted({1, 2, 4, 8, 16, 32, 64, 128, largest} & set(range(1, largest + 1)) | {largest})
-        lazy = temperature == 0 and HFTarget(bundle.target).scores_rows_apart
+        # the decoder walks lazily at T=0 and with the keyed sampler the tuner decodes with at T>0
+        lazy = HFTarget(bundle.target).scores_rows_apart
         verify_cost = measure_verify_cost(bundle.target, bundle.drafter.target_layer_ids, prefix_len, sizes, gamma,
                                           logits="root" if lazy else "all")
     probe = _concrete(method, min(budget_grid), min(width_grid) if has_width else None, beta_grid[0])

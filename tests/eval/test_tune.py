@@ -130,3 +130,16 @@ def test_beta_auto_keeps_the_best_beta_of_each_setting(bundle):
         parse_method("ddtree:beta=auto")
     with pytest.raises(ValueError, match=r"beta: 'auto' is not searched per concurrency level"):
         check_methods([method])
+
+
+def test_the_walks_lm_head_rows_are_in_the_model(bundle):
+    """Decoding that scores the root only in the forward runs one LM-head row per accepted node in the
+    walk: the probe times that row, and the model adds tau - 1 of them to a round's verify cost."""
+    lazy = measure_verify_cost(bundle.target, (), prefix_len=16, sizes=(1, 9), repeats=1, logits="root")
+    full = measure_verify_cost(bundle.target, (), prefix_len=16, sizes=(1, 9), repeats=1, logits="all")
+    assert lazy.row_s > 0 and full.row_s == 0
+    cost = VerifyCost((1, 9), (0.010, 0.018), row_s=0.002)
+    (c,) = score_candidates({(8, 2): _stats(tau=3.5, size=8)}, cost, 0.0)
+    assert c.verify_s == pytest.approx(0.018 + 2.5 * 0.002)
+    with pytest.raises(ValueError, match=r"row_s: must be finite and >= 0"):
+        VerifyCost((1, 9), (0.010, 0.018), row_s=-1.0)
