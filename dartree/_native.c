@@ -783,26 +783,25 @@ static PyObject *native_select_tree(PyObject *self, PyObject *const *args, Py_ss
 
 /* ---------------------------------------------------------------------------------- bound frontier */
 /* bound_frontier(b, gamma, depth, widths i64 [depth], budget, ranks i64, scores f32, paths i64 | None,
- *                fmap i64 [b, W_depth] (out), live i64 [b] (out), beta (float)) -> the largest live count of a row.
+ *                beta (float)) -> the largest count of live frontier nodes in a row (0: stop expanding).
  * The buffers are select_tree's: depth j's [b, W_j] block at b * offset_j (paths: [b, W_j, gamma] blocks at
  * b * offset_j * gamma); fillers (rank -1) are not nodes.  Per row: theta = the budget-th best node of depths
  * 1..depth in the total order (score descending, then rank path; without paths, a chain: depth order).  The
- * nodes of depth `depth` that may have a child ranking at or before theta (all of them while the row holds
- * fewer than `budget` nodes) go to fmap[r, 0..live[r]) in column order; fmap[r, live[r]..) repeats the first
- * of them (column 0 when none): the padding of a batch's head call.  A node u has none when it ranks after
+ * live nodes of depth `depth` are those that may have a child ranking at or before theta (all of them while
+ * the row holds fewer than `budget` nodes).  A node u has none when it ranks after
  * theta, or when (s(u) + beta) in float32 scores below theta: every child scores (s(u) + log q) + beta <=
  * s(u) + beta, float32 rounding being monotone; such a node has no descendant in the final top budget,
  * whatever else is expanded (docs/builders.md, "Bound pruning"). */
 static PyObject *native_bound_frontier(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 11) {
-        PyErr_SetString(PyExc_TypeError, "bound_frontier: expected 11 arguments");
+    if (nargs != 9) {
+        PyErr_SetString(PyExc_TypeError, "bound_frontier: expected 9 arguments");
         return NULL;
     }
     Py_ssize_t b, gamma, depth, budget;
     if (get_ssize(args[0], &b, "b") < 0 || get_ssize(args[1], &gamma, "gamma") < 0 ||
         get_ssize(args[2], &depth, "depth") < 0 || get_ssize(args[4], &budget, "budget") < 0)
         return NULL;
-    double beta_d = PyFloat_AsDouble(args[10]);
+    double beta_d = PyFloat_AsDouble(args[8]);
     if (beta_d == -1.0 && PyErr_Occurred()) return NULL;
     if (!(beta_d <= 0.0)) {
         PyErr_SetString(PyExc_ValueError, "bound_frontier: beta must be <= 0 (a depth penalty)");
@@ -836,25 +835,23 @@ static PyObject *native_bound_frontier(PyObject *self, PyObject *const *args, Py
         return NULL;
     }
     Py_ssize_t total = offset[depth], wd = offset[depth] - offset[depth - 1];
-    Buf a[5];
+    Buf a[3];
     memset(a, 0, sizeof a);
     if (acquire(args[5], &a[0], 8, mul(b, total), 0, 0, "ranks") < 0 || acquire(args[6], &a[1], 4, mul(b, total), 0, 0, "scores") < 0 ||
-        acquire(args[7], &a[2], 8, mul(mul(b, total), gamma), 0, 1, "paths") < 0 ||
-        acquire(args[8], &a[3], 8, mul(b, wd), 1, 0, "fmap") < 0 || acquire(args[9], &a[4], 8, b, 1, 0, "live") < 0) {
+        acquire(args[7], &a[2], 8, mul(mul(b, total), gamma), 0, 1, "paths") < 0) {
         free(offset);
-        release(a, 5);
+        release(a, 3);
         return NULL;
     }
     const int64_t *rank = I64(a[0]);
     const float *score = F32(a[1]);
-    int64_t *fmap = I64(a[3]), *live = I64(a[4]);
     float *vals = malloc(sizeof(float) * (size_t)(total + 1));
     Py_ssize_t *ties = malloc(sizeof(Py_ssize_t) * (size_t)(total + 1));
     Py_ssize_t *tmp = malloc(sizeof(Py_ssize_t) * (size_t)(total + 1));
     char *in = malloc((size_t)(wd + 1));
     if (!vals || !ties || !tmp || !in) {
         free(offset); free(vals); free(ties); free(tmp); free(in);
-        release(a, 5);
+        release(a, 3);
         return PyErr_NoMemory();
     }
     TreeOrder order = {score, I64_OR_NULL(a[2]), gamma};
@@ -893,16 +890,12 @@ static PyObject *native_bound_frontier(PyObject *self, PyObject *const *args, Py
             Py_ssize_t f = base + c;
             if (rank[f] < 0) continue;
             float s = score[f], best_child = s + beta; /* no child of f scores above it */
-            if (n < budget || best_child > t || (best_child == t && (s > t || every_tie || in[c])))
-                fmap[r * wd + kept++] = c;
+            kept += n < budget || best_child > t || (best_child == t && (s > t || every_tie || in[c]));
         }
-        live[r] = kept;
         if (kept > most) most = kept;
-        int64_t first = kept ? fmap[r * wd] : 0;
-        for (Py_ssize_t j = kept; j < wd; j++) fmap[r * wd + j] = first;
     }
     free(offset); free(vals); free(ties); free(tmp); free(in);
-    release(a, 5);
+    release(a, 3);
     return PyLong_FromSsize_t(most);
 }
 

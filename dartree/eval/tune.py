@@ -68,7 +68,8 @@ __all__ = ["VerifyCost", "ConfigStats", "Candidate", "Measurement", "TuneResult"
 DEFAULT_BUDGETS: tuple[int, ...] = (4, 8, 16, 32, 64)
 DEFAULT_WIDTHS: tuple[int, ...] = (4, 8, 16)
 #: Depth penalties tried when ``beta=auto`` (explicitly: an unset beta keeps the builder's default).
-#: On the zoo, B=16, the best of them accepted 2-3% more than -0.2 (32 held-out prompts, 2026-12-01).
+#: On the zoo, B=16, the best of them accepted 2-3% more than -0.2 (32 held-out prompts, 2026-12-01, the
+#: head before run 4).
 DEFAULT_BETAS: tuple[float, ...] = (0.0, -0.1, -0.2)
 #: Settings the cost model ranks best that are then decoded for real on the calibration prompts.
 DEFAULT_FINALISTS = 3
@@ -405,7 +406,8 @@ def score_at_concurrency(stats: dict[tuple[int, int | None], ConfigStats], cost:
     :func:`score_candidates`' mean over the sizes).
     ``build_scale`` is what building ``rows`` trees costs in single builds: ``rows`` (the default) for
     builders that work row by row; batched head calls make it smaller, so callers measure it (the
-    batched build time of one candidate over its single-request build time).
+    batched build time of one candidate over its single-request build time).  ``cost.row_s`` (the
+    single-request walk's LM-head rows) is not added here: a batched probe scores every node.
     """
     if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
         raise ValueError(f"rows: must be an integer >= 1, got {rows!r}")

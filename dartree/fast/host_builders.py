@@ -295,7 +295,6 @@ def _expand_native(lib, block: DraftBlock, cands: HostCandidates, widths: list[i
     lq_scratch = None if trace else np.empty(b * most * topk, dtype=np.float32)
     used = np.zeros(gamma, dtype=np.int64)  # the width of every expanded depth (0: never expanded)
     expanded = 0
-    kept_rows, kept_counts = np.empty(b * most, dtype=np.int64), np.empty(b, dtype=np.int64)
     lo = branches = 0
     for depth, width in enumerate(widths, start=1):
         m = 1 if depth == 1 else widths[depth - 2]
@@ -326,8 +325,7 @@ def _expand_native(lib, block: DraftBlock, cands: HostCandidates, widths: list[i
             break
         if bound and hi >= b * budget:  # the rows hold `budget` nodes: does a branch not rank after the budget-th?
             keep = lib.bound_frontier(b, gamma, depth, used, budget, ints[1, :hi], scores[:hi],
-                                      None if paths is None else paths[b * gamma: b * gamma + hi * gamma],
-                                      kept_rows, kept_counts, beta)
+                                      None if paths is None else paths[b * gamma: b * gamma + hi * gamma], beta)
             if keep == 0:  # no row keeps a branch: nothing deeper can enter the tree
                 break
         lo = hi

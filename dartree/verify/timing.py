@@ -11,7 +11,8 @@ also the head's parameters' device and ``block.hidden``'s width against ``head.h
 These read only metadata (no host sync): about 1-2 us a call.  The optional fused
 method ``advance_logits`` is exposed only when the wrapped head has it, because builders detect it
 with ``getattr(head, "advance_logits", None)``; ``prepare_block`` is always there and returns ``None``
-when the head has none, and the calls of what it prepares are timed, counted and checked alike.
+when the head has none, and the calls of what it prepares are timed and counted alike, and checked
+unless the head is exactly one of dartree's own classes (``GRUHead``, ``MarkovHead``; perf).
 
 On CUDA each head call is bracketed by ``torch.cuda.synchronize`` so that its time is charged to
 the head and not to whatever synchronises next; on the CPU timing costs two ``perf_counter`` calls.
