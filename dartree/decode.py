@@ -65,11 +65,13 @@ from dartree.rounds import (
     GenerationResult,
     RoundStats,
     TimedRows,
+    WalkRows,
     as_target,
     check_block,
     check_request,
     first_tokens,
     fit_tree,
+    scored_rows,
     truncate,
 )
 from dartree.verify.accept import verify_greedy, verify_sampled, walk_greedy, walk_sampled
@@ -175,9 +177,11 @@ class SpeculativeDecoder:
         root = first_tokens(out.logits[:, -1], (req,), torch.full((1,), length, device=target.device))
         first = int(root[0])            # one sync, on purpose: the first token may be a stop token
         generated, stopped = [first], first in req.stop
-        # on the CPU: the LM head runs only on the nodes the walk visits (probed once per target), greedy or
-        # with a keyed sampler (its draw at a node depends on nothing else: walk_sampled equals verify_sampled)
-        lazy = (req.sampler is None or type(req.sampler) is KeyedSampler) and target.scores_rows_apart
+        # on the CPU, greedy or with a keyed sampler (its draw at a node depends on nothing else: walk_sampled
+        # equals verify_sampled), the walk draws only at the nodes it visits, and while walks are short the LM
+        # head runs only there too (WalkRows; scores_rows_apart: probed once per target)
+        walks = (req.sampler is None or type(req.sampler) is KeyedSampler) and target.device.type == "cpu"
+        policy = WalkRows(walks and target.scores_rows_apart)
         prefill_s = clock.lap()
         if on_round is not None:
             on_round(None, [first])
@@ -198,6 +202,7 @@ class SpeculativeDecoder:
             head_s, head_calls = (0.0, 0) if timed is None else (timed.take(), timed.take_calls())
             inputs = target.tree_inputs(tree)
             mask_s = clock.lap()
+            lazy = policy.logits(inputs.input_ids.shape[1]) == "root"
             scored = target.forward_tree(inputs, logits="root" if lazy else "all")
             target_s = clock.lap()
             if lazy:
@@ -208,6 +213,9 @@ class SpeculativeDecoder:
                     result = walk_sampled(tree, scored.logits[:, 0], rows, req.temperature, req.sampler, prefix)
             elif req.sampler is None:
                 result = verify_greedy(tree, scored.logits)
+            elif walks:           # every node scored, drawn only where the walk goes
+                result = walk_sampled(tree, scored.logits[:, 0], scored_rows(scored.logits), req.temperature,
+                                      req.sampler, prefix)
             else:
                 result = verify_sampled(tree, scored.logits, req.temperature, req.sampler, prefix)
             verify_s = target_s + clock.lap()
@@ -220,6 +228,7 @@ class SpeculativeDecoder:
             tree_size, row, path = host[-1] - 1, host[:n], host[n:2 * n]
             committed = row[: row.index(-1)] if -1 in row else row
             accepted_length = len(committed) - 1
+            policy.record(len(committed))
             kept, stopped = truncate(committed, req.max_new_tokens - len(generated), req.stop)
             count = len(kept)
             target.commit(result.accepted, count, path[:count])   # prefix + root + (count - 1) accepted nodes

@@ -27,6 +27,7 @@ from dartree.tree import DraftTree
 from dartree.verify.sampling import GeneratorSampler, Sampler, check_temperature, sample_checked
 
 __all__ = ["RoundStats", "GenerationResult", "STOP_REASONS", "ROUND_STAGES", "Request", "Clock", "TimedRows",
+           "ROWS_PER_PASS", "WalkRows", "scored_rows", "walk_pays",
            "as_target", "check_request", "check_requests", "check_block", "fit_tree", "first_tokens", "truncate",
            "index_arg", "stop_tokens"]
 
@@ -182,6 +183,53 @@ class TimedRows:
         out = self.target.head_logits(self.final[rows, nodes])
         self.seconds += time.perf_counter() - start
         return out
+
+
+def scored_rows(logits: Tensor):
+    """``rows(rows, nodes) -> logits[rows, nodes]``: the walk's node logits when the forward scored every node."""
+    return lambda rows, nodes: logits[rows, nodes]
+
+
+#: perf (CPU): one LM-head call on a tree's ``n`` nodes costs about as much as ``1 + n / ROWS_PER_PASS``
+#: calls on one node.  Each call streams the whole output embedding through the cache, and the rows
+#: add little to that: on the zoo (``[., 256] x [256, 4098]``, one thread) 1 row takes 0.20-0.25 ms,
+#: 8 rows 0.32 ms, 17 rows 0.41-0.44 ms (K-major); on a model with a bigger vocabulary the rows weigh
+#: even less.  A constant, not a timing, so that the rows a decode scores do not depend on the load.
+ROWS_PER_PASS = 16
+
+
+def walk_pays(nodes: int, committed: float) -> bool:
+    """Whether scoring only the root in the tree forward, then one LM-head row per node the walk
+    visits (``committed`` a round: the accepted nodes plus the root), costs less than one LM-head
+    call on all ``nodes`` (root included) in the forward (:data:`ROWS_PER_PASS`)."""
+    return committed < 1 + nodes / ROWS_PER_PASS
+
+
+class WalkRows:
+    """Per decode: which logits a round's tree forward computes, ``"all"`` or ``"root"``.
+
+    With ``"root"`` the acceptance walk runs the LM head on each node it visits (one call per accepted
+    node; :func:`~dartree.verify.walk_greedy`, :func:`~dartree.verify.walk_sampled`).  That pays while
+    the walks stay short (:func:`walk_pays`; at T=1 on the zoo), and loses to one batched call on
+    every node when they are long (T=0: 1.04-1.09x faster decodes on the zoo, ``docs/verification.md``).
+    The decode's mean committed tokens per round so far stands for the next walk; the first round
+    scores every node.  It depends on the committed tokens only, never on a timing, so a decode is
+    reproducible.  ``allowed=False`` (an accelerator, a model whose logits are not its LM head on the
+    final state, a sampler without keyed draws): every round scores every node.
+    """
+
+    def __init__(self, allowed: bool) -> None:
+        self.allowed, self.rounds, self.committed = allowed, 0, 0
+
+    def logits(self, nodes: int) -> str:
+        """``"root"`` or ``"all"`` for the next round's forward of a tree of ``nodes`` nodes."""
+        lazy = self.allowed and self.rounds > 0 and walk_pays(nodes, self.committed / self.rounds)
+        return "root" if lazy else "all"
+
+    def record(self, committed: int) -> None:
+        """One more round, in which the walk committed ``committed`` tokens (accepted nodes + 1)."""
+        self.rounds += 1
+        self.committed += committed
 
 
 def as_target(target: HFTarget | nn.Module, layer_ids: tuple[int, ...]) -> HFTarget:

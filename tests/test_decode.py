@@ -152,6 +152,37 @@ def test_acceptance_regimes():
     assert set(full.stage_breakdown()) == {"prefill", *ROUND_STAGES}
 
 
+def test_the_forward_scores_the_root_only_while_walks_are_short(monkeypatch):
+    """On the CPU the first round scores every node; later rounds score the root only (the walk then
+    scores the nodes it visits) exactly while the mean committed so far is under 1 + n / ROWS_PER_PASS;
+    the tokens are AR's either way, greedy and keyed."""
+    from dartree.rounds import walk_pays
+
+    model = model_for("llama", "sdpa")
+    prompt = torch.tensor([[5, 6, 7]])
+    ways = []
+    real = HFTarget.forward_tree
+    monkeypatch.setattr(HFTarget, "forward_tree", lambda self, inputs, logits="all": ways.append(
+        (inputs.input_ids.shape[1], logits)) or real(self, inputs, logits=logits))
+    ddtree, _ = builder_and_head("ddtree")
+    sampler = KeyedSampler(5)
+    cases = [(OracleDrafter(model, GAMMA), {}), (OracleDrafter(model, GAMMA, drop=1.0), {}),
+             (OracleDrafter(model, GAMMA, temperature=1.0, sampler=sampler), {"temperature": 1.0, "sampler": sampler}),
+             (OracleDrafter(model, GAMMA, drop=1.0, temperature=1.0, sampler=sampler),
+              {"temperature": 1.0, "sampler": sampler})]
+    seen = set()
+    for drafter, kw in cases:
+        ways.clear()
+        result = SpeculativeDecoder(model, drafter, ddtree).generate(prompt, 16, **kw)
+        assert result.tokens.tolist() == generate_ar(model, prompt, 16, **kw).tokens.tolist()
+        assert len(ways) == result.num_rounds and ways[0][1] == "all"
+        for k, (nodes, way) in enumerate(ways[1:], start=1):
+            mean = sum(r.accepted_length + 1 for r in result.rounds[:k]) / k
+            assert way == ("root" if walk_pays(nodes, mean) else "all")
+            seen.add(way)
+    assert seen == {"root", "all"}                                  # both ways were taken
+
+
 def test_truncate_exactly_at_max_new_tokens():
     model = model_for("qwen3", "eager")
     prompt = torch.tensor([[9, 8, 7]])

@@ -199,6 +199,10 @@ def bench_markdown(result: BenchResult) -> str:
                   f"Verify cost measured on this machine at prefix {tr.verify_cost.prefix_len}: " + ", ".join(
                       f"n={n}: {1000 * s:.2f} ms"
                       for n, s in zip(tr.verify_cost.sizes, tr.verify_cost.seconds, strict=True))
+                  + ("; scoring the root only: " + ", ".join(
+                      f"n={n}: {1000 * s:.2f} ms"
+                      for n, s in zip(tr.verify_cost.sizes, tr.verify_cost.root_seconds, strict=True))
+                     if tr.verify_cost.root_seconds else "")
                   + (f"; one LM-head row of the acceptance walk (per accepted node): "
                      f"{1000 * tr.verify_cost.row_s:.2f} ms" if tr.verify_cost.row_s > 0 else ""),
                   "", f"{tr.calibration_prompts} calibration prompts; the cost model ranks every setting, its "

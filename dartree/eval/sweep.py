@@ -17,6 +17,7 @@ from dartree.eval.methods import MethodSpec
 from dartree.eval.report import markdown_table
 from dartree.eval.simulate import Reference
 from dartree.eval.tune import VerifyCost, measure_overhead, measure_verify_cost, replay_stats, score_candidates
+from dartree.models.target import HFTarget
 
 __all__ = ["SWEEP_PARAMS", "DEFAULT_VALUES", "SweepPoint", "SweepResult", "check_sweep_values", "run_sweep",
            "sweep_table"]
@@ -106,7 +107,8 @@ def run_sweep(
         sizes = sorted({n for n in (1, 2, 4, 8, 16, 32, 64, 128, 256) if n < largest} | {largest})
         prefix_len = int(sum(r.sequence.shape[1] for r in refs) / len(refs))
         verify_cost = measure_verify_cost(bundle.target, bundle.drafter.target_layer_ids, prefix_len, sizes,
-                                          int(getattr(bundle.drafter, "gamma", 15)))
+                                          int(getattr(bundle.drafter, "gamma", 15)),
+                                          logits="walk" if HFTarget(bundle.target).scores_rows_apart else "all")
     overhead_s = measure_overhead(bundle, methods[0], refs[0], backend)
     ar_rate = sum(r.new_tokens for r in refs) / sum(r.ar_seconds for r in refs)
     points = []

@@ -17,12 +17,14 @@ steps: a cost model ranks every setting cheaply, then the best-ranked few are de
 
 and scores each candidate with the cost model (the expected tokens per second)::
 
-    round_s(B, W)    = draft_s + build_s(B, W) + mean over rounds of t_v(tree_size + 1)
-                       + (tau(B, W) - 1) * row_s + overhead_s
+    round_s(B, W)    = draft_s + build_s(B, W) + mean over rounds of v(tree_size + 1, tau(B, W)) + overhead_s
+    v(n, tau)        = t_v(n)                                     (every node scored in the forward)
+                     | t_root(n) + (tau - 1) * row_s              (when walk_pays(n, tau), on the CPU)
 
 (``draft_s``: the drafter's forward, the same for every setting, pooled over all replays: the median;
-``row_s``: one LM-head row, which greedy decoding on the CPU runs per accepted node after a forward
-that scored the root only: 228 us on the zoo, about 0.8 ms of a B=16 round at tau 4.4)
+``v``: :meth:`VerifyCost.round_s`, the choice single-request decoding makes (:class:`dartree.rounds.WalkRows`):
+on the CPU the forward may score the root only and the walk then runs one LM-head row, ``row_s``
+(about 0.2 ms on the zoo), per accepted node; that pays only for short walks)
     tokens_per_s     = tau(B, W) / round_s(B, W)
 
 4. the ``finalists`` best-ranked settings and AR are then decoded for real on every calibration
@@ -57,6 +59,7 @@ from dartree.eval.bundles import Bundle
 from dartree.eval.methods import AR, AUTO, MethodSpec, make_decoder, resolve_backend
 from dartree.eval.simulate import Reference, simulate
 from dartree.models.target import HFTarget
+from dartree.rounds import walk_pays
 from dartree.tree import DraftTree
 from dartree.verify.sampling import KeyedSampler
 
@@ -83,14 +86,18 @@ class VerifyCost:
     """Measured seconds of one tree verification (inputs + target forward) by tree size.
 
     sizes: tree nodes, root included, strictly increasing; seconds: median wall time at each size.
-    row_s: seconds of the LM head on one node, which the greedy walk runs once per accepted node when
-    the forward scored the root only (``logits="root"``); 0 when every node was scored in the forward.
+    row_s: seconds of the LM head on one node, which the walk runs once per accepted node when the
+    forward scored the root only (``logits="root"``); 0 when every node was scored in the forward.
+    root_seconds: with ``row_s``, the forward's time at each size when it scores the root only
+    (``measure_verify_cost(..., logits="walk")``: ``seconds`` then score every node); empty when the
+    decoder never walks lazily here.  :meth:`round_s` picks between the two as the decoder does.
     """
 
     sizes: tuple[int, ...]
     seconds: tuple[float, ...]
     prefix_len: int = 0
     row_s: float = 0.0
+    root_seconds: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.sizes) < 2 or len(self.sizes) != len(self.seconds):
@@ -102,15 +109,34 @@ class VerifyCost:
             raise ValueError(f"seconds: must be finite and >= 0, got {self.seconds}")
         if not self.row_s >= 0:
             raise ValueError(f"row_s: must be finite and >= 0, got {self.row_s}")
+        if self.root_seconds and (len(self.root_seconds) != len(self.sizes)
+                                  or any(not s >= 0 for s in self.root_seconds)):
+            raise ValueError(f"root_seconds: need one finite time >= 0 per size, got {self.root_seconds}")
 
     def at(self, nodes: float) -> float:
         """Seconds for a tree of ``nodes`` nodes: piecewise linear, extrapolated linearly past the ends."""
-        xs, ys = self.sizes, self.seconds
-        i = 1
-        while i < len(xs) - 1 and nodes > xs[i]:
-            i += 1
-        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
-        return max(0.0, y0 + (y1 - y0) * (nodes - x0) / (x1 - x0))
+        return _interpolate(self.sizes, self.seconds, nodes)
+
+    def round_s(self, nodes: float, committed: float) -> float:
+        """Seconds of a round's verification of a tree of ``nodes`` nodes when ``committed`` tokens are
+        committed a round, as the decoder scores it (:class:`dartree.rounds.WalkRows`): the forward on
+        the root only plus one LM-head row per accepted node while that pays (:func:`dartree.rounds.walk_pays`),
+        else the forward on every node."""
+        rows = max(0.0, committed - 1) * self.row_s
+        if not self.root_seconds:           # one way measured: ``row_s`` is 0 unless it scored the root only
+            return self.at(nodes) + rows
+        if walk_pays(round(nodes), committed):
+            return _interpolate(self.sizes, self.root_seconds, nodes) + rows
+        return self.at(nodes)
+
+
+def _interpolate(xs: Sequence[int], ys: Sequence[float], x: float) -> float:
+    """``ys`` at ``x``: piecewise linear over ``xs``, extrapolated linearly past the ends, never below 0."""
+    i = 1
+    while i < len(xs) - 1 and x > xs[i]:
+        i += 1
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    return max(0.0, y0 + (y1 - y0) * (x - x0) / (x1 - x0))
 
 
 @dataclass(frozen=True)
@@ -287,9 +313,11 @@ def measure_verify_cost(model: torch.nn.Module, layer_ids: Sequence[int] = (), p
 
     ``rows > 1`` times one batched forward of ``rows`` trees of that size (a :class:`RaggedTarget`
     with ``rows`` prefixes): the verify cost of a round at concurrency ``rows``.  ``logits="root"``
-    runs the LM head on the roots only, as greedy decoding on the CPU does (the walk scores the
-    accepted nodes afterwards, a few rows).  The prefix is random tokens (attention cost depends on
-    its length, not on its content).
+    runs the LM head on the roots only, as the batched greedy round on the CPU does (the walk scores
+    the accepted nodes afterwards), and times one such row (``row_s``); ``"walk"`` (one request) times
+    the forward both ways, every node in ``seconds`` and the root only in ``root_seconds``, interleaved,
+    plus ``row_s``: the two ways single-request decoding chooses between (:class:`dartree.rounds.WalkRows`).
+    The prefix is random tokens (attention cost depends on its length, not on its content).
     """
     from dartree.models.ragged import RaggedTarget
 
@@ -299,8 +327,10 @@ def measure_verify_cost(model: torch.nn.Module, layer_ids: Sequence[int] = (), p
     for name, value in (("repeats", repeats), ("rows", rows)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}: must be an integer >= 1, got {value!r}")
-    if logits not in ("all", "root"):
-        raise ValueError(f"logits: expected 'all' or 'root', got {logits!r}")
+    if logits not in ("all", "root", "walk"):
+        raise ValueError(f"logits: expected 'all', 'root' or 'walk', got {logits!r}")
+    if logits == "walk" and rows != 1:
+        raise ValueError(f"logits: 'walk' times single-request rounds; got rows={rows}")
     target = HFTarget(model, layer_ids=tuple(layer_ids))
     gen = torch.Generator().manual_seed(0)
     prefix = torch.randint(0, target.vocab_size, (rows, prefix_len), generator=gen).to(target.device)
@@ -310,25 +340,28 @@ def measure_verify_cost(model: torch.nn.Module, layer_ids: Sequence[int] = (), p
     else:
         ragged = RaggedTarget(target)
         ragged.prefill(list(prefix))
-    seconds = []
+    ways = ("all", "root") if logits == "walk" else (logits,)
+    seconds: dict[str, list[float]] = {way: [] for way in ways}
     final = None
     for n in sizes:
         tree = _synthetic_tree(n, gamma, target.device, rows)
-        times = []
+        times: dict[str, list[float]] = {way: [] for way in ways}
         for _ in range(repeats + 1):                       # the first run warms up and is dropped
-            _sync(target.device)
-            start = time.perf_counter()
-            if ragged is None:
-                out = target.forward_tree(target.tree_inputs(tree), logits=logits)
-                final = out.final if out.final is not None else final
-            else:
-                ragged.forward_tree(tree, logits=logits)
-            _sync(target.device)
-            times.append(time.perf_counter() - start)
-            (target if ragged is None else ragged).rollback()
-        seconds.append(statistics.median(times[1:]))
+            for way in ways:                               # interleaved: a drifting machine charges both alike
+                _sync(target.device)
+                start = time.perf_counter()
+                if ragged is None:
+                    out = target.forward_tree(target.tree_inputs(tree), logits=way)
+                    final = out.final if out.final is not None else final
+                else:
+                    ragged.forward_tree(tree, logits=way)
+                _sync(target.device)
+                times[way].append(time.perf_counter() - start)
+                (target if ragged is None else ragged).rollback()
+        for way in ways:
+            seconds[way].append(statistics.median(times[way][1:]))
     row_s = 0.0
-    if logits == "root" and final is not None:          # the walk's rows: one LM-head row per accepted node
+    if logits != "all" and final is not None:           # the walk's rows: one LM-head row per accepted node
         row = final[:, 0]
         times = []
         for _ in range(repeats + 1):
@@ -339,7 +372,9 @@ def measure_verify_cost(model: torch.nn.Module, layer_ids: Sequence[int] = (), p
             times.append(time.perf_counter() - start)
         row_s = statistics.median(times[1:])
     target.reset()
-    return VerifyCost(sizes, tuple(seconds), prefix_len, row_s)
+    if logits == "walk":
+        return VerifyCost(sizes, tuple(seconds["all"]), prefix_len, row_s, tuple(seconds["root"]))
+    return VerifyCost(sizes, tuple(seconds[logits]), prefix_len, row_s)
 
 
 @torch.no_grad()
@@ -382,8 +417,8 @@ def score_candidates(stats: dict[tuple[int, int | None], ConfigStats], cost: Ver
     out = []
     for (budget, width), s in sorted(stats.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
         sizes = s.tree_sizes or (round(s.mean_tree_size),)
-        # the forward, plus the greedy walk's LM-head rows (one per accepted node: tau - 1 a round)
-        verify_s = sum(cost.at(size + 1) for size in sizes) / len(sizes) + max(0.0, s.tau - 1) * cost.row_s
+        # the forward, plus the walk's LM-head rows (one per accepted node) when it scores the root only
+        verify_s = sum(cost.round_s(size + 1, s.tau) for size in sizes) / len(sizes)
         round_s = s.draft_s + s.build_s + verify_s + overhead_s
         out.append(Candidate(budget, width, s.tau, s.mean_tree_size, s.draft_s, s.build_s, verify_s, overhead_s,
                              round_s, s.tau / round_s if round_s > 0 else float("inf")))
@@ -549,9 +584,9 @@ def tune(
     the chosen size (prefill, head, sampling and all).  When that forecast is below ``min_speedup``
     times AR's measured rate, the result says ``use_ar``.  ``finalists=0`` skips the real decodes
     (choice and forecast from the cost model alone, against the references' AR timing).
-    On the CPU the verify probe runs the LM head on the roots only and times one more row, as
-    decoding does: the walk (greedy, or keyed sampling at T>0) scores only the nodes it visits
-    (:attr:`HFTarget.scores_rows_apart`).
+    On the CPU the verify probe times the forward both ways, on every node and on the root only, and
+    one LM-head row (:attr:`HFTarget.scores_rows_apart`), for the choice decoding makes between them
+    (:class:`dartree.rounds.WalkRows`).
     """
     if method.is_ar:
         raise ValueError("method: 'ar' has no budget to tune")
@@ -582,10 +617,10 @@ def tune(
         prefix_len = int(sum(r.sequence.shape[1] for r in refs) / len(refs))
         largest = max(budget_grid) + 1
         sizes = sorted({1, 2, 4, 8, 16, 32, 64, 128, largest} & set(range(1, largest + 1)) | {largest})
-        # the decoder walks lazily at T=0 and with the keyed sampler the tuner decodes with at T>0
+        # the decoder may walk lazily at T=0 and with the keyed sampler the tuner decodes with at T>0
         lazy = HFTarget(bundle.target).scores_rows_apart
         verify_cost = measure_verify_cost(bundle.target, bundle.drafter.target_layer_ids, prefix_len, sizes, gamma,
-                                          logits="root" if lazy else "all")
+                                          logits="walk" if lazy else "all")
     probe = _concrete(method, min(budget_grid), min(width_grid) if has_width else None, beta_grid[0])
     overhead_s = measure_overhead(bundle, probe, refs[0], backend, temperature, seed)
     stats = {}

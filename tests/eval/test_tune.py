@@ -134,12 +134,24 @@ def test_beta_auto_keeps_the_best_beta_of_each_setting(bundle):
 
 def test_the_walks_lm_head_rows_are_in_the_model(bundle):
     """Decoding that scores the root only in the forward runs one LM-head row per accepted node in the
-    walk: the probe times that row, and the model adds tau - 1 of them to a round's verify cost."""
+    walk: the probe times that row, and the model adds tau - 1 of them to a round's verify cost; with
+    both ways timed (``logits="walk"``) it charges the way the decoder takes (walk_pays)."""
     lazy = measure_verify_cost(bundle.target, (), prefix_len=16, sizes=(1, 9), repeats=1, logits="root")
     full = measure_verify_cost(bundle.target, (), prefix_len=16, sizes=(1, 9), repeats=1, logits="all")
-    assert lazy.row_s > 0 and full.row_s == 0
+    both = measure_verify_cost(bundle.target, (), prefix_len=16, sizes=(1, 9), repeats=1, logits="walk")
+    assert lazy.row_s > 0 and full.row_s == 0 and not lazy.root_seconds and not full.root_seconds
+    assert both.row_s > 0 and len(both.root_seconds) == len(both.seconds) == 2
     cost = VerifyCost((1, 9), (0.010, 0.018), row_s=0.002)
     (c,) = score_candidates({(8, 2): _stats(tau=3.5, size=8)}, cost, 0.0)
     assert c.verify_s == pytest.approx(0.018 + 2.5 * 0.002)
+    # 9 nodes: the walk pays below 1 + 9/16 committed a round
+    walk = VerifyCost((1, 9), (0.010, 0.018), row_s=0.002, root_seconds=(0.009, 0.015))
+    (long,) = score_candidates({(8, 2): _stats(tau=3.5, size=8)}, walk, 0.0)
+    (short,) = score_candidates({(8, 2): _stats(tau=1.25, size=8)}, walk, 0.0)
+    assert long.verify_s == pytest.approx(0.018) and short.verify_s == pytest.approx(0.015 + 0.25 * 0.002)
     with pytest.raises(ValueError, match=r"row_s: must be finite and >= 0"):
         VerifyCost((1, 9), (0.010, 0.018), row_s=-1.0)
+    with pytest.raises(ValueError, match=r"root_seconds: need one finite time >= 0 per size"):
+        VerifyCost((1, 9), (0.010, 0.018), row_s=0.002, root_seconds=(0.009,))
+    with pytest.raises(ValueError, match=r"logits: 'walk' times single-request rounds"):
+        measure_verify_cost(bundle.target, (), prefix_len=16, sizes=(1, 9), repeats=1, rows=2, logits="walk")
