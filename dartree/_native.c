@@ -14,6 +14,8 @@
  *   select_tree   the best n nodes of a depth-wise supertree in the total order, as a tree
  *   best_first    DDTree's best-first with lazy sibling pushing over per-depth sorted log q
  *   tree_struct   ancestor mask, depths, first-child and next-sibling links from parents
+ *   greedy_accept the greedy acceptance walk over a tree's full logits: the argmax (torch.argmax's:
+ *                 the first maximum, a NaN counting as the largest) only at the nodes the walk visits
  *
  * Float rules: every float32 result is computed with the same IEEE operations, in the same order, as
  * the numpy / torch formula it replaces (scores: float32 additions; log q: float64 with numpy's pairwise
@@ -1148,6 +1150,118 @@ static PyObject *native_tree_struct(PyObject *self, PyObject *const *args, Py_ss
     return Py_BuildValue("(lll)", status, bad_row, bad_node);
 }
 
+/* ------------------------------------------------------------------------------------ greedy_accept */
+/* torch.argmax of one row: the first index of the maximum; the first NaN if there is one.  Two passes
+ * that vectorise: the maximum (16 lanes; which of -0.0 / +0.0 a lane keeps does not matter, they compare
+ * equal) and NaN-ness, then the first index equal to it. */
+static inline int64_t argmax_row(const float *x, Py_ssize_t v) {
+    float lane[16];
+    int nan[16];
+    for (int k = 0; k < 16; k++) {
+        lane[k] = x[0];
+        nan[k] = 0;
+    }
+    Py_ssize_t i = 0;
+    for (; i + 16 <= v; i += 16)
+        for (int k = 0; k < 16; k++) {
+            float y = x[i + k];
+            nan[k] |= y != y;
+            lane[k] = y > lane[k] ? y : lane[k];
+        }
+    float top = x[0];
+    int any = 0;
+    for (; i < v; i++) {
+        any |= x[i] != x[i];
+        top = x[i] > top ? x[i] : top;
+    }
+    for (int k = 0; k < 16; k++) {
+        any |= nan[k];
+        top = lane[k] > top ? lane[k] : top;
+    }
+    if (any) {
+        for (i = 0; i < v; i++)
+            if (x[i] != x[i]) return (int64_t)i;
+    }
+    for (i = 0; i < v; i++)
+        if (x[i] == top) return (int64_t)i;
+    return 0;
+}
+
+/* greedy_accept(tokens, parents, num_nodes, logits, b, n, v, picks, accepted, committed, tail):
+ * per row, from the root: pick = argmax(logits[r, node]); go to the child of node whose token is the
+ * pick; the pick at the last node is the bonus.  picks (PAD at the nodes never visited), accepted
+ * (the path, root first, PAD after), committed (the accepted nodes' tokens, then the bonus, PAD after)
+ * and tail [b, 2] (accepted length, bonus) are written.  Returns (status, row): 1 for a node count or
+ * a parent out of range. */
+static PyObject *native_greedy_accept(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 11) {
+        PyErr_SetString(PyExc_TypeError, "greedy_accept: expected 11 arguments");
+        return NULL;
+    }
+    Py_ssize_t b, n, v;
+    if (get_ssize(args[4], &b, "b") < 0 || get_ssize(args[5], &n, "n") < 0 || get_ssize(args[6], &v, "v") < 0)
+        return NULL;
+    if (v < 1) {
+        PyErr_SetString(PyExc_ValueError, "v: must be >= 1");
+        return NULL;
+    }
+    Buf a[8];
+    memset(a, 0, sizeof a);
+    if (acquire(args[0], &a[0], 8, mul(b, n), 0, 0, "tokens") < 0 || acquire(args[1], &a[1], 8, mul(b, n), 0, 0, "parents") < 0 ||
+        acquire(args[2], &a[2], 8, b, 0, 0, "num_nodes") < 0 || acquire(args[3], &a[3], 4, mul(mul(b, n), v), 0, 0, "logits") < 0 ||
+        acquire(args[7], &a[4], 8, mul(b, n), 1, 0, "picks") < 0 || acquire(args[8], &a[5], 8, mul(b, n), 1, 0, "accepted") < 0 ||
+        acquire(args[9], &a[6], 8, mul(b, n), 1, 0, "committed") < 0 || acquire(args[10], &a[7], 8, mul(b, 2), 1, 0, "tail") < 0) {
+        release(a, 8);
+        return NULL;
+    }
+    const int64_t *tokens = I64(a[0]), *parents = I64(a[1]), *count = I64(a[2]);
+    const float *logits = F32(a[3]);
+    int64_t *picks = I64(a[4]), *accepted = I64(a[5]), *committed = I64(a[6]), *tail = I64(a[7]);
+    long status = 0, bad_row = 0;
+    for (Py_ssize_t r = 0; r < b && !status; r++) {
+        const int64_t *tok = tokens + r * n, *par = parents + r * n;
+        int64_t c = count[r];
+        int64_t *pk = picks + r * n, *acc = accepted + r * n, *com = committed + r * n;
+        for (Py_ssize_t i = 0; i < n; i++) pk[i] = acc[i] = com[i] = -1;
+        if (c < 1 || c > n) {
+            status = 1;
+            bad_row = (long)r;
+            break;
+        }
+        for (Py_ssize_t i = 1; i < c; i++)
+            if (par[i] < 0 || par[i] >= c) {
+                status = 1;
+                bad_row = (long)r;
+                break;
+            }
+        if (status) break;
+        int64_t node = 0, length = 0;
+        acc[0] = 0;
+        for (;;) {
+            int64_t pick = argmax_row(logits + (r * n + node) * v, v);
+            pk[node] = pick;
+            int64_t next = -1;
+            for (Py_ssize_t i = 1; i < c; i++) /* siblings carry distinct tokens: the first match is the one */
+                if (par[i] == node && tok[i] == pick) {
+                    next = (int64_t)i;
+                    break;
+                }
+            if (next < 0 || length + 1 >= c) {
+                com[length] = pick;
+                tail[r * 2] = length;
+                tail[r * 2 + 1] = pick;
+                break;
+            }
+            com[length] = tok[next];
+            length++;
+            acc[length] = next;
+            node = next;
+        }
+    }
+    release(a, 8);
+    return Py_BuildValue("(ll)", status, bad_row);
+}
+
 /* ------------------------------------------------------------------------------------------ module */
 static PyMethodDef methods[] = {
     {"candidates", (PyCFunction)(void (*)(void))native_candidates, METH_FASTCALL, "Top-K, rest_lse and log q per row."},
@@ -1157,6 +1271,7 @@ static PyMethodDef methods[] = {
     {"select_tree", (PyCFunction)(void (*)(void))native_select_tree, METH_FASTCALL, "The best n nodes as a tree."},
     {"bound_frontier", (PyCFunction)(void (*)(void))native_bound_frontier, METH_FASTCALL, "The branches the bound keeps."},
     {"tree_struct", (PyCFunction)(void (*)(void))native_tree_struct, METH_FASTCALL, "Mask, depths and links."},
+    {"greedy_accept", (PyCFunction)(void (*)(void))native_greedy_accept, METH_FASTCALL, "The greedy walk over full logits."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -74,7 +74,7 @@ from dartree.rounds import (
     scored_rows,
     truncate,
 )
-from dartree.verify.accept import verify_greedy, verify_sampled, walk_greedy, walk_sampled
+from dartree.verify.accept import verify_greedy, verify_sampled, walk_greedy, walk_greedy_logits, walk_sampled
 from dartree.verify.sampling import KeyedSampler, Sampler, sample_checked
 from dartree.verify.timing import check_head, timed_head
 
@@ -212,7 +212,7 @@ class SpeculativeDecoder:
                 else:
                     result = walk_sampled(tree, scored.logits[:, 0], rows, req.temperature, req.sampler, prefix)
             elif req.sampler is None:
-                result = verify_greedy(tree, scored.logits)
+                result = walk_greedy_logits(tree, scored.logits) if walks else verify_greedy(tree, scored.logits)
             elif walks:           # every node scored, drawn only where the walk goes
                 result = walk_sampled(tree, scored.logits[:, 0], scored_rows(scored.logits), req.temperature,
                                       req.sampler, prefix)

@@ -1,6 +1,14 @@
 """Tree verification: target inputs and masks, greedy / sampled acceptance, samplers, KV compaction."""
 
-from dartree.verify.accept import VerifyResult, accept_picks, verify_greedy, verify_sampled, walk_greedy, walk_sampled
+from dartree.verify.accept import (
+    VerifyResult,
+    accept_picks,
+    verify_greedy,
+    verify_sampled,
+    walk_greedy,
+    walk_greedy_logits,
+    walk_sampled,
+)
 from dartree.verify.cache import cache_length, compact_tail, gather_cache, keep_indices
 from dartree.verify.inputs import ATTENTION_IMPLEMENTATIONS, TreeInputBuffer, TreeInputs, tree_inputs
 from dartree.verify.sampling import GeneratorSampler, KeyedSampler, Sampler, hash32
@@ -23,5 +31,6 @@ __all__ = [
     "verify_greedy",
     "verify_sampled",
     "walk_greedy",
+    "walk_greedy_logits",
     "walk_sampled",
 ]

@@ -293,6 +293,47 @@ def test_walk_greedy_scores_only_the_path_and_equals_verify_greedy(seed):
         walk_greedy(tree, torch.zeros(V), rows)
 
 
+@pytest.mark.parametrize("seed", range(8))
+def test_walk_greedy_logits_equals_verify_greedy_compiled_or_not(seed):
+    """The compiled greedy walk over full logits (argmax only where the walk goes) gives verify_greedy's
+    path, tokens and picks along it, and PAD elsewhere; with ties (the first maximum) and NaN (the
+    first NaN, as torch.argmax), and the same without the compiled module."""
+    from dartree import native
+    from dartree.verify import walk_greedy_logits
+
+    g = torch.Generator().manual_seed(seed)
+    sizes = torch.randint(1, 14, (1 + seed % 3,), generator=g).tolist()
+    tree = random_tree(sizes, seed, vocab=V)
+    b, n = tree.tokens.shape
+    logits = torch.randn(b, n, V, generator=g).round()          # integer logits: ties are common
+    for r in range(b):
+        tokens, parents = tree.tokens[r].tolist(), tree.parents[r].tolist()
+        for i in range(sizes[r]):
+            kids = [j for j in range(1, sizes[r]) if parents[j] == i]
+            if kids and float(torch.rand(1, generator=g)) < 0.8:
+                tok = tokens[kids[int(torch.randint(0, len(kids), (1,), generator=g))]]
+                logits[r, i, tok] = 10.0
+                if seed % 2:                                     # a tie after the child's token, or before
+                    logits[r, i, (tok + 1) % V if seed % 4 == 1 else max(0, tok - 1)] = 10.0
+            if seed == 5 and i == 0:
+                logits[r, i, 3] = float("nan")                   # NaN wins: the walk stops at the root
+    full = verify_greedy(tree, logits)
+    results = [walk_greedy_logits(tree, logits)]
+    with native.disabled():
+        results.append(walk_greedy_logits(tree, logits))
+    paths = [[i for i in full.accepted[r].tolist() if i >= 0] for r in range(b)]
+    for got in results:
+        for field in ("accepted", "accepted_length", "bonus", "tokens"):
+            assert torch.equal(getattr(got, field), getattr(full, field)), field
+        for r in range(b):
+            assert got.picks[r, paths[r]].tolist() == full.picks[r, paths[r]].tolist()
+            assert all(got.picks[r, i] == -1 for i in range(n) if i not in paths[r])
+    if seed == 5:
+        assert full.picks[:, 0].tolist() == [3] * b and full.accepted_length.tolist() == [0] * b
+    with pytest.raises(ValueError, match="target_logits"):
+        walk_greedy_logits(tree, logits[0])
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_walk_sampled_scores_only_the_path_and_equals_verify_sampled(seed):
     """T>0 with a keyed sampler, the LM head and the draws run lazily along the walk: the same result as
