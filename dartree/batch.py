@@ -35,6 +35,7 @@ from dartree.rounds import (
     Request,
     RoundStats,
     TimedRows,
+    WalkRows,
     as_target,
     check_block,
     check_requests,
@@ -42,7 +43,7 @@ from dartree.rounds import (
     fit_tree,
     truncate,
 )
-from dartree.verify.accept import verify_greedy, verify_sampled, walk_greedy
+from dartree.verify.accept import verify_greedy, verify_sampled, walk_greedy, walk_greedy_logits
 from dartree.verify.sampling import Sampler, sample_checked
 
 if TYPE_CHECKING:
@@ -78,6 +79,9 @@ class SpecBatch:
         self.stopped: list[bool] = []
         self.prefill_s: list[float] = []
         self.roots = torch.zeros(0, dtype=torch.int64, device=self.target.device)
+        # T=0 on the CPU: the LM head on the roots only while the walks stay short, as in generate (the
+        # batched walk runs one LM-head call per depth: its length is the longest row's)
+        self.walk = WalkRows(True)
 
     def admit(self, reqs: list[Request]) -> list[int]:
         """Prefill ``reqs``, take each one's first token from its prompt's last logits and add the
@@ -138,13 +142,17 @@ class SpecBatch:
         prefix = ragged.lengths_tensor().to(tree.device)
         inputs = ragged.tree_inputs(tree)
         mask_s = clock.lap()
-        # T=0 on the CPU: the LM head runs only on the nodes the greedy walk visits, as in generate
-        lazy = first.sampler is None and target.scores_rows_apart and tree.device == target.device
+        # T=0 on the CPU: the walk picks only along the path, and the LM head runs only there while walks
+        # are short (WalkRows: the b x n rows of one call against the longest walk), as in generate
+        walks = first.sampler is None and target.scores_rows_apart and tree.device == target.device
+        lazy = walks and self.walk.logits(tree.tokens.numel()) == "root"
         scored = ragged.forward_tree(tree, inputs, logits="root" if lazy else "all")
         target_s = clock.lap()
         if lazy:
             rows = TimedRows(target, scored.final)
             result = walk_greedy(tree, scored.logits[:, 0], rows)
+        elif walks:
+            result = walk_greedy_logits(tree, scored.logits)
         elif first.sampler is None:
             result = verify_greedy(tree, scored.logits.to(tree.device))
         else:
@@ -155,15 +163,17 @@ class SpecBatch:
         # One host sync per round, on purpose: every row's committed tokens and tree size.
         n = result.tokens.shape[1]
         host = torch.cat([result.tokens, tree.num_nodes[:, None]], dim=1).tolist()
-        counts, done = [], []
+        counts, done, longest = [], [], 0
         for r, q in enumerate(live):
             row = host[r][:n]
             committed = row[: row.index(-1)] if -1 in row else row
+            longest = max(longest, len(committed))
             kept, stop = truncate(committed, self.reqs[q].max_new_tokens - len(self.generated[q]), self.reqs[q].stop)
             self.generated[q].extend(kept)
             self.stopped[q] = stop
             counts.append(len(kept))
             done.append(stop or len(self.generated[q]) >= self.reqs[q].max_new_tokens)
+        self.walk.record(longest)
         ragged.commit(result.accepted, counts)
         c = max(counts)
         accepted = result.accepted[:, :c].clamp(min=0).to(scored.logits.device)

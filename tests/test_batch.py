@@ -118,23 +118,35 @@ def test_generate_batch_dflash_rows_equal_generate(cache):
 
 
 def test_generate_batch_greedy_scores_only_the_walked_nodes(monkeypatch):
-    """T=0 on the CPU: the batched round runs the LM head on each row's root and on the nodes the greedy
-    walk visits (as generate does), and gives the tokens of the full-logits round."""
+    """T=0 on the CPU: a batched round that scores the roots only runs the LM head on the nodes the greedy
+    walk visits (as generate does); the first round scores every node (WalkRows); either way the tokens
+    are those of the full-logits rounds."""
+    from dartree.models.ragged import RaggedTarget
+    from dartree.rounds import WalkRows
+
     model = make_target()
     drafter = make_drafter(model)
     target = HFTarget(model, layer_ids=drafter.target_layer_ids)
     assert target.scores_rows_apart
     builder, head = builder_and_head("ddtree")
+    ways = []
+    forward = RaggedTarget.forward_tree
+    monkeypatch.setattr(RaggedTarget, "forward_tree", lambda self, tree, inputs=None, logits="all": ways.append(
+        logits) or forward(self, tree, inputs, logits=logits))
+    adaptive = SpeculativeDecoder(target, drafter, builder, head).generate_batch(PROMPTS, 10)
+    assert ways[0] == "all"
     scored = []
     real = HFTarget.head_logits
     monkeypatch.setattr(HFTarget, "head_logits", lambda self, final: scored.append(final.shape[0]) or real(self, final))
+    monkeypatch.setattr(WalkRows, "logits", lambda self, nodes: "root")
     lazy = SpeculativeDecoder(target, drafter, builder, head).generate_batch(PROMPTS, 10)
     walked = sum(r.accepted_length for row in lazy for r in row.rounds)
     assert walked > 0 and sum(scored) == walked       # one LM-head row per accepted node, none elsewhere
     monkeypatch.setattr(HFTarget, "scores_rows_apart", property(lambda self: False))
     full = SpeculativeDecoder(target, drafter, builder, head).generate_batch(PROMPTS, 10)
-    assert [r.tokens.tolist() for r in lazy] == [r.tokens.tolist() for r in full]
-    assert [[x.tree_size for x in r.rounds] for r in lazy] == [[x.tree_size for x in r.rounds] for r in full]
+    for got in (lazy, adaptive):
+        assert [r.tokens.tolist() for r in got] == [r.tokens.tolist() for r in full]
+        assert [[x.tree_size for x in r.rounds] for r in got] == [[x.tree_size for x in r.rounds] for r in full]
 
 
 @pytest.mark.parametrize("shift_label", [False, True])
