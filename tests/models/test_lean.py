@@ -231,3 +231,25 @@ def test_kmajor_allowed_only_on_the_cpu_within_the_limit():
     model = model_of("qwen3")
     assert kmajor.kmajor_allowed(model)
     assert not kmajor.kmajor_allowed(model, limit=kmajor.linear_bytes(model) - 1)
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 256), (1, 17, 256), (3, 5, 64), (1, 17, 6, 64), (2, 9, 3, 128)])
+def test_the_lean_rms_norm_is_hf_rmsnorm_bit_for_bit(shape):
+    """torch.rms_norm (one op) in float32, a per-head weight multiplied after it, gives the bits of HF's
+    RMSNorm (x * rsqrt(mean(x ** 2) + eps), then weight *), and bf16 keeps HF's casts."""
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+
+    from dartree.models.lean import _rms
+
+    g = torch.Generator().manual_seed(sum(shape))
+    for scale in (1e-3, 1.0, 50.0):
+        x = torch.randn(*shape, generator=g) * scale
+        norm = Qwen3RMSNorm(shape[-1], eps=1e-6)
+        with torch.no_grad():
+            norm.weight.copy_(torch.randn(shape[-1], generator=g))
+            assert torch.equal(_rms(x, norm.weight, 1e-6), norm(x))
+            heads = torch.randn(*shape[2:], generator=g) if len(shape) == 4 else norm.weight
+            want = heads * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+            assert torch.equal(_rms(x, heads, 1e-6), want)
+            low = norm.to(torch.bfloat16)
+            assert torch.equal(_rms(x.bfloat16(), low.weight, 1e-6), low(x.bfloat16()))
