@@ -191,7 +191,8 @@ def resolve_unset(bundle: Bundle, method: MethodSpec, temperature: float) -> tup
 
     ``budget`` / ``width`` set to ``auto``: the choice cached for this model and machine (a tree, or
     plain AR, label kept), else ``ValueError`` with the command that tunes and caches it.  Left unset
-    (the default ``--method dartree-pruned``): the cached choice when there is one, else
+    (the default ``--method dartree-pruned``): the cached choice when there is one (with beta unset too,
+    a tuning that also searched beta, ``beta=auto``, when the plain one is not cached), else
     :data:`DEVICE_DEFAULT_BUDGET`.  Numbers given stay as they are.
     """
     from dartree.eval.methods import AR
@@ -204,8 +205,13 @@ def resolve_unset(bundle: Bundle, method: MethodSpec, temperature: float) -> tup
     explicit = bool(method.auto_fields)
     if not searched or (not explicit and "budget" in method.config):
         return method, ""                       # the user's numbers (an unset width keeps its default)
-    key = cache_key(bundle, method, temperature)
-    entry = lookup(key)
+    entry = lookup(cache_key(bundle, method, temperature))
+    if entry is None and not explicit and "beta" in method.fields() and "beta" not in config:
+        # the default `--method dartree-pruned` also takes a tuning that searched beta (make demo's): the
+        # tree that pays here, its beta included
+        entry = lookup(cache_key(bundle, method.with_settings(beta=AUTO), temperature))
+        if entry is not None:
+            searched = [*searched, "beta"]
     if entry is not None:
         when = f"tuned {entry.get('date_utc', '?')}, cache {cache_dir() / CACHE_FILE}"
         if entry["settings"] == "ar":

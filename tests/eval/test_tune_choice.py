@@ -206,3 +206,11 @@ def test_a_tuned_beta_is_cached_apart_and_resolved_as_a_number(bundle):
     assert "beta=-0.1" in note
     with pytest.raises(ValueError, match="budget=auto: no tuning"):   # the beta entry is not the plain one's
         resolve_unset(bundle, auto, 0.0)
+    # the default method (nothing set) takes it, beta included, while no plain tuning is cached
+    method, note = resolve_unset(bundle, parse_method("dartree-pruned"), 0.0)
+    assert method.config == {"budget": 16, "width": 4, "beta": -0.1} and "beta=-0.1" in note
+    assert resolve_unset(bundle, parse_method("dartree-pruned:beta=0"), 0.0)[0].config["budget"] == \
+        DEVICE_DEFAULT_BUDGET["cpu"]                                   # a beta given: not the beta tuning's
+    plain = _result(cands, [_measured(50.0, None), _measured(80.0, 16)], 50.0, use_ar=False, best=cands[1])
+    store(cache_key(bundle, auto, 0.0), entry_of(plain))                # a plain tuning, once cached, comes first
+    assert resolve_unset(bundle, parse_method("dartree-pruned"), 0.0)[0].config == {"budget": 16, "width": 4}
