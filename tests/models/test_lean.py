@@ -253,3 +253,25 @@ def test_the_lean_rms_norm_is_hf_rmsnorm_bit_for_bit(shape):
             assert torch.equal(_rms(x, heads, 1e-6), want)
             low = norm.to(torch.bfloat16)
             assert torch.equal(_rms(x.bfloat16(), low.weight, 1e-6), low(x.bfloat16()))
+
+
+def test_the_rotary_table_gives_the_modules_cos_and_sin_bit_for_bit():
+    """The lean forward's cos / sin rows, gathered from a table it grows on demand, equal the model's
+    rotary module at every position asked for (ragged rows, positions past the table), and an edited
+    inv_freq rebuilds the table."""
+    model = model_of("qwen3")
+    lean, why = lean_module.lean_forward(model)
+    assert why is None
+    rotary = model.model.rotary_emb
+    h = torch.zeros(2, 3, model.config.hidden_size)
+    g = torch.Generator().manual_seed(3)
+    for high in (40, 300, 1000):                        # the last two grow the table
+        positions = torch.randint(0, high, (2, 17), generator=g)
+        for got, want in zip(lean._rotary(h, positions), rotary(h, positions), strict=True):
+            assert torch.equal(got, want)
+    assert lean._rope[3].shape[0] > int(positions.max()) > 300
+    with torch.no_grad():
+        rotary.inv_freq.mul_(0.5)                       # edited in place: the table follows
+    positions = torch.arange(5)[None]
+    for got, want in zip(lean._rotary(h, positions), rotary(h, positions), strict=True):
+        assert torch.equal(got, want)
