@@ -52,17 +52,20 @@ _ACTS = {"SiLUActivation", "SiLU"}
 def _rms(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """HF's ``*RMSNorm.forward``, op for op (its fp32 casts skipped where they are no-ops).
 
-    perf: in float32, ``torch.rms_norm`` (one op for HF's five: ``x * rsqrt(mean(x ** 2) + eps)``; the
-    weight multiplied after, a product that commutes bit for bit), whose bits equal HF's on every probe
-    (``HFTarget`` checks the lean forward against the model's before it uses it; 7 us of 30 an op on one
-    CPU thread, about 19 norms a forward of the zoo target)."""
+    perf (CPU): in float32, ``torch.rms_norm`` (one op for HF's five: ``x * rsqrt(mean(x ** 2) + eps)``;
+    a per-head weight multiplied after, a product that commutes bit for bit), whose bits equal HF's here
+    (tested; ``HFTarget`` also checks the lean forward against the model's before it uses it): about
+    5 us of 25 a norm on one thread, 13-19 norms a forward.  Accelerators keep HF's ops: the fused
+    kernel's bits were not compared there (no GPU was lent), and a probe failing on them would cost the
+    whole lean forward."""
     dtype = x.dtype
-    if dtype == torch.float32:
+    if dtype == torch.float32 and x.device.type == "cpu":
         if weight.dim() == 1:
             return torch.rms_norm(x, (x.shape[-1],), weight, eps)
         return torch.rms_norm(x, (x.shape[-1],), None, eps) * weight        # q and k's per-head weights
-    h = x.to(torch.float32)
-    return weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(dtype)
+    h = x if dtype == torch.float32 else x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * (h if dtype == torch.float32 else h.to(dtype))
 
 
 def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
