@@ -14,6 +14,7 @@
  *   select_tree   the best n nodes of a depth-wise supertree in the total order, as a tree
  *   best_first    DDTree's best-first with lazy sibling pushing over per-depth sorted log q
  *   tree_struct   ancestor mask, depths, first-child and next-sibling links from parents
+ *   move_rows     the KV compaction of one buffer: rows src[j] -> dst + j in every plane (memmove)
  *   greedy_accept the greedy acceptance walk over a tree's full logits: the argmax (torch.argmax's:
  *                 the first maximum, a NaN counting as the largest) only at the nodes the walk visits
  *
@@ -1262,6 +1263,47 @@ static PyObject *native_greedy_accept(PyObject *self, PyObject *const *args, Py_
     return Py_BuildValue("(ll)", status, bad_row);
 }
 
+/* ---------------------------------------------------------------------------------------- move_rows */
+/* move_rows(buf, planes, rows, row_bytes, dst, src): in each of `planes` planes of `rows` rows of
+ * `row_bytes` bytes (a contiguous [planes, rows, row] buffer), row dst + j takes row src[j], for j in
+ * order.  Rows move only forwards-to-backwards (src strictly increasing, src[j] >= dst + j), so each
+ * source is read before anything overwrites it; anything else is refused before any write (status 1),
+ * as is a row out of range. */
+static PyObject *native_move_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "move_rows: expected 6 arguments");
+        return NULL;
+    }
+    Py_ssize_t planes, rows, row_bytes, dst;
+    if (get_ssize(args[1], &planes, "planes") < 0 || get_ssize(args[2], &rows, "rows") < 0 ||
+        get_ssize(args[3], &row_bytes, "row_bytes") < 0 || get_ssize(args[4], &dst, "dst") < 0)
+        return NULL;
+    Buf a[2];
+    memset(a, 0, sizeof a);
+    if (acquire(args[0], &a[0], 1, mul(mul(planes, rows), row_bytes), 1, 0, "buf") < 0 ||
+        acquire(args[5], &a[1], 8, 0, 0, 0, "src") < 0) {
+        release(a, 2);
+        return NULL;
+    }
+    Py_ssize_t k = a[1].view.len / 8;
+    const int64_t *src = I64(a[1]);
+    long status = 0;
+    for (Py_ssize_t j = 0; j < k && !status; j++)
+        if (src[j] < (int64_t)(dst + j) || src[j] >= (int64_t)rows || (j > 0 && src[j] <= src[j - 1])) status = 1;
+    if (dst + k > rows) status = 1;
+    if (!status) {
+        char *buf = (char *)a[0].view.buf;
+        for (Py_ssize_t p = 0; p < planes; p++) {
+            char *base = buf + p * rows * row_bytes;
+            for (Py_ssize_t j = 0; j < k; j++)
+                if (src[j] != (int64_t)(dst + j))
+                    memmove(base + (dst + j) * row_bytes, base + (Py_ssize_t)src[j] * row_bytes, (size_t)row_bytes);
+        }
+    }
+    release(a, 2);
+    return PyLong_FromLong(status);
+}
+
 /* ------------------------------------------------------------------------------------------ module */
 static PyMethodDef methods[] = {
     {"candidates", (PyCFunction)(void (*)(void))native_candidates, METH_FASTCALL, "Top-K, rest_lse and log q per row."},
@@ -1272,6 +1314,7 @@ static PyMethodDef methods[] = {
     {"bound_frontier", (PyCFunction)(void (*)(void))native_bound_frontier, METH_FASTCALL, "The branches the bound keeps."},
     {"tree_struct", (PyCFunction)(void (*)(void))native_tree_struct, METH_FASTCALL, "Mask, depths and links."},
     {"greedy_accept", (PyCFunction)(void (*)(void))native_greedy_accept, METH_FASTCALL, "The greedy walk over full logits."},
+    {"move_rows", (PyCFunction)(void (*)(void))native_move_rows, METH_FASTCALL, "KV compaction of one buffer."},
     {NULL, NULL, 0, NULL},
 };
 
