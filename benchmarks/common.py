@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import functools
 import os
+import statistics
+import time
 
 import torch
 
@@ -51,3 +53,25 @@ def gru_head(vocab: int):
 def run(benchmark, fn, *args):
     """Median-friendly timing: one warm-up, then ``ROUNDS`` rounds of one call each."""
     return benchmark.pedantic(fn, args=args, rounds=ROUNDS, iterations=1, warmup_rounds=1)
+
+
+def interleaved_times(run, keys, inputs, reps: int) -> dict:
+    """Seconds of ``run(key, x)`` per key and input, ``reps`` times: each repetition runs every key on one
+    input before the next input, in the order of ``keys`` reversed every other repetition, so that a
+    machine whose load drifts charges every key alike.  ``{key: [[seconds per repetition] per input]}``."""
+    times = {key: [[] for _ in inputs] for key in keys}
+    for rep in range(reps):
+        order = list(keys) if rep % 2 == 0 else list(reversed(keys))
+        for i, x in enumerate(inputs):
+            for key in order:
+                start = time.perf_counter()
+                run(key, x)
+                times[key][i].append(time.perf_counter() - start)
+    return times
+
+
+def paired_ratio(base: list, other: list) -> float:
+    """The median over inputs of the median paired ratio ``base time / other time`` (same input, same
+    repetition): the figure that stays put on a shared machine."""
+    return statistics.median(statistics.median(b / t for b, t in zip(bs, ts, strict=True))
+                             for bs, ts in zip(base, other, strict=True))

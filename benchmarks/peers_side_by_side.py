@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
+from common import interleaved_times, paired_ratio
 
 from dartree import SpeculativeDecoder, generate_ar, make_builder
 from dartree.eval.bundles import encode, load_bundle
@@ -80,14 +80,7 @@ def main() -> None:
     for name, f in decoders.items():                     # warm up, and every output equals AR's
         for p, ref in zip(prompts, refs, strict=True):
             assert torch.equal(f(p, m).cpu(), ref.cpu()), f"{name}: output differs from AR"
-    times = {name: [[] for _ in prompts] for name in decoders}
-    for rep in range(args.reps):
-        order = list(decoders) if rep % 2 == 0 else list(reversed(decoders))
-        for i, p in enumerate(prompts):
-            for name in order:
-                start = time.perf_counter()
-                decoders[name](p, m)
-                times[name][i].append(time.perf_counter() - start)
+    times = interleaved_times(lambda name, p: decoders[name](p, m), list(decoders), prompts, args.reps)
     tokens = m * len(prompts)
     base = names[0]
     print(f"{len(prompts)} prompts x {m} tokens, {args.reps} interleaved repetitions, one thread; "
@@ -96,8 +89,7 @@ def main() -> None:
     for name in decoders:
         best = sum(min(t) for t in times[name])
         med = sum(statistics.median(t) for t in times[name])
-        ratio = statistics.median(statistics.median(b / t for b, t in zip(times[base][i], times[name][i], strict=True))
-                                  for i in range(len(prompts)))
+        ratio = paired_ratio(times[base], times[name])
         print(f"{name:18s} {tokens / best:10.1f} {tokens / med:12.1f} {ratio:10.3f}")
 
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
+from common import interleaved_times, paired_ratio
 
 import dartree.decode as decode
 from dartree import SpeculativeDecoder, generate_ar, make_builder
@@ -81,22 +81,14 @@ def main() -> None:
     for key in decoders:                                 # warm up, and every output equals AR's
         for p, ref in zip(prompts, refs, strict=True):
             assert torch.equal(run(key, p), ref), f"{key}: output differs from AR"
-    times = {key: [[] for _ in prompts] for key in decoders}
-    for rep in range(args.reps):
-        order = list(decoders) if rep % 2 == 0 else list(reversed(decoders))
-        for i, p in enumerate(prompts):
-            for key in order:
-                start = time.perf_counter()
-                run(key, p)
-                times[key][i].append(time.perf_counter() - start)
+    times = interleaved_times(run, list(decoders), prompts, args.reps)
     tokens = args.new_tokens * len(prompts)
     print(f"{len(prompts)} prompts x {args.new_tokens} tokens, T={args.temperature:g}, {args.reps} interleaved "
           f"repetitions, one thread; ratio = median over prompts of the median paired time root-only / chosen")
     print(f"{'method':16s} {'root only tok/s':>15s} {'chosen tok/s':>12s} {'ratio':>7s}")
     for name in names:
         root, chosen = times[(name, "root")], times[(name, "chosen")]
-        ratio = statistics.median(statistics.median(a / c for a, c in zip(root[i], chosen[i], strict=True))
-                                  for i in range(len(prompts)))
+        ratio = paired_ratio(root, chosen)
         print(f"{name:16s} {tokens / sum(map(statistics.median, root)):15.1f} "
               f"{tokens / sum(map(statistics.median, chosen)):12.1f} {ratio:7.3f}")
 
