@@ -193,8 +193,9 @@ def scored_rows(logits: Tensor):
 #: perf (CPU): one LM-head call on a tree's ``n`` nodes costs about as much as ``1 + n / ROWS_PER_PASS``
 #: calls on one node.  Each call streams the whole output embedding through the cache, and the rows
 #: add little to that: on the zoo (``[., 256] x [256, 4098]``, one thread) 1 row takes 0.20-0.25 ms,
-#: 8 rows 0.32 ms, 17 rows 0.41-0.44 ms (K-major); on a model with a bigger vocabulary the rows weigh
-#: even less.  A constant, not a timing, so that the rows a decode scores do not depend on the load.
+#: 8 rows 0.32 ms, 17 rows 0.41-0.44 ms (K-major, hot cache; inside a decode about 0.36 and 1.0 ms,
+#: a ratio nearer 1 + n/9).  A constant, not a timing, so that the rows a decode scores do not depend on
+#: the load; other models and machines were not measured.
 ROWS_PER_PASS = 16
 
 
