@@ -17,6 +17,11 @@
  *   move_rows     the KV compaction of one buffer: rows src[j] -> dst + j in every plane (memmove)
  *   greedy_accept the greedy acceptance walk over a tree's full logits: the argmax (torch.argmax's:
  *                 the first maximum, a NaN counting as the largest) only at the nodes the walk visits
+ *   gru_step      one step of a GRU correction head on one sequence: the GRU cell from the gate table and
+ *                 W_hh, then the corrected logits of the next depth's candidates, with torch's own
+ *                 kernels for everything that rounds (MKL's sgemm_, SLEEF's expf, MKL's vmsTanh, found in
+ *                 the loaded libtorch_cpu by gru_init) and the same IEEE operations in torch's order
+ *                 for the rest; dartree/models/heads.py compares it with torch's ops before using it
  *
  * Float rules: every float32 result is computed with the same IEEE operations, in the same order, as
  * the numpy / torch formula it replaces (scores: float32 additions; log q: float64 with numpy's pairwise
@@ -26,6 +31,8 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <dlfcn.h>
+#include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -1304,6 +1311,159 @@ static PyObject *native_move_rows(PyObject *self, PyObject *const *args, Py_ssiz
     return PyLong_FromLong(status);
 }
 
+/* ----------------------------------------------------------------------------------------- gru_step */
+/* torch's kernels, from the libtorch_cpu already loaded (gru_init): MKL's Fortran sgemm_ (what
+ * at::native::cpublas::gemm calls for float32 mm / addmm / bmm), SLEEF's 16-lane expf (ATen's AVX-512
+ * Vectorized<float>::exp, used by sigmoid and silu) and MKL VML's vmsTanh (ATen's vml::vtanh). */
+typedef void (*sgemm_fn)(const char *, const char *, const int *, const int *, const int *, const float *,
+                         const float *, const int *, const float *, const int *, const float *, float *, const int *);
+typedef __m512 (*exp16_fn)(__m512);
+typedef void (*vtanh_fn)(int64_t, const float *, float *, int64_t);
+static sgemm_fn gru_sgemm;
+static exp16_fn gru_exp16;
+static vtanh_fn gru_vtanh;
+#define VML_MODE (0x2 | 0x140000 | 0x100) /* VML_HA | VML_FTZDAZ_OFF | VML_ERRMODE_IGNORE, as ATen's vml.h */
+
+/* gru_init(path): find the kernels in the loaded library at `path` (never loads it); True when all
+ * three are there and the CPU has AVX-512F (the lanes ATen's exp uses then; the caller checks that
+ * torch's CPU capability is AVX512). */
+static PyObject *native_gru_init(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 1 || !PyUnicode_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "gru_init: expected the library path (str)");
+        return NULL;
+    }
+    const char *path = PyUnicode_AsUTF8(args[0]);
+    if (!path) return NULL;
+    __builtin_cpu_init();
+    void *h = __builtin_cpu_supports("avx512f") ? dlopen(path, RTLD_NOW | RTLD_NOLOAD) : NULL;
+    if (h) {
+        gru_sgemm = (sgemm_fn)dlsym(h, "sgemm_");
+        gru_exp16 = (exp16_fn)dlsym(h, "Sleef_expf16_u10");
+        gru_vtanh = (vtanh_fn)dlsym(h, "vmsTanh");
+        dlclose(h); /* RTLD_NOLOAD took a reference to the loaded library: give it back (torch keeps it) */
+    }
+    return PyBool_FromLong(h && gru_sgemm && gru_exp16 && gru_vtanh);
+}
+
+/* x[i] = exp(0 - x[i]) for n % 16 == 0, 16 lanes at a time as ATen's vectorized loop */
+__attribute__((target("avx512f"))) static void exp_neg16(float *x, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i += 16)
+        _mm512_storeu_ps(x + i, gru_exp16(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_loadu_ps(x + i))));
+}
+
+/* C [n, m] (row-major) = A . B as torch's mm passes it to sgemm_: out[i, j] = sum_k x[i, k] w[k, j]
+ * with w K-major [k, m] (trans 0, ld m) or the transposed view of a row-major [m, k] (trans 1, ld k);
+ * beta 1 adds to what C holds (addmm's bias, copied in first). */
+static void gemm_rows(int n, int m, int k, const float *x, int ldx, const float *w, int trans, int ldw,
+                      float beta, float *c) {
+    const float one = 1.0f;
+    gru_sgemm(trans ? "T" : "N", "N", &m, &n, &k, &one, w, &ldw, x, &ldx, &beta, c, &m);
+}
+
+/* gru_step(table, tokens, h, w_hh, hh_trans, bias_hh, gi, gh, out_h, w_s, s_trans, part, rows_table, cands,
+ *          found, e1, base, mid, act, logits, n, g, e, k, v) -> status, for one sequence of n rows:
+ *   gi = table[tokens]; gh = bias_hh + h W_hh^T; r, z = sigmoid(gh_rz + gi_rz);
+ *   c = tanh(gh_n * r + gi_n); out_h = (h - c) * z + c             (torch's GRU cell, GRUHead._cell)
+ *   mid = out_h W_s^T + part; act = silu(mid); logits = act rows^T (+ rows' bias column) + base
+ *                                                                    (GRUHead._corrected, no gate)
+ * table [v, 3g], w_hh [g, 3g] K-major (hh_trans 0) or [3g, g] (1), w_s [g, e] K-major or [e, g],
+ * rows_table [v, e1] (a token's output row, then its bias when e1 == e + 1), cands [k] (the next depth's
+ * candidates, whose rows are gathered into the scratch found [k, e1]), base [k]; scratch gi, gh [n, 3g],
+ * mid, act [n, e].  g and e must be multiples of 16 (the GRU's rows are whole pairs of SLEEF vectors, as
+ * ATen's loop takes them; the silu's scalar tail is ATen's too).  Status: 1 for
+ * a token or candidate out of range (nothing written but scratch), 2 without gru_init. */
+static PyObject *native_gru_step(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 25) {
+        PyErr_SetString(PyExc_TypeError, "gru_step: expected 25 arguments");
+        return NULL;
+    }
+    Py_ssize_t hh_trans, e1, s_trans, n, g, e, k, v;
+    if (get_ssize(args[4], &hh_trans, "hh_trans") < 0 || get_ssize(args[10], &s_trans, "s_trans") < 0 ||
+        get_ssize(args[15], &e1, "e1") < 0 || get_ssize(args[20], &n, "n") < 0 || get_ssize(args[21], &g, "g") < 0 ||
+        get_ssize(args[22], &e, "e") < 0 || get_ssize(args[23], &k, "k") < 0 || get_ssize(args[24], &v, "v") < 0)
+        return NULL;
+    if (g % 16 || e % 16 || g < 16 || e < 16 || n < 1 || k < 1 || (e1 != e && e1 != e + 1) ||
+        mul(n, 3 * g) > INT32_MAX || mul(k, e1) > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "gru_step: g and e must be positive multiples of 16, n and k >= 1, "
+                                          "e1 e or e + 1, sizes below 2**31");
+        return NULL;
+    }
+    if (!gru_sgemm) return PyLong_FromLong(2);
+    Buf a[18];
+    memset(a, 0, sizeof a);
+    if (acquire(args[0], &a[0], 4, mul(v, 3 * g), 0, 0, "table") < 0 || acquire(args[1], &a[1], 8, n, 0, 0, "tokens") < 0 ||
+        acquire(args[2], &a[2], 4, mul(n, g), 0, 0, "h") < 0 || acquire(args[3], &a[3], 4, mul(g, 3 * g), 0, 0, "w_hh") < 0 ||
+        acquire(args[5], &a[4], 4, 3 * g, 0, 1, "bias_hh") < 0 || acquire(args[6], &a[5], 4, mul(n, 3 * g), 1, 0, "gi") < 0 ||
+        acquire(args[7], &a[6], 4, mul(n, 3 * g), 1, 0, "gh") < 0 || acquire(args[8], &a[7], 4, mul(n, g), 1, 0, "out_h") < 0 ||
+        acquire(args[9], &a[8], 4, mul(g, e), 0, 0, "w_s") < 0 || acquire(args[11], &a[9], 4, e, 0, 0, "part") < 0 ||
+        acquire(args[12], &a[15], 4, mul(v, e1), 0, 0, "rows_table") < 0 || acquire(args[13], &a[16], 8, k, 0, 0, "cands") < 0 ||
+        acquire(args[14], &a[10], 4, mul(k, e1), 1, 0, "found") < 0 || acquire(args[16], &a[11], 4, k, 0, 0, "base") < 0 ||
+        acquire(args[17], &a[12], 4, mul(n, e), 1, 0, "mid") < 0 || acquire(args[18], &a[13], 4, mul(n, e), 1, 0, "act") < 0 ||
+        acquire(args[19], &a[14], 4, mul(n, k), 1, 0, "logits") < 0) {
+        release(a, 18);
+        return NULL;
+    }
+    const float *table = F32(a[0]), *h = F32(a[2]), *w_hh = F32(a[3]), *w_s = F32(a[8]), *part = F32(a[9]);
+    const float *rows_table = F32(a[15]), *base = F32(a[11]);
+    const int64_t *cands = I64(a[16]);
+    float *found = F32(a[10]);
+    const float *bias_hh = a[4].held ? F32(a[4]) : NULL;
+    const int64_t *tokens = I64(a[1]);
+    float *gi = F32(a[5]), *gh = F32(a[6]), *out_h = F32(a[7]), *mid = F32(a[12]), *act = F32(a[13]), *logits = F32(a[14]);
+    const Py_ssize_t g3 = 3 * g;
+    long status = 0;
+    for (Py_ssize_t i = 0; i < n && !status; i++) {
+        if (tokens[i] < 0 || tokens[i] >= v) status = 1;
+        else memcpy(gi + i * g3, table + tokens[i] * g3, (size_t)g3 * sizeof(float));
+    }
+    for (Py_ssize_t j = 0; j < k && !status; j++) {
+        if (cands[j] < 0 || cands[j] >= v) status = 1;
+        else memcpy(found + j * e1, rows_table + cands[j] * e1, (size_t)e1 * sizeof(float));
+    }
+    if (!status) {
+        /* gh = bias_hh + h W_hh^T (addmm: the bias copied into every row, then beta 1) */
+        if (bias_hh)
+            for (Py_ssize_t i = 0; i < n; i++) memcpy(gh + i * g3, bias_hh, (size_t)g3 * sizeof(float));
+        gemm_rows((int)n, (int)g3, (int)g, h, (int)g, w_hh, (int)hh_trans, hh_trans ? (int)g : (int)g3,
+                  bias_hh ? 1.0f : 0.0f, gh);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            float *rz = gh + i * g3, *hn = rz + 2 * g;
+            const float *xi = gi + i * g3;
+            for (Py_ssize_t j = 0; j < 2 * g; j++) rz[j] = rz[j] + xi[j];
+            exp_neg16(rz, 2 * g);                                        /* sigmoid: 1 / (1 + exp(0 - x)) */
+            for (Py_ssize_t j = 0; j < 2 * g; j++) rz[j] = 1.0f / (rz[j] + 1.0f);
+            for (Py_ssize_t j = 0; j < g; j++) hn[j] = hn[j] * rz[j] + xi[2 * g + j];  /* no fma: -ffp-contract=off */
+            gru_vtanh((int64_t)g, hn, hn, VML_MODE);                     /* tanh_ of one row, as ATen's strided loop */
+            const float *hi = h + i * g, *z = rz + g;
+            float *o = out_h + i * g;
+            for (Py_ssize_t j = 0; j < g; j++) o[j] = (hi[j] - hn[j]) * z[j] + hn[j];
+        }
+        /* mid = out_h W_s^T + part; act = silu(mid) = mid / (1 + exp(-mid)) */
+        gemm_rows((int)n, (int)e, (int)g, out_h, (int)g, w_s, (int)s_trans, s_trans ? (int)g : (int)e, 0.0f, mid);
+        for (Py_ssize_t i = 0; i < n; i++)
+            for (Py_ssize_t j = 0; j < e; j++) mid[i * e + j] = mid[i * e + j] + part[j];
+        /* ATen's vectorized loop takes the elements two vectors (32) at a time and the rest with the
+         * scalar formula (std::exp): the silu runs over the n * e elements of one contiguous tensor */
+        const Py_ssize_t total = n * e, whole = total - total % 32;
+        memcpy(act, mid, (size_t)whole * sizeof(float));
+        exp_neg16(act, whole);
+        for (Py_ssize_t j = whole; j < total; j++) act[j] = expf(-mid[j]);
+        for (Py_ssize_t j = 0; j < total; j++) act[j] = mid[j] / (1.0f + act[j]);
+        /* logits = act rows^T (bmm with the transposed [k, e1] rows), + bias column, + base */
+        const float zero = 0.0f, one = 1.0f;
+        int ki = (int)k, ni = (int)n, ei = (int)e, ld = (int)e1;
+        gru_sgemm("T", "N", &ki, &ni, &ei, &one, found, &ld, act, &ei, &zero, logits, &ki);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            float *row = logits + i * k;
+            if (e1 == e + 1)
+                for (Py_ssize_t j = 0; j < k; j++) row[j] = row[j] + found[j * e1 + e];
+            for (Py_ssize_t j = 0; j < k; j++) row[j] = row[j] + base[j];
+        }
+    }
+    release(a, 18);
+    return PyLong_FromLong(status);
+}
+
 /* ------------------------------------------------------------------------------------------ module */
 static PyMethodDef methods[] = {
     {"candidates", (PyCFunction)(void (*)(void))native_candidates, METH_FASTCALL, "Top-K, rest_lse and log q per row."},
@@ -1315,6 +1475,8 @@ static PyMethodDef methods[] = {
     {"tree_struct", (PyCFunction)(void (*)(void))native_tree_struct, METH_FASTCALL, "Mask, depths and links."},
     {"greedy_accept", (PyCFunction)(void (*)(void))native_greedy_accept, METH_FASTCALL, "The greedy walk over full logits."},
     {"move_rows", (PyCFunction)(void (*)(void))native_move_rows, METH_FASTCALL, "KV compaction of one buffer."},
+    {"gru_init", (PyCFunction)(void (*)(void))native_gru_init, METH_FASTCALL, "Find torch's kernels for gru_step."},
+    {"gru_step", (PyCFunction)(void (*)(void))native_gru_step, METH_FASTCALL, "One GRU head step and its logits."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -32,6 +32,7 @@ Its state is the previous token, stored as float32 ``[.., 1]`` (exact for ids be
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -471,7 +472,7 @@ ROOT_CACHE_LIMIT = 4096
 class _Plan:
     """:meth:`GRUHead._plan`: the weight-derived tensors of a build, and the root states per token."""
 
-    __slots__ = ("table", "w_s", "rows_table", "w_hh_t", "hh_from", "hh_copy", "s_from", "s_copy", "roots")
+    __slots__ = ("table", "w_s", "rows_table", "w_hh_t", "hh_from", "hh_copy", "s_from", "s_copy", "roots", "native")
 
     @classmethod
     def of(cls, head: GRUHead) -> _Plan | None:
@@ -488,7 +489,70 @@ class _Plan:
         plan.hh_from, plan.hh_copy = _kmajor_from(w_hh, head.bias)
         plan.s_from, plan.s_copy = _kmajor_from(plan.w_s, False)
         plan.roots = {}
+        plan.native = _NativeSteps.of(head, plan)
         return plan
+
+
+class _NativeSteps:
+    """perf (CPU, AVX-512, one sequence): :meth:`_GRUSteps.advance_logits` as one compiled call
+    (``dartree._native.gru_step``) instead of about 16 torch ops.  On one CPU thread a torch op costs
+    2-3 us hot and about twice that right after a drafter forward has evicted the caches: measured
+    in a zoo decode, 143 us a step in the loop against 55 us hot.  The call runs torch's own kernels
+    for every op that rounds (MKL's ``sgemm_`` with the arguments torch passes it, SLEEF's ``expf`` and
+    MKL's ``vmsTanh`` from the loaded ``libtorch_cpu``) and the same IEEE operations in torch's order
+    for the rest, so its bits are torch's; this is not assumed: the first call of every row count ``n``
+    and candidate count ``k`` runs both and keeps the compiled call only if states and logits are equal
+    bit for bit (``verdicts``; a difference warns once and torch's ops stay for that shape).
+
+    Which path this serves: the CPU only.  On accelerators torch's ops run (launch-bound there, and
+    captured by the builders that support it)."""
+
+    __slots__ = ("lib", "table", "w_hh", "hh_copy", "bias_hh", "w_s", "s_copy", "rows_table", "found", "verdicts")
+
+    @classmethod
+    def of(cls, head: GRUHead, plan: _Plan) -> _NativeSteps | None:
+        g, e = head.gru_hidden_dim, head.emb_dim
+        if plan.table.device.type != "cpu" or plan.table.dtype != torch.float32 or head.bias_norm is not None \
+                or head.bias_gate is not None or g % 16 or e % 16:
+            return None
+        lib = _native_gru()
+        if lib is None:
+            return None
+        gru = head._modules["prefix_gru"]._parameters
+        steps = cls()
+        steps.lib = lib
+        steps.table = plan.table.detach().numpy()
+        steps.w_hh = gru["weight_hh_l0"].detach().numpy()                       # [3G, G]: sgemm_ "T"
+        steps.hh_copy = None if plan.hh_copy is None else plan.hh_copy.detach().numpy()  # [G, 3G]: "N"
+        steps.bias_hh = gru["bias_hh_l0"].detach().numpy() if head.bias else None
+        steps.w_s = plan.w_s.detach().numpy()
+        steps.s_copy = None if plan.s_copy is None else plan.s_copy.detach().numpy()
+        steps.rows_table = plan.rows_table.detach().numpy()                      # [V, E (+ 1)]
+        steps.found = None                                                       # scratch [K, E (+ 1)]
+        steps.verdicts = {}
+        return steps
+
+
+_NATIVE_GRU: list = []
+#: torch's CPU bmm calls sgemm_ from this many products per matrix (rows x columns x contraction) up
+_BMM_BLAS_FROM = 400
+
+
+def _native_gru():
+    """``dartree._native`` once ``gru_init`` found torch's kernels (AVX-512 torch build on an AVX-512
+    CPU), else ``None``; looked up once per process."""
+    if not _NATIVE_GRU:
+        import os
+
+        from dartree import native
+
+        lib = native.lib()
+        found = None
+        if lib is not None and hasattr(lib, "gru_step") and torch.backends.cpu.get_cpu_capability() == "AVX512":
+            path = os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so")
+            found = lib if lib.gru_init(path) else None
+        _NATIVE_GRU.append(found)
+    return _NATIVE_GRU[0]
 
 
 class _GRUSteps:
@@ -503,13 +567,22 @@ class _GRUSteps:
         # every depth's base logits and fc1 hidden half as one tuple of views each (unbind: one op, no
         # indexing per call); the output rows of a depth's candidates gathered when the depth is first
         # scored (a build that stops early never reads the deeper ones)
-        self.base = _candidate_base(block, candidates).unsqueeze(2).unbind(1)     # gamma x [b, 1, K]
+        self.base_all = _candidate_base(block, candidates)                         # [b, gamma, K]
+        self.base = self.base_all.unsqueeze(2).unbind(1)                          # gamma x [b, 1, K]
         self.candidates, self.rows_table, self.emb_dim = candidates, plan.rows_table, head.emb_dim
         self.rows: list[tuple[Tensor, Tensor | None] | None] = [None] * block.gamma
         part, gate = head._block_terms(block, False)                             # [b, gamma, E], [b, gamma, 1]
         self.part = part.unsqueeze(2).unbind(1)                                  # gamma x [b, 1, E]
         self.gate = None if gate is None else gate.unsqueeze(2).unbind(1)       # gamma x [b, 1, 1]
         self.buffers: dict[int, tuple[Tensor, ...]] = {}
+        native = self.native = plan.native if block.batch_size == 1 else None
+        if native is not None:  # per depth, numpy views of the next depth's fc1 half, candidates and base logits
+            self.part_np, self.base_np = part[0].detach().numpy(), self.base_all[0].numpy()  # [gamma, E], [gamma, K]
+            self.candidates_np = np.ascontiguousarray(candidates[0].numpy())                 # [gamma, K]
+            k = candidates.shape[2]
+            if native.found is None or native.found.shape[0] != k:
+                native.found = torch.empty(k, native.rows_table.shape[1]).numpy()     # the candidates' rows
+        self.native_scratch: dict[int, tuple] = {}                               # per row count: gi, gh, mid, act
 
     def logits(self, depth: int, states: Tensor) -> Tensor:
         """``head.logits(block, depth, states, candidates[:, depth - 1])``."""
@@ -521,12 +594,67 @@ class _GRUSteps:
         _check_step_depth(depth, self.gamma - 1)
         flat_h = states.reshape(-1, self.size)
         n = flat_h.shape[0]
+        native = self.native
+        k = self.candidates.shape[2]
+        if native is not None and self.compiled(depth, n, k) and flat_h.is_contiguous():
+            verdict = native.verdicts.get((n, k))
+            if verdict:
+                return self._native_step(native, depth, states, flat_h, tokens, n, k)
+            if verdict is None:
+                return self._checked_step(native, depth, states, flat_h, tokens, n, k)
+        return self._torch_step(depth, states, flat_h, tokens, n)
+
+    def compiled(self, depth: int, n: int, k: int) -> bool:
+        """Whether :meth:`advance_logits` at ``depth`` on ``n`` rows with ``k`` candidates may run the compiled
+        step: prepared with one (:class:`_NativeSteps`), a depth whose next one is corrected, and a
+        correction product torch computes with MKL (its CPU bmm multiplies matrices of fewer than 400
+        products in its own loop, ``bmm_out_or_baddbmm_``)."""
+        return self.native is not None and depth >= self.head.prefix_len and n * k * self.emb_dim >= _BMM_BLAS_FROM
+
+    def _torch_step(self, depth: int, states: Tensor, flat_h: Tensor, tokens: Tensor, n: int) -> tuple[Tensor, Tensor]:
         buffers = self.buffers.get(n)
         if buffers is None:
             buffers = self.buffers[n] = self.head._step_buffers(flat_h, self.table)
         w_hh_t = self.hh_copy if n >= self.hh_from else self.w_hh_t
         new = self.head._cell(tokens.reshape(-1), flat_h, self.table, w_hh_t, buffers).view(states.shape)
         return new, self._logits(depth + 1, new)
+
+    def _native_step(self, native: _NativeSteps, depth: int, states: Tensor, flat_h: Tensor, tokens: Tensor, n: int,
+                     k: int) -> tuple[Tensor, Tensor]:
+        """:meth:`advance_logits` as one ``gru_step`` call (see :class:`_NativeSteps`)."""
+        scratch = self.native_scratch.get(n)
+        if scratch is None:
+            size, e = self.size, self.emb_dim
+            scratch = self.native_scratch[n] = tuple(torch.empty(n, c).numpy() for c in (3 * size, 3 * size, e, e))
+        new = torch.empty(states.shape, dtype=torch.float32)
+        logits = torch.empty(1, n, k, dtype=torch.float32)
+        hh_copy = native.hh_copy is not None and n >= self.hh_from
+        s_copy = native.s_copy is not None and n >= self.s_from
+        status = native.lib.gru_step(native.table, tokens.reshape(-1).numpy(), flat_h.numpy(),
+                                     native.hh_copy if hh_copy else native.w_hh, 0 if hh_copy else 1, native.bias_hh,
+                                     scratch[0], scratch[1], new.numpy(), native.s_copy if s_copy else native.w_s,
+                                     0 if s_copy else 1, self.part_np[depth], native.rows_table, self.candidates_np[depth],
+                                     native.found, native.rows_table.shape[1], self.base_np[depth], scratch[2],
+                                     scratch[3], logits.numpy(), n, self.size, self.emb_dim, k, self.table.shape[0])
+        if status:
+            raise ValueError(f"tokens: ids must be in [0, {self.table.shape[0]})" if status == 1
+                             else "gru_step: torch's kernels were not found")
+        return new, logits
+
+    def _checked_step(self, native: _NativeSteps, depth: int, states: Tensor, flat_h: Tensor, tokens: Tensor, n: int,
+                      k: int) -> tuple[Tensor, Tensor]:
+        """The first step of a shape: torch's ops and the compiled call, compared bit for bit; torch's result."""
+        mine = self._native_step(native, depth, states, flat_h, tokens, n, k)
+        ref = self._torch_step(depth, states, flat_h, tokens, n)
+        same = all(torch.equal(a.reshape(-1).view(torch.int32), b.reshape(-1).view(torch.int32))
+                   for a, b in zip(mine, ref, strict=True))
+        native.verdicts[(n, k)] = same
+        if not same:
+            import warnings
+
+            warnings.warn(f"dartree: the compiled GRU step differs from torch's ops for {n} rows and {k} "
+                          "candidates on this machine; torch's ops run for that shape", RuntimeWarning, stacklevel=3)
+        return ref
 
     def _logits(self, depth: int, states: Tensor) -> Tensor:
         base = self.base[depth - 1]                                              # [b, 1, K]
@@ -637,7 +765,8 @@ class _MarkovSteps:
 
     def __init__(self, head: MarkovHead, block: DraftBlock, candidates: Tensor) -> None:
         self.head, self.gamma = head, block.gamma
-        self.base = _candidate_base(block, candidates).unsqueeze(2).unbind(1)     # gamma x [b, 1, K]
+        self.base_all = _candidate_base(block, candidates)                         # [b, gamma, K]
+        self.base = self.base_all.unsqueeze(2).unbind(1)                          # gamma x [b, 1, K]
         self.rows_t = F.embedding(candidates, head.markov_w2.weight).mT.unbind(1)  # gamma x [b, r, K]
 
     def logits(self, depth: int, states: Tensor) -> Tensor:
