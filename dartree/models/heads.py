@@ -596,7 +596,7 @@ class _GRUSteps:
         n = flat_h.shape[0]
         native = self.native
         k = self.candidates.shape[2]
-        if native is not None and self.compiled(depth, n, k) and flat_h.is_contiguous():
+        if native is not None and self.compiled(depth, n, k) and flat_h.is_contiguous() and tokens.dtype == torch.int64:
             verdict = native.verdicts.get((n, k))
             if verdict:
                 return self._native_step(native, depth, states, flat_h, tokens, n, k)
@@ -630,12 +630,13 @@ class _GRUSteps:
         logits = torch.empty(1, n, k, dtype=torch.float32)
         hh_copy = native.hh_copy is not None and n >= self.hh_from
         s_copy = native.s_copy is not None and n >= self.s_from
+        rows = native.rows_table
         status = native.lib.gru_step(native.table, tokens.reshape(-1).numpy(), flat_h.numpy(),
                                      native.hh_copy if hh_copy else native.w_hh, 0 if hh_copy else 1, native.bias_hh,
                                      scratch[0], scratch[1], new.numpy(), native.s_copy if s_copy else native.w_s,
-                                     0 if s_copy else 1, self.part_np[depth], native.rows_table, self.candidates_np[depth],
-                                     native.found, native.rows_table.shape[1], self.base_np[depth], scratch[2],
-                                     scratch[3], logits.numpy(), n, self.size, self.emb_dim, k, self.table.shape[0])
+                                     0 if s_copy else 1, self.part_np[depth], rows, self.candidates_np[depth],
+                                     native.found, rows.shape[1], self.base_np[depth], scratch[2], scratch[3],
+                                     logits.numpy(), n, self.size, self.emb_dim, k, self.table.shape[0])
         if status:
             raise ValueError(f"tokens: ids must be in [0, {self.table.shape[0]})" if status == 1
                              else "gru_step: torch's kernels were not found")
