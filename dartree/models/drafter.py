@@ -66,6 +66,7 @@ from torch import Tensor, nn
 
 from dartree.block import DraftBlock
 from dartree.models.kmajor import KMAJOR_LIMIT_BYTES, derived, linear, tensor_version
+from dartree.models.norms import rms_norm
 
 __all__ = ["DFlashConfig", "DFlashDrafter", "dflash_target_layer_ids", "MAX_BLOCK_SIZE", "tensor_version"]
 
@@ -313,7 +314,8 @@ def _rms(norm: RMSNorm, x: Tensor) -> Tensor:
     """perf: ``norm(x)`` without the module call (``F.rms_norm`` directly in fp32, as its forward)."""
     w = norm.weight
     if x.dtype == torch.float32 and w.dtype == torch.float32:
-        return F.rms_norm(x, w.shape, w, norm.eps)
+        out = rms_norm(x, w, norm.eps)          # CPU: one compiled call with F.rms_norm's bits
+        return F.rms_norm(x, w.shape, w, norm.eps) if out is None else out
     return norm(x)
 
 

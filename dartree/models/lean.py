@@ -40,6 +40,7 @@ from transformers.masking_utils import create_causal_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from dartree.models.kmajor import derived, exact_from, kmajor_allowed, kmajor_product, tensor_version
+from dartree.models.norms import rms_norm
 
 __all__ = ["LeanForward", "MODEL_TYPES", "lean_forward"]
 
@@ -55,11 +56,15 @@ def _rms(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     perf (CPU): in float32, ``torch.rms_norm`` (one op for HF's five: ``x * rsqrt(mean(x ** 2) + eps)``;
     a per-head weight multiplied after, a product that commutes bit for bit), whose bits equal HF's here
     (tested; ``HFTarget`` also checks the lean forward against the model's before it uses it): about
-    5 us of 25 a norm on one thread, 13-19 norms a forward.  Accelerators keep HF's ops: the fused
+    5 us of 25 a norm on one thread, 13-19 norms a forward; where it applies, one compiled call with
+    ``torch.rms_norm``'s bits (:mod:`dartree.models.norms`).  Accelerators keep HF's ops: the fused
     kernel's bits were not compared there (no GPU was lent), and a probe failing on them would cost the
     whole lean forward."""
     dtype = x.dtype
     if dtype == torch.float32 and x.device.type == "cpu":
+        out = rms_norm(x, weight, eps)                                      # one compiled call, same bits
+        if out is not None:
+            return out
         if weight.dim() == 1:
             return torch.rms_norm(x, (x.shape[-1],), weight, eps)
         return torch.rms_norm(x, (x.shape[-1],), None, eps) * weight        # q and k's per-head weights
