@@ -264,7 +264,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="prompts of every dataset (after the evaluation prompts) on which budget=auto is tuned, "
                         "at each temperature (default: the preset's, else 4)")
     b.add_argument("--tune-budgets", type=_ints, default=[4, 8, 16, 32, 64], help="budgets tried by auto")
-    b.add_argument("--tune-widths", type=_ints, default=[4, 8, 16], help="widths tried by auto")
+    # dartree.eval.tune.DEFAULT_WIDTHS (not imported: keeps --help fast; tests/test_cli checks they agree)
+    b.add_argument("--tune-widths", type=_ints, default=[4, 8, 12, 16], help="widths tried by auto")
     b.add_argument("--stop-at-eos", action="store_true", help="stop a prompt at the end-of-text token")
     b.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up generation")
     b.add_argument("--strict", action=argparse.BooleanOptionalAction, default=True,
@@ -300,8 +301,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     u = sub.add_parser("tune", parents=[common], help="adaptive budget: measure this machine, pick B and W")
     u.add_argument("--method", default="dartree-pruned", help="a builder with a budget")
-    u.add_argument("--budgets", type=_ints, default=[4, 8, 16, 32, 64])
-    u.add_argument("--widths", type=_ints, default=[4, 8, 16])
+    u.add_argument("--budgets", type=_ints, default=[4, 8, 16, 32, 64])    # as --tune-budgets
+    u.add_argument("--widths", type=_ints, default=[4, 8, 12, 16])         # as --tune-widths
     _out_args(u, Path("runs/tune"), "table, json, plot")
     _prompt_args(u)
     _method_defaults(u)

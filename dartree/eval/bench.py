@@ -30,7 +30,7 @@ from dartree.eval.datasets import load_prompts
 from dartree.eval.methods import AR, MethodSpec, make_decoder, resolve_backend
 from dartree.eval.peers import PEER_PREFIX, PEERS, PeerResult, make_peer, peer_unavailable
 from dartree.eval.simulate import reference
-from dartree.eval.tune import DEFAULT_MIN_SPEEDUP, TuneResult, tune
+from dartree.eval.tune import DEFAULT_BUDGETS, DEFAULT_MIN_SPEEDUP, DEFAULT_WIDTHS, TuneResult, tune
 from dartree.models.target import HFTarget
 from dartree.verify.sampling import KeyedSampler
 
@@ -72,8 +72,8 @@ class BenchConfig:
     warmup: bool = True
     stop_at_eos: bool = False
     calibration_prompts: int = 4
-    tune_budgets: tuple[int, ...] = (4, 8, 16, 32, 64)
-    tune_widths: tuple[int, ...] = (4, 8, 16)
+    tune_budgets: tuple[int, ...] = DEFAULT_BUDGETS
+    tune_widths: tuple[int, ...] = DEFAULT_WIDTHS
     tune_min_speedup: float = DEFAULT_MIN_SPEEDUP
     peers: tuple[str, ...] = ()
 

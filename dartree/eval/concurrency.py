@@ -33,7 +33,14 @@ from dartree.eval.bundles import Bundle, encode, stop_token_id
 from dartree.eval.datasets import load_prompts
 from dartree.eval.methods import AR, MethodSpec, make_decoder, resolve_backend
 from dartree.eval.simulate import reference
-from dartree.eval.tune import VerifyCost, measure_verify_cost, pick_best, replay_stats, score_at_concurrency
+from dartree.eval.tune import (
+    DEFAULT_WIDTHS,
+    VerifyCost,
+    measure_verify_cost,
+    pick_best,
+    replay_stats,
+    score_at_concurrency,
+)
 from dartree.models.target import HFTarget
 from dartree.serve import ServeResult, serve
 from dartree.verify.sampling import KeyedSampler
@@ -84,7 +91,7 @@ def run_concurrency(
     stop_at_eos: bool = False,
     warmup: bool = True,
     tune_budgets: Sequence[int] = (8, 16, 32, 64),
-    tune_widths: Sequence[int] = (4, 8, 16),
+    tune_widths: Sequence[int] = DEFAULT_WIDTHS,
     progress: bool = True,
     log: Callable[[str], None] = print,
 ) -> list[ConcurrencyRow]:

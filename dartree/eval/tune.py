@@ -69,7 +69,10 @@ __all__ = ["VerifyCost", "ConfigStats", "Candidate", "Measurement", "TuneResult"
            "DEFAULT_FINALISTS", "DEFAULT_MIN_SPEEDUP"]
 
 DEFAULT_BUDGETS: tuple[int, ...] = (4, 8, 16, 32, 64)
-DEFAULT_WIDTHS: tuple[int, ...] = (4, 8, 16)
+#: Widths tried by ``width=auto`` (or an unset width): 12 is ``dartree-pruned``'s default, so a tuning
+#: can always choose the setting an untuned run uses (without it the demo's tuner chose among 4, 8 and
+#: 16 and lost to the untuned B=16 W=12 on a dataset).
+DEFAULT_WIDTHS: tuple[int, ...] = (4, 8, 12, 16)
 #: Depth penalties tried when ``beta=auto`` (explicitly: an unset beta keeps the builder's default).
 #: On the zoo, B=16, the best of them accepted 2-3% more than -0.2 (32 held-out prompts, 2026-12-01, the
 #: head before run 4).

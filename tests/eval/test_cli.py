@@ -124,3 +124,20 @@ def test_device_cuda_without_a_gpu_is_one_line(capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert "--device: cuda is not available here" in err and "Traceback" not in err
+
+
+def test_the_tuning_grid_defaults_are_the_tuners():
+    """``--tune-budgets`` / ``--tune-widths`` (and ``tune``'s ``--budgets`` / ``--widths``) default to the
+    tuner's grids (the parser keeps a copy so that ``--help`` imports no torch), and the grid holds
+    ``dartree-pruned``'s default width."""
+    from dartree.builders import PrunedConfig
+    from dartree.eval.bench import BenchConfig
+    from dartree.eval.tune import DEFAULT_BUDGETS, DEFAULT_WIDTHS
+
+    args = build_parser().parse_args(["bench"])
+    assert tuple(args.tune_budgets) == DEFAULT_BUDGETS and tuple(args.tune_widths) == DEFAULT_WIDTHS
+    args = build_parser().parse_args(["tune"])
+    assert tuple(args.budgets) == DEFAULT_BUDGETS and tuple(args.widths) == DEFAULT_WIDTHS
+    config = BenchConfig(methods=("ddtree",))
+    assert config.tune_budgets == DEFAULT_BUDGETS and config.tune_widths == DEFAULT_WIDTHS
+    assert PrunedConfig().width in DEFAULT_WIDTHS
