@@ -305,6 +305,9 @@ class GRUHead(nn.Module):
 
         def build() -> tuple[Tensor, Tensor | None]:
             w_h = fc1.weight[:, : self.hidden_size]
+            if hidden.shape[0] == 1:    # perf: the one row's product, without unbind and stack (same bits)
+                h = hidden[0].to(w_h.dtype)
+                return F.linear(h, w_h, fc1.bias)[None], None if self.bias_gate is None else self._gate(h)[None]
             rows = [h.to(w_h.dtype) for h in hidden.unbind(0)]                     # [gamma, H] each
             part = torch.stack([F.linear(h, w_h, fc1.bias) for h in rows])       # [b, gamma, E]
             gate = None if self.bias_gate is None else torch.stack([self._gate(h) for h in rows])  # [b, gamma, 1]
@@ -564,25 +567,32 @@ class _GRUSteps:
         self.head, self.table, self.w_hh_t, self.w_s = head, plan.table, plan.w_hh_t, plan.w_s
         self.hh_from, self.hh_copy, self.s_from, self.s_copy = plan.hh_from, plan.hh_copy, plan.s_from, plan.s_copy
         self.gamma, self.size = block.gamma, head.gru_hidden_dim
-        # every depth's base logits and fc1 hidden half as one tuple of views each (unbind: one op, no
-        # indexing per call); the output rows of a depth's candidates gathered when the depth is first
-        # scored (a build that stops early never reads the deeper ones)
-        self.base_all = _candidate_base(block, candidates)                         # [b, gamma, K]
-        self.base = self.base_all.unsqueeze(2).unbind(1)                          # gamma x [b, 1, K]
+        # every depth's base logits and fc1 hidden half ([b, gamma, K], [b, gamma, E]; as one tuple of
+        # views each, made when torch's ops first need them: unbind is one op, no indexing per call); the
+        # output rows of a depth's candidates gathered when the depth is first scored (a build that stops
+        # early never reads the deeper ones)
+        self.base_all = _candidate_base(block, candidates)
         self.candidates, self.rows_table, self.emb_dim = candidates, plan.rows_table, head.emb_dim
         self.rows: list[tuple[Tensor, Tensor | None] | None] = [None] * block.gamma
-        part, gate = head._block_terms(block, False)                             # [b, gamma, E], [b, gamma, 1]
-        self.part = part.unsqueeze(2).unbind(1)                                  # gamma x [b, 1, E]
-        self.gate = None if gate is None else gate.unsqueeze(2).unbind(1)       # gamma x [b, 1, 1]
+        self.part_all, self.gate_all = head._block_terms(block, False)          # [b, gamma, E], [b, gamma, 1]
+        self._views: tuple | None = None
         self.buffers: dict[int, tuple[Tensor, ...]] = {}
         native = self.native = plan.native if block.batch_size == 1 else None
         if native is not None:  # per depth, numpy views of the next depth's fc1 half, candidates and base logits
-            self.part_np, self.base_np = part[0].detach().numpy(), self.base_all[0].numpy()  # [gamma, E], [gamma, K]
+            self.part_np, self.base_np = self.part_all[0].detach().numpy(), self.base_all[0].numpy()
             self.candidates_np = np.ascontiguousarray(candidates[0].numpy())                 # [gamma, K]
             k = candidates.shape[2]
             if native.found is None or native.found.shape[0] != k:
                 native.found = torch.empty(k, native.rows_table.shape[1]).numpy()     # the candidates' rows
         self.native_scratch: dict[int, tuple] = {}                               # per row count: gi, gh, mid, act
+
+    def views(self) -> tuple:
+        """(base, part, gate): gamma-tuples of ``[b, 1, K]``, ``[b, 1, E]``, ``[b, 1, 1]`` views (gate: None)."""
+        if self._views is None:
+            gate = self.gate_all
+            self._views = (self.base_all.unsqueeze(2).unbind(1), self.part_all.unsqueeze(2).unbind(1),
+                           None if gate is None else gate.unsqueeze(2).unbind(1))
+        return self._views
 
     def logits(self, depth: int, states: Tensor) -> Tensor:
         """``head.logits(block, depth, states, candidates[:, depth - 1])``."""
@@ -658,10 +668,11 @@ class _GRUSteps:
         return ref
 
     def _logits(self, depth: int, states: Tensor) -> Tensor:
-        base = self.base[depth - 1]                                              # [b, 1, K]
         head = self.head
         if depth <= head.prefix_len:
-            return base.expand(-1, states.shape[1], -1).contiguous()
+            return self.base_all[:, depth - 1 : depth].expand(-1, states.shape[1], -1).contiguous()
+        base_views, part_views, gate_views = self.views()
+        base = base_views[depth - 1]                                             # [b, 1, K]
         normed = head._normed(states)
         if normed.numel() >= self.s_from * self.size and normed.dtype == self.w_s.dtype:
             mid = normed @ self.s_copy                                           # = kmajor.linear(normed, w_s)
@@ -672,7 +683,7 @@ class _GRUSteps:
             found = F.embedding(self.candidates[:, depth - 1], self.rows_table)  # [b, K, E (+ 1)]
             size = self.emb_dim
             rows = self.rows[depth - 1] = (found[..., :size].mT, found[:, None, :, size] if head.bias else None)
-        return head._corrected(mid, self.part[depth - 1], None if self.gate is None else self.gate[depth - 1],
+        return head._corrected(mid, part_views[depth - 1], None if gate_views is None else gate_views[depth - 1],
                                rows[0], rows[1], base)
 
 
@@ -766,8 +777,7 @@ class _MarkovSteps:
 
     def __init__(self, head: MarkovHead, block: DraftBlock, candidates: Tensor) -> None:
         self.head, self.gamma = head, block.gamma
-        self.base_all = _candidate_base(block, candidates)                         # [b, gamma, K]
-        self.base = self.base_all.unsqueeze(2).unbind(1)                          # gamma x [b, 1, K]
+        self.base = _candidate_base(block, candidates).unsqueeze(2).unbind(1)     # gamma x [b, 1, K]
         self.rows_t = F.embedding(candidates, head.markov_w2.weight).mT.unbind(1)  # gamma x [b, r, K]
 
     def logits(self, depth: int, states: Tensor) -> Tensor:
