@@ -232,3 +232,23 @@ def test_prepared_and_protocol_calls_build_the_same_tree_on_random_blocks(tiny_h
         builder = make_builder(name, backend="fast", **cfg)
         got, want = builder.build(block, head), builder.build(block, Unprepared(head))
     assert got.canonical() == want.canonical() and torch.equal(got.scores, want.scores)
+
+
+@pytest.mark.parametrize("which", ["gru", "gru-norm-gate"])
+def test_block_terms_of_a_row_do_not_depend_on_its_batch(tiny_heads, which):
+    """fc1's hidden half and the gate of a one-row block (one product, no unbind / stack) are the bits of
+    the same row inside a three-row block and of the per-row product they stand for."""
+    head = _prepared_variants(tiny_heads)[which]
+    three = make_block(b=3, gamma=5, seed=4)
+    fc1 = head.embed_proj[0]
+    with torch.no_grad():
+        part3, gate3 = head._block_terms(three, False)
+        for r in range(3):
+            one = DraftBlock(logits=three.logits[r : r + 1], root=three.root[r : r + 1], hidden=three.hidden[r : r + 1])
+            part1, gate1 = head._block_terms(one, False)
+            want = F.linear(three.hidden[r], fc1.weight[:, :HIDDEN], fc1.bias)
+            assert part1.shape == (1, 5, 16) and torch.equal(part1[0], want) and torch.equal(part3[r], want)
+            if head.bias_gate is None:
+                assert gate1 is None and gate3 is None
+            else:
+                assert torch.equal(gate1[0], head._gate(three.hidden[r])) and torch.equal(gate3[r], gate1[0])
