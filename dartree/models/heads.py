@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from dartree import native
 from dartree.block import DraftBlock
 from dartree.models.drafter import RMSNorm
 from dartree.models.kmajor import derived, exact_from, kmajor_copy, linear, tensor_version
@@ -542,20 +543,19 @@ _BMM_BLAS_FROM = 400
 
 
 def _native_gru():
-    """``dartree._native`` once ``gru_init`` found torch's kernels (AVX-512 torch build on an AVX-512
-    CPU), else ``None``; looked up once per process."""
+    """``dartree._native`` when it is enabled (:func:`dartree.native.enabled`) and ``gru_init`` found
+    torch's kernels (AVX-512 torch build on an AVX-512 CPU; looked up once per process), else ``None``."""
+    lib = native.lib()
+    if lib is None:
+        return None
     if not _NATIVE_GRU:
         import os
 
-        from dartree import native
-
-        lib = native.lib()
-        found = None
-        if lib is not None and hasattr(lib, "gru_step") and torch.backends.cpu.get_cpu_capability() == "AVX512":
-            path = os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so")
-            found = lib if lib.gru_init(path) else None
+        found = False
+        if hasattr(lib, "gru_step") and torch.backends.cpu.get_cpu_capability() == "AVX512":
+            found = bool(lib.gru_init(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so")))
         _NATIVE_GRU.append(found)
-    return _NATIVE_GRU[0]
+    return lib if _NATIVE_GRU[0] else None
 
 
 class _GRUSteps:
@@ -577,7 +577,8 @@ class _GRUSteps:
         self.part_all, self.gate_all = head._block_terms(block, False)          # [b, gamma, E], [b, gamma, 1]
         self._views: tuple | None = None
         self.buffers: dict[int, tuple[Tensor, ...]] = {}
-        native = self.native = plan.native if block.batch_size == 1 else None
+        # the compiled step: one sequence, and the extension enabled now (dartree.native.disabled() turns it off)
+        native = self.native = plan.native if block.batch_size == 1 and _native_gru() is not None else None
         if native is not None:  # per depth, numpy views of the next depth's fc1 half, candidates and base logits
             self.part_np, self.base_np = self.part_all[0].detach().numpy(), self.base_all[0].numpy()
             self.candidates_np = np.ascontiguousarray(candidates[0].numpy())                 # [gamma, K]

@@ -3,10 +3,12 @@ torch's ops bit for bit, its first-call check, and where it is declined."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
-from dartree import make_builder
+from dartree import make_builder, native
 from dartree.block import DraftBlock
 from dartree.models import heads as heads_module
 from dartree.models.heads import GRUHead
@@ -142,12 +144,14 @@ def test_the_compiled_step_is_declined_where_it_does_not_apply():
     block = make_block(b=2, seed=3)
     cands = candidates(2, 6, 4, seed=3)
     one = make_block(b=1, seed=3)
-    cases = [(make_head(), block), (make_head(g=24), one), (make_head(e=24), one),
-             (make_head(bias_norm=True), one), (make_head(bias_gate=True), one)]
+    cases = [(make_head(), block, False), (make_head(g=24), one, False), (make_head(e=24), one, False),
+             (make_head(bias_norm=True), one, False), (make_head(bias_gate=True), one, False),
+             (make_head(), one, True)]                                   # the extension turned off
     with torch.inference_mode():
-        for head, blk in cases:
+        for head, blk, off in cases:
             c = cands[: blk.batch_size]
-            steps = head.prepare_block(blk, c)
+            with native.disabled() if off else contextlib.nullcontext():
+                steps = head.prepare_block(blk, c)
             assert steps.native is None
             states = head.initial_state(blk)[:, None].expand(-1, 3, -1).contiguous()
             tokens = c[:, 0, :3]
