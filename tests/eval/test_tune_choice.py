@@ -16,6 +16,7 @@ from dartree.eval.tune import (
     VerifyCost,
     choose,
     pick_best,
+    pick_finalists,
     score_candidates,
 )
 from dartree.eval.tune_cache import (
@@ -214,3 +215,21 @@ def test_a_tuned_beta_is_cached_apart_and_resolved_as_a_number(bundle):
     plain = _result(cands, [_measured(50.0, None), _measured(80.0, 16)], 50.0, use_ar=False, best=cands[1])
     store(cache_key(bundle, auto, 0.0), entry_of(plain))                # a plain tuning, once cached, comes first
     assert resolve_unset(bundle, parse_method("dartree-pruned"), 0.0)[0].config == {"budget": 16, "width": 4}
+
+
+def test_finalists_take_the_best_of_each_budget_first():
+    """The best-ranked setting of each budget first (a noisy probe moves a budget's widths together),
+    then the next best of any budget; in the cost model's order."""
+    stats = {(64, 8): _stats(3.2, 64), (64, 12): _stats(3.2, 64), (64, 16): _stats(3.1, 64),
+             (16, 4): _stats(1.5, 16), (16, 8): _stats(1.45, 16), (32, 8): _stats(1.9, 32)}
+    cands = score_candidates(stats, COST, overhead_s=0.003)
+    ranked = sorted(cands, key=lambda c: -c.tokens_per_s)
+    assert [c.budget for c in ranked[:3]] == [64, 64, 64]                   # the plain top 3: one budget
+    got = pick_finalists(cands, 3)
+    assert [(c.budget, c.width) for c in got] == [(ranked[0].budget, ranked[0].width)] + sorted(
+        [(32, 8), (16, 4)], key=lambda bw: -next(c.tokens_per_s for c in cands if (c.budget, c.width) == bw))
+    assert [c.tokens_per_s for c in got] == sorted((c.tokens_per_s for c in got), reverse=True)
+    five = pick_finalists(cands, 5)                                         # three budgets, then the next best
+    assert {c.budget for c in five} == {16, 32, 64} and len(five) == 5 and five[0] is ranked[0]
+    assert (ranked[1].budget, ranked[1].width) in [(c.budget, c.width) for c in five]
+    assert pick_finalists(cands, 0) == [] and len(pick_finalists(cands, 10)) == len(cands)
