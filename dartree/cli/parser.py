@@ -39,7 +39,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         # 8 + 8 prompts a dataset: tau per prompt ranges 2.2-12.6 on the zoo, and with 4 + 6 the four
         # evaluation prompts of stdlib averaged tau 9.7 against 5.7 on the six calibration prompts, so the
         # tuner's forecast speedup missed by -34% to -51% in every run; with 8 + 8 it missed by -3% / +6%
-        # (2026-12-01 22:48, dartree-pruned B=16); the demo takes about 2.5 min instead of 1.5
+        # (2026-12-01 22:48, dartree-pruned B=16); the demo takes about 3 min instead of 1.5-2
         "num_prompts": 8,
         "calibration_prompts": 8,
         "max_new_tokens": 64,
