@@ -75,3 +75,14 @@ def paired_ratio(base: list, other: list) -> float:
     repetition): the figure that stays put on a shared machine."""
     return statistics.median(statistics.median(b / t for b, t in zip(bs, ts, strict=True))
                              for bs, ts in zip(base, other, strict=True))
+
+
+def print_pairs(names, times: dict, ways: tuple[str, str], headers: tuple[str, str], tokens: int) -> None:
+    """One row per method: tokens/s of each of the two ``ways`` (``tokens`` over the summed per-input
+    medians of ``times[(name, way)]``) and :func:`paired_ratio` of the first way's times to the second's."""
+    first, second = ways
+    print(f"{'method':16s} {headers[0]:>15s} {headers[1]:>15s} {'ratio':>7s}")
+    for name in names:
+        a, b = times[(name, first)], times[(name, second)]
+        print(f"{name:16s} {tokens / sum(map(statistics.median, a)):15.1f} "
+              f"{tokens / sum(map(statistics.median, b)):15.1f} {paired_ratio(a, b):7.3f}")

@@ -13,10 +13,9 @@ median paired time ratio (torch's ops / compiled): above 1, the compiled calls a
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import torch
-from common import interleaved_times, paired_ratio
+from common import interleaved_times, print_pairs
 
 from dartree import SpeculativeDecoder, generate_ar, make_builder
 from dartree.eval.bundles import encode, load_bundle
@@ -86,11 +85,7 @@ def main() -> None:
     tokens = args.new_tokens * len(prompts)
     print(f"{len(prompts)} prompts x {args.new_tokens} tokens, {args.reps} interleaved repetitions, one thread, "
           f"compiled calls {'+'.join(calls)}; ratio = median over prompts of the median paired time torch / compiled")
-    print(f"{'method':16s} {'torch tok/s':>11s} {'compiled tok/s':>14s} {'ratio':>7s}")
-    for name in names:
-        off, on = times[(name, "torch")], times[(name, "compiled")]
-        print(f"{name:16s} {tokens / sum(map(statistics.median, off)):11.1f} "
-              f"{tokens / sum(map(statistics.median, on)):14.1f} {paired_ratio(off, on):7.3f}")
+    print_pairs(names, times, ("torch", "compiled"), ("torch tok/s", "compiled tok/s"), tokens)
 
 
 if __name__ == "__main__":

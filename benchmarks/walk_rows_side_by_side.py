@@ -13,10 +13,9 @@ tokens/s both ways and the median over prompts of the median paired time ratio (
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import torch
-from common import interleaved_times, paired_ratio
+from common import interleaved_times, print_pairs
 
 import dartree.decode as decode
 from dartree import SpeculativeDecoder, generate_ar, make_builder
@@ -85,12 +84,7 @@ def main() -> None:
     tokens = args.new_tokens * len(prompts)
     print(f"{len(prompts)} prompts x {args.new_tokens} tokens, T={args.temperature:g}, {args.reps} interleaved "
           f"repetitions, one thread; ratio = median over prompts of the median paired time root-only / chosen")
-    print(f"{'method':16s} {'root only tok/s':>15s} {'chosen tok/s':>12s} {'ratio':>7s}")
-    for name in names:
-        root, chosen = times[(name, "root")], times[(name, "chosen")]
-        ratio = paired_ratio(root, chosen)
-        print(f"{name:16s} {tokens / sum(map(statistics.median, root)):15.1f} "
-              f"{tokens / sum(map(statistics.median, chosen)):12.1f} {ratio:7.3f}")
+    print_pairs(names, times, ("root", "chosen"), ("root only tok/s", "chosen tok/s"), tokens)
 
 
 if __name__ == "__main__":
