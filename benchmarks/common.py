@@ -70,6 +70,15 @@ def interleaved_times(run, keys, inputs, reps: int) -> dict:
     return times
 
 
+def checked_times(run, keys, inputs, refs, reps: int) -> dict:
+    """:func:`interleaved_times` after one untimed pass that warms every key up and checks that its output
+    on every input equals the reference (AR's tokens): a benchmark never times a wrong decode."""
+    for key in keys:
+        for x, ref in zip(inputs, refs, strict=True):
+            assert torch.equal(run(key, x).cpu(), ref.cpu()), f"{key}: output differs from AR"
+    return interleaved_times(run, keys, inputs, reps)
+
+
 def paired_ratio(base: list, other: list) -> float:
     """The median over inputs of the median paired ratio ``base time / other time`` (same input, same
     repetition): the figure that stays put on a shared machine."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 
 import torch
-from common import interleaved_times, print_pairs
+from common import checked_times, print_pairs
 
 from dartree import SpeculativeDecoder, generate_ar, make_builder
 from dartree.eval.bundles import encode, load_bundle
@@ -78,10 +78,7 @@ def main() -> None:
 
     keys = [(name, way) for name in names for way in ("torch", "compiled")]
     refs = [generate_ar(bundle.target, p, args.new_tokens).tokens for p in prompts]
-    for key in keys:                                         # warm up, and every output equals AR's
-        for p, ref in zip(prompts, refs, strict=True):
-            assert torch.equal(run(key, p), ref), f"{key}: output differs from AR"
-    times = interleaved_times(run, keys, prompts, args.reps)
+    times = checked_times(run, keys, prompts, refs, args.reps)     # every output equals AR's
     tokens = args.new_tokens * len(prompts)
     print(f"{len(prompts)} prompts x {args.new_tokens} tokens, {args.reps} interleaved repetitions, one thread, "
           f"compiled calls {'+'.join(calls)}; ratio = median over prompts of the median paired time torch / compiled")

@@ -19,7 +19,7 @@ import argparse
 import statistics
 
 import torch
-from common import interleaved_times, paired_ratio
+from common import checked_times, paired_ratio
 
 from dartree import SpeculativeDecoder, generate_ar, make_builder
 from dartree.eval.bundles import encode, load_bundle
@@ -77,10 +77,7 @@ def main() -> None:
             decoders[name] = lambda ids, n, spec=spec: spec.generate(ids, n).tokens
     m = args.new_tokens
     refs = [generate_ar(bundle.target, p, m).tokens for p in prompts]
-    for name, f in decoders.items():                     # warm up, and every output equals AR's
-        for p, ref in zip(prompts, refs, strict=True):
-            assert torch.equal(f(p, m).cpu(), ref.cpu()), f"{name}: output differs from AR"
-    times = interleaved_times(lambda name, p: decoders[name](p, m), list(decoders), prompts, args.reps)
+    times = checked_times(lambda name, p: decoders[name](p, m), list(decoders), prompts, refs, args.reps)
     tokens = m * len(prompts)
     base = names[0]
     print(f"{len(prompts)} prompts x {m} tokens, {args.reps} interleaved repetitions, one thread; "

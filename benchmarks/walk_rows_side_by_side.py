@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 
 import torch
-from common import interleaved_times, print_pairs
+from common import checked_times, print_pairs
 
 import dartree.decode as decode
 from dartree import SpeculativeDecoder, generate_ar, make_builder
@@ -77,10 +77,7 @@ def main() -> None:
             decode.WalkRows = WalkRows
 
     refs = [generate_ar(bundle.target, p, args.new_tokens, **kw).tokens for p in prompts]
-    for key in decoders:                                 # warm up, and every output equals AR's
-        for p, ref in zip(prompts, refs, strict=True):
-            assert torch.equal(run(key, p), ref), f"{key}: output differs from AR"
-    times = interleaved_times(run, list(decoders), prompts, args.reps)
+    times = checked_times(run, list(decoders), prompts, refs, args.reps)     # every output equals AR's
     tokens = args.new_tokens * len(prompts)
     print(f"{len(prompts)} prompts x {args.new_tokens} tokens, T={args.temperature:g}, {args.reps} interleaved "
           f"repetitions, one thread; ratio = median over prompts of the median paired time root-only / chosen")
