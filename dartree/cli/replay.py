@@ -141,8 +141,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
     print(table)
     chosen = "plain AR (no tree is forecast to beat it)" if result.use_ar else " ".join(
         f"--{k} {v}" for k, v in result.settings().items())
+    rate, speedup = result.forecast_interval(None, len(refs))
+    spread = "" if rate is None else f"; 90% interval for {len(refs)} other prompts like them: {rate.text} tokens/s" \
+        + ("" if speedup is None else f", {speedup.text}x AR")
     print(f"\nchosen: {chosen}  (forecast {result.forecast_tokens_per_s:.1f} tokens/s, "
-          f"{result.forecast_tokens_per_s / result.ar_tokens_per_s:.2f}x AR, measured on {len(refs)} prompts)")
+          f"{result.forecast_tokens_per_s / result.ar_tokens_per_s:.2f}x AR, measured on {len(refs)} prompts{spread})")
     log(f"cached for `dartree generate` (this model, machine, threads and temperature) in {cached}")
     log(f"wrote {', '.join(map(str, run.committed))}")
     return 0

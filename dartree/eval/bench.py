@@ -319,9 +319,12 @@ def run_bench(bundle: Bundle, config: BenchConfig, argv: Sequence[str] | None = 
     # disjoint from the evaluation prompts: a tree, or plain AR when none is forecast to beat it.
     resolved, tuning = _tune_auto(bundle, config, log if progress else None)
     for t in tuning:
+        rate, speedup = t.forecast_interval(None, config.num_prompts * len(config.datasets))
+        spread = "" if rate is None else f"; 90% interval for {config.num_prompts * len(config.datasets)} " \
+            f"evaluation prompts {rate.text} tok/s" + ("" if speedup is None else f", {speedup.text}x AR")
         log(f"tune T={t.temperature:g}: {t.method} -> {t.choice_text} (forecast {t.forecast_tokens_per_s:.1f} tok/s "
             f"= {t.forecast_tokens_per_s / t.ar_tokens_per_s:.2f}x AR, measured on {t.calibration_prompts} "
-            "calibration prompts" + ("; no tree is forecast to beat AR)" if t.use_ar else ")"))
+            "calibration prompts" + spread + ("; no tree is forecast to beat AR)" if t.use_ar else ")"))
     timed = [m for m in config.methods if not (m.is_ar and m.label == AR)]
     ar_spec = MethodSpec(AR, label=AR)
     decoders = {(m.label, t): None if resolved[(m.label, t)].is_ar

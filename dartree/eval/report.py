@@ -127,7 +127,10 @@ def forecast_table(result: BenchResult) -> str:
     measured (evaluation prompts), per dataset and pooled; error = forecast / measured - 1.
 
     The speedup columns and AR's rate at calibration vs evaluation show how much of an error is the
-    machine's load drifting between the two (both speedups are over AR timed in the same window).
+    machine's load drifting between the two (both speedups are over AR timed in the same window).  The
+    90% intervals (:meth:`TuneResult.forecast_interval`) are where the measurement on this many
+    evaluation prompts should fall given how much the calibration prompts differed from each other;
+    ``in 90%``: whether it did (tokens/s, speedup).
     """
     rows = []
     for tr in result.tuning:
@@ -139,26 +142,34 @@ def forecast_table(result: BenchResult) -> str:
         by_label = tr.forecast_by_label()
 
         def row(dataset: str, forecast: float | None, ar_cal: float | None, measured: float, ar_ev: float,
-                tr: TuneResult = tr) -> None:
+                prompts: int, tr: TuneResult = tr) -> None:
             # the speedup error takes out AR's drift between calibration and evaluation (a shared machine)
             known = forecast is not None and bool(ar_cal)
+            rate, speedup = tr.forecast_interval(None if dataset == "all" else dataset, max(1, prompts))
+            inside = [("-" if i is None else "yes" if x in i else "no")
+                      for i, x in ((rate, measured), (speedup, measured / ar_ev))]
             rows.append([tr.method, f"{tr.temperature:g}", f"auto -> {tr.choice_text}", dataset,
-                         "-" if forecast is None else f"{forecast:.1f}", f"{measured:.1f}",
+                         "-" if forecast is None else f"{forecast:.1f}", "-" if rate is None else rate.text,
+                         f"{measured:.1f}",
                          "-" if forecast is None else f"{100 * (forecast / measured - 1):+.0f}%",
-                         f"{forecast / ar_cal:.2f}x" if known else "-", f"{measured / ar_ev:.2f}x",
+                         f"{forecast / ar_cal:.2f}x" if known else "-",
+                         "-" if speedup is None else f"{speedup.low:.2f}-{speedup.high:.2f}x",
+                         f"{measured / ar_ev:.2f}x",
                          f"{100 * ((forecast / ar_cal) / (measured / ar_ev) - 1):+.0f}%" if known else "-",
-                         "-" if not ar_cal else f"{ar_cal:.1f} -> {ar_ev:.1f}"])
+                         " / ".join(inside), "-" if not ar_cal else f"{ar_cal:.1f} -> {ar_ev:.1f}"])
 
         for s in cells:
             if s.dataset in ar_eval:
                 row(s.dataset, by_label.get(s.dataset), ar_by_label.get(s.dataset), s.tokens_per_s,
-                    ar_eval[s.dataset].tokens_per_s)
+                    ar_eval[s.dataset].tokens_per_s, s.prompts)
         if cells and ar_eval:
             ars = list(ar_eval.values())
             row("all", tr.forecast_tokens_per_s, tr.ar_tokens_per_s, sum(s.tokens for s in cells)
-                / sum(s.seconds for s in cells), sum(s.tokens for s in ars) / sum(s.seconds for s in ars))
-    header = ["method", "T", "resolved", "dataset", "forecast tok/s", "measured tok/s", "error", "forecast speedup",
-              "measured speedup", "speedup error", "AR tok/s calibration -> evaluation"]
+                / sum(s.seconds for s in cells), sum(s.tokens for s in ars) / sum(s.seconds for s in ars),
+                sum(s.prompts for s in cells))
+    header = ["method", "T", "resolved", "dataset", "forecast tok/s", "90% interval", "measured tok/s", "error",
+              "forecast speedup", "90% interval", "measured speedup", "speedup error", "in 90% (tok/s / speedup)",
+              "AR tok/s calibration -> evaluation"]
     return markdown_table(header, rows)
 
 
@@ -193,7 +204,10 @@ def bench_markdown(result: BenchResult) -> str:
         parts += ["", "## Tuned budget: forecast vs measured", "",
                   "Forecast: the chosen setting's tokens/s decoded on held-out calibration prompts (the prompts "
                   "after the evaluation prompts of each dataset, at the run's temperature); measured: the same "
-                  "setting on the evaluation prompts above.", "", forecast_table(result)]
+                  "setting on the evaluation prompts above.  90% interval: where the measurement should fall, "
+                  "from how much the calibration prompts differed from each other and how many prompts each side "
+                  "decodes (the machine's speed moving between calibration and evaluation moves tokens/s outside "
+                  "it).", "", forecast_table(result)]
     for tr in result.tuning:
         parts += ["", f"## Adaptive budget for {tr.method}, T={tr.temperature:g}", "",
                   f"Verify cost measured on this machine at prefix {tr.verify_cost.prefix_len}: " + ", ".join(

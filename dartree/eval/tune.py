@@ -32,6 +32,14 @@ on the CPU the forward may score the root only and the walk then runs one LM-hea
    them (:func:`measure_settings`).  The fastest measured setting is chosen and its measured rate is
    the **forecast**; when it does not beat AR's rate by ``min_speedup``, ``budget=auto`` resolves to
    plain AR (:func:`choose`).
+5. how sure the forecast is: a prediction interval for the rate (and the speedup over AR) that a run
+   decoding ``n`` other prompts should measure (:meth:`TuneResult.forecast_interval`,
+   :func:`ratio_prediction`), from the spread of the chosen setting's per-prompt times.  It covers both
+   samples, the calibration prompts and the evaluated ones: on the zoo tau per prompt ranges 2-13, so
+   8 evaluation prompts of a dataset measure a rate about 20% from the dataset's (the sums of 8
+   prompts' rounds were 65-116 over four blocks of HumanEval, 77-124 of stdlib; 2026-12-02), and no
+   number of calibration prompts forecasts such a run within 15% every time.  With 48 + 48 HumanEval
+   prompts the forecast was within 4% (``results/tuner/run_forecast.sh``).
 
 Why step 4: the cost model alone forecast 166 tok/s for the B=32 W=8 it chose in ``make demo``
 (2026-12-01 04:57) and the run measured 96.  Measured causes, in order: tau on 2 calibration
@@ -47,6 +55,8 @@ for a given set of measurements.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 import statistics
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -67,7 +77,7 @@ from dartree.verify.sampling import KeyedSampler
 __all__ = ["VerifyCost", "ConfigStats", "Candidate", "Measurement", "TuneResult", "measure_verify_cost",
            "replay_stats", "score_candidates", "score_at_concurrency", "pick_best", "choose", "measure_settings",
            "tune", "measure_overhead", "setting_text", "pick_finalists", "DEFAULT_BUDGETS", "DEFAULT_WIDTHS",
-           "DEFAULT_BETAS", "DEFAULT_FINALISTS", "DEFAULT_MIN_SPEEDUP"]
+           "DEFAULT_BETAS", "DEFAULT_FINALISTS", "DEFAULT_MIN_SPEEDUP", "Interval", "ratio_prediction", "t_quantile"]
 
 DEFAULT_BUDGETS: tuple[int, ...] = (4, 8, 16, 32, 64)
 #: Widths tried by ``width=auto`` (or an unset width): 12 is ``dartree-pruned``'s default, so a tuning
@@ -184,7 +194,9 @@ class Measurement:
 
     budget / width: the setting (``budget=None``: plain AR).  per_label: ``(label, tokens, seconds)``
     per calibration set (the dataset a reference came from), in first-seen order.  beta: the depth
-    penalty decoded with when the tuner searched it, else ``None``.
+    penalty decoded with when the tuner searched it, else ``None``.  per_prompt: ``(label, tokens,
+    seconds)`` of every calibration prompt in the order of the references (the same order in every
+    measurement of one tuning), for the forecast's prediction interval (:meth:`TuneResult.forecast_interval`).
     """
 
     budget: int | None
@@ -194,6 +206,7 @@ class Measurement:
     rounds: int
     per_label: tuple[tuple[str, int, float], ...] = ()
     beta: float | None = None
+    per_prompt: tuple[tuple[str, int, float], ...] = ()
 
     @property
     def is_ar(self) -> bool:
@@ -267,6 +280,33 @@ class TuneResult:
         m = self.chosen
         return {} if m is None else m.label_tokens_per_s()
 
+    def forecast_interval(self, label: str | None, prompts: int, level: float = 0.9
+                          ) -> tuple[Interval | None, Interval | None]:
+        """Prediction intervals ``(tokens/s, speedup over AR)`` for the resolved method decoding
+        ``prompts`` other prompts of calibration set ``label`` (``None``: all sets pooled), drawn like
+        the calibration prompts (:func:`ratio_prediction` over the chosen setting's per-prompt times,
+        paired with AR's on the same prompts for the speedup).
+
+        What they cover: which prompts are drawn (tau per prompt ranges 2-13 on the zoo), in the
+        calibration sample and in the evaluation one.  What they do not: the machine's speed moving
+        between the two phases, which moves tokens/s but not the speedup (both over AR timed in the same
+        window).  ``None`` where it cannot be given: no per-prompt times (an older result or no real
+        decodes), fewer than 2 prompts of the set, or the speedup of a choice of AR (AR against itself).
+        """
+        m, ar = self.chosen, self.measurement(None)
+        if m is None or ar is None or len(m.per_prompt) != len(ar.per_prompt):
+            return None, None
+        pairs = [(a, b) for a, b in zip(m.per_prompt, ar.per_prompt, strict=True) if label is None or a[0] == label]
+        if len(pairs) < 2:
+            return None, None
+        rate = ratio_prediction([t for (_, t, _), _ in pairs], [s for (_, _, s), _ in pairs], prompts, level)
+        if self.use_ar:
+            return rate, None
+        # per prompt: AR's seconds for the method's tokens over the method's seconds
+        speedup = ratio_prediction([sa * tm / ta for (_, tm, _), (_, ta, sa) in pairs],
+                                   [sm for (_, _, sm), _ in pairs], prompts, level)
+        return rate, speedup
+
     @property
     def choice_text(self) -> str:
         """``ar``, or ``B=.. W=..`` of the chosen tree."""
@@ -279,6 +319,80 @@ class TuneResult:
         if self.use_ar:
             return MethodSpec(AR, label=method.label)
         return method.with_settings(**self.settings())
+
+
+@dataclass(frozen=True)
+class Interval:
+    """An estimate and the interval ``[low, high]`` that holds the predicted value with probability ``level``."""
+
+    estimate: float
+    low: float
+    high: float
+    level: float
+
+    def __contains__(self, value: float) -> bool:
+        return self.low <= value <= self.high
+
+    @property
+    def text(self) -> str:
+        return f"{self.low:.3g}-{self.high:.3g}"
+
+
+def t_quantile(p: float, df: int) -> float:
+    """Student's t distribution's ``p`` quantile with ``df`` degrees of freedom, for ``0.5 <= p < 1``
+    (bisection on the CDF, integrated by Simpson's rule; about 6 digits)."""
+    if isinstance(df, bool) or not isinstance(df, int) or df < 1:
+        raise ValueError(f"df: must be an integer >= 1, got {df!r}")
+    if isinstance(p, bool) or not isinstance(p, int | float) or not 0.5 <= p < 1:
+        raise ValueError(f"p: must be in [0.5, 1), got {p!r}")
+    return _t_quantile(float(p), df)
+
+
+@functools.cache
+def _t_quantile(p: float, df: int) -> float:
+    scale = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(df * math.pi)
+
+    def cdf(x: float, steps: int = 2048) -> float:
+        h = x / steps
+        ys = [scale * (1 + (i * h) ** 2 / df) ** (-(df + 1) / 2) for i in range(steps + 1)]
+        return 0.5 + h / 3 * (ys[0] + ys[-1] + 4 * sum(ys[1:-1:2]) + 2 * sum(ys[2:-1:2]))
+
+    low, high = 0.0, 1.0
+    while cdf(high) < p:
+        low, high = high, 2 * high
+    for _ in range(40):
+        mid = (low + high) / 2
+        low, high = (mid, high) if cdf(mid) < p else (low, mid)
+    return (low + high) / 2
+
+
+def ratio_prediction(num: Sequence[float], den: Sequence[float], new_units: int, level: float = 0.9
+                     ) -> Interval | None:
+    """The ratio ``sum(num) / sum(den)`` over ``n`` sampled units (prompts), and the interval that holds
+    the same ratio over ``new_units`` other units drawn alike with probability ``level``: ``None`` for
+    fewer than 2 units.
+
+    A prediction interval for a ratio estimator (delta method): with residuals ``e_i = num_i - R den_i``
+    of sample variance ``s^2``, the new sample's ratio differs from ``R`` by about the difference of the
+    two samples' mean residuals over the mean ``den``, of variance ``s^2 (1/n + 1/new_units) / mean(den)^2``;
+    the half-width is Student's t quantile (``n - 1`` degrees of freedom) times its square root.  Both
+    samples' spread is in it: a forecast for a few evaluation prompts cannot be surer than those
+    prompts are alike, however many prompts it was calibrated on.
+    """
+    n = len(num)
+    if n != len(den):
+        raise ValueError(f"den: need one per num ({n}), got {len(den)}")
+    if isinstance(new_units, bool) or not isinstance(new_units, int) or new_units < 1:
+        raise ValueError(f"new_units: must be an integer >= 1, got {new_units!r}")
+    if not 0 < level < 1:
+        raise ValueError(f"level: must be in (0, 1), got {level!r}")
+    if n < 2 or not sum(den) > 0:
+        return None
+    ratio = sum(num) / sum(den)
+    residuals = [a - ratio * b for a, b in zip(num, den, strict=True)]
+    variance = sum(e * e for e in residuals) / (n - 1)
+    half = t_quantile((1 + level) / 2, n - 1) * math.sqrt(variance * (1 / n + 1 / new_units)) / (sum(den) / n)
+    return Interval(ratio, max(0.0, ratio - half), ratio + half, level)
 
 
 def setting_text(budget: int, width: int | None, beta: float | None = None) -> str:
@@ -545,6 +659,7 @@ def measure_settings(bundle: Bundle, method: MethodSpec, settings: Sequence[tupl
     for run in runners:                      # first calls allocate caches and pick kernels: untimed
         run(first, max(1, min(8, refs[0].new_tokens)), 0.0, None)
     totals = {k: {} for k in keys}           # key -> label -> [tokens, seconds, rounds]
+    per_prompt: dict[tuple[int | None, int | None], list[tuple[str, int, float]]] = {k: [] for k in keys}
     for i, (ref, label) in enumerate(zip(refs, labels, strict=True)):
         ids = ref.sequence[:, : ref.prompt_len]
         order = list(range(len(keys)))
@@ -558,12 +673,14 @@ def measure_settings(bundle: Bundle, method: MethodSpec, settings: Sequence[tupl
             cell[0] += result.tokens.shape[1]
             cell[1] += seconds
             cell[2] += max(1, result.num_rounds)
+            per_prompt[keys[j]].append((label, result.tokens.shape[1], seconds))
     out = []
     for (budget, width), beta in zip(keys, [None, *betas], strict=True):
         cells = totals[(budget, width)]
         out.append(Measurement(budget, width, sum(c[0] for c in cells.values()), sum(c[1] for c in cells.values()),
                                sum(c[2] for c in cells.values()),
-                               tuple((label, c[0], c[1]) for label, c in cells.items()), beta))
+                               tuple((label, c[0], c[1]) for label, c in cells.items()), beta,
+                               tuple(per_prompt[(budget, width)])))
     return tuple(out)
 
 

@@ -53,6 +53,14 @@ def test_auto_budget_is_resolved_and_reported(result):
         assert not tuned.use_ar and tuned.best.budget in (2, 5) and tuned.calibration_prompts == 2   # 1 per dataset
         assert tuned.measurement(None) is not None and tuned.chosen is not None
         assert set(tuned.forecast_by_label()) == {"humaneval", "stdlib"}
+        # per-prompt times of every measured setting, in the references' order: one prompt per dataset, so
+        # a dataset alone has no spread to go on and only the pooled pair gives an interval
+        assert all([p[0] for p in m.per_prompt] == ["humaneval", "stdlib"] for m in tuned.measured)
+        assert all(sum(p[2] for p in m.per_prompt) == pytest.approx(m.seconds) for m in tuned.measured)
+        assert tuned.forecast_interval("stdlib", 1) == (None, None)
+        rate, speedup = tuned.forecast_interval(None, 2)
+        assert rate.estimate == pytest.approx(tuned.forecast_tokens_per_s) and rate.low <= rate.estimate <= rate.high
+        assert speedup.estimate == pytest.approx(tuned.forecast_tokens_per_s / tuned.ar_tokens_per_s)
         pruned = [s for s in result.summaries if s.builder == "dartree-pruned" and s.temperature == tuned.temperature]
         assert pruned and all(s.settings == {**tuned.settings(), "width": 2} for s in pruned)
     md = bench_markdown(result)

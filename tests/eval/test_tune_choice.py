@@ -17,7 +17,9 @@ from dartree.eval.tune import (
     choose,
     pick_best,
     pick_finalists,
+    ratio_prediction,
     score_candidates,
+    t_quantile,
 )
 from dartree.eval.tune_cache import (
     CACHE_FILE,
@@ -45,11 +47,13 @@ def _candidates(taus=(1.4, 1.5, 1.5)):
     return score_candidates(stats, COST, overhead_s=0.003)
 
 
-def _measured(rate: float, budget: int | None, width: int | None = 4, labels=("humaneval", "stdlib")):
-    # tokens / seconds split evenly over the labels; ``rate`` tokens/s in each
+def _measured(rate: float, budget: int | None, width: int | None = 4, labels=("humaneval", "stdlib"), spread=0.2):
+    # two prompts of 50 tokens per label, one ``spread`` faster and one as much slower than ``rate``: totals of
+    # 100 tokens at ``rate`` tokens/s per label
+    prompts = tuple((label, 50, 50 / rate * f) for label in labels for f in (1 - spread, 1 + spread))
     per = tuple((label, 100, 100 / rate) for label in labels)
     return Measurement(budget, None if budget is None else width, 100 * len(labels), 100 * len(labels) / rate, 50,
-                       per)
+                       per, None, prompts)
 
 
 def _result(candidates, measured, ar_rate, use_ar, best=None, temperature=1.0):
@@ -125,15 +129,84 @@ def test_forecast_table_puts_forecast_beside_measured_and_ar_in_table1():
                  _summary(label, "ar", "humaneval", 192, 3.5), _summary(label, "ar", "stdlib", 192, 3.5))
     result = BenchResult(BenchConfig(methods=(parse_method(label),)), {}, (), summaries, (r,))
     lines = forecast_table(result).splitlines()
-    assert lines[0] == ("| method | T | resolved | dataset | forecast tok/s | measured tok/s | error "
-                        "| forecast speedup | measured speedup | speedup error | AR tok/s calibration -> evaluation |")
+    assert lines[0] == ("| method | T | resolved | dataset | forecast tok/s | 90% interval | measured tok/s | error "
+                        "| forecast speedup | 90% interval | measured speedup | speedup error "
+                        "| in 90% (tok/s / speedup) | AR tok/s calibration -> evaluation |")
     cells = [[c.strip() for c in x.strip("|").split("|")] for x in lines[2:]]
     assert [c[3] for c in cells] == ["humaneval", "stdlib", "all"]
-    # 1.00x forecast against 0.91x measured (AR ran at 60 tok/s in the evaluation, 55 in calibration): +9%
-    assert cells[0][2] == "auto -> ar" and cells[0][4:] == ["55.0", "54.9", "+0%", "1.00x", "0.91x", "+9%",
-                                                            "55.0 -> 60.0"]
-    assert cells[2][4:7] == ["55.0", "54.9", "+0%"] and cells[2][10] == "55.0 -> 56.5"
+    # 1.00x forecast against 0.91x measured (AR ran at 60 tok/s in the evaluation, 55 in calibration): +9%;
+    # a choice of AR has no speedup interval (AR against itself)
+    lo, hi = (float(x) for x in cells[0][5].split("-"))
+    assert lo < 54.9 < hi and cells[0][9] == "-" and cells[0][12] == "yes / -"
+    assert cells[0][2] == "auto -> ar" and cells[0][4] == "55.0" and cells[0][6:9] == ["54.9", "+0%", "1.00x"]
+    assert cells[0][10:12] == ["0.91x", "+9%"] and cells[0][13] == "55.0 -> 60.0"
+    assert cells[2][4] == "55.0" and cells[2][6:8] == ["54.9", "+0%"] and cells[2][13] == "55.0 -> 56.5"
+    # the pooled row's interval is for 6 evaluation prompts from 4 calibration ones: narrower than a dataset's
+    lo_all, hi_all = (float(x) for x in cells[2][5].split("-"))
+    assert hi_all - lo_all < hi - lo
+    tree = dataclasses.replace(r, use_ar=False)
+    speedup = [[c.strip() for c in x.strip("|").split("|")] for x in
+               forecast_table(dataclasses.replace(result, tuning=(tree,))).splitlines()[2:]][0]
+    assert speedup[9] != "-" and speedup[12] in ("no / yes", "no / no", "yes / yes", "yes / no")
     assert f"| {label} | auto -> ar |" in table1(summaries, 1.0)
+
+
+def test_t_quantile_matches_the_tables_and_checks_its_arguments():
+    # Student's t table values (two-sided 90% and 95%), and the normal quantile for many degrees of freedom
+    for p, df, value in ((0.95, 1, 6.3138), (0.95, 2, 2.9200), (0.95, 7, 1.8946), (0.975, 7, 2.3646),
+                         (0.95, 30, 1.6973), (0.975, 1, 12.7062), (0.95, 2000, 1.6456)):
+        assert t_quantile(p, df) == pytest.approx(value, abs=2e-4)
+    assert t_quantile(0.5, 3) == pytest.approx(0.0, abs=1e-9)
+    for p, df, match in ((0.95, 0, "df: must be an integer >= 1"), (1.0, 3, r"p: must be in \[0.5, 1\)"),
+                         (0.4, 3, r"p: must be in"), (0.95, True, "df: must be an integer")):
+        with pytest.raises(ValueError, match=match):
+            t_quantile(p, df)
+
+
+def test_ratio_prediction_covers_a_new_sample_at_its_level():
+    """The interval holds the ratio of another sample drawn alike about 90% of the time (seeded simulation,
+    per-prompt seconds spread like the zoo's: tau 2-13 per prompt), for a few and for many prompts."""
+    import random
+
+    rng = random.Random(7)
+
+    def sample(n):
+        return [64.0] * n, [64 / (60 * rng.uniform(1.5, 9.0)) for _ in range(n)]
+
+    for n_cal, n_new in ((8, 8), (32, 8), (8, 40)):
+        hits = 0
+        for _ in range(1500):
+            num, den = sample(n_cal)
+            interval = ratio_prediction(num, den, n_new)
+            new_num, new_den = sample(n_new)
+            hits += (sum(new_num) / sum(new_den)) in interval
+        assert 0.85 <= hits / 1500 <= 0.95, (n_cal, n_new, hits / 1500)
+    num, den = sample(8)
+    few, many = ratio_prediction(num, den, 8), ratio_prediction(num, den, 800)
+    assert few.estimate == many.estimate == pytest.approx(sum(num) / sum(den))
+    assert few.low < many.low < many.estimate < many.high < few.high      # the new sample's spread is in it
+    assert ratio_prediction([64.0], [0.3], 8) is None                      # one prompt: no spread to go on
+    for args, match in ((([1.0, 2.0], [1.0], 8), r"den: need one per num \(2\)"),
+                        (([1.0, 2.0], [1.0, 1.0], 0), "new_units: must be an integer >= 1"),
+                        (([1.0, 2.0], [1.0, 1.0], 8, 1.0), r"level: must be in \(0, 1\)")):
+        with pytest.raises(ValueError, match=match):
+            ratio_prediction(*args)
+
+
+def test_forecast_interval_per_set_pooled_and_without_per_prompt_times():
+    cands = _candidates()
+    measured = [_measured(50.0, None, spread=0.0), _measured(80.0, 16)]
+    r = _result(cands, measured, 50.0, use_ar=False, best=cands[1], temperature=0.0)
+    rate, speedup = r.forecast_interval("humaneval", 8)
+    assert rate.estimate == pytest.approx(80.0) and rate.low < 80.0 < rate.high and rate.level == 0.9
+    assert speedup.estimate == pytest.approx(80.0 / 50.0) and speedup.low < 1.6 < speedup.high
+    pooled = r.forecast_interval(None, 8)[0]
+    assert pooled.estimate == pytest.approx(80.0) and pooled.high - pooled.low < rate.high - rate.low
+    assert r.forecast_interval("packages", 8) == (None, None)              # no calibration prompt of that set
+    assert r.forecast_interval("humaneval", 8, level=0.5)[0].high < rate.high
+    bare = _result(cands, [dataclasses.replace(m, per_prompt=()) for m in measured], 50.0, use_ar=False,
+                   best=cands[1], temperature=0.0)
+    assert bare.forecast_interval(None, 8) == (None, None)                 # an older result: no per-prompt times
 
 
 def test_cache_key_and_roundtrip(bundle, tmp_path, monkeypatch):
