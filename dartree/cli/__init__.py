@@ -13,8 +13,11 @@ set them itself.  ``--model tiny-random`` runs any command on a toy model in sec
 
 from __future__ import annotations
 
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 from dartree.cli.decode import cmd_bench, cmd_generate
 from dartree.cli.errors import UsageError
@@ -27,12 +30,43 @@ COMMANDS = {"generate": cmd_generate, "bench": cmd_bench, "sweep": cmd_sweep, "s
             "tune": cmd_tune}
 
 
+class Terminated(BaseException):
+    """SIGTERM or SIGHUP, raised in the main thread like Ctrl-C's ``KeyboardInterrupt``, so that every
+    ``with`` block on the way out cleans up (a run folder removes what it staged: ``--out`` untouched)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextmanager
+def _termination_raises() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise :class:`Terminated` inside the block, where their action is the default
+    (which ends the process without running any cleanup); a handler someone else installed is kept."""
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for name in ("SIGTERM", "SIGHUP"):
+            sig = getattr(signal, name, None)
+            if sig is not None and signal.getsignal(sig) is signal.SIG_DFL:
+                previous[sig] = signal.signal(sig, _raise_terminated)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated(signum)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``dartree`` console script; returns the exit status.
 
     A user error (bad option, file, folder or setting) exits with status 2 and one line on stderr,
     ``dartree: error: ...`` (argparse's own errors add the usage line); any other exception is a bug
-    and propagates with its traceback.
+    and propagates with its traceback.  Ctrl-C exits with status 130, SIGTERM / SIGHUP with 128 + the
+    signal's number, each with one line, after the run's cleanup (an ``--out`` folder is left as it was).
     """
     parser = build_parser()
     args = parser.parse_args(join_negative_values(list(sys.argv[1:] if argv is None else argv)))
@@ -40,7 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
 
     try:
-        with torch.no_grad():          # inference only: no autograd graph through heads or drafters
+        with _termination_raises(), torch.no_grad():   # inference only: no autograd graph through heads or drafters
             return COMMANDS[args.command](args)
     except UsageError as e:
         print(f"dartree: error: {e}", file=sys.stderr, flush=True)
@@ -48,3 +82,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("dartree: interrupted", file=sys.stderr, flush=True)
         raise SystemExit(130) from None
+    except Terminated as e:
+        print(f"dartree: terminated by {signal.Signals(e.signum).name}", file=sys.stderr, flush=True)
+        raise SystemExit(128 + e.signum) from None

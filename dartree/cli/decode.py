@@ -117,16 +117,18 @@ def _check_bench(bundle, config, texts: list[str]) -> None:
 
 
 def _cache_tuning(bundle, config, result) -> None:
-    """Keep the bench's tuning of each ``auto`` method for ``dartree generate`` on this machine."""
-    from dartree.eval.tune_cache import cache_key, entry_of, model_hash, store
+    """Keep the bench's tuning of each ``auto`` method for ``dartree generate`` on this machine (after
+    the results are committed: a cache that cannot be written is a warning, never a lost run)."""
+    from dartree.eval.tune_cache import cache_key, entry_of, model_hash, store_or_warn
 
     if not result.tuning:
         return
     digest = model_hash(bundle)
     by_label = {m.label: m for m in config.methods}
     for t in result.tuning:
-        path = store(cache_key(bundle, by_label[t.method], t.temperature, digest), entry_of(t))
-    log(f"tuning cached for `dartree generate` in {path}")
+        path = store_or_warn(cache_key(bundle, by_label[t.method], t.temperature, digest), entry_of(t), log)
+    if path is not None:
+        log(f"tuning cached for `dartree generate` in {path}")
 
 
 def _peers(names: list[str] | None) -> tuple[str, ...]:
@@ -198,12 +200,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
         argv = ["dartree", *sys.argv[1:]] if args.argv is None else ["dartree", *args.argv]
         start = time.perf_counter()
         result = run_bench(bundle, config, argv=argv, log=log)
-        _cache_tuning(bundle, config, result)
         with written(run):          # the files replace an earlier run together, once all are written
             write_bench(result, run.staged)
             plot_acceptance(result.summaries, run.path("acceptance.png"))
             for t, name in zip(result.tuning, tuning_plot_names(result.tuning), strict=True):
                 plot_tuning(t, run.path(name))
+    _cache_tuning(bundle, config, result)
     print(bench_markdown(result))
     log(f"wrote {', '.join(map(str, run.committed))} in {time.perf_counter() - start:.0f} s")
     if not result.lossless:

@@ -76,11 +76,15 @@ def prepare_out(args: argparse.Namespace, out: Path, kind: Sequence[str]):
 
     with user_input():
         run = open_run(out, kind, args.force)
-    if run.restored:
-        log(f"{out}: an interrupted commit was rolled back; the earlier run's {', '.join(run.restored)} restored")
-    earlier = run.earlier()
-    if earlier:
-        log(f"--force: {len(earlier)} files of an earlier run in {out} are replaced once this run's are complete")
+    try:          # the caller's `with` has not begun: anything raised here (Ctrl-C, a closed stderr) closes it
+        if run.restored:
+            log(f"{out}: an interrupted commit was rolled back; the earlier run's {', '.join(run.restored)} restored")
+        earlier = run.earlier()
+        if earlier:
+            log(f"--force: {len(earlier)} files of an earlier run in {out} are replaced once this run's are complete")
+    except BaseException:
+        run.close()
+        raise
     return run
 
 

@@ -112,7 +112,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from dartree.eval.plots import plot_tuning
     from dartree.eval.report import tuning_table
     from dartree.eval.tune import tune
-    from dartree.eval.tune_cache import cache_key, entry_of, store
+    from dartree.eval.tune_cache import cache_key, entry_of, store_or_warn
 
     with user_input():
         method = parse_method(args.method, setting_defaults(args))      # unset budget / width are searched
@@ -137,7 +137,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
                                                    f"{table}\n")
             run.write(f"tune_{method.builder}.json", json.dumps(asdict(result), indent=1))
             plot_tuning(result, run.path(f"tune_{method.builder}.png"))
-    cached = store(cache_key(bundle, method, args.temperature), entry_of(result))
+    cached = store_or_warn(cache_key(bundle, method, args.temperature), entry_of(result), log)
     print(table)
     chosen = "plain AR (no tree is forecast to beat it)" if result.use_ar else " ".join(
         f"--{k} {v}" for k, v in result.settings().items())
@@ -146,6 +146,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         + ("" if speedup is None else f", {speedup.text}x AR")
     print(f"\nchosen: {chosen}  (forecast {result.forecast_tokens_per_s:.1f} tokens/s, "
           f"{result.forecast_tokens_per_s / result.ar_tokens_per_s:.2f}x AR, measured on {len(refs)} prompts{spread})")
-    log(f"cached for `dartree generate` (this model, machine, threads and temperature) in {cached}")
+    if cached is not None:
+        log(f"cached for `dartree generate` (this model, machine, threads and temperature) in {cached}")
     log(f"wrote {', '.join(map(str, run.committed))}")
     return 0

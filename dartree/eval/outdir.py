@@ -20,8 +20,9 @@ its run through the returned :class:`RunFolder`; nothing appears in ``--out`` un
 4. **Staging.**  Files are written into ``--out/.dartree-staging-XXXXXXXX/new/`` (``mkdtemp``:
    private, in the same file system as their final place).  An interrupt (Ctrl-C) or a write error
    (disk full) here removes the staging folder; ``--out`` is untouched and holds no partial file.
-5. **Commit.**  SIGINT, SIGTERM and SIGHUP are held back for the few renames that follow (delivered
-   once the commit is done):
+5. **Commit.**  SIGINT, SIGTERM and SIGHUP are held back for the few renames that follow (recorded by
+   Python handlers, whichever thread the kernel delivered them to, and delivered again once the commit
+   is done and its staging folder removed):
 
    a. every staged file and the staging folder are flushed to disk (``fsync``);
    b. the journal ``--out/.dartree-journal.json`` is written (temporary file, ``fsync``,
@@ -58,7 +59,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["BENCH_FILES", "CONCURRENCY_FILES", "TREE_FILES", "sweep_files", "tune_files", "run_files",
-           "open_run", "RunFolder", "write_atomic", "JOURNAL", "STAGING_PREFIX"]
+           "open_run", "RunFolder", "write_atomic", "JOURNAL", "STAGING_PREFIX", "HELD_SIGNALS",
+           "file_mode"]
 
 BENCH_FILES: tuple[str, ...] = ("results.md", "results.json", "acceptance.png", "tuning_*.png")
 CONCURRENCY_FILES: tuple[str, ...] = ("concurrency.md", "concurrency.json", "concurrency.png")
@@ -108,9 +110,22 @@ def _fsync(path: Path, directory: bool = False) -> None:
         os.close(fd)
 
 
+def file_mode() -> int:
+    """The mode ``open()`` gives a new file here: ``0o666`` less the process's umask (read from
+    ``/proc`` where it can be, so that the umask is never changed, even for a moment)."""
+    try:
+        with open("/proc/self/status") as f:
+            mask = next(int(line.split()[1], 8) for line in f if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        mask = os.umask(0o022)
+        os.umask(mask)
+    return 0o666 & ~mask
+
+
 def write_atomic(path: Path, data: bytes | str) -> Path:
     """Write ``data`` to ``path`` complete or not at all: a temporary file beside it, ``fsync``, then
-    ``os.replace`` (a symlink at ``path`` is replaced itself, its target is not written).  Returns ``path``."""
+    ``os.replace`` (a symlink at ``path`` is replaced itself, its target is not written).  Returns ``path``.
+    The file gets the mode a file made with ``open()`` would have (:func:`file_mode`), not ``mkstemp``'s 0600."""
     raw = data.encode() if isinstance(data, str) else data
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -118,6 +133,7 @@ def write_atomic(path: Path, data: bytes | str) -> Path:
             f.write(raw)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, file_mode())
         os.replace(tmp, path)
     except BaseException:
         with _quiet():
@@ -135,18 +151,38 @@ def _quiet() -> Iterator[None]:
         pass
 
 
+#: the signals a commit holds back (those present on this platform)
+HELD_SIGNALS: tuple[signal.Signals, ...] = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP")
+                                                 if hasattr(signal, n))
+
+
 @contextmanager
 def _signals_held() -> Iterator[None]:
-    """Hold back SIGINT/SIGTERM/SIGHUP (delivered on exit) so that a commit's renames are not cut short."""
-    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
+    """Hold back SIGINT/SIGTERM/SIGHUP so that a commit's renames are not cut short: each is recorded by
+    a Python handler for the block and delivered again, to the handler it had before, when the block ends.
+
+    A Python handler, not a signal mask: a mask holds a signal back from the calling thread only, and
+    the kernel then delivers a process-wide ``kill`` to another thread (tqdm's monitor thread, say),
+    where the default action of SIGTERM ends the process between two renames.  Python runs its handlers
+    in the main thread whichever thread the signal reached.  Outside the main thread (where handlers
+    cannot be set) and for a handler installed from C, nothing is held.
+    """
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    held = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    pending: list[int] = []
+    previous: dict[int, Any] = {}
+    for sig in HELD_SIGNALS:
+        handler = signal.getsignal(sig)
+        if handler is not None:                  # None: a handler set from C, which Python cannot restore
+            previous[sig] = signal.signal(sig, lambda signum, frame: pending.append(signum))
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for sig in dict.fromkeys(pending):       # once each, in order of arrival
+            signal.raise_signal(sig)
 
 
 # ------------------------------------------------------------------------------------------- journal
@@ -211,8 +247,10 @@ class RunFolder:
     was staged and leaves ``out`` as it was; leaving it releases the lock.  See the module docstring.
     """
 
-    def __init__(self, out: Path, patterns: Sequence[str], force: bool, lock_fd: int, restored: Sequence[str]):
+    def __init__(self, out: Path, patterns: Sequence[str], force: bool, lock_fd: int, restored: Sequence[str],
+                 created: Sequence[Path] = ()):
         self.out = out
+        self._created = tuple(created)        # folders open_run made (deepest first): removed if nothing is committed
         self.patterns = tuple(patterns)
         self.force = force
         self.restored = tuple(restored)       # files of an earlier run restored by recovery (step 2)
@@ -286,8 +324,9 @@ class RunFolder:
                     self._keep_staging = True
                 raise
             os.unlink(self.out / JOURNAL)          # the commit point
-        self.committed = tuple(self.out / n for n in names)
-        shutil.rmtree(self._staging, ignore_errors=True)
+            # still inside: a signal held back is delivered only once the run is committed and cleaned up
+            self.committed = tuple(self.out / n for n in names)
+            shutil.rmtree(self._staging, ignore_errors=True)
         return self.committed
 
     def close(self) -> None:
@@ -298,12 +337,33 @@ class RunFolder:
             shutil.rmtree(self._staging, ignore_errors=True)
         fd, self._lock_fd = self._lock_fd, None
         os.close(fd)                # closing the descriptor releases the flock
+        if self.committed is None:
+            _remove_empty(self._created)
 
     def __enter__(self) -> RunFolder:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _missing_folders(out: Path) -> list[Path]:
+    """``out`` and those of its parents that do not exist yet, deepest first."""
+    missing = []
+    for p in (out, *out.parents):
+        if os.path.lexists(p):
+            break
+        missing.append(p)
+    return missing
+
+
+def _remove_empty(folders: Sequence[Path]) -> None:
+    """Remove each of ``folders`` (deepest first) that is still empty: what a run that committed nothing made."""
+    for p in folders:
+        try:
+            p.rmdir()
+        except OSError:             # not empty (someone wrote there since), or gone: leave it and its parents
+            return
 
 
 def _lock(out: Path) -> int:
@@ -324,14 +384,17 @@ def _lock(out: Path) -> int:
 def open_run(out: Path, patterns: Sequence[str], force: bool = False) -> RunFolder:
     """Open ``out`` for a run of the kind ``patterns``: steps 1-3 of the module docstring.
 
-    Creates ``out`` (and its parents) when missing.  Raises ``ValueError`` naming the folder when it
-    cannot be created or written, when it is a file, when another run holds it, when a name of this
-    kind is a folder, or when it holds an earlier run of this kind and ``force`` is false.
+    Creates ``out`` (and its parents) when missing; a run that commits nothing removes the folders it
+    created, so that a failed or interrupted run leaves the file system as it found it.  Raises
+    ``ValueError`` naming the folder when it cannot be created or written, when it is a file, when
+    another run holds it, when a name of this kind is a folder, or when it holds an earlier run of this
+    kind and ``force`` is false.
     """
     out = Path(out)
     if os.path.lexists(out) and not out.is_dir():
         raise ValueError(f"--out: {out} is a file, not a folder; pick a folder")
     fd = None
+    created = _missing_folders(out.absolute())
     try:
         out.mkdir(parents=True, exist_ok=True)
         fd = _lock(out)
@@ -344,14 +407,16 @@ def open_run(out: Path, patterns: Sequence[str], force: bool = False) -> RunFold
         if earlier and not force:
             raise ValueError(f"--out: {out} already holds results of an earlier run ({_names(earlier)}); pass "
                              f"--force to replace them, or pick another --out")
-        run = RunFolder(out, patterns, force, fd, restored)
+        run = RunFolder(out, patterns, force, fd, restored, created)
     except OSError as e:
         if fd is not None:
             os.close(fd)
+        _remove_empty(created)
         raise ValueError(f"--out: cannot write to {out}: {e.strerror or e}; pick a writable folder") from None
     except BaseException:
         if fd is not None:
             os.close(fd)
+        _remove_empty(created)
         raise
     return run
 

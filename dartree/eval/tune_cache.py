@@ -29,9 +29,10 @@ import torch
 
 from dartree.eval.bundles import Bundle
 from dartree.eval.methods import AUTO, AUTO_FIELDS, SEARCHED_WHEN_UNSET, MethodSpec
+from dartree.eval.outdir import file_mode
 
 __all__ = ["CACHE_FILE", "DEVICE_DEFAULT_BUDGET", "cache_dir", "model_hash", "machine", "cache_key", "lookup", "store",
-           "entry_of", "tune_hint", "check_cached", "resolve_unset"]
+           "store_or_warn", "entry_of", "tune_hint", "check_cached", "resolve_unset"]
 
 CACHE_FILE = "tune.json"
 _VERSION = 1
@@ -118,23 +119,47 @@ def lookup(key: str, folder: Path | None = None) -> dict[str, Any] | None:
 
 
 def store(key: str, entry: dict[str, Any], folder: Path | None = None) -> Path:
-    """Add (or replace) ``key`` in the cache file, atomically; returns the file's path."""
+    """Add (or replace) ``key`` in the cache file, atomically; returns the file's path.
+
+    The read, update and replace run under an exclusive ``flock`` on the cache folder, so that two
+    runs storing at once (benches into different ``--out`` folders, say) each keep the other's entry.
+    """
+    import fcntl
+
     folder = folder or cache_dir()
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / CACHE_FILE
-    data = _read(path)
-    data[key] = entry
-    fd, tmp = tempfile.mkstemp(prefix=".tune-", suffix=".json", dir=folder)
+    lock = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        fcntl.flock(lock, fcntl.LOCK_EX)         # blocking: a store takes milliseconds
+        data = _read(path)
+        data[key] = entry
+        fd, tmp = tempfile.mkstemp(prefix=".tune-", suffix=".json", dir=folder)
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(data, f, indent=1, sort_keys=True)
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, file_mode())           # mkstemp makes it 0600: the mode open() would give it
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    finally:
+        os.close(lock)                           # releases the flock
     return path
+
+
+def store_or_warn(key: str, entry: dict[str, Any], log, folder: Path | None = None) -> Path | None:
+    """:func:`store`, or ``None`` after one line through ``log`` when the cache cannot be written (a
+    read-only home, a file where the folder should be): the tuning is then only not cached."""
+    try:
+        return store(key, entry, folder)
+    except OSError as e:
+        where = e.filename if getattr(e, "filename", None) else (folder or cache_dir())
+        log(f"warning: the tuning was not cached for `dartree generate` ({where}: {e.strerror or e}); set "
+            "DARTREE_CACHE_DIR to a writable folder to cache it")
+        return None
 
 
 def entry_of(result: Any) -> dict[str, Any]:

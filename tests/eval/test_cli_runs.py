@@ -188,3 +188,57 @@ def test_a_target_whose_weights_disagree_with_its_config_is_one_line(tmp_path, c
     line = fails(["generate", "--threads", "1", "--prompt", "x", "--target", str(tmp_path / "target"),
                   "--drafter", str(zoo / "drafter")], capsys)
     assert f"--target {tmp_path / 'target'}" in line
+
+
+def test_sigterm_during_a_run_is_one_line_and_leaves_no_folder(tmp_path, loads, monkeypatch, capsys):
+    """SIGTERM (a job scheduler, `kill`) is handled like Ctrl-C: cleanup runs, exit 128 + 15, one line;
+    the --out folder the run created is gone again."""
+    import os
+    import signal
+    import time
+
+    def terminated(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)                           # the handler raises in the main thread long before this ends
+        raise AssertionError("SIGTERM was not turned into an exception")
+
+    monkeypatch.setattr(dartree.eval.bench, "run_bench", terminated)
+    out = tmp_path / "new" / "run"
+    with pytest.raises(SystemExit) as e:
+        main([*BENCH, "--out", str(out)])
+    assert e.value.code == 128 + signal.SIGTERM
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "dartree: terminated by SIGTERM"
+    assert not (tmp_path / "new").exists()
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL            # main() put the default back
+
+
+def test_a_failure_before_the_run_block_releases_the_folder(earlier, loads, monkeypatch):
+    """An error between opening --out and the command's `with` (here: stderr closed while --force is
+    logged) removes the staging folder and releases the lock: the next run in the folder proceeds."""
+    import dartree.cli.helpers
+
+    real = dartree.cli.helpers.log
+
+    def closed_stderr(message):
+        if message.startswith("--force:"):
+            raise BrokenPipeError(32, "Broken pipe")
+        real(message)
+
+    monkeypatch.setattr(dartree.cli.helpers, "log", closed_stderr)
+    with pytest.raises(BrokenPipeError):
+        main([*BENCH, "--out", str(earlier)])
+    assert files(earlier) == {**EARLIER, "notes.txt": "mine"} and not any(
+        p.name.startswith(".") for p in earlier.iterdir())
+    monkeypatch.setattr(dartree.cli.helpers, "log", real)
+    assert main([*BENCH, "--out", str(earlier)]) == 0                      # not "another dartree run is writing"
+
+
+def test_the_tuning_is_cached_only_after_the_results_are_committed(tmp_path, loads, monkeypatch):
+    import dartree.cli.decode
+
+    seen = []
+    monkeypatch.setattr(dartree.cli.decode, "_cache_tuning",
+                        lambda bundle, config, result: seen.append(sorted(p.name for p in out.iterdir())))
+    out = tmp_path / "run"
+    assert main([*BENCH, "--out", str(out)]) == 0
+    assert seen == [["acceptance.png", "results.json", "results.md"]]      # a cache that fails cannot lose them

@@ -205,3 +205,87 @@ def test_an_interrupted_plot_leaves_no_file(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         plot_depth_distribution({"m": [1.0, 2.0]}, tmp_path / "depth_distribution.png")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_signal_during_the_commit_is_delivered_once_it_is_done(folder, monkeypatch):
+    """Ctrl-C arriving at the first install of a new file: the commit finishes (new run in, staging gone),
+    then the KeyboardInterrupt is raised."""
+    import signal
+
+    real, sent = os.replace, []
+
+    def rename(src, dst):
+        if os.path.dirname(dst) == str(folder) and not sent:
+            sent.append(1)
+            signal.raise_signal(signal.SIGINT)
+        return real(src, dst)
+
+    monkeypatch.setattr(outdir.os, "replace", rename)
+    with open_run(folder, BENCH_FILES, force=True) as run:
+        stage_new_run(run)
+        with pytest.raises(KeyboardInterrupt):
+            run.commit()
+        assert run.committed is not None
+    assert sent and contents(folder)["results.md"] == "new table" and hidden(folder) == []
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler     # the handler is restored
+
+
+_KILLED_MID_COMMIT = """
+import os, signal, sys, threading
+import dartree.eval.outdir as outdir
+out = sys.argv[1]
+ready, done = threading.Event(), threading.Event()
+worker = threading.Thread(target=lambda: (ready.set(), done.wait()), daemon=True)   # a thread like tqdm's monitor
+worker.start(); ready.wait()
+real = os.replace
+def rename(src, dst):
+    if os.path.dirname(dst) == out:
+        signal.pthread_kill(worker.ident, signal.SIGTERM)    # the kernel may pick any thread for a `kill`
+    return real(src, dst)
+outdir.os.replace = rename
+with outdir.open_run(outdir.Path(out), outdir.BENCH_FILES, force=True) as run:
+    run.write("results.md", "new table")
+    run.commit()
+print("not reached: SIGTERM's default action ends the process once the commit is done")
+"""
+
+
+def test_sigterm_to_another_thread_mid_commit_ends_the_process_only_after_it(folder):
+    """A process-wide SIGTERM that the kernel hands to another thread (whose signal mask a commit cannot
+    change) is held back all the same: the process ends with the new run committed, nothing stray left."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _KILLED_MID_COMMIT, str(folder)], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == -15, proc.stderr                          # killed by SIGTERM ...
+    assert "not reached" not in proc.stdout
+    assert contents(folder) == {"results.md": "new table", **OTHERS}    # ... after the commit: no mix, no journal
+    assert hidden(folder) == []
+
+
+def test_a_run_that_commits_nothing_removes_the_folders_it_made(tmp_path):
+    out = tmp_path / "new" / "a" / "b"
+    with open_run(out, BENCH_FILES) as run:
+        run.write("results.md", "never committed")
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "kept" / "notes.txt").write_text("mine")
+    with open_run(tmp_path / "kept" / "x", BENCH_FILES):
+        pass
+    assert [p.name for p in (tmp_path / "kept").iterdir()] == ["notes.txt"]   # only what it made, and only if empty
+    with open_run(out, BENCH_FILES) as run:
+        stage_new_run(run)
+        run.commit()
+    assert contents(out)["results.md"] == "new table"                      # a committed run keeps them
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match="cannot write to"):
+        open_run(tmp_path / "file" / "sub", BENCH_FILES)
+
+
+def test_written_files_get_the_mode_open_gives(tmp_path):
+    path = write_atomic(tmp_path / "results.md", "table")
+    assert path.stat().st_mode & 0o777 == outdir.file_mode()
+    with open(tmp_path / "plain", "w"):
+        pass
+    assert outdir.file_mode() == (tmp_path / "plain").stat().st_mode & 0o777

@@ -8,6 +8,7 @@ import pytest
 
 from dartree.eval.bench import BenchConfig, BenchResult, Summary
 from dartree.eval.methods import parse_method
+from dartree.eval.outdir import file_mode
 from dartree.eval.report import forecast_table, table1, tuning_table
 from dartree.eval.tune import (
     ConfigStats,
@@ -32,6 +33,7 @@ from dartree.eval.tune_cache import (
     model_hash,
     resolve_unset,
     store,
+    store_or_warn,
 )
 
 COST = VerifyCost((1, 65), (0.010, 0.042))             # a CPU-like 0.5 ms per node
@@ -239,6 +241,35 @@ def test_cache_key_and_roundtrip(bundle, tmp_path, monkeypatch):
     assert os.access(path, os.R_OK)
     path.write_text("{not json")                                       # a damaged cache is an empty one
     assert lookup(k0) is None
+    assert path.stat().st_mode & 0o777 == file_mode()                  # readable as a file open() makes
+    warnings = []
+    assert store_or_warn(k0, entry_of(r), warnings.append, folder=path / "sub") is None   # a file, not a folder
+    assert len(warnings) == 1 and warnings[0].startswith("warning: the tuning was not cached")
+    assert "DARTREE_CACHE_DIR" in warnings[0]
+
+
+def test_stores_at_once_keep_each_others_entries(tmp_path, monkeypatch):
+    """Two runs storing together: the second waits for the first's read-update-replace (a flock)."""
+    import threading
+
+    import dartree.eval.tune_cache as tc
+
+    real, first_read = tc._read, threading.Event()
+
+    def slow_read(path):
+        data = real(path)
+        if threading.current_thread().name == "first":
+            first_read.set()
+            threading.Event().wait(0.3)           # the second store starts while the first holds its copy
+        return data
+
+    monkeypatch.setattr(tc, "_read", slow_read)
+    first = threading.Thread(target=store, args=("key1", {"settings": "ar"}, tmp_path), name="first")
+    first.start()
+    first_read.wait()
+    store("key2", {"settings": "ar"}, tmp_path)
+    first.join()
+    assert sorted(json.loads((tmp_path / CACHE_FILE).read_text())) == ["key1", "key2"]
 
 
 def test_generate_resolution_uses_the_cache_then_the_device_default(bundle):
