@@ -138,10 +138,12 @@ class DFlashConfig:
                 or not 2 <= self.block_size <= MAX_BLOCK_SIZE:
             raise ValueError(f"block_size: expected an int in [2, {MAX_BLOCK_SIZE}] (root + at least one mask "
                              f"slot; the released drafters use 7 to 16), got {self.block_size!r}")
-        for name in ("rms_norm_eps", "rope_theta"):
+        for name, top in (("rms_norm_eps", 1.0), ("rope_theta", math.inf)):   # an epsilon >= 1 flattens every norm
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
-                raise ValueError(f"{name}: expected a finite number > 0, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < top:
+                raise ValueError(f"{name}: expected a finite number > 0, got {value!r}" if top == math.inf else
+                                 f"{name}: expected a number in (0, 1) (RMSNorm's epsilon, typically 1e-6), "
+                                 f"got {value!r}")
         if self.num_target_layers is not None and (isinstance(self.num_target_layers, bool)
                                                    or not isinstance(self.num_target_layers, int)
                                                    or self.num_target_layers < 1):
@@ -174,6 +176,8 @@ class DFlashConfig:
             limit = f"< {top}" if top is not None else "(any upper bound)"
             raise ValueError(f"target_layer_ids: expected a non-empty list of decoder layers >= 0 and {limit}, "
                              f"or -1 for the embedding output, got {self.target_layer_ids}")
+        if len(set(self.target_layer_ids)) != len(self.target_layer_ids):   # the same features twice: an export bug
+            raise ValueError(f"target_layer_ids: expected distinct layers, got {self.target_layer_ids}")
         self._check_rope()
         if not 0 <= self.mask_token_id < self.vocab_size:
             raise ValueError(f"mask_token_id: expected in [0, {self.vocab_size}), got {self.mask_token_id}")

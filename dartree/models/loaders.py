@@ -125,14 +125,16 @@ class CheckpointConfig:
             self.fail(key, f"expected an integer <= {maximum}, got {v!r}")
         return int(v)
 
-    def float(self, key: str, default: object = _MISSING, where: str = "any", positive: bool = False) -> float:
+    def float(self, key: str, default: object = _MISSING, where: str = "any", positive: bool = False,
+              below: float = float("inf")) -> float:
         v = self.value(key, default, where)
         if v is default:
             return v
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             self.fail(key, f"expected a number, got {v!r}")
-        if positive and not 0 < v < float("inf"):
-            self.fail(key, f"expected a finite number > 0, got {v!r}")
+        if positive and not 0 < v < below:
+            self.fail(key, f"expected a finite number > 0, got {v!r}" if below == float("inf")
+                      else f"expected a number in (0, {below:g}), got {v!r}")
         return float(v)
 
     def bool(self, key: str, default: object = _MISSING, where: str = "any") -> bool:
@@ -337,7 +339,7 @@ def _dflash_config(config: CheckpointConfig, kind: str) -> DFlashConfig:
         mask_token_id=config.int("mask_token_id", minimum=0),
         block_size=config.int("block_size", 16, minimum=2, maximum=MAX_BLOCK_SIZE),
         head_dim=head_dim,
-        rms_norm_eps=config.float("rms_norm_eps", 1e-6, where="top", positive=True),
+        rms_norm_eps=config.float("rms_norm_eps", 1e-6, where="top", positive=True, below=1.0),
         rope_theta=theta,
         num_target_layers=num_target_layers,
         shift_label=_shift_label(config, kind),
@@ -369,11 +371,20 @@ def _load_into(module: nn.Module, weights: dict[str, Tensor], prefix: str, path:
 
 
 def _check_float(name: str, tensor: Tensor, path: Path) -> None:
-    """Weights are floating point: an integer or bool tensor is not cast silently (quantised
-    checkpoints are not supported; a wrong dtype is a broken export)."""
+    """Weights are floating point and finite: an integer or bool tensor is not cast silently (quantised
+    checkpoints are not supported; a wrong dtype is a broken export), and a NaN or infinite weight (a
+    diverged training run, a broken conversion) would decode garbage or fail far from its cause."""
     if not tensor.is_floating_point():
         raise ValueError(f"weights: {name} in {path} is {tensor.dtype}; expected a floating dtype (float32, bfloat16, "
                          f"float16): integer (quantised) weights are not supported")
+    _check_finite(name, tensor, path)
+
+
+def _check_finite(name: str, tensor: Tensor, path: Path) -> None:
+    if not bool(torch.isfinite(tensor).all()):
+        bad = int((~torch.isfinite(tensor)).sum())
+        raise ValueError(f"weights: {name} in {path} holds {bad} NaN or infinite value(s) of {tensor.numel()}; "
+                         "expected finite weights (a diverged or broken checkpoint)")
 
 
 def _gru_head_from(config: CheckpointConfig, weights: dict[str, Tensor], hidden_size: int, vocab_size: int,
@@ -385,7 +396,7 @@ def _gru_head_from(config: CheckpointConfig, weights: dict[str, Tensor], hidden_
                    bias="prefix_gru.bias_ih_l0" in weights,        # released Domino heads are bias-free
                    bias_norm=config.bool("use_bias_norm", False),
                    bias_gate=config.bool("use_bias_gate", False),
-                   norm_eps=config.float("rms_norm_eps", 1e-6, where="top", positive=True))
+                   norm_eps=config.float("rms_norm_eps", 1e-6, where="top", positive=True, below=1.0))
     with torch.no_grad():
         _load_into(head, weights, "", path)
     return head.requires_grad_(False).eval()       # inference: no autograd graph in the builders
@@ -520,4 +531,6 @@ def load_target(path: str | Path, attn_implementation: str = "sdpa") -> nn.Modul
     if problems:
         raise ValueError(f"target: {path} does not match its config.json: " + "; ".join(problems)
                          + " (transformers would initialise missing tensors at random)")
+    for name, param in model.named_parameters():     # NaN weights decode one token over and over, and exit 0
+        _check_finite(name, param.detach(), path)
     return model.eval().requires_grad_(False)

@@ -84,14 +84,34 @@ def test_absurd_block_size_is_refused_before_allocating(tmp_path, block_size: in
                      intermediate_size=8, vocab_size=11, target_layer_ids=[0], mask_token_id=1, block_size=block_size)
 
 
-@pytest.mark.parametrize("eps", [float("nan"), -1e-6, 0.0, float("inf")])
-def test_rms_norm_eps_must_be_positive_and_finite(tmp_path, eps: float) -> None:
+@pytest.mark.parametrize("eps", [float("nan"), -1e-6, 0.0, float("inf"), 1.0, 1e30])
+def test_rms_norm_eps_must_be_a_small_positive_number(tmp_path, eps: float) -> None:
+    """An epsilon of 1 or more flattens every norm (1e30: every round accepted nothing, silently)."""
     path, config, tensors = _dflash_dir(tmp_path, rms_norm_eps=eps)
-    with pytest.raises(ValueError, match=r"config.json key 'rms_norm_eps': expected a finite number > 0"):
+    with pytest.raises(ValueError, match=r"config.json key 'rms_norm_eps': expected a number in \(0, 1\)"):
         load_drafter(path)
-    with pytest.raises(ValueError, match=r"^rms_norm_eps: expected a finite number > 0"):
+    with pytest.raises(ValueError, match=r"^rms_norm_eps: expected a number in \(0, 1\)"):
         DFlashConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
                      intermediate_size=8, vocab_size=11, target_layer_ids=[0], mask_token_id=1, rms_norm_eps=eps)
+
+
+def test_target_layer_ids_must_be_distinct(tmp_path) -> None:
+    path, config, tensors = _dflash_dir(tmp_path, dflash_config={"mask_token_id": rf.MASK, "target_layer_ids": [3, 3]})
+    with pytest.raises(ValueError, match=r"target_layer_ids: expected distinct layers, got \[3, 3\]"):
+        load_drafter(path)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_a_drafter_or_head_with_non_finite_weights_names_the_tensor(tmp_path, value: float) -> None:
+    from tests.models.test_loaders import _rewrite
+
+    path, config, tensors = _dflash_dir(tmp_path)
+    bad = tensors["layers.1.mlp.down_proj.weight"].clone()
+    bad[0, 0] = value
+    _rewrite(path, add={"layers.1.mlp.down_proj.weight": bad})
+    with pytest.raises(ValueError, match=r"^weights: layers\.1\.mlp\.down_proj\.weight in .* holds 1 NaN or "
+                                         r"infinite value\(s\) of \d+; expected finite weights"):
+        load_drafter(path)
 
 
 @pytest.mark.parametrize("field,value", [
@@ -300,6 +320,20 @@ def test_a_target_missing_or_with_extra_tensors_is_an_error(tmp_path, edit, mess
     drafter, _, _ = _dflash_dir(tmp_path)
     with pytest.raises(ValueError, match=rf"^target: .*{message}"):
         local_bundle(path, drafter, tokenizer=tmp_path / "tokenizer.json")
+
+
+def test_a_target_with_nan_weights_is_an_error(tmp_path) -> None:
+    """NaN weights decoded the end-of-text token over and over, exit 0, and lossless (AR agreed)."""
+    from dartree.models.loaders import load_target
+
+    path = _saved_target(tmp_path)
+
+    def poison(w):
+        w["model.norm.weight"][3] = float("nan")
+
+    _edit_weights(path, poison)
+    with pytest.raises(ValueError, match=r"^weights: model\.norm\.weight in .* holds 1 NaN or infinite value"):
+        load_target(path)
 
 
 @pytest.mark.parametrize("path", [None, 3])

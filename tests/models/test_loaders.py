@@ -203,6 +203,18 @@ def test_missing_or_non_numeric_keys_name_the_file_and_key(tmp_path, tiny_drafte
     assert "config.json" in str(info.value)
 
 
+def test_head_only_weights_must_be_finite(tmp_path, tiny_heads):
+    gru, markov = tiny_heads
+    from safetensors.torch import load_file
+
+    save_markov_head(markov, tmp_path / "m")
+    name, bad = next(iter(load_file(str(tmp_path / "m" / "model.safetensors")).items()))   # as the file names it
+    bad.view(-1)[0] = float("nan")
+    _rewrite(tmp_path / "m", add={name: bad})
+    with pytest.raises(ValueError, match=rf"^weights: {name} in .* holds 1 NaN or infinite value"):
+        load_head(tmp_path / "m")
+
+
 def test_head_only_keys_are_checked(tmp_path, tiny_heads):
     gru, markov = tiny_heads
     save_markov_head(markov, tmp_path / "m")
