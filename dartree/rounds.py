@@ -338,13 +338,13 @@ def _check_options(target: HFTarget, max_new_tokens: object, temperature: object
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens: expected an int >= 1, got {max_new_tokens!r}")
     temperature = check_temperature(temperature)
+    if sampler is not None and not callable(getattr(sampler, "sample", None)):   # checked at T=0 too: a typo
+        raise ValueError(f"sampler: expected None, a GeneratorSampler, a KeyedSampler or any object with "
+                         f"sample(logits, positions), got {type(sampler).__name__}")
     if temperature == 0:
         sampler = None             # greedy: the sampler is unused
     elif sampler is None:
         sampler = GeneratorSampler()
-    elif not callable(getattr(sampler, "sample", None)):
-        raise ValueError(f"sampler: expected None, a GeneratorSampler, a KeyedSampler or any object with "
-                         f"sample(logits, positions), got {type(sampler).__name__}")
     return max_new_tokens, temperature, sampler, stop_tokens(stop_token_ids, target.vocab_size)
 
 

@@ -69,6 +69,27 @@ def test_a_strategy_registered_from_outside_is_checked_and_dartrees_own_are_trus
         decoder.generate(torch.tensor([[5, 6, 7]]), 6)
 
 
+def test_trusted_is_honoured_for_dartrees_own_functions_only(model, monkeypatch):
+    """A copy of a built-in spec (``dataclasses.replace``) keeps ``trusted=True``: with functions of its
+    own its trees are checked all the same; with dartree's functions it stays trusted."""
+    from dartree import builders
+
+    monkeypatch.setattr(builders, "_REGISTRY", dict(builders._REGISTRY))
+    bad = _Rerooted("root")
+    chain = builders.builder_spec("chain")
+    builders.register_builder(dataclasses.replace(chain, name="copy-rerooted", fast=None,
+                                                  ref=lambda block, head, config: bad.build(block)))
+    builders.register_builder(dataclasses.replace(chain, name="copy-chain"))
+    builders.register_builder(dataclasses.replace(chain, name="copy-other-config", config_cls=builders.TreeConfig))
+    copy = dartree.make_builder("copy-rerooted")
+    assert copy.spec.trusted and not copy.trusted
+    assert dartree.make_builder("copy-chain", backend="fast").trusted
+    assert not dartree.make_builder("copy-other-config").trusted    # dartree's function, not its config
+    decoder = dartree.SpeculativeDecoder(model, OracleDrafter(model, GAMMA), copy)
+    with pytest.raises(ValueError, match="builder: .*root: row 0 has root token"):
+        decoder.generate(torch.tensor([[5, 6, 7]]), 6)
+
+
 def test_stop_tokens_from_an_iterator_reach_every_row(model):
     prompts = [torch.tensor([5, 6, 7]), torch.tensor([9, 8]), torch.tensor([3, 1, 4, 1])]
     free = dartree.generate_ar(model, prompts[1], 12).tokens[0].tolist()
@@ -105,6 +126,19 @@ def test_temperatures_that_would_overflow_are_refused(model, temperature):
                  lambda: decoder.generate_batch([torch.tensor([5, 6])], 4, temperature=temperature)):
         with pytest.raises(ValueError, match="temperature"):
             call()
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_sampler_without_sample_is_refused_at_any_temperature(model, temperature):
+    """Greedy decoding ignores the sampler, but an object that is not one is a mistake all the same."""
+    decoder = dartree.SpeculativeDecoder(model, OracleDrafter(model, GAMMA), dartree.make_builder("chain"))
+    for call in (lambda: decoder.generate(torch.tensor([5, 6]), 4, temperature=temperature, sampler=42),
+                 lambda: dartree.generate_ar(model, torch.tensor([5, 6]), 4, temperature=temperature, sampler="keyed"),
+                 lambda: decoder.generate_batch([torch.tensor([5, 6])], 4, temperature=temperature, sampler=object())):
+        with pytest.raises(ValueError, match=r"^sampler: expected None, a GeneratorSampler, a KeyedSampler"):
+            call()
+    greedy = decoder.generate(torch.tensor([5, 6]), 4, sampler=dartree.KeyedSampler(0))    # a real one: unused at T=0
+    assert torch.equal(greedy.tokens, decoder.generate(torch.tensor([5, 6]), 4).tokens)
 
 
 def test_meta_input_ids_are_one_clear_error(model):
