@@ -13,6 +13,7 @@ import dataclasses
 import importlib
 import importlib.util
 import operator
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 from dartree.block import CorrectionHead, DraftBlock, check_logits, check_not_meta
 from dartree.scoring import NORMALIZE_CHOICES, Normalize
 from dartree.tree import DraftTree, check_decodable
+from dartree.verify.timing import TimedHead, checked_head
 
 __all__ = ["ChainConfig", "TreeConfig", "PrunedConfig", "BuilderSpec", "TreeBuilder", "BUILDERS", "BACKENDS",
            "make_builder", "register_builder", "builder_spec", "checked_tree"]
@@ -133,11 +135,17 @@ BuildFn = Callable[[DraftBlock, "CorrectionHead | None", Any], DraftTree]
 class BuilderSpec:
     """A registry entry: how to configure a strategy and the functions of each backend.
 
-    ``trusted``: the strategy's trees meet the decoder's contract by construction (every strategy
-    built into dartree: property-tested on both backends in ``tests/test_tree_contract.py``), so the
-    decoder does not run :func:`dartree.tree.check_decodable` on them (perf: ~0.1-0.3 ms of a CPU
-    round, and one host sync per round on accelerators).  A strategy registered from outside is
-    checked on every tree unless it sets this.
+    ``trusted``: the strategy's trees meet the decoder's contract by construction, so the decoder
+    does not run :func:`dartree.tree.check_decodable` on them (perf: ~0.1-0.3 ms of a CPU round, and
+    one host sync per round on accelerators).  It is honoured only for the build functions (and config
+    class) of the strategies built into dartree, property-tested on both backends in
+    ``tests/test_tree_contract.py``: a spec with functions of its own (a copy of a built-in spec with
+    ``dataclasses.replace`` included) is checked on every tree whatever it says.
+
+    :func:`register_builder` checks every field: ``name`` is what a method spec starts with
+    (``NAME[:KEY=VALUE,...]``, :mod:`dartree.eval.methods`), ``ref`` (and ``fast`` unless ``None``) a
+    callable ``fn(block, head, config) -> DraftTree``, ``config_cls`` a dataclass whose fields are
+    the builder's settings (``topk``, when it has one, is checked against the block's vocabulary).
     """
 
     name: str
@@ -151,10 +159,46 @@ class BuilderSpec:
 
 
 _REGISTRY: dict[str, BuilderSpec] = {}
+#: ``(build function, config class)`` of each backend of every strategy built into dartree: the only
+#: ones whose ``BuilderSpec.trusted`` is honoured (filled by ``_register_defaults``).
+_BUILT_IN: set[tuple[BuildFn, type]] = set()
+#: A builder name: it starts a method spec (``NAME[:KEY=VALUE,...]``) and is one command-line word.
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+#: Names a method spec gives another meaning (``dartree.eval.methods.AR``: the autoregressive baseline).
+_RESERVED_NAMES = ("ar",)
+
+
+def _check_spec(spec: Any) -> None:
+    """Raise ``ValueError`` naming the first field of ``spec`` that :func:`register_builder` refuses."""
+    if not isinstance(spec, BuilderSpec):
+        raise ValueError(f"spec: expected a BuilderSpec, got {type(spec).__name__}")
+    name = spec.name
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or name in _RESERVED_NAMES:
+        raise ValueError(f"name: must be a non-empty str of letters, digits, '-', '_' and '.', starting with a "
+                         f"letter or digit, and not one of {_RESERVED_NAMES} (a method is NAME[:KEY=VALUE,...]); "
+                         f"got {name!r}")
+    if not isinstance(spec.config_cls, type) or not dataclasses.is_dataclass(spec.config_cls):
+        raise ValueError(f"config_cls: must be a dataclass type whose fields are the settings (e.g. TreeConfig), "
+                         f"got {spec.config_cls!r}")
+    if not isinstance(spec.needs_head, bool):
+        raise ValueError(f"needs_head: must be True or False, got {spec.needs_head!r}")
+    if not callable(spec.ref):
+        raise ValueError(f"ref: must be a callable fn(block, head, config) -> DraftTree, got {spec.ref!r}")
+    if spec.fast is not None and not callable(spec.fast):
+        raise ValueError(f"fast: must be None or a callable fn(block, head, config) -> DraftTree, got {spec.fast!r}")
+    fields = {f.name for f in dataclasses.fields(spec.config_cls)}
+    if not isinstance(spec.defaults, tuple) or not all(
+            isinstance(d, tuple) and len(d) == 2 and d[0] in fields for d in spec.defaults):
+        raise ValueError(f"defaults: must be a tuple of (field, value) pairs, fields of {spec.config_cls.__name__} "
+                         f"{sorted(fields)}; got {spec.defaults!r}")
+    if not isinstance(spec.trusted, bool):
+        raise ValueError(f"trusted: must be True or False, got {spec.trusted!r}")
 
 
 def register_builder(spec: BuilderSpec) -> None:
-    """Add (or replace) a strategy in the registry."""
+    """Add (or replace) a strategy in the registry; ``ValueError`` naming the bad field (the registry
+    untouched) if ``spec`` is not a valid :class:`BuilderSpec`."""
+    _check_spec(spec)
     _REGISTRY[spec.name] = spec
 
 
@@ -173,9 +217,13 @@ class TreeBuilder:
         self.spec = spec
         self.backend = backend
         self.config = config
+        if backend not in BACKENDS:
+            raise ValueError(f"backend: must be one of {BACKENDS}, got {backend!r}")
         fn = spec.ref if backend == "ref" else spec.fast
-        assert fn is not None
+        if fn is None:
+            raise ValueError(f"backend: {backend!r} is not available for builder {spec.name!r}")
         self._fn = fn
+        self._trusted = spec.trusted is True and (fn, spec.config_cls) in _BUILT_IN
 
     @property
     def name(self) -> str:
@@ -187,8 +235,9 @@ class TreeBuilder:
 
     @property
     def trusted(self) -> bool:
-        """Whether its trees meet the decoder's contract by construction (:attr:`BuilderSpec.trusted`)."""
-        return self.spec.trusted
+        """Whether its trees meet the decoder's contract by construction: :attr:`BuilderSpec.trusted`,
+        honoured for dartree's own strategy functions only."""
+        return self._trusted
 
     def __repr__(self) -> str:
         return f"TreeBuilder({self.name!r}, backend={self.backend!r}, {self.config})"
@@ -198,7 +247,9 @@ class TreeBuilder:
 
         ``-inf`` logits mask tokens (never a candidate; a position with fewer than ``topk`` finite
         logits is an error); NaN or ``+inf`` logits, and NaN / inf corrected logits from a head, are
-        an error on both backends.
+        an error on both backends.  What ``head`` returns is checked as the decoder checks it
+        (:func:`dartree.verify.timing.checked_head`: a tensor of the documented shape on the block's
+        device, a state width that does not change, floating logits).
 
         Shape:
             block.logits ``[b, gamma, V]`` -> DraftTree with ``b`` rows.
@@ -209,9 +260,11 @@ class TreeBuilder:
             raise ValueError(f"head: builder {self.name!r} needs a CorrectionHead, got None")
         if not self.needs_head and head is not None:
             raise ValueError(f"head: builder {self.name!r} uses no correction head; pass head=None")
-        topk = self.config.topk
-        if topk > block.vocab_size:
+        topk = getattr(self.config, "topk", None)        # a registered strategy's config may have none
+        if topk is not None and topk > block.vocab_size:
             raise ValueError(f"topk: {topk} is outside the allowed range 1..V={block.vocab_size} (block vocabulary)")
+        if head is not None and not isinstance(head, TimedHead):  # the decoders' head is one: checked already
+            head = checked_head(head, block.device)  # every output checked where it enters, as in the decoder
         if self.backend == "ref":
             check_not_meta("block.logits", block.logits)
             check_logits("block.logits", block.logits)  # NaN / +inf; the fast builders check as they read
@@ -224,7 +277,7 @@ class TreeBuilder:
 
 def checked_tree(builder: object, tree: DraftTree, block: DraftBlock) -> DraftTree:
     """``tree``, checked by :func:`dartree.tree.check_decodable` unless ``builder`` is a
-    :class:`TreeBuilder` of a trusted strategy (:attr:`BuilderSpec.trusted`: every strategy built
+    :class:`TreeBuilder` of a trusted strategy (:attr:`TreeBuilder.trusted`: the strategies built
     into dartree), whose trees meet the contract by construction.  The decoders call this on every
     tree a builder hands them."""
     if isinstance(builder, TreeBuilder) and builder.trusted is True:
@@ -276,8 +329,10 @@ def _register_defaults() -> None:
          "depth-wise supertree of width W, then one global top-B by s_beta (DARTree pruned)"),
     ]
     for name, cls, needs_head, attr, defaults, text in table:
-        register_builder(BuilderSpec(name=name, config_cls=cls, needs_head=needs_head, ref=getattr(ref, attr),
-                                     fast=fast_fn(attr), defaults=defaults, description=text, trusted=True))
+        spec = BuilderSpec(name=name, config_cls=cls, needs_head=needs_head, ref=getattr(ref, attr),
+                           fast=fast_fn(attr), defaults=defaults, description=text, trusted=True)
+        register_builder(spec)
+        _BUILT_IN.update((fn, cls) for fn in (spec.ref, spec.fast) if fn is not None)
 
 
 _register_defaults()

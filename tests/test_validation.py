@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
 
-from dartree import BUILDERS, DraftBlock, make_builder
-from dartree.builders import MAX_NODES
+from dartree import BUILDERS, DraftBlock, make_builder, register_builder
+from dartree import builders as registry
+from dartree.builders import MAX_NODES, BuilderSpec, ChainConfig, builder_spec
 from dartree.fast import ops
 from dartree.testing import PathHashHead
 
@@ -48,6 +51,55 @@ def test_bad_name_and_backend() -> None:
         make_builder("dartree")
     with pytest.raises(ValueError, match=r"^backend: must be one of \('ref', 'fast'\)"):
         make_builder("chain", backend="cuda")
+
+
+def _chain_ref(block, head, config):
+    return builder_spec("chain").ref(block, head, config)
+
+
+GOOD = BuilderSpec(name="user-chain", config_cls=ChainConfig, needs_head=False, ref=_chain_ref)
+
+
+@pytest.mark.parametrize("spec,field", [
+    ("chain", "spec"),
+    (None, "spec"),
+    ({"name": "x"}, "spec"),
+    (dataclasses.replace(GOOD, name="a:b"), "name"),           # a method spec splits at ':'
+    (dataclasses.replace(GOOD, name=""), "name"),
+    (dataclasses.replace(GOOD, name=" x"), "name"),
+    (dataclasses.replace(GOOD, name="a b"), "name"),
+    (dataclasses.replace(GOOD, name="a,b"), "name"),
+    (dataclasses.replace(GOOD, name="ar"), "name"),            # the method spec of the AR baseline
+    (dataclasses.replace(GOOD, name=3), "name"),
+    (dataclasses.replace(GOOD, ref=None), "ref"),
+    (dataclasses.replace(GOOD, fast="chain"), "fast"),
+    (dataclasses.replace(GOOD, config_cls=dict), "config_cls"),
+    (dataclasses.replace(GOOD, config_cls=ChainConfig()), "config_cls"),   # an instance, not the class
+    (dataclasses.replace(GOOD, needs_head=None), "needs_head"),
+    (dataclasses.replace(GOOD, defaults=(("budget", 4),)), "defaults"),     # ChainConfig has no budget
+    (dataclasses.replace(GOOD, trusted="yes"), "trusted"),
+])
+def test_register_builder_refuses_a_bad_spec_and_leaves_the_registry(spec, field: str, monkeypatch) -> None:
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    before = dict(registry._REGISTRY)
+    with pytest.raises(ValueError, match=rf"^{field}: (must|expected)"):
+        register_builder(spec)
+    assert registry._REGISTRY == before
+
+
+def test_a_valid_spec_registers(monkeypatch) -> None:
+    """Names of letters, digits, '-', '_' and '.'; a config without ``topk`` builds (no vocabulary check)."""
+
+    @dataclasses.dataclass(frozen=True)
+    class Fixed:
+        depth: int = 2
+
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    register_builder(dataclasses.replace(GOOD, name="User.chain_2-b", defaults=(("topk", 2),)))
+    register_builder(BuilderSpec(name="fixed", config_cls=Fixed, needs_head=False,
+                                 ref=lambda block, head, config: make_builder("chain").build(block)))
+    assert make_builder("User.chain_2-b").config == ChainConfig(topk=2)
+    assert make_builder("fixed").build(block()).num_nodes.tolist() == [4, 4]
 
 
 @pytest.mark.parametrize("name", BUILDERS)
@@ -147,8 +199,20 @@ class WrongWidthHead(PathHashHead):
 @pytest.mark.parametrize("head,method", [(WrongBatchHead(), "initial_state"), (WrongWidthHead(), "logits")])
 def test_head_output_mismatch(name: str, head, method: str) -> None:
     builder = make_builder(name, topk=3)
-    with pytest.raises(ValueError, match=rf"^head\.{method}: returned shape"):
+    with pytest.raises(ValueError, match=rf"^head\.{method}: returned (logits of )?shape"):
         builder.build(block(), head)
+
+
+def test_the_reference_core_called_directly_names_a_state_that_is_no_tensor() -> None:
+    """Past the facade's checks (dartree.ref.builders called as a function) the reference still says what is wrong."""
+    from dartree.ref import builders as ref
+
+    class ListState(PathHashHead):
+        def initial_state(self, block):
+            return super().initial_state(block).tolist()
+
+    with pytest.raises(ValueError, match=r"^head\.initial_state: returned list, expected a torch\.Tensor"):
+        ref.dartree_pruned(block(), ListState(), make_builder("dartree-pruned", topk=3).config)
 
 
 class BadHead(PathHashHead):

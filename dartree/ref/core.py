@@ -103,6 +103,8 @@ def advance(head: CorrectionHead, block: DraftBlock, depth: int, states: Tensor,
 def initial_state(head: CorrectionHead, block: DraftBlock) -> Tensor:
     """``[S]`` head state at the root of a one-row block."""
     out = head.initial_state(block)
+    if not isinstance(out, Tensor):
+        raise ValueError(f"head.initial_state: returned {type(out).__name__}, expected a torch.Tensor")
     if out.dim() != 2 or out.shape[0] != block.batch_size:
         raise ValueError(f"head.initial_state: returned shape {tuple(out.shape)}, expected [b={block.batch_size}, S]")
     return out[0]

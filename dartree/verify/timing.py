@@ -16,6 +16,9 @@ unless the head is exactly one of dartree's own classes (``GRUHead``, ``MarkovHe
 
 On CUDA each head call is bracketed by ``torch.cuda.synchronize`` so that its time is charged to
 the head and not to whatever synchronises next; on the CPU timing costs two ``perf_counter`` calls.
+:func:`checked_head` is the same proxy without the synchronisation: what
+:meth:`dartree.builders.TreeBuilder.build` wraps a head in when it is called directly (not by a
+decoder, whose head is already a :class:`TimedHead`), so that both see the same checks.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-__all__ = ["HEAD_METHODS", "check_head", "check_head_device", "check_steps", "TimedHead", "timed_head"]
+__all__ = ["HEAD_METHODS", "check_head", "check_head_device", "check_steps", "TimedHead", "timed_head",
+           "checked_head"]
 
 #: Methods every correction head must have (``dartree.block.CorrectionHead``).
 HEAD_METHODS = ("initial_state", "logits", "advance")
@@ -99,15 +103,19 @@ def _pair(name: str, out: Any, block: Any, tokens: Tensor, width: int | None,
 
 
 class TimedHead:
-    """Forwards to ``head``; ``seconds`` accumulates the wall time spent inside its calls."""
+    """Forwards to ``head``; ``seconds`` accumulates the wall time spent inside its calls.
 
-    def __init__(self, head: Any, device: torch.device | str = "cpu") -> None:
+    ``sync``: on CUDA, bracket each call with ``torch.cuda.synchronize`` (the decoder's stage times);
+    ``False`` checks and counts the calls without synchronising (:func:`checked_head`).
+    """
+
+    def __init__(self, head: Any, device: torch.device | str = "cpu", sync: bool = True) -> None:
         check_head(head)
         check_head_device(head, device)
         self.head = head
         self.seconds = 0.0
         self.calls = 0                          # head method calls since the last take_calls
-        self._cuda = torch.device(device).type == "cuda"
+        self._cuda = sync and torch.device(device).type == "cuda"
         self._width: int | None = None          # the state width S of the last initial_state
         # perf: the bundled heads' prepared calls are not re-checked (dartree's own code, its output
         # shapes tested; about 5 us a call, 7% of a dartree-pruned B=16 build); a subclass is checked
@@ -221,7 +229,13 @@ class _TimedFusedHead(TimedHead):
         return _pair("advance_logits", out, block, tokens, self._width, candidates)
 
 
-def timed_head(head: Any, device: torch.device | str = "cpu") -> TimedHead:
+def timed_head(head: Any, device: torch.device | str = "cpu", sync: bool = True) -> TimedHead:
     """``head`` wrapped in a :class:`TimedHead` (with ``advance_logits`` iff ``head`` has it)."""
     cls = _TimedFusedHead if getattr(head, "advance_logits", None) is not None else TimedHead
-    return cls(head, device)
+    return cls(head, device, sync)
+
+
+def checked_head(head: Any, device: torch.device | str) -> TimedHead:
+    """``head`` wrapped for a direct :meth:`~dartree.builders.TreeBuilder.build` call: every output
+    checked as the decoder's proxy checks it (:func:`timed_head`), with no CUDA synchronisation."""
+    return timed_head(head, device, sync=False)

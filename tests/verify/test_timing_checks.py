@@ -1,4 +1,5 @@
-"""The decoder's head proxy checks what a correction head returns where it enters a builder."""
+"""The decoder's head proxy checks what a correction head returns where it enters a builder; a direct
+``TreeBuilder.build(block, head)`` checks the same, with the same messages."""
 
 from __future__ import annotations
 
@@ -8,10 +9,14 @@ import pytest
 import torch
 
 from dartree import DraftBlock, make_builder
+from dartree.builders import BuilderSpec, ChainConfig, TreeBuilder
 from dartree.fast import ops
 from dartree.models import GRUHead
 from dartree.testing import PathHashHead
-from dartree.verify.timing import timed_head
+from dartree.verify.timing import TimedHead, timed_head
+
+#: how a head reaches the builder: through the decoder's proxy, or as given to a direct build
+WRAPS = {"decoder": timed_head, "direct": lambda head: head}
 
 
 def block(hidden: int = 8, vocab: int = 12) -> DraftBlock:
@@ -43,13 +48,15 @@ class Edited(PathHashHead):
         return self.fix(out) if self.method == "advance" else out
 
 
-def build(head, backend: str = "ref", blk: DraftBlock | None = None):
+def build(head, backend: str = "ref", blk: DraftBlock | None = None, wrap=timed_head):
     blk = block() if blk is None else blk
-    return make_builder("dartree-pruned", backend, budget=6, width=3, topk=4).build(blk, timed_head(head))
+    return make_builder("dartree-pruned", backend, budget=6, width=3, topk=4).build(blk, wrap(head))
 
 
+@pytest.mark.parametrize("wrap", WRAPS)
 @pytest.mark.parametrize("backend", ["ref", "fast"])
 @pytest.mark.parametrize("method,fix,message", [
+    ("initial_state", lambda s: s.tolist(), r"^head.initial_state: returned list, expected a torch.Tensor"),
     ("advance", lambda s: s.tolist(), r"^head.advance: returned list, expected a torch.Tensor"),
     ("advance", lambda s: torch.cat([s, s], -1), r"^head.advance: returned shape \[\d, \d, 4\], expected "
                                                   r"\[\d, \d, 2\] \(the state width S of initial_state must not"),
@@ -60,19 +67,45 @@ def build(head, backend: str = "ref", blk: DraftBlock | None = None):
     ("logits", lambda x: x[:, :, :1], r"^head.logits: returned logits of shape \[\d, 1, 1\], expected \[b, m, K\]"),
     ("logits", lambda x: x.to("meta"), r"^head.logits: returned a tensor on meta, the block is on cpu"),
 ])
-def test_bad_head_output_is_refused(method: str, fix, message: str, backend: str) -> None:
+def test_bad_head_output_is_refused(method: str, fix, message: str, backend: str, wrap: str) -> None:
     with pytest.raises(ValueError, match=message):
-        build(Edited(method, fix), backend)
+        build(Edited(method, fix), backend, wrap=WRAPS[wrap])
 
 
-def test_fused_output_is_checked() -> None:
+@pytest.mark.parametrize("wrap", WRAPS)
+def test_fused_output_is_checked(wrap: str) -> None:
     class Fused(PathHashHead):
         def advance_logits(self, block, depth, states, tokens, candidates):
             new, logits = super().advance_logits(block, depth, states, tokens, candidates)
             return new[..., :1], logits
 
     with pytest.raises(ValueError, match=r"^head.advance_logits: returned shape .* must not change"):
-        build(Fused(), "fast")
+        build(Fused(), "fast", wrap=WRAPS[wrap])
+
+
+def test_a_direct_build_wraps_a_bare_head_once_and_the_decoders_proxy_not_again() -> None:
+    """perf: the decoder's proxy has checked its head, so ``build`` hands it on as it is."""
+    seen = []
+
+    def spy(blk, head, config):
+        seen.append(head)
+        return make_builder("chain").build(blk)
+
+    builder = TreeBuilder(BuilderSpec(name="spy", config_cls=ChainConfig, needs_head=True, ref=spy), "ref",
+                          ChainConfig())
+    bare, proxy = PathHashHead(), timed_head(PathHashHead())
+    builder.build(block(), bare)
+    builder.build(block(), proxy)
+    assert type(seen[0]) is not PathHashHead and isinstance(seen[0], TimedHead) and seen[0].head is bare
+    assert seen[1] is proxy
+    assert hasattr(seen[0], "advance_logits")                    # the fused call stays visible to builders
+
+
+def test_a_direct_build_gives_the_same_tree_as_through_the_proxy() -> None:
+    for backend in ("ref", "fast"):
+        builder = make_builder("dartree-pruned", backend, budget=6, width=3, topk=4)
+        got, want = builder.build(block(), PathHashHead()), builder.build(block(), timed_head(PathHashHead()))
+        assert got.canonical() == want.canonical() and torch.equal(got.scores, want.scores)
 
 
 def test_head_on_another_device_and_hidden_width() -> None:
