@@ -24,7 +24,7 @@ from dartree.tree import DraftTree, check_decodable
 from dartree.verify.timing import TimedHead, checked_head
 
 __all__ = ["ChainConfig", "TreeConfig", "PrunedConfig", "BuilderSpec", "TreeBuilder", "BUILDERS", "BACKENDS",
-           "make_builder", "register_builder", "builder_spec", "checked_tree"]
+           "make_builder", "register_builder", "builder_spec", "checked_tree", "registered"]
 
 BACKENDS: tuple[str, ...] = ("ref", "fast")
 MAX_NODES = 1 << 14
@@ -336,4 +336,10 @@ def _register_defaults() -> None:
 
 
 _register_defaults()
+#: the strategies built into dartree (:func:`registered` adds those registered since)
 BUILDERS: tuple[str, ...] = tuple(_REGISTRY)
+
+
+def registered() -> tuple[str, ...]:
+    """Every strategy name in the registry now: dartree's own (:data:`BUILDERS`) and any registered since."""
+    return tuple(_REGISTRY)

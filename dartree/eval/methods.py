@@ -1,8 +1,9 @@
 """Methods as the harness names them: ``ar`` or a builder with its settings, parsed from text.
 
-Syntax: ``NAME[:KEY=VALUE,...]`` where NAME is ``ar`` or a registry name (``dartree.BUILDERS``) and
-KEY is a field of that builder's config (``budget``, ``width``, ``topk``, ``beta``, ``normalize``)
-or ``head`` (which correction head of the bundle a corrected builder uses; default ``gru``).
+Syntax: ``NAME[:KEY=VALUE,...]`` where NAME is ``ar`` or a registry name (``dartree.builders.registered()``:
+dartree's own strategies and any registered since) and KEY is a field of that builder's config
+(``budget``, ``width``, ``topk``, ``beta``, ``normalize``) or ``head`` (which correction head of the
+bundle a corrected builder uses; default ``gru``).
 ``budget=auto`` / ``width=auto`` / ``beta=auto`` are resolved by :mod:`dartree.eval.tune` before
 decoding (an unset budget or width may be searched too; an unset beta keeps the builder's default).
 
@@ -15,7 +16,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from dartree.builders import BUILDERS, TreeBuilder, builder_spec, make_builder
+from dartree.builders import TreeBuilder, builder_spec, make_builder, registered
 from dartree.decode import SpeculativeDecoder
 from dartree.eval.bundles import Bundle
 
@@ -97,7 +98,7 @@ def parse_method(text: str, defaults: dict[str, Any] | None = None) -> MethodSpe
     """
     name, _, rest = text.partition(":")
     name = name.strip()
-    allowed = (AR, *BUILDERS)
+    allowed = (AR, *registered())             # read now: a strategy registered after import is a method too
     if name not in allowed:
         raise ValueError(f"method: unknown method {name!r}; allowed: {allowed}")
     if name == AR:

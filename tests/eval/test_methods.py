@@ -50,3 +50,17 @@ def test_spaces_around_names_and_settings_are_stripped_and_a_repeated_key_is_an_
     for text in ("ddtree:budget=8,budget=4", "dartree-pruned:head=gru,head=markov", "ddtree:topk=4, topk =4"):
         with pytest.raises(ValueError, match="set twice"):
             parse_method(text)
+
+
+def test_a_strategy_registered_after_import_is_a_method(monkeypatch):
+    import dataclasses
+
+    from dartree import builders
+
+    monkeypatch.setattr(builders, "_REGISTRY", dict(builders._REGISTRY))
+    with pytest.raises(ValueError, match=r"unknown method 'my-tree'"):
+        parse_method("my-tree:budget=8")
+    builders.register_builder(dataclasses.replace(builders.builder_spec("ddtree"), name="my-tree"))
+    spec = parse_method("my-tree:budget=8")
+    assert spec.builder == "my-tree" and spec.config["budget"] == 8
+    assert "my-tree" in builders.registered() and "my-tree" not in builders.BUILDERS
