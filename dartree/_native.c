@@ -20,6 +20,8 @@
  *   rms_norm      float32 RMSNorm rows as torch.rms_norm computes them on the CPU (ATen's cascade sum of
  *                 x * x with its vector width, / d, + eps, 1 / sqrt, x * r, * weight); dartree/native.py
  *                 probes the width against torch before any use
+ *   rotate        float32 rotary embedding (HF's rotate-half form) of [rows, heads, d] with per-row cos / sin,
+ *                 the same three roundings per element as torch's ops
  *   gru_step      one step of a GRU correction head on one sequence: the GRU cell from the gate table and
  *                 W_hh, then the corrected logits of the next depth's candidates, with torch's own
  *                 kernels for everything that rounds (MKL's sgemm_, SLEEF's expf, MKL's vmsTanh, found in
@@ -1424,6 +1426,55 @@ static PyObject *native_rms_norm(PyObject *self, PyObject *const *args, Py_ssize
     Py_RETURN_NONE;
 }
 
+/* ------------------------------------------------------------------------------------------- rotate */
+/* rotate(x, cos, sin, out, rows, heads, d): rotary embedding in HF's rotate-half form,
+ *   out = x * cos + rotate_half(x) * sin, rotate_half(x) = cat(-x[d/2:], x[:d/2]),
+ * for x / out [rows, heads, d] and cos / sin [rows, d] (one row of the tables per position, shared by
+ * the heads), contiguous float32; d even.  The same three roundings per element as torch's ops
+ * (x * cos, rotate_half(x) * sin, their sum; the negation is exact), so the same bits.
+ * x, cos, sin, out are the tensors' data pointers (int): perf, a buffer per argument cost 1.8 us each,
+ * more than the work; the one caller (dartree/models/rotary.py) checks dtype, device, shapes and
+ * contiguity first, and allocates out. */
+static PyObject *native_rotate(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "rotate: expected 7 arguments");
+        return NULL;
+    }
+    Py_ssize_t rows, heads, d;
+    if (get_ssize(args[4], &rows, "rows") < 0 || get_ssize(args[5], &heads, "heads") < 0 ||
+        get_ssize(args[6], &d, "d") < 0)
+        return NULL;
+    if (d % 2) {
+        PyErr_SetString(PyExc_ValueError, "rotate: d must be even");
+        return NULL;
+    }
+    const float *x = (const float *)PyLong_AsVoidPtr(args[0]), *c = (const float *)PyLong_AsVoidPtr(args[1]),
+                *sn = (const float *)PyLong_AsVoidPtr(args[2]);
+    float *out = (float *)PyLong_AsVoidPtr(args[3]);
+    if (PyErr_Occurred()) return NULL;
+    if (!x || !c || !sn || !out) {
+        PyErr_SetString(PyExc_ValueError, "rotate: a null data pointer");
+        return NULL;
+    }
+    const Py_ssize_t half = d / 2;
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        const float *cr = c + r * d, *sr = sn + r * d;
+        for (Py_ssize_t h = 0; h < heads; h++) {
+            const float *xi = x + (r * heads + h) * d;
+            float *oi = out + (r * heads + h) * d;
+            for (Py_ssize_t j = 0; j < half; j++) {
+                const float first = xi[j] * cr[j], second = -xi[j + half] * sr[j];
+                oi[j] = first + second;
+            }
+            for (Py_ssize_t j = half; j < d; j++) {
+                const float first = xi[j] * cr[j], second = xi[j - half] * sr[j];
+                oi[j] = first + second;
+            }
+        }
+    }
+    Py_RETURN_NONE;
+}
+
 /* ----------------------------------------------------------------------------------------- gru_step */
 /* torch's kernels, from the libtorch_cpu already loaded (gru_init): MKL's Fortran sgemm_ (what
  * at::native::cpublas::gemm calls for float32 mm / addmm / bmm), SLEEF's 16-lane expf (ATen's AVX-512
@@ -1589,6 +1640,7 @@ static PyMethodDef methods[] = {
     {"greedy_accept", (PyCFunction)(void (*)(void))native_greedy_accept, METH_FASTCALL, "The greedy walk over full logits."},
     {"move_rows", (PyCFunction)(void (*)(void))native_move_rows, METH_FASTCALL, "KV compaction of one buffer."},
     {"rms_norm", (PyCFunction)(void (*)(void))native_rms_norm, METH_FASTCALL, "float32 RMSNorm rows as torch's."},
+    {"rotate", (PyCFunction)(void (*)(void))native_rotate, METH_FASTCALL, "float32 rotary embedding as torch's."},
     {"gru_init", (PyCFunction)(void (*)(void))native_gru_init, METH_FASTCALL, "Find torch's kernels for gru_step."},
     {"gru_step", (PyCFunction)(void (*)(void))native_gru_step, METH_FASTCALL, "One GRU head step and its logits."},
     {NULL, NULL, 0, NULL},
