@@ -67,6 +67,7 @@ from torch import Tensor, nn
 from dartree.block import DraftBlock
 from dartree.models.kmajor import KMAJOR_LIMIT_BYTES, derived, linear, tensor_version
 from dartree.models.norms import rms_norm
+from dartree.models.rotary import rotate_heads
 
 __all__ = ["DFlashConfig", "DFlashDrafter", "dflash_target_layer_ids", "MAX_BLOCK_SIZE", "tensor_version"]
 
@@ -314,6 +315,17 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + rotated * sin
 
 
+def _rotate_heads(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """:func:`rotate` of ``x.transpose(1, 2)`` (``x`` ``[b, t, heads, head_dim]``, tables ``[1, 1, t, head_dim]``);
+    perf (CPU, one sequence): one compiled call where it applies (:func:`dartree.models.rotary.rotate_heads`,
+    the same bits and strides), else torch's ops."""
+    if x.shape[0] == 1 and cos.dim() == 4:
+        out = rotate_heads(x, cos[:, 0], sin[:, 0])
+        if out is not None:
+            return out
+    return rotate(x.transpose(1, 2), cos, sin)
+
+
 def _rms(norm: RMSNorm, x: Tensor) -> Tensor:
     """perf: ``norm(x)`` without the module call (``F.rms_norm`` directly in fp32, as its forward)."""
     w = norm.weight
@@ -417,8 +429,8 @@ class DFlashLayer(nn.Module):
         b, t, _ = x.shape
         nkv = a.num_kv_heads * a.head_dim
         kv = _project(x, a, ("k_proj", "v_proj"))
-        k = _rms(a.k_norm, kv[..., :nkv].view(b, t, a.num_kv_heads, a.head_dim)).transpose(1, 2)
-        k_buf[:, :, start:start + t] = rotate(k, cos, sin)
+        k = _rms(a.k_norm, kv[..., :nkv].view(b, t, a.num_kv_heads, a.head_dim))
+        k_buf[:, :, start:start + t] = _rotate_heads(k, cos, sin)
         v_buf[:, :, start:start + t] = kv[..., nkv:].view(b, t, a.num_kv_heads, a.head_dim).transpose(1, 2)
 
     def decode(self, x: Tensor, cos: Tensor, sin: Tensor, k_buf: Tensor, v_buf: Tensor, start: int) -> Tensor:
@@ -436,9 +448,8 @@ class DFlashLayer(nn.Module):
         b, t, _ = x.shape
         nq, nkv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
         qkv = _project(_rms(self.input_layernorm, x), a, ("q_proj", "k_proj", "v_proj"))
-        q = rotate(_rms(a.q_norm, qkv[..., :nq].view(b, t, a.num_heads, a.head_dim)).transpose(1, 2), cos, sin)
-        k = rotate(_rms(a.k_norm, qkv[..., nq:nq + nkv].view(b, t, a.num_kv_heads, a.head_dim)).transpose(1, 2),
-                   cos, sin)
+        q = _rotate_heads(_rms(a.q_norm, qkv[..., :nq].view(b, t, a.num_heads, a.head_dim)), cos, sin)
+        k = _rotate_heads(_rms(a.k_norm, qkv[..., nq:nq + nkv].view(b, t, a.num_kv_heads, a.head_dim)), cos, sin)
         end = start + t
         k_buf[:, :, start:end] = k
         v_buf[:, :, start:end] = qkv[..., nq + nkv:].view(b, t, a.num_kv_heads, a.head_dim).transpose(1, 2)
