@@ -54,3 +54,32 @@ def test_depth_step(benchmark, provider: str, name: str) -> None:
         got = run(benchmark, two_calls if provider == "two-calls" else fused)
         want = two_calls()
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("provider", ["bare", "proxy"])
+@pytest.mark.parametrize("name", ["zoo-gru", "path-hash"])
+def test_proxy_depth_step(benchmark, provider: str, name: str) -> None:
+    """What the decoder's head proxy (``timed_head``: output checks, and a copy of ``states`` for a user
+    head such as ``PathHashHead``; none for dartree's own) adds to one ``advance`` + ``logits`` step."""
+    from dartree.testing import PathHashHead
+    from dartree.verify.timing import timed_head
+
+    head, block = _head("zoo-gru") if name == "zoo-gru" else (PathHashHead(), _head("zoo-gru")[1])
+    proxy = timed_head(head)
+    g = torch.Generator().manual_seed(1)
+    proxy.initial_state(block)                                   # the proxy learns the state width
+    states = head.initial_state(block)[:, None].expand(-1, BRANCHES, -1).contiguous()
+    tokens = torch.randint(0, block.vocab_size, (1, BRANCHES), generator=g)
+    candidates = torch.randperm(block.vocab_size, generator=g)[:TOPK][None]
+    call = head if provider == "bare" else proxy
+
+    def step():
+        s = call.advance(block, 3, states, tokens)
+        return s, call.logits(block, 4, s, candidates)
+
+    benchmark.group = f"head proxy {name} m={BRANCHES} K={TOPK}"
+    with torch.no_grad():
+        got = run(benchmark, step)
+        want = head.advance(block, 3, states, tokens)
+        want = want, head.logits(block, 4, want, candidates)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])

@@ -12,7 +12,10 @@ These read only metadata (no host sync): about 1-2 us a call.  The optional fuse
 method ``advance_logits`` is exposed only when the wrapped head has it, because builders detect it
 with ``getattr(head, "advance_logits", None)``; ``prepare_block`` is always there and returns ``None``
 when the head has none, and the calls of what it prepares are timed and counted alike, and checked
-unless the head is exactly one of dartree's own classes (``GRUHead``, ``MarkovHead``; perf).
+unless the head is exactly one of dartree's own classes (``GRUHead``, ``MarkovHead``; perf).  Any
+other head is handed a copy of ``states`` (about 1 us a call on the CPU, one copy kernel on CUDA): a
+head that edits its argument in place then changes only its copy, where it used to change the states
+the builder keeps for other branches, and with them the tree.
 
 On CUDA each head call is bracketed by ``torch.cuda.synchronize`` so that its time is charged to
 the head and not to whatever synchronises next; on the CPU timing costs two ``perf_counter`` calls.
@@ -167,11 +170,18 @@ class TimedHead:
         self._width = out.shape[-1]
         return out
 
+    def _own(self, states: Tensor) -> Tensor:
+        """What the head is handed as ``states``: the builder's tensor for dartree's own heads, a copy for
+        any other, so that a head editing its argument in place cannot change the states the builder
+        keeps for other branches (which made the reference and fast trees differ)."""
+        return states if self._trusted else states.clone()
+
     def logits(self, block: Any, depth: int, states: Tensor, candidates: Tensor) -> Tensor:
-        return _logits("logits", self._call("logits", block, depth, states, candidates), block, states, candidates)
+        out = self._call("logits", block, depth, self._own(states), candidates)
+        return _logits("logits", out, block, states, candidates)
 
     def advance(self, block: Any, depth: int, states: Tensor, tokens: Tensor) -> Tensor:
-        out = self._call("advance", block, depth, states, tokens)
+        out = self._call("advance", block, depth, self._own(states), tokens)
         return _state("advance", out, block, tuple(tokens.shape), self._width)
 
     def __getattr__(self, name: str) -> Any:      # other attributes of the head (not its methods above)
@@ -199,14 +209,14 @@ class _TimedSteps:
 
     def logits(self, depth: int, states: Tensor) -> Tensor:
         self._head.calls += 1
-        out = self._head._timed(self._steps.logits, depth, states)
+        out = self._head._timed(self._steps.logits, depth, self._head._own(states))
         if self._head._trusted:
             return out
         return _logits("prepare_block(...).logits", out, self._block, states, self._candidates)
 
     def advance_logits(self, depth: int, states: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
         self._head.calls += 1
-        out = self._head._timed(self._steps.advance_logits, depth, states, tokens)
+        out = self._head._timed(self._steps.advance_logits, depth, self._head._own(states), tokens)
         if self._head._trusted:
             return out
         return _pair("prepare_block(...).advance_logits", out, self._block, tokens, self._head._width,
@@ -225,7 +235,7 @@ class _TimedFusedHead(TimedHead):
 
     def advance_logits(self, block: Any, depth: int, states: Tensor, tokens: Tensor,
                        candidates: Tensor) -> tuple[Tensor, Tensor]:
-        out = self._call("advance_logits", block, depth, states, tokens, candidates)
+        out = self._call("advance_logits", block, depth, self._own(states), tokens, candidates)
         return _pair("advance_logits", out, block, tokens, self._width, candidates)
 
 
