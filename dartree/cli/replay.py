@@ -143,7 +143,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         f"--{k} {v}" for k, v in result.settings().items())
     rate, speedup = result.forecast_interval(None, len(refs))
     spread = "" if rate is None else f"; 90% interval for {len(refs)} other prompts like them: {rate.text} tokens/s" \
-        + ("" if speedup is None else f", {speedup.text}x AR")
+        + ("" if speedup is None else f", {speedup.text}x AR") \
+        + f"; within 15% would need about {result.prompts_for(None)} calibration prompts and as many decoded"
     print(f"\nchosen: {chosen}  (forecast {result.forecast_tokens_per_s:.1f} tokens/s, "
           f"{result.forecast_tokens_per_s / result.ar_tokens_per_s:.2f}x AR, measured on {len(refs)} prompts{spread})")
     if cached is not None:

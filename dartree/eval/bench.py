@@ -321,7 +321,8 @@ def run_bench(bundle: Bundle, config: BenchConfig, argv: Sequence[str] | None = 
     for t in tuning:
         rate, speedup = t.forecast_interval(None, config.num_prompts * len(config.datasets))
         spread = "" if rate is None else f"; 90% interval for {config.num_prompts * len(config.datasets)} " \
-            f"evaluation prompts {rate.text} tok/s" + ("" if speedup is None else f", {speedup.text}x AR")
+            f"evaluation prompts {rate.text} tok/s" + ("" if speedup is None else f", {speedup.text}x AR") \
+            + f"; +-15% would need about {t.prompts_for(None)} + {t.prompts_for(None)} prompts"
         log(f"tune T={t.temperature:g}: {t.method} -> {t.choice_text} (forecast {t.forecast_tokens_per_s:.1f} tok/s "
             f"= {t.forecast_tokens_per_s / t.ar_tokens_per_s:.2f}x AR, measured on {t.calibration_prompts} "
             "calibration prompts" + spread + ("; no tree is forecast to beat AR)" if t.use_ar else ")"))

@@ -130,7 +130,8 @@ def forecast_table(result: BenchResult) -> str:
     machine's load drifting between the two (both speedups are over AR timed in the same window).  The
     90% intervals (:meth:`TuneResult.forecast_interval`) are where the measurement on this many
     evaluation prompts should fall given how much the calibration prompts differed from each other;
-    ``in 90%``: whether it did (tokens/s, speedup).
+    ``in 90%``: whether it did (tokens/s, speedup).  ``prompts for +-15%``: how many prompts calibration
+    and evaluation would each need for that tokens/s interval to be within 15% (:meth:`TuneResult.prompts_for`).
     """
     rows = []
     for tr in result.tuning:
@@ -156,7 +157,8 @@ def forecast_table(result: BenchResult) -> str:
                          "-" if speedup is None else f"{speedup.low:.2f}-{speedup.high:.2f}x",
                          f"{measured / ar_ev:.2f}x",
                          f"{100 * ((forecast / ar_cal) / (measured / ar_ev) - 1):+.0f}%" if known else "-",
-                         " / ".join(inside), "-" if not ar_cal else f"{ar_cal:.1f} -> {ar_ev:.1f}"])
+                         " / ".join(inside), _need(tr.prompts_for(None if dataset == "all" else dataset)),
+                         "-" if not ar_cal else f"{ar_cal:.1f} -> {ar_ev:.1f}"])
 
         for s in cells:
             if s.dataset in ar_eval:
@@ -169,8 +171,12 @@ def forecast_table(result: BenchResult) -> str:
                 sum(s.prompts for s in cells))
     header = ["method", "T", "resolved", "dataset", "forecast tok/s", "90% interval", "measured tok/s", "error",
               "forecast speedup", "90% interval", "measured speedup", "speedup error", "in 90% (tok/s / speedup)",
-              "AR tok/s calibration -> evaluation"]
+              "prompts for +-15% (each side)", "AR tok/s calibration -> evaluation"]
     return markdown_table(header, rows)
+
+
+def _need(prompts: int | None) -> str:
+    return "-" if prompts is None else str(prompts)
 
 
 def _native_note(meta: dict) -> str:
@@ -207,7 +213,8 @@ def bench_markdown(result: BenchResult) -> str:
                   "setting on the evaluation prompts above.  90% interval: where the measurement should fall, "
                   "from how much the calibration prompts differed from each other and how many prompts each side "
                   "decodes (the machine's speed moving between calibration and evaluation moves tokens/s outside "
-                  "it).", "", forecast_table(result)]
+                  "it); prompts for +-15%: how many prompts each side would need for that interval to be within "
+                  "15% of the forecast, at the spread the calibration prompts showed.", "", forecast_table(result)]
     for tr in result.tuning:
         parts += ["", f"## Adaptive budget for {tr.method}, T={tr.temperature:g}", "",
                   f"Verify cost measured on this machine at prefix {tr.verify_cost.prefix_len}: " + ", ".join(

@@ -77,7 +77,8 @@ from dartree.verify.sampling import KeyedSampler
 __all__ = ["VerifyCost", "ConfigStats", "Candidate", "Measurement", "TuneResult", "measure_verify_cost",
            "replay_stats", "score_candidates", "score_at_concurrency", "pick_best", "choose", "measure_settings",
            "tune", "measure_overhead", "setting_text", "pick_finalists", "DEFAULT_BUDGETS", "DEFAULT_WIDTHS",
-           "DEFAULT_BETAS", "DEFAULT_FINALISTS", "DEFAULT_MIN_SPEEDUP", "Interval", "ratio_prediction", "t_quantile"]
+           "DEFAULT_BETAS", "DEFAULT_FINALISTS", "DEFAULT_MIN_SPEEDUP", "Interval", "ratio_prediction",
+           "ratio_units_for", "t_quantile"]
 
 DEFAULT_BUDGETS: tuple[int, ...] = (4, 8, 16, 32, 64)
 #: Widths tried by ``width=auto`` (or an unset width): 12 is ``dartree-pruned``'s default, so a tuning
@@ -307,6 +308,17 @@ class TuneResult:
                                    [sm for (_, _, sm), _ in pairs], prompts, level)
         return rate, speedup
 
+    def prompts_for(self, label: str | None, tolerance: float = 0.15, level: float = 0.9) -> int | None:
+        """Prompts of calibration set ``label`` (``None``: all pooled) that calibration and evaluation would
+        each need for the tokens/s interval of :meth:`forecast_interval` to be within ``tolerance``, at
+        the spread the chosen setting showed (:func:`ratio_units_for`); ``None`` where that has no
+        interval."""
+        m = self.chosen
+        if m is None:
+            return None
+        rows = [(t, sec) for lab, t, sec in m.per_prompt if label is None or lab == label]
+        return ratio_units_for([t for t, _ in rows], [sec for _, sec in rows], tolerance, level)
+
     @property
     def choice_text(self) -> str:
         """``ar``, or ``B=.. W=..`` of the chosen tree."""
@@ -393,6 +405,28 @@ def ratio_prediction(num: Sequence[float], den: Sequence[float], new_units: int,
     variance = sum(e * e for e in residuals) / (n - 1)
     half = t_quantile((1 + level) / 2, n - 1) * math.sqrt(variance * (1 / n + 1 / new_units)) / (sum(den) / n)
     return Interval(ratio, max(0.0, ratio - half), ratio + half, level)
+
+
+def ratio_units_for(num: Sequence[float], den: Sequence[float], tolerance: float, level: float = 0.9) -> int | None:
+    """How many units (prompts) each side needs, calibration and evaluation alike, for the 90% (``level``)
+    prediction interval of :func:`ratio_prediction` to be within ``tolerance`` of the ratio (relative),
+    at the spread the sample ``num`` / ``den`` shows: the smallest ``n`` with
+    ``t * s * sqrt(2 / n) / mean(den) <= tolerance * R`` (``t`` the quantile at the sample's degrees of
+    freedom).  ``None`` for fewer than 2 units; 2 when the sample shows no spread.
+    """
+    n = len(num)
+    if n != len(den):
+        raise ValueError(f"den: need one per num ({n}), got {len(den)}")
+    if isinstance(tolerance, bool) or not isinstance(tolerance, int | float) or not tolerance > 0:
+        raise ValueError(f"tolerance: must be a number > 0, got {tolerance!r}")
+    if not 0 < level < 1:
+        raise ValueError(f"level: must be in (0, 1), got {level!r}")
+    if n < 2 or not sum(den) > 0 or not sum(num) > 0:
+        return None
+    ratio = sum(num) / sum(den)
+    variance = sum((a - ratio * b) ** 2 for a, b in zip(num, den, strict=True)) / (n - 1)
+    spread = t_quantile((1 + level) / 2, n - 1) * math.sqrt(variance) / (sum(den) / n) / (tolerance * ratio)
+    return max(2, math.ceil(2 * spread * spread - 1e-9))
 
 
 def setting_text(budget: int, width: int | None, beta: float | None = None) -> str:

@@ -19,6 +19,7 @@ from dartree.eval.tune import (
     pick_best,
     pick_finalists,
     ratio_prediction,
+    ratio_units_for,
     score_candidates,
     t_quantile,
 )
@@ -133,7 +134,8 @@ def test_forecast_table_puts_forecast_beside_measured_and_ar_in_table1():
     lines = forecast_table(result).splitlines()
     assert lines[0] == ("| method | T | resolved | dataset | forecast tok/s | 90% interval | measured tok/s | error "
                         "| forecast speedup | 90% interval | measured speedup | speedup error "
-                        "| in 90% (tok/s / speedup) | AR tok/s calibration -> evaluation |")
+                        "| in 90% (tok/s / speedup) | prompts for +-15% (each side) "
+                        "| AR tok/s calibration -> evaluation |")
     cells = [[c.strip() for c in x.strip("|").split("|")] for x in lines[2:]]
     assert [c[3] for c in cells] == ["humaneval", "stdlib", "all"]
     # 1.00x forecast against 0.91x measured (AR ran at 60 tok/s in the evaluation, 55 in calibration): +9%;
@@ -141,8 +143,9 @@ def test_forecast_table_puts_forecast_beside_measured_and_ar_in_table1():
     lo, hi = (float(x) for x in cells[0][5].split("-"))
     assert lo < 54.9 < hi and cells[0][9] == "-" and cells[0][12] == "yes / -"
     assert cells[0][2] == "auto -> ar" and cells[0][4] == "55.0" and cells[0][6:9] == ["54.9", "+0%", "1.00x"]
-    assert cells[0][10:12] == ["0.91x", "+9%"] and cells[0][13] == "55.0 -> 60.0"
-    assert cells[2][4] == "55.0" and cells[2][6:8] == ["54.9", "+0%"] and cells[2][13] == "55.0 -> 56.5"
+    assert cells[0][10:12] == ["0.91x", "+9%"] and cells[0][14] == "55.0 -> 60.0"
+    assert cells[2][4] == "55.0" and cells[2][6:8] == ["54.9", "+0%"] and cells[2][14] == "55.0 -> 56.5"
+    assert [c[13] for c in cells] == [str(r.prompts_for(d)) for d in ("humaneval", "stdlib", None)]
     # the pooled row's interval is for 6 evaluation prompts from 4 calibration ones: narrower than a dataset's
     lo_all, hi_all = (float(x) for x in cells[2][5].split("-"))
     assert hi_all - lo_all < hi - lo
@@ -195,6 +198,38 @@ def test_ratio_prediction_covers_a_new_sample_at_its_level():
             ratio_prediction(*args)
 
 
+def test_ratio_units_for_gives_the_prompts_a_forecast_within_the_tolerance_needs():
+    """With n = ratio_units_for(...) prompts on each side, a sample's ratio lands within the tolerance of
+    another's about 90% of the time, and with n / 4 well under that (seeded simulation, the zoo's spread;
+    the spread itself estimated on 400 prompts)."""
+    import random
+
+    rng = random.Random(11)
+
+    def sample(n):
+        return [64.0] * n, [64 / (60 * rng.uniform(1.5, 9.0)) for _ in range(n)]
+
+    n = ratio_units_for(*sample(400), tolerance=0.15)
+    assert 20 <= n <= 80                              # tau 1.5-9 per prompt: tens of prompts, not 8
+
+    def within(k):
+        hits = 0
+        for _ in range(1500):
+            (a, b), (c, d) = sample(k), sample(k)
+            hits += abs((sum(a) / sum(b)) / (sum(c) / sum(d)) - 1) <= 0.15
+        return hits / 1500
+
+    assert 0.85 <= within(n) <= 0.95
+    assert within(max(2, n // 4)) < 0.75
+    assert ratio_units_for([64.0, 64.0], [0.2, 0.2], 0.15) == 2                 # no spread: the fewest
+    assert ratio_units_for([64.0], [0.2], 0.15) is None
+    for args, match in ((([1.0, 2.0], [1.0], 0.15), r"den: need one per num \(2\)"),
+                        (([1.0, 2.0], [1.0, 1.0], 0), "tolerance: must be a number > 0"),
+                        (([1.0, 2.0], [1.0, 1.0], 0.15, 0.0), r"level: must be in \(0, 1\)")):
+        with pytest.raises(ValueError, match=match):
+            ratio_units_for(*args)
+
+
 def test_forecast_interval_per_set_pooled_and_without_per_prompt_times():
     cands = _candidates()
     measured = [_measured(50.0, None, spread=0.0), _measured(80.0, 16)]
@@ -209,6 +244,10 @@ def test_forecast_interval_per_set_pooled_and_without_per_prompt_times():
     bare = _result(cands, [dataclasses.replace(m, per_prompt=()) for m in measured], 50.0, use_ar=False,
                    best=cands[1], temperature=0.0)
     assert bare.forecast_interval(None, 8) == (None, None)                 # an older result: no per-prompt times
+    # prompts each side needs for +-15%: from the chosen setting's spread, more for a narrower tolerance
+    need, pooled_need = r.prompts_for("humaneval"), r.prompts_for(None)
+    assert need > 2 and r.prompts_for("humaneval", tolerance=0.05) > need and pooled_need <= need
+    assert r.prompts_for("packages") is None and bare.prompts_for(None) is None
 
 
 def test_cache_key_and_roundtrip(bundle, tmp_path, monkeypatch):
