@@ -102,3 +102,25 @@ def test_rms_norm_fast_path_is_bit_identical(shape):
     x = torch.randn(shape) * 3.0
     explicit = norm.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm.eps))
     assert torch.equal(norm(x), explicit)
+
+
+def test_a_drafter_in_another_dtype_casts_the_shared_lm_head_once_and_follows_edits(tiny_target, tiny_hidden):
+    """A bf16 drafter beside an fp32 target: the shared LM head is cast once (not every block, which
+    also made a fresh K-major copy each time), and the cast follows an in-place edit of the head."""
+    drafter = make_drafter(tiny_target).to(torch.bfloat16)
+    head = drafter.lm_head_weight
+    assert head.dtype == torch.float32                               # the target's: not cast by .to()
+    ids = torch.randint(0, 100, (1, 8))
+    drafter.append_context(tiny_hidden(tiny_target, ids[:, :-1], drafter.target_layer_ids))
+
+    def want(block):
+        return F.linear(block.hidden, head.to(torch.bfloat16))
+
+    first = drafter.draft(ids[:, -1])
+    cast = drafter.__dict__[f"_lm_head_{torch.bfloat16}"][1]
+    assert first.logits.dtype == torch.bfloat16 and torch.equal(first.logits, want(first))
+    assert drafter.draft(ids[:, -1]) is not None and drafter.__dict__[f"_lm_head_{torch.bfloat16}"][1] is cast
+    with torch.no_grad():
+        head.mul_(-1.0)                                              # the target's head edited in place
+    after = drafter.draft(ids[:, -1])
+    assert torch.equal(after.logits, want(after)) and not torch.equal(after.logits, first.logits)
