@@ -31,6 +31,7 @@ from torch import Tensor
 
 from dartree.block import DraftBlock
 from dartree.models.drafter import DFlashDrafter
+from dartree.models.kmajor import derived
 
 __all__ = ["BatchDrafter", "DFlashRows", "RowsOfDrafters", "batch_drafter"]
 
@@ -178,7 +179,10 @@ class DFlashRows:
         ctx = [(k[:, :, :width], v[:, :, :width]) for k, v in self._kv]
         first = getattr(d.config, "first_slot", 1)      # the slot that proposes depth 1 (0 with shift_label)
         hidden = d.block_hidden(roots[:, None], positions, ctx, mask)[:, first:]
-        logits = F.linear(hidden, d.lm_head_weight.to(hidden.dtype))
+        head = d.lm_head_weight
+        if head.dtype != hidden.dtype:      # cast once, shared with DFlashDrafter.draft's (same slot)
+            head = derived(d, f"_lm_head_{hidden.dtype}", [head], lambda w=head, t=hidden.dtype: w.to(t))
+        logits = F.linear(hidden, head)
         return DraftBlock(logits=logits, root=roots, hidden=hidden)
 
     def keep_rows(self, rows: list[int]) -> None:
