@@ -39,7 +39,11 @@ on the CPU the forward may score the root only and the walk then runs one LM-hea
    8 evaluation prompts of a dataset measure a rate about 20% from the dataset's (the sums of 8
    prompts' rounds were 65-116 over four blocks of HumanEval, 77-124 of stdlib; 2026-12-02), and no
    number of calibration prompts forecasts such a run within 15% every time.  With 48 + 48 HumanEval
-   prompts the forecast was within 4% (``results/tuner/run_forecast.sh``).
+   prompts the forecast was within 4% (``results/tuner/run_forecast.sh``).  How many it takes: with a
+   perfect cost model and an idle machine, n + n prompts drawn at random agree within 15% in 51% /
+   68% / 83% of draws for n = 8 / 16 / 32 on HumanEval and 33% / 46% for n = 8 / 16 on stdlib, which
+   has 33 prompts (``benchmarks/prompt_spread.py``, 2026-12-02); :meth:`TuneResult.prompts_for` says
+   it per run, from the calibration prompts' own spread.
 
 Why step 4: the cost model alone forecast 166 tok/s for the B=32 W=8 it chose in ``make demo``
 (2026-12-01 04:57) and the run measured 96.  Measured causes, in order: tau on 2 calibration
