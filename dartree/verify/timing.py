@@ -173,7 +173,7 @@ class TimedHead:
     def _own(self, states: Tensor) -> Tensor:
         """What the head is handed as ``states``: the builder's tensor for dartree's own heads, a copy for
         any other, so that a head editing its argument in place cannot change the states the builder
-        keeps for other branches (which made the reference and fast trees differ)."""
+        keeps for other branches (and so changed the tree, on both backends)."""
         return states if self._trusted else states.clone()
 
     def logits(self, block: Any, depth: int, states: Tensor, candidates: Tensor) -> Tensor:
