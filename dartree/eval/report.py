@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from dartree.eval.bench import MODEL_STAGES, STAGES, BenchResult, Summary
+from dartree.eval.datasets import DATASETS, count_prompts
 from dartree.eval.methods import AR
 from dartree.eval.outdir import write_atomic
 from dartree.eval.tune import TuneResult
@@ -157,7 +158,8 @@ def forecast_table(result: BenchResult) -> str:
                          "-" if speedup is None else f"{speedup.low:.2f}-{speedup.high:.2f}x",
                          f"{measured / ar_ev:.2f}x",
                          f"{100 * ((forecast / ar_cal) / (measured / ar_ev) - 1):+.0f}%" if known else "-",
-                         " / ".join(inside), _need(tr.prompts_for(None if dataset == "all" else dataset)),
+                         " / ".join(inside), _need(tr.prompts_for(None if dataset == "all" else dataset), dataset,
+                                                   result.config.prompt_chars),
                          "-" if not ar_cal else f"{ar_cal:.1f} -> {ar_ev:.1f}"])
 
         for s in cells:
@@ -175,8 +177,15 @@ def forecast_table(result: BenchResult) -> str:
     return markdown_table(header, rows)
 
 
-def _need(prompts: int | None) -> str:
-    return "-" if prompts is None else str(prompts)
+def _need(prompts: int | None, dataset: str, prompt_chars: int) -> str:
+    """The prompts-for-15% cell: the count, and the dataset's size where both sides together need more."""
+    if prompts is None:
+        return "-"
+    if dataset in DATASETS:
+        available = count_prompts(dataset, prompt_chars=prompt_chars)
+        if 2 * prompts > available:
+            return f"{prompts} ({dataset} has {available})"
+    return str(prompts)
 
 
 def _native_note(meta: dict) -> str:

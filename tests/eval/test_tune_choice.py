@@ -145,7 +145,19 @@ def test_forecast_table_puts_forecast_beside_measured_and_ar_in_table1():
     assert cells[0][2] == "auto -> ar" and cells[0][4] == "55.0" and cells[0][6:9] == ["54.9", "+0%", "1.00x"]
     assert cells[0][10:12] == ["0.91x", "+9%"] and cells[0][14] == "55.0 -> 60.0"
     assert cells[2][4] == "55.0" and cells[2][6:8] == ["54.9", "+0%"] and cells[2][14] == "55.0 -> 56.5"
-    assert [c[13] for c in cells] == [str(r.prompts_for(d)) for d in ("humaneval", "stdlib", None)]
+    # two calibration prompts a dataset: hundreds needed, more than either dataset has (the cell says so)
+    from dartree.eval.datasets import count_prompts
+    from dartree.eval.report import _need
+
+    assert r.prompts_for("humaneval") > 164 and r.prompts_for(None) < 164
+    assert [c[13] for c in cells] == [f"{r.prompts_for('humaneval')} (humaneval has 164)",
+                                      f"{r.prompts_for('stdlib')} (stdlib has {count_prompts('stdlib')})",
+                                      str(r.prompts_for(None))]
+
+    have = count_prompts("stdlib")
+    assert _need(have // 2, "stdlib", 600) == str(have // 2)
+    assert _need(have // 2 + 1, "stdlib", 600) == f"{have // 2 + 1} (stdlib has {have})"
+    assert _need(500, "all", 600) == "500" and _need(None, "stdlib", 600) == "-"
     # the pooled row's interval is for 6 evaluation prompts from 4 calibration ones: narrower than a dataset's
     lo_all, hi_all = (float(x) for x in cells[2][5].split("-"))
     assert hi_all - lo_all < hi - lo
