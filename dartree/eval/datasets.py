@@ -128,7 +128,7 @@ def load_prompts(name: str, num_prompts: int, *, offset: int = 0, prompt_chars: 
 def count_prompts(name: str, *, prompt_chars: int = 600) -> int:
     """How many prompts dataset ``name`` has (what :func:`load_prompts` can give with that ``prompt_chars``)."""
     if name not in DATASETS:
-        raise ValueError(f"dataset: must be one of {DATASETS}, got {name!r}")
+        raise ValueError(f"name: the dataset must be one of {DATASETS}, got {name!r}")
     if isinstance(prompt_chars, bool) or not isinstance(prompt_chars, int) or prompt_chars < 16:
         raise ValueError(f"prompt_chars: must be an integer >= 16, got {prompt_chars!r}")
     return len(_load(name, None, prompt_chars))

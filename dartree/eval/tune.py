@@ -316,11 +316,10 @@ class TuneResult:
         """Prompts of calibration set ``label`` (``None``: all pooled) that calibration and evaluation would
         each need for the tokens/s interval of :meth:`forecast_interval` to be within ``tolerance``, at
         the spread the chosen setting showed (:func:`ratio_units_for`); ``None`` where that has no
-        interval."""
-        m = self.chosen
-        if m is None:
+        interval (the same cases as :meth:`forecast_interval`'s)."""
+        if self.forecast_interval(label, 1)[0] is None:
             return None
-        rows = [(t, sec) for lab, t, sec in m.per_prompt if label is None or lab == label]
+        rows = [(t, sec) for lab, t, sec in self.chosen.per_prompt if label is None or lab == label]
         return ratio_units_for([t for t, _ in rows], [sec for _, sec in rows], tolerance, level)
 
     @property
@@ -415,8 +414,10 @@ def ratio_units_for(num: Sequence[float], den: Sequence[float], tolerance: float
     """How many units (prompts) each side needs, calibration and evaluation alike, for the 90% (``level``)
     prediction interval of :func:`ratio_prediction` to be within ``tolerance`` of the ratio (relative),
     at the spread the sample ``num`` / ``den`` shows: the smallest ``n`` with
-    ``t * s * sqrt(2 / n) / mean(den) <= tolerance * R`` (``t`` the quantile at the sample's degrees of
-    freedom).  ``None`` for fewer than 2 units; 2 when the sample shows no spread.
+    ``t(n - 1) * s * sqrt(2 / n) / mean(den) <= tolerance * R``, the half-width :func:`ratio_prediction`
+    gives ``n`` units for ``n`` others (``t(n - 1)`` its quantile at ``n - 1`` degrees of freedom; ``s``
+    and ``R`` as this sample shows them).  ``None`` for fewer than 2 units; 2 when the sample shows no
+    spread.
     """
     n = len(num)
     if n != len(den):
@@ -429,8 +430,19 @@ def ratio_units_for(num: Sequence[float], den: Sequence[float], tolerance: float
         return None
     ratio = sum(num) / sum(den)
     variance = sum((a - ratio * b) ** 2 for a, b in zip(num, den, strict=True)) / (n - 1)
-    spread = t_quantile((1 + level) / 2, n - 1) * math.sqrt(variance) / (sum(den) / n) / (tolerance * ratio)
-    return max(2, math.ceil(2 * spread * spread - 1e-9))
+    spread = math.sqrt(variance) / (sum(den) / n) / (tolerance * ratio)        # relative, per unit
+
+    def fits(units: int) -> bool:
+        return t_quantile((1 + level) / 2, units - 1) * spread * math.sqrt(2 / units) <= 1.0
+
+    # the normal quantile's answer is a lower bound (t > z); t falls as the units grow, so count up from it
+    z = statistics.NormalDist().inv_cdf((1 + level) / 2)
+    units = max(2, math.ceil(2 * (z * spread) ** 2 - 1e-9))
+    while not fits(units):
+        units += max(1, units // 64)
+    while units > 2 and fits(units - 1):
+        units -= 1
+    return units
 
 
 def setting_text(budget: int, width: int | None, beta: float | None = None) -> str:

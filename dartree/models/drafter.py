@@ -551,6 +551,8 @@ class DFlashDrafter(nn.Module):
         # no gradient through drafter.parameters())
         object.__setattr__(self, "_embedding", embedding)
         object.__setattr__(self, "_lm_head", lm_head)
+        for slot in [k for k in self.__dict__ if k.startswith("_lm_head_")]:
+            del self.__dict__[slot]         # casts of the head shared before (draft's derived copies)
 
     # ---------------------------------------------------------------------------- context cache
     def reset(self) -> None:

@@ -40,5 +40,5 @@ def test_count_prompts_is_how_many_load_prompts_gives(name):
     assert len(load_prompts(name, n)) == n
     with pytest.raises(ValueError, match=f"has {n} prompts"):
         load_prompts(name, n + 1)
-    with pytest.raises(ValueError, match="dataset: must be one of"):
+    with pytest.raises(ValueError, match="name: the dataset must be one of"):
         count_prompts("wiki")

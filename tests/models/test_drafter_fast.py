@@ -124,3 +124,8 @@ def test_a_drafter_in_another_dtype_casts_the_shared_lm_head_once_and_follows_ed
         head.mul_(-1.0)                                              # the target's head edited in place
     after = drafter.draft(ids[:, -1])
     assert torch.equal(after.logits, want(after)) and not torch.equal(after.logits, first.logits)
+    head = head * 0.5                                                # a new head shared: the old cast is dropped
+    drafter.set_shared_weights(drafter.embedding_weight, head)
+    assert f"_lm_head_{torch.bfloat16}" not in drafter.__dict__
+    again = drafter.draft(ids[:, -1])
+    assert torch.equal(again.logits, want(again))
