@@ -394,20 +394,31 @@ def ratio_prediction(num: Sequence[float], den: Sequence[float], new_units: int,
     samples' spread is in it: a forecast for a few evaluation prompts cannot be surer than those
     prompts are alike, however many prompts it was calibrated on.
     """
+    if isinstance(new_units, bool) or not isinstance(new_units, int) or new_units < 1:
+        raise ValueError(f"new_units: must be an integer >= 1, got {new_units!r}")
+    spread = _ratio_spread(num, den, level)
+    if spread is None:
+        return None
+    n, ratio, variance, mean_den = spread
+    half = t_quantile((1 + level) / 2, n - 1) * math.sqrt(variance * (1 / n + 1 / new_units)) / mean_den
+    return Interval(ratio, max(0.0, ratio - half), ratio + half, level)
+
+
+def _ratio_spread(num: Sequence[float], den: Sequence[float], level: float
+                  ) -> tuple[int, float, float, float] | None:
+    """``(n, R, s^2, mean(den))`` of a ratio estimator's sample (``s^2``: the sample variance of the
+    residuals ``num_i - R den_i``), after checking the arguments; ``None`` for fewer than 2 units or no
+    positive ``den`` total."""
     n = len(num)
     if n != len(den):
         raise ValueError(f"den: need one per num ({n}), got {len(den)}")
-    if isinstance(new_units, bool) or not isinstance(new_units, int) or new_units < 1:
-        raise ValueError(f"new_units: must be an integer >= 1, got {new_units!r}")
     if not 0 < level < 1:
         raise ValueError(f"level: must be in (0, 1), got {level!r}")
     if n < 2 or not sum(den) > 0:
         return None
     ratio = sum(num) / sum(den)
-    residuals = [a - ratio * b for a, b in zip(num, den, strict=True)]
-    variance = sum(e * e for e in residuals) / (n - 1)
-    half = t_quantile((1 + level) / 2, n - 1) * math.sqrt(variance * (1 / n + 1 / new_units)) / (sum(den) / n)
-    return Interval(ratio, max(0.0, ratio - half), ratio + half, level)
+    variance = sum((a - ratio * b) ** 2 for a, b in zip(num, den, strict=True)) / (n - 1)
+    return n, ratio, variance, sum(den) / n
 
 
 def ratio_units_for(num: Sequence[float], den: Sequence[float], tolerance: float, level: float = 0.9) -> int | None:
@@ -419,18 +430,13 @@ def ratio_units_for(num: Sequence[float], den: Sequence[float], tolerance: float
     and ``R`` as this sample shows them).  ``None`` for fewer than 2 units; 2 when the sample shows no
     spread.
     """
-    n = len(num)
-    if n != len(den):
-        raise ValueError(f"den: need one per num ({n}), got {len(den)}")
     if isinstance(tolerance, bool) or not isinstance(tolerance, int | float) or not tolerance > 0:
         raise ValueError(f"tolerance: must be a number > 0, got {tolerance!r}")
-    if not 0 < level < 1:
-        raise ValueError(f"level: must be in (0, 1), got {level!r}")
-    if n < 2 or not sum(den) > 0 or not sum(num) > 0:
+    sample = _ratio_spread(num, den, level)
+    if sample is None or not sample[1] > 0:
         return None
-    ratio = sum(num) / sum(den)
-    variance = sum((a - ratio * b) ** 2 for a, b in zip(num, den, strict=True)) / (n - 1)
-    spread = math.sqrt(variance) / (sum(den) / n) / (tolerance * ratio)        # relative, per unit
+    _, ratio, variance, mean_den = sample
+    spread = math.sqrt(variance) / mean_den / (tolerance * ratio)              # relative, per unit
 
     def fits(units: int) -> bool:
         return t_quantile((1 + level) / 2, units - 1) * spread * math.sqrt(2 / units) <= 1.0

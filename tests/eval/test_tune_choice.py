@@ -177,15 +177,22 @@ def test_t_quantile_matches_the_tables_and_checks_its_arguments():
             t_quantile(p, df)
 
 
-def test_ratio_prediction_covers_a_new_sample_at_its_level():
-    """The interval holds the ratio of another sample drawn alike about 90% of the time (seeded simulation,
-    per-prompt seconds spread like the zoo's: tau 2-13 per prompt), for a few and for many prompts."""
+def _zoo_like(seed: int):
+    """``sample(n)``: n prompts' (tokens, seconds) spread like the zoo's (64 tokens, tau 1.5-9), seeded."""
     import random
 
-    rng = random.Random(7)
+    rng = random.Random(seed)
 
     def sample(n):
         return [64.0] * n, [64 / (60 * rng.uniform(1.5, 9.0)) for _ in range(n)]
+
+    return sample
+
+
+def test_ratio_prediction_covers_a_new_sample_at_its_level():
+    """The interval holds the ratio of another sample drawn alike about 90% of the time (seeded simulation,
+    per-prompt seconds spread like the zoo's: tau 2-13 per prompt), for a few and for many prompts."""
+    sample = _zoo_like(7)
 
     for n_cal, n_new in ((8, 8), (32, 8), (8, 40)):
         hits = 0
@@ -211,12 +218,7 @@ def test_ratio_units_for_gives_the_prompts_a_forecast_within_the_tolerance_needs
     """With n = ratio_units_for(...) prompts on each side, a sample's ratio lands within the tolerance of
     another's about 90% of the time, and with n / 4 well under that (seeded simulation, the zoo's spread;
     the spread itself estimated on 400 prompts)."""
-    import random
-
-    rng = random.Random(11)
-
-    def sample(n):
-        return [64.0] * n, [64 / (60 * rng.uniform(1.5, 9.0)) for _ in range(n)]
+    sample = _zoo_like(11)
 
     n = ratio_units_for(*sample(400), tolerance=0.15)
     assert 20 <= n <= 80                              # tau 1.5-9 per prompt: tens of prompts, not 8
