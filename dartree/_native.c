@@ -27,6 +27,9 @@
  *                 kernels for everything that rounds (MKL's sgemm_, SLEEF's expf, MKL's vmsTanh, found in
  *                 the loaded libtorch_cpu by gru_init) and the same IEEE operations in torch's order
  *                 for the rest; dartree/models/heads.py compares it with torch's ops before using it
+ *   gru_expand    the whole depth loop of dartree-pruned (and the other depth-wise builders) for one sequence
+ *                 with such a GRU head: depth_step, bound_frontier and gru_step's arithmetic per depth, in
+ *                 one call (the same functions as the three calls, so the same bits)
  *
  * Float rules: every float32 result is computed with the same IEEE operations, in the same order, as
  * the numpy / torch formula it replaces (scores: float32 additions; log q: float64 with numpy's pairwise
@@ -42,6 +45,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* ------------------------------------------------------------------------------------------ buffers */
 typedef struct {
@@ -513,6 +517,59 @@ static PyObject *native_log_normalize(PyObject *self, PyObject *const *args, Py_
 }
 
 /* -------------------------------------------------------------------------------------- depth step */
+/* depth_step's work on checked buffers (scratch: K doubles, child: 2 m K floats); returns nonfinite and sets
+ * *identity_out.  Also the depth loop of gru_expand. */
+static int depth_rows(const float *logits, Py_ssize_t b, Py_ssize_t m, Py_ssize_t k, const double *rest,
+                      const float *parent, float beta, Py_ssize_t width, const int64_t *cand, float *log_q,
+                      int64_t *parents, int64_t *ranks, int64_t *tokens, float *scores, const int64_t *anc_in,
+                      int64_t *anc_out, Py_ssize_t gamma, Py_ssize_t depth, int64_t *gather, double *scratch,
+                      float *child, int *identity_out) {
+    const Py_ssize_t total = m * k;
+    int bad = 0, identity = width == m;
+    for (Py_ssize_t r = 0; r < b && !bad; r++) {
+        for (Py_ssize_t i = 0; i < m; i++) {
+            Py_ssize_t o = (r * m + i) * k;
+            bad |= normalize_row(logits + o, k, rest ? rest + r : NULL, log_q + o, scratch);
+            float ps = parent[r * m + i];
+            for (Py_ssize_t j = 0; j < k; j++) child[i * k + j] = (ps + log_q[o + j]) + beta;
+        }
+        if (bad) break;
+        /* the width-th best score t; all scores > t, then the first ties == t by position */
+        Py_ssize_t kept = 0, greater = 0;
+        float t = -INFINITY;
+        if (width < total) {
+            memcpy(child + total, child, sizeof(float) * (size_t)total);
+            t = nth_largest(child + total, total, width);
+        }
+        if (width < total)
+            for (Py_ssize_t p = 0; p < total; p++) greater += child[p] > t;
+        Py_ssize_t ties = width - greater;
+        for (Py_ssize_t p = 0; p < total && kept < width; p++) {
+            int take = width == total || child[p] > t;
+            if (!take && child[p] == t && ties > 0) {
+                take = 1;
+                ties--;
+            }
+            if (!take) continue;
+            Py_ssize_t w = r * width + kept;
+            Py_ssize_t par = p / k, rk = p % k;
+            parents[w] = par;
+            ranks[w] = rk;
+            tokens[w] = cand[r * k + rk];
+            scores[w] = child[p];
+            identity &= par == kept;
+            if (gather) gather[w] = r * m + par;
+            if (anc_out) {
+                memcpy(anc_out + w * gamma, anc_in + (r * m + par) * gamma, sizeof(int64_t) * (size_t)gamma);
+                anc_out[w * gamma + depth - 1] = kept + 1;
+            }
+            kept++;
+        }
+    }
+    *identity_out = identity && !bad;
+    return bad;
+}
+
 /* depth_step(logits f32 [b, m, K], b, m, K, rest f64 [b] | None, parent f32 [b, m], beta (float), width,
  *            cand_tokens i64 [b, K], log_q f32 [b, m, K] (out), parents i64 [b, W], ranks i64 [b, W],
  *            tokens i64 [b, W], scores f32 [b, W], anc_in i64 [b, m, gamma] | None, anc_out i64 [b, W, gamma] | None,
@@ -576,51 +633,13 @@ static PyObject *native_depth_step(PyObject *self, PyObject *const *args, Py_ssi
         release(a, 12);
         return PyErr_NoMemory();
     }
-    int bad = 0, identity = width == m;
-    for (Py_ssize_t r = 0; r < b && !bad; r++) {
-        for (Py_ssize_t i = 0; i < m; i++) {
-            Py_ssize_t o = (r * m + i) * k;
-            bad |= normalize_row(logits + o, k, rest ? rest + r : NULL, log_q + o, scratch);
-            float ps = parent[r * m + i];
-            for (Py_ssize_t j = 0; j < k; j++) child[i * k + j] = (ps + log_q[o + j]) + beta;
-        }
-        if (bad) break;
-        /* the width-th best score t; all scores > t, then the first ties == t by position */
-        Py_ssize_t kept = 0, greater = 0;
-        float t = -INFINITY;
-        if (width < total) {
-            memcpy(child + total, child, sizeof(float) * (size_t)total);
-            t = nth_largest(child + total, total, width);
-        }
-        if (width < total)
-            for (Py_ssize_t p = 0; p < total; p++) greater += child[p] > t;
-        Py_ssize_t ties = width - greater;
-        for (Py_ssize_t p = 0; p < total && kept < width; p++) {
-            int take = width == total || child[p] > t;
-            if (!take && child[p] == t && ties > 0) {
-                take = 1;
-                ties--;
-            }
-            if (!take) continue;
-            Py_ssize_t w = r * width + kept;
-            Py_ssize_t par = p / k, rk = p % k;
-            parents[w] = par;
-            ranks[w] = rk;
-            tokens[w] = cand[r * k + rk];
-            scores[w] = child[p];
-            identity &= par == kept;
-            if (gather) gather[w] = r * m + par;
-            if (anc_out) {
-                memcpy(anc_out + w * gamma, anc_in + (r * m + par) * gamma, sizeof(int64_t) * (size_t)gamma);
-                anc_out[w * gamma + depth - 1] = kept + 1;
-            }
-            kept++;
-        }
-    }
+    int identity;
+    int bad = depth_rows(logits, b, m, k, rest, parent, beta, width, cand, log_q, parents, ranks, tokens, scores, anc_in,
+                         anc_out, gamma, depth, gather, scratch, child, &identity);
     free(scratch);
     free(child);
     release(a, 12);
-    return Py_BuildValue("(ii)", bad, identity && !bad);
+    return Py_BuildValue("(ii)", bad, identity);
 }
 
 /* ------------------------------------------------------------------------------------- select tree */
@@ -797,6 +816,64 @@ static PyObject *native_select_tree(PyObject *self, PyObject *const *args, Py_ss
 }
 
 /* ---------------------------------------------------------------------------------- bound frontier */
+/* bound_frontier's work on checked buffers (offset: the depths' cumulative widths, offset[0] = 0): the largest
+ * count of live frontier nodes in a row, or -1 when out of memory.  Also the depth loop of gru_expand. */
+static Py_ssize_t bound_rows(Py_ssize_t b, Py_ssize_t gamma, Py_ssize_t depth, const Py_ssize_t *offset,
+                             Py_ssize_t budget, const int64_t *rank, const float *score, const int64_t *paths,
+                             float beta) {
+    Py_ssize_t total = offset[depth], wd = offset[depth] - offset[depth - 1];
+    float *vals = malloc(sizeof(float) * (size_t)(total + 1));
+    Py_ssize_t *ties = malloc(sizeof(Py_ssize_t) * (size_t)(total + 1));
+    Py_ssize_t *tmp = malloc(sizeof(Py_ssize_t) * (size_t)(total + 1));
+    char *in = malloc((size_t)(wd + 1));
+    if (!vals || !ties || !tmp || !in) {
+        free(vals); free(ties); free(tmp); free(in);
+        return -1;
+    }
+    TreeOrder order = {score, paths, gamma};
+    Py_ssize_t most = 0;
+    for (Py_ssize_t r = 0; r < b; r++) {
+        Py_ssize_t n = 0, base = b * offset[depth - 1] + r * wd;
+        for (Py_ssize_t d = 0; d < depth; d++) {
+            Py_ssize_t wj = offset[d + 1] - offset[d];
+            for (Py_ssize_t c = 0, f = b * offset[d] + r * wj; c < wj; c++, f++)
+                if (rank[f] >= 0) vals[n++] = score[f];
+        }
+        float t = -INFINITY;
+        int every_tie = 1; /* all nodes scoring t rank before or at theta */
+        memset(in, 0, (size_t)wd);
+        if (n >= budget) {
+            t = nth_largest(vals, n, budget);
+            Py_ssize_t greater = 0, nt = 0;
+            for (Py_ssize_t d = 0; d < depth; d++) {
+                Py_ssize_t wj = offset[d + 1] - offset[d];
+                for (Py_ssize_t c = 0, f = b * offset[d] + r * wj; c < wj; c++, f++) {
+                    if (rank[f] < 0) continue;
+                    greater += score[f] > t;
+                    if (score[f] == t) ties[nt++] = f;
+                }
+            }
+            Py_ssize_t need = budget - greater; /* 1 <= need <= nt: theta is the need-th tie in rank-path order */
+            if (need < nt) {
+                every_tie = 0;
+                merge_sort(ties, tmp, nt, &order);
+                for (Py_ssize_t i = 0; i < need; i++)
+                    if (ties[i] >= base && ties[i] < base + wd) in[ties[i] - base] = 1;
+            }
+        }
+        Py_ssize_t kept = 0;
+        for (Py_ssize_t c = 0; c < wd; c++) {
+            Py_ssize_t f = base + c;
+            if (rank[f] < 0) continue;
+            float s = score[f], best_child = s + beta; /* no child of f scores above it */
+            kept += n < budget || best_child > t || (best_child == t && (s > t || every_tie || in[c]));
+        }
+        if (kept > most) most = kept;
+    }
+    free(vals); free(ties); free(tmp); free(in);
+    return most;
+}
+
 /* bound_frontier(b, gamma, depth, widths i64 [depth], budget, ranks i64, scores f32, paths i64 | None,
  *                beta (float)) -> the largest count of live frontier nodes in a row (0: stop expanding).
  * The buffers are select_tree's: depth j's [b, W_j] block at b * offset_j (paths: [b, W_j, gamma] blocks at
@@ -849,7 +926,7 @@ static PyObject *native_bound_frontier(PyObject *self, PyObject *const *args, Py
         PyErr_SetString(PyExc_ValueError, "bound_frontier: every width must be >= 0 (and their sum representable)");
         return NULL;
     }
-    Py_ssize_t total = offset[depth], wd = offset[depth] - offset[depth - 1];
+    Py_ssize_t total = offset[depth];
     Buf a[3];
     memset(a, 0, sizeof a);
     if (acquire(args[5], &a[0], 8, mul(b, total), 0, 0, "ranks") < 0 || acquire(args[6], &a[1], 4, mul(b, total), 0, 0, "scores") < 0 ||
@@ -858,59 +935,10 @@ static PyObject *native_bound_frontier(PyObject *self, PyObject *const *args, Py
         release(a, 3);
         return NULL;
     }
-    const int64_t *rank = I64(a[0]);
-    const float *score = F32(a[1]);
-    float *vals = malloc(sizeof(float) * (size_t)(total + 1));
-    Py_ssize_t *ties = malloc(sizeof(Py_ssize_t) * (size_t)(total + 1));
-    Py_ssize_t *tmp = malloc(sizeof(Py_ssize_t) * (size_t)(total + 1));
-    char *in = malloc((size_t)(wd + 1));
-    if (!vals || !ties || !tmp || !in) {
-        free(offset); free(vals); free(ties); free(tmp); free(in);
-        release(a, 3);
-        return PyErr_NoMemory();
-    }
-    TreeOrder order = {score, I64_OR_NULL(a[2]), gamma};
-    Py_ssize_t most = 0;
-    for (Py_ssize_t r = 0; r < b; r++) {
-        Py_ssize_t n = 0, base = b * offset[depth - 1] + r * wd;
-        for (Py_ssize_t d = 0; d < depth; d++) {
-            Py_ssize_t wj = offset[d + 1] - offset[d];
-            for (Py_ssize_t c = 0, f = b * offset[d] + r * wj; c < wj; c++, f++)
-                if (rank[f] >= 0) vals[n++] = score[f];
-        }
-        float t = -INFINITY;
-        int every_tie = 1; /* all nodes scoring t rank before or at theta */
-        memset(in, 0, (size_t)wd);
-        if (n >= budget) {
-            t = nth_largest(vals, n, budget);
-            Py_ssize_t greater = 0, nt = 0;
-            for (Py_ssize_t d = 0; d < depth; d++) {
-                Py_ssize_t wj = offset[d + 1] - offset[d];
-                for (Py_ssize_t c = 0, f = b * offset[d] + r * wj; c < wj; c++, f++) {
-                    if (rank[f] < 0) continue;
-                    greater += score[f] > t;
-                    if (score[f] == t) ties[nt++] = f;
-                }
-            }
-            Py_ssize_t need = budget - greater; /* 1 <= need <= nt: theta is the need-th tie in rank-path order */
-            if (need < nt) {
-                every_tie = 0;
-                merge_sort(ties, tmp, nt, &order);
-                for (Py_ssize_t i = 0; i < need; i++)
-                    if (ties[i] >= base && ties[i] < base + wd) in[ties[i] - base] = 1;
-            }
-        }
-        Py_ssize_t kept = 0;
-        for (Py_ssize_t c = 0; c < wd; c++) {
-            Py_ssize_t f = base + c;
-            if (rank[f] < 0) continue;
-            float s = score[f], best_child = s + beta; /* no child of f scores above it */
-            kept += n < budget || best_child > t || (best_child == t && (s > t || every_tie || in[c]));
-        }
-        if (kept > most) most = kept;
-    }
-    free(offset); free(vals); free(ties); free(tmp); free(in);
+    Py_ssize_t most = bound_rows(b, gamma, depth, offset, budget, I64(a[0]), F32(a[1]), I64_OR_NULL(a[2]), beta);
+    free(offset);
     release(a, 3);
+    if (most < 0) return PyErr_NoMemory();
     return PyLong_FromSsize_t(most);
 }
 
@@ -1524,6 +1552,53 @@ static void gemm_rows(int n, int m, int k, const float *x, int ldx, const float 
     gru_sgemm(trans ? "T" : "N", "N", &m, &n, &k, &one, w, &ldw, x, &ldx, &beta, c, &m);
 }
 
+/* gru_step's arithmetic on checked buffers, once gi holds the tokens' table rows and found the next
+ * candidates' rows (see gru_step).  Also the depth loop of gru_expand. */
+static void gru_rows(const float *h, const float *w_hh, Py_ssize_t hh_trans, const float *bias_hh, float *gi, float *gh,
+                     float *out_h, const float *w_s, Py_ssize_t s_trans, const float *part, const float *found,
+                     Py_ssize_t e1, const float *base, float *mid, float *act, float *logits, Py_ssize_t n,
+                     Py_ssize_t g, Py_ssize_t e, Py_ssize_t k) {
+    const Py_ssize_t g3 = 3 * g;
+    /* gh = bias_hh + h W_hh^T (addmm: the bias copied into every row, then beta 1) */
+    if (bias_hh)
+        for (Py_ssize_t i = 0; i < n; i++) memcpy(gh + i * g3, bias_hh, (size_t)g3 * sizeof(float));
+    gemm_rows((int)n, (int)g3, (int)g, h, (int)g, w_hh, (int)hh_trans, hh_trans ? (int)g : (int)g3,
+              bias_hh ? 1.0f : 0.0f, gh);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        float *rz = gh + i * g3, *hn = rz + 2 * g;
+        const float *xi = gi + i * g3;
+        for (Py_ssize_t j = 0; j < 2 * g; j++) rz[j] = rz[j] + xi[j];
+        exp_neg16(rz, 2 * g);                                        /* sigmoid: 1 / (1 + exp(0 - x)) */
+        for (Py_ssize_t j = 0; j < 2 * g; j++) rz[j] = 1.0f / (rz[j] + 1.0f);
+        for (Py_ssize_t j = 0; j < g; j++) hn[j] = hn[j] * rz[j] + xi[2 * g + j];  /* no fma: -ffp-contract=off */
+        gru_vtanh((int64_t)g, hn, hn, VML_MODE);                     /* tanh_ of one row, as ATen's strided loop */
+        const float *hi = h + i * g, *z = rz + g;
+        float *o = out_h + i * g;
+        for (Py_ssize_t j = 0; j < g; j++) o[j] = (hi[j] - hn[j]) * z[j] + hn[j];
+    }
+    /* mid = out_h W_s^T + part; act = silu(mid) = mid / (1 + exp(-mid)) */
+    gemm_rows((int)n, (int)e, (int)g, out_h, (int)g, w_s, (int)s_trans, s_trans ? (int)g : (int)e, 0.0f, mid);
+    for (Py_ssize_t i = 0; i < n; i++)
+        for (Py_ssize_t j = 0; j < e; j++) mid[i * e + j] = mid[i * e + j] + part[j];
+    /* ATen's vectorized loop takes the elements two vectors (32) at a time and the rest with the
+     * scalar formula (std::exp): the silu runs over the n * e elements of one contiguous tensor */
+    const Py_ssize_t total = n * e, whole = total - total % 32;
+    memcpy(act, mid, (size_t)whole * sizeof(float));
+    exp_neg16(act, whole);
+    for (Py_ssize_t j = whole; j < total; j++) act[j] = expf(-mid[j]);
+    for (Py_ssize_t j = 0; j < total; j++) act[j] = mid[j] / (1.0f + act[j]);
+    /* logits = act rows^T (bmm with the transposed [k, e1] rows), + bias column, + base */
+    const float zero = 0.0f, one = 1.0f;
+    int ki = (int)k, ni = (int)n, ei = (int)e, ld = (int)e1;
+    gru_sgemm("T", "N", &ki, &ni, &ei, &one, found, &ld, act, &ei, &zero, logits, &ki);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        float *row = logits + i * k;
+        if (e1 == e + 1)
+            for (Py_ssize_t j = 0; j < k; j++) row[j] = row[j] + found[j * e1 + e];
+        for (Py_ssize_t j = 0; j < k; j++) row[j] = row[j] + base[j];
+    }
+}
+
 /* gru_step(table, tokens, h, w_hh, hh_trans, bias_hh, gi, gh, out_h, w_s, s_trans, part, rows_table, cands,
  *          found, e1, base, mid, act, logits, n, g, e, k, v) -> status, for one sequence of n rows:
  *   gi = table[tokens]; gh = bias_hh + h W_hh^T; r, z = sigmoid(gh_rz + gi_rz);
@@ -1584,48 +1659,208 @@ static PyObject *native_gru_step(PyObject *self, PyObject *const *args, Py_ssize
         if (cands[j] < 0 || cands[j] >= v) status = 1;
         else memcpy(found + j * e1, rows_table + cands[j] * e1, (size_t)e1 * sizeof(float));
     }
-    if (!status) {
-        /* gh = bias_hh + h W_hh^T (addmm: the bias copied into every row, then beta 1) */
-        if (bias_hh)
-            for (Py_ssize_t i = 0; i < n; i++) memcpy(gh + i * g3, bias_hh, (size_t)g3 * sizeof(float));
-        gemm_rows((int)n, (int)g3, (int)g, h, (int)g, w_hh, (int)hh_trans, hh_trans ? (int)g : (int)g3,
-                  bias_hh ? 1.0f : 0.0f, gh);
-        for (Py_ssize_t i = 0; i < n; i++) {
-            float *rz = gh + i * g3, *hn = rz + 2 * g;
-            const float *xi = gi + i * g3;
-            for (Py_ssize_t j = 0; j < 2 * g; j++) rz[j] = rz[j] + xi[j];
-            exp_neg16(rz, 2 * g);                                        /* sigmoid: 1 / (1 + exp(0 - x)) */
-            for (Py_ssize_t j = 0; j < 2 * g; j++) rz[j] = 1.0f / (rz[j] + 1.0f);
-            for (Py_ssize_t j = 0; j < g; j++) hn[j] = hn[j] * rz[j] + xi[2 * g + j];  /* no fma: -ffp-contract=off */
-            gru_vtanh((int64_t)g, hn, hn, VML_MODE);                     /* tanh_ of one row, as ATen's strided loop */
-            const float *hi = h + i * g, *z = rz + g;
-            float *o = out_h + i * g;
-            for (Py_ssize_t j = 0; j < g; j++) o[j] = (hi[j] - hn[j]) * z[j] + hn[j];
-        }
-        /* mid = out_h W_s^T + part; act = silu(mid) = mid / (1 + exp(-mid)) */
-        gemm_rows((int)n, (int)e, (int)g, out_h, (int)g, w_s, (int)s_trans, s_trans ? (int)g : (int)e, 0.0f, mid);
-        for (Py_ssize_t i = 0; i < n; i++)
-            for (Py_ssize_t j = 0; j < e; j++) mid[i * e + j] = mid[i * e + j] + part[j];
-        /* ATen's vectorized loop takes the elements two vectors (32) at a time and the rest with the
-         * scalar formula (std::exp): the silu runs over the n * e elements of one contiguous tensor */
-        const Py_ssize_t total = n * e, whole = total - total % 32;
-        memcpy(act, mid, (size_t)whole * sizeof(float));
-        exp_neg16(act, whole);
-        for (Py_ssize_t j = whole; j < total; j++) act[j] = expf(-mid[j]);
-        for (Py_ssize_t j = 0; j < total; j++) act[j] = mid[j] / (1.0f + act[j]);
-        /* logits = act rows^T (bmm with the transposed [k, e1] rows), + bias column, + base */
-        const float zero = 0.0f, one = 1.0f;
-        int ki = (int)k, ni = (int)n, ei = (int)e, ld = (int)e1;
-        gru_sgemm("T", "N", &ki, &ni, &ei, &one, found, &ld, act, &ei, &zero, logits, &ki);
-        for (Py_ssize_t i = 0; i < n; i++) {
-            float *row = logits + i * k;
-            if (e1 == e + 1)
-                for (Py_ssize_t j = 0; j < k; j++) row[j] = row[j] + found[j * e1 + e];
-            for (Py_ssize_t j = 0; j < k; j++) row[j] = row[j] + base[j];
-        }
-    }
+    if (!status)
+        gru_rows(h, w_hh, hh_trans, bias_hh, gi, gh, out_h, w_s, s_trans, part, found, e1, base, mid, act, logits, n, g,
+                 e, k);
     release(a, 18);
     return PyLong_FromLong(status);
+}
+
+/* ------------------------------------------------------------------------------------- gru expand */
+static inline double now_seconds(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* gru_expand(z1 f32 [K], gamma, K, widths i64 [gamma], rest f64 [gamma] | None, beta (float), budget (0: no bound),
+ *            cand_tokens i64 [gamma, K], parents, ranks, tokens, gather i64 [total], scores f32 [total],
+ *            paths i64 [(total + 1) gamma] | None (zeros: the root's path first), used i64 [gamma] (out),
+ *            h0 f32 [G], table f32 [V, 3G], w_hh f32 [3G, G], hh_copy f32 [G, 3G] | None, hh_from,
+ *            bias_hh f32 [3G] | None, w_s f32 [E, G], s_copy f32 [G, E] | None, s_from, part f32 [gamma, E],
+ *            rows_table f32 [V, e1], base f32 [gamma, K], g, e, e1, v)
+ * -> (status, depths, branches, head_seconds, head_calls)
+ *
+ * The depth loop of dartree.fast.host_builders._expand_native for one sequence with a GRU head whose steps
+ * are gru_step's (dartree/models/heads.py decides that: the bundled head, every step shape checked against
+ * torch's ops first): per depth depth_step's rows, bound_frontier's bound (budget > 0) once the depths hold
+ * `budget` nodes, the kept branches' states gathered by parent, and gru_step's arithmetic with the K-major
+ * weight copies from hh_from / s_from rows (-1: never), as that call runs them.  z1 is the root's logits
+ * (depth 1), h0 its state; total = sum(widths).  The outputs are depth_step's, depth d's block at
+ * offset_d, for select_tree; used[d - 1] is d's width when it was expanded, else 0; depths the depths
+ * expanded, branches the branch rows scored, head_seconds the time inside the GRU steps (with their row
+ * gathers), head_calls their number.  Status: 0 ok, 1 a NaN or infinite log q (the outputs are then not
+ * meaningful), 2 a token or candidate outside [0, v), 3 without gru_init. */
+static PyObject *native_gru_expand(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 31) {
+        PyErr_SetString(PyExc_TypeError, "gru_expand: expected 31 arguments");
+        return NULL;
+    }
+    Py_ssize_t gamma, k, budget, g, e, e1, v;
+    long long hh_from, s_from;
+    if (get_ssize(args[1], &gamma, "gamma") < 0 || get_ssize(args[2], &k, "topk") < 0 ||
+        get_ssize(args[6], &budget, "budget") < 0 || get_ssize(args[27], &g, "g") < 0 || get_ssize(args[28], &e, "e") < 0 ||
+        get_ssize(args[29], &e1, "e1") < 0 || get_ssize(args[30], &v, "v") < 0)
+        return NULL;
+    hh_from = PyLong_AsLongLong(args[19]);
+    if (hh_from == -1 && PyErr_Occurred()) return NULL;
+    s_from = PyLong_AsLongLong(args[23]);
+    if (s_from == -1 && PyErr_Occurred()) return NULL;
+    double beta_d = PyFloat_AsDouble(args[5]);
+    if (beta_d == -1.0 && PyErr_Occurred()) return NULL;
+    if (budget > 0 && !(beta_d <= 0.0)) {
+        PyErr_SetString(PyExc_ValueError, "gru_expand: beta must be <= 0 (a depth penalty) with the bound");
+        return NULL;
+    }
+    const float beta = (float)beta_d;
+    if (gamma < 1 || k < 1 || g % 16 || e % 16 || g < 16 || e < 16 || (e1 != e && e1 != e + 1) || v < 1) {
+        PyErr_SetString(PyExc_ValueError, "gru_expand: need gamma, topk >= 1, g and e positive multiples of 16, e1 e or "
+                                          "e + 1");
+        return NULL;
+    }
+    Buf wb;
+    if (acquire(args[3], &wb, 8, gamma, 0, 0, "widths") < 0) {
+        release(&wb, 1);
+        return NULL;
+    }
+    int64_t *widths = malloc(sizeof(int64_t) * (size_t)gamma);
+    if (!widths) {
+        release(&wb, 1);
+        return PyErr_NoMemory();
+    }
+    memcpy(widths, wb.view.buf, sizeof(int64_t) * (size_t)gamma);
+    release(&wb, 1);
+    Py_ssize_t total = 0, most = 1;
+    int bad_width = 0;
+    for (Py_ssize_t d = 0, prev = 1; d < gamma; d++) {
+        int64_t w = widths[d];
+        bad_width |= w < 1 || w > mul(prev, k) || mul(w, 3 * g) > INT32_MAX || __builtin_add_overflow(total, (Py_ssize_t)w, &total);
+        if (bad_width) break;
+        most = w > most ? w : most;
+        prev = w;
+    }
+    if (bad_width || mul(k, e1) > INT32_MAX) {
+        free(widths);
+        PyErr_SetString(PyExc_ValueError, "gru_expand: need 1 <= widths[d] <= widths[d - 1] * K (1 before the first), "
+                                          "sizes below 2**31");
+        return NULL;
+    }
+    Buf a[22];
+    memset(a, 0, sizeof a);
+    if (acquire(args[0], &a[0], 4, k, 0, 0, "z1") < 0 || acquire(args[4], &a[1], 8, gamma, 0, 1, "rest") < 0 ||
+        acquire(args[7], &a[2], 8, mul(gamma, k), 0, 0, "cand_tokens") < 0 ||
+        acquire(args[8], &a[3], 8, total, 1, 0, "parents") < 0 || acquire(args[9], &a[4], 8, total, 1, 0, "ranks") < 0 ||
+        acquire(args[10], &a[5], 8, total, 1, 0, "tokens") < 0 || acquire(args[11], &a[6], 8, total, 1, 0, "gather") < 0 ||
+        acquire(args[12], &a[7], 4, total, 1, 0, "scores") < 0 ||
+        acquire(args[13], &a[8], 8, mul(total + 1, gamma), 1, 1, "paths") < 0 ||
+        acquire(args[14], &a[9], 8, gamma, 1, 0, "used") < 0 || acquire(args[15], &a[10], 4, g, 0, 0, "h0") < 0 ||
+        acquire(args[16], &a[11], 4, mul(v, 3 * g), 0, 0, "table") < 0 ||
+        acquire(args[17], &a[12], 4, mul(g, 3 * g), 0, 0, "w_hh") < 0 ||
+        acquire(args[18], &a[13], 4, mul(g, 3 * g), 0, 1, "hh_copy") < 0 ||
+        acquire(args[20], &a[14], 4, 3 * g, 0, 1, "bias_hh") < 0 || acquire(args[21], &a[15], 4, mul(g, e), 0, 0, "w_s") < 0 ||
+        acquire(args[22], &a[16], 4, mul(g, e), 0, 1, "s_copy") < 0 ||
+        acquire(args[24], &a[17], 4, mul(gamma, e), 0, 0, "part") < 0 ||
+        acquire(args[25], &a[18], 4, mul(v, e1), 0, 0, "rows_table") < 0 ||
+        acquire(args[26], &a[19], 4, mul(gamma, k), 0, 0, "base") < 0) {
+        free(widths);
+        release(a, 22);
+        return NULL;
+    }
+    if (!gru_sgemm) {
+        free(widths);
+        release(a, 22);
+        return Py_BuildValue("(inndi)", 3, (Py_ssize_t)0, (Py_ssize_t)0, 0.0, 0);
+    }
+    const Py_ssize_t g3 = 3 * g, wk = mul(most, k);
+    const float *table = F32(a[11]), *w_hh = F32(a[12]), *w_s = F32(a[15]), *part = F32(a[17]);
+    const float *rows_table = F32(a[18]), *base = F32(a[19]);
+    const float *hh_copy = a[13].held ? F32(a[13]) : NULL, *s_copy = a[16].held ? F32(a[16]) : NULL;
+    const float *bias_hh = a[14].held ? F32(a[14]) : NULL;
+    const double *rest = a[1].held ? (const double *)a[1].view.buf : NULL;
+    const int64_t *cand = I64(a[2]);
+    int64_t *parents = I64(a[3]), *ranks = I64(a[4]), *tokens = I64(a[5]), *gather = I64(a[6]);
+    int64_t *paths = I64_OR_NULL(a[8]), *used = I64(a[9]);
+    float *scores = F32(a[7]);
+    /* scratch: log q and child scores of a depth, the states before and after a step, the step's buffers */
+    float *lq = malloc(sizeof(float) * (size_t)wk), *child = malloc(sizeof(float) * (size_t)(2 * wk));
+    float *logits = malloc(sizeof(float) * (size_t)wk), *found = malloc(sizeof(float) * (size_t)(k * e1));
+    float *h_in = malloc(sizeof(float) * (size_t)(most * g)), *h_out = malloc(sizeof(float) * (size_t)(most * g));
+    float *gi = malloc(sizeof(float) * (size_t)(most * g3)), *gh = malloc(sizeof(float) * (size_t)(most * g3));
+    float *mid = malloc(sizeof(float) * (size_t)(most * e)), *act = malloc(sizeof(float) * (size_t)(most * e));
+    double *dscratch = malloc(sizeof(double) * (size_t)k);
+    Py_ssize_t *offset = malloc(sizeof(Py_ssize_t) * (size_t)(gamma + 1));
+    int status = 0, nomem = !lq || !child || !logits || !found || !h_in || !h_out || !gi || !gh || !mid || !act ||
+                              !dscratch || !offset;
+    Py_ssize_t expanded = 0, branches = 0;
+    double head_seconds = 0.0;
+    int head_calls = 0;
+    if (!nomem) {
+        for (Py_ssize_t d = 0; d < gamma; d++) used[d] = 0;
+        const float *z = F32(a[0]), *h = F32(a[10]);
+        float zero_score = 0.0f;
+        const float *parent_scores = &zero_score;
+        Py_ssize_t lo = 0;
+        offset[0] = 0;
+        for (Py_ssize_t depth = 1; depth <= gamma; depth++) {
+            const Py_ssize_t width = widths[depth - 1], m = depth == 1 ? 1 : widths[depth - 2], hi = lo + width;
+            const int64_t *anc_in = NULL;
+            int64_t *anc_out = NULL;
+            if (paths) { /* the previous depth's paths (the root's zeros at depth 1), then this depth's */
+                anc_in = depth == 1 ? paths : paths + gamma + (lo - m) * gamma;
+                anc_out = paths + gamma + lo * gamma;
+            }
+            int identity;
+            if (depth_rows(z, 1, m, k, rest ? rest + depth - 1 : NULL, parent_scores, beta, width, cand + (depth - 1) * k,
+                           lq, parents + lo, ranks + lo, tokens + lo, scores + lo, anc_in, anc_out, gamma, depth,
+                           gather + lo, dscratch, child, &identity)) {
+                status = 1;
+                break;
+            }
+            used[depth - 1] = width;
+            expanded = depth;
+            branches += m;
+            offset[depth] = hi;
+            parent_scores = scores + lo;
+            if (depth == gamma) break; /* the last depth's step would never be used */
+            if (budget > 0 && hi >= budget) { /* does a branch not rank after the budget-th node? */
+                Py_ssize_t keep = bound_rows(1, gamma, depth, offset, budget, ranks, scores, paths ? paths + gamma : NULL,
+                                             beta);
+                if (keep < 0) {
+                    nomem = 1;
+                    break;
+                }
+                if (keep == 0) break; /* nothing deeper can enter the tree */
+            }
+            double start = now_seconds();
+            for (Py_ssize_t j = 0; j < width && !status; j++) { /* the kept branches' states and tokens' gates */
+                int64_t t = tokens[lo + j];
+                if (t < 0 || t >= v) status = 2;
+                else {
+                    memcpy(h_in + j * g, h + gather[lo + j] * g, sizeof(float) * (size_t)g);
+                    memcpy(gi + j * g3, table + t * g3, sizeof(float) * (size_t)g3);
+                }
+            }
+            const int64_t *next = cand + depth * k; /* C_{depth + 1} */
+            for (Py_ssize_t j = 0; j < k && !status; j++) {
+                if (next[j] < 0 || next[j] >= v) status = 2;
+                else memcpy(found + j * e1, rows_table + next[j] * e1, sizeof(float) * (size_t)e1);
+            }
+            if (status) break;
+            const int hh = hh_copy && hh_from >= 0 && width >= hh_from, sc = s_copy && s_from >= 0 && width >= s_from;
+            gru_rows(h_in, hh ? hh_copy : w_hh, !hh, bias_hh, gi, gh, h_out, sc ? s_copy : w_s, !sc, part + depth * e,
+                     found, e1, base + depth * k, mid, act, logits, width, g, e, k);
+            head_seconds += now_seconds() - start;
+            head_calls++;
+            h = h_out; /* the next gather reads the new states from h_out into h_in */
+            z = logits;
+            lo = hi;
+        }
+    }
+    free(widths); free(lq); free(child); free(logits); free(found); free(h_in); free(h_out);
+    free(gi); free(gh); free(mid); free(act); free(dscratch); free(offset);
+    release(a, 22);
+    if (nomem) return PyErr_NoMemory();
+    return Py_BuildValue("(inndi)", status, expanded, branches, head_seconds, head_calls);
 }
 
 /* ------------------------------------------------------------------------------------------ module */
@@ -1643,6 +1878,7 @@ static PyMethodDef methods[] = {
     {"rotate", (PyCFunction)(void (*)(void))native_rotate, METH_FASTCALL, "float32 rotary embedding as torch's."},
     {"gru_init", (PyCFunction)(void (*)(void))native_gru_init, METH_FASTCALL, "Find torch's kernels for gru_step."},
     {"gru_step", (PyCFunction)(void (*)(void))native_gru_step, METH_FASTCALL, "One GRU head step and its logits."},
+    {"gru_expand", (PyCFunction)(void (*)(void))native_gru_expand, METH_FASTCALL, "The depth loop with a GRU head."},
     {NULL, NULL, 0, NULL},
 };
 

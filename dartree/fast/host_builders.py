@@ -288,6 +288,9 @@ def _expand_native(lib, block: DraftBlock, cands: HostCandidates, widths: list[i
     steps = HeadSteps(head, block, cands.tokens_t)
     states = steps.initial()
     logits = steps.logits(1, states)
+    loop = None if trace or b != 1 else steps.native_loop(widths)
+    if loop is not None:  # perf (CPU, one sequence, the bundled GRU head): the whole loop in one C call
+        return _expand_loop(lib, loop, block, cands, widths, states, logits, beta, budget, bound, ints, scores, paths)
     parent_scores = np.zeros(b, dtype=np.float32)
     traced = []
     # perf: scratch the C calls write into, allocated once (they accept buffers at least as long as needed)
@@ -338,6 +341,37 @@ def _expand_native(lib, block: DraftBlock, cands: HostCandidates, widths: list[i
                                          full_branches=b * (1 + sum(widths[:-1]))))
     if trace:
         return np.concatenate(traced, axis=1)
+    return _selected(lib, block, used, budget, ints, scores, paths)
+
+
+def _expand_loop(lib, loop, block: DraftBlock, cands: HostCandidates, widths: list[int], states, logits, beta: float,
+                 budget: int | None, bound: bool, ints: np.ndarray, scores: np.ndarray, paths: np.ndarray | None):
+    """:func:`_expand_native`'s loop as one call of the head's compiled loop (``gru_expand``, see
+    :class:`dartree.models.heads._NativeLoop`): the same depth steps, bound and head steps, so the same
+    buffers and the same tree."""
+    gamma = len(widths)
+    tokens_by_depth, rest_by_depth = cands.by_depth()
+    used = np.zeros(gamma, dtype=np.int64)
+    z1 = np.ascontiguousarray(logits.detach().float().numpy()).reshape(-1)
+    h0 = np.ascontiguousarray(states.detach().float().numpy()).reshape(-1)
+    rest = None if rest_by_depth is None else np.ascontiguousarray(rest_by_depth[:, 0])
+    status, expanded, branches, _, _ = loop.run(z1, np.asarray(widths, dtype=np.int64), rest, beta,
+                                                budget if bound else 0, tokens_by_depth, ints, scores, paths, used, h0)
+    if status == 1:
+        raise ValueError("head.logits: must be finite (found NaN or inf)")
+    if status:
+        raise ValueError("gru_expand: a token id is outside the head's vocabulary" if status == 2
+                         else "gru_expand: torch's kernels were not found")
+    expansion.record(expansion.Expansion(depths=expanded, full_depths=gamma, branches=branches,
+                                         full_branches=1 + sum(widths[:-1])))
+    return _selected(lib, block, used, budget, ints, scores, paths)
+
+
+def _selected(lib, block: DraftBlock, used: np.ndarray, budget: int | None, ints: np.ndarray, scores: np.ndarray,
+              paths: np.ndarray | None) -> DraftTree:
+    """The DraftTree of the best ``budget`` nodes (all when None) of a depth-wise expansion's buffers."""
+    b, gamma = block.batch_size, used.shape[0]
+    total = scores.shape[0] // b
     n_out = total if budget is None else min(budget, total)
     out = np.empty((4, b, n_out + 1), dtype=np.int64)  # tokens, parents, depths, ranks
     out_scores = np.empty((b, n_out + 1), dtype=np.float32)

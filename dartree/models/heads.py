@@ -622,6 +622,32 @@ class _GRUSteps:
         products in its own loop, ``bmm_out_or_baddbmm_``)."""
         return self.native is not None and depth >= self.head.prefix_len and n * k * self.emb_dim >= _BMM_BLAS_FROM
 
+    def native_loop(self, widths: list[int]) -> _NativeLoop | None:
+        """perf (CPU, one sequence): the whole depth loop of a depth-wise build with ``widths`` as one compiled
+        call (:class:`_NativeLoop`), or ``None`` where a step would not run compiled: the step of every
+        width but the last must be one :meth:`advance_logits` runs as ``gru_step`` (:meth:`compiled`, at most
+        one uncorrected depth), with the verdict for its shape; a shape not seen yet is checked here, on
+        made-up states, as :meth:`advance_logits` checks it on its first call."""
+        native = self.native
+        if native is None or self.head.prefix_len > 1 or len(widths) != self.gamma:
+            return None
+        k = self.candidates.shape[2]
+        for n in sorted(set(widths[:-1])):
+            if not self.compiled(1, n, k):
+                return None
+            if native.verdicts.get((n, k)) is None:
+                self._probe(native, n, k)
+            if not native.verdicts[(n, k)]:
+                return None
+        return _NativeLoop(self, native)
+
+    def _probe(self, native: _NativeSteps, n: int, k: int) -> None:
+        """Set ``native.verdicts[(n, k)]``: one step at depth 1 on ``n`` made-up states (sines, not zeros:
+        every product is exercised) and the first candidates as tokens, compiled and torch's ops compared."""
+        states = torch.sin(torch.arange(n * self.size, dtype=torch.float32) * 0.37).view(1, n, self.size)
+        tokens = self.candidates[:, 0, torch.arange(n) % k]
+        self._checked_step(native, 1, states, states.view(n, self.size), tokens, n, k)
+
     def _torch_step(self, depth: int, states: Tensor, flat_h: Tensor, tokens: Tensor, n: int) -> tuple[Tensor, Tensor]:
         buffers = self.buffers.get(n)
         if buffers is None:
@@ -686,6 +712,33 @@ class _GRUSteps:
             rows = self.rows[depth - 1] = (found[..., :size].mT, found[:, None, :, size] if head.bias else None)
         return head._corrected(mid, part_views[depth - 1], None if gate_views is None else gate_views[depth - 1],
                                rows[0], rows[1], base)
+
+
+class _NativeLoop:
+    """:meth:`_GRUSteps.native_loop`: the depth loop of one build as ``dartree._native.gru_expand`` (one C call
+    instead of a C call, a head call and a dozen small ops per depth), the same functions as the per-depth
+    calls (``depth_step``, ``bound_frontier``, ``gru_step``), so the same tree bit for bit (tested).  Which
+    path this serves: the CPU only (one sequence, AVX-512 torch); elsewhere the builder's loop runs."""
+
+    __slots__ = ("steps", "native")
+
+    def __init__(self, steps: _GRUSteps, native: _NativeSteps) -> None:
+        self.steps, self.native = steps, native
+
+    def run(self, z1: np.ndarray, widths: np.ndarray, rest: np.ndarray | None, beta: float, budget: int,
+            tokens_by_depth: np.ndarray, ints: np.ndarray, scores: np.ndarray, paths: np.ndarray | None,
+            used: np.ndarray, h0: np.ndarray) -> tuple[int, int, int, float, int]:
+        """``gru_expand`` (see ``dartree/_native.c``) from the root's logits ``z1 [K]`` and state ``h0 [G]``:
+        (status, depths expanded, branches scored, seconds inside the GRU steps, steps)."""
+        steps, native = self.steps, self.native
+        rows = native.rows_table
+        hh_from = -1 if native.hh_copy is None or steps.hh_from == float("inf") else int(steps.hh_from)
+        s_from = -1 if native.s_copy is None or steps.s_from == float("inf") else int(steps.s_from)
+        return native.lib.gru_expand(z1, len(widths), tokens_by_depth.shape[-1], widths, rest, beta, budget,
+                                     tokens_by_depth, ints[0], ints[1], ints[2], ints[3], scores, paths, used, h0,
+                                     native.table, native.w_hh, native.hh_copy, hh_from, native.bias_hh, native.w_s,
+                                     native.s_copy, s_from, steps.part_np, rows, steps.base_np, steps.size,
+                                     steps.emb_dim, rows.shape[1], native.table.shape[0])
 
 
 class MarkovHead(nn.Module):

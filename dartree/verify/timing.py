@@ -214,6 +214,13 @@ class _TimedSteps:
             return out
         return _logits("prepare_block(...).logits", out, self._block, states, self._candidates)
 
+    def native_loop(self, widths: list[int]) -> _TimedLoop | None:
+        """The prepared steps' compiled depth loop (perf; dartree's own heads only: it runs no head code the
+        proxy could check), timed and counted by what it reports, or ``None``."""
+        fn = getattr(self._steps, "native_loop", None) if self._head._trusted else None
+        loop = None if fn is None else self._head._timed(fn, widths)
+        return None if loop is None else _TimedLoop(self._head, loop)
+
     def advance_logits(self, depth: int, states: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
         self._head.calls += 1
         out = self._head._timed(self._steps.advance_logits, depth, self._head._own(states), tokens)
@@ -221,6 +228,20 @@ class _TimedSteps:
             return out
         return _pair("prepare_block(...).advance_logits", out, self._block, tokens, self._head._width,
                      self._candidates)
+
+
+class _TimedLoop:
+    """A bundled head's compiled depth loop (:meth:`_TimedSteps.native_loop`): the time and the steps it
+    reports are added to the :class:`TimedHead`'s ``seconds`` and ``calls``."""
+
+    def __init__(self, timed: TimedHead, loop: Any) -> None:
+        self._head, self._loop = timed, loop
+
+    def run(self, *args: Any) -> tuple[int, int, int, float, int]:
+        out = self._loop.run(*args)
+        self._head.seconds += out[3]
+        self._head.calls += out[4]
+        return out
 
 
 def _bundled(head: Any) -> bool:

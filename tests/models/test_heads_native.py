@@ -176,3 +176,154 @@ def test_dartree_pruned_builds_the_same_tree_with_the_compiled_step(seed, monkey
         want = builder.build(block, head)
         assert head._plan().native is None
     assert got.canonical() == want.canonical() and torch.equal(got.scores, want.scores)
+
+
+# ------------------------------------------------------------------------------ the compiled depth loop
+def _loop_spy(monkeypatch) -> list:
+    """Count the builds that ran the compiled depth loop (``gru_expand``)."""
+    runs = []
+    real = heads_module._NativeLoop.run
+
+    def run(self, *args):
+        runs.append(len(args[1]))
+        return real(self, *args)
+
+    monkeypatch.setattr(heads_module._NativeLoop, "run", run)
+    return runs
+
+
+def _same_tree(a, b) -> bool:
+    fields = ("tokens", "parents", "depths", "ranks", "num_nodes")
+    return all(torch.equal(getattr(a, f), getattr(b, f)) for f in fields) \
+        and torch.equal(a.scores.view(torch.int32), b.scores.view(torch.int32))
+
+
+LOOP_CASES = [
+    ("dartree-pruned", dict(budget=12, width=4, topk=6)),
+    ("dartree-pruned", dict(budget=12, width=4, topk=6, bound=False)),
+    ("dartree-pruned", dict(budget=20, width=9, topk=5, beta=0.0)),     # W > K: depth 1 keeps K
+    ("dartree-pruned", dict(budget=8, width=1, topk=16)),               # 1 x 16 x 32 products: MKL's bmm
+    ("dartree-pruned", dict(budget=30, width=6, topk=6, normalize="vocab")),
+    ("dartree-fixed", dict(budget=16, topk=8)),
+    ("corrected-chain", dict(topk=16)),
+]
+
+
+@needs_native
+@pytest.mark.parametrize("name, fields", LOOP_CASES)
+@pytest.mark.parametrize("prefix_len", [0, 1])
+def test_the_compiled_loop_builds_the_same_tree_as_the_calls_per_depth(name, fields, prefix_len, monkeypatch):
+    """``gru_expand`` (one C call per build) against the builder's own loop with the same compiled steps
+    and against torch's ops: the same nodes, order and score bits, the same expansion record, and the same
+    head calls counted by the decoder's proxy, whose time now includes the loop's steps."""
+    from dartree.fast import expansion
+    from dartree.verify.timing import timed_head
+
+    runs = _loop_spy(monkeypatch)
+    builder = make_builder(name, backend="fast", **fields)
+    loop_off = heads_module._GRUSteps.native_loop
+    for seed in range(4):
+        head = make_head(g=32, e=32, prefix_len=prefix_len, seed=seed)
+        block = make_block(gamma=7, seed=seed)
+        timed = timed_head(head)
+        with torch.inference_mode():
+            got = builder.build(block, timed)
+            got_expansion, got_calls, got_seconds = expansion.last(), timed.take_calls(), timed.take()
+            monkeypatch.setattr(heads_module._GRUSteps, "native_loop", lambda self, widths: None)
+            per_depth = builder.build(block, timed)
+            per_depth_expansion, per_depth_calls = expansion.last(), timed.take_calls()
+            with native.disabled():
+                torch_ops = builder.build(block, head)
+            monkeypatch.setattr(heads_module._GRUSteps, "native_loop", loop_off)
+        assert _same_tree(got, per_depth) and _same_tree(got, torch_ops), seed
+        assert got_expansion == per_depth_expansion and got_calls == per_depth_calls, seed
+        assert got_seconds > 0
+    assert len(runs) == 4                                               # the loop ran in every first build
+
+
+@needs_native
+def test_the_compiled_loop_stops_where_the_bound_stops(monkeypatch):
+    """With the bound, the loop expands the depths the per-depth loop expands, no more (a deep block, a
+    small budget)."""
+    from dartree.fast import expansion
+
+    runs = _loop_spy(monkeypatch)
+    head = make_head(g=32, e=32, seed=7)
+    block = make_block(gamma=12, seed=7)
+    builder = make_builder("dartree-pruned", backend="fast", budget=4, width=4, topk=4)
+    with torch.inference_mode():
+        builder.build(block, head)
+        got = expansion.last()
+        monkeypatch.setattr(heads_module._GRUSteps, "native_loop", lambda self, widths: None)
+        builder.build(block, head)
+        want = expansion.last()
+    assert runs == [12] and got == want and got.depths_saved > 0
+
+
+@needs_native
+def test_the_compiled_loop_is_declined_where_a_step_would_not_be_compiled(monkeypatch):
+    """A width whose compiled step differs from torch's (the verdict), an uncorrected second depth
+    (prefix_len 2), two sequences, the chain of corrected-chain-ddtree (it traces log q) and a user's
+    subclass behind the decoder's proxy: the builder's loop, and the same tree as torch's ops."""
+    from dartree.verify.timing import timed_head
+
+    class Mine(GRUHead):
+        pass
+
+    runs = _loop_spy(monkeypatch)
+    pruned = make_builder("dartree-pruned", backend="fast", budget=12, width=4, topk=6)
+    one, two = make_block(gamma=6, seed=5), make_block(b=2, gamma=6, seed=5)
+    flagged = make_head(g=32, e=32, seed=5)
+    with torch.inference_mode():
+        flagged._plan().native.verdicts[(4, 6)] = False
+    mine = make_head(g=32, e=32, seed=5)
+    mine.__class__ = Mine
+    cases = [(pruned, flagged, one), (pruned, make_head(g=32, e=32, prefix_len=2, seed=5), one),
+             (pruned, make_head(g=32, e=32, seed=5), two),
+             (make_builder("corrected-chain-ddtree", backend="fast", budget=12, topk=6), make_head(g=32, e=32), one),
+             (pruned, timed_head(mine), one)]
+    for builder, head, block in cases:
+        with torch.inference_mode():
+            got = builder.build(block, head)
+            with native.disabled():
+                want = builder.build(block, getattr(head, "head", head))
+        assert _same_tree(got, want)
+    assert runs == []
+
+
+@needs_native
+def test_non_finite_corrected_logits_in_the_compiled_loop_are_an_error(monkeypatch):
+    """NaN in the corrected logits of depth 2 (the output rows poisoned after the shapes were checked):
+    the loop raises the builder's error, as the per-depth loop does."""
+    runs = _loop_spy(monkeypatch)
+    head = make_head(g=32, e=32, seed=3)
+    block = make_block(gamma=6, seed=3)
+    builder = make_builder("dartree-pruned", backend="fast", budget=12, width=4, topk=6)
+    with torch.inference_mode():
+        builder.build(block, head)                                      # shapes checked, loop used
+        head._plan().rows_table.fill_(float("nan"))
+        with pytest.raises(ValueError, match=r"head.logits: must be finite \(found NaN or inf\)"):
+            builder.build(block, head)
+        monkeypatch.setattr(heads_module._GRUSteps, "native_loop", lambda self, widths: None)
+        with pytest.raises(ValueError, match=r"head.logits: must be finite \(found NaN or inf\)"):
+            builder.build(block, head)
+    assert runs == [6, 6]
+
+
+@needs_native
+def test_gru_expand_refuses_bad_arguments():
+    lib = heads_module._native_gru()
+    with pytest.raises(TypeError, match="expected 31 arguments"):
+        lib.gru_expand(1, 2)
+    args = [None] * 31
+    args[1], args[2], args[5], args[6], args[19], args[23] = 3, 4, -0.1, 2, -1, -1
+    args[27], args[28], args[29], args[30] = 24, 16, 16, VOCAB                 # g = 24
+    with pytest.raises(ValueError, match="multiples of 16"):
+        lib.gru_expand(*args)
+    args[27] = 32
+    args[3] = torch.tensor([4, 20, 2], dtype=torch.int64).numpy()             # 20 > 4 x 4 children
+    with pytest.raises(ValueError, match=r"widths\[d\] <= widths\[d - 1\] \* K"):
+        lib.gru_expand(*args)
+    args[5] = 0.5
+    with pytest.raises(ValueError, match="beta must be <= 0"):
+        lib.gru_expand(*args)
