@@ -1,9 +1,11 @@
 """The CPU's compiled calls against torch's ops, side by side in one process: the GRU head's step
-(``dartree.models.heads._NativeSteps``) and the float32 RMSNorm (``dartree.models.norms``), each on or
-off, per method, interleaved prompt by prompt.
+(``dartree.models.heads._NativeSteps``), the float32 RMSNorm (``dartree.models.norms``) and the depth
+loop with the GRU head (``dartree.models.heads._NativeLoop``; off, the builder's per-depth loop with the
+compiled steps), each on or off, per method, interleaved prompt by prompt.
 
     taskset -c 0 .venv/bin/python benchmarks/compiled_calls_side_by_side.py \\
         --methods ar,ddtree16,pruned16,corrected-chain --calls gru,norm [--prompts 4] [--reps 5]
+    taskset -c 0 .venv/bin/python benchmarks/compiled_calls_side_by_side.py --methods ddtree16,pruned16 --calls loop
 
 Every decode must equal AR token for token both ways (the compiled calls give torch's bits).  Reported
 per method: tokens/s with torch's ops and with the compiled calls, and the median over prompts of the
@@ -30,7 +32,7 @@ METHODS = {
     "pruned16": ("dartree-pruned", {"budget": 16, "width": 12}, "gru"),
     "corrected-chain": ("corrected-chain", {}, "gru"),
 }
-CALLS = ("gru", "norm")
+CALLS = ("gru", "norm", "loop")
 
 
 def main() -> None:
@@ -47,7 +49,8 @@ def main() -> None:
         if unknown:
             parser.error(f"{flag}: unknown {unknown}; choose from {list(allowed)}")
     torch.set_num_threads(1)
-    if "gru" in calls and heads._native_gru() is None or "norm" in calls and norms.lanes() is None:
+    if "gru" in calls and heads._native_gru() is None or "norm" in calls and norms.lanes() is None \
+            or "loop" in calls and heads._native_gru() is None:
         parser.error("--calls: a compiled call asked for is not available here (dartree._native, AVX-512 torch)")
     bundle = load_bundle("pystdlib-tiny")
     prompts = [torch.tensor([encode(bundle.tokenizer, p.text)[-256:]])
@@ -60,7 +63,7 @@ def main() -> None:
             decoders[name] = SpeculativeDecoder(target, bundle.drafter,
                                                 make_builder(builder, backend="fast", **settings),
                                                 head=None if head is None else bundle.heads[head])
-    compiled_gru, lanes = heads._native_gru, norms.lanes()
+    compiled_gru, lanes, loop = heads._native_gru, norms.lanes(), heads._GRUSteps.native_loop
 
     def run(key, prompt):
         name, way = key
@@ -69,12 +72,14 @@ def main() -> None:
                 heads._native_gru = lambda: None
             if "norm" in calls:
                 norms._LANES[0] = None
+            if "loop" in calls:
+                heads._GRUSteps.native_loop = lambda self, widths: None
         try:
             if name == "ar":
                 return generate_ar(target, prompt, args.new_tokens).tokens
             return decoders[name].generate(prompt, args.new_tokens).tokens
         finally:
-            heads._native_gru, norms._LANES[0] = compiled_gru, lanes
+            heads._native_gru, norms._LANES[0], heads._GRUSteps.native_loop = compiled_gru, lanes, loop
 
     keys = [(name, way) for name in names for way in ("torch", "compiled")]
     refs = [generate_ar(bundle.target, p, args.new_tokens).tokens for p in prompts]
