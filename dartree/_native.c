@@ -27,6 +27,8 @@
  *                 kernels for everything that rounds (MKL's sgemm_, SLEEF's expf, MKL's vmsTanh, found in
  *                 the loaded libtorch_cpu by gru_init) and the same IEEE operations in torch's order
  *                 for the rest; dartree/models/heads.py compares it with torch's ops before using it
+ *   gru_build     a whole such build of one sequence: candidates, the head's per-depth terms, the depth loop
+ *                 and the selection in one call
  *   gru_expand    the whole depth loop of dartree-pruned (and the other depth-wise builders) for one sequence
  *                 with such a GRU head: depth_step, bound_frontier and gru_step's arithmetic per depth, in
  *                 one call (the same functions as the three calls, so the same bits)
@@ -344,6 +346,64 @@ static float rest_row(const float *restrict x, Py_ssize_t vocab, float top, cons
     return sum > 0 ? (float)((double)top + log(ldexp((double)sum, -s))) : -INFINITY;
 }
 
+/* candidates' work on checked buffers (rest_out NULL without the vocabulary normaliser): the status (0, 1, 2
+ * as candidates returns it, with *bad_row and *finite), or -1 when out of memory.  Also gru_build's first step. */
+static long candidate_rows(const float *logits, Py_ssize_t rows, Py_ssize_t vocab, Py_ssize_t topk, Py_ssize_t with_rest,
+                           int64_t *tokens, float *values, float *rest_out, float *log_q, long *bad_out,
+                           long *finite_out) {
+    Py_ssize_t S = 1;
+    while (S < 64 && (2 * S) * 8 * topk <= vocab) S *= 2;
+    Py_ssize_t n = LANES * (vocab / (LANES * S));
+    float *maxima = malloc(sizeof(float) * (size_t)(2 * n + 1));
+    uint64_t *keys = malloc(sizeof(uint64_t) * (size_t)(vocab + 1));
+    float *terms = with_rest ? malloc(sizeof(float) * (size_t)vocab) : NULL;
+    double *scratch = malloc(sizeof(double) * (size_t)topk);
+    long status = 0, bad_row = 0, finite = 0;
+    if (!maxima || !keys || !scratch || (with_rest && !terms)) {
+        free(maxima);
+        free(keys);
+        free(terms);
+        free(scratch);
+        return -1;
+    }
+    for (Py_ssize_t r = 0; r < rows && status != 1; r++) {
+        const float *x = logits + r * vocab;
+        Py_ssize_t m = select_row(x, vocab, topk, S, maxima, maxima + n, keys);
+        if (m == -1) {
+            status = 1;
+            bad_row = (long)r;
+            break;
+        }
+        if (m < -1) {
+            if (!status) {
+                status = 2;
+                bad_row = (long)r;
+                finite = (long)(-2 - m);
+            }
+            continue;
+        }
+        int64_t *tok = tokens + r * topk;
+        float *val = values + r * topk;
+        for (Py_ssize_t i = 0; i < topk; i++) {
+            tok[i] = (int64_t)(uint32_t)keys[i];
+            val[i] = x[tok[i]];
+        }
+        double rest;
+        if (with_rest) {
+            rest_out[r] = rest_row(x, vocab, val[0], tok, topk, terms);
+            rest = (double)rest_out[r];
+        }
+        normalize_row(val, topk, with_rest ? &rest : NULL, log_q + r * topk, scratch);
+    }
+    free(maxima);
+    free(keys);
+    free(terms);
+    free(scratch);
+    *bad_out = bad_row;
+    *finite_out = finite;
+    return status;
+}
+
 /* candidates(logits f32 [rows, V], rows, V, K, vocab (0/1), tokens i64 [rows, K], values f32 [rows, K],
  *            rest f32 [rows] | None, log_q f32 [rows, K])
  * -> (0, 0, 0) ok | (1, row, 0) NaN or +inf in a row (the first such row) | (2, row, finite) no NaN / +inf, and
@@ -375,61 +435,13 @@ static PyObject *native_candidates(PyObject *self, PyObject *const *args, Py_ssi
         release(b, 5);
         return NULL;
     }
-    const float *logits = F32(b[0]);
-    int64_t *tokens = I64(b[1]);
-    float *values = F32(b[2]), *rest_out = b[3].held ? F32(b[3]) : NULL, *log_q = F32(b[4]);
-    Py_ssize_t S = 1;
-    while (S < 64 && (2 * S) * 8 * topk <= vocab) S *= 2;
-    Py_ssize_t n = LANES * (vocab / (LANES * S));
-    float *maxima = malloc(sizeof(float) * (size_t)(2 * n + 1));
-    uint64_t *keys = malloc(sizeof(uint64_t) * (size_t)(vocab + 1));
-    float *terms = with_rest ? malloc(sizeof(float) * (size_t)vocab) : NULL;
-    double *scratch = malloc(sizeof(double) * (size_t)topk);
-    long status = 0, bad_row = 0, finite = 0;
-    if (!maxima || !keys || !scratch || (with_rest && !terms)) {
-        free(maxima);
-        free(keys);
-        free(terms);
-        free(scratch);
-        release(b, 5);
-        return PyErr_NoMemory();
-    }
+    long bad_row = 0, finite = 0, status;
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t r = 0; r < rows && status != 1; r++) {
-        const float *x = logits + r * vocab;
-        Py_ssize_t m = select_row(x, vocab, topk, S, maxima, maxima + n, keys);
-        if (m == -1) {
-            status = 1;
-            bad_row = (long)r;
-            break;
-        }
-        if (m < -1) {
-            if (!status) {
-                status = 2;
-                bad_row = (long)r;
-                finite = (long)(-2 - m);
-            }
-            continue;
-        }
-        int64_t *tok = tokens + r * topk;
-        float *val = values + r * topk;
-        for (Py_ssize_t i = 0; i < topk; i++) {
-            tok[i] = (int64_t)(uint32_t)keys[i];
-            val[i] = x[tok[i]];
-        }
-        double rest;
-        if (with_rest) {
-            rest_out[r] = rest_row(x, vocab, val[0], tok, topk, terms);
-            rest = (double)rest_out[r];
-        }
-        normalize_row(val, topk, with_rest ? &rest : NULL, log_q + r * topk, scratch);
-    }
+    status = candidate_rows(F32(b[0]), rows, vocab, topk, with_rest, I64(b[1]), F32(b[2]), b[3].held ? F32(b[3]) : NULL,
+                            F32(b[4]), &bad_row, &finite);
     Py_END_ALLOW_THREADS
-    free(maxima);
-    free(keys);
-    free(terms);
-    free(scratch);
     release(b, 5);
+    if (status < 0) return PyErr_NoMemory();
     return Py_BuildValue("(lll)", status, bad_row, finite);
 }
 
@@ -671,6 +683,80 @@ static void merge_sort(Py_ssize_t *idx, Py_ssize_t *tmp, Py_ssize_t n, const Tre
     memcpy(idx, tmp, sizeof(Py_ssize_t) * (size_t)n);
 }
 
+/* select_tree's work on checked buffers (offset: the depths' cumulative widths, offset[0] = 0, total =
+ * offset[gamma]): 0, 1 when a selected node's parent is not selected, 2 when a row holds fewer than n_out
+ * nodes, -1 when out of memory.  Also gru_build's last step. */
+static int select_rows(Py_ssize_t b, Py_ssize_t gamma, const Py_ssize_t *offset, Py_ssize_t n_out,
+                       const int64_t *par_in, const int64_t *rk_in, const int64_t *tok_in, const float *sc_in,
+                       const int64_t *path_in, const int64_t *root, int64_t *o_tok, int64_t *o_par, int64_t *o_dep,
+                       int64_t *o_rk, float *o_sc) {
+    const Py_ssize_t total = offset[gamma];
+    /* per row, node j (0..total) of depth d at column c: flat input index b * offset[d] + r * W_d + c */
+    Py_ssize_t *src = malloc(sizeof(Py_ssize_t) * (size_t)(total + 1));
+    Py_ssize_t *depth_of = malloc(sizeof(Py_ssize_t) * (size_t)(total + 1));
+    Py_ssize_t *idx = malloc(sizeof(Py_ssize_t) * (size_t)(total + 1));
+    Py_ssize_t *tmp = malloc(sizeof(Py_ssize_t) * (size_t)(total + 1));
+    Py_ssize_t *slot = malloc(sizeof(Py_ssize_t) * (size_t)(total + 1));
+    float *score = malloc(sizeof(float) * (size_t)(total + 1));
+    int64_t *path = path_in ? malloc(sizeof(int64_t) * (size_t)(total * gamma + 1)) : NULL;
+    int broken = 0;
+    if (!src || !depth_of || !idx || !tmp || !slot || !score || (path_in && !path)) {
+        free(src); free(depth_of); free(idx); free(tmp); free(slot); free(score); free(path);
+        return -1;
+    }
+    int few = 0;
+    for (Py_ssize_t r = 0; r < b && !broken && !few; r++) {
+        Py_ssize_t count = 0; /* nodes of the row that are not fillers */
+        for (Py_ssize_t d = 0, j = 0; d < gamma; d++) {
+            Py_ssize_t wd = offset[d + 1] - offset[d];
+            for (Py_ssize_t c = 0; c < wd; c++, j++) {
+                Py_ssize_t f = b * offset[d] + r * wd + c;
+                src[j] = f;
+                depth_of[j] = d;
+                score[j] = sc_in[f];
+                if (path) memcpy(path + j * gamma, path_in + f * gamma, sizeof(int64_t) * (size_t)gamma);
+                if (rk_in[f] >= 0) idx[count++] = j;
+            }
+        }
+        if (count < n_out) {
+            few = 1;
+            break;
+        }
+        if (path) {
+            TreeOrder o = {score, path, gamma};
+            merge_sort(idx, tmp, count, &o);
+        }
+        for (Py_ssize_t j = 0; j < total; j++) slot[j] = 0;
+        for (Py_ssize_t i = 0; i < n_out; i++) slot[idx[i]] = i + 1;
+        Py_ssize_t o = r * (n_out + 1);
+        o_tok[o] = root[r];
+        o_par[o] = -1;
+        o_dep[o] = 0;
+        o_rk[o] = -1;
+        o_sc[o] = 0.0f;
+        for (Py_ssize_t i = 0; i < n_out; i++) {
+            Py_ssize_t j = idx[i], f = src[j], d = depth_of[j];
+            Py_ssize_t parent = 0;
+            if (d > 0) { /* the parent's node index: depth d - 1, column par_in[f] */
+                int64_t pc = par_in[f];
+                if (pc < 0 || pc >= offset[d] - offset[d - 1]) {
+                    broken = 1;
+                    break;
+                }
+                parent = slot[offset[d - 1] + pc];
+                if (!parent) broken = 1;
+            }
+            o_tok[o + i + 1] = tok_in[f];
+            o_par[o + i + 1] = parent;
+            o_dep[o + i + 1] = d + 1;
+            o_rk[o + i + 1] = rk_in[f];
+            o_sc[o + i + 1] = score[j];
+        }
+    }
+    free(src); free(depth_of); free(idx); free(tmp); free(slot); free(score); free(path);
+    return broken ? 1 : few ? 2 : 0;
+}
+
 /* select_tree(b, gamma, widths i64 [gamma], n_out, parents, ranks, tokens (i64), scores (f32), paths (i64) | None,
  *             root i64 [b], out_tokens, out_parents, out_depths, out_ranks i64 [b, n_out + 1], out_scores f32)
  * -> None.  The inputs hold depth d's [b, W_d] block at b * offset_d (paths: [b, W_d, gamma] at
@@ -735,80 +821,17 @@ static PyObject *native_select_tree(PyObject *self, PyObject *const *args, Py_ss
         release(a, 11);
         return NULL;
     }
-    const int64_t *par_in = I64(a[0]), *rk_in = I64(a[1]), *tok_in = I64(a[2]), *path_in = I64_OR_NULL(a[4]);
-    const int64_t *root = I64(a[5]);
-    const float *sc_in = F32(a[3]);
-    /* per row, node j (0..total) of depth d at column c: flat input index b * offset[d] + r * W_d + c */
-    Py_ssize_t *src = malloc(sizeof(Py_ssize_t) * (size_t)(total + 1));
-    Py_ssize_t *depth_of = malloc(sizeof(Py_ssize_t) * (size_t)(total + 1));
-    Py_ssize_t *idx = malloc(sizeof(Py_ssize_t) * (size_t)(total + 1));
-    Py_ssize_t *tmp = malloc(sizeof(Py_ssize_t) * (size_t)(total + 1));
-    Py_ssize_t *slot = malloc(sizeof(Py_ssize_t) * (size_t)(total + 1));
-    float *score = malloc(sizeof(float) * (size_t)(total + 1));
-    int64_t *path = path_in ? malloc(sizeof(int64_t) * (size_t)(total * gamma + 1)) : NULL;
-    int broken = 0;
-    if (!src || !depth_of || !idx || !tmp || !slot || !score || (path_in && !path)) {
-        free(offset); free(src); free(depth_of); free(idx); free(tmp); free(slot); free(score); free(path);
-        release(a, 11);
-        return PyErr_NoMemory();
-    }
-    int few = 0;
-    for (Py_ssize_t r = 0; r < b && !broken && !few; r++) {
-        Py_ssize_t count = 0; /* nodes of the row that are not fillers */
-        for (Py_ssize_t d = 0, j = 0; d < gamma; d++) {
-            Py_ssize_t wd = offset[d + 1] - offset[d];
-            for (Py_ssize_t c = 0; c < wd; c++, j++) {
-                Py_ssize_t f = b * offset[d] + r * wd + c;
-                src[j] = f;
-                depth_of[j] = d;
-                score[j] = sc_in[f];
-                if (path) memcpy(path + j * gamma, path_in + f * gamma, sizeof(int64_t) * (size_t)gamma);
-                if (rk_in[f] >= 0) idx[count++] = j;
-            }
-        }
-        if (count < n_out) {
-            few = 1;
-            break;
-        }
-        if (path) {
-            TreeOrder o = {score, path, gamma};
-            merge_sort(idx, tmp, count, &o);
-        }
-        for (Py_ssize_t j = 0; j < total; j++) slot[j] = 0;
-        for (Py_ssize_t i = 0; i < n_out; i++) slot[idx[i]] = i + 1;
-        Py_ssize_t o = r * (n_out + 1);
-        I64(a[6])[o] = root[r];
-        I64(a[7])[o] = -1;
-        I64(a[8])[o] = 0;
-        I64(a[9])[o] = -1;
-        F32(a[10])[o] = 0.0f;
-        for (Py_ssize_t i = 0; i < n_out; i++) {
-            Py_ssize_t j = idx[i], f = src[j], d = depth_of[j];
-            Py_ssize_t parent = 0;
-            if (d > 0) { /* the parent's node index: depth d - 1, column par_in[f] */
-                int64_t pc = par_in[f];
-                if (pc < 0 || pc >= offset[d] - offset[d - 1]) {
-                    broken = 1;
-                    break;
-                }
-                parent = slot[offset[d - 1] + pc];
-                if (!parent) broken = 1;
-            }
-            I64(a[6])[o + i + 1] = tok_in[f];
-            I64(a[7])[o + i + 1] = parent;
-            I64(a[8])[o + i + 1] = d + 1;
-            I64(a[9])[o + i + 1] = rk_in[f];
-            F32(a[10])[o + i + 1] = score[j];
-        }
-    }
-    free(offset); free(src); free(depth_of); free(idx); free(tmp); free(slot); free(score); free(path);
+    int status = select_rows(b, gamma, offset, n_out, I64(a[0]), I64(a[1]), I64(a[2]), F32(a[3]), I64_OR_NULL(a[4]),
+                             I64(a[5]), I64(a[6]), I64(a[7]), I64(a[8]), I64(a[9]), F32(a[10]));
+    free(offset);
     release(a, 11);
-    if (broken) {
+    if (status < 0) return PyErr_NoMemory();
+    if (status == 1) {
         PyErr_SetString(PyExc_ValueError, "select_tree: a selected node's parent is outside the previous depth or not "
                                           "selected (not prefix-closed)");
         return NULL;
     }
-    if (few) {
+    if (status == 2) {
         PyErr_SetString(PyExc_ValueError, "select_tree: a row holds fewer than n_out nodes");
         return NULL;
     }
@@ -1691,96 +1714,24 @@ static inline double now_seconds(void) {
  * expanded, branches the branch rows scored, head_seconds the time inside the GRU steps (with their row
  * gathers), head_calls their number.  Status: 0 ok, 1 a NaN or infinite log q (the outputs are then not
  * meaningful), 2 a token or candidate outside [0, v), 3 without gru_init. */
-static PyObject *native_gru_expand(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 31) {
-        PyErr_SetString(PyExc_TypeError, "gru_expand: expected 31 arguments");
-        return NULL;
-    }
-    Py_ssize_t gamma, k, budget, g, e, e1, v;
+/* The GRU head's weights as gru_step reads them (hh_copy, s_copy: the K-major copies, NULL without;
+ * hh_from, s_from: the row counts from which they are used, -1 never; bias_hh NULL without biases). */
+typedef struct {
+    const float *table, *w_hh, *hh_copy, *bias_hh, *w_s, *s_copy, *rows_table;
     long long hh_from, s_from;
-    if (get_ssize(args[1], &gamma, "gamma") < 0 || get_ssize(args[2], &k, "topk") < 0 ||
-        get_ssize(args[6], &budget, "budget") < 0 || get_ssize(args[27], &g, "g") < 0 || get_ssize(args[28], &e, "e") < 0 ||
-        get_ssize(args[29], &e1, "e1") < 0 || get_ssize(args[30], &v, "v") < 0)
-        return NULL;
-    hh_from = PyLong_AsLongLong(args[19]);
-    if (hh_from == -1 && PyErr_Occurred()) return NULL;
-    s_from = PyLong_AsLongLong(args[23]);
-    if (s_from == -1 && PyErr_Occurred()) return NULL;
-    double beta_d = PyFloat_AsDouble(args[5]);
-    if (beta_d == -1.0 && PyErr_Occurred()) return NULL;
-    if (budget > 0 && !(beta_d <= 0.0)) {
-        PyErr_SetString(PyExc_ValueError, "gru_expand: beta must be <= 0 (a depth penalty) with the bound");
-        return NULL;
-    }
-    const float beta = (float)beta_d;
-    if (gamma < 1 || k < 1 || g % 16 || e % 16 || g < 16 || e < 16 || (e1 != e && e1 != e + 1) || v < 1) {
-        PyErr_SetString(PyExc_ValueError, "gru_expand: need gamma, topk >= 1, g and e positive multiples of 16, e1 e or "
-                                          "e + 1");
-        return NULL;
-    }
-    Buf wb;
-    if (acquire(args[3], &wb, 8, gamma, 0, 0, "widths") < 0) {
-        release(&wb, 1);
-        return NULL;
-    }
-    int64_t *widths = malloc(sizeof(int64_t) * (size_t)gamma);
-    if (!widths) {
-        release(&wb, 1);
-        return PyErr_NoMemory();
-    }
-    memcpy(widths, wb.view.buf, sizeof(int64_t) * (size_t)gamma);
-    release(&wb, 1);
-    Py_ssize_t total = 0, most = 1;
-    int bad_width = 0;
-    for (Py_ssize_t d = 0, prev = 1; d < gamma; d++) {
-        int64_t w = widths[d];
-        bad_width |= w < 1 || w > mul(prev, k) || mul(w, 3 * g) > INT32_MAX || __builtin_add_overflow(total, (Py_ssize_t)w, &total);
-        if (bad_width) break;
-        most = w > most ? w : most;
-        prev = w;
-    }
-    if (bad_width || mul(k, e1) > INT32_MAX) {
-        free(widths);
-        PyErr_SetString(PyExc_ValueError, "gru_expand: need 1 <= widths[d] <= widths[d - 1] * K (1 before the first), "
-                                          "sizes below 2**31");
-        return NULL;
-    }
-    Buf a[22];
-    memset(a, 0, sizeof a);
-    if (acquire(args[0], &a[0], 4, k, 0, 0, "z1") < 0 || acquire(args[4], &a[1], 8, gamma, 0, 1, "rest") < 0 ||
-        acquire(args[7], &a[2], 8, mul(gamma, k), 0, 0, "cand_tokens") < 0 ||
-        acquire(args[8], &a[3], 8, total, 1, 0, "parents") < 0 || acquire(args[9], &a[4], 8, total, 1, 0, "ranks") < 0 ||
-        acquire(args[10], &a[5], 8, total, 1, 0, "tokens") < 0 || acquire(args[11], &a[6], 8, total, 1, 0, "gather") < 0 ||
-        acquire(args[12], &a[7], 4, total, 1, 0, "scores") < 0 ||
-        acquire(args[13], &a[8], 8, mul(total + 1, gamma), 1, 1, "paths") < 0 ||
-        acquire(args[14], &a[9], 8, gamma, 1, 0, "used") < 0 || acquire(args[15], &a[10], 4, g, 0, 0, "h0") < 0 ||
-        acquire(args[16], &a[11], 4, mul(v, 3 * g), 0, 0, "table") < 0 ||
-        acquire(args[17], &a[12], 4, mul(g, 3 * g), 0, 0, "w_hh") < 0 ||
-        acquire(args[18], &a[13], 4, mul(g, 3 * g), 0, 1, "hh_copy") < 0 ||
-        acquire(args[20], &a[14], 4, 3 * g, 0, 1, "bias_hh") < 0 || acquire(args[21], &a[15], 4, mul(g, e), 0, 0, "w_s") < 0 ||
-        acquire(args[22], &a[16], 4, mul(g, e), 0, 1, "s_copy") < 0 ||
-        acquire(args[24], &a[17], 4, mul(gamma, e), 0, 0, "part") < 0 ||
-        acquire(args[25], &a[18], 4, mul(v, e1), 0, 0, "rows_table") < 0 ||
-        acquire(args[26], &a[19], 4, mul(gamma, k), 0, 0, "base") < 0) {
-        free(widths);
-        release(a, 22);
-        return NULL;
-    }
-    if (!gru_sgemm) {
-        free(widths);
-        release(a, 22);
-        return Py_BuildValue("(inndi)", 3, (Py_ssize_t)0, (Py_ssize_t)0, 0.0, 0);
-    }
-    const Py_ssize_t g3 = 3 * g, wk = mul(most, k);
-    const float *table = F32(a[11]), *w_hh = F32(a[12]), *w_s = F32(a[15]), *part = F32(a[17]);
-    const float *rows_table = F32(a[18]), *base = F32(a[19]);
-    const float *hh_copy = a[13].held ? F32(a[13]) : NULL, *s_copy = a[16].held ? F32(a[16]) : NULL;
-    const float *bias_hh = a[14].held ? F32(a[14]) : NULL;
-    const double *rest = a[1].held ? (const double *)a[1].view.buf : NULL;
-    const int64_t *cand = I64(a[2]);
-    int64_t *parents = I64(a[3]), *ranks = I64(a[4]), *tokens = I64(a[5]), *gather = I64(a[6]);
-    int64_t *paths = I64_OR_NULL(a[8]), *used = I64(a[9]);
-    float *scores = F32(a[7]);
+    Py_ssize_t g, e, e1, v;
+} GruWeights;
+
+/* gru_expand's loop on checked buffers (widths checked: 1 <= widths[d] <= widths[d - 1] K): the status
+ * (0, 1, 2 as gru_expand returns it) or -1 when out of memory, and what gru_expand returns besides. */
+static int expand_gru(const float *z1, const float *h0, Py_ssize_t gamma, Py_ssize_t k, const int64_t *widths,
+                      const double *rest, float beta, Py_ssize_t budget, const int64_t *cand, const float *part,
+                      const float *base, const GruWeights *w, int64_t *parents, int64_t *ranks, int64_t *tokens,
+                      int64_t *gather, float *scores, int64_t *paths, int64_t *used, Py_ssize_t *expanded_out,
+                      Py_ssize_t *branches_out, double *seconds_out, int *calls_out) {
+    Py_ssize_t most = 1;
+    for (Py_ssize_t d = 0; d < gamma; d++) most = widths[d] > most ? widths[d] : most;
+    const Py_ssize_t g = w->g, e = w->e, e1 = w->e1, v = w->v, g3 = 3 * g, wk = most * k;
     /* scratch: log q and child scores of a depth, the states before and after a step, the step's buffers */
     float *lq = malloc(sizeof(float) * (size_t)wk), *child = malloc(sizeof(float) * (size_t)(2 * wk));
     float *logits = malloc(sizeof(float) * (size_t)wk), *found = malloc(sizeof(float) * (size_t)(k * e1));
@@ -1796,7 +1747,7 @@ static PyObject *native_gru_expand(PyObject *self, PyObject *const *args, Py_ssi
     int head_calls = 0;
     if (!nomem) {
         for (Py_ssize_t d = 0; d < gamma; d++) used[d] = 0;
-        const float *z = F32(a[0]), *h = F32(a[10]);
+        const float *z = z1, *h = h0;
         float zero_score = 0.0f;
         const float *parent_scores = &zero_score;
         Py_ssize_t lo = 0;
@@ -1837,18 +1788,19 @@ static PyObject *native_gru_expand(PyObject *self, PyObject *const *args, Py_ssi
                 if (t < 0 || t >= v) status = 2;
                 else {
                     memcpy(h_in + j * g, h + gather[lo + j] * g, sizeof(float) * (size_t)g);
-                    memcpy(gi + j * g3, table + t * g3, sizeof(float) * (size_t)g3);
+                    memcpy(gi + j * g3, w->table + t * g3, sizeof(float) * (size_t)g3);
                 }
             }
             const int64_t *next = cand + depth * k; /* C_{depth + 1} */
             for (Py_ssize_t j = 0; j < k && !status; j++) {
                 if (next[j] < 0 || next[j] >= v) status = 2;
-                else memcpy(found + j * e1, rows_table + next[j] * e1, sizeof(float) * (size_t)e1);
+                else memcpy(found + j * e1, w->rows_table + next[j] * e1, sizeof(float) * (size_t)e1);
             }
             if (status) break;
-            const int hh = hh_copy && hh_from >= 0 && width >= hh_from, sc = s_copy && s_from >= 0 && width >= s_from;
-            gru_rows(h_in, hh ? hh_copy : w_hh, !hh, bias_hh, gi, gh, h_out, sc ? s_copy : w_s, !sc, part + depth * e,
-                     found, e1, base + depth * k, mid, act, logits, width, g, e, k);
+            const int hh = w->hh_copy && w->hh_from >= 0 && width >= w->hh_from;
+            const int sc = w->s_copy && w->s_from >= 0 && width >= w->s_from;
+            gru_rows(h_in, hh ? w->hh_copy : w->w_hh, !hh, w->bias_hh, gi, gh, h_out, sc ? w->s_copy : w->w_s, !sc,
+                     part + depth * e, found, e1, base + depth * k, mid, act, logits, width, g, e, k);
             head_seconds += now_seconds() - start;
             head_calls++;
             h = h_out; /* the next gather reads the new states from h_out into h_in */
@@ -1856,11 +1808,248 @@ static PyObject *native_gru_expand(PyObject *self, PyObject *const *args, Py_ssi
             lo = hi;
         }
     }
-    free(widths); free(lq); free(child); free(logits); free(found); free(h_in); free(h_out);
+    free(lq); free(child); free(logits); free(found); free(h_in); free(h_out);
     free(gi); free(gh); free(mid); free(act); free(dscratch); free(offset);
+    *expanded_out = expanded;
+    *branches_out = branches;
+    *seconds_out = head_seconds;
+    *calls_out = head_calls;
+    return nomem ? -1 : status;
+}
+
+/* Check a width schedule (1 <= widths[d] <= widths[d - 1] K, 1 before the first; sizes below 2**31) and
+ * return its sum, or -1 with a ValueError set. */
+static Py_ssize_t check_widths(const char *name, const int64_t *widths, Py_ssize_t gamma, Py_ssize_t k, Py_ssize_t g,
+                               Py_ssize_t e1) {
+    Py_ssize_t total = 0;
+    int bad = mul(k, e1) > INT32_MAX;
+    for (Py_ssize_t d = 0, prev = 1; d < gamma && !bad; d++) {
+        int64_t w = widths[d];
+        bad |= w < 1 || w > mul(prev, k) || mul(w, 3 * g) > INT32_MAX || __builtin_add_overflow(total, (Py_ssize_t)w, &total);
+        prev = w;
+    }
+    if (bad) {
+        PyErr_Format(PyExc_ValueError, "%s: need 1 <= widths[d] <= widths[d - 1] * K (1 before the first), sizes "
+                                       "below 2**31", name);
+        return -1;
+    }
+    return total;
+}
+
+static int gru_sizes(const char *name, Py_ssize_t gamma, Py_ssize_t k, Py_ssize_t g, Py_ssize_t e, Py_ssize_t e1,
+                     Py_ssize_t v) {
+    if (gamma < 1 || k < 1 || g % 16 || e % 16 || g < 16 || e < 16 || (e1 != e && e1 != e + 1) || v < 1) {
+        PyErr_Format(PyExc_ValueError, "%s: need gamma, topk >= 1, g and e positive multiples of 16, e1 e or e + 1",
+                     name);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *native_gru_expand(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 31) {
+        PyErr_SetString(PyExc_TypeError, "gru_expand: expected 31 arguments");
+        return NULL;
+    }
+    Py_ssize_t gamma, k, budget, g, e, e1, v;
+    if (get_ssize(args[1], &gamma, "gamma") < 0 || get_ssize(args[2], &k, "topk") < 0 ||
+        get_ssize(args[6], &budget, "budget") < 0 || get_ssize(args[27], &g, "g") < 0 || get_ssize(args[28], &e, "e") < 0 ||
+        get_ssize(args[29], &e1, "e1") < 0 || get_ssize(args[30], &v, "v") < 0)
+        return NULL;
+    GruWeights w;
+    w.hh_from = PyLong_AsLongLong(args[19]);
+    if (w.hh_from == -1 && PyErr_Occurred()) return NULL;
+    w.s_from = PyLong_AsLongLong(args[23]);
+    if (w.s_from == -1 && PyErr_Occurred()) return NULL;
+    double beta_d = PyFloat_AsDouble(args[5]);
+    if (beta_d == -1.0 && PyErr_Occurred()) return NULL;
+    if (budget > 0 && !(beta_d <= 0.0)) {
+        PyErr_SetString(PyExc_ValueError, "gru_expand: beta must be <= 0 (a depth penalty) with the bound");
+        return NULL;
+    }
+    if (gru_sizes("gru_expand", gamma, k, g, e, e1, v) < 0) return NULL;
+    Buf a[22];
+    memset(a, 0, sizeof a);
+    if (acquire(args[3], &a[20], 8, gamma, 0, 0, "widths") < 0) {
+        release(a, 22);
+        return NULL;
+    }
+    Py_ssize_t total = check_widths("gru_expand", I64(a[20]), gamma, k, g, e1);
+    if (total < 0 || acquire(args[0], &a[0], 4, k, 0, 0, "z1") < 0 || acquire(args[4], &a[1], 8, gamma, 0, 1, "rest") < 0 ||
+        acquire(args[7], &a[2], 8, mul(gamma, k), 0, 0, "cand_tokens") < 0 ||
+        acquire(args[8], &a[3], 8, total, 1, 0, "parents") < 0 || acquire(args[9], &a[4], 8, total, 1, 0, "ranks") < 0 ||
+        acquire(args[10], &a[5], 8, total, 1, 0, "tokens") < 0 || acquire(args[11], &a[6], 8, total, 1, 0, "gather") < 0 ||
+        acquire(args[12], &a[7], 4, total, 1, 0, "scores") < 0 ||
+        acquire(args[13], &a[8], 8, mul(total + 1, gamma), 1, 1, "paths") < 0 ||
+        acquire(args[14], &a[9], 8, gamma, 1, 0, "used") < 0 || acquire(args[15], &a[10], 4, g, 0, 0, "h0") < 0 ||
+        acquire(args[16], &a[11], 4, mul(v, 3 * g), 0, 0, "table") < 0 ||
+        acquire(args[17], &a[12], 4, mul(g, 3 * g), 0, 0, "w_hh") < 0 ||
+        acquire(args[18], &a[13], 4, mul(g, 3 * g), 0, 1, "hh_copy") < 0 ||
+        acquire(args[20], &a[14], 4, 3 * g, 0, 1, "bias_hh") < 0 || acquire(args[21], &a[15], 4, mul(g, e), 0, 0, "w_s") < 0 ||
+        acquire(args[22], &a[16], 4, mul(g, e), 0, 1, "s_copy") < 0 ||
+        acquire(args[24], &a[17], 4, mul(gamma, e), 0, 0, "part") < 0 ||
+        acquire(args[25], &a[18], 4, mul(v, e1), 0, 0, "rows_table") < 0 ||
+        acquire(args[26], &a[19], 4, mul(gamma, k), 0, 0, "base") < 0) {
+        release(a, 22);
+        return NULL;
+    }
+    if (!gru_sgemm) {
+        release(a, 22);
+        return Py_BuildValue("(inndi)", 3, (Py_ssize_t)0, (Py_ssize_t)0, 0.0, 0);
+    }
+    w.table = F32(a[11]);
+    w.w_hh = F32(a[12]);
+    w.hh_copy = a[13].held ? F32(a[13]) : NULL;
+    w.bias_hh = a[14].held ? F32(a[14]) : NULL;
+    w.w_s = F32(a[15]);
+    w.s_copy = a[16].held ? F32(a[16]) : NULL;
+    w.rows_table = F32(a[18]);
+    w.g = g, w.e = e, w.e1 = e1, w.v = v;
+    Py_ssize_t expanded, branches;
+    double seconds;
+    int calls;
+    int status = expand_gru(F32(a[0]), F32(a[10]), gamma, k, I64(a[20]), a[1].held ? (const double *)a[1].view.buf : NULL,
+                            (float)beta_d, budget, I64(a[2]), F32(a[17]), F32(a[19]), &w, I64(a[3]), I64(a[4]), I64(a[5]),
+                            I64(a[6]), F32(a[7]), I64_OR_NULL(a[8]), I64(a[9]), &expanded, &branches, &seconds, &calls);
     release(a, 22);
+    if (status < 0) return PyErr_NoMemory();
+    return Py_BuildValue("(inndi)", status, expanded, branches, seconds, calls);
+}
+
+/* gru_build(logits f32 [gamma, V], gamma, V, K, vocab (0/1), hidden f32 [gamma, H], H, fc1_w f32 [E, ld], ld,
+ *           fc1_b f32 [E] | None, h0 f32 [G], table, w_hh, hh_copy | None, hh_from, bias_hh | None, w_s, s_copy | None,
+ *           s_from, rows_table, g, e, e1, v, widths i64 [gamma], beta, budget (0: no bound), n_out, root,
+ *           out i64 [4, n_out + 1] (tokens, parents, depths, ranks), out_scores f32 [n_out + 1], part f32 [gamma, E] (out))
+ * -> (status, row, finite, depths, branches, head_seconds, head_calls)
+ *
+ * A whole depth-wise build of one sequence with a GRU head whose first depth is not corrected (prefix_len 1),
+ * in one call: candidates (top-K, with `vocab` the normaliser, log q) of every depth; fc1's hidden half
+ * part = fc1_b + hidden fc1_w[:, :H]^T (addmm as torch's F.linear passes it to sgemm_: the bias copied into
+ * every row, then beta 1; dartree/models/heads.py compares it with torch's before using it); the depth loop
+ * of gru_expand from the root state h0, with the candidates' logits as the base logits and depth 1's as its
+ * logits; and select_tree's best n_out nodes, the root first.  Status: 0 ok; 1 NaN or +inf in row `row` of
+ * logits; 2 fewer than K logits above -inf in row `row` (`finite` of them); 3 NaN or infinite corrected
+ * logits; 4 a candidate outside [0, v); 5 without gru_init; 6 the selection not prefix-closed. */
+static PyObject *native_gru_build(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 32) {
+        PyErr_SetString(PyExc_TypeError, "gru_build: expected 32 arguments");
+        return NULL;
+    }
+    Py_ssize_t gamma, vocab, k, with_rest, hsize, ld, g, e, e1, v, budget, n_out;
+    if (get_ssize(args[1], &gamma, "gamma") < 0 || get_ssize(args[2], &vocab, "vocab") < 0 ||
+        get_ssize(args[3], &k, "topk") < 0 || get_ssize(args[4], &with_rest, "vocab_normalize") < 0 ||
+        get_ssize(args[6], &hsize, "hidden_size") < 0 || get_ssize(args[8], &ld, "ld") < 0 ||
+        get_ssize(args[20], &g, "g") < 0 || get_ssize(args[21], &e, "e") < 0 || get_ssize(args[22], &e1, "e1") < 0 ||
+        get_ssize(args[23], &v, "v") < 0 || get_ssize(args[26], &budget, "budget") < 0 ||
+        get_ssize(args[27], &n_out, "n_out") < 0)
+        return NULL;
+    GruWeights w;
+    w.hh_from = PyLong_AsLongLong(args[14]);
+    if (w.hh_from == -1 && PyErr_Occurred()) return NULL;
+    w.s_from = PyLong_AsLongLong(args[18]);
+    if (w.s_from == -1 && PyErr_Occurred()) return NULL;
+    long long root = PyLong_AsLongLong(args[28]);
+    if (root == -1 && PyErr_Occurred()) return NULL;
+    double beta_d = PyFloat_AsDouble(args[25]);
+    if (beta_d == -1.0 && PyErr_Occurred()) return NULL;
+    if (budget > 0 && !(beta_d <= 0.0)) {
+        PyErr_SetString(PyExc_ValueError, "gru_build: beta must be <= 0 (a depth penalty) with the bound");
+        return NULL;
+    }
+    if (gru_sizes("gru_build", gamma, k, g, e, e1, v) < 0) return NULL;
+    if (k > vocab || hsize < 1 || ld < hsize || mul(gamma, e) > INT32_MAX || ld > INT32_MAX || hsize > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "gru_build: need 1 <= topk <= vocab and 1 <= hidden_size <= ld < 2**31");
+        return NULL;
+    }
+    with_rest = with_rest && k < vocab;
+    Buf a[20];
+    memset(a, 0, sizeof a);
+    if (acquire(args[24], &a[0], 8, gamma, 0, 0, "widths") < 0) {
+        release(a, 20);
+        return NULL;
+    }
+    Py_ssize_t total = check_widths("gru_build", I64(a[0]), gamma, k, g, e1);
+    if (total >= 0 && n_out > total) {
+        PyErr_SetString(PyExc_ValueError, "gru_build: n_out larger than the supertree");
+        total = -1;
+    }
+    if (total < 0 || acquire(args[0], &a[1], 4, mul(gamma, vocab), 0, 0, "logits") < 0 ||
+        acquire(args[5], &a[2], 4, mul(gamma, hsize), 0, 0, "hidden") < 0 ||
+        acquire(args[7], &a[3], 4, mul(e, ld), 0, 0, "fc1_w") < 0 || acquire(args[9], &a[4], 4, e, 0, 1, "fc1_b") < 0 ||
+        acquire(args[10], &a[5], 4, g, 0, 0, "h0") < 0 || acquire(args[11], &a[6], 4, mul(v, 3 * g), 0, 0, "table") < 0 ||
+        acquire(args[12], &a[7], 4, mul(g, 3 * g), 0, 0, "w_hh") < 0 ||
+        acquire(args[13], &a[8], 4, mul(g, 3 * g), 0, 1, "hh_copy") < 0 ||
+        acquire(args[15], &a[9], 4, 3 * g, 0, 1, "bias_hh") < 0 || acquire(args[16], &a[10], 4, mul(g, e), 0, 0, "w_s") < 0 ||
+        acquire(args[17], &a[11], 4, mul(g, e), 0, 1, "s_copy") < 0 ||
+        acquire(args[19], &a[12], 4, mul(v, e1), 0, 0, "rows_table") < 0 ||
+        acquire(args[29], &a[13], 8, mul(4, n_out + 1), 1, 0, "out") < 0 ||
+        acquire(args[30], &a[14], 4, n_out + 1, 1, 0, "out_scores") < 0 ||
+        acquire(args[31], &a[15], 4, mul(gamma, e), 1, 0, "part") < 0) {
+        release(a, 20);
+        return NULL;
+    }
+    if (!gru_sgemm) {
+        release(a, 20);
+        return Py_BuildValue("(illnndi)", 5, 0L, 0L, (Py_ssize_t)0, (Py_ssize_t)0, 0.0, 0);
+    }
+    w.table = F32(a[6]);
+    w.w_hh = F32(a[7]);
+    w.hh_copy = a[8].held ? F32(a[8]) : NULL;
+    w.bias_hh = a[9].held ? F32(a[9]) : NULL;
+    w.w_s = F32(a[10]);
+    w.s_copy = a[11].held ? F32(a[11]) : NULL;
+    w.rows_table = F32(a[12]);
+    w.g = g, w.e = e, w.e1 = e1, w.v = v;
+    const int64_t *widths = I64(a[0]);
+    float *part = F32(a[15]);
+    const Py_ssize_t gk = gamma * k;
+    int branching = 0;
+    for (Py_ssize_t d = 0; d < gamma; d++) branching |= widths[d] > 1;
+    int64_t *cand = malloc(sizeof(int64_t) * (size_t)gk), *ints = malloc(sizeof(int64_t) * (size_t)(4 * total));
+    float *values = malloc(sizeof(float) * (size_t)gk), *log_q = malloc(sizeof(float) * (size_t)gk);
+    float *rest_f = malloc(sizeof(float) * (size_t)gamma), *scores = malloc(sizeof(float) * (size_t)total);
+    double *rest = malloc(sizeof(double) * (size_t)gamma);
+    int64_t *paths = branching ? calloc((size_t)((total + 1) * gamma), sizeof(int64_t)) : NULL;
+    int64_t *used = malloc(sizeof(int64_t) * (size_t)gamma);
+    Py_ssize_t *offset = malloc(sizeof(Py_ssize_t) * (size_t)(gamma + 1));
+    long status = 0, row = 0, finite = 0;
+    Py_ssize_t expanded = 0, branches = 0;
+    double seconds = 0.0;
+    int calls = 0, nomem = !cand || !ints || !values || !log_q || !rest_f || !scores || !rest || (branching && !paths) ||
+                           !used || !offset;
+    if (!nomem) {
+        status = candidate_rows(F32(a[1]), gamma, vocab, k, with_rest, cand, values, with_rest ? rest_f : NULL, log_q,
+                                &row, &finite);
+        nomem = status < 0;
+    }
+    if (!nomem && !status) {
+        for (Py_ssize_t d = 0; d < gamma; d++) rest[d] = rest_f[d];
+        if (a[4].held)
+            for (Py_ssize_t d = 0; d < gamma; d++) memcpy(part + d * e, F32(a[4]), sizeof(float) * (size_t)e);
+        gemm_rows((int)gamma, (int)e, (int)hsize, F32(a[2]), (int)hsize, F32(a[3]), 1, (int)ld, a[4].held ? 1.0f : 0.0f,
+                  part);
+        int64_t *parents = ints, *ranks = ints + total, *tokens = ints + 2 * total, *gather = ints + 3 * total;
+        int st = expand_gru(values, F32(a[5]), gamma, k, widths, with_rest ? rest : NULL, (float)beta_d, budget, cand,
+                            part, values, &w, parents, ranks, tokens, gather, scores, paths, used, &expanded, &branches,
+                            &seconds, &calls);
+        if (st < 0) nomem = 1;
+        else if (st) status = st + 2; /* 1 -> 3, 2 -> 4 */
+        else {
+            offset[0] = 0;
+            for (Py_ssize_t d = 0; d < gamma; d++) offset[d + 1] = offset[d] + used[d];
+            int64_t r = root, *out = I64(a[13]);
+            Py_ssize_t n1 = n_out + 1;
+            int sel = select_rows(1, gamma, offset, n_out, parents, ranks, tokens, scores, paths ? paths + gamma : NULL,
+                                  &r, out, out + n1, out + 2 * n1, out + 3 * n1, F32(a[14]));
+            if (sel < 0) nomem = 1;
+            else if (sel) status = 6;
+        }
+    }
+    free(cand); free(ints); free(values); free(log_q); free(rest_f); free(scores); free(rest); free(paths); free(used);
+    free(offset);
+    release(a, 20);
     if (nomem) return PyErr_NoMemory();
-    return Py_BuildValue("(inndi)", status, expanded, branches, head_seconds, head_calls);
+    return Py_BuildValue("(illnndi)", (int)status, row, finite, expanded, branches, seconds, calls);
 }
 
 /* ------------------------------------------------------------------------------------------ module */
@@ -1879,6 +2068,7 @@ static PyMethodDef methods[] = {
     {"gru_init", (PyCFunction)(void (*)(void))native_gru_init, METH_FASTCALL, "Find torch's kernels for gru_step."},
     {"gru_step", (PyCFunction)(void (*)(void))native_gru_step, METH_FASTCALL, "One GRU head step and its logits."},
     {"gru_expand", (PyCFunction)(void (*)(void))native_gru_expand, METH_FASTCALL, "The depth loop with a GRU head."},
+    {"gru_build", (PyCFunction)(void (*)(void))native_gru_build, METH_FASTCALL, "A whole build with a GRU head."},
     {NULL, NULL, 0, NULL},
 };
 

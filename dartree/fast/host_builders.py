@@ -422,9 +422,34 @@ def chain(block: DraftBlock, head: None, config) -> DraftTree:
     return _tree(block, cands.tokens[:, :, 0], parents, parents + 1, scores, np.zeros((b, gamma), dtype=np.int64))
 
 
+def _native_build(block: DraftBlock, head: CorrectionHead, widths: list[int], config, beta: float = 0.0,
+                  budget: int | None = None, bound: bool = False) -> DraftTree | None:
+    """perf (CPU, one sequence, the bundled GRU head): the whole depth-wise build as one compiled call
+    (:meth:`dartree.models.heads.GRUHead.native_build`), the same tree as :func:`_expand`'s; ``None`` where
+    the head declines (then :func:`_expand` runs)."""
+    fn = getattr(head, "native_build", None) if native.lib() is not None else None
+    if fn is None:
+        return None
+    total = sum(widths)
+    out = fn(block, config.topk, config.normalize, widths, beta, budget if bound else 0,
+             total if budget is None else min(budget, total))
+    if out is None:
+        return None
+    gamma = len(widths)
+    expansion.record(expansion.Expansion(depths=out.depths, full_depths=gamma, branches=out.branches,
+                                         full_branches=1 + sum(widths[:-1])))
+    t = torch.from_numpy(out.ints)
+    return DraftTree(tokens=t[0], parents=t[1], depths=t[2], scores=torch.from_numpy(out.scores), ranks=t[3],
+                     num_nodes=torch.full((1,), out.ints.shape[-1], dtype=torch.int64))
+
+
 def corrected_chain(block: DraftBlock, head: CorrectionHead, config) -> DraftTree:
+    widths = [1] * block.gamma
+    tree = _native_build(block, head, widths, config)
+    if tree is not None:
+        return tree
     cands = HostCandidates(block, config.topk, config.normalize)
-    return _expand(block, cands, [1] * block.gamma, head)
+    return _expand(block, cands, widths, head)
 
 
 def ddtree(block: DraftBlock, head: None, config) -> DraftTree:
@@ -439,12 +464,19 @@ def corrected_chain_ddtree(block: DraftBlock, head: CorrectionHead, config) -> D
 
 
 def dartree_fixed(block: DraftBlock, head: CorrectionHead, config) -> DraftTree:
+    widths = quota_widths(config.budget, config.topk, block.gamma)
+    tree = _native_build(block, head, widths, config)
+    if tree is not None:
+        return tree
     cands = HostCandidates(block, config.topk, config.normalize)
-    return _expand(block, cands, quota_widths(config.budget, config.topk, block.gamma), head)
+    return _expand(block, cands, widths, head)
 
 
 def dartree_pruned(block: DraftBlock, head: CorrectionHead, config) -> DraftTree:
+    widths = pruned_widths(config.width, config.topk, block.gamma)
+    tree = _native_build(block, head, widths, config, config.beta, config.budget, config.bound)
+    if tree is not None:
+        return tree
     cands = HostCandidates(block, config.topk, config.normalize)
-    return _expand(block, cands, pruned_widths(config.width, config.topk, block.gamma), head, beta=config.beta,
-                   budget=config.budget, bound=config.bound)
+    return _expand(block, cands, widths, head, beta=config.beta, budget=config.budget, bound=config.bound)
 

@@ -442,6 +442,51 @@ class GRUHead(nn.Module):
         new = self.gru_step(tokens, states)
         return new, self._logits(block, depth + 1, new, candidates)
 
+    def native_build(self, block: DraftBlock, topk: int, normalize: str, widths: list[int], beta: float,
+                     bound_budget: int, n_out: int) -> _NativeBuild | None:
+        """perf (CPU, one sequence): a whole depth-wise build with this head as one compiled call
+        (``dartree._native.gru_build``: candidates, every depth's ``fc1`` hidden half, the depth loop of
+        :meth:`_GRUSteps.native_loop`, the selection), or ``None`` where it does not apply, and then the
+        builder makes its calls.  It applies where the builder's calls would run the compiled loop with
+        an uncorrected first depth (``prefix_len`` 1) on float32 inputs, once the shapes of its steps and of
+        the ``fc1`` product have their verdicts: the product's is taken here, on the first build of a
+        ``gamma``, by comparing it with torch's bits (a difference warns, and the builder's calls run).
+
+        ``bound_budget``: the bound's budget (0: no bound); ``n_out``: the nodes selected.  Which path this
+        serves: the CPU only; the result is the one the builder's calls give, bit for bit (tested)."""
+        hidden, logits = block.hidden, block.logits
+        if block.batch_size != 1 or self.prefix_len != 1 or hidden is None or hidden.dtype != torch.float32 \
+                or logits.dtype != torch.float32 or logits.device.type != "cpu" or hidden.shape[-1] != self.hidden_size:
+            return None
+        plan = self._plan()
+        native = None if plan is None else plan.native
+        if native is None or _native_gru() is None or len(widths) != block.gamma:
+            return None
+        for n in set(widths[:-1]):
+            if not native.verdicts.get((n, topk)) or n * topk * self.emb_dim < _BMM_BLAS_FROM:
+                return None                          # not checked yet (the builder's calls check it), or refused
+        verdict = native.verdicts.get(("fc1", block.gamma))
+        if verdict is False:
+            return None
+        key = (int(block.root[0]), torch.is_inference_mode_enabled())
+        state = plan.roots.get(key)
+        if state is None:
+            if len(plan.roots) >= ROOT_CACHE_LIMIT:
+                plan.roots.clear()
+            state = plan.roots[key] = self._root_state(block)
+        out = _NativeBuild.run(native, plan, self, block, topk, normalize, widths, beta, bound_budget, n_out, state)
+        if verdict is None:                          # the first build of this gamma: the fc1 product against torch's
+            want = self._block_terms(block, False)[0][0]
+            same = torch.equal(torch.from_numpy(out.part).view(torch.int32), want.contiguous().view(torch.int32))
+            native.verdicts[("fc1", block.gamma)] = same
+            if not same:
+                import warnings
+
+                warnings.warn(f"dartree: the compiled fc1 product differs from torch's for {block.gamma} depths on "
+                              "this machine; the builder's calls run for that shape", RuntimeWarning, stacklevel=2)
+                return None
+        return out
+
     def prepare_block(self, block: DraftBlock, candidates: Tensor) -> _GRUSteps | None:
         """The protocol's optional per-build preparation (:class:`dartree.block.CorrectionHead`): every
         depth's base logits and ``fc1`` hidden half computed once, the weights resolved once (:meth:`_plan`),
@@ -739,6 +784,50 @@ class _NativeLoop:
                                      native.table, native.w_hh, native.hh_copy, hh_from, native.bias_hh, native.w_s,
                                      native.s_copy, s_from, steps.part_np, rows, steps.base_np, steps.size,
                                      steps.emb_dim, rows.shape[1], native.table.shape[0])
+
+
+class _NativeBuild:
+    """:meth:`GRUHead.native_build`'s result: the tree's columns (numpy int64 ``ints [4, 1, n_out + 1]``:
+    tokens, parents, depths, ranks; float32 ``scores [1, n_out + 1]``), the depths expanded, the branches
+    scored, the seconds inside the GRU steps and their number, and the ``fc1`` product ``part [gamma, E]``."""
+
+    __slots__ = ("ints", "scores", "part", "depths", "branches", "seconds", "steps")
+
+    @classmethod
+    def run(cls, native: _NativeSteps, plan: _Plan, head: GRUHead, block: DraftBlock, topk: int, normalize: str,
+            widths: list[int], beta: float, bound_budget: int, n_out: int, state: Tensor) -> _NativeBuild:
+        from dartree.fast.host import check_logits
+        from dartree.scoring import too_few_finite
+
+        gamma, vocab = block.gamma, block.logits.shape[-1]
+        fc1 = head._modules["embed_proj"]._modules["0"]._parameters
+        weight, bias = fc1["weight"].detach(), fc1["bias"]
+        rows = native.rows_table
+        hh_from = -1 if native.hh_copy is None or plan.hh_from == float("inf") else int(plan.hh_from)
+        s_from = -1 if native.s_copy is None or plan.s_from == float("inf") else int(plan.s_from)
+        out = cls()
+        out.ints = np.empty((4, 1, n_out + 1), dtype=np.int64)
+        out.scores = np.empty((1, n_out + 1), dtype=np.float32)
+        out.part = np.empty((gamma, head.emb_dim), dtype=np.float32)
+        status, row, finite, out.depths, out.branches, out.seconds, out.steps = native.lib.gru_build(
+            np.ascontiguousarray(block.logits[0].numpy()), gamma, vocab, topk, int(normalize == "vocab"),
+            np.ascontiguousarray(block.hidden[0].detach().numpy()), head.hidden_size, weight.numpy(), weight.shape[1],
+            None if bias is None else bias.detach().numpy(), state[0].numpy(), native.table, native.w_hh,
+            native.hh_copy, hh_from, native.bias_hh, native.w_s, native.s_copy, s_from, rows, head.gru_hidden_dim,
+            head.emb_dim, rows.shape[1], native.table.shape[0], np.asarray(widths, dtype=np.int64), beta, bound_budget,
+            n_out, int(block.root[0]), out.ints, out.scores, out.part)
+        if status == 1:
+            check_logits(float("nan"))
+        if status == 2:
+            raise ValueError(too_few_finite(0, row + 1, finite, topk))
+        if status == 3:
+            raise ValueError("head.logits: must be finite (found NaN or inf)")
+        if status == 4:
+            raise ValueError(f"tokens: ids must be in [0, {native.table.shape[0]})")
+        if status:
+            raise ValueError("gru_build: torch's kernels were not found" if status == 5
+                             else "gru_build: the selection is not prefix-closed")
+        return out
 
 
 class MarkovHead(nn.Module):

@@ -184,8 +184,19 @@ class TimedHead:
         out = self._call("advance", block, depth, self._own(states), tokens)
         return _state("advance", out, block, tuple(tokens.shape), self._width)
 
+    def native_build(self, block: Any, *args: Any) -> Any:
+        """perf: the bundled head's whole-build compiled call (:meth:`dartree.models.heads.GRUHead.native_build`),
+        its steps' time and count (plus the root's ``initial_state`` and ``logits`` the builder's calls make)
+        added to ``seconds`` and ``calls``; ``None`` for any other head, or where the head declines."""
+        fn = getattr(self.head, "native_build", None) if self._trusted else None
+        out = None if fn is None else fn(block, *args)
+        if out is not None:
+            self.seconds += out.seconds
+            self.calls += 2 + out.steps
+        return out
+
     def __getattr__(self, name: str) -> Any:      # other attributes of the head (not its methods above)
-        if name in ("head", "advance_logits", "_width"):
+        if name in ("head", "advance_logits", "_width", "native_build"):
             raise AttributeError(name)
         return getattr(self.head, name)
 

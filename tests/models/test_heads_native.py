@@ -178,18 +178,47 @@ def test_dartree_pruned_builds_the_same_tree_with_the_compiled_step(seed, monkey
     assert got.canonical() == want.canonical() and torch.equal(got.scores, want.scores)
 
 
-# ------------------------------------------------------------------------------ the compiled depth loop
-def _loop_spy(monkeypatch) -> list:
-    """Count the builds that ran the compiled depth loop (``gru_expand``)."""
-    runs = []
-    real = heads_module._NativeLoop.run
+# ----------------------------------------------------------------- the compiled depth loop and whole build
+class Paths:
+    """Which compiled calls the builds may use, counted as they run: ``build`` (the whole build,
+    ``GRUHead.native_build``), ``loop`` (the depth loop, ``_GRUSteps.native_loop``); with neither, the
+    builder's per-depth calls (still the compiled steps)."""
 
-    def run(self, *args):
-        runs.append(len(args[1]))
-        return real(self, *args)
+    def __init__(self, monkeypatch) -> None:
+        self.runs = {"build": 0, "loop": 0}
+        self.calls = 0                                                  # gru_build calls, raising or not
+        self.allowed = {"build", "loop"}
+        build, native_loop, run = GRUHead.native_build, heads_module._GRUSteps.native_loop, heads_module._NativeLoop.run
+        whole = heads_module._NativeBuild.run.__func__
 
-    monkeypatch.setattr(heads_module._NativeLoop, "run", run)
-    return runs
+        def whole_run(cls, *args):
+            self.calls += 1
+            return whole(cls, *args)
+
+        def native_build(head, *args):
+            out = build(head, *args) if "build" in self.allowed else None
+            self.runs["build"] += out is not None
+            return out
+
+        def loop(steps, widths):
+            return native_loop(steps, widths) if "loop" in self.allowed else None
+
+        def loop_run(self_, *args):
+            self.runs["loop"] += 1
+            return run(self_, *args)
+
+        monkeypatch.setattr(GRUHead, "native_build", native_build)
+        monkeypatch.setattr(heads_module._GRUSteps, "native_loop", loop)
+        monkeypatch.setattr(heads_module._NativeLoop, "run", loop_run)
+        monkeypatch.setattr(heads_module._NativeBuild, "run", classmethod(whole_run))
+
+    @contextlib.contextmanager
+    def only(self, *names):
+        previous, self.allowed = self.allowed, set(names)
+        try:
+            yield
+        finally:
+            self.allowed = previous
 
 
 def _same_tree(a, b) -> bool:
@@ -209,68 +238,78 @@ LOOP_CASES = [
 ]
 
 
+def _build_all_ways(paths, builder, block, head, timed):
+    """(tree, expansion, head calls) by every path: whole build, loop, per-depth calls; and torch's ops' tree."""
+    from dartree.fast import expansion
+
+    out = {}
+    for way, allowed in (("build", ("build", "loop")), ("loop", ("loop",)), ("depth", ())):
+        with paths.only(*allowed):
+            tree = builder.build(block, timed)
+            out[way] = (tree, expansion.last(), timed.take_calls(), timed.take())
+    with native.disabled():
+        out["torch"] = (builder.build(block, head), None, 0, 0.0)
+    return out
+
+
 @needs_native
 @pytest.mark.parametrize("name, fields", LOOP_CASES)
 @pytest.mark.parametrize("prefix_len", [0, 1])
-def test_the_compiled_loop_builds_the_same_tree_as_the_calls_per_depth(name, fields, prefix_len, monkeypatch):
-    """``gru_expand`` (one C call per build) against the builder's own loop with the same compiled steps
-    and against torch's ops: the same nodes, order and score bits, the same expansion record, and the same
-    head calls counted by the decoder's proxy, whose time now includes the loop's steps."""
-    from dartree.fast import expansion
+def test_the_compiled_build_and_loop_give_the_trees_of_the_calls_per_depth(name, fields, prefix_len, monkeypatch):
+    """``gru_build`` (one C call per build) and ``gru_expand`` (one per depth loop) against the builder's own
+    calls with the same compiled steps and against torch's ops: the same nodes, order and score bits, the
+    same expansion record, and the same head calls counted by the decoder's proxy, which also gets the time
+    of the compiled steps.  The first build of a head checks its step shapes (the loop runs); the whole
+    build takes over from the second, where the first depth is not corrected (prefix_len 1)."""
     from dartree.verify.timing import timed_head
 
-    runs = _loop_spy(monkeypatch)
+    paths = Paths(monkeypatch)
     builder = make_builder(name, backend="fast", **fields)
-    loop_off = heads_module._GRUSteps.native_loop
     for seed in range(4):
         head = make_head(g=32, e=32, prefix_len=prefix_len, seed=seed)
         block = make_block(gamma=7, seed=seed)
         timed = timed_head(head)
         with torch.inference_mode():
-            got = builder.build(block, timed)
-            got_expansion, got_calls, got_seconds = expansion.last(), timed.take_calls(), timed.take()
-            monkeypatch.setattr(heads_module._GRUSteps, "native_loop", lambda self, widths: None)
-            per_depth = builder.build(block, timed)
-            per_depth_expansion, per_depth_calls = expansion.last(), timed.take_calls()
-            with native.disabled():
-                torch_ops = builder.build(block, head)
-            monkeypatch.setattr(heads_module._GRUSteps, "native_loop", loop_off)
-        assert _same_tree(got, per_depth) and _same_tree(got, torch_ops), seed
-        assert got_expansion == per_depth_expansion and got_calls == per_depth_calls, seed
-        assert got_seconds > 0
-    assert len(runs) == 4                                               # the loop ran in every first build
+            builder.build(block, timed)                                 # checks the shapes
+            timed.take_calls()
+            got = _build_all_ways(paths, builder, block, head, timed)
+        want, want_expansion, want_calls, _ = got["depth"]
+        for way in ("build", "loop", "torch"):
+            assert _same_tree(got[way][0], want), (seed, way)
+        for way in ("build", "loop"):
+            assert got[way][1] == want_expansion and got[way][2] == want_calls and got[way][3] > 0, (seed, way)
+    assert paths.runs == {"build": 4 if prefix_len == 1 else 0, "loop": 8 if prefix_len == 1 else 12}
 
 
 @needs_native
-def test_the_compiled_loop_stops_where_the_bound_stops(monkeypatch):
-    """With the bound, the loop expands the depths the per-depth loop expands, no more (a deep block, a
-    small budget)."""
-    from dartree.fast import expansion
+def test_the_compiled_build_and_loop_stop_where_the_bound_stops(monkeypatch):
+    """With the bound, they expand the depths the per-depth loop expands, no more (a deep block, a small
+    budget)."""
+    from dartree.verify.timing import timed_head
 
-    runs = _loop_spy(monkeypatch)
+    paths = Paths(monkeypatch)
     head = make_head(g=32, e=32, seed=7)
     block = make_block(gamma=12, seed=7)
     builder = make_builder("dartree-pruned", backend="fast", budget=4, width=4, topk=4)
     with torch.inference_mode():
         builder.build(block, head)
-        got = expansion.last()
-        monkeypatch.setattr(heads_module._GRUSteps, "native_loop", lambda self, widths: None)
-        builder.build(block, head)
-        want = expansion.last()
-    assert runs == [12] and got == want and got.depths_saved > 0
+        got = _build_all_ways(paths, builder, block, head, timed_head(head))
+    assert got["depth"][1].depths_saved > 0
+    assert all(got[way][1] == got["depth"][1] and _same_tree(got[way][0], got["depth"][0]) for way in ("build", "loop"))
+    assert paths.runs == {"build": 1, "loop": 2}
 
 
 @needs_native
-def test_the_compiled_loop_is_declined_where_a_step_would_not_be_compiled(monkeypatch):
+def test_the_compiled_build_and_loop_are_declined_where_a_step_would_not_be_compiled(monkeypatch):
     """A width whose compiled step differs from torch's (the verdict), an uncorrected second depth
     (prefix_len 2), two sequences, the chain of corrected-chain-ddtree (it traces log q) and a user's
-    subclass behind the decoder's proxy: the builder's loop, and the same tree as torch's ops."""
+    subclass behind the decoder's proxy: the builder's calls, and the same tree as torch's ops."""
     from dartree.verify.timing import timed_head
 
     class Mine(GRUHead):
         pass
 
-    runs = _loop_spy(monkeypatch)
+    paths = Paths(monkeypatch)
     pruned = make_builder("dartree-pruned", backend="fast", budget=12, width=4, topk=6)
     one, two = make_block(gamma=6, seed=5), make_block(b=2, gamma=6, seed=5)
     flagged = make_head(g=32, e=32, seed=5)
@@ -284,37 +323,81 @@ def test_the_compiled_loop_is_declined_where_a_step_would_not_be_compiled(monkey
              (pruned, timed_head(mine), one)]
     for builder, head, block in cases:
         with torch.inference_mode():
-            got = builder.build(block, head)
+            got = [builder.build(block, head) for _ in range(2)]           # the second would be a whole build
             with native.disabled():
                 want = builder.build(block, getattr(head, "head", head))
-        assert _same_tree(got, want)
-    assert runs == []
+        assert all(_same_tree(tree, want) for tree in got)
+    assert paths.runs == {"build": 0, "loop": 0}
 
 
 @needs_native
-def test_non_finite_corrected_logits_in_the_compiled_loop_are_an_error(monkeypatch):
-    """NaN in the corrected logits of depth 2 (the output rows poisoned after the shapes were checked):
-    the loop raises the builder's error, as the per-depth loop does."""
-    runs = _loop_spy(monkeypatch)
+def test_the_fc1_product_of_the_whole_build_is_checked_against_torchs(monkeypatch):
+    """The first whole build of a gamma compares its fc1 product with torch's: equal, it is kept; one bit
+    off (a corrupted call), a warning, the builder's calls for that gamma from then on, and their tree."""
+    paths = Paths(monkeypatch)
+    head = make_head(g=32, e=32, seed=4)
+    builder = make_builder("dartree-pruned", backend="fast", budget=12, width=4, topk=6)
+    short, deep = make_block(gamma=6, seed=4), make_block(gamma=8, seed=4)
+    real = heads_module._native_gru()
+
+    class Spy:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def gru_build(self, *args):
+            out = real.gru_build(*args)
+            if args[1] == 8:
+                args[31].view("int32")[0, 0] ^= 1
+            return out
+
+    with torch.inference_mode():
+        builder.build(short, head)                                      # the step shapes checked
+        monkeypatch.setattr(head._plan().native, "lib", Spy())
+        builder.build(short, head)
+        assert head._plan().native.verdicts[("fc1", 6)] is True and paths.runs["build"] == 1
+        with pytest.warns(RuntimeWarning, match="compiled fc1 product differs from torch's for 8 depths"):
+            got = builder.build(deep, head)
+        assert head._plan().native.verdicts[("fc1", 8)] is False
+        again = builder.build(deep, head)
+        with native.disabled():
+            want = builder.build(deep, head)
+    assert paths.runs["build"] == 1 and _same_tree(got, want) and _same_tree(again, want)
+
+
+@needs_native
+@pytest.mark.parametrize("bad", ["head nan", "block nan", "few finite"])
+def test_bad_values_in_the_compiled_build_are_the_builders_errors(bad, monkeypatch):
+    """NaN corrected logits (the output rows poisoned after the shapes were checked), a NaN block logit and
+    a depth with fewer than K finite logits: the whole build raises what the builder's calls raise."""
+    paths = Paths(monkeypatch)
     head = make_head(g=32, e=32, seed=3)
     block = make_block(gamma=6, seed=3)
     builder = make_builder("dartree-pruned", backend="fast", budget=12, width=4, topk=6)
     with torch.inference_mode():
-        builder.build(block, head)                                      # shapes checked, loop used
-        head._plan().rows_table.fill_(float("nan"))
-        with pytest.raises(ValueError, match=r"head.logits: must be finite \(found NaN or inf\)"):
-            builder.build(block, head)
-        monkeypatch.setattr(heads_module._GRUSteps, "native_loop", lambda self, widths: None)
-        with pytest.raises(ValueError, match=r"head.logits: must be finite \(found NaN or inf\)"):
-            builder.build(block, head)
-    assert runs == [6, 6]
+        builder.build(block, head)                                      # shapes checked
+        if bad == "head nan":
+            head._plan().rows_table.fill_(float("nan"))
+        elif bad == "block nan":
+            block.logits[0, 2, 5] = float("nan")
+        else:
+            block.logits[0, 3, 4:] = float("-inf")
+        errors = []
+        for allowed in (("build", "loop"), ()):
+            with paths.only(*allowed), pytest.raises(ValueError) as caught:
+                builder.build(block, head)
+            errors.append(str(caught.value))
+    assert errors[0] == errors[1] and paths.runs["build"] == 0 and paths.calls == 1
+    assert {"head nan": "head.logits: must be finite", "block nan": "block.logits: must not hold NaN",
+            "few finite": "row 0 depth 4 has 4 logits above -inf"}[bad] in errors[0]
 
 
 @needs_native
-def test_gru_expand_refuses_bad_arguments():
+def test_gru_expand_and_gru_build_refuse_bad_arguments():
     lib = heads_module._native_gru()
     with pytest.raises(TypeError, match="expected 31 arguments"):
         lib.gru_expand(1, 2)
+    with pytest.raises(TypeError, match="expected 32 arguments"):
+        lib.gru_build(1, 2)
     args = [None] * 31
     args[1], args[2], args[5], args[6], args[19], args[23] = 3, 4, -0.1, 2, -1, -1
     args[27], args[28], args[29], args[30] = 24, 16, 16, VOCAB                 # g = 24
@@ -327,3 +410,13 @@ def test_gru_expand_refuses_bad_arguments():
     args[5] = 0.5
     with pytest.raises(ValueError, match="beta must be <= 0"):
         lib.gru_expand(*args)
+    b = [None] * 32
+    b[1], b[2], b[3], b[4], b[6], b[8], b[14], b[18] = 3, VOCAB, 4, 0, HIDDEN, HIDDEN + 32, -1, -1
+    b[20], b[21], b[22], b[23], b[25], b[26], b[27], b[28] = 32, 16, 16, VOCAB, -0.1, 2, 3, 0
+    b[24] = torch.tensor([4, 4, 4], dtype=torch.int64).numpy()
+    b[27] = 13                                                                  # more than the 12 nodes
+    with pytest.raises(ValueError, match="n_out larger than the supertree"):
+        lib.gru_build(*b)
+    b[27], b[8] = 3, HIDDEN - 1                                                 # ld below the hidden size
+    with pytest.raises(ValueError, match="hidden_size <= ld"):
+        lib.gru_build(*b)
