@@ -1,11 +1,12 @@
 """The CPU's compiled calls against torch's ops, side by side in one process: the GRU head's step
-(``dartree.models.heads._NativeSteps``), the float32 RMSNorm (``dartree.models.norms``) and the depth
-loop with the GRU head (``dartree.models.heads._NativeLoop``; off, the builder's per-depth loop with the
-compiled steps), each on or off, per method, interleaved prompt by prompt.
+(``dartree.models.heads._NativeSteps``), the float32 RMSNorm (``dartree.models.norms``), the whole build
+with the GRU head (``build``: ``dartree.models.heads._NativeBuild``; off, the depth loop runs) and its depth
+loop (``loop``: ``_NativeLoop``; off, neither: the builder's per-depth calls with the compiled steps), each
+on or off, per method, interleaved prompt by prompt.
 
     taskset -c 0 .venv/bin/python benchmarks/compiled_calls_side_by_side.py \\
         --methods ar,ddtree16,pruned16,corrected-chain --calls gru,norm [--prompts 4] [--reps 5]
-    taskset -c 0 .venv/bin/python benchmarks/compiled_calls_side_by_side.py --methods ddtree16,pruned16 --calls loop
+    taskset -c 0 .venv/bin/python benchmarks/compiled_calls_side_by_side.py --methods ddtree16,pruned16 --calls build
 
 Every decode must equal AR token for token both ways (the compiled calls give torch's bits).  Reported
 per method: tokens/s with torch's ops and with the compiled calls, and the median over prompts of the
@@ -32,7 +33,7 @@ METHODS = {
     "pruned16": ("dartree-pruned", {"budget": 16, "width": 12}, "gru"),
     "corrected-chain": ("corrected-chain", {}, "gru"),
 }
-CALLS = ("gru", "norm", "loop")
+CALLS = ("gru", "norm", "loop", "build")
 
 
 def main() -> None:
@@ -50,7 +51,7 @@ def main() -> None:
             parser.error(f"{flag}: unknown {unknown}; choose from {list(allowed)}")
     torch.set_num_threads(1)
     if "gru" in calls and heads._native_gru() is None or "norm" in calls and norms.lanes() is None \
-            or "loop" in calls and heads._native_gru() is None:
+            or ("loop" in calls or "build" in calls) and heads._native_gru() is None:
         parser.error("--calls: a compiled call asked for is not available here (dartree._native, AVX-512 torch)")
     bundle = load_bundle("pystdlib-tiny")
     prompts = [torch.tensor([encode(bundle.tokenizer, p.text)[-256:]])
@@ -63,7 +64,8 @@ def main() -> None:
             decoders[name] = SpeculativeDecoder(target, bundle.drafter,
                                                 make_builder(builder, backend="fast", **settings),
                                                 head=None if head is None else bundle.heads[head])
-    compiled_gru, lanes, loop = heads._native_gru, norms.lanes(), heads._GRUSteps.native_loop
+    compiled_gru, lanes, loop, whole = heads._native_gru, norms.lanes(), heads._GRUSteps.native_loop, \
+        heads.GRUHead.native_build
 
     def run(key, prompt):
         name, way = key
@@ -74,12 +76,15 @@ def main() -> None:
                 norms._LANES[0] = None
             if "loop" in calls:
                 heads._GRUSteps.native_loop = lambda self, widths: None
+            if "loop" in calls or "build" in calls:
+                heads.GRUHead.native_build = lambda self, *args: None
         try:
             if name == "ar":
                 return generate_ar(target, prompt, args.new_tokens).tokens
             return decoders[name].generate(prompt, args.new_tokens).tokens
         finally:
             heads._native_gru, norms._LANES[0], heads._GRUSteps.native_loop = compiled_gru, lanes, loop
+            heads.GRUHead.native_build = whole
 
     keys = [(name, way) for name in names for way in ("torch", "compiled")]
     refs = [generate_ar(bundle.target, p, args.new_tokens).tokens for p in prompts]
