@@ -1822,10 +1822,11 @@ static int expand_gru(const float *z1, const float *h0, Py_ssize_t gamma, Py_ssi
 static Py_ssize_t check_widths(const char *name, const int64_t *widths, Py_ssize_t gamma, Py_ssize_t k, Py_ssize_t g,
                                Py_ssize_t e1) {
     Py_ssize_t total = 0;
-    int bad = mul(k, e1) > INT32_MAX;
+    int bad = mul(k, e1) < 0 || mul(k, e1) > INT32_MAX;
     for (Py_ssize_t d = 0, prev = 1; d < gamma && !bad; d++) {
         int64_t w = widths[d];
-        bad |= w < 1 || w > mul(prev, k) || mul(w, 3 * g) > INT32_MAX || __builtin_add_overflow(total, (Py_ssize_t)w, &total);
+        bad |= w < 1 || w > mul(prev, k) || mul(w, 3 * g) < 0 || mul(w, 3 * g) > INT32_MAX ||
+               __builtin_add_overflow(total, (Py_ssize_t)w, &total);
         prev = w;
     }
     if (bad) {
@@ -1929,7 +1930,8 @@ static PyObject *native_gru_expand(PyObject *self, PyObject *const *args, Py_ssi
  * of gru_expand from the root state h0, with the candidates' logits as the base logits and depth 1's as its
  * logits; and select_tree's best n_out nodes, the root first.  Status: 0 ok; 1 NaN or +inf in row `row` of
  * logits; 2 fewer than K logits above -inf in row `row` (`finite` of them); 3 NaN or infinite corrected
- * logits; 4 a candidate outside [0, v); 5 without gru_init; 6 the selection not prefix-closed. */
+ * logits; 4 a candidate outside [0, v); 5 without gru_init; 6 the selection not prefix-closed; 7 fewer than
+ * n_out nodes (n_out above a bound's budget). */
 static PyObject *native_gru_build(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 32) {
         PyErr_SetString(PyExc_TypeError, "gru_build: expected 32 arguments");
@@ -1957,7 +1959,8 @@ static PyObject *native_gru_build(PyObject *self, PyObject *const *args, Py_ssiz
         return NULL;
     }
     if (gru_sizes("gru_build", gamma, k, g, e, e1, v) < 0) return NULL;
-    if (k > vocab || hsize < 1 || ld < hsize || mul(gamma, e) > INT32_MAX || ld > INT32_MAX || hsize > INT32_MAX) {
+    if (k > vocab || hsize < 1 || ld < hsize || mul(gamma, e) < 0 || mul(gamma, e) > INT32_MAX || ld > INT32_MAX ||
+        hsize > INT32_MAX) {
         PyErr_SetString(PyExc_ValueError, "gru_build: need 1 <= topk <= vocab and 1 <= hidden_size <= ld < 2**31");
         return NULL;
     }
@@ -2005,6 +2008,10 @@ static PyObject *native_gru_build(PyObject *self, PyObject *const *args, Py_ssiz
     const Py_ssize_t gk = gamma * k;
     int branching = 0;
     for (Py_ssize_t d = 0; d < gamma; d++) branching |= widths[d] > 1;
+    if (mul(4, total) < 0 || mul(total + 1, gamma) < 0) {
+        release(a, 20);
+        return PyErr_NoMemory();
+    }
     int64_t *cand = malloc(sizeof(int64_t) * (size_t)gk), *ints = malloc(sizeof(int64_t) * (size_t)(4 * total));
     float *values = malloc(sizeof(float) * (size_t)gk), *log_q = malloc(sizeof(float) * (size_t)gk);
     float *rest_f = malloc(sizeof(float) * (size_t)gamma), *scores = malloc(sizeof(float) * (size_t)total);
@@ -2042,7 +2049,7 @@ static PyObject *native_gru_build(PyObject *self, PyObject *const *args, Py_ssiz
             int sel = select_rows(1, gamma, offset, n_out, parents, ranks, tokens, scores, paths ? paths + gamma : NULL,
                                   &r, out, out + n1, out + 2 * n1, out + 3 * n1, F32(a[14]));
             if (sel < 0) nomem = 1;
-            else if (sel) status = 6;
+            else if (sel) status = sel == 1 ? 6 : 7;
         }
     }
     free(cand); free(ints); free(values); free(log_q); free(rest_f); free(scores); free(rest); free(paths); free(used);

@@ -359,9 +359,6 @@ def _expand_loop(lib, loop, block: DraftBlock, cands: HostCandidates, widths: li
                                                 budget if bound else 0, tokens_by_depth, ints, scores, paths, used, h0)
     if status == 1:
         raise ValueError("head.logits: must be finite (found NaN or inf)")
-    if status:
-        raise ValueError("gru_expand: a token id is outside the head's vocabulary" if status == 2
-                         else "gru_expand: torch's kernels were not found")
     expansion.record(expansion.Expansion(depths=expanded, full_depths=gamma, branches=branches,
                                          full_branches=1 + sum(widths[:-1])))
     return _selected(lib, block, used, budget, ints, scores, paths)

@@ -468,7 +468,10 @@ class GRUHead(nn.Module):
         verdict = native.verdicts.get(("fc1", block.gamma))
         if verdict is False:
             return None
-        key = (int(block.root[0]), torch.is_inference_mode_enabled())
+        root = int(block.root[0])
+        if not 0 <= root < self.vocab_size:          # the builder's calls check the block before the root
+            return None
+        key = (root, torch.is_inference_mode_enabled())
         state = plan.roots.get(key)
         if state is None:
             if len(plan.roots) >= ROOT_CACHE_LIMIT:
@@ -681,7 +684,10 @@ class _GRUSteps:
             if not self.compiled(1, n, k):
                 return None
             if native.verdicts.get((n, k)) is None:
-                self._probe(native, n, k)
+                try:
+                    self._probe(native, n, k)
+                except ValueError:                   # e.g. a candidate outside the head's vocabulary: the
+                    return None                      # builder's calls meet it (or not) where they would
             if not native.verdicts[(n, k)]:
                 return None
         return _NativeLoop(self, native)
@@ -774,16 +780,23 @@ class _NativeLoop:
             tokens_by_depth: np.ndarray, ints: np.ndarray, scores: np.ndarray, paths: np.ndarray | None,
             used: np.ndarray, h0: np.ndarray) -> tuple[int, int, int, float, int]:
         """``gru_expand`` (see ``dartree/_native.c``) from the root's logits ``z1 [K]`` and state ``h0 [G]``:
-        (status, depths expanded, branches scored, seconds inside the GRU steps, steps)."""
+        (status, depths expanded, branches scored, seconds inside the GRU steps, steps); status 1 (a NaN or
+        infinite log q) is the caller's to report, a token outside the head's vocabulary raises as
+        :meth:`_GRUSteps.advance_logits` does."""
         steps, native = self.steps, self.native
         rows = native.rows_table
         hh_from = -1 if native.hh_copy is None or steps.hh_from == float("inf") else int(steps.hh_from)
         s_from = -1 if native.s_copy is None or steps.s_from == float("inf") else int(steps.s_from)
-        return native.lib.gru_expand(z1, len(widths), tokens_by_depth.shape[-1], widths, rest, beta, budget,
-                                     tokens_by_depth, ints[0], ints[1], ints[2], ints[3], scores, paths, used, h0,
-                                     native.table, native.w_hh, native.hh_copy, hh_from, native.bias_hh, native.w_s,
-                                     native.s_copy, s_from, steps.part_np, rows, steps.base_np, steps.size,
-                                     steps.emb_dim, rows.shape[1], native.table.shape[0])
+        out = native.lib.gru_expand(z1, len(widths), tokens_by_depth.shape[-1], widths, rest, beta, budget,
+                                    tokens_by_depth, ints[0], ints[1], ints[2], ints[3], scores, paths, used, h0,
+                                    native.table, native.w_hh, native.hh_copy, hh_from, native.bias_hh, native.w_s,
+                                    native.s_copy, s_from, steps.part_np, rows, steps.base_np, steps.size,
+                                    steps.emb_dim, rows.shape[1], native.table.shape[0])
+        if out[0] == 2:                              # what gru_step's caller raises
+            raise ValueError(f"tokens: ids must be in [0, {native.table.shape[0]})")
+        if out[0] == 3:
+            raise ValueError("gru_expand: torch's kernels were not found")
+        return out
 
 
 class _NativeBuild:
@@ -825,8 +838,9 @@ class _NativeBuild:
         if status == 4:
             raise ValueError(f"tokens: ids must be in [0, {native.table.shape[0]})")
         if status:
-            raise ValueError("gru_build: torch's kernels were not found" if status == 5
-                             else "gru_build: the selection is not prefix-closed")
+            raise ValueError({5: "gru_build: torch's kernels were not found",
+                              6: "gru_build: the selection is not prefix-closed"}.get(
+                                  status, "gru_build: fewer than n_out nodes (n_out above the bound's budget)"))
         return out
 
 

@@ -420,3 +420,48 @@ def test_gru_expand_and_gru_build_refuse_bad_arguments():
     b[27], b[8] = 3, HIDDEN - 1                                                 # ld below the hidden size
     with pytest.raises(ValueError, match="hidden_size <= ld"):
         lib.gru_build(*b)
+
+
+def _small_head(seed: int) -> GRUHead:
+    """A GRU head over the first 150 of the blocks' 211 tokens."""
+    gen = torch.Generator().manual_seed(seed)
+    head = GRUHead(HIDDEN, 150, 32, 32, prefix_len=1, embedding=torch.randn(150, HIDDEN, generator=gen))
+    with torch.no_grad():
+        for p in head.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.4)
+    return head.eval()
+
+
+@needs_native
+def test_ids_outside_the_heads_vocabulary_meet_the_errors_of_the_calls_per_depth(monkeypatch):
+    """A candidate the head cannot embed raises what the per-depth calls raise, by every path; where the
+    bound stops before it, every path (a fresh head's first build included, which checks the step shapes)
+    returns the per-depth calls' tree; a root the head cannot embed with a NaN block logit is the block's
+    error, as the per-depth calls check the block first."""
+    paths = Paths(monkeypatch)
+    fine = make_block(gamma=6, seed=1)
+    with torch.no_grad():
+        fine.logits[..., 150:] = -50.0                                  # every candidate below 150
+        fine.root[0] = 3
+    late = fine.logits.clone()
+    late[0, 1, 200] = 100.0                                             # depth 2's best candidate: 200
+    late_block = DraftBlock(logits=late, root=fine.root, hidden=fine.hidden)
+    head = _small_head(1)
+    builder = make_builder("dartree-pruned", backend="fast", budget=12, width=4, topk=6)
+    stopped = make_builder("dartree-pruned", backend="fast", budget=1, width=4, topk=6)
+    with torch.inference_mode():
+        builder.build(fine, head)                                       # the step shapes checked
+        for allowed in (("build", "loop"), ("loop",), ()):
+            with paths.only(*allowed), pytest.raises(ValueError, match=r"tokens: ids must be in \[0, 150\)"):
+                builder.build(late_block, head)
+        trees = []
+        for allowed in (("build", "loop"), ("loop",), ()):
+            with paths.only(*allowed):
+                trees.append(stopped.build(late_block, _small_head(2)))
+        assert all(_same_tree(t, trees[-1]) for t in trees) and int(trees[0].num_nodes[0]) == 2
+        bad_root = late.clone()
+        bad_root[0, 2, 7] = float("nan")
+        block = DraftBlock(logits=bad_root, root=torch.tensor([180]), hidden=fine.hidden)
+        for allowed in (("build", "loop"), ()):
+            with paths.only(*allowed), pytest.raises(ValueError, match="block.logits: must not hold NaN"):
+                builder.build(block, head)
