@@ -1722,6 +1722,20 @@ typedef struct {
     Py_ssize_t g, e, e1, v;
 } GruWeights;
 
+/* The weights of `w` from their acquired buffers (the optional ones NULL when not held). */
+static void fill_weights(GruWeights *w, const Buf *table, const Buf *w_hh, const Buf *hh_copy, const Buf *bias_hh,
+                         const Buf *w_s, const Buf *s_copy, const Buf *rows_table, Py_ssize_t g, Py_ssize_t e,
+                         Py_ssize_t e1, Py_ssize_t v) {
+    w->table = F32(*table);
+    w->w_hh = F32(*w_hh);
+    w->hh_copy = hh_copy->held ? F32(*hh_copy) : NULL;
+    w->bias_hh = bias_hh->held ? F32(*bias_hh) : NULL;
+    w->w_s = F32(*w_s);
+    w->s_copy = s_copy->held ? F32(*s_copy) : NULL;
+    w->rows_table = F32(*rows_table);
+    w->g = g, w->e = e, w->e1 = e1, w->v = v;
+}
+
 /* gru_expand's loop on checked buffers (widths checked: 1 <= widths[d] <= widths[d - 1] K): the status
  * (0, 1, 2 as gru_expand returns it) or -1 when out of memory, and what gru_expand returns besides. */
 static int expand_gru(const float *z1, const float *h0, Py_ssize_t gamma, Py_ssize_t k, const int64_t *widths,
@@ -1898,14 +1912,7 @@ static PyObject *native_gru_expand(PyObject *self, PyObject *const *args, Py_ssi
         release(a, 22);
         return Py_BuildValue("(inndi)", 3, (Py_ssize_t)0, (Py_ssize_t)0, 0.0, 0);
     }
-    w.table = F32(a[11]);
-    w.w_hh = F32(a[12]);
-    w.hh_copy = a[13].held ? F32(a[13]) : NULL;
-    w.bias_hh = a[14].held ? F32(a[14]) : NULL;
-    w.w_s = F32(a[15]);
-    w.s_copy = a[16].held ? F32(a[16]) : NULL;
-    w.rows_table = F32(a[18]);
-    w.g = g, w.e = e, w.e1 = e1, w.v = v;
+    fill_weights(&w, &a[11], &a[12], &a[13], &a[14], &a[15], &a[16], &a[18], g, e, e1, v);
     Py_ssize_t expanded, branches;
     double seconds;
     int calls;
@@ -1995,14 +2002,7 @@ static PyObject *native_gru_build(PyObject *self, PyObject *const *args, Py_ssiz
         release(a, 20);
         return Py_BuildValue("(illnndi)", 5, 0L, 0L, (Py_ssize_t)0, (Py_ssize_t)0, 0.0, 0);
     }
-    w.table = F32(a[6]);
-    w.w_hh = F32(a[7]);
-    w.hh_copy = a[8].held ? F32(a[8]) : NULL;
-    w.bias_hh = a[9].held ? F32(a[9]) : NULL;
-    w.w_s = F32(a[10]);
-    w.s_copy = a[11].held ? F32(a[11]) : NULL;
-    w.rows_table = F32(a[12]);
-    w.g = g, w.e = e, w.e1 = e1, w.v = v;
+    fill_weights(&w, &a[6], &a[7], &a[8], &a[9], &a[10], &a[11], &a[12], g, e, e1, v);
     const int64_t *widths = I64(a[0]);
     float *part = F32(a[15]);
     const Py_ssize_t gk = gamma * k;

@@ -332,14 +332,18 @@ class GRUHead(nn.Module):
         if block.batch_size == 1 and block.device.type == "cpu":
             plan = self._plan()
             if plan is not None:
-                key = (int(block.root[0]), torch.is_inference_mode_enabled())
-                state = plan.roots.get(key)
-                if state is None:
-                    if len(plan.roots) >= ROOT_CACHE_LIMIT:
-                        plan.roots.clear()
-                    state = plan.roots[key] = self._root_state(block)
-                return state.clone()
+                return self._cached_root(plan, block, int(block.root[0])).clone()
         return self._root_state(block)
+
+    def _cached_root(self, plan: _Plan, block: DraftBlock, root: int) -> Tensor:
+        """The root state of a one-row CPU block with root token ``root``, kept in ``plan.roots`` (not a copy)."""
+        key = (root, torch.is_inference_mode_enabled())
+        state = plan.roots.get(key)
+        if state is None:
+            if len(plan.roots) >= ROOT_CACHE_LIMIT:
+                plan.roots.clear()
+            state = plan.roots[key] = self._root_state(block)
+        return state
 
     def _root_state(self, block: DraftBlock) -> Tensor:
         h0 = torch.zeros(block.batch_size, self.gru_hidden_dim, device=block.device,
@@ -471,12 +475,7 @@ class GRUHead(nn.Module):
         root = int(block.root[0])
         if not 0 <= root < self.vocab_size:          # the builder's calls check the block before the root
             return None
-        key = (root, torch.is_inference_mode_enabled())
-        state = plan.roots.get(key)
-        if state is None:
-            if len(plan.roots) >= ROOT_CACHE_LIMIT:
-                plan.roots.clear()
-            state = plan.roots[key] = self._root_state(block)
+        state = self._cached_root(plan, block, root)
         out = _NativeBuild.run(native, plan, self, block, topk, normalize, widths, beta, bound_budget, n_out, state)
         if verdict is None:                          # the first build of this gamma: the fc1 product against torch's
             want = self._block_terms(block, False)[0][0]
@@ -583,6 +582,12 @@ class _NativeSteps:
         steps.found = None                                                       # scratch [K, E (+ 1)]
         steps.verdicts = {}
         return steps
+
+    def copies_from(self, hh_from: float, s_from: float) -> tuple[int, int]:
+        """The row counts from which the compiled loops use the K-major copies of ``W_hh`` and ``W_s`` (the
+        plan's ``hh_from`` / ``s_from``), as ints: -1 for never (no copy, or none gives torch's bits)."""
+        return (-1 if self.hh_copy is None or hh_from == float("inf") else int(hh_from),
+                -1 if self.s_copy is None or s_from == float("inf") else int(s_from))
 
 
 _NATIVE_GRU: list = []
@@ -785,8 +790,7 @@ class _NativeLoop:
         :meth:`_GRUSteps.advance_logits` does."""
         steps, native = self.steps, self.native
         rows = native.rows_table
-        hh_from = -1 if native.hh_copy is None or steps.hh_from == float("inf") else int(steps.hh_from)
-        s_from = -1 if native.s_copy is None or steps.s_from == float("inf") else int(steps.s_from)
+        hh_from, s_from = native.copies_from(steps.hh_from, steps.s_from)
         out = native.lib.gru_expand(z1, len(widths), tokens_by_depth.shape[-1], widths, rest, beta, budget,
                                     tokens_by_depth, ints[0], ints[1], ints[2], ints[3], scores, paths, used, h0,
                                     native.table, native.w_hh, native.hh_copy, hh_from, native.bias_hh, native.w_s,
@@ -816,8 +820,7 @@ class _NativeBuild:
         fc1 = head._modules["embed_proj"]._modules["0"]._parameters
         weight, bias = fc1["weight"].detach(), fc1["bias"]
         rows = native.rows_table
-        hh_from = -1 if native.hh_copy is None or plan.hh_from == float("inf") else int(plan.hh_from)
-        s_from = -1 if native.s_copy is None or plan.s_from == float("inf") else int(plan.s_from)
+        hh_from, s_from = native.copies_from(plan.hh_from, plan.s_from)
         out = cls()
         out.ints = np.empty((4, 1, n_out + 1), dtype=np.int64)
         out.scores = np.empty((1, n_out + 1), dtype=np.float32)
