@@ -1916,9 +1916,12 @@ static PyObject *native_gru_expand(PyObject *self, PyObject *const *args, Py_ssi
     Py_ssize_t expanded, branches;
     double seconds;
     int calls;
-    int status = expand_gru(F32(a[0]), F32(a[10]), gamma, k, I64(a[20]), a[1].held ? (const double *)a[1].view.buf : NULL,
-                            (float)beta_d, budget, I64(a[2]), F32(a[17]), F32(a[19]), &w, I64(a[3]), I64(a[4]), I64(a[5]),
-                            I64(a[6]), F32(a[7]), I64_OR_NULL(a[8]), I64(a[9]), &expanded, &branches, &seconds, &calls);
+    int status;
+    Py_BEGIN_ALLOW_THREADS /* no Python object is touched: other threads run meanwhile */
+    status = expand_gru(F32(a[0]), F32(a[10]), gamma, k, I64(a[20]), a[1].held ? (const double *)a[1].view.buf : NULL,
+                        (float)beta_d, budget, I64(a[2]), F32(a[17]), F32(a[19]), &w, I64(a[3]), I64(a[4]), I64(a[5]),
+                        I64(a[6]), F32(a[7]), I64_OR_NULL(a[8]), I64(a[9]), &expanded, &branches, &seconds, &calls);
+    Py_END_ALLOW_THREADS
     release(a, 22);
     if (status < 0) return PyErr_NoMemory();
     return Py_BuildValue("(inndi)", status, expanded, branches, seconds, calls);
@@ -2024,6 +2027,7 @@ static PyObject *native_gru_build(PyObject *self, PyObject *const *args, Py_ssiz
     double seconds = 0.0;
     int calls = 0, nomem = !cand || !ints || !values || !log_q || !rest_f || !scores || !rest || (branching && !paths) ||
                            !used || !offset;
+    Py_BEGIN_ALLOW_THREADS /* no Python object is touched: other threads run meanwhile */
     if (!nomem) {
         status = candidate_rows(F32(a[1]), gamma, vocab, k, with_rest, cand, values, with_rest ? rest_f : NULL, log_q,
                                 &row, &finite);
@@ -2052,6 +2056,7 @@ static PyObject *native_gru_build(PyObject *self, PyObject *const *args, Py_ssiz
             else if (sel) status = sel == 1 ? 6 : 7;
         }
     }
+    Py_END_ALLOW_THREADS
     free(cand); free(ints); free(values); free(log_q); free(rest_f); free(scores); free(rest); free(paths); free(used);
     free(offset);
     release(a, 20);
