@@ -465,3 +465,33 @@ def test_ids_outside_the_heads_vocabulary_meet_the_errors_of_the_calls_per_depth
         for allowed in (("build", "loop"), ()):
             with paths.only(*allowed), pytest.raises(ValueError, match="block.logits: must not hold NaN"):
                 builder.build(block, head)
+
+
+@needs_native
+def test_whole_builds_in_two_threads_give_the_trees_of_one(monkeypatch):
+    """``gru_build`` releases the GIL: builds of one head in two threads at once give the trees the same
+    builds give one after the other (every scratch buffer is the call's own)."""
+    import threading
+
+    paths = Paths(monkeypatch)
+    head = make_head(g=32, e=32, seed=6)
+    builder = make_builder("dartree-pruned", backend="fast", budget=12, width=4, topk=6)
+    blocks = [make_block(gamma=6, seed=s) for s in range(8)]
+    with torch.inference_mode():
+        builder.build(blocks[0], head)                                  # the step shapes checked
+        want = [builder.build(b, head) for b in blocks]
+    got: dict[int, list] = {0: [], 1: []}
+
+    def work(i):
+        with torch.inference_mode():
+            for _ in range(20):
+                got[i].append([builder.build(b, head) for b in blocks])
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(_same_tree(a, b) for run in got[0] + got[1] for a, b in zip(run, want, strict=True))
+    assert paths.runs["build"] > 8                                      # the threads ran whole builds (a count
+    # updated from two threads may lose an increment: not compared exactly)
