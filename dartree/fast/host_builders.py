@@ -75,6 +75,19 @@ class HostCandidates:
 candidate_set = HostCandidates
 
 
+def _columns_tree(ints: np.ndarray, scores: np.ndarray) -> DraftTree:
+    """A DraftTree from the columns ``ints [4, b, n]`` (tokens, parents, depths, ranks) and ``scores [b, n]``."""
+    t = torch.from_numpy(ints)
+    return DraftTree(tokens=t[0], parents=t[1], depths=t[2], scores=torch.from_numpy(scores), ranks=t[3],
+                     num_nodes=torch.full((ints.shape[1],), ints.shape[2], dtype=torch.int64))
+
+
+def _record(widths: list[int], b: int, depths: int, branches: int) -> None:
+    """:func:`dartree.fast.expansion.record` of a depth-wise build with ``widths`` on ``b`` rows."""
+    expansion.record(expansion.Expansion(depths=depths, full_depths=len(widths), branches=branches,
+                                         full_branches=b * (1 + sum(widths[:-1]))))
+
+
 def _tree(block: DraftBlock, tokens: np.ndarray, parents: np.ndarray, depths: np.ndarray, scores: np.ndarray,
           ranks: np.ndarray) -> DraftTree:
     """A DraftTree from draft-node columns ``[b, n_out]`` (total order), the root prepended."""
@@ -87,9 +100,7 @@ def _tree(block: DraftBlock, tokens: np.ndarray, parents: np.ndarray, depths: np
     sc = np.empty((b, n_out + 1), dtype=np.float32)
     sc[:, 0] = 0.0
     sc[:, 1:] = scores
-    t = torch.from_numpy(ints)
-    return DraftTree(tokens=t[0], parents=t[1], depths=t[2], scores=torch.from_numpy(sc), ranks=t[3],
-                     num_nodes=torch.full((b,), n_out + 1, dtype=torch.int64))
+    return _columns_tree(ints, sc)
 
 
 # --------------------------------------------------------------------------------- best-first
@@ -169,9 +180,7 @@ def _best_first(block: DraftBlock, cands: HostCandidates, log_q: np.ndarray, bud
                        None if ranked else np.ascontiguousarray(order), n, cands.tokens,
                        np.ascontiguousarray(block.root.numpy(), dtype=np.int64),
                        ints[0], ints[1], ints[2], ints[3], scores)
-        t = torch.from_numpy(ints)
-        return DraftTree(tokens=t[0], parents=t[1], depths=t[2], scores=torch.from_numpy(scores), ranks=t[3],
-                         num_nodes=torch.full((b,), n, dtype=torch.int64))
+        return _columns_tree(ints, scores)
     pars, deps, pos, sc = [], [], [], []
     for r in range(b):
         pars.append(PAD)  # the root
@@ -256,8 +265,7 @@ def _expand(block: DraftBlock, cands: HostCandidates, widths: list[int], head: C
             lex.append(anc)
         if head is not None and depth < gamma:  # the last depth's advance would never be used
             states, logits = steps.advance_logits(depth, states[rows_t, torch.from_numpy(par)], torch.from_numpy(tok))
-    expansion.record(expansion.Expansion(depths=gamma, full_depths=gamma, branches=b * (1 + sum(widths[:-1])),
-                                         full_branches=b * (1 + sum(widths[:-1]))))
+    _record(widths, b, gamma, b * (1 + sum(widths[:-1])))
     if trace:
         return np.concatenate(traced, axis=1)
     return _select_tree(block, parents, ranks, tokens, depth_scores, lex, budget)
@@ -337,8 +345,7 @@ def _expand_native(lib, block: DraftBlock, cands: HostCandidates, widths: list[i
             states = flat.index_select(0, torch.from_numpy(ints[3, lo - b * width:lo])).view(b, width, -1)
         tokens = torch.from_numpy(ints[2, lo - b * width:lo]).view(b, width)
         states, logits = steps.advance_logits(depth, states, tokens)
-    expansion.record(expansion.Expansion(depths=expanded, full_depths=gamma, branches=branches,
-                                         full_branches=b * (1 + sum(widths[:-1]))))
+    _record(widths, b, expanded, branches)
     if trace:
         return np.concatenate(traced, axis=1)
     return _selected(lib, block, used, budget, ints, scores, paths)
@@ -359,8 +366,7 @@ def _expand_loop(lib, loop, block: DraftBlock, cands: HostCandidates, widths: li
                                                 budget if bound else 0, tokens_by_depth, ints, scores, paths, used, h0)
     if status == 1:
         raise ValueError("head.logits: must be finite (found NaN or inf)")
-    expansion.record(expansion.Expansion(depths=expanded, full_depths=gamma, branches=branches,
-                                         full_branches=1 + sum(widths[:-1])))
+    _record(widths, 1, expanded, branches)
     return _selected(lib, block, used, budget, ints, scores, paths)
 
 
@@ -375,9 +381,7 @@ def _selected(lib, block: DraftBlock, used: np.ndarray, budget: int | None, ints
     root = np.ascontiguousarray(block.root.numpy(), dtype=np.int64)
     lib.select_tree(b, gamma, used, n_out, ints[0], ints[1], ints[2], scores,
                     None if paths is None else paths[b * gamma:], root, out[0], out[1], out[2], out[3], out_scores)
-    t = torch.from_numpy(out)
-    return DraftTree(tokens=t[0], parents=t[1], depths=t[2], scores=torch.from_numpy(out_scores), ranks=t[3],
-                     num_nodes=torch.full((b,), n_out + 1, dtype=torch.int64))
+    return _columns_tree(out, out_scores)
 
 
 def _select_tree(block: DraftBlock, parents: list[np.ndarray], ranks: list[np.ndarray], tokens: list[np.ndarray],
@@ -424,7 +428,7 @@ def _native_build(block: DraftBlock, head: CorrectionHead, widths: list[int], co
     """perf (CPU, one sequence, the bundled GRU head): the whole depth-wise build as one compiled call
     (:meth:`dartree.models.heads.GRUHead.native_build`), the same tree as :func:`_expand`'s; ``None`` where
     the head declines (then :func:`_expand` runs)."""
-    fn = getattr(head, "native_build", None) if native.lib() is not None else None
+    fn = getattr(head, "native_build", None)
     if fn is None:
         return None
     total = sum(widths)
@@ -432,12 +436,8 @@ def _native_build(block: DraftBlock, head: CorrectionHead, widths: list[int], co
              total if budget is None else min(budget, total))
     if out is None:
         return None
-    gamma = len(widths)
-    expansion.record(expansion.Expansion(depths=out.depths, full_depths=gamma, branches=out.branches,
-                                         full_branches=1 + sum(widths[:-1])))
-    t = torch.from_numpy(out.ints)
-    return DraftTree(tokens=t[0], parents=t[1], depths=t[2], scores=torch.from_numpy(out.scores), ranks=t[3],
-                     num_nodes=torch.full((1,), out.ints.shape[-1], dtype=torch.int64))
+    _record(widths, 1, out.depths, out.branches)
+    return _columns_tree(out.ints, out.scores)
 
 
 def corrected_chain(block: DraftBlock, head: CorrectionHead, config) -> DraftTree:

@@ -476,7 +476,8 @@ class GRUHead(nn.Module):
         if not 0 <= root < self.vocab_size:          # the builder's calls check the block before the root
             return None
         state = self._cached_root(plan, block, root)
-        out = _NativeBuild.run(native, plan, self, block, topk, normalize, widths, beta, bound_budget, n_out, state)
+        out = _NativeBuild.run(native, plan, self, block, topk, normalize, widths, beta, bound_budget, n_out, root,
+                               state)
         if verdict is None:                          # the first build of this gamma: the fc1 product against torch's
             want = self._block_terms(block, False)[0][0]
             same = torch.equal(torch.from_numpy(out.part).view(torch.int32), want.contiguous().view(torch.int32))
@@ -588,6 +589,11 @@ class _NativeSteps:
         plan's ``hh_from`` / ``s_from``), as ints: -1 for never (no copy, or none gives torch's bits)."""
         return (-1 if self.hh_copy is None or hh_from == float("inf") else int(hh_from),
                 -1 if self.s_copy is None or s_from == float("inf") else int(s_from))
+
+
+def _outside(table) -> str:
+    """The error of a token id the gate table ``table [V, 3G]`` has no row for (every compiled path's)."""
+    return f"tokens: ids must be in [0, {table.shape[0]})"
 
 
 _NATIVE_GRU: list = []
@@ -731,7 +737,7 @@ class _GRUSteps:
                                      native.found, rows.shape[1], self.base_np[depth], scratch[2], scratch[3],
                                      logits.numpy(), n, self.size, self.emb_dim, k, self.table.shape[0])
         if status:
-            raise ValueError(f"tokens: ids must be in [0, {self.table.shape[0]})" if status == 1
+            raise ValueError(_outside(self.table) if status == 1
                              else "gru_step: torch's kernels were not found")
         return new, logits
 
@@ -797,7 +803,7 @@ class _NativeLoop:
                                     native.s_copy, s_from, steps.part_np, rows, steps.base_np, steps.size,
                                     steps.emb_dim, rows.shape[1], native.table.shape[0])
         if out[0] == 2:                              # what gru_step's caller raises
-            raise ValueError(f"tokens: ids must be in [0, {native.table.shape[0]})")
+            raise ValueError(_outside(native.table))
         if out[0] == 3:
             raise ValueError("gru_expand: torch's kernels were not found")
         return out
@@ -812,7 +818,7 @@ class _NativeBuild:
 
     @classmethod
     def run(cls, native: _NativeSteps, plan: _Plan, head: GRUHead, block: DraftBlock, topk: int, normalize: str,
-            widths: list[int], beta: float, bound_budget: int, n_out: int, state: Tensor) -> _NativeBuild:
+            widths: list[int], beta: float, bound_budget: int, n_out: int, root: int, state: Tensor) -> _NativeBuild:
         from dartree.fast.host import check_logits
         from dartree.scoring import too_few_finite
 
@@ -831,7 +837,7 @@ class _NativeBuild:
             None if bias is None else bias.detach().numpy(), state[0].numpy(), native.table, native.w_hh,
             native.hh_copy, hh_from, native.bias_hh, native.w_s, native.s_copy, s_from, rows, head.gru_hidden_dim,
             head.emb_dim, rows.shape[1], native.table.shape[0], np.asarray(widths, dtype=np.int64), beta, bound_budget,
-            n_out, int(block.root[0]), out.ints, out.scores, out.part)
+            n_out, root, out.ints, out.scores, out.part)
         if status == 1:
             check_logits(float("nan"))
         if status == 2:
@@ -839,7 +845,7 @@ class _NativeBuild:
         if status == 3:
             raise ValueError("head.logits: must be finite (found NaN or inf)")
         if status == 4:
-            raise ValueError(f"tokens: ids must be in [0, {native.table.shape[0]})")
+            raise ValueError(_outside(native.table))
         if status:
             raise ValueError({5: "gru_build: torch's kernels were not found",
                               6: "gru_build: the selection is not prefix-closed"}.get(
