@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from dartree.block import CorrectionHead, DraftBlock, check_logits, check_not_meta
 from dartree.scoring import NORMALIZE_CHOICES, Normalize
 from dartree.tree import DraftTree, check_decodable
@@ -271,7 +273,13 @@ class TreeBuilder:
             return self._fn(block, head, self.config)
         from dartree.fast import checks
 
-        with checks.collect():  # off the CPU: the build's deferred checks, read in one sync at its end
+        # the fast builders read the block (and the head's outputs) on the host, where a tensor that
+        # requires grad cannot go: a drafter or head run with autograd on gives the trees it gives without
+        # (its tree is integers; the ref backend's torch ops take such tensors as they are)
+        if block.logits.requires_grad or (block.hidden is not None and block.hidden.requires_grad):
+            block = dataclasses.replace(block, logits=block.logits.detach(),
+                                        hidden=None if block.hidden is None else block.hidden.detach())
+        with checks.collect(), torch.no_grad():  # off the CPU: the deferred checks, read in one sync at the end
             return self._fn(block, head, self.config)
 
 

@@ -168,3 +168,45 @@ def test_sequential_heap_splits_rows_popping_at_different_depths() -> None:
     assert any(c[2] < 3 for c in head.calls)  # some pop had rows at different depths
     ref = make_builder("sequential-heap", backend="ref", budget=20, topk=5).build(block, PathHashHead())
     assert_same_tree(ref, fast)
+
+
+class GradHead(PathHashHead):
+    """PathHashHead whose outputs require grad, as a user's head run with autograd on gives them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.ones((), requires_grad=True)
+
+    def initial_state(self, block):
+        return super().initial_state(block) * self.w
+
+    def logits(self, block, depth, states, candidates):
+        return super().logits(block, depth, states, candidates) * self.w
+
+    def advance(self, block, depth, states, tokens):
+        return super().advance(block, depth, states, tokens) * self.w
+
+
+@pytest.mark.parametrize("kernels", ["host", "host-numpy", "torch"])
+@pytest.mark.parametrize("name", sorted(BUILDERS))
+def test_a_block_that_requires_grad_gives_the_trees_of_a_plain_one(name: str, kernels: str) -> None:
+    """Outside inference mode, a drafter (or head) with autograd on hands the builders tensors that
+    require grad: every backend builds the tree of the same values without grad (the fast builders
+    read them on the host), nothing of it requires grad, and the caller's block is left as it was."""
+    plain = awkward_block(2, 5, 40, seed=11, ties=True)
+    logits = plain.logits.clone().requires_grad_()
+    hidden = torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(2)).requires_grad_()
+    graded = DraftBlock(logits=logits * 1.0, root=plain.root, hidden=hidden * 1.0)
+    plain = DraftBlock(logits=plain.logits, root=plain.root, hidden=hidden.detach())
+    fields = make_builder(name).config.__dataclass_fields__
+    cfg = {k: v for k, v in {"topk": 6, "budget": 9, "width": 4}.items() if k in fields}
+    for backend in ("ref", "fast"):
+        builder = make_builder(name, backend=backend, **cfg)
+        head = (GradHead() if backend == "fast" else PathHashHead()) if builder.needs_head else None
+        with native.disabled() if kernels == "host-numpy" else contextlib.nullcontext():
+            with ops.force_backend("host" if kernels == "host-numpy" else kernels):
+                want = builder.build(plain, None if head is None else PathHashHead())
+                got = builder.build(graded, head)
+        assert got.canonical() == want.canonical()
+        assert not any(getattr(got, f).requires_grad for f in FIELDS if f != "scores") or backend == "ref"
+        assert graded.logits.requires_grad and graded.hidden.requires_grad
