@@ -1533,37 +1533,74 @@ static PyObject *native_rotate(PyObject *self, PyObject *const *args, Py_ssize_t
 typedef void (*sgemm_fn)(const char *, const char *, const int *, const int *, const int *, const float *,
                          const float *, const int *, const float *, const int *, const float *, float *, const int *);
 typedef __m512 (*exp16_fn)(__m512);
+typedef __m256 (*exp8_fn)(__m256);
 typedef void (*vtanh_fn)(int64_t, const float *, float *, int64_t);
 static sgemm_fn gru_sgemm;
 static exp16_fn gru_exp16;
+static exp8_fn gru_exp8;
+static int gru_lanes; /* 16: ATen's AVX-512 Vectorized<float> (SLEEF's expf16), 8: its AVX2 one (expf8) */
 static vtanh_fn gru_vtanh;
 #define VML_MODE (0x2 | 0x140000 | 0x100) /* VML_HA | VML_FTZDAZ_OFF | VML_ERRMODE_IGNORE, as ATen's vml.h */
 
-/* gru_init(path): find the kernels in the loaded library at `path` (never loads it); True when all
- * three are there and the CPU has AVX-512F (the lanes ATen's exp uses then; the caller checks that
- * torch's CPU capability is AVX512). */
+/* gru_init(path, lanes): find the kernels in the loaded library at `path` (never loads it); True when all
+ * three are there and the CPU has the lanes' instructions: lanes 16 for AVX-512F (SLEEF's expf16, the exp
+ * of ATen's AVX-512 Vectorized<float>), 8 for AVX2 + FMA (SLEEF's dispatching expf8, ATen's AVX2 one); the
+ * caller passes the lanes of torch's CPU capability (AVX512 / AVX2). */
 static PyObject *native_gru_init(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 1 || !PyUnicode_Check(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "gru_init: expected the library path (str)");
+    if (nargs != 2 || !PyUnicode_Check(args[0]) || !PyLong_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "gru_init: expected the library path (str) and the lanes (16 or 8)");
         return NULL;
     }
     const char *path = PyUnicode_AsUTF8(args[0]);
-    if (!path) return NULL;
+    const long lanes = PyLong_AsLong(args[1]);
+    if (!path || PyErr_Occurred()) return NULL;
+    if (lanes != 16 && lanes != 8) {
+        PyErr_SetString(PyExc_ValueError, "gru_init: lanes must be 16 (AVX-512) or 8 (AVX2)");
+        return NULL;
+    }
     __builtin_cpu_init();
-    void *h = __builtin_cpu_supports("avx512f") ? dlopen(path, RTLD_NOW | RTLD_NOLOAD) : NULL;
+    const int cpu = lanes == 16 ? __builtin_cpu_supports("avx512f")
+                                : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    void *h = cpu ? dlopen(path, RTLD_NOW | RTLD_NOLOAD) : NULL;
+    sgemm_fn sgemm = NULL;
+    exp16_fn exp16 = NULL;
+    exp8_fn exp8 = NULL;
+    vtanh_fn vtanh = NULL;
     if (h) {
-        gru_sgemm = (sgemm_fn)dlsym(h, "sgemm_");
-        gru_exp16 = (exp16_fn)dlsym(h, "Sleef_expf16_u10");
-        gru_vtanh = (vtanh_fn)dlsym(h, "vmsTanh");
+        sgemm = (sgemm_fn)dlsym(h, "sgemm_");
+        exp16 = lanes == 16 ? (exp16_fn)dlsym(h, "Sleef_expf16_u10") : NULL;
+        exp8 = lanes == 8 ? (exp8_fn)dlsym(h, "Sleef_expf8_u10") : NULL;
+        vtanh = (vtanh_fn)dlsym(h, "vmsTanh");
         dlclose(h); /* RTLD_NOLOAD took a reference to the loaded library: give it back (torch keeps it) */
     }
-    return PyBool_FromLong(h && gru_sgemm && gru_exp16 && gru_vtanh);
+    const int found = sgemm && vtanh && (lanes == 16 ? exp16 != NULL : exp8 != NULL);
+    if (found) { /* a call that finds nothing leaves what an earlier one found */
+        gru_lanes = (int)lanes;
+        gru_sgemm = sgemm;
+        gru_exp16 = exp16;
+        gru_exp8 = exp8;
+        gru_vtanh = vtanh;
+    }
+    return PyBool_FromLong(found);
 }
 
 /* x[i] = exp(0 - x[i]) for n % 16 == 0, 16 lanes at a time as ATen's vectorized loop */
 __attribute__((target("avx512f"))) static void exp_neg16(float *x, Py_ssize_t n) {
     for (Py_ssize_t i = 0; i < n; i += 16)
         _mm512_storeu_ps(x + i, gru_exp16(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_loadu_ps(x + i))));
+}
+
+/* the same 8 lanes at a time (ATen's AVX2 Vectorized<float>), for n % 8 == 0 */
+__attribute__((target("avx2"))) static void exp_neg8(float *x, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i += 8)
+        _mm256_storeu_ps(x + i, gru_exp8(_mm256_sub_ps(_mm256_setzero_ps(), _mm256_loadu_ps(x + i))));
+}
+
+static void exp_neg(float *x, Py_ssize_t n) {
+    if (gru_lanes == 16)
+        exp_neg16(x, n);
+    else
+        exp_neg8(x, n);
 }
 
 /* C [n, m] (row-major) = A . B as torch's mm passes it to sgemm_: out[i, j] = sum_k x[i, k] w[k, j]
@@ -1591,7 +1628,7 @@ static void gru_rows(const float *h, const float *w_hh, Py_ssize_t hh_trans, con
         float *rz = gh + i * g3, *hn = rz + 2 * g;
         const float *xi = gi + i * g3;
         for (Py_ssize_t j = 0; j < 2 * g; j++) rz[j] = rz[j] + xi[j];
-        exp_neg16(rz, 2 * g);                                        /* sigmoid: 1 / (1 + exp(0 - x)) */
+        exp_neg(rz, 2 * g);                                          /* sigmoid: 1 / (1 + exp(0 - x)) */
         for (Py_ssize_t j = 0; j < 2 * g; j++) rz[j] = 1.0f / (rz[j] + 1.0f);
         for (Py_ssize_t j = 0; j < g; j++) hn[j] = hn[j] * rz[j] + xi[2 * g + j];  /* no fma: -ffp-contract=off */
         gru_vtanh((int64_t)g, hn, hn, VML_MODE);                     /* tanh_ of one row, as ATen's strided loop */
@@ -1603,11 +1640,11 @@ static void gru_rows(const float *h, const float *w_hh, Py_ssize_t hh_trans, con
     gemm_rows((int)n, (int)e, (int)g, out_h, (int)g, w_s, (int)s_trans, s_trans ? (int)g : (int)e, 0.0f, mid);
     for (Py_ssize_t i = 0; i < n; i++)
         for (Py_ssize_t j = 0; j < e; j++) mid[i * e + j] = mid[i * e + j] + part[j];
-    /* ATen's vectorized loop takes the elements two vectors (32) at a time and the rest with the
+    /* ATen's vectorized loop takes the elements two vectors (2 x lanes) at a time and the rest with the
      * scalar formula (std::exp): the silu runs over the n * e elements of one contiguous tensor */
-    const Py_ssize_t total = n * e, whole = total - total % 32;
+    const Py_ssize_t total = n * e, whole = total - total % (2 * gru_lanes);
     memcpy(act, mid, (size_t)whole * sizeof(float));
-    exp_neg16(act, whole);
+    exp_neg(act, whole);
     for (Py_ssize_t j = whole; j < total; j++) act[j] = expf(-mid[j]);
     for (Py_ssize_t j = 0; j < total; j++) act[j] = mid[j] / (1.0f + act[j]);
     /* logits = act rows^T (bmm with the transposed [k, e1] rows), + bias column, + base */

@@ -603,7 +603,8 @@ _BMM_BLAS_FROM = 400
 
 def _native_gru():
     """``dartree._native`` when it is enabled (:func:`dartree.native.enabled`) and ``gru_init`` found
-    torch's kernels (AVX-512 torch build on an AVX-512 CPU; looked up once per process), else ``None``."""
+    torch's kernels (torch's CPU capability AVX512 or AVX2, whose exp it calls with 16 or 8 lanes; looked up
+    once per process), else ``None``."""
     lib = native.lib()
     if lib is None:
         return None
@@ -611,8 +612,9 @@ def _native_gru():
         import os
 
         found = False
-        if hasattr(lib, "gru_step") and torch.backends.cpu.get_cpu_capability() == "AVX512":
-            found = bool(lib.gru_init(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so")))
+        lanes = {"AVX512": 16, "AVX2": 8}.get(torch.backends.cpu.get_cpu_capability())
+        if hasattr(lib, "gru_step") and lanes is not None:
+            found = bool(lib.gru_init(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"), lanes))
         _NATIVE_GRU.append(found)
     return lib if _NATIVE_GRU[0] else None
 

@@ -16,7 +16,7 @@ from dartree.models.heads import GRUHead
 VOCAB, HIDDEN = 211, 48
 
 needs_native = pytest.mark.skipif(heads_module._native_gru() is None,
-                                  reason="the compiled GRU step needs dartree._native and an AVX-512 torch build")
+                                  reason="the compiled GRU step needs dartree._native and AVX-512 or AVX2 torch")
 
 
 def make_head(g: int = 32, e: int = 16, bias: bool = True, prefix_len: int = 1, seed: int = 0, **kw) -> GRUHead:
@@ -495,3 +495,21 @@ def test_whole_builds_in_two_threads_give_the_trees_of_one(monkeypatch):
     assert all(_same_tree(a, b) for run in got[0] + got[1] for a, b in zip(run, want, strict=True))
     assert paths.runs["build"] > 8                                      # the threads ran whole builds (a count
     # updated from two threads may lose an increment: not compared exactly)
+
+
+@needs_native
+def test_gru_init_takes_the_lanes_of_torchs_capability():
+    """gru_init finds torch's kernels for the lanes of its CPU capability (16: AVX-512, 8: AVX2) and
+    refuses other lane counts and arguments; a call for lanes this CPU lacks finds nothing."""
+    import os
+
+    lib = native.lib()
+    path = os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so")
+    lanes = {"AVX512": 16, "AVX2": 8}[torch.backends.cpu.get_cpu_capability()]
+    with pytest.raises(ValueError, match="lanes must be 16"):
+        lib.gru_init(path, 4)
+    with pytest.raises(TypeError, match="the library path"):
+        lib.gru_init(path)
+    assert lib.gru_init(path + ".missing", lanes) is False              # never loads a library itself
+    assert lib.gru_init(path, 24 - lanes) is (lanes == 16)              # AVX2 lanes on an AVX-512 CPU: found
+    assert lib.gru_init(path, lanes) is True                            # as _native_gru left it
