@@ -546,7 +546,7 @@ class _Plan:
 
 
 class _NativeSteps:
-    """perf (CPU, AVX-512, one sequence): :meth:`_GRUSteps.advance_logits` as one compiled call
+    """perf (CPU, AVX-512 or AVX2, one sequence): :meth:`_GRUSteps.advance_logits` as one compiled call
     (``dartree._native.gru_step``) instead of about 16 torch ops.  On one CPU thread a torch op costs
     2-3 us hot and about twice that right after a drafter forward has evicted the caches: measured
     in a zoo decode, 143 us a step in the loop against 55 us hot.  The call runs torch's own kernels
@@ -782,7 +782,7 @@ class _NativeLoop:
     """:meth:`_GRUSteps.native_loop`: the depth loop of one build as ``dartree._native.gru_expand`` (one C call
     instead of a C call, a head call and a dozen small ops per depth), the same functions as the per-depth
     calls (``depth_step``, ``bound_frontier``, ``gru_step``), so the same tree bit for bit (tested).  Which
-    path this serves: the CPU only (one sequence, AVX-512 torch); elsewhere the builder's loop runs."""
+    path this serves: the CPU only (one sequence, AVX-512 or AVX2 torch); elsewhere the builder's loop runs."""
 
     __slots__ = ("steps", "native")
 
