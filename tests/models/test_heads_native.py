@@ -470,7 +470,20 @@ def test_ids_outside_the_heads_vocabulary_meet_the_errors_of_the_calls_per_depth
 @needs_native
 def test_whole_builds_in_two_threads_give_the_trees_of_one(monkeypatch):
     """``gru_build`` releases the GIL: builds of one head in two threads at once give the trees the same
-    builds give one after the other (every scratch buffer is the call's own)."""
+    builds give one after the other (every scratch buffer is the call's own).  On one torch (and MKL)
+    thread in every thread: OpenMP's thread count is per thread, a new thread starts with all cores, and
+    MKL's products on 2 threads differ in the last bits from those on 1 on this AVX2 CPU, as torch's own
+    would (one worker thread alone gave other trees in a 2-core CI run); that is not the GIL's."""
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        _builds_in_two_threads(monkeypatch)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _builds_in_two_threads(monkeypatch):
     import threading
 
     paths = Paths(monkeypatch)
@@ -483,6 +496,7 @@ def test_whole_builds_in_two_threads_give_the_trees_of_one(monkeypatch):
     got: dict[int, list] = {0: [], 1: []}
 
     def work(i):
+        torch.set_num_threads(1)                                        # this thread's OpenMP count
         with torch.inference_mode():
             for _ in range(20):
                 got[i].append([builder.build(b, head) for b in blocks])
