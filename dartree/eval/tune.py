@@ -11,7 +11,10 @@ steps: a cost model ranks every setting cheaply, then the best-ranked few are de
 2. acceptance: tau and the tree sizes of every (B, W) on the grid, plus the draft and build time per
    round, by replaying rounds on the calibration prompts (:mod:`dartree.eval.simulate`), whose
    references are made at the temperature being tuned for (with ``beta=auto``, each (B, W) is
-   replayed at every beta of :data:`DEFAULT_BETAS` and keeps the one of highest tau);
+   replayed at every beta of :data:`DEFAULT_BETAS` and keeps the one of highest tau); every setting's
+   replay of a prompt reads the drafter blocks drafted once for that prompt
+   (:class:`~dartree.eval.simulate.ReplayBlocks`: 13.5 s instead of 54.3 s for the demo's 60 settings
+   on 4 prompts, cProfile, 2026-12-02);
 3. a per-round overhead (the acceptance walk, sampling included at T>0, and the commit: KV-cache
    compaction and the drafter's context update), measured from one real decode;
 
@@ -43,7 +46,13 @@ on the CPU the forward may score the root only and the walk then runs one LM-hea
    perfect cost model and an idle machine, n + n prompts drawn at random agree within 15% in 51% /
    68% / 83% of draws for n = 8 / 16 / 32 on HumanEval and 33% / 46% for n = 8 / 16 on stdlib, which
    has 33 prompts (``benchmarks/prompt_spread.py``, 2026-12-02); :meth:`TuneResult.prompts_for` says
-   it per run, from the calibration prompts' own spread.
+   it per run, from the calibration prompts' own spread.  For ``make demo``'s split (the first 8
+   prompts evaluated, calibration after them) the rounds alone put a perfect cost model's forecast at
+   -23% / +24% (HumanEval / stdlib) with 8 calibration prompts and -10% / +5% with 16, which the demo
+   now uses (``benchmarks/forecast_proxies.py``).  Nothing read from a prompt before decoding it
+   predicts its tau on the zoo: the drafter's tau replayed over the prompt's own last 64 tokens
+   correlates +0.09 / -0.44 with the decode's, the target's top-1 accuracy on them +0.07 / -0.56; the
+   tau of the first 16 new tokens does (+0.88 / +0.95), so the spread is the continuation's.
 
 Why step 4: the cost model alone forecast 166 tok/s for the B=32 W=8 it chose in ``make demo``
 (2026-12-01 04:57) and the run measured 96.  Measured causes, in order: tau on 2 calibration
@@ -72,14 +81,15 @@ from dartree.builders import make_builder
 from dartree.decode import GenerationResult, generate_ar
 from dartree.eval.bundles import Bundle
 from dartree.eval.methods import AR, AUTO, MethodSpec, make_decoder, resolve_backend
-from dartree.eval.simulate import Reference, simulate
+from dartree.eval.simulate import Reference, ReplayBlocks, simulate
 from dartree.models.target import HFTarget
 from dartree.rounds import walk_pays
 from dartree.tree import DraftTree
 from dartree.verify.sampling import KeyedSampler
 
 __all__ = ["VerifyCost", "ConfigStats", "Candidate", "Measurement", "TuneResult", "measure_verify_cost",
-           "replay_stats", "score_candidates", "score_at_concurrency", "pick_best", "choose", "measure_settings",
+           "replay_stats", "replay_settings", "score_candidates", "score_at_concurrency", "pick_best", "choose",
+           "measure_settings",
            "tune", "measure_overhead", "setting_text", "pick_finalists", "DEFAULT_BUDGETS", "DEFAULT_WIDTHS",
            "DEFAULT_BETAS", "DEFAULT_FINALISTS", "DEFAULT_MIN_SPEEDUP", "Interval", "ratio_prediction",
            "ratio_units_for", "t_quantile"]
@@ -588,11 +598,32 @@ def measure_overhead(bundle: Bundle, method: MethodSpec, ref: Reference, backend
 @torch.no_grad()
 def replay_stats(bundle: Bundle, method: MethodSpec, refs: Iterable[Reference], backend: str) -> ConfigStats:
     """Replay ``method`` (concrete settings) on every reference; pooled per-round statistics."""
-    builder = make_builder(method.builder, resolve_backend(method.builder, backend), **method.config)
-    head = bundle.heads[method.head] if method.head is not None else None
-    rounds = []
-    for ref in refs:
-        rounds.extend(simulate(bundle, builder, head, ref).rounds)
+    return replay_settings(bundle, [method], refs, backend)[0]
+
+
+def replay_settings(bundle: Bundle, methods: Sequence[MethodSpec], refs: Iterable[Reference], backend: str,
+                    progress: Callable[[str], None] | None = None) -> list[ConfigStats]:
+    """Replay every method of ``methods`` (concrete settings) on every reference; pooled per-round
+    statistics per method, in order.
+
+    perf (both devices): one reference at a time, its drafter blocks drafted once
+    (:class:`~dartree.eval.simulate.ReplayBlocks`) and read by every method's replay, which then only
+    builds and accepts.  The values equal :func:`replay_stats` of each method alone.
+    """
+    made = [(make_builder(m.builder, resolve_backend(m.builder, backend), **m.config),
+             bundle.heads[m.head] if m.head is not None else None) for m in methods]
+    rounds: list[list] = [[] for _ in methods]
+    refs = list(refs)
+    for i, ref in enumerate(refs):
+        if progress is not None:
+            progress(f"replaying {len(methods)} settings on calibration prompt {i + 1}/{len(refs)}")
+        blocks = ReplayBlocks(bundle.drafter, ref)
+        for (builder, head), pooled in zip(made, rounds, strict=True):
+            pooled.extend(simulate(bundle, builder, head, ref, blocks=blocks).rounds)
+    return [_pooled(r) for r in rounds]
+
+
+def _pooled(rounds: Sequence) -> ConfigStats:
     n = max(1, len(rounds))
     return ConfigStats(
         tau=sum(r.committed for r in rounds) / n,
@@ -822,15 +853,16 @@ def tune(
     overhead_s = measure_overhead(bundle, probe, refs[0], backend, temperature, seed)
     stats = {}
     chosen_beta: dict[tuple[int, int | None], float | None] = {}
-    for budget in budget_grid:
-        for width in width_grid:
-            best_tau = None
-            for beta in beta_grid:          # one replay each; the setting keeps the beta accepted furthest
-                if progress is not None:
-                    progress(f"{method.builder} {setting_text(budget, width, beta)}")
-                replayed = replay_stats(bundle, _concrete(method, budget, width, beta), refs, backend)
-                if best_tau is None or replayed.tau > best_tau:   # ties: the first beta of the grid
-                    best_tau, stats[(budget, width)], chosen_beta[(budget, width)] = replayed.tau, replayed, beta
+    grid = [(budget, width, beta) for budget in budget_grid for width in width_grid for beta in beta_grid]
+    if progress is not None:
+        progress(f"{method.builder}: replaying {len(grid)} settings on {len(refs)} calibration prompts")
+    replays = replay_settings(bundle, [_concrete(method, *g) for g in grid], refs, backend, progress)
+    best_tau: dict[tuple[int, int | None], float] = {}
+    for (budget, width, beta), replayed in zip(grid, replays, strict=True):
+        # one replay each; the setting keeps the beta accepted furthest (ties: the first beta of the grid)
+        key = (budget, width)
+        if key not in best_tau or replayed.tau > best_tau[key]:
+            best_tau[key], stats[key], chosen_beta[key] = replayed.tau, replayed, beta
     # the drafter's forward is the same work whatever the setting: one pooled time (the median over the
     # replays), so that load moving between replays does not rank the settings (it moved 3.0-5.7 ms
     # between the settings of one `make demo` tuning on a shared machine, 18:41 UTC 2026-12-01)

@@ -1,10 +1,12 @@
+import pytest
 import torch
 
-from dartree.eval.bundles import encode
+from dartree.eval.bundles import encode, load_bundle
 from dartree.eval.methods import make_decoder, make_method_builder, parse_method
-from dartree.eval.simulate import reference, simulate
+from dartree.eval.simulate import ReplayBlocks, reference, simulate
 from dartree.eval.streaming import stream_generate
 from dartree.eval.trees import depth_counts, recorded_rounds
+from dartree.eval.tune import replay_settings, replay_stats
 from dartree.verify.sampling import KeyedSampler
 
 
@@ -43,3 +45,68 @@ def test_streaming_reports_every_token_once_per_round(bundle):
     result = stream_generate(decoder, ids, 17, chunks.append)
     assert sum(chunks, []) == result.tokens[0].tolist()
     assert [len(c) for c in chunks] == [1] + [r.committed for r in result.rounds]   # prefill token, then rounds
+
+
+@pytest.fixture(scope="module")
+def zoo_bundle():
+    torch.set_num_threads(1)
+    return load_bundle("pystdlib-tiny")
+
+
+def test_replay_blocks_drafted_once_give_the_rounds_of_drafting_per_replay(zoo_bundle):
+    """The zoo's DFlash drafter: blocks drafted once per reference (one context row a draft), read by every
+    setting's replay, give the rounds of replays that draft their own (whose context comes in the chunks
+    their rounds commit: the same numbers up to the matmuls' last bits, which decide no round here)."""
+    bundle = zoo_bundle
+    ids = encode(bundle.tokenizer, "def fibonacci(n):\n    ")
+    for temperature in (0.0, 1.0):
+        ref = reference(bundle, ids, 24, temperature, seed=5)
+        blocks = ReplayBlocks(bundle.drafter, ref)
+        assert sorted(blocks.blocks) == list(range(ref.prompt_len, ref.sequence.shape[1] - 1))
+        for text in ("chain", "ddtree:budget=8", "dartree-pruned:budget=8,width=4", "corrected-chain"):
+            method = parse_method(text)
+            head = bundle.heads[method.head] if method.head else None
+            builder = make_method_builder(method, "fast")
+            own = simulate(bundle, builder, head, ref)
+            shared = simulate(bundle, builder, head, ref, blocks=blocks)     # read after the other settings
+            assert [(r.position, r.accepted_length, r.committed, r.tree_size) for r in shared.rounds] == \
+                   [(r.position, r.accepted_length, r.committed, r.tree_size) for r in own.rounds], text
+            assert all(r.draft_s == blocks.seconds[r.position] for r in shared.rounds)
+
+
+def test_replay_blocks_are_the_same_whoever_read_them_before(bundle):
+    """Blocks drafted once are a pure function of the reference and the position: drafted twice they are
+    equal, and a replay reads the same rounds from blocks other settings read before as from fresh ones;
+    the tuner's pooled replays equal each setting's replay alone."""
+    ref = reference(bundle, encode(bundle.tokenizer, "def add(a, b):\n    return"), 14)
+    blocks = ReplayBlocks(bundle.drafter, ref)
+    again = ReplayBlocks(bundle.drafter, ref)
+    assert all(torch.equal(blocks.blocks[p].logits, again.blocks[p].logits) for p in blocks.blocks)
+    texts = ("chain", "ddtree:budget=6", "dartree-pruned:budget=6,width=3", "dartree-pruned:budget=6,width=1")
+    for backend in ("ref", "fast"):
+        for text in texts:
+            method = parse_method(text)
+            head = bundle.heads[method.head] if method.head else None
+            builder = make_method_builder(method, backend)
+            shared = simulate(bundle, builder, head, ref, blocks=blocks)
+            fresh = simulate(bundle, builder, head, ref, blocks=ReplayBlocks(bundle.drafter, ref))
+            assert [(r.accepted_length, r.committed, r.tree_size) for r in shared.rounds] == \
+                   [(r.accepted_length, r.committed, r.tree_size) for r in fresh.rounds], (backend, text)
+    assert all(torch.equal(blocks.blocks[p].logits, again.blocks[p].logits) for p in blocks.blocks)  # unchanged
+    refs = [reference(bundle, encode(bundle.tokenizer, t), 10) for t in ("import os\n", "x = [")]
+    methods = [parse_method(t) for t in ("ddtree:budget=4", "dartree-pruned:budget=6,width=2,beta=-0.5")]
+    pooled = replay_settings(bundle, methods, refs, "ref")
+    for method, stats in zip(methods, pooled, strict=True):
+        alone = replay_stats(bundle, method, refs, "ref")
+        assert (stats.tau, stats.tree_sizes, stats.accepted_lengths) == \
+               (alone.tau, alone.tree_sizes, alone.accepted_lengths)
+
+
+def test_replay_blocks_of_another_reference_are_refused(bundle):
+    a = reference(bundle, encode(bundle.tokenizer, "import os\n"), 8)
+    b = reference(bundle, encode(bundle.tokenizer, "import os\n"), 6)
+    chain = make_method_builder(parse_method("chain"), "ref")
+    with pytest.raises(ValueError, match="blocks: made from another reference"):
+        simulate(bundle, chain, None, b, blocks=ReplayBlocks(bundle.drafter, a))
+    with pytest.raises(ValueError, match="p: no block at position"):
+        ReplayBlocks(bundle.drafter, a).block(0)
