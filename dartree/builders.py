@@ -225,7 +225,6 @@ class TreeBuilder:
         if fn is None:
             raise ValueError(f"backend: {backend!r} is not available for builder {spec.name!r}")
         self._fn = fn
-        self._trusted = spec.trusted is True and (fn, spec.config_cls) in _BUILT_IN
 
     @property
     def name(self) -> str:
@@ -238,8 +237,12 @@ class TreeBuilder:
     @property
     def trusted(self) -> bool:
         """Whether its trees meet the decoder's contract by construction: :attr:`BuilderSpec.trusted`,
-        honoured for dartree's own strategy functions only."""
-        return self._trusted
+        honoured for dartree's own strategy functions called by :meth:`TreeBuilder.build` itself (a
+        subclass that overrides ``build`` can return any tree: its trees are checked).  Read at every
+        call: a spec or function replaced after construction is not trusted either."""
+        spec = self.spec
+        return (type(self).build is TreeBuilder.build and isinstance(spec, BuilderSpec) and spec.trusted is True
+                and (self._fn, spec.config_cls) in _BUILT_IN)
 
     def __repr__(self) -> str:
         return f"TreeBuilder({self.name!r}, backend={self.backend!r}, {self.config})"

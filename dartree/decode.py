@@ -173,7 +173,7 @@ class SpeculativeDecoder:
         length = req.prompt.shape[1]
         out = target.prefill(req.prompt, logits="last")
         drafter.reset()
-        drafter.append_context(out.hidden, req.prompt)
+        drafter.append_context(out.hidden, req.prompt.clone())   # its own copy: the result keeps req.prompt
         root = first_tokens(out.logits[:, -1], (req,), torch.full((1,), length, device=target.device))
         first = int(root[0])            # one sync, on purpose: the first token may be a stop token
         generated, stopped = [first], first in req.stop

@@ -326,7 +326,9 @@ def _check_prompt(target: HFTarget, input_ids: object, max_new_tokens: int) -> T
     if target.capacity is not None and length + max_new_tokens - 1 > target.capacity:
         raise ValueError(f"max_new_tokens: prompt + max_new_tokens - 1 = {length + max_new_tokens - 1} exceeds the "
                          f"static cache's capacity {target.capacity}")
-    prompt = prompt.to(device=target.device, dtype=torch.int64)
+    # a copy even when device and dtype match: the drafter, the target and the result hold the prompt, and
+    # none may share the caller's tensor (a drafter editing its tokens argument changed the caller's ids)
+    prompt = prompt.to(device=target.device, dtype=torch.int64, copy=True)
     # One sync per call (not per round): token ids out of range would index the embedding out of bounds.
     if bool(((prompt < 0) | (prompt >= target.vocab_size)).any()):
         raise ValueError(f"input_ids: token ids must lie in [0, {target.vocab_size})")

@@ -90,6 +90,53 @@ def test_trusted_is_honoured_for_dartrees_own_functions_only(model, monkeypatch)
         decoder.generate(torch.tensor([[5, 6, 7]]), 6)
 
 
+class _RerootedSubclass(dartree.TreeBuilder):
+    """A TreeBuilder subclass on a built-in spec whose ``build`` breaks the tree after the built-in one."""
+
+    def build(self, block, head=None):
+        tree = super().build(block, head)
+        tokens = tree.tokens.clone()
+        tokens[:, 0] = (tokens[:, 0] + 1) % V
+        return dataclasses.replace(tree, tokens=tokens)
+
+
+def test_a_subclass_that_overrides_build_is_checked(model):
+    """Trust covers dartree's own functions called by TreeBuilder.build itself: a subclass overriding
+    ``build`` on a built-in spec (whose functions are trusted) hands the decoder trees that are checked."""
+    inner = dartree.make_builder("chain", backend="fast")
+    sub = _RerootedSubclass(inner.spec, "fast", inner.config)
+    assert inner.trusted and not sub.trusted
+    replaced = dartree.make_builder("chain", backend="fast")
+    replaced._fn = lambda block, head, config: _Rerooted("root").build(block)
+    assert not replaced.trusted                       # read at every call, not fixed at construction
+    for builder in (sub, replaced):
+        decoder = dartree.SpeculativeDecoder(model, OracleDrafter(model, GAMMA), builder)
+        with pytest.raises(ValueError, match="builder: .*root: row 0 has root token"):
+            decoder.generate(torch.tensor([[5, 6, 7]]), 6)
+
+
+class _ZeroingDrafter(OracleDrafter):
+    """An OracleDrafter that zeroes the tokens it is handed after reading them."""
+
+    def append_context(self, hidden_states, tokens):
+        super().append_context(hidden_states, tokens.clone())
+        tokens.zero_()
+
+
+def test_the_callers_prompt_is_not_shared_with_the_drafter_or_the_result(model):
+    """The decoder hands the drafter, the target and the result a copy of ``input_ids``: a drafter editing
+    its ``tokens`` argument in place zeroed the caller's prompt, and later calls decoded another one."""
+    prompt = torch.tensor([[5, 6, 7]])
+    want = dartree.SpeculativeDecoder(model, OracleDrafter(model, GAMMA), dartree.make_builder("chain")).generate(
+        prompt.clone(), 6).tokens
+    decoder = dartree.SpeculativeDecoder(model, _ZeroingDrafter(model, GAMMA), dartree.make_builder("chain"))
+    first = decoder.generate(prompt, 6)
+    assert prompt.tolist() == [[5, 6, 7]] == first.prompt.tolist() and first.prompt.data_ptr() != prompt.data_ptr()
+    assert torch.equal(decoder.generate(prompt, 6).tokens, want) and torch.equal(first.tokens, want)
+    ar = dartree.generate_ar(model, prompt, 4)
+    assert ar.prompt.data_ptr() != prompt.data_ptr()
+
+
 def test_stop_tokens_from_an_iterator_reach_every_row(model):
     prompts = [torch.tensor([5, 6, 7]), torch.tensor([9, 8]), torch.tensor([3, 1, 4, 1])]
     free = dartree.generate_ar(model, prompts[1], 12).tokens[0].tolist()

@@ -32,6 +32,8 @@ from pathlib import Path
 
 import torch
 
+from dartree.eval.outdir import write_atomic
+
 __all__ = ["main", "STEPS"]
 
 BUILDER_CONFIGS: dict[str, dict] = {
@@ -275,13 +277,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[gpu-check] {title} ...", flush=True)
         try:
             body = fn(c)
-        except Exception:
+        except (Exception, SystemExit):   # SystemExit: a step's CLI call refusing its arguments (UsageError)
             sections.append(f"## {title}: FAILED\n\n```\n{traceback.format_exc()}```")
             print(sections[-1], file=sys.stderr)
             status = 1
             break
         sections.append(f"## {title} ({time.perf_counter() - start:.0f} s)\n\n{body}")
-    args.out.write_text("\n\n".join(sections) + "\n")
+    write_atomic(args.out, "\n\n".join(sections) + "\n")     # the report is whole or the earlier one stays
     print(f"[gpu-check] {'FAILED' if status else 'passed'}; report: {args.out}", flush=True)
     return status
 

@@ -236,6 +236,9 @@ def _recover(out: Path) -> list[str]:
     for p in out.iterdir():     # we hold the lock: every staging folder here belongs to a run that died
         if p.name.startswith(STAGING_PREFIX) and _is_folder(p):
             shutil.rmtree(p, ignore_errors=True)
+        elif p.name.startswith(f".{JOURNAL}.") and p.name.endswith(".tmp") and not _is_folder(p):
+            with _quiet():      # write_atomic's temporary journal, of a run killed while writing it
+                os.unlink(p)
     return restored
 
 
@@ -330,15 +333,17 @@ class RunFolder:
         return self.committed
 
     def close(self) -> None:
-        """Remove what was staged and not committed; release the lock (idempotent)."""
+        """Remove what was staged and not committed; release the lock (idempotent).  Signals are held
+        meanwhile (a second Ctrl-C left a half-removed staging folder and the folders the run made)."""
         if self._lock_fd is None:
             return
-        if self.committed is None and not self._keep_staging:
-            shutil.rmtree(self._staging, ignore_errors=True)
-        fd, self._lock_fd = self._lock_fd, None
-        os.close(fd)                # closing the descriptor releases the flock
-        if self.committed is None:
-            _remove_empty(self._created)
+        with _signals_held():
+            if self.committed is None and not self._keep_staging:
+                shutil.rmtree(self._staging, ignore_errors=True)
+            fd, self._lock_fd = self._lock_fd, None
+            os.close(fd)                # closing the descriptor releases the flock
+            if self.committed is None:
+                _remove_empty(self._created)
 
     def __enter__(self) -> RunFolder:
         return self
@@ -348,13 +353,29 @@ class RunFolder:
 
 
 def _missing_folders(out: Path) -> list[Path]:
-    """``out`` and those of its parents that do not exist yet, deepest first."""
+    """``out`` and those of its parents that do not exist yet, deepest first (``..`` kept as written:
+    the kernel resolves it against the folders before it, which must then exist)."""
     missing = []
     for p in (out, *out.parents):
         if os.path.lexists(p):
             break
         missing.append(p)
     return missing
+
+
+def _make_folders(out: Path, created: list[Path]) -> None:
+    """Create ``out`` and its missing parents, shallowest first, and put in ``created`` (deepest first)
+    each folder this call made, as it makes it.  Not in it: a ``..`` entry (``a/..`` is a folder that
+    exists once ``a`` does: listed, its removal failed and left ``a``), and a folder another process made
+    meanwhile (a run that then lost the lock to that process removed the folder the other was writing to)."""
+    for p in reversed(_missing_folders(out.absolute())):
+        try:
+            os.mkdir(p)
+        except FileExistsError:
+            continue
+        created.insert(0, p)
+    if not out.is_dir():
+        os.mkdir(out)               # raises the reason (a file in the way, ...)
 
 
 def _remove_empty(folders: Sequence[Path]) -> None:
@@ -394,9 +415,9 @@ def open_run(out: Path, patterns: Sequence[str], force: bool = False) -> RunFold
     if os.path.lexists(out) and not out.is_dir():
         raise ValueError(f"--out: {out} is a file, not a folder; pick a folder")
     fd = None
-    created = _missing_folders(out.absolute())
+    created: list[Path] = []
     try:
-        out.mkdir(parents=True, exist_ok=True)
+        _make_folders(out, created)
         fd = _lock(out)
         restored = _recover(out)
         earlier = run_files(out, patterns)

@@ -497,6 +497,28 @@ def load_head(path: str | Path, target: nn.Module | None = None) -> GRUHead | Ma
     return head
 
 
+def _first_line(e: BaseException) -> str:
+    return f"{type(e).__name__}: " + (str(e).strip().splitlines() or [""])[0]
+
+
+def _check_stored_dtypes(path: Path) -> None:
+    """The target's stored tensors are floating point (read from the safetensors headers, no weights).
+
+    transformers casts whatever it loads to the requested float32, so an integer or bool tensor (a
+    quantised or broken export) would load and decode garbage with exit 0; the drafter and head loaders
+    refuse them (:func:`_check_float`), and so does this.  ``pytorch_model.bin`` checkpoints are not read
+    here (their dtypes need the whole file)."""
+    from safetensors import safe_open
+
+    for file in sorted(path.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():
+                dtype = f.get_slice(name).get_dtype()
+                if not dtype.startswith(("F", "BF")):
+                    raise ValueError(f"weights: {name} in {file} is {dtype}; expected a floating dtype (float32, "
+                                     "bfloat16, float16): integer (quantised) weights are not supported")
+
+
 def load_target(path: str | Path, attn_implementation: str = "sdpa") -> nn.Module:
     """A HF causal-LM target from a local directory, float32, eval mode, parameters frozen.
 
@@ -515,11 +537,22 @@ def load_target(path: str | Path, attn_implementation: str = "sdpa") -> nn.Modul
     try:
         if not (path / "config.json").is_file():
             raise ValueError(f"target: {path} is not a checkpoint directory (no config.json)")
+        _check_stored_dtypes(path)
         model, info = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True,
                                                            attn_implementation=attn_implementation,
                                                            output_loading_info=True)
-    except OSError as e:
-        raise ValueError(f"target: {path} could not be loaded as a causal LM ({e})") from e
+    except ValueError as e:
+        if str(e).startswith(("target: ", "weights: ")):
+            raise
+        raise ValueError(f"target: {path} could not be loaded as a causal LM: {_first_line(e)}") from e
+    except (OSError, TypeError, KeyError, RuntimeError) as e:
+        # unreadable or truncated files (safetensors' SafetensorError is none of these: below), a config.json
+        # whose values have the wrong types; a weight whose shape disagrees with the config (RuntimeError)
+        raise ValueError(f"target: {path} could not be loaded as a causal LM: {_first_line(e)}") from e
+    except Exception as e:
+        if type(e).__module__.split(".")[0] not in ("safetensors", "huggingface_hub", "transformers"):
+            raise
+        raise ValueError(f"target: {path} could not be loaded as a causal LM: {_first_line(e)}") from e
     # A weight whose shape disagrees with the config raises transformers' RuntimeError here; it is left
     # as it is (the CLI names --target / --drafter for it, dartree.cli.helpers).
     problems = [f"{len(info[key])} {what} tensor(s): {sorted(map(str, info[key]))[:8]}"

@@ -13,6 +13,7 @@ most of them thrown away) reproduces autoregressive sampling token for token.
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -51,8 +52,9 @@ def check_temperature(temperature: Any) -> float:
     as greedy: ``logits / T`` would overflow float32 (or divide by a float32 zero) and every logit would
     become +-inf, so the "sample" would silently be the lowest token id.  Use ``0`` for greedy.
     """
-    if isinstance(temperature, bool) or not isinstance(temperature, int | float) or not math.isfinite(temperature) \
-            or temperature < 0:
+    huge = isinstance(temperature, int) and temperature > sys.float_info.max   # math.isfinite would overflow
+    if huge or isinstance(temperature, bool) or not isinstance(temperature, int | float) \
+            or not math.isfinite(temperature) or temperature < 0:
         raise ValueError(f"temperature: expected 0 (greedy) or a finite number >= {MIN_TEMPERATURE}, got "
                          f"{temperature!r}")
     if 0 < temperature < MIN_TEMPERATURE:
@@ -183,7 +185,8 @@ def sample_checked(sampler: Sampler, logits: Tensor, positions: Tensor) -> Tenso
     if out.device != logits.device:
         raise ValueError(f"sampler: {name}.sample returned a tensor on {out.device}, logits are on {logits.device}")
     vocab = logits.shape[-1]
-    if out.numel() and bool(((out < 0) | (out >= vocab)).any()):    # host sync: custom samplers only
-        bad = out[(out < 0) | (out >= vocab)].reshape(-1)[:4].tolist()
+    ids = out.to(torch.int64)    # compared in int64: in uint8 or int16, ``out >= vocab`` wraps the vocabulary size
+    if ids.numel() and bool(((ids < 0) | (ids >= vocab)).any()):    # host sync: custom samplers only
+        bad = ids[(ids < 0) | (ids >= vocab)].reshape(-1)[:4].tolist()
         raise ValueError(f"sampler: {name}.sample returned token ids {bad} outside the vocabulary [0, {vocab})")
-    return out.to(torch.int64)
+    return ids

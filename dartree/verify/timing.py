@@ -26,11 +26,14 @@ decoder, whose head is already a :class:`TimedHead`), so that both see the same 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+from dartree.block import DraftBlock
 
 __all__ = ["HEAD_METHODS", "check_head", "check_head_device", "check_steps", "TimedHead", "timed_head",
            "checked_head"]
@@ -123,6 +126,8 @@ class TimedHead:
         # perf: the bundled heads' prepared calls are not re-checked (dartree's own code, its output
         # shapes tested; about 5 us a call, 7% of a dartree-pruned B=16 build); a subclass is checked
         self._trusted = _bundled(head)
+        self._block_source: Any = None          # the block last handed to the head, and its copy (_own_block)
+        self._block_copy: Any = None
 
     def take(self) -> float:
         """Seconds accumulated since the last ``take`` (and reset to 0)."""
@@ -155,33 +160,53 @@ class TimedHead:
         prepare = getattr(self.head, "prepare_block", None)
         if prepare is None:
             return None
-        steps = self._timed(prepare, block, candidates)
+        self._check_block(block)          # the fast builders prepare before they ask for the initial state
+        steps = self._timed(prepare, self._own_block(block), self._own(candidates))
         return None if steps is None else _TimedSteps(self, check_steps(steps), block, candidates)
 
-    def initial_state(self, block: Any) -> Tensor:
-        # once per build: the head's device and the drafter's hidden width (metadata only)
+    def _check_block(self, block: Any) -> None:
+        """Once per build: the head's device and the drafter's hidden width (metadata only)."""
         check_head_device(self.head, block.device)
         size = getattr(self.head, "hidden_size", None)
         hidden = getattr(block, "hidden", None)
         if isinstance(size, int) and isinstance(hidden, Tensor) and hidden.shape[-1] != size:
             raise ValueError(f"block: hidden has width {hidden.shape[-1]}, but {type(self.head).__name__} expects "
                              f"hidden_size={size} (the drafter's H_d must match the head's hidden size)")
-        out = _state("initial_state", self._call("initial_state", block), block, (block.batch_size,), None)
+
+    def initial_state(self, block: Any) -> Tensor:
+        self._check_block(block)
+        out = _state("initial_state", self._call("initial_state", self._own_block(block)), block,
+                     (block.batch_size,), None)
         self._width = out.shape[-1]
         return out
 
-    def _own(self, states: Tensor) -> Tensor:
-        """What the head is handed as ``states``: the builder's tensor for dartree's own heads, a copy for
-        any other, so that a head editing its argument in place cannot change the states the builder
-        keeps for other branches (and so changed the tree, on both backends)."""
-        return states if self._trusted else states.clone()
+    def _own(self, x: Tensor) -> Tensor:
+        """What the head is handed as ``states``, ``tokens`` or ``candidates``: the builder's tensor for
+        dartree's own heads, a copy for any other, so that a head editing its argument in place cannot
+        change what the builder keeps (states of other branches, the tokens of the tree, the candidate
+        lists: such an edit changed the tree, and on the fast backend made a trusted builder's tree
+        break the decoder's contract)."""
+        return x if self._trusted else x.clone()
+
+    def _own_block(self, block: Any) -> Any:
+        """``block`` for dartree's own heads; for any other, one copy per block (made at its first call),
+        so that a head editing the drafter's logits or hidden states in place changes neither the tree
+        nor the block the decoder holds."""
+        if self._trusted or not isinstance(block, DraftBlock):
+            return block
+        if self._block_source is not block:
+            self._block_source = block
+            self._block_copy = dataclasses.replace(
+                block, logits=block.logits.clone(), root=block.root.clone(),
+                hidden=None if block.hidden is None else block.hidden.clone())
+        return self._block_copy
 
     def logits(self, block: Any, depth: int, states: Tensor, candidates: Tensor) -> Tensor:
-        out = self._call("logits", block, depth, self._own(states), candidates)
+        out = self._call("logits", self._own_block(block), depth, self._own(states), self._own(candidates))
         return _logits("logits", out, block, states, candidates)
 
     def advance(self, block: Any, depth: int, states: Tensor, tokens: Tensor) -> Tensor:
-        out = self._call("advance", block, depth, self._own(states), tokens)
+        out = self._call("advance", self._own_block(block), depth, self._own(states), self._own(tokens))
         return _state("advance", out, block, tuple(tokens.shape), self._width)
 
     def native_build(self, block: Any, *args: Any) -> Any:
@@ -234,7 +259,7 @@ class _TimedSteps:
 
     def advance_logits(self, depth: int, states: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
         self._head.calls += 1
-        out = self._head._timed(self._steps.advance_logits, depth, self._head._own(states), tokens)
+        out = self._head._timed(self._steps.advance_logits, depth, self._head._own(states), self._head._own(tokens))
         if self._head._trusted:
             return out
         return _pair("prepare_block(...).advance_logits", out, self._block, tokens, self._head._width,
@@ -267,7 +292,8 @@ class _TimedFusedHead(TimedHead):
 
     def advance_logits(self, block: Any, depth: int, states: Tensor, tokens: Tensor,
                        candidates: Tensor) -> tuple[Tensor, Tensor]:
-        out = self._call("advance_logits", block, depth, self._own(states), tokens, candidates)
+        out = self._call("advance_logits", self._own_block(block), depth, self._own(states), self._own(tokens),
+                         self._own(candidates))
         return _pair("advance_logits", out, block, tokens, self._width, candidates)
 
 

@@ -80,7 +80,8 @@ def test_errors_found_before_the_model_loads(argv, message, files, loads, capsys
     (["--values", "inf"], "argument --values"),
     (["--beta", "0.5"], "argument --beta: expected a finite number <= 0 (a depth penalty), got '0.5'"),
     (["--beta", "nan"], "argument --beta"),
-    (["--temperature", "nan"], "argument --temperature: expected a finite number >= 0"),
+    (["--temperature", "nan"], "argument --temperature: expected 0 (greedy) or a finite number >= 1e-06"),
+    (["--temperature", "1e-7"], "argument --temperature: expected 0 (greedy) or a finite number >= 1e-06"),
     (["--temperature", "-1"], "argument --temperature"),
     (["--out", ""], "argument --out: expected a folder path, got an empty string"),
 ])

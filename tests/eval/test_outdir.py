@@ -117,6 +117,14 @@ def test_staging_folders_of_dead_runs_are_removed(folder):
     assert contents(folder) == {**EARLIER, **OTHERS} and hidden(folder) == []
 
 
+def test_a_journal_killed_while_written_leaves_no_temporary_file(folder):
+    """write_atomic's temporary journal (a run killed in its fsync) was left in --out for good."""
+    (folder / f".{JOURNAL}.8ezqyz7v.tmp").write_text('{"staging": ".dart')
+    with open_run(folder, BENCH_FILES, force=True):
+        pass
+    assert contents(folder) == {**EARLIER, **OTHERS} and hidden(folder) == []
+
+
 def test_one_writer_per_folder(tmp_path):
     out = tmp_path / "fresh"
     with open_run(out, BENCH_FILES) as first:
@@ -281,6 +289,25 @@ def test_a_run_that_commits_nothing_removes_the_folders_it_made(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(ValueError, match="cannot write to"):
         open_run(tmp_path / "file" / "sub", BENCH_FILES)
+
+
+def test_a_failed_run_through_dotdot_or_beaten_to_the_lock_removes_only_what_it_made(tmp_path, monkeypatch):
+    """``nd/../r2`` listed ``nd/..`` as made (its removal failed and left ``nd``); a run that listed the
+    folders to make before another process made them removed that process's folder when it lost the lock."""
+    out = tmp_path / "nd" / ".." / "r2"
+    with open_run(out, BENCH_FILES):
+        pass
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    taken = tmp_path / "taken"
+    with open_run(taken, BENCH_FILES) as first:         # another run made the folder and holds it
+        monkeypatch.setattr(outdir, "_missing_folders", lambda path: [taken.absolute()])  # listed before that
+        with pytest.raises(ValueError, match="another dartree run is writing"):
+            open_run(taken, BENCH_FILES)
+        monkeypatch.undo()
+        assert taken.is_dir()
+        first.write("results.md", "x")
+        first.commit()
+    assert contents(taken) == {"results.md": "x"}
 
 
 def test_written_files_get_the_mode_open_gives(tmp_path):

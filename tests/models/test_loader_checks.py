@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import warnings
 from pathlib import Path
 
@@ -333,6 +334,47 @@ def test_a_target_with_nan_weights_is_an_error(tmp_path) -> None:
 
     _edit_weights(path, poison)
     with pytest.raises(ValueError, match=r"^weights: model\.norm\.weight in .* holds 1 NaN or infinite value"):
+        load_target(path)
+
+
+def test_a_target_with_integer_weights_is_an_error(tmp_path) -> None:
+    """transformers casts integer tensors to float32: they loaded and decoded [0, 0, ...] with exit 0."""
+    from dartree.models.loaders import load_target
+
+    path = _saved_target(tmp_path)
+    _edit_weights(path, lambda w: w.update({k: v.long() for k, v in w.items()}))
+    with pytest.raises(ValueError, match=r"^weights: .* in .*model.safetensors is I64; expected a floating dtype"):
+        load_target(path)
+
+
+def _set_config(path: Path, **values) -> None:
+    config = json.loads((path / "config.json").read_text())
+    config.update(values)
+    (path / "config.json").write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize("breakage", ["truncated", "empty", "string vocab", "float vocab", "list config",
+                                      "shape"])
+def test_a_broken_target_checkpoint_is_one_value_error_naming_it(tmp_path, breakage: str) -> None:
+    """Library exceptions (safetensors, huggingface_hub's config validation, transformers) came out raw,
+    and as tracebacks on the command line: each is a ValueError that names the target directory."""
+    from dartree.models.loaders import load_target
+
+    path = _saved_target(tmp_path)
+    file = path / "model.safetensors"
+    if breakage == "truncated":
+        file.write_bytes(file.read_bytes()[:200])
+    elif breakage == "empty":
+        file.write_bytes(b"")
+    elif breakage == "string vocab":
+        _set_config(path, vocab_size="50")
+    elif breakage == "float vocab":
+        _set_config(path, vocab_size=50.0)
+    elif breakage == "list config":
+        (path / "config.json").write_text("[1, 2]")
+    else:
+        _set_config(path, intermediate_size=24)
+    with pytest.raises(ValueError, match=rf"^target: {re.escape(str(path))} could not be loaded as a causal LM: "):
         load_target(path)
 
 

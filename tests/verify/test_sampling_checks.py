@@ -35,6 +35,18 @@ def test_bad_sampler_output_is_refused(value, message: str) -> None:
         verify_sampled(TREE, torch.randn(1, 3, V), 1.0, Returns(value))
 
 
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int16, torch.int32])
+def test_small_integer_ids_are_compared_with_the_vocabulary_in_int64(dtype) -> None:
+    """In uint8 / int16, ``ids >= V`` would wrap V (4098 is 2 in uint8): a valid id was refused."""
+    vocab = 40000 if dtype != torch.uint8 else 4098
+    ok = 200 if dtype == torch.uint8 else 25000
+    out = sample_checked(Returns(torch.tensor([[ok]], dtype=dtype)), torch.randn(1, 1, vocab), torch.zeros(1, 1))
+    assert out.dtype == torch.int64 and out.tolist() == [[ok]]
+    if dtype != torch.uint8:
+        with pytest.raises(ValueError, match=r"returned token ids \[-3\] outside the vocabulary"):
+            sample_checked(Returns(torch.tensor([[-3]], dtype=dtype)), torch.randn(1, 1, vocab), torch.zeros(1, 1))
+
+
 def test_good_custom_output_is_accepted_and_widened() -> None:
     out = sample_checked(Returns(torch.tensor([[1, 6, 0]], dtype=torch.int32)), torch.randn(1, 3, V),
                          torch.zeros(1, 3, dtype=torch.int64))
@@ -65,7 +77,7 @@ def test_temperature_too_small_is_refused_not_the_lowest_token(t: float) -> None
         verify_sampled(TREE, torch.randn(1, 3, V), t, KeyedSampler(0))
 
 
-@pytest.mark.parametrize("t", [-1.0, float("nan"), float("inf"), "0.5", None, True, 1j])
+@pytest.mark.parametrize("t", [-1.0, float("nan"), float("inf"), "0.5", None, True, 1j, 2**2000])
 def test_temperature_of_the_wrong_kind_is_refused(t) -> None:
     with pytest.raises(ValueError, match=r"^temperature: expected 0 \(greedy\) or a finite number >= 1e-06"):
         check_temperature(t)

@@ -110,8 +110,9 @@ def test_head_on_another_device_and_hidden_width() -> None:
     head = GRUHead(hidden_size=8, vocab_size=12, gru_hidden_dim=4, emb_dim=6)
     head.set_embedding(torch.randn(12, 8))
     build(head)                                                       # fine as it is
-    with pytest.raises(ValueError, match=r"^block: hidden has width 5, but GRUHead expects hidden_size=8"):
-        build(head, blk=block(hidden=5))
+    for backend in ("ref", "fast"):     # the fast builders prepare the block before the initial state
+        with pytest.raises(ValueError, match=r"^block: hidden has width 5, but GRUHead expects hidden_size=8"):
+            build(head, backend, blk=block(hidden=5))
     with pytest.raises(ValueError, match=r"^head: GRUHead's parameters are on meta, the block on cpu"):
         timed_head(head.to("meta"), "cpu")
     proxy = timed_head(GRUHead(hidden_size=8, vocab_size=12, gru_hidden_dim=4, emb_dim=6), "cpu")
@@ -143,46 +144,59 @@ class Steps:
 
 
 class InPlace(PathHashHead):
-    """PathHashHead that zeroes the states it was given after each call; ``calls``: "protocol" (advance and
-    logits), "fused" (with advance_logits) or "prepared" (through prepare_block's steps)."""
+    """PathHashHead that edits an argument in place after each call: ``what`` is "states", "tokens",
+    "candidates" or "block" (the drafter's logits); ``calls``: "protocol" (advance and logits), "fused"
+    (with advance_logits) or "prepared" (through prepare_block's steps)."""
 
-    def __init__(self, calls: str) -> None:
+    def __init__(self, calls: str, what: str = "states") -> None:
         super().__init__()
-        self.calls = calls
+        self.calls, self.what = calls, what
         if calls == "protocol":
             self.advance_logits = None
 
     def prepare_block(self, block, candidates):
         return Steps(self, block, candidates) if self.calls == "prepared" else None
 
+    def _edit(self, block, states, tokens=None, candidates=None):
+        edited = {"states": states, "tokens": tokens, "candidates": candidates, "block": block.logits}[self.what]
+        if edited is not None:
+            edited.zero_() if not edited.is_floating_point() else edited.mul_(0.0)
+
     def logits(self, block, depth, states, candidates):
         out = super().logits(block, depth, states, candidates)
-        states.mul_(0.0)
+        self._edit(block, states, candidates=candidates)
         return out
 
     def advance(self, block, depth, states, tokens):
         out = super().advance(block, depth, states, tokens)
-        states.mul_(0.0)
+        self._edit(block, states, tokens=tokens)
         return out
 
     def advance_logits(self, block, depth, states, tokens, candidates):
         out = super().advance_logits(block, depth, states, tokens, candidates)
-        states.mul_(0.0)
+        self._edit(block, states, tokens, candidates)
         return out
 
 
 @pytest.mark.parametrize("wrap", WRAPS)
 @pytest.mark.parametrize("backend", ["ref", "fast"])
 @pytest.mark.parametrize("calls", ["protocol", "fused", "prepared"])
-def test_a_head_editing_its_states_in_place_cannot_change_the_tree(wrap: str, backend: str, calls: str) -> None:
-    """A user head gets a copy of the builder's states: zeroing its argument used to change the states
-    kept for other branches, and so the tree (both backends, tested before the copy)."""
+@pytest.mark.parametrize("what", ["states", "tokens", "candidates", "block"])
+def test_a_head_editing_its_arguments_in_place_cannot_change_the_tree(wrap: str, backend: str, calls: str,
+                                                                      what: str) -> None:
+    """A user head gets copies of the builder's states, tokens, candidates and block: zeroing its states
+    used to change the states kept for other branches, and so the tree (both backends); zeroing the tokens
+    made the fast builder's tree repeat a sibling token (a trusted builder's tree outside the contract)."""
     g = torch.Generator().manual_seed(3)
     blk = DraftBlock(logits=torch.randn(1, 8, 40, generator=g), root=torch.tensor([5]))
+    logits = blk.logits.clone()
     builder = make_builder("dartree-pruned", backend, budget=12, width=4, topk=6)
     want = builder.build(blk, PathHashHead())
-    got = builder.build(blk, WRAPS[wrap](InPlace(calls)))
-    assert got.canonical() == want.canonical() and torch.equal(got.scores, want.scores)
+    got = builder.build(blk, WRAPS[wrap](InPlace(calls, what)))
+    got.validate(8, 12)
+    assert torch.equal(blk.logits, logits)          # the caller's block (the decoder's) is not the head's
+    if what != "block":   # the head reads its edited copy of the block in its next calls: its outputs change
+        assert got.canonical() == want.canonical() and torch.equal(got.scores, want.scores)
 
 
 @pytest.mark.parametrize("timed", [False, True])
