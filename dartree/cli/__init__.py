@@ -56,6 +56,13 @@ def _termination_raises() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
+def _after_commit(e: BaseException) -> str:
+    """The note for a signal that arrived while a run's results were being committed: it is delivered
+    once the commit is done, so the folder holds the new run (the table and the tune cache are skipped)."""
+    out = getattr(e, "dartree_committed", None)
+    return "" if out is None else f" after the run's results were written to {out}"
+
+
 def _raise_terminated(signum: int, frame: object) -> None:
     raise Terminated(signum)
 
@@ -66,7 +73,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     A user error (bad option, file, folder or setting) exits with status 2 and one line on stderr,
     ``dartree: error: ...`` (argparse's own errors add the usage line); any other exception is a bug
     and propagates with its traceback.  Ctrl-C exits with status 130, SIGTERM / SIGHUP with 128 + the
-    signal's number, each with one line, after the run's cleanup (an ``--out`` folder is left as it was).
+    signal's number, each with one line, after the run's cleanup (an ``--out`` folder is left as it was, or, for
+    a signal that arrived during the commit, holds the new run: the line says so).
     """
     parser = build_parser()
     args = parser.parse_args(join_negative_values(list(sys.argv[1:] if argv is None else argv)))
@@ -79,9 +87,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as e:
         print(f"dartree: error: {e}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
-    except KeyboardInterrupt:
-        print("dartree: interrupted", file=sys.stderr, flush=True)
+    except KeyboardInterrupt as e:
+        print(f"dartree: interrupted{_after_commit(e)}", file=sys.stderr, flush=True)
         raise SystemExit(130) from None
     except Terminated as e:
-        print(f"dartree: terminated by {signal.Signals(e.signum).name}", file=sys.stderr, flush=True)
+        print(f"dartree: terminated by {signal.Signals(e.signum).name}{_after_commit(e)}", file=sys.stderr,
+              flush=True)
         raise SystemExit(128 + e.signum) from None

@@ -311,6 +311,15 @@ class RunFolder:
         _fsync(new_dir, directory=True)
         (self._staging / "earlier").mkdir()
         journal = {"staging": self._staging.name, "earlier": earlier, "new": names}
+        try:
+            self._commit(journal, earlier, names, new_dir)
+        except BaseException as e:   # a signal held back during the commit is delivered once it is done
+            if self.committed is not None:
+                e.dartree_committed = str(self.out)   # the CLI says the results were written all the same
+            raise
+        return self.committed
+
+    def _commit(self, journal: dict, earlier: list[str], names: list[str], new_dir: Path) -> None:
         with _signals_held():
             write_atomic(self.out / JOURNAL, json.dumps(journal))
             try:
@@ -330,7 +339,6 @@ class RunFolder:
             # still inside: a signal held back is delivered only once the run is committed and cleaned up
             self.committed = tuple(self.out / n for n in names)
             shutil.rmtree(self._staging, ignore_errors=True)
-        return self.committed
 
     def close(self) -> None:
         """Remove what was staged and not committed; release the lock (idempotent).  Signals are held

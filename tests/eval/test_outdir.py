@@ -231,11 +231,17 @@ def test_a_signal_during_the_commit_is_delivered_once_it_is_done(folder, monkeyp
     monkeypatch.setattr(outdir.os, "replace", rename)
     with open_run(folder, BENCH_FILES, force=True) as run:
         stage_new_run(run)
-        with pytest.raises(KeyboardInterrupt):
+        with pytest.raises(KeyboardInterrupt) as raised:
             run.commit()
         assert run.committed is not None
     assert sent and contents(folder)["results.md"] == "new table" and hidden(folder) == []
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler     # the handler is restored
+    # the CLI's line says the run was written (it said "interrupted" alone, as if the folder were untouched)
+    from dartree.cli import _after_commit
+
+    assert raised.value.dartree_committed == str(folder)
+    assert _after_commit(raised.value) == f" after the run's results were written to {folder}"
+    assert _after_commit(KeyboardInterrupt()) == ""
 
 
 _KILLED_MID_COMMIT = """
