@@ -421,7 +421,8 @@ def open_run(out: Path, patterns: Sequence[str], force: bool = False) -> RunFold
     """
     out = Path(out)
     if os.path.lexists(out) and not out.is_dir():
-        raise ValueError(f"--out: {out} is a file, not a folder; pick a folder")
+        what = "a symbolic link to nothing" if out.is_symlink() and not out.exists() else "a file"
+        raise ValueError(f"--out: {out} is {what}, not a folder; pick a folder")
     fd = None
     created: list[Path] = []
     try:

@@ -1,11 +1,17 @@
 """Stage 6, ``export``: weights (safetensors) and configs of the target, tokenizer, drafter and heads
 written to ``--out`` (default: the package's ``dartree/models/zoo_weights/<name>``), with the stages'
-final statistics in ``training_stats.json``."""
+final statistics in ``training_stats.json``.
+
+The bundle is written to a hidden folder beside ``--out`` and then put in its place (:func:`publish`), so
+an interrupted export leaves the earlier bundle whole: written in place, it left a mix of new and old
+weights in the package's own zoo."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -14,15 +20,50 @@ from dartree.training.common import log
 from dartree.training.drafter import load_trained_drafter
 from dartree.training.target import load_target
 
-__all__ = ["stage_export"]
+__all__ = ["stage_export", "publish", "EXPORTED"]
+
+#: what an export writes into ``--out`` (``gru_head_<G>x<E>`` folders too, with several GRU widths)
+EXPORTED = ("target", "drafter", "gru_head", "markov_head", "tokenizer.json", "training_stats.json")
+
+
+def _exported(name: str) -> bool:
+    return name in EXPORTED or name.startswith("gru_head_")
+
+
+def publish(staged: Path, out: Path) -> None:
+    """Put the bundle written to ``staged`` at ``out``.  ``out`` missing: one rename.  ``out`` holding an
+    earlier export (nothing but :data:`EXPORTED` names): renamed aside, ``staged`` renamed in, the earlier one
+    removed (a kill between the two renames leaves the earlier bundle whole at ``.<name>.previous``, and
+    ``out`` missing, not a mix).  ``out`` holding anything else is refused, nothing moved: a folder swap
+    would remove it."""
+    out = Path(out)
+    if os.path.lexists(out):
+        if not out.is_dir():
+            raise ValueError(f"--out: {out} is a file, not a folder")
+        others = sorted(p.name for p in out.iterdir() if not _exported(p.name))
+        if others:
+            raise ValueError(f"--out: {out} holds {others}, which an export does not write; the bundle is left in "
+                             f"{staged}: move it there yourself, or pick an --out that holds only an earlier export")
+        previous = out.parent / f".{out.name}.previous"
+        if os.path.lexists(previous):
+            shutil.rmtree(previous)
+        os.rename(out, previous)
+        os.rename(staged, out)
+        shutil.rmtree(previous)
+    else:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(staged, out)
 
 
 def stage_export(work: Path, args: argparse.Namespace) -> None:
     from dartree.models.heads import GRUHead, MarkovHead
     from dartree.models.loaders import save_drafter, save_gru_head, save_markov_head
 
-    out = args.out
-    out.mkdir(parents=True, exist_ok=True)
+    final = Path(args.out)
+    out = final.parent / f".{final.name}.export"        # written here, then put in place whole (publish)
+    if os.path.lexists(out):
+        shutil.rmtree(out)                               # a killed export's
+    out.mkdir(parents=True)
     model = load_target(work)
     model.save_pretrained(out / "target")
     (out / "tokenizer.json").write_bytes((work / "tokenizer.json").read_bytes())
@@ -49,4 +90,5 @@ def stage_export(work: Path, args: argparse.Namespace) -> None:
             s.pop("history", None)
             stats[name] = s
     (out / "training_stats.json").write_text(json.dumps(stats, indent=1))
-    log(f"export: wrote {out}")
+    publish(out, final)
+    log(f"export: wrote {final}")

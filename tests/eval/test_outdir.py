@@ -295,6 +295,9 @@ def test_a_run_that_commits_nothing_removes_the_folders_it_made(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(ValueError, match="cannot write to"):
         open_run(tmp_path / "file" / "sub", BENCH_FILES)
+    (tmp_path / "dangling").symlink_to(tmp_path / "gone")
+    with pytest.raises(ValueError, match="dangling is a symbolic link to nothing, not a folder"):
+        open_run(tmp_path / "dangling", BENCH_FILES)
 
 
 def test_a_failed_run_through_dotdot_or_beaten_to_the_lock_removes_only_what_it_made(tmp_path, monkeypatch):

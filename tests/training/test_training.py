@@ -170,3 +170,28 @@ def test_heads_trained_side_by_side_are_clipped_apart():
     assert torch.allclose(a.detach(), torch.tensor([-0.1, 0.0, 0.0]))       # below the clip norm: untouched
     assert torch.allclose(b.detach(), torch.tensor([-1.0, 0.0, 0.0]))       # clipped to norm 1 alone
     assert state["step"] == 1
+
+
+def test_an_export_is_put_in_place_whole_or_not_at_all(tmp_path):
+    """The export stage wrote into --out in place (by default the package's own zoo): interrupted, it left
+    new weights beside old ones.  It now writes to a hidden folder and publish() puts that in place."""
+    from dartree.training.export import publish
+
+    def bundle(where, text):
+        (where / "target").mkdir(parents=True)
+        (where / "target" / "config.json").write_text(text)
+        (where / "tokenizer.json").write_text(text)
+        return where
+
+    out = tmp_path / "zoo" / "m"
+    publish(bundle(tmp_path / ".m.export", "one"), out)                     # a new --out: one rename
+    assert (out / "target" / "config.json").read_text() == "one" and not (tmp_path / ".m.export").exists()
+    (out.parent / ".m.previous").mkdir()                                    # a killed swap's leftover
+    publish(bundle(tmp_path / "zoo" / ".m.export", "two"), out)
+    assert (out / "tokenizer.json").read_text() == "two"
+    assert sorted(p.name for p in out.parent.iterdir()) == ["m"]            # the earlier bundle removed
+    (out / "notes.txt").write_text("mine")
+    staged = bundle(tmp_path / "zoo" / ".m.export", "three")
+    with pytest.raises(ValueError, match=r"--out: .* holds \['notes.txt'\], which an export does not write"):
+        publish(staged, out)
+    assert (out / "tokenizer.json").read_text() == "two" and (out / "notes.txt").exists() and staged.exists()
