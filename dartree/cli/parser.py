@@ -42,8 +42,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         # (2026-12-01 22:48, dartree-pruned B=16); the demo takes about 3 min instead of 1.5-2.
         # 16 calibration prompts a dataset: the rounds 8 of them take moved the forecast by -23% / +24%
         # against the 8 evaluation prompts (HumanEval / stdlib), 16 by -10% / +5% (B=16 W=8, a perfect cost model;
-        # benchmarks/forecast_proxies.py prints the per-prompt rounds); the tuner replays every setting
-        # from blocks drafted once per prompt (ReplayBlocks), so 16 tune faster than 8 did (2026-12-02)
+        # benchmarks/forecast_proxies.py prints these errors); the tuner replays every setting
+        # from blocks drafted once per prompt (ReplayBlocks): the demo took 93-108 s, 118-123 s with 8 before
         "num_prompts": 8,
         "calibration_prompts": 16,
         "max_new_tokens": 64,
