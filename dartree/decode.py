@@ -40,8 +40,9 @@ Decoding
 prefill runs the whole prompt and scores its last position only (as the references do); that
 gives the first new token, which is the first round's root, so ``1 + sum(r.committed for r in
 rounds) == len(tokens)``.  Every round is one drafter call, one build, one target forward.
-:mod:`dartree.batch` runs the same round on many rows; the pieces both share are public in
-:mod:`dartree.rounds`.  Stopping: at ``max_new_tokens`` (an accepted path is truncated exactly there) or at
+:mod:`dartree.engine` is the one round, batch-first: ``generate`` is a batch of one,
+``generate_batch`` and :mod:`dartree.serve` run it on many rows, :func:`generate_ar` without a drafter.
+Stopping: at ``max_new_tokens`` (an accepted path is truncated exactly there) or at
 the first stop token (included).  Per round we record the accepted length, the tree size and the
 wall time of each stage (:class:`RoundStats`); ``tau`` is the mean committed per round.
 """
@@ -54,28 +55,20 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import Tensor, nn
 
-from dartree.batch import generate_batch
 from dartree.block import CorrectionHead, DraftBlock
-from dartree.builders import TreeBuilder, checked_tree
+from dartree.builders import TreeBuilder
+from dartree.engine import Engine
 from dartree.models.target import HFTarget
 from dartree.rounds import (
     ROUND_STAGES,
     STOP_REASONS,
-    Clock,
     GenerationResult,
     RoundStats,
-    TimedRows,
-    WalkRows,
     as_target,
-    check_block,
     check_request,
-    first_tokens,
-    fit_tree,
-    scored_rows,
-    truncate,
+    check_requests,
 )
-from dartree.verify.accept import verify_greedy, verify_sampled, walk_greedy, walk_greedy_logits, walk_sampled
-from dartree.verify.sampling import KeyedSampler, Sampler, sample_checked
+from dartree.verify.sampling import Sampler
 from dartree.verify.timing import check_head, timed_head
 
 __all__ = ["Drafter", "RoundStats", "GenerationResult", "SpeculativeDecoder", "generate_ar", "STOP_REASONS",
@@ -167,91 +160,22 @@ class SpeculativeDecoder:
         Shape:
             input_ids: integer ``[L]`` or ``[1, L]``, ``L >= 1``.
         """
-        target, drafter = self.target, self.drafter
-        req = check_request(target, input_ids, max_new_tokens, temperature, sampler, stop_token_ids)
-        clock = Clock(target.device)
-        length = req.prompt.shape[1]
-        out = target.prefill(req.prompt, logits="last")
-        drafter.reset()
-        drafter.append_context(out.hidden, req.prompt.clone())   # its own copy: the result keeps req.prompt
-        root = first_tokens(out.logits[:, -1], (req,), torch.full((1,), length, device=target.device))
-        first = int(root[0])            # one sync, on purpose: the first token may be a stop token
-        generated, stopped = [first], first in req.stop
-        # on the CPU, greedy or with a keyed sampler (its draw at a node depends on nothing else: walk_sampled
-        # equals verify_sampled), the walk draws only at the nodes it visits, and while walks are short the LM
-        # head runs only there too (WalkRows; scores_rows_apart: probed once per target)
-        walks = (req.sampler is None or type(req.sampler) is KeyedSampler) and target.device.type == "cpu"
-        policy = WalkRows(walks and target.scores_rows_apart)
-        prefill_s = clock.lap()
+        req = check_request(self.target, input_ids, max_new_tokens, temperature, sampler, stop_token_ids)
+        engine = self.engine(req.temperature, req.sampler, single=True)
+        engine.admit([req])
         if on_round is not None:
-            on_round(None, [first])
+            on_round(None, list(engine.generated[0]))
+            engine.on_round = lambda q, stats, kept: on_round(stats, kept)
+        engine.run()
+        return engine.result(0)
 
-        rounds: list[RoundStats] = []
-        while len(generated) < req.max_new_tokens and not stopped:
-            prefix = target.length
-            block = drafter.draft(root)
-            check_block(block, root, target.vocab_size)
-            draft_s = clock.lap()
-            timed = self._timed_head
-            # a user builder's tree is checked before the target sees it (~0.1-0.3 ms of numpy on the CPU
-            # in a round; on an accelerator one host sync, on purpose: a bad tree must fail here, not
-            # inside the target); dartree's own strategies build decodable trees by construction and skip it
-            tree = fit_tree(checked_tree(self.builder, self.builder.build(block, timed), block), block.gamma,
-                            (prefix,), prefix, target)
-            build_s = clock.lap()
-            head_s, head_calls = (0.0, 0) if timed is None else (timed.take(), timed.take_calls())
-            inputs = target.tree_inputs(tree)
-            mask_s = clock.lap()
-            lazy = policy.logits(inputs.input_ids.shape[1]) == "root"
-            scored = target.forward_tree(inputs, logits="root" if lazy else "all")
-            target_s = clock.lap()
-            if lazy:
-                rows = TimedRows(target, scored.final)
-                if req.sampler is None:
-                    result = walk_greedy(tree, scored.logits[:, 0], rows)
-                else:
-                    result = walk_sampled(tree, scored.logits[:, 0], rows, req.temperature, req.sampler, prefix)
-            elif req.sampler is None:
-                result = walk_greedy_logits(tree, scored.logits) if walks else verify_greedy(tree, scored.logits)
-            elif walks:           # every node scored, drawn only where the walk goes
-                result = walk_sampled(tree, scored.logits[:, 0], scored_rows(scored.logits), req.temperature,
-                                      req.sampler, prefix)
-            else:
-                result = verify_sampled(tree, scored.logits, req.temperature, req.sampler, prefix)
-            verify_s = target_s + clock.lap()
-            if lazy:
-                target_s += rows.seconds                # LM-head rows of the walk are target work
-            # One host sync per round, on purpose: the loop must know how many tokens were committed
-            # (to size the cache and to check stop tokens).  Tokens and tree size come back together.
-            n = result.tokens.shape[1]
-            host = torch.cat([result.tokens[0], result.accepted[0], tree.num_nodes]).tolist()
-            tree_size, row, path = host[-1] - 1, host[:n], host[n:2 * n]
-            committed = row[: row.index(-1)] if -1 in row else row
-            accepted_length = len(committed) - 1
-            policy.record(len(committed))
-            kept, stopped = truncate(committed, req.max_new_tokens - len(generated), req.stop)
-            count = len(kept)
-            target.commit(result.accepted, count, path[:count])   # prefix + root + (count - 1) accepted nodes
-            hidden = None
-            if scored.hidden is not None:
-                hidden = torch.gather(scored.hidden, 1, result.accepted[:, :count, None].expand(
-                    -1, -1, scored.hidden.shape[-1]))
-            cached = torch.cat([root[:, None], result.tokens[:, : count - 1]], dim=1)
-            root = result.tokens[:, count - 1]
-            generated.extend(kept)
-            kv_s = clock.lap()
-            # held by a DFlash drafter until its next draft (one drafter forward per round)
-            drafter.append_context(hidden, cached)
-            context_s = clock.lap()
-            rounds.append(RoundStats(accepted_length, count, tree_size, draft_s, build_s, mask_s, verify_s,
-                                     kv_s + context_s, head_s, target_s, context_s, head_calls))
-            if on_round is not None:
-                on_round(rounds[-1], kept)
+    def engine(self, temperature: float = 0.0, sampler: Sampler | None = None, single: bool = False) -> Engine:
+        """A fresh :class:`~dartree.engine.Engine` over this decoder's target, drafter, builder and head
+        (``single``: the drafter used as is, for one request); ``sampler`` ``None`` is greedy."""
+        return Engine(self.target, self.drafter, self.builder, self._timed_head, temperature=temperature,
+                      sampler=sampler, single=single)
 
-        tokens = torch.tensor([generated], dtype=torch.int64, device=target.device)
-        return GenerationResult(tokens=tokens, prompt=req.prompt, rounds=tuple(rounds),
-                                stop_reason=STOP_REASONS[1] if stopped else STOP_REASONS[0], prefill_s=prefill_s)
-
+    @torch.inference_mode()      # as generate
     def generate_batch(
         self,
         prompts,
@@ -262,9 +186,15 @@ class SpeculativeDecoder:
     ) -> list[GenerationResult]:
         """Decode several prompts of any lengths together, all live rows per round; one result per prompt.
 
-        Each row equals :meth:`generate` on that prompt alone; see :func:`dartree.batch.generate_batch`.
+        Same arguments as :meth:`generate`, with ``prompts`` a sequence of integer ``[L]`` or ``[1, L]``
+        tensors of any lengths; one result per prompt, in order.  Each row equals :meth:`generate` on
+        that prompt alone (T=0, and T>0 with a ``KeyedSampler``).
         """
-        return generate_batch(self, prompts, max_new_tokens, temperature, sampler, stop_token_ids)
+        reqs = check_requests(self.target, prompts, max_new_tokens, temperature, sampler, stop_token_ids)
+        engine = self.engine(reqs[0].temperature, reqs[0].sampler)
+        engine.admit(reqs)
+        engine.run()
+        return [engine.result(q) for q in range(len(reqs))]
 
 
 @torch.inference_mode()      # as SpeculativeDecoder.generate
@@ -288,26 +218,7 @@ def generate_ar(
     if not isinstance(target, HFTarget):
         target = as_target(target, ())
     req = check_request(target, input_ids, max_new_tokens, temperature, sampler, stop_token_ids)
-    clock = Clock(target.device)
-    logits = target.prefill(req.prompt, logits="last").logits[:, -1]                # [1, V]
-    nxt = first_tokens(logits, (req,), torch.full((1,), target.length, device=target.device))
-    token = int(nxt[0])                # one sync per step, on purpose: stop tokens are checked on the host
-    generated, stopped = [token], token in req.stop
-    prefill_s = clock.lap()
-    rounds: list[RoundStats] = []
-    while len(generated) < req.max_new_tokens and not stopped:
-        logits = target.extend(nxt[:, None]).logits[:, -1]                      # [1, V]
-        target_s = clock.lap()
-        if req.sampler is None:
-            nxt = logits.argmax(dim=-1)
-        else:
-            position = torch.full((1,), target.length, dtype=torch.int64, device=target.device)
-            nxt = sample_checked(req.sampler, logits.float() / req.temperature, position).to(torch.int64)
-        verify_s = target_s + clock.lap()
-        token = int(nxt[0])            # one sync per step, on purpose: stop tokens are checked on the host
-        generated.append(token)
-        stopped = token in req.stop
-        rounds.append(RoundStats(0, 1, 0, 0.0, 0.0, 0.0, verify_s, clock.lap(), 0.0, target_s))
-    tokens = torch.tensor([generated], dtype=torch.int64, device=target.device)
-    return GenerationResult(tokens=tokens, prompt=req.prompt, rounds=tuple(rounds),
-                            stop_reason=STOP_REASONS[1] if stopped else STOP_REASONS[0], prefill_s=prefill_s)
+    engine = Engine(target, temperature=req.temperature, sampler=req.sampler, single=True)
+    engine.admit([req])
+    engine.run()
+    return engine.result(0)

@@ -1,7 +1,7 @@
 """Serve a list of prompts with ``concurrency`` requests in flight (continuous batching).
 
 ``serve(decoder, prompts, concurrency, ...)`` admits the first ``concurrency`` prompts, then runs
-batched rounds (:class:`dartree.batch.SpecBatch`, or :class:`dartree.batch.ARBatch` when given a
+batched rounds of :class:`dartree.engine.Engine` (speculative, or the AR baseline when given a
 target instead of a :class:`~dartree.decode.SpeculativeDecoder`); whenever rows finish, the next
 prompts take their slots (prefilled and added to the batch before the next round).  Each request's
 tokens equal what it would get alone.  ``ServeResult.tokens_per_s`` is the aggregate completion
@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from dartree.batch import ARBatch, SpecBatch
 from dartree.decode import SpeculativeDecoder
+from dartree.engine import Engine
 from dartree.models.target import HFTarget
 from dartree.rounds import GenerationResult, as_target, check_requests
 from dartree.verify.sampling import Sampler
@@ -63,12 +63,13 @@ def serve(
     """
     if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
         raise ValueError(f"concurrency: expected an int >= 1, got {concurrency!r}")
-    if isinstance(decoder, SpeculativeDecoder):
-        target, batch = decoder.target, SpecBatch(decoder)
-    else:
-        target = decoder if isinstance(decoder, HFTarget) else as_target(decoder, ())
-        batch = ARBatch(target)
+    target = decoder.target if isinstance(decoder, SpeculativeDecoder) else \
+        decoder if isinstance(decoder, HFTarget) else as_target(decoder, ())
     reqs = check_requests(target, prompts, max_new_tokens, temperature, sampler, stop_token_ids)
+    if isinstance(decoder, SpeculativeDecoder):
+        batch = decoder.engine(reqs[0].temperature, reqs[0].sampler)
+    else:
+        batch = Engine(target, temperature=reqs[0].temperature, sampler=reqs[0].sampler)
     start = time.perf_counter()
     nxt, steps = 0, 0
 

@@ -14,7 +14,6 @@ import dartree
 from dartree.batch import generate_ar_batch
 from dartree.batch_drafters import DFlashRows, RowsOfDrafters, batch_drafter
 from dartree.decode import SpeculativeDecoder, generate_ar
-from dartree.models.ragged import RaggedTarget
 from dartree.models.target import HFTarget
 from dartree.serve import serve
 from dartree.testing import OracleDrafter
@@ -121,7 +120,6 @@ def test_generate_batch_greedy_scores_only_the_walked_nodes(monkeypatch):
     """T=0 on the CPU: a batched round that scores the roots only runs the LM head on the nodes the greedy
     walk visits (as generate does); the first round scores every node (WalkRows); either way the tokens
     are those of the full-logits rounds."""
-    from dartree.models.ragged import RaggedTarget
     from dartree.rounds import WalkRows
 
     model = make_target()
@@ -130,9 +128,9 @@ def test_generate_batch_greedy_scores_only_the_walked_nodes(monkeypatch):
     assert target.scores_rows_apart
     builder, head = builder_and_head("ddtree")
     ways = []
-    forward = RaggedTarget.forward_tree
-    monkeypatch.setattr(RaggedTarget, "forward_tree", lambda self, tree, inputs=None, logits="all": ways.append(
-        logits) or forward(self, tree, inputs, logits=logits))
+    forward = HFTarget.forward_tree
+    monkeypatch.setattr(HFTarget, "forward_tree", lambda self, inputs, logits="all": ways.append(
+        logits) or forward(self, inputs, logits=logits))
     adaptive = SpeculativeDecoder(target, drafter, builder, head).generate_batch(PROMPTS, 10)
     assert ways[0] == "all"
     scored = []
@@ -158,8 +156,7 @@ def test_dflash_rows_draft_equals_single_draft(shift_label):
     rows = batch_drafter(drafter)
     assert isinstance(rows, DFlashRows)
     contexts = [p[:-1] for p in PROMPTS]
-    ragged = RaggedTarget(target)
-    out = ragged.prefill(contexts)
+    out = target.prefill(contexts)
     rows.start(len(contexts))
     m = out.hidden.shape[1]
     tokens = torch.stack([torch.cat([c, c.new_zeros(m - len(c))]) for c in contexts])
@@ -189,7 +186,7 @@ def test_ragged_cache_equals_fresh_prefill_after_each_commit(arch, attn, cache):
     model = model_for(arch, attn)
     target = HFTarget(model, cache=cache, max_cache_len=80 if cache == "static" else None)
     fresh = HFTarget(model)
-    ragged = RaggedTarget(target)
+    ragged = target                        # rows of different lengths in one cache
     seqs = [p[:-1].tolist() for p in PROMPTS]
     ragged.prefill([p[:-1] for p in PROMPTS])
     g = torch.Generator().manual_seed(3)
@@ -210,7 +207,7 @@ def test_ragged_cache_equals_fresh_prefill_after_each_commit(arch, attn, cache):
         b = len(seqs)
         sizes = [int(torch.randint(1, 7, (1,), generator=g)) for _ in range(b)]
         tree = random_tree(sizes, seed=step, vocab=128)
-        ragged.forward_tree(tree)
+        ragged.forward_tree(ragged.tree_inputs(tree))
         # accept a random root-to-node path in each row
         accepted, counts = torch.full((b, tree.max_nodes), -1), []
         for r in range(b):
@@ -286,9 +283,14 @@ def test_batch_errors_name_the_argument():
         dec.generate_batch([torch.tensor([1]), torch.tensor([], dtype=torch.int64)], 4)
     with pytest.raises(ValueError, match="max_new_tokens"):
         generate_ar_batch(model, [torch.tensor([1])], 0)
-    ragged = RaggedTarget(HFTarget(model))
+    ragged = HFTarget(model)
     ragged.prefill([torch.tensor([1, 2]), torch.tensor([3])])
     with pytest.raises(ValueError, match="rows"):
         ragged.keep_rows([0, 0])
-    with pytest.raises(ValueError, match="nodes"):
+    with pytest.raises(ValueError, match="accepted: no forward is pending"):
         ragged.commit(torch.zeros(2, 1, dtype=torch.int64), [1, 1])
+    ragged.forward_next(torch.tensor([4, 5]))
+    with pytest.raises(ValueError, match="count"):
+        ragged.commit(torch.zeros(2, 1, dtype=torch.int64), [1, 2])
+    with pytest.raises(ValueError, match="input_ids: extend"):
+        ragged.rollback() or ragged.extend(torch.tensor([[1], [2]]))

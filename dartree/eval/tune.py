@@ -495,7 +495,7 @@ def measure_verify_cost(model: torch.nn.Module, layer_ids: Sequence[int] = (), p
                         repeats: int = 5, rows: int = 1, logits: str = "all") -> VerifyCost:
     """Median seconds of tree inputs + tree forward for each tree size in ``sizes`` (root included).
 
-    ``rows > 1`` times one batched forward of ``rows`` trees of that size (a :class:`RaggedTarget`
+    ``rows > 1`` times one batched forward of ``rows`` trees of that size (an :class:`HFTarget`
     with ``rows`` prefixes): the verify cost of a round at concurrency ``rows``.  ``logits="root"``
     runs the LM head on the roots only, as the batched greedy round on the CPU does (the walk scores
     the accepted nodes afterwards), and times one such row (``row_s``); ``"walk"`` (one request) times
@@ -503,8 +503,6 @@ def measure_verify_cost(model: torch.nn.Module, layer_ids: Sequence[int] = (), p
     plus ``row_s``: the two ways single-request decoding chooses between (:class:`dartree.rounds.WalkRows`).
     The prefix is random tokens (attention cost depends on its length, not on its content).
     """
-    from dartree.models.ragged import RaggedTarget
-
     sizes = tuple(sorted(set(int(s) for s in sizes)))
     if not sizes or sizes[0] < 1:
         raise ValueError(f"sizes: need tree sizes >= 1, got {sizes}")
@@ -518,12 +516,7 @@ def measure_verify_cost(model: torch.nn.Module, layer_ids: Sequence[int] = (), p
     target = HFTarget(model, layer_ids=tuple(layer_ids))
     gen = torch.Generator().manual_seed(0)
     prefix = torch.randint(0, target.vocab_size, (rows, prefix_len), generator=gen).to(target.device)
-    ragged = None
-    if rows == 1:
-        target.prefill(prefix)
-    else:
-        ragged = RaggedTarget(target)
-        ragged.prefill(list(prefix))
+    target.prefill(list(prefix))
     ways = ("all", "root") if logits == "walk" else (logits,)
     final = None
     trees = [_synthetic_tree(n, gamma, target.device, rows) for n in sizes]
@@ -536,14 +529,11 @@ def measure_verify_cost(model: torch.nn.Module, layer_ids: Sequence[int] = (), p
             for way in ways:
                 _sync(target.device)
                 start = time.perf_counter()
-                if ragged is None:
-                    out = target.forward_tree(target.tree_inputs(tree), logits=way)
-                    final = out.final if out.final is not None else final
-                else:
-                    ragged.forward_tree(tree, logits=way)
+                out = target.forward_tree(target.tree_inputs(tree), logits=way)
+                final = out.final if out.final is not None else final
                 _sync(target.device)
                 times[(n, way)].append(time.perf_counter() - start)
-                (target if ragged is None else ragged).rollback()
+                target.rollback()
     seconds = {way: [statistics.median(times[(n, way)][1:]) for n in sizes] for way in ways}
     row_s = 0.0
     if logits != "all" and final is not None:           # the walk's rows: one LM-head row per accepted node

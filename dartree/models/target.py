@@ -17,7 +17,11 @@ along the feature axis in ``layer_ids`` order: drafters condition on them.
 
 Supported attention implementations: ``eager`` (additive float tree mask) and ``sdpa`` (bool).
 Caches: ``"dynamic"`` (``DynamicCache``) or ``"static"`` (``StaticCache`` of ``max_cache_len``).
-Batched forwards are supported with one shared prefix length (rows of equal length).
+Rows of different lengths share the cache, right-padded (:attr:`HFTarget.lengths`): row ``r`` holds its
+committed slots in columns ``[0, lengths[r])``; a forward of ``n`` new slots per row is written at columns
+``[length, length + n)`` with per-row positions and masks, and ``commit`` moves each row's kept slots to
+the end of its own prefix (rows of one length take the in-place single-row path).  ``keep_rows`` drops
+finished rows, ``add_rows`` prefills new ones beside the live rows (continuous batching).
 
 perf: a Llama-family model (``dartree.models.lean.MODEL_TYPES``) runs through
 :class:`dartree.models.lean.LeanForward`, the same computation without HF's module machinery
@@ -37,7 +41,7 @@ from transformers.cache_utils import Cache, DynamicCache, StaticCache
 
 from dartree.models.lean import LeanForward, lean_forward
 from dartree.tree import DraftTree
-from dartree.verify.cache import compact_tail
+from dartree.verify.cache import cache_layers, compact_tail, cut_cache, merge_rows, move_slots, select_rows
 from dartree.verify.inputs import ATTENTION_IMPLEMENTATIONS, TreeInputBuffer, TreeInputs, tree_inputs
 
 __all__ = ["HFTarget", "TargetOutput", "CACHE_KINDS"]
@@ -220,8 +224,10 @@ class HFTarget:
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
         self._cache: Cache | None = None
-        self._length = 0            # committed slots in the cache (Python int: no device sync)
-        self._pending: int | None = None   # tree slots appended by forward_tree, awaiting commit
+        self._lengths: list[int] = []   # committed slots per row (Python ints: no device sync)
+        self._width = 0                 # max(_lengths): cache columns in use
+        self._uniform = True            # every row holds _width slots (no padding columns)
+        self._pending: int | None = None   # slots appended by forward_tree / forward_next, awaiting commit
         self._inputs = TreeInputBuffer(self.device)
         self._lm_head = model.get_output_embeddings()
         self._first = torch.zeros(1, dtype=torch.int64, device=self.device)
@@ -251,14 +257,27 @@ class HFTarget:
         return self._cache
 
     @property
+    def lengths(self) -> list[int]:
+        """Committed slots of each row (Python ints: no device sync; a copy)."""
+        return list(self._lengths)
+
+    @property
+    def batch_size(self) -> int:
+        return len(self._lengths)
+
+    @property
     def length(self) -> int:
-        """Committed slots in the cache (excludes pending tree slots)."""
-        return self._length
+        """Cache columns in use: the longest row's committed slots (excludes pending tree slots)."""
+        return self._width
 
     @property
     def capacity(self) -> int | None:
         """Most slots the cache can hold (``None``: unbounded dynamic cache)."""
         return self.max_cache_len
+
+    def lengths_tensor(self) -> Tensor:
+        """int64 ``[b]`` committed slots per row, on the target's device."""
+        return torch.tensor(self._lengths, dtype=torch.int64, device=self.device)
 
     def _new_cache(self) -> Cache:
         if self.cache_kind == "static":
@@ -268,8 +287,13 @@ class HFTarget:
     def reset(self) -> None:
         """Forget everything: a fresh, empty cache."""
         self._cache = self._new_cache()
-        self._length = 0
+        self._set_lengths([])
         self._pending = None
+
+    def _set_lengths(self, lengths: list[int]) -> None:
+        self._lengths = lengths
+        self._width = max(lengths, default=0)
+        self._uniform = all(n == self._width for n in lengths)
 
     # --------------------------------------------------------------------------------- forwards
     def _check_ids(self, input_ids: Tensor) -> None:
@@ -351,30 +375,87 @@ class HFTarget:
         return self._lm_head(final)
 
     def _check_room(self, count: int, name: str) -> None:
-        if self.max_cache_len is not None and self._length + count > self.max_cache_len:
-            raise ValueError(f"{name}: {count} more slots exceed the static cache's capacity "
-                             f"{self.max_cache_len} (holding {self._length})")
+        if self.max_cache_len is not None and self._width + count > self.max_cache_len:
+            raise ValueError(f"{name}: {count} more slots after the longest row ({self._width}) exceed the static "
+                             f"cache's capacity {self.max_cache_len}")
+
+    def _check_idle(self, name: str) -> None:
+        if self._pending is not None:
+            raise ValueError(f"{name}: a forward is pending; commit or rollback first")
+
+    def _kv_len(self, n: int) -> int:
+        return self.max_cache_len if self.cache_kind == "static" else self._width + n
 
     @torch.no_grad()
-    def prefill(self, input_ids: Tensor, logits: str = "all") -> TargetOutput:
-        """Reset the cache and run ``input_ids`` causally (``m = 0`` gives empty outputs).
+    def prefill(self, input_ids: Tensor | list[Tensor], logits: str = "all") -> TargetOutput:
+        """Reset the cache and run the prompt rows causally.
 
-        ``logits="last"`` runs the LM head on the last position only (the one that predicts the first
-        new token; ``logits_to_keep=1``, as the references prefill), ``"all"`` on every position.
+        ``input_ids``: int64 ``[b, m]`` (rows of one length) or a list of 1-D int64 contexts of any
+        lengths (rows right-padded in the cache; outputs padded to the longest; entries past a row's
+        length are padding).  ``logits="last"`` runs the LM head on each row's last position only (the
+        one that predicts the first new token; ``logits_to_keep``, as the references prefill), ``"all"``
+        on every position.
 
         Shape:
             input_ids: int64 ``[b, m]`` -> logits ``[b, m, V]`` (``[b, 1, V]`` for ``"last"``).
         """
+        if logits not in ("all", "last"):
+            raise ValueError(f"logits: expected 'all' or 'last', got {logits!r}")
+        if isinstance(input_ids, list | tuple):
+            lengths = [int(c.shape[0]) for c in input_ids]
+            if not lengths:
+                raise ValueError("input_ids: expected at least one row")
+            if len(set(lengths)) > 1:
+                return self._prefill_ragged(list(input_ids), lengths, logits)
+            input_ids = torch.stack([c.to(self.device, torch.int64) for c in input_ids])
         self._check_ids(input_ids)
         if self.max_cache_len is not None and input_ids.shape[1] > self.max_cache_len:
             raise ValueError(f"input_ids: {input_ids.shape[1]} tokens exceed the static cache's capacity "
                              f"{self.max_cache_len}")
         self.reset()
+        self._set_lengths([0] * input_ids.shape[0])
         return self.extend(input_ids, logits)
+
+    def _prefill_ragged(self, contexts: list[Tensor], lengths: list[int], logits: str) -> TargetOutput:
+        m, b = max(lengths), len(contexts)
+        if self.capacity is not None and m > self.capacity:
+            raise ValueError(f"input_ids: {m} tokens exceed the static cache's capacity {self.capacity}")
+        if logits == "last" and min(lengths) == 0:
+            raise ValueError("input_ids: logits='last' needs at least one token in every row")
+        self.reset()
+        ids = torch.zeros(b, m, dtype=torch.int64, device=self.device)
+        for r, c in enumerate(contexts):
+            ids[r, : lengths[r]] = c.to(self.device)
+        self._set_lengths(lengths)
+        kv = self.max_cache_len if self.cache_kind == "static" else m
+        q = torch.arange(m, device=self.device)[:, None]
+        k = torch.arange(kv, device=self.device)[None, :]
+        own = self.lengths_tensor()[:, None, None]
+        # causal within the row's own tokens; a padding query sees only itself (a finite softmax row)
+        mask = (k <= q)[None] & ((k < own) | (k == q)[None])
+        keep = None
+        if logits == "last":
+            ends = sorted({n - 1 for n in lengths})           # HF keeps these columns for every row
+            keep = torch.tensor(ends, dtype=torch.int64, device=self.device)
+        out = self._run(ids, torch.arange(m, device=self.device).expand(b, m), self._mask(mask[:, None]), keep=keep)
+        if keep is not None:
+            column = torch.tensor([ends.index(n - 1) for n in lengths], dtype=torch.int64, device=out.logits.device)
+            out = TargetOutput(out.logits[torch.arange(b, device=column.device), column][:, None], out.hidden,
+                               out.final)
+        cut_cache(self._cache, self._width)
+        return out
+
+    def _mask(self, mask: Tensor) -> Tensor:
+        """A bool attention mask in the form the attention implementation takes (eager: additive float)."""
+        if self.attn_implementation == "eager":
+            low = torch.full((), torch.finfo(self.dtype).min, dtype=self.dtype, device=mask.device)
+            return torch.where(mask, torch.zeros((), dtype=self.dtype, device=mask.device), low)
+        return mask
 
     @torch.no_grad()
     def extend(self, input_ids: Tensor, logits: str = "all") -> TargetOutput:
-        """Append ``input_ids`` to the committed cache with causal attention (``logits`` as in :meth:`prefill`).
+        """Append ``input_ids`` to the committed cache of rows of one length, with causal attention
+        (``logits`` as in :meth:`prefill`).
 
         Shape:
             input_ids: int64 ``[b, m]``.
@@ -382,41 +463,49 @@ class HFTarget:
         self._check_ids(input_ids)
         if logits not in ("all", "last"):
             raise ValueError(f"logits: expected 'all' or 'last', got {logits!r}")
-        if self._pending is not None:
-            raise ValueError("input_ids: a tree forward is pending; commit or rollback first")
+        self._check_idle("input_ids")
         if self._cache is None:
             self.reset()
         b, m = input_ids.shape
+        if not self._lengths:
+            self._set_lengths([0] * b)
+        if not self._uniform or b != len(self._lengths):
+            raise ValueError(f"input_ids: extend appends to {len(self._lengths)} rows of one length; the cache holds "
+                             f"rows of lengths {self._lengths} (use forward_next / forward_tree)")
         if m == 0:
             width = len(self.layer_ids) * self.hidden_size
             hidden = torch.zeros(b, 0, width, dtype=self.dtype, device=self.device) if self.layer_ids else None
             return TargetOutput(torch.zeros(b, 0, self.vocab_size, dtype=self.dtype, device=self.device), hidden)
         self._check_room(m, "input_ids")
-        positions = torch.arange(self._length, self._length + m, device=self.device).expand(b, m)
+        positions = torch.arange(self._width, self._width + m, device=self.device).expand(b, m)
         out = self._run(input_ids.to(self.device), positions, None, keep=1 if logits == "last" and m > 1 else None)
-        self._length += m
+        self._set_lengths([self._width + m] * b)
         return out
 
     def tree_inputs(self, tree: DraftTree) -> TreeInputs:
-        """Inputs that score ``tree`` right after the committed cache (see ``dartree.verify.tree_inputs``).
+        """Inputs that score row ``r`` of ``tree`` right after that row's committed slots (columns from
+        :attr:`length`; see ``dartree.verify.tree_inputs``).
 
-        A one-row tree (the decoding loop) is filled into this target's :class:`TreeInputBuffer`: the
-        returned mask is a view that the next ``tree_inputs`` call overwrites, so use it (forward it)
+        A one-row tree (single-request decoding) is filled into this target's :class:`TreeInputBuffer`:
+        the returned mask is a view that the next ``tree_inputs`` call overwrites, so use it (forward it)
         before asking for the next one.
         """
         if not isinstance(tree, DraftTree):
             raise ValueError(f"tree: expected a DraftTree, got {type(tree).__name__}")
-        if self.max_cache_len is not None and self._length + tree.max_nodes > self.max_cache_len:
-            raise ValueError(f"tree: {tree.max_nodes} nodes after {self._length} cached slots exceed the static "
-                             f"cache's capacity {self.max_cache_len}")
+        if tree.batch_size != max(1, len(self._lengths)):
+            raise ValueError(f"tree: {tree.batch_size} rows, the cache holds {len(self._lengths)}")
+        self._check_room(tree.max_nodes, "tree")
         kv_len = self.max_cache_len if self.cache_kind == "static" else None
         if tree.batch_size == 1 and tree.device == self.device:    # the decoding loop: refill buffers
-            return self._inputs.fill(tree, self._length, kv_len=kv_len)
-        return tree_inputs(tree, self._length, kv_len=kv_len)
+            return self._inputs.fill(tree, self._width, kv_len=kv_len)
+        if self._uniform:
+            return tree_inputs(tree, self._width, kv_len=kv_len)
+        return tree_inputs(tree, self.lengths_tensor().to(tree.device), cache_len=self._width,
+                           kv_len=self._kv_len(tree.max_nodes))
 
     @torch.no_grad()
     def forward_tree(self, inputs: TreeInputs, logits: str = "all") -> TargetOutput:
-        """Score every tree node in one forward; the n node slots stay in the cache until ``commit``.
+        """Score every tree node of every row in one forward; the n node slots stay in the cache until ``commit``.
 
         ``logits="root"`` runs the LM head on node 0 only and returns the final hidden states of
         every node in ``final`` (see :attr:`scores_rows_apart`); ``"all"`` scores every node.
@@ -426,43 +515,126 @@ class HFTarget:
         """
         if logits not in ("all", "root"):
             raise ValueError(f"logits: expected 'all' or 'root', got {logits!r}")
-        if self._pending is not None:
-            raise ValueError("inputs: a tree forward is already pending; commit or rollback first")
+        self._check_idle("inputs")
         if self._cache is None:
             self.reset()
         n = inputs.input_ids.shape[1]
-        expected = self.max_cache_len if self.cache_kind == "static" else self._length + n
-        if inputs.kv_len != expected:
-            raise ValueError(f"inputs: built for {inputs.kv_len} key columns, the cache needs {expected}; "
-                             f"build them with target.tree_inputs(tree)")
+        if inputs.kv_len != self._kv_len(n) or inputs.input_ids.shape[0] != max(1, len(self._lengths)):
+            raise ValueError(f"inputs: built for {inputs.kv_len} key columns and {inputs.input_ids.shape[0]} rows, "
+                             f"the cache needs {self._kv_len(n)}; build them with target.tree_inputs(tree)")
         self._check_room(n, "inputs")
         mask = inputs.mask_for(self.attn_implementation, self.dtype)
-        out = self._run(inputs.input_ids, inputs.position_ids, mask, root_only=logits == "root")
+        out = self._run(inputs.input_ids.to(self.device), inputs.position_ids.to(self.device), mask,
+                        root_only=logits == "root")
+        if not self._lengths:
+            self._set_lengths([0] * inputs.input_ids.shape[0])
         self._pending = n
         return out
 
     @torch.no_grad()
-    def commit(self, accepted: Tensor, count: int, host_nodes: list[int] | None = None) -> None:
-        """Keep the prefix plus the first ``count`` accepted nodes (root first) of the pending tree.
+    def forward_next(self, ids: Tensor) -> TargetOutput:
+        """One causal step per row (the AR round): ``ids[r]`` at position ``lengths[r]``; pending until commit.
+
+        Shape:
+            ids: int64 ``[b]`` -> logits ``[b, 1, V]``.
+        """
+        self._check_idle("ids")
+        b = len(self._lengths)
+        if ids.shape != (b,):
+            raise ValueError(f"ids: expected shape [{b}], got {tuple(ids.shape)}")
+        self._check_room(1, "ids")
+        w = self._width
+        if self._uniform:                   # no padding column: plain causal attention
+            positions, mask = torch.full((b, 1), w, dtype=torch.int64, device=self.device), None
+        else:
+            lengths = self.lengths_tensor()
+            cols = torch.arange(self._kv_len(1), device=self.device)[None, :]
+            positions, mask = lengths[:, None], self._mask(((cols < lengths[:, None]) | (cols == w))[:, None, None])
+        out = self._run(ids[:, None].to(self.device), positions, mask)
+        self._pending = 1
+        return out
+
+    @torch.no_grad()
+    def commit(self, accepted: Tensor, count: int | list[int], host_nodes: list[int] | None = None) -> None:
+        """Keep, per row, the committed prefix plus the first ``count`` (or ``count[r]``) accepted
+        pending slots, root first; rows then grow by different amounts.
 
         ``host_nodes``: optionally ``accepted[0, :count]`` as a Python list (batch 1), when the caller
         has it on the host: nodes already in place are then not copied (see ``compact_tail``).
 
         Shape:
-            accepted: int64 ``[b, n]`` (``VerifyResult.accepted``).
+            accepted: int64 ``[b, c]`` pending slot indices (``VerifyResult.accepted``; -1 past a row's
+            count is fine), ``c >= max(count)``.
         """
         if self._pending is None:
-            raise ValueError("accepted: no tree forward is pending")
-        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= self._pending:
-            raise ValueError(f"count: expected an int in [1, {self._pending}], got {count!r}")
-        compact_tail(self._cache, self._length, accepted[:, :count].to(self.device), host_nodes)
-        self._length += count
+            raise ValueError("accepted: no forward is pending")
+        b, pending = len(self._lengths), self._pending
+        counts = [count] * b if isinstance(count, int) and not isinstance(count, bool) else count
+        if not isinstance(counts, list) or len(counts) != b or any(
+                isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= pending for k in counts):
+            raise ValueError(f"count: expected an int (or {b} ints) in [1, {pending}], got {count!r}")
+        c, w = max(counts), self._width
+        if accepted.dim() != 2 or accepted.shape[0] != b or accepted.shape[1] < c:
+            raise ValueError(f"accepted: expected int64 [{b}, >= {c}], got {tuple(accepted.shape)}")
+        if self._uniform and min(counts) == c:      # rows of one length stay so: keep the tail in place
+            if c < pending or host_nodes != list(range(c)):     # else every pending slot is kept where it is
+                compact_tail(self._cache, w, accepted[:, :c].to(self.device), host_nodes)
+            self._set_lengths([w + c] * b)
+        else:
+            lengths = self.lengths_tensor()
+            cols = torch.arange(c, device=self.device)
+            move_slots(self._cache, accepted[:, :c].clamp(min=0).to(self.device) + w, lengths[:, None] + cols)
+            self._set_lengths([n + k for n, k in zip(self._lengths, counts, strict=True)])
+            cut_cache(self._cache, self._width)
         self._pending = None
 
     @torch.no_grad()
     def rollback(self) -> None:
-        """Drop the pending tree slots (nothing committed)."""
+        """Drop the pending slots of every row (nothing committed)."""
         if self._pending is None:
             return
-        self._cache.crop(-self._pending)
+        cut_cache(self._cache, self._width)
         self._pending = None
+
+    @torch.no_grad()
+    def keep_rows(self, rows: list[int]) -> None:
+        """Keep only ``rows`` (in that order); the others leave the batch and stop costing (``[]``: empty)."""
+        self._check_idle("rows")
+        b = len(self._lengths)
+        if any(isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < b for r in rows) \
+                or len(set(rows)) != len(rows):
+            raise ValueError(f"rows: expected distinct row indices in [0, {b}), got {rows}")
+        if rows == list(range(b)):
+            return
+        if not rows:
+            self.reset()
+            return
+        select_rows(self._cache, rows)
+        self._set_lengths([self._lengths[r] for r in rows])
+        cut_cache(self._cache, self._width)
+
+    @torch.no_grad()
+    def add_rows(self, contexts: list[Tensor], logits: str = "all") -> TargetOutput:
+        """Append new rows, prefilled with ``contexts`` (1-D int64 each), after the current ones: a freed
+        slot takes a new request.  The new rows are prefilled in a cache of their own, then both caches are
+        padded to the wider width and concatenated along the batch.  Returns the new rows' prefill outputs
+        (as :meth:`prefill` of a list).
+        """
+        self._check_idle("contexts")
+        if not self._lengths:
+            return self.prefill(list(contexts), logits)
+        old_cache, old_lengths = self._cache, self._lengths
+        out = self.prefill(list(contexts), logits)                # into a fresh cache
+        new_lengths = self._lengths
+        lengths = old_lengths + new_lengths
+        merge_rows(old_cache, self._cache, (len(old_lengths), len(new_lengths)), max(lengths))
+        self._cache = old_cache
+        self._set_lengths(lengths)
+        cut_cache(self._cache, self._width)
+        return out
+
+    def row_cache(self, row: int) -> list[tuple[Tensor, Tensor]]:
+        """Per layer, the committed keys and values of ``row``: ``[1, heads, lengths[row], d]`` each (tests)."""
+        n = self._lengths[row]
+        return [(layer.keys[row: row + 1, :, :n], layer.values[row: row + 1, :, :n])
+                for layer in cache_layers(self._cache) if layer.is_initialized]

@@ -19,7 +19,8 @@ from transformers.cache_utils import Cache, DynamicLayer, StaticLayer
 
 from dartree import native
 
-__all__ = ["keep_indices", "gather_cache", "compact_tail", "cache_length", "cache_layers"]
+__all__ = ["keep_indices", "gather_cache", "compact_tail", "cache_length", "cache_layers", "move_slots", "cut_cache",
+           "select_rows", "merge_rows"]
 
 
 def cache_layers(cache: Cache) -> list:
@@ -185,3 +186,87 @@ def _move_rows(lib, layer, dst: int, rows: np.ndarray) -> bool:
         if lib.move_rows(raw, b * heads, cap, d * buf.element_size(), dst, rows):
             return False              # refused before any write: only the first buffer can refuse, rows are shared
     return True
+
+
+# ---------------------------------------------------------------------------------- ragged rows
+# A batch of rows of different lengths shares one cache, right-padded: row r holds its committed slots in
+# columns [0, lengths[r]); columns up to the longest row are padding no real query attends to.
+
+
+def move_slots(cache: Cache, src: Tensor, dst: Tensor) -> None:
+    """Per row, copy the slots ``src[r]`` to the columns ``dst[r]`` (gathered first: overlap is safe).
+
+    Shape:
+        src, dst: int64 ``[b, c]`` column indices (every one below the layer's length; not checked).
+    """
+    for layer in cache_layers(cache):
+        if not layer.is_initialized:
+            continue
+        b, heads, _, d = layer.keys.shape
+        c = src.shape[1]
+        s = src.to(layer.keys.device)[:, None, :, None]
+        t = dst.to(layer.keys.device)[:, None, :, None]
+        keys = torch.gather(layer.keys, 2, s.expand(b, heads, c, d))
+        values = torch.gather(layer.values, 2, s.expand(b, heads, c, layer.values.shape[-1]))
+        layer.keys.scatter_(2, t.expand(b, heads, c, d), keys)
+        layer.values.scatter_(2, t.expand(b, heads, c, layer.values.shape[-1]), values)
+
+
+def cut_cache(cache: Cache, width: int) -> None:
+    """Hold exactly ``width`` columns: a view of a dynamic layer, a static layer's length."""
+    for layer in cache_layers(cache):
+        if not layer.is_initialized:
+            continue
+        if isinstance(layer, StaticLayer):
+            layer.cumulative_length.fill_(width)
+        else:
+            layer.keys = layer.keys[:, :, :width]
+            layer.values = layer.values[:, :, :width]
+
+
+def select_rows(cache: Cache, rows: list[int]) -> None:
+    """Keep only the batch rows ``rows`` of every layer, in that order."""
+    layers = [layer for layer in cache_layers(cache) if layer.is_initialized]
+    if not layers:
+        return
+    index = torch.tensor(rows, dtype=torch.int64, device=layers[0].keys.device)
+    for layer in layers:
+        layer.keys = layer.keys.index_select(0, index)
+        layer.values = layer.values.index_select(0, index)
+        if isinstance(layer, StaticLayer):
+            layer.batch_size = len(rows)
+
+
+def _padded_to(layer, like, rows: int, width: int, name: str) -> Tensor:
+    """``layer``'s keys or values, cut or zero-padded to ``width`` columns (a static layer keeps its
+    capacity); zeros of ``like``'s shape for a layer that holds nothing yet."""
+    ref = getattr(like, name)
+    if not layer.is_initialized:
+        size = ref.shape[2] if isinstance(like, StaticLayer) else width
+        return ref.new_zeros(rows, ref.shape[1], size, ref.shape[3])
+    x = getattr(layer, name)
+    if isinstance(layer, StaticLayer):
+        return x
+    x = x[:, :, :width]
+    if x.shape[2] < width:
+        x = torch.cat([x, x.new_zeros(x.shape[0], x.shape[1], width - x.shape[2], x.shape[3])], dim=2)
+    return x
+
+
+def merge_rows(cache: Cache, other: Cache, rows: tuple[int, int], width: int) -> None:
+    """Append ``other``'s batch rows after ``cache``'s, both padded to ``width`` columns (in place in ``cache``).
+
+    ``rows``: the batch sizes of ``cache`` and ``other``.
+    """
+    mine, theirs = cache_layers(cache), cache_layers(other)
+    for layer, fresh in zip(mine, theirs, strict=True):
+        if not layer.is_initialized and not fresh.is_initialized:
+            continue
+        like = layer if layer.is_initialized else fresh
+        keys = [_padded_to(x, like, n, width, "keys") for x, n in ((layer, rows[0]), (fresh, rows[1]))]
+        values = [_padded_to(x, like, n, width, "values") for x, n in ((layer, rows[0]), (fresh, rows[1]))]
+        if not layer.is_initialized:             # take the other cache's initialised layer over
+            layer.__dict__.update({k: v for k, v in fresh.__dict__.items() if k not in ("keys", "values")})
+        layer.keys, layer.values = torch.cat(keys), torch.cat(values)
+        if isinstance(layer, StaticLayer):
+            layer.batch_size = layer.keys.shape[0]

@@ -1,0 +1,343 @@
+"""The one speculative round: every entry point drives :class:`Engine`.
+
+A round has four named stages, run on every live row at once (Medusa's and gpt-fast's shape)::
+
+    block = engine.draft()                  # the drafter's block for every live row's root
+    tree = engine.build(block)              # the builder's tree (head calls timed), cut to the model
+    verified = engine.verify(tree)          # one target forward over every row's tree + acceptance
+    done = engine.commit(verified)          # per-row KV compaction, drafter context, stop / length
+
+:meth:`Engine.step` runs them in order.  ``SpeculativeDecoder.generate`` is a batch of one (its drafter
+used as is, :class:`OneRow`), ``generate_batch`` admits every prompt, ``dartree.serve.serve`` admits
+prompts as rows finish, and the AR baselines are an engine without a drafter (``draft`` and ``build``
+are skipped and ``verify`` is one causal step per row).  How a decode verifies is chosen once, when
+the engine is made (:attr:`Engine.verifier`): ``"greedy"`` at T=0; at T>0 ``"match"`` (exact
+target-sample matching: keyed draws give output equal to AR token for token).  The target owns its
+cache (:class:`~dartree.models.target.HFTarget`: rows of any lengths), so the engine uses only its
+public methods.
+
+Each row's tokens equal what it would get alone (T=0, and T>0 with a ``KeyedSampler``, whose draw at a
+position depends on nothing else); a row's output does not depend on when it joined or on the other rows.
+Per-row :class:`~dartree.rounds.RoundStats` carry the round's wall times (shared by the rows of a round).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from dartree.batch_drafters import batch_drafter
+from dartree.builders import checked_tree
+from dartree.models.target import HFTarget, TargetOutput
+from dartree.rounds import (
+    STOP_REASONS,
+    Clock,
+    GenerationResult,
+    Request,
+    RoundStats,
+    TimedRows,
+    WalkRows,
+    check_block,
+    first_tokens,
+    fit_tree,
+    scored_rows,
+    truncate,
+)
+from dartree.tree import DraftTree
+from dartree.verify.accept import (
+    VerifyResult,
+    verify_greedy,
+    verify_sampled,
+    walk_greedy,
+    walk_greedy_logits,
+    walk_sampled,
+)
+from dartree.verify.sampling import KeyedSampler, sample_checked
+
+__all__ = ["Engine", "OneRow", "Verified", "VERIFIERS"]
+
+#: how a decode verifies: ``greedy`` at T=0; at T>0 ``match`` (exact target-sample matching)
+VERIFIERS = ("greedy", "match")
+
+
+class OneRow:
+    """A single-request drafter (the protocol of :mod:`dartree.decode`) as the one row of an engine, used
+    as is: no copy, so a caller's drafter object holds the decode's context, as it always did."""
+
+    def __init__(self, drafter) -> None:
+        self.drafter = drafter
+        self.target_layer_ids = tuple(drafter.target_layer_ids)
+
+    def start(self, batch_size: int) -> None:
+        self.drafter.reset()
+
+    def add_rows(self, hidden_states: Tensor | None, tokens: Tensor, counts: list[int]) -> None:
+        if len(counts) != 1:
+            raise ValueError(f"counts: a single-request drafter takes one row, got {len(counts)}")
+        self.drafter.reset()
+        self.append_rows(hidden_states, tokens, counts)
+
+    def append_rows(self, hidden_states: Tensor | None, tokens: Tensor, counts: list[int]) -> None:
+        c = counts[0]
+        self.drafter.append_context(None if hidden_states is None else hidden_states[:, :c], tokens[:, :c])
+
+    def draft_rows(self, roots: Tensor):
+        return self.drafter.draft(roots)
+
+    def keep_rows(self, rows: list[int]) -> None:
+        if rows not in ([], [0]):
+            raise ValueError(f"rows: a single-request drafter has one row, got {rows}")
+
+
+@dataclass(frozen=True)
+class Verified:
+    """The verify stage's outcome: the acceptance, the forward's hidden states for the drafter, the tree
+    size per row and the stage's wall times."""
+
+    result: VerifyResult
+    hidden: Tensor | None
+    tree_size: Tensor          # int64 [b] draft nodes per row
+    times: tuple[float, ...]   # draft, build, mask, verify, head, target seconds
+    head_calls: int
+
+
+class Engine:
+    """The live rows of a decode and the round they take (see the module docstring).
+
+    Args:
+        target: the :class:`HFTarget` (owns the cache).
+        drafter: a drafter (``None``: the AR baseline); ``single=True`` drives it as the one row of a
+            single-request decode (:class:`OneRow`), else its batch form (``batch_drafter``).
+        builder, head: the tree builder and the timed head proxy the builder is given (``None`` without).
+        temperature, sampler: the decode's, shared by every row (``sampler`` is ``None`` at T=0).
+    """
+
+    def __init__(self, target: HFTarget, drafter=None, builder=None, head=None, *, temperature: float = 0.0,
+                 sampler=None, single: bool = False) -> None:
+        self.target, self.builder, self.head = target, builder, head
+        self.drafter = None if drafter is None else OneRow(drafter) if single else batch_drafter(drafter)
+        self.single = single
+        self.temperature, self.sampler = temperature, sampler
+        self.clock = Clock(target.device)
+        self.live: list[int] = []            # request index of each batch row
+        self.reqs: list[Request] = []
+        self.generated: list[list[int]] = []
+        self.rounds: list[list[RoundStats]] = []
+        self.stopped: list[bool] = []
+        self.prefill_s: list[float] = []
+        self.roots = torch.zeros(0, dtype=torch.int64, device=target.device)
+        self.on_round: Callable[[int, RoundStats, list[int]], None] | None = None
+        # the verifier, chosen once: on the CPU, greedy or with keyed draws (a node's draw depends on nothing
+        # else: walk_sampled equals verify_sampled), the walk draws only at the nodes it visits, and while
+        # walks are short the LM head runs only there too (WalkRows; scores_rows_apart: probed once per target)
+        self.verifier = "greedy" if sampler is None else "match"
+        walks = (sampler is None or type(sampler) is KeyedSampler) and target.device.type == "cpu"
+        self.walk = WalkRows(walks and drafter is not None and target.scores_rows_apart)
+        self._accept: Callable[[DraftTree, TargetOutput, object], VerifyResult]
+        if sampler is None:
+            self._accept = self._walk_greedy if walks else self._all_greedy
+        else:
+            self._accept = self._walk_sampled if walks else self._all_sampled
+
+    # ------------------------------------------------------------------------------------ rows
+    def admit(self, reqs: list[Request]) -> list[int]:
+        """Prefill ``reqs``, take each one's first token from its prompt's last logits and add the
+        unfinished ones as rows (request indices continue from the earlier admissions, in order).
+        Returns the indices of the requests that are complete at once (their first token is a stop
+        token, or ``max_new_tokens`` is 1): they never join the batch."""
+        self.clock.lap()
+        prompts = [q.prompt[0] for q in reqs]
+        target = self.target
+        if not self.live:
+            out = target.prefill(prompts, logits="last")
+            if self.drafter is not None:
+                self.drafter.start(0)
+        else:
+            out = target.add_rows(prompts, logits="last")
+        if self.drafter is not None:
+            self.drafter.add_rows(out.hidden, _padded([p.tolist() for p in prompts], target.device),
+                                  [p.shape[0] for p in prompts])
+        positions = torch.tensor([p.shape[0] for p in prompts], dtype=torch.int64, device=target.device)
+        firsts = first_tokens(out.logits[:, -1], reqs, positions)
+        host = firsts.tolist()       # one sync per admission, on purpose: the first tokens may end requests
+        ids = list(range(len(self.reqs), len(self.reqs) + len(reqs)))
+        self.reqs += reqs
+        self.generated += [[t] for t in host]
+        self.rounds += [[] for _ in reqs]
+        self.stopped += [t in q.stop for t, q in zip(host, reqs, strict=True)]
+        joined = [j for j, q in enumerate(ids) if not self.stopped[q] and self.reqs[q].max_new_tokens > 1]
+        old = len(self.live)
+        if len(joined) < len(reqs) and not self.single:   # finished at their first token: they leave at once
+            self._keep(list(range(old)) + [old + j for j in joined])
+        self.prefill_s += [self.clock.lap()] * len(reqs)
+        self.live += [ids[j] for j in joined]
+        joined_firsts = firsts[torch.tensor(joined, dtype=torch.int64, device=firsts.device)]
+        self.roots = torch.cat([self.roots, joined_firsts.to(self.roots.device)])
+        joined_ids = {ids[j] for j in joined}
+        return [q for q in ids if q not in joined_ids]
+
+    def _keep(self, rows: list[int]) -> None:
+        self.target.keep_rows(rows)
+        if self.drafter is not None:
+            self.drafter.keep_rows(rows)
+
+    # ---------------------------------------------------------------------------------- stages
+    def step(self) -> list[int]:
+        """One round for every live row; returns the request indices that finished in it."""
+        self.clock.lap()
+        if self.drafter is None:
+            return self.commit(self.verify_next())
+        block, draft_s = self.draft()
+        return self.commit(self.verify(*self.build(block, draft_s)))
+
+    def draft(self) -> tuple:
+        """Stage 1: the drafter's block for every live row (checked against the roots it was given)."""
+        block = self.drafter.draft_rows(self.roots)
+        check_block(block, self.roots, self.target.vocab_size, rows=len(self.live))
+        return block, self.clock.lap()
+
+    def build(self, block, draft_s: float) -> tuple:
+        """Stage 2: the builder's tree (a user builder's tree is checked before the target sees it),
+        cut to what the model can hold."""
+        target, head = self.target, self.head
+        tree = checked_tree(self.builder, self.builder.build(block, head), block)
+        tree = fit_tree(tree, block.gamma, target.lengths, target.length, target)
+        build_s = self.clock.lap()
+        head_s, calls = (0.0, 0) if head is None else (head.take(), head.take_calls())
+        return tree, (draft_s, build_s, head_s), calls
+
+    def verify(self, tree: DraftTree, times: tuple[float, float, float], head_calls: int) -> Verified:
+        """Stage 3: one target forward over every row's tree, then the decode's acceptance rule."""
+        target, clock = self.target, self.clock
+        # the absolute position of each row's root: what a keyed sampler is given
+        prefix = target.length if len(self.live) == 1 else target.lengths_tensor().to(tree.device)
+        inputs = target.tree_inputs(tree)
+        mask_s = clock.lap()
+        lazy = self.walk.logits(tree.tokens.numel()) == "root"
+        scored = target.forward_tree(inputs, logits="root" if lazy else "all")
+        target_s = clock.lap()
+        if lazy:
+            rows = TimedRows(target, scored.final)
+            result = self._accept(tree, scored, prefix, rows)
+        else:
+            result = self._accept(tree, scored, prefix)
+        verify_s = target_s + clock.lap()
+        if lazy:
+            target_s += rows.seconds                # LM-head rows of the walk are target work
+        draft_s, build_s, head_s = times
+        return Verified(result, scored.hidden, tree.num_nodes - 1,
+                        (draft_s, build_s, mask_s, verify_s, head_s, target_s), head_calls)
+
+    def verify_next(self) -> Verified:
+        """Stage 3 of the AR baseline: one causal step per live row, its argmax or its draw."""
+        target, clock = self.target, self.clock
+        positions = target.lengths_tensor() + 1 if self.sampler is not None else None   # where the draws sit
+        logits = target.forward_next(self.roots).logits[:, -1]                          # [b, V]
+        target_s = clock.lap()
+        if self.sampler is None:
+            nxt = logits.argmax(dim=-1)
+        else:
+            nxt = sample_checked(self.sampler, logits.float() / self.temperature, positions).to(torch.int64)
+        zero = torch.zeros_like(nxt)
+        result = VerifyResult(accepted=zero[:, None], accepted_length=zero, bonus=nxt, tokens=nxt[:, None],
+                              picks=nxt[:, None])
+        return Verified(result, None, zero, (0.0, 0.0, 0.0, target_s + clock.lap(), 0.0, target_s), 0)
+
+    def commit(self, verified: Verified) -> list[int]:
+        """Stage 4: per row, truncate at a stop token or the token limit, keep the committed slots in the
+        target's cache, hand the committed tokens to the drafter; finished rows leave the batch.
+        Returns the request indices that finished."""
+        target, drafter, live, result = self.target, self.drafter, self.live, verified.result
+        b, n = result.tokens.shape
+        # One host sync per round, on purpose: the loop must know how many tokens each row committed (to
+        # size the cache and to check stop tokens).  Tokens, accepted nodes and tree sizes come back together.
+        host = torch.cat([result.tokens, result.accepted, verified.tree_size[:, None]], dim=1).tolist()
+        counts, done, longest = [], [], 0
+        for r, q in enumerate(live):
+            row = host[r][:n]
+            committed = row[: row.index(-1)] if -1 in row else row
+            longest = max(longest, len(committed))
+            kept, stop = truncate(committed, self.reqs[q].max_new_tokens - len(self.generated[q]), self.reqs[q].stop)
+            self.generated[q].extend(kept)
+            self.stopped[q] = stop
+            counts.append(len(kept))
+            done.append(stop or len(self.generated[q]) >= self.reqs[q].max_new_tokens)
+        self.walk.record(longest)
+        c = max(counts)
+        target.commit(result.accepted, counts, host[0][n: n + c] if b == 1 else None)
+        roots, hidden, cached = self.roots, None, None
+        if b == 1:
+            nxt = result.tokens[:, c - 1]
+        else:
+            index = torch.tensor(counts, dtype=torch.int64, device=roots.device)[:, None] - 1
+            nxt = torch.gather(result.tokens.to(roots.device), 1, index)[:, 0]
+        if drafter is not None:
+            if verified.hidden is not None:
+                accepted = result.accepted[:, :c].clamp(min=0).to(verified.hidden.device)
+                width = verified.hidden.shape[-1]
+                hidden = torch.gather(verified.hidden, 1, accepted[:, :, None].expand(-1, -1, width))
+            cached = torch.cat([roots[:, None], result.tokens[:, : c - 1].clamp(min=0)], dim=1)
+        kv_s = self.clock.lap()
+        keep = [r for r in range(b) if not done[r]]
+        # a finished row needs no context: drop it first, then feed the rest (a single request keeps its
+        # state: the target and the drafter hold the whole decode afterwards, as the drafter protocol says)
+        fed = list(range(b)) if self.single else keep
+        if len(fed) < b:
+            self._keep(fed)
+            index = torch.tensor(fed, dtype=torch.int64, device=roots.device)
+            nxt = nxt[index]
+            if cached is not None:
+                cached = cached[index.to(cached.device)]
+                hidden = None if hidden is None else hidden[index.to(hidden.device)]
+        if fed and drafter is not None:
+            drafter.append_rows(hidden, cached, [counts[r] for r in fed])
+        context_s = self.clock.lap()
+        draft_s, build_s, mask_s, verify_s, head_s, target_s = verified.times
+        for r, q in enumerate(live):
+            row = host[r][:n]
+            accepted_length = (row.index(-1) if -1 in row else n) - 1
+            stats = RoundStats(accepted_length, counts[r], host[r][2 * n], draft_s, build_s, mask_s, verify_s,
+                               kv_s + context_s, head_s, target_s, context_s, verified.head_calls)
+            self.rounds[q].append(stats)
+            if self.on_round is not None:
+                self.on_round(q, stats, self.generated[q][len(self.generated[q]) - counts[r]:])
+        self.live, self.roots = [live[r] for r in keep], nxt if len(fed) == len(keep) else nxt[:0]
+        return [live[r] for r in range(b) if done[r]]
+
+    # ------------------------------------------------------------------------------ acceptance
+    def _walk_greedy(self, tree: DraftTree, scored: TargetOutput, prefix, rows=None) -> VerifyResult:
+        if rows is not None:
+            return walk_greedy(tree, scored.logits[:, 0], rows)
+        return walk_greedy_logits(tree, scored.logits)
+
+    def _all_greedy(self, tree: DraftTree, scored: TargetOutput, prefix, rows=None) -> VerifyResult:
+        return verify_greedy(tree, scored.logits.to(tree.device))
+
+    def _walk_sampled(self, tree: DraftTree, scored: TargetOutput, prefix, rows=None) -> VerifyResult:
+        return walk_sampled(tree, scored.logits[:, 0], rows or scored_rows(scored.logits), self.temperature,
+                            self.sampler, prefix)
+
+    def _all_sampled(self, tree: DraftTree, scored: TargetOutput, prefix, rows=None) -> VerifyResult:
+        return verify_sampled(tree, scored.logits.to(tree.device), self.temperature, self.sampler, prefix)
+
+    # ---------------------------------------------------------------------------------- output
+    def run(self) -> None:
+        """Rounds until no row is live."""
+        while self.live:
+            self.step()
+
+    def result(self, q: int) -> GenerationResult:
+        """Request ``q``'s tokens and per-round statistics so far."""
+        req = self.reqs[q]
+        return GenerationResult(tokens=torch.tensor([self.generated[q]], dtype=torch.int64, device=req.prompt.device),
+                                prompt=req.prompt, rounds=tuple(self.rounds[q]),
+                                stop_reason=STOP_REASONS[1] if self.stopped[q] else STOP_REASONS[0],
+                                prefill_s=self.prefill_s[q])
+
+
+def _padded(rows: list[list[int]], device: torch.device) -> Tensor:
+    m = max((len(r) for r in rows), default=0)
+    return torch.tensor([r + [0] * (m - len(r)) for r in rows], dtype=torch.int64, device=device).reshape(len(rows), m)
