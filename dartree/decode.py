@@ -124,6 +124,12 @@ class SpeculativeDecoder:
         if head is not None:
             check_head(head)
         self.target = as_target(target, tuple(drafter.target_layer_ids))
+        # every committed token is fed to the drafter: a smaller vocabulary would index past its embedding
+        vocab = getattr(drafter, "vocab_size", None) or getattr(getattr(drafter, "config", None), "vocab_size", None)
+        if isinstance(vocab, int) and not isinstance(vocab, bool) and vocab < self.target.vocab_size:
+            raise ValueError(f"drafter: its vocabulary ({vocab} tokens) is smaller than the target's "
+                             f"({self.target.vocab_size}); the target's tokens are the drafter's context, so the "
+                             f"drafter needs a vocabulary of at least {self.target.vocab_size}")
         self.drafter = drafter
         self.builder = builder
         self.head = head

@@ -440,3 +440,16 @@ def test_head_calls_are_counted_per_round():
     chain, _ = builder_and_head("chain")
     plain = SpeculativeDecoder(model, OracleDrafter(model, GAMMA), chain).generate(prompt, 9)
     assert all(r.head_calls == 0 for r in plain.rounds)
+
+
+def test_a_drafter_with_a_smaller_vocabulary_is_refused_by_name():
+    """The target's tokens become the drafter's context: a drafter of fewer tokens would index past its
+    embedding (an IndexError inside the drafter); the decoder refuses it at construction."""
+    model = model_for("qwen3", "sdpa")
+    drafter = OracleDrafter(model, GAMMA)
+    chain, _ = builder_and_head("chain")
+    drafter.vocab_size = V - 1
+    with pytest.raises(ValueError, match=rf"drafter: its vocabulary \({V - 1} tokens\) is smaller than the target's"):
+        SpeculativeDecoder(model, drafter, chain)
+    drafter.vocab_size = V + 5                      # a larger vocabulary is fine (the block check covers drafts)
+    SpeculativeDecoder(model, drafter, chain)
