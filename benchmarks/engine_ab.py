@@ -75,8 +75,8 @@ def main() -> None:
                     digest[name].update(str(out.tokens.tolist()).encode())
     for name in names:
         per = statistics.median(seconds[name]) * len(seconds[name])
-        print(f"{args.label}\t{name}\ttok/s={tokens[name] / sum(seconds[name]):.1f}\tmedian-based={tokens[name] / per:.1f}"
-              f"\tdigest={digest[name].hexdigest()[:12]}")
+        print(f"{args.label}\t{name}\ttok/s={tokens[name] / sum(seconds[name]):.1f}"
+              f"\tmedian-based={tokens[name] / per:.1f}\tdigest={digest[name].hexdigest()[:12]}")
 
 
 if __name__ == "__main__":

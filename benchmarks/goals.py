@@ -21,7 +21,7 @@ from benchmarks.host_ddtree import build_ddtree
 from benchmarks.test_bench_builders import ddtree_block
 from dartree import make_builder
 from dartree.testing import PathHashHead
-from dartree.verify.timing import TimedHead
+from dartree.timing import TimedHead
 
 
 def interleaved(calls: dict, rounds: int) -> dict[str, float]:

@@ -27,8 +27,8 @@ from benchmarks.common import BUDGETS, FULL, GOALS, TOPK, VOCABS, WIDTHS, draft_
 from benchmarks.host_ddtree import build_ddtree
 from dartree import DraftBlock, make_builder
 from dartree.testing import PathHashHead
+from dartree.timing import TimedHead  # times every head call, the prepared ones too
 from dartree.tree import check_decodable
-from dartree.verify.timing import TimedHead  # times every head call, the prepared ones too
 
 
 def configs() -> list:

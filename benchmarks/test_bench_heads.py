@@ -62,7 +62,7 @@ def test_proxy_depth_step(benchmark, provider: str, name: str) -> None:
     """What the decoder's head proxy (``timed_head``: output checks, and a copy of ``states`` for a user
     head such as ``PathHashHead``; none for dartree's own) adds to one ``advance`` + ``logits`` step."""
     from dartree.testing import PathHashHead
-    from dartree.verify.timing import timed_head
+    from dartree.timing import timed_head
 
     head, block = _head("zoo-gru") if name == "zoo-gru" else (PathHashHead(), _head("zoo-gru")[1])
     proxy = timed_head(head)

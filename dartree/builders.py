@@ -22,8 +22,8 @@ import torch
 
 from dartree.block import CorrectionHead, DraftBlock, check_logits, check_not_meta
 from dartree.scoring import NORMALIZE_CHOICES, Normalize
+from dartree.timing import TimedHead, checked_head
 from dartree.tree import DraftTree, check_decodable
-from dartree.verify.timing import TimedHead, checked_head
 
 __all__ = ["ChainConfig", "TreeConfig", "PrunedConfig", "BuilderSpec", "TreeBuilder", "BUILDERS", "BACKENDS",
            "make_builder", "register_builder", "builder_spec", "checked_tree", "registered"]
@@ -253,7 +253,7 @@ class TreeBuilder:
         ``-inf`` logits mask tokens (never a candidate; a position with fewer than ``topk`` finite
         logits is an error); NaN or ``+inf`` logits, and NaN / inf corrected logits from a head, are
         an error on both backends.  What ``head`` returns is checked as the decoder checks it
-        (:func:`dartree.verify.timing.checked_head`: a tensor of the documented shape on the block's
+        (:func:`dartree.timing.checked_head`: a tensor of the documented shape on the block's
         device, a state width that does not change, floating logits).
 
         Shape:

@@ -68,8 +68,8 @@ from dartree.rounds import (
     check_request,
     check_requests,
 )
+from dartree.timing import check_head, timed_head
 from dartree.verify.sampling import Sampler
-from dartree.verify.timing import check_head, timed_head
 
 __all__ = ["Drafter", "RoundStats", "GenerationResult", "SpeculativeDecoder", "generate_ar", "STOP_REASONS",
            "ROUND_STAGES"]

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from dartree.block import CorrectionHead, DraftBlock
 from dartree.fast import checks
-from dartree.verify.timing import TimedHead, check_steps
+from dartree.timing import TimedHead, check_steps
 
 __all__ = ["HeadSteps", "head_initial", "head_logits", "head_advance", "head_advance_logits", "fused"]
 

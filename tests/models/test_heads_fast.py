@@ -14,7 +14,7 @@ from dartree.block import DraftBlock
 from dartree.fast import ops
 from dartree.models import heads as heads_module
 from dartree.models.heads import GRUHead
-from dartree.verify.timing import timed_head
+from dartree.timing import timed_head
 from tests.models.conftest import HIDDEN, VOCAB
 from tests.strategies import random_logits
 

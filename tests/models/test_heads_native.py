@@ -261,7 +261,7 @@ def test_the_compiled_build_and_loop_give_the_trees_of_the_calls_per_depth(name,
     same expansion record, and the same head calls counted by the decoder's proxy, which also gets the time
     of the compiled steps.  The first build of a head checks its step shapes (the loop runs); the whole
     build takes over from the second, where the first depth is not corrected (prefix_len 1)."""
-    from dartree.verify.timing import timed_head
+    from dartree.timing import timed_head
 
     paths = Paths(monkeypatch)
     builder = make_builder(name, backend="fast", **fields)
@@ -285,7 +285,7 @@ def test_the_compiled_build_and_loop_give_the_trees_of_the_calls_per_depth(name,
 def test_the_compiled_build_and_loop_stop_where_the_bound_stops(monkeypatch):
     """With the bound, they expand the depths the per-depth loop expands, no more (a deep block, a small
     budget)."""
-    from dartree.verify.timing import timed_head
+    from dartree.timing import timed_head
 
     paths = Paths(monkeypatch)
     head = make_head(g=32, e=32, seed=7)
@@ -304,7 +304,7 @@ def test_the_compiled_build_and_loop_are_declined_where_a_step_would_not_be_comp
     """A width whose compiled step differs from torch's (the verdict), an uncorrected second depth
     (prefix_len 2), two sequences, the chain of corrected-chain-ddtree (it traces log q) and a user's
     subclass behind the decoder's proxy: the builder's calls, and the same tree as torch's ops."""
-    from dartree.verify.timing import timed_head
+    from dartree.timing import timed_head
 
     class Mine(GRUHead):
         pass

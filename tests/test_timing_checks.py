@@ -11,7 +11,7 @@ from dartree.builders import BuilderSpec, ChainConfig, TreeBuilder
 from dartree.fast import ops
 from dartree.models import GRUHead
 from dartree.testing import PathHashHead
-from dartree.verify.timing import TimedHead, timed_head
+from dartree.timing import TimedHead, timed_head
 
 #: how a head reaches the builder: through the decoder's proxy, or as given to a direct build
 WRAPS = {"decoder": timed_head, "direct": lambda head: head}
@@ -223,7 +223,7 @@ class NarrowGRU(GRUHead):
 def test_only_the_bundled_head_classes_skip_the_checks_of_prepared_calls():
     """The proxy trusts dartree's own GRUHead / MarkovHead (exact classes); a subclass is user code."""
     from dartree.models import MarkovHead
-    from dartree.verify.timing import _bundled
+    from dartree.timing import _bundled
 
     gru, narrow = (cls(hidden_size=8, vocab_size=12, gru_hidden_dim=4, emb_dim=6) for cls in (GRUHead, NarrowGRU))
     assert _bundled(gru) and _bundled(MarkovHead(12, 3)) and not _bundled(narrow) and not _bundled(PathHashHead())
