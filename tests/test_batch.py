@@ -294,3 +294,25 @@ def test_batch_errors_name_the_argument():
         ragged.commit(torch.zeros(2, 1, dtype=torch.int64), [1, 2])
     with pytest.raises(ValueError, match="input_ids: extend"):
         ragged.rollback() or ragged.extend(torch.tensor([[1], [2]]))
+
+
+def test_batched_rows_at_t1_take_the_keyed_walk_as_generate_does(monkeypatch):
+    """generate_batch and serve run the one round: on the CPU with a keyed sampler the acceptance walk draws
+    only at the nodes it visits (walk_sampled), never verify_sampled's draw at every node; rows still equal
+    generate alone."""
+    import dartree.engine as engine_module
+
+    model = model_for("llama", "sdpa")
+    sampler = KeyedSampler(5)
+    drafter = OracleDrafter(model, GAMMA, demote=0.3, seed=2, temperature=1.0, sampler=sampler)
+    builder, head = builder_and_head("ddtree")
+    dec = SpeculativeDecoder(model, drafter, builder, head)
+    alone = [dec.generate(p, 9, temperature=1.0, sampler=sampler).tokens.tolist() for p in PROMPTS]
+    walked = []
+    monkeypatch.setattr(engine_module, "verify_sampled", lambda *a, **k: pytest.fail("verify_sampled ran"))
+    real = engine_module.walk_sampled
+    monkeypatch.setattr(engine_module, "walk_sampled", lambda *a, **k: walked.append(1) or real(*a, **k))
+    rows = dec.generate_batch(PROMPTS, 9, temperature=1.0, sampler=sampler)
+    assert walked and [r.tokens.tolist() for r in rows] == alone
+    served = serve(dec, PROMPTS, 2, 9, temperature=1.0, sampler=sampler)
+    assert [r.tokens.tolist() for r in served.results] == alone
