@@ -193,15 +193,14 @@ class _nothing:
 
 def step_demo_bench(c: Check) -> str:
     """``dartree bench --preset demo --device DEVICE``: the main job, on the device."""
-    from dartree import cli
-
     out = c.out.parent / "demo-bench"
     argv = ["bench", "--preset", "demo", "--out", str(out), "--force", "--strict", "--device", str(c.device)]
     if c.quick:
         argv = ["bench", "--model", "tiny-random", "--methods", "chain", "ddtree", "--datasets", "stdlib",
                 "--num-prompts", "1", "--max-new-tokens", "8", "--no-warmup", "--out", str(out), "--force",
                 "--strict", "--device", str(c.device)]
-    status = cli.main(argv)
+    # the command line as a user runs it, in its own process (dartree.cli sits above dartree.eval: no import)
+    status = subprocess.run([sys.executable, "-m", "dartree.cli", *argv], check=False).returncode
     if status != 0:
         raise RuntimeError(f"dartree {' '.join(argv)} exited with {status}")
     return f"`dartree {' '.join(argv)}` on {c.device}:\n\n" + (out / "results.md").read_text()
