@@ -1,0 +1,81 @@
+"""Target-side warpers: temperature, top-k, top-p and min-p, with HF ``generate``'s semantics and order.
+
+``Warp(temperature, top_k=None, top_p=None, min_p=None)`` defines the distribution ``p`` every sampled
+token is drawn from, in AR and in both T>0 verifiers alike (so speculative output keeps AR's
+distribution under any of them).  Applied in transformers' order (``GenerationMixin._get_logits_processor``):
+``logits / temperature``, then top-k (keep the ``k`` largest; ties at the k-th value are kept), then
+top-p (drop the smallest tokens whose cumulative probability, in ascending order, is ``<= 1 - top_p``;
+the largest is always kept), then min-p (drop tokens whose probability is below ``min_p`` times the
+largest; the largest is always kept).  Dropped tokens get ``-inf``.  ``None`` turns a filter off; so do
+``top_p=1.0`` and ``min_p=0.0`` (as HF, which adds no warper for them).
+
+Shape: every method maps float ``[..., V]`` to float32 ``[..., V]``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from dartree.verify.sampling import check_temperature
+
+__all__ = ["Warp"]
+
+
+@dataclass(frozen=True)
+class Warp:
+    """The target's sampling distribution at ``temperature > 0`` with optional top-k / top-p / min-p."""
+
+    temperature: float
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+
+    def __post_init__(self) -> None:
+        t = check_temperature(self.temperature)
+        if t == 0:
+            raise ValueError("temperature: a Warp samples; expected a finite number > 0 (0 is greedy: no warp)")
+        object.__setattr__(self, "temperature", t)
+        k = self.top_k
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+            raise ValueError(f"top_k: expected None (off) or an int >= 1, got {k!r}")
+        for name, low_open in (("top_p", True), ("min_p", False)):
+            v = getattr(self, name)
+            if v is None:
+                continue
+            ok = not isinstance(v, bool) and isinstance(v, int | float) and math.isfinite(v) and v <= 1 \
+                and (v > 0 if low_open else v >= 0)
+            if not ok:
+                allowed = "0 < top_p <= 1" if low_open else "0 <= min_p <= 1"
+                raise ValueError(f"{name}: expected None (off) or a number with {allowed}, got {v!r}")
+            object.__setattr__(self, name, float(v))
+
+    @property
+    def filters(self) -> bool:
+        """Whether any filter (top-k, top-p, min-p) is on."""
+        return self.top_k is not None or (self.top_p is not None and self.top_p < 1.0) or bool(self.min_p)
+
+    def logits(self, x: Tensor) -> Tensor:
+        """Warped logits: float32 ``x / temperature`` with the dropped tokens at ``-inf``."""
+        scores = x.float() / self.temperature
+        if self.top_k is not None:
+            k = min(self.top_k, scores.shape[-1])
+            scores = scores.masked_fill(scores < torch.topk(scores, k, dim=-1).values[..., -1:], float("-inf"))
+        if self.top_p is not None and self.top_p < 1.0:
+            ordered, order = torch.sort(scores, dim=-1, descending=False)
+            drop = ordered.softmax(dim=-1).cumsum(dim=-1) <= (1 - self.top_p)
+            drop[..., -1:] = False
+            scores = scores.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+        if self.min_p:
+            probs = scores.softmax(dim=-1)
+            drop = probs < self.min_p * probs.amax(dim=-1, keepdim=True)
+            drop.scatter_(-1, probs.argmax(dim=-1, keepdim=True), False)
+            scores = scores.masked_fill(drop, float("-inf"))
+        return scores
+
+    def probs(self, x: Tensor) -> Tensor:
+        """The warped distribution: ``softmax(self.logits(x))``."""
+        return self.logits(x).softmax(dim=-1)
