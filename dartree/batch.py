@@ -27,9 +27,9 @@ __all__ = ["generate_batch", "generate_ar_batch"]
 
 def generate_batch(decoder: SpeculativeDecoder, prompts: Sequence[Tensor], max_new_tokens: int,
                    temperature: float = 0.0, sampler: Sampler | None = None,
-                   stop_token_ids: Iterable[int] | None = None) -> list[GenerationResult]:
-    """:meth:`SpeculativeDecoder.generate_batch` as a function."""
-    return decoder.generate_batch(prompts, max_new_tokens, temperature, sampler, stop_token_ids)
+                   stop_token_ids: Iterable[int] | None = None, **options) -> list[GenerationResult]:
+    """:meth:`SpeculativeDecoder.generate_batch` as a function (``options``: its keyword-only arguments)."""
+    return decoder.generate_batch(prompts, max_new_tokens, temperature, sampler, stop_token_ids, **options)
 
 
 @torch.inference_mode()      # as SpeculativeDecoder.generate
@@ -40,6 +40,10 @@ def generate_ar_batch(
     temperature: float = 0.0,
     sampler: Sampler | None = None,
     stop_token_ids: Iterable[int] | None = None,
+    *,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    min_p: float | None = None,
 ) -> list[GenerationResult]:
     """Batched autoregressive baseline: one causal step for every live row per forward.
 
@@ -49,8 +53,9 @@ def generate_ar_batch(
     """
     if not isinstance(target, HFTarget):
         target = as_target(target, ())
-    reqs = check_requests(target, prompts, max_new_tokens, temperature, sampler, stop_token_ids)
-    engine = Engine(target, temperature=reqs[0].temperature, sampler=reqs[0].sampler)
+    reqs = check_requests(target, prompts, max_new_tokens, temperature, sampler, stop_token_ids,
+                          top_k=top_k, top_p=top_p, min_p=min_p)
+    engine = Engine(target, options=reqs[0])
     engine.admit(reqs)
     engine.run()
     return [engine.result(q) for q in range(len(reqs))]

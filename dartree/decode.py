@@ -63,6 +63,7 @@ from dartree.rounds import (
     ROUND_STAGES,
     STOP_REASONS,
     GenerationResult,
+    Request,
     RoundStats,
     as_target,
     check_request,
@@ -152,6 +153,11 @@ class SpeculativeDecoder:
         sampler: Sampler | None = None,
         stop_token_ids: Iterable[int] | None = None,
         on_round: Callable[[RoundStats | None, list[int]], None] | None = None,
+        *,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        min_p: float | None = None,
+        verifier: str | None = None,
     ) -> GenerationResult:
         """Decode ``max_new_tokens`` tokens (fewer if a stop token is committed) after ``input_ids``.
 
@@ -166,8 +172,9 @@ class SpeculativeDecoder:
         Shape:
             input_ids: integer ``[L]`` or ``[1, L]``, ``L >= 1``.
         """
-        req = check_request(self.target, input_ids, max_new_tokens, temperature, sampler, stop_token_ids)
-        engine = self.engine(req.temperature, req.sampler, single=True)
+        req = check_request(self.target, input_ids, max_new_tokens, temperature, sampler, stop_token_ids,
+                            top_k=top_k, top_p=top_p, min_p=min_p, verifier=verifier)
+        engine = self.engine(req, single=True)
         engine.admit([req])
         if on_round is not None:
             on_round(None, list(engine.generated[0]))
@@ -175,11 +182,10 @@ class SpeculativeDecoder:
         engine.run()
         return engine.result(0)
 
-    def engine(self, temperature: float = 0.0, sampler: Sampler | None = None, single: bool = False) -> Engine:
-        """A fresh :class:`~dartree.engine.Engine` over this decoder's target, drafter, builder and head
-        (``single``: the drafter used as is, for one request); ``sampler`` ``None`` is greedy."""
-        return Engine(self.target, self.drafter, self.builder, self._timed_head, temperature=temperature,
-                      sampler=sampler, single=single)
+    def engine(self, options: Request | None = None, single: bool = False) -> Engine:
+        """A fresh :class:`~dartree.engine.Engine` over this decoder's target, drafter, builder and head with a
+        checked request's options (``None``: greedy; ``single``: the drafter used as is, for one request)."""
+        return Engine(self.target, self.drafter, self.builder, self._timed_head, options=options, single=single)
 
     @torch.inference_mode()      # as generate
     def generate_batch(
@@ -189,6 +195,11 @@ class SpeculativeDecoder:
         temperature: float = 0.0,
         sampler: Sampler | None = None,
         stop_token_ids: Iterable[int] | None = None,
+        *,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        min_p: float | None = None,
+        verifier: str | None = None,
     ) -> list[GenerationResult]:
         """Decode several prompts of any lengths together, all live rows per round; one result per prompt.
 
@@ -196,8 +207,9 @@ class SpeculativeDecoder:
         tensors of any lengths; one result per prompt, in order.  Each row equals :meth:`generate` on
         that prompt alone (T=0, and T>0 with a ``KeyedSampler``).
         """
-        reqs = check_requests(self.target, prompts, max_new_tokens, temperature, sampler, stop_token_ids)
-        engine = self.engine(reqs[0].temperature, reqs[0].sampler)
+        reqs = check_requests(self.target, prompts, max_new_tokens, temperature, sampler, stop_token_ids,
+                              top_k=top_k, top_p=top_p, min_p=min_p, verifier=verifier)
+        engine = self.engine(reqs[0])
         engine.admit(reqs)
         engine.run()
         return [engine.result(q) for q in range(len(reqs))]
@@ -211,20 +223,26 @@ def generate_ar(
     temperature: float = 0.0,
     sampler: Sampler | None = None,
     stop_token_ids: Iterable[int] | None = None,
+    *,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    min_p: float | None = None,
 ) -> GenerationResult:
     """Autoregressive baseline with the same contract as :meth:`SpeculativeDecoder.generate`.
 
     The prefill runs the whole prompt and scores its last position (the first new token), then one
     token per step with ordinary causal attention, the LM head on that one position: the forwards
-    HF ``generate`` runs.  The token at absolute position p is drawn by ``sampler.sample(logits /
-    temperature, p)``, exactly as speculative verification draws it.  Each step is reported as a
+    HF ``generate`` runs.  The token at absolute position p is drawn by ``sampler.sample(warped logits,
+    p)`` (temperature, then top-k / top-p / min-p: :class:`~dartree.verify.warp.Warp`), exactly as
+    speculative verification draws it.  Each step is reported as a
     round (committed 1, tree size 0, its forward time under ``verify_s`` and ``target_s``, the argmax
     or sample in ``accept_s``).
     """
     if not isinstance(target, HFTarget):
         target = as_target(target, ())
-    req = check_request(target, input_ids, max_new_tokens, temperature, sampler, stop_token_ids)
-    engine = Engine(target, temperature=req.temperature, sampler=req.sampler, single=True)
+    req = check_request(target, input_ids, max_new_tokens, temperature, sampler, stop_token_ids,
+                        top_k=top_k, top_p=top_p, min_p=min_p)
+    engine = Engine(target, options=req, single=True)
     engine.admit([req])
     engine.run()
     return engine.result(0)

@@ -34,6 +34,7 @@ from dartree.builders import checked_tree
 from dartree.models.target import HFTarget, TargetOutput
 from dartree.rounds import (
     STOP_REASONS,
+    VERIFIERS,
     Clock,
     GenerationResult,
     Request,
@@ -55,12 +56,11 @@ from dartree.verify.accept import (
     walk_greedy_logits,
     walk_sampled,
 )
+from dartree.verify.rejection import SampledTree, sample_tree, verify_rejection
 from dartree.verify.sampling import KeyedSampler, sample_checked
+from dartree.verify.warp import Warp
 
-__all__ = ["Engine", "OneRow", "Verified", "VERIFIERS"]
-
-#: how a decode verifies: ``greedy`` at T=0; at T>0 ``match`` (exact target-sample matching)
-VERIFIERS = ("greedy", "match")
+__all__ = ["Engine", "OneRow", "Verified"]
 
 
 class OneRow:
@@ -112,15 +112,19 @@ class Engine:
         drafter: a drafter (``None``: the AR baseline); ``single=True`` drives it as the one row of a
             single-request decode (:class:`OneRow`), else its batch form (``batch_drafter``).
         builder, head: the tree builder and the timed head proxy the builder is given (``None`` without).
-        temperature, sampler: the decode's, shared by every row (``sampler`` is ``None`` at T=0).
+        options: the decode's checked options (``dartree.rounds.check_request``), shared by every row: temperature,
+            sampler, warp and verifier (``None``: greedy).
     """
 
-    def __init__(self, target: HFTarget, drafter=None, builder=None, head=None, *, temperature: float = 0.0,
-                 sampler=None, single: bool = False) -> None:
+    def __init__(self, target: HFTarget, drafter=None, builder=None, head=None, *, options: Request | None = None,
+                 single: bool = False) -> None:
         self.target, self.builder, self.head = target, builder, head
         self.drafter = None if drafter is None else OneRow(drafter) if single else batch_drafter(drafter)
         self.single = single
-        self.temperature, self.sampler = temperature, sampler
+        sampler = None if options is None else options.sampler
+        self.temperature, self.sampler = (0.0, None) if sampler is None else (options.temperature, sampler)
+        self.warp = None if sampler is None else options.warp or Warp(options.temperature)
+        verifier = None if sampler is None else options.verifier
         self.clock = Clock(target.device)
         self.live: list[int] = []            # request index of each batch row
         self.reqs: list[Request] = []
@@ -133,12 +137,18 @@ class Engine:
         # the verifier, chosen once: on the CPU, greedy or with keyed draws (a node's draw depends on nothing
         # else: walk_sampled equals verify_sampled), the walk draws only at the nodes it visits, and while
         # walks are short the LM head runs only there too (WalkRows; scores_rows_apart: probed once per target)
-        self.verifier = "greedy" if sampler is None else "match"
+        self.verifier = "greedy" if sampler is None else verifier
+        if self.verifier not in ("greedy", *VERIFIERS):
+            raise ValueError(f"verifier: expected one of {VERIFIERS} at T>0, got {verifier!r}")
+        rejection = self.verifier == "rejection"
+        self.generator = getattr(sampler, "generator", None) if rejection else None
         walks = (sampler is None or type(sampler) is KeyedSampler) and target.device.type == "cpu"
-        self.walk = WalkRows(walks and drafter is not None and target.scores_rows_apart)
-        self._accept: Callable[[DraftTree, TargetOutput, object], VerifyResult]
+        self.walk = WalkRows(walks and drafter is not None and not rejection and target.scores_rows_apart)
+        self._accept: Callable[..., VerifyResult]
         if sampler is None:
             self._accept = self._walk_greedy if walks else self._all_greedy
+        elif rejection:
+            self._accept = self._rejection
         else:
             self._accept = self._walk_sampled if walks else self._all_sampled
 
@@ -205,13 +215,19 @@ class Engine:
         target, head = self.target, self.head
         tree = checked_tree(self.builder, self.builder.build(block, head), block)
         tree = fit_tree(tree, block.gamma, target.lengths, target.length, target)
+        if self.verifier == "rejection":
+            # the builder's shape (its head shaped it), tokens drawn from the drafter's warped distribution:
+            # it proposes closer to the target than the head does (tau 1.99 vs 1.75 for dartree-pruned B=16 at
+            # T=1 on the zoo, docs/verification.md)
+            tree = sample_tree(tree, block, None, self.warp, self.generator)
         build_s = self.clock.lap()
         head_s, calls = (0.0, 0) if head is None else (head.take(), head.take_calls())
         return tree, (draft_s, build_s, head_s), calls
 
-    def verify(self, tree: DraftTree, times: tuple[float, float, float], head_calls: int) -> Verified:
+    def verify(self, drafted: DraftTree | SampledTree, times: tuple[float, float, float], head_calls: int) -> Verified:
         """Stage 3: one target forward over every row's tree, then the decode's acceptance rule."""
         target, clock = self.target, self.clock
+        tree = drafted.tree if isinstance(drafted, SampledTree) else drafted
         # the absolute position of each row's root: what a keyed sampler is given
         prefix = target.length if len(self.live) == 1 else target.lengths_tensor().to(tree.device)
         inputs = target.tree_inputs(tree)
@@ -221,9 +237,9 @@ class Engine:
         target_s = clock.lap()
         if lazy:
             rows = TimedRows(target, scored.final)
-            result = self._accept(tree, scored, prefix, rows)
+            result = self._accept(drafted, scored, prefix, rows)
         else:
-            result = self._accept(tree, scored, prefix)
+            result = self._accept(drafted, scored, prefix)
         verify_s = target_s + clock.lap()
         if lazy:
             target_s += rows.seconds                # LM-head rows of the walk are target work
@@ -240,7 +256,7 @@ class Engine:
         if self.sampler is None:
             nxt = logits.argmax(dim=-1)
         else:
-            nxt = sample_checked(self.sampler, logits.float() / self.temperature, positions).to(torch.int64)
+            nxt = sample_checked(self.sampler, self.warp.logits(logits), positions).to(torch.int64)
         zero = torch.zeros_like(nxt)
         result = VerifyResult(accepted=zero[:, None], accepted_length=zero, bonus=nxt, tokens=nxt[:, None],
                               picks=nxt[:, None])
@@ -316,12 +332,19 @@ class Engine:
     def _all_greedy(self, tree: DraftTree, scored: TargetOutput, prefix, rows=None) -> VerifyResult:
         return verify_greedy(tree, scored.logits.to(tree.device))
 
+    # at T>0 the target's logits are warped first (temperature, top-k, top-p, min-p), then drawn at temperature 1:
+    # x / 1.0 is x, so the draws are AR's to the bit
     def _walk_sampled(self, tree: DraftTree, scored: TargetOutput, prefix, rows=None) -> VerifyResult:
-        return walk_sampled(tree, scored.logits[:, 0], rows or scored_rows(scored.logits), self.temperature,
-                            self.sampler, prefix)
+        warp = self.warp.logits
+        node_rows = rows or scored_rows(scored.logits)
+        return walk_sampled(tree, warp(scored.logits[:, 0]), lambda r, n: warp(node_rows(r, n)), 1.0, self.sampler,
+                            prefix)
 
     def _all_sampled(self, tree: DraftTree, scored: TargetOutput, prefix, rows=None) -> VerifyResult:
-        return verify_sampled(tree, scored.logits.to(tree.device), self.temperature, self.sampler, prefix)
+        return verify_sampled(tree, self.warp.logits(scored.logits.to(tree.device)), 1.0, self.sampler, prefix)
+
+    def _rejection(self, sampled: SampledTree, scored: TargetOutput, prefix, rows=None) -> VerifyResult:
+        return verify_rejection(sampled, scored.logits.to(sampled.tree.device), self.warp, self.generator)
 
     # ---------------------------------------------------------------------------------- output
     def run(self) -> None:

@@ -25,10 +25,12 @@ from dartree.block import DraftBlock
 from dartree.models.target import HFTarget
 from dartree.tree import DraftTree
 from dartree.verify.sampling import GeneratorSampler, Sampler, check_temperature, sample_checked
+from dartree.verify.warp import Warp
 
 __all__ = ["RoundStats", "GenerationResult", "STOP_REASONS", "ROUND_STAGES", "Request", "Clock", "TimedRows",
            "ROWS_PER_PASS", "WalkRows", "scored_rows", "walk_pays",
-           "as_target", "check_request", "check_requests", "check_block", "fit_tree", "first_tokens", "truncate",
+           "as_target", "check_options", "check_request", "check_requests", "Options", "VERIFIERS", "DEFAULT_VERIFIER",
+           "check_block", "fit_tree", "first_tokens", "truncate",
            "index_arg", "stop_tokens"]
 
 STOP_REASONS = ("max_new_tokens", "stop_token")
@@ -249,13 +251,16 @@ def as_target(target: HFTarget | nn.Module, layer_ids: tuple[int, ...]) -> HFTar
 @dataclass(frozen=True)
 class Request:
     """One checked request.  ``prompt`` int64 ``[1, L]`` on the target's device; ``sampler`` is
-    ``None`` at temperature 0; ``stop`` the stop tokens (normalised once, up front)."""
+    ``None`` at temperature 0; ``stop`` the stop tokens (normalised once, up front); ``warp`` the
+    target's warped distribution and ``verifier`` the acceptance rule at T>0."""
 
     prompt: Tensor
     max_new_tokens: int
     temperature: float
     sampler: Sampler | None
     stop: frozenset[int]
+    warp: Warp | None = None          # the target's sampling distribution (None at temperature 0)
+    verifier: str = "greedy"          # the acceptance rule (VERIFIERS; "greedy" at temperature 0)
 
 
 def index_arg(name: str, value: object) -> int:
@@ -335,8 +340,41 @@ def _check_prompt(target: HFTarget, input_ids: object, max_new_tokens: int) -> T
     return prompt
 
 
-def _check_options(target: HFTarget, max_new_tokens: object, temperature: object, sampler: object,
-                   stop_token_ids: object) -> tuple[int, float, Sampler | None, frozenset[int]]:
+#: the acceptance rules at T>0: exact target-sample matching of deterministic trees, and recursive rejection
+#: sampling of sampled trees (:mod:`dartree.verify.rejection`); T=0 is always "greedy"
+VERIFIERS = ("match", "rejection")
+#: the T>0 default (chosen by measurement: docs/results.md, "Sampling at T=1")
+DEFAULT_VERIFIER = "match"
+
+
+@dataclass(frozen=True)
+class Options:
+    """A decode's options, checked and shared by all its requests."""
+
+    max_new_tokens: int
+    temperature: float
+    sampler: Sampler | None
+    stop: frozenset[int]
+    warp: Warp | None
+    verifier: str
+
+    def request(self, prompt: Tensor) -> Request:
+        return Request(prompt, self.max_new_tokens, self.temperature, self.sampler, self.stop, self.warp,
+                       self.verifier)
+
+
+def check_options(target: HFTarget, max_new_tokens: object, temperature: object = 0.0, sampler: object = None,
+                  stop_token_ids: object = None, top_k: object = None, top_p: object = None, min_p: object = None,
+                  verifier: object = None) -> Options:
+    """The options of a decode, checked (every argument named in its error) and normalised.
+
+    ``top_k`` / ``top_p`` / ``min_p`` (HF ``generate``'s semantics, :class:`~dartree.verify.warp.Warp`) shape the
+    target's distribution at T>0 for AR and both verifiers alike; at T=0 (greedy) they are checked and unused.
+    ``verifier``: one of :data:`VERIFIERS`, or ``None``: :data:`DEFAULT_VERIFIER` with a ``GeneratorSampler``
+    (or none), ``"match"`` with a ``KeyedSampler`` or a custom sampler; at T=0 decoding is greedy whatever it
+    says.  ``"rejection"`` draws from a ``torch.Generator``: ``sampler`` must be ``None`` or a
+    :class:`GeneratorSampler` (a ``KeyedSampler``'s keyed draws are for ``"match"``).
+    """
     max_new_tokens = index_arg("max_new_tokens", max_new_tokens)
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens: expected an int >= 1, got {max_new_tokens!r}")
@@ -344,31 +382,45 @@ def _check_options(target: HFTarget, max_new_tokens: object, temperature: object
     if sampler is not None and not callable(getattr(sampler, "sample", None)):   # checked at T=0 too: a typo
         raise ValueError(f"sampler: expected None, a GeneratorSampler, a KeyedSampler or any object with "
                          f"sample(logits, positions), got {type(sampler).__name__}")
+    if verifier is not None and verifier not in VERIFIERS:
+        raise ValueError(f"verifier: expected None (the default, {DEFAULT_VERIFIER!r}) or one of {VERIFIERS}, "
+                         f"got {verifier!r}")
+    warp = Warp(temperature if temperature > 0 else 1.0, top_k, top_p, min_p)     # checked at T=0 too
     if temperature == 0:
-        sampler = None             # greedy: the sampler is unused
-    elif sampler is None:
-        sampler = GeneratorSampler()
-    return max_new_tokens, temperature, sampler, stop_tokens(stop_token_ids, target.vocab_size)
+        sampler, warp, verifier = None, None, "greedy"             # greedy: sampler, warp and verifier unused
+    else:
+        if sampler is None:
+            sampler = GeneratorSampler()
+        if verifier is None:          # keyed (or custom) draws verify by matching; a torch.Generator: the default
+            verifier = DEFAULT_VERIFIER if type(sampler) is GeneratorSampler else "match"
+        if verifier == "rejection" and type(sampler) is not GeneratorSampler:
+            raise ValueError(f"sampler: verifier 'rejection' draws from a torch.Generator; pass a GeneratorSampler "
+                             f"(or None), got {type(sampler).__name__} (keyed draws: use verifier='match')")
+    return Options(max_new_tokens, temperature, sampler, stop_tokens(stop_token_ids, target.vocab_size), warp,
+                   verifier)
 
 
 def check_request(target: HFTarget, input_ids: Tensor, max_new_tokens: int, temperature: float = 0.0,
-                  sampler: Sampler | None = None, stop_token_ids: Iterable[int] | None = None) -> Request:
-    """One request, checked (every argument named in its error) and normalised."""
-    max_new, temperature, sampler, stop = _check_options(target, max_new_tokens, temperature, sampler, stop_token_ids)
-    return Request(_check_prompt(target, input_ids, max_new), max_new, temperature, sampler, stop)
+                  sampler: Sampler | None = None, stop_token_ids: Iterable[int] | None = None,
+                  **options) -> Request:
+    """One request, checked (every argument named in its error) and normalised; ``options``: ``top_k``,
+    ``top_p``, ``min_p``, ``verifier`` (:func:`check_options`)."""
+    opts = check_options(target, max_new_tokens, temperature, sampler, stop_token_ids, **options)
+    return opts.request(_check_prompt(target, input_ids, opts.max_new_tokens))
 
 
 def check_requests(target: HFTarget, prompts: Sequence[Tensor], max_new_tokens: int, temperature: float = 0.0,
-                   sampler: Sampler | None = None, stop_token_ids: Iterable[int] | None = None) -> list[Request]:
+                   sampler: Sampler | None = None, stop_token_ids: Iterable[int] | None = None,
+                   **options) -> list[Request]:
     """A request per prompt with shared options, normalised once (a stop-token iterator is read once,
     one default sampler is shared by every row); a bad prompt is named by its index."""
     if isinstance(prompts, Tensor) or not isinstance(prompts, Sequence) or len(prompts) == 0:
         raise ValueError("prompts: expected a non-empty sequence of 1-D integer tensors (one per request)")
-    max_new, temperature, sampler, stop = _check_options(target, max_new_tokens, temperature, sampler, stop_token_ids)
+    opts = check_options(target, max_new_tokens, temperature, sampler, stop_token_ids, **options)
     reqs = []
     for i, p in enumerate(prompts):
         try:
-            reqs.append(Request(_check_prompt(target, p, max_new), max_new, temperature, sampler, stop))
+            reqs.append(opts.request(_check_prompt(target, p, opts.max_new_tokens)))
         except ValueError as err:
             raise ValueError(f"prompts[{i}]: {err}") from None
     return reqs
@@ -384,7 +436,7 @@ def first_tokens(logits: Tensor, reqs: Sequence[Request], positions: Tensor) -> 
     first = reqs[0]
     if first.sampler is None:
         return logits.argmax(dim=-1)
-    return sample_checked(first.sampler, logits.float() / first.temperature, positions).to(torch.int64)
+    return sample_checked(first.sampler, first.warp.logits(logits), positions).to(torch.int64)
 
 
 def check_block(block: object, roots: Tensor, vocab_size: int, rows: int = 1) -> None:

@@ -54,6 +54,11 @@ def serve(
     sampler: Sampler | None = None,
     stop_token_ids: Iterable[int] | None = None,
     on_finish: Callable[[int, GenerationResult], None] | None = None,
+    *,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    min_p: float | None = None,
+    verifier: str | None = None,
 ) -> ServeResult:
     """Decode ``prompts`` with at most ``concurrency`` in flight; see the module docstring.
 
@@ -65,11 +70,9 @@ def serve(
         raise ValueError(f"concurrency: expected an int >= 1, got {concurrency!r}")
     target = decoder.target if isinstance(decoder, SpeculativeDecoder) else \
         decoder if isinstance(decoder, HFTarget) else as_target(decoder, ())
-    reqs = check_requests(target, prompts, max_new_tokens, temperature, sampler, stop_token_ids)
-    if isinstance(decoder, SpeculativeDecoder):
-        batch = decoder.engine(reqs[0].temperature, reqs[0].sampler)
-    else:
-        batch = Engine(target, temperature=reqs[0].temperature, sampler=reqs[0].sampler)
+    reqs = check_requests(target, prompts, max_new_tokens, temperature, sampler, stop_token_ids,
+                          top_k=top_k, top_p=top_p, min_p=min_p, verifier=verifier)
+    batch = decoder.engine(reqs[0]) if isinstance(decoder, SpeculativeDecoder) else Engine(target, options=reqs[0])
     start = time.perf_counter()
     nxt, steps = 0, 0
 

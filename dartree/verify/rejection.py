@@ -92,10 +92,21 @@ class SampledTree:
         return full
 
 
-def _gumbel_top(log_q: Tensor, m: int, generator: torch.Generator | None) -> Tensor:
-    """The first ``m`` draws without replacement from ``softmax(log_q)`` per row (Gumbel-top-m), in draw order."""
-    u = torch.rand(log_q.shape, generator=generator, dtype=torch.float64, device=log_q.device)
-    keys = log_q.double() - torch.log(-torch.log(u.clamp_min(1e-300)))
+def _draw_without_replacement(q: Tensor, m: int, generator: torch.Generator | None) -> Tensor:
+    """The first ``m`` draws without replacement from the distributions ``q`` (rows), in draw order: one draw
+    by the inverse of the cumulative distribution, more by Gumbel-top-m (the order of the perturbed keys
+    ``log q + G`` is the sequential draw order).
+
+    perf (CPU): a chain's 15 single draws over 4,098 tokens take 0.1 ms by the inverse CDF, 1.0 ms as float64
+    Gumbel keys, 1.8 ms with ``torch.multinomial``; several draws use float32 keys.
+    """
+    if m == 1:
+        cdf = q.double().cumsum(-1)
+        u = torch.rand((*cdf.shape[:-1], 1), generator=generator, dtype=torch.float64, device=cdf.device)
+        # the first token whose cumulative mass exceeds u (a token of mass 0 never is the first)
+        return torch.searchsorted(cdf, u * cdf[..., -1:], right=True).clamp_max(cdf.shape[-1] - 1)
+    u = torch.rand(q.shape, generator=generator, dtype=torch.float32, device=q.device)
+    keys = q.float().log() - torch.log(-torch.log(u.clamp_min(torch.finfo(torch.float32).tiny)))
     return torch.topk(keys, m, dim=-1).indices
 
 
@@ -157,24 +168,25 @@ def sample_tree(template: DraftTree, block: DraftBlock, head=None, warp: Warp | 
 
 
 def _draw_vocab(template: DraftTree, kids, depths, probs: Tensor, generator) -> tuple[list, list]:
+    """Every node's children at once: one Gumbel-top-m over the vocabulary per node with children."""
     b, n = template.tokens.shape
     tokens = template.tokens.tolist()
     keep = [[u < c for u in range(n)] for c in template.num_nodes.tolist()]
-    log_q = probs.log()
-    positive = (probs > 0).sum(-1).tolist()                               # [b][gamma]
-    for r in range(b):
-        for u in range(n):
-            m = len(kids[r][u])
-            if not m or not keep[r][u]:
-                continue
-            d = depths[r][u]
-            allowed = min(m, positive[r][d])
-            drawn = _gumbel_top(log_q[r, d], allowed, generator).tolist()
-            for j, child in enumerate(kids[r][u]):
-                if j < allowed:
-                    tokens[r][child] = drawn[j]
-                else:
-                    _drop(keep[r], kids[r], child)
+    parents = [(r, u) for r in range(b) for u in range(n) if keep[r][u] and kids[r][u]]
+    if not parents:
+        return tokens, keep
+    rows = torch.tensor([r for r, _ in parents], dtype=torch.int64, device=probs.device)
+    at = torch.tensor([depths[r][u] for r, u in parents], dtype=torch.int64, device=probs.device)
+    q = probs[rows, at]                                                  # [k, V] each parent's proposal
+    most = max(len(kids[r][u]) for r, u in parents)
+    drawn = _draw_without_replacement(q, min(most, q.shape[-1]), generator).tolist()
+    positive = (q > 0).sum(-1).tolist()
+    for (r, u), row, count in zip(parents, drawn, positive, strict=True):
+        for j, child in enumerate(kids[r][u]):
+            if j < count:                         # Gumbel keys of q > 0 come before those of q = 0 (-inf)
+                tokens[r][child] = row[j]
+            else:
+                _drop(keep[r], kids[r], child)
     return tokens, keep
 
 
@@ -210,7 +222,7 @@ def _draw_head(template: DraftTree, kids, depths, block: DraftBlock, head, warp:
             for j, u in enumerate(parents[r]):
                 probs[r, u] = q[r, j]
                 allowed = min(len(kids[r][u]), positive[r][j])
-                drawn = _gumbel_top(q[r, j].log(), allowed, generator).tolist()
+                drawn = _draw_without_replacement(q[r, j], allowed, generator).tolist()
                 for i, child in enumerate(kids[r][u]):
                     if i < allowed:
                         tokens[r][child] = int(cand[r, d - 1, drawn[i]])
