@@ -34,7 +34,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from dartree.eval.methods import make_decoder, parse_method
     from dartree.eval.streaming import stream_generate
     from dartree.eval.tune_cache import check_cached, resolve_unset
-    from dartree.verify.sampling import KeyedSampler
+    from dartree.verify.sampling import GeneratorSampler, KeyedSampler
 
     if (args.prompt is None) == (args.prompt_file is None):
         raise UsageError("generate: give exactly one of --prompt and --prompt-file")
@@ -56,7 +56,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
         check_positions(bundle, [ids.shape[1]], args.max_new_tokens)
     stop = None if args.no_stop else stop_token_id(bundle)
     stops = None if stop is None else [stop]
-    sampler = KeyedSampler(args.seed) if args.temperature > 0 else None
+    verifier = None if method.is_ar else method.verifier or args.verifier
+    sampler = None
+    if args.temperature > 0:          # keyed draws (== AR with the seed), or a seeded generator for rejection
+        sampler = KeyedSampler(args.seed) if verifier != "rejection" else \
+            GeneratorSampler(torch.Generator().manual_seed(args.seed))
+    warps = {"top_k": args.top_k, "top_p": args.top_p, "min_p": args.min_p}
+    options = {**warps, "verifier": verifier if args.temperature > 0 else None}
     out = sys.stdout
     out.write(text)
     out.flush()
@@ -75,15 +81,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     start = time.perf_counter()
     if method.is_ar:
-        result = generate_ar(bundle.target, ids, args.max_new_tokens, args.temperature, sampler, stops)
+        result = generate_ar(bundle.target, ids, args.max_new_tokens, args.temperature, sampler, stops, **warps)
         show(result.tokens[0].tolist())
     else:
         decoder = make_decoder(bundle, method, args.backend)
         if args.no_stream:
-            result = decoder.generate(ids, args.max_new_tokens, args.temperature, sampler, stops)
+            result = decoder.generate(ids, args.max_new_tokens, args.temperature, sampler, stops, **options)
             show(result.tokens[0].tolist())
         else:
-            result = stream_generate(decoder, ids, args.max_new_tokens, show, args.temperature, sampler, stops)
+            result = stream_generate(decoder, ids, args.max_new_tokens, show, args.temperature, sampler, stops,
+                                     **options)
     seconds = time.perf_counter() - start
     show([], final=True)
     out.write("\n")
@@ -177,7 +184,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
             calibration_prompts=args.calibration_prompts or preset.get("calibration_prompts", 4),
             tune_budgets=tuple(args.tune_budgets), tune_widths=tuple(args.tune_widths),
             # the preset's peers unless --peers says otherwise (they decode the full length: not with --stop-at-eos)
-            peers=_peers(args.peers if args.peers is not None else None if args.stop_at_eos else preset.get("peers")))
+            peers=_peers(args.peers if args.peers is not None else None if args.stop_at_eos else preset.get("peers")),
+            verifier=args.verifier, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p)
         # Enough prompts in every dataset (and calibration prompts for budget=auto)?
         prompts = [p for d in config.datasets for p in load_prompts(d, config.num_prompts,
                                                                     prompt_chars=config.prompt_chars)]

@@ -121,6 +121,26 @@ def _temperature(text: str) -> float:
                    f"0 (greedy) or a finite number >= {MIN_TEMPERATURE:g}") + 0.0     # -0 -> 0.0
 
 
+def _top_p(text: str) -> float:
+    return _parsed(text, float, lambda v: 0 < v <= 1, "a number with 0 < top-p <= 1") + 0.0
+
+
+def _min_p(text: str) -> float:
+    return _parsed(text, float, lambda v: 0 <= v <= 1, "a number with 0 <= min-p <= 1") + 0.0
+
+
+def _sampling_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("sampling at T>0 (HF generate's warpers, for AR and every method alike)")
+    g.add_argument("--top-k", type=_positive_int, default=None, help="keep the k most likely tokens")
+    g.add_argument("--top-p", type=_top_p, default=None, help="keep the smallest set of mass >= top-p (nucleus)")
+    g.add_argument("--min-p", type=_min_p, default=None, help="drop tokens below min-p x the top probability")
+    # dartree.rounds.VERIFIERS (not imported: keeps --help fast; tests/test_cli checks they agree)
+    g.add_argument("--verifier", choices=("match", "rejection"), default=None,
+                   help="how trees are verified at T>0: 'match' (target-sample matching: with the seed, equal to AR "
+                        "token for token; the default) or 'rejection' (sampled trees, recursive rejection sampling: "
+                        "lossless in distribution); a method's own verifier=... wins")
+
+
 def _beta(text: str) -> float:
     return _parsed(text, float, lambda v: -math.inf < v <= 0, "a finite number <= 0 (a depth penalty)") + 0.0
 
@@ -260,6 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--no-stream", action="store_true", help="print the text once at the end")
     g.add_argument("--no-stop", action="store_true", help="do not stop at the end-of-text token")
     _method_defaults(g)
+    _sampling_args(g)
 
     b = sub.add_parser("bench", parents=[common], help="methods x datasets x temperatures: tables, plots, lossless")
     b.add_argument("--preset", choices=sorted(PRESETS), help="a named configuration; other options override it")
@@ -289,6 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "and speedup over batched AR at each C; first dataset and temperature only")
     _out_args(b, None, "results.md, results.json, plots; default runs/bench or the preset's")
     _method_defaults(b)
+    _sampling_args(b)
 
     s = sub.add_parser("sweep", parents=[common], help="width / budget / beta / top-K sweeps: table + plot")
     s.add_argument("--param", choices=SWEEP_PARAMS, required=True)

@@ -32,7 +32,9 @@ from dartree.eval.peers import PEER_PREFIX, PEERS, PeerResult, make_peer, peer_u
 from dartree.eval.simulate import reference
 from dartree.eval.tune import DEFAULT_BUDGETS, DEFAULT_MIN_SPEEDUP, DEFAULT_WIDTHS, TuneResult, tune
 from dartree.models.target import HFTarget
-from dartree.verify.sampling import KeyedSampler
+from dartree.rounds import VERIFIERS
+from dartree.verify.sampling import GeneratorSampler, KeyedSampler
+from dartree.verify.warp import Warp
 
 __all__ = ["BenchConfig", "RunRecord", "Summary", "BenchResult", "run_bench", "summarize", "STAGES",
            "MODEL_STAGES", "acceptance_curve", "run_meta"]
@@ -76,8 +78,15 @@ class BenchConfig:
     tune_widths: tuple[int, ...] = DEFAULT_WIDTHS
     tune_min_speedup: float = DEFAULT_MIN_SPEEDUP
     peers: tuple[str, ...] = ()
+    verifier: str | None = None           # T>0 acceptance rule of methods that set none (None: "match")
+    top_k: int | None = None              # target-side warpers at T>0, for AR and every method alike
+    top_p: float | None = None
+    min_p: float | None = None
 
     def __post_init__(self) -> None:
+        if self.verifier is not None and self.verifier not in VERIFIERS:
+            raise ValueError(f"verifier: expected None or one of {VERIFIERS}, got {self.verifier!r}")
+        Warp(1.0, self.top_k, self.top_p, self.min_p)         # names a bad top_k / top_p / min_p
         bad = [p for p in self.peers if p not in PEERS]
         if bad or len(set(self.peers)) != len(self.peers):
             raise ValueError(f"peers: each must be one of {PEERS}, once, got {list(self.peers)}")
@@ -116,6 +125,7 @@ class RunRecord:
     matches_ar: bool
     first_difference: int = -1            # index of the first token that differs from AR's (-1: none)
     head_calls: int = 0                   # correction-head calls over all rounds (bound pruning lowers it)
+    verifier: str = "greedy"              # "rejection": lossless in law, its tokens are not compared with AR's
 
     @property
     def rounds(self) -> int:
@@ -145,6 +155,7 @@ class Summary:
     overhead_ms: float                    # round_ms minus the MODEL_STAGES
     lossless_prompts: int
     acceptance: tuple[float, ...]         # Pr(L >= t) for t = 1..gamma
+    verifier: str = "greedy"              # how its rows were verified ("rejection": in law, not compared)
 
 
 @dataclass(frozen=True)
@@ -179,7 +190,7 @@ def acceptance_curve(accepted_lengths: Sequence[int], gamma: int) -> tuple[float
 
 
 def _record(method: str, dataset: str, temperature: float, prompt_id: str, result: GenerationResult,
-            seconds: float, ar_tokens: torch.Tensor | None) -> RunRecord:
+            seconds: float, ar_tokens: torch.Tensor | None, verifier: str = "greedy") -> RunRecord:
     stage = tuple(sum(getattr(r, f"{s}_s") for r in result.rounds) for s in STAGES)   # disjoint, sum = round
     first = -1
     if ar_tokens is not None:
@@ -189,7 +200,7 @@ def _record(method: str, dataset: str, temperature: float, prompt_id: str, resul
     return RunRecord(method, dataset, temperature, prompt_id, result.prompt.shape[1], result.tokens.shape[1], seconds,
                      result.prefill_s, tuple(r.accepted_length for r in result.rounds),
                      tuple(r.committed for r in result.rounds), tuple(r.tree_size for r in result.rounds), stage,
-                     first == -1, first, sum(r.head_calls for r in result.rounds))
+                     first == -1, first, sum(r.head_calls for r in result.rounds), verifier)
 
 
 def _peer_record(label: str, dataset: str, prompt_id: str, prompt_tokens: int, result: PeerResult, seconds: float,
@@ -244,6 +255,7 @@ def summarize(records: Sequence[RunRecord], methods: Sequence[MethodSpec], backe
             overhead_ms=sum(stage_ms.values()) - sum(stage_ms[st] for st in MODEL_STAGES),
             lossless_prompts=sum(r.matches_ar for r in rs),
             acceptance=acceptance_curve(accepted, gamma) if not spec.is_ar else (),
+            verifier=rs[0].verifier,
         ))
     return tuple(out)
 
@@ -332,14 +344,28 @@ def run_bench(bundle: Bundle, config: BenchConfig, argv: Sequence[str] | None = 
                 else make_decoder(bundle, resolved[(m.label, t)], config.backend)
                 for m in timed for t in config.temperatures}
 
+    warps = {"top_k": config.top_k, "top_p": config.top_p, "min_p": config.min_p}
+
+    def verifier_of(label: str, temperature: float) -> str:
+        """How ``label`` verifies at ``temperature``: greedy at T=0; its own, the run's, or matching at T>0."""
+        spec = None if label == AR else resolved[(label, temperature)]
+        if temperature == 0:
+            return "greedy"
+        return "match" if spec is None or spec.is_ar else spec.verifier or config.verifier or "match"
+
     def run(label: str, ids: torch.Tensor, max_new: int, temperature: float,
-            tuned_at: float | None = None) -> GenerationResult:
-        sampler = KeyedSampler(config.seed) if temperature > 0 else None
+            tuned_at: float | None = None, draw: int = 0) -> GenerationResult:
+        verifier = verifier_of(label, temperature if tuned_at is None else tuned_at) if temperature > 0 else "greedy"
+        sampler = None
+        if temperature > 0:     # keyed draws (== AR token for token), or a seeded generator per prompt (rejection)
+            sampler = KeyedSampler(config.seed) if verifier != "rejection" else GeneratorSampler(
+                torch.Generator(device=ids.device).manual_seed(config.seed * 1_000_003 + draw))
         decoder = None if label == AR else decoders[(label, temperature if tuned_at is None else tuned_at)]
+        stops = None if stop is None else [stop]
         if decoder is None:
-            return generate_ar(bundle.target, ids, max_new, temperature, sampler,
-                               stop_token_ids=None if stop is None else [stop])
-        return decoder.generate(ids, max_new, temperature, sampler, stop_token_ids=None if stop is None else [stop])
+            return generate_ar(bundle.target, ids, max_new, temperature, sampler, stop_token_ids=stops, **warps)
+        return decoder.generate(ids, max_new, temperature, sampler, stop_token_ids=stops,
+                                verifier=None if temperature == 0 else verifier, **warps)
 
     peers = {}
     for name in config.peers:
@@ -362,15 +388,19 @@ def run_bench(bundle: Bundle, config: BenchConfig, argv: Sequence[str] | None = 
     bar = tqdm(total=total, desc="bench", disable=not progress, file=sys.stderr)
     for dataset in config.datasets:
         for temperature in config.temperatures:
-            for prompt_id, ids_list in prompts[dataset]:
+            for draw, (prompt_id, ids_list) in enumerate(prompts[dataset]):
                 ids = torch.tensor([ids_list], dtype=torch.int64, device=device)
                 ar, seconds = _timed(lambda: run(AR, ids, config.max_new_tokens, temperature))  # noqa: B023
                 ar_tokens = ar.tokens.cpu()
                 records.append(_record(AR, dataset, temperature, prompt_id, ar, seconds, None))
                 bar.update(1)
                 for m in timed:
-                    res, seconds = _timed(lambda: run(m.label, ids, config.max_new_tokens, temperature))  # noqa: B023
-                    records.append(_record(m.label, dataset, temperature, prompt_id, res, seconds, ar_tokens))
+                    res, seconds = _timed(lambda: run(m.label, ids, config.max_new_tokens, temperature,  # noqa: B023
+                                                      draw=draw))  # noqa: B023
+                    verifier = verifier_of(m.label, temperature)
+                    # rejection is lossless in law (tested), not token for token: its tokens are not compared
+                    records.append(_record(m.label, dataset, temperature, prompt_id, res, seconds,
+                                           None if verifier == "rejection" else ar_tokens, verifier))
                     bar.set_postfix_str(f"{dataset} T={temperature:g} {m.label}", refresh=False)
                     bar.update(1)
                 if temperature != 0:

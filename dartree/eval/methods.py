@@ -2,8 +2,9 @@
 
 Syntax: ``NAME[:KEY=VALUE,...]`` where NAME is ``ar`` or a registry name (``dartree.builders.registered()``:
 dartree's own strategies and any registered since) and KEY is a field of that builder's config
-(``budget``, ``width``, ``topk``, ``beta``, ``normalize``) or ``head`` (which correction head of the
-bundle a corrected builder uses; default ``gru``).
+(``budget``, ``width``, ``topk``, ``beta``, ``normalize``), ``head`` (which correction head of the
+bundle a corrected builder uses; default ``gru``) or ``verifier`` (``match`` / ``rejection``: how it
+verifies at T>0; default: the run's).
 ``budget=auto`` / ``width=auto`` / ``beta=auto`` are resolved by :mod:`dartree.eval.tune` before
 decoding (an unset budget or width may be searched too; an unset beta keeps the builder's default).
 
@@ -19,6 +20,7 @@ from typing import Any
 from dartree.builders import TreeBuilder, builder_spec, make_builder, registered
 from dartree.decode import SpeculativeDecoder
 from dartree.eval.bundles import Bundle
+from dartree.rounds import VERIFIERS
 
 __all__ = ["AR", "AUTO", "AUTO_FIELDS", "SEARCHED_WHEN_UNSET",
            "MethodSpec", "parse_method", "parse_methods", "BACKEND_CHOICES", "resolve_backend",
@@ -41,12 +43,14 @@ class MethodSpec:
     settings: the builder config fields set explicitly, sorted by name (values may be ``"auto"``).
     head: the bundle head a corrected builder uses (``None`` for ``ar`` and uncorrected builders).
     label: how tables name it (the text it was parsed from, normalised).
+    verifier: ``match`` or ``rejection`` at T>0 (``verifier=...`` in the text; ``None``: the run's default).
     """
 
     builder: str
     settings: tuple[tuple[str, Any], ...] = ()
     head: str | None = None
     label: str = ""
+    verifier: str | None = None       # the T>0 acceptance rule (VERIFIERS; None: the run's default)
 
     @property
     def is_ar(self) -> bool:
@@ -109,6 +113,7 @@ def parse_method(text: str, defaults: dict[str, Any] | None = None) -> MethodSpe
     fields = tuple(f.name for f in dataclasses.fields(spec.config_cls))
     settings: dict[str, Any] = {}
     head: str | None = "gru" if spec.needs_head else None
+    verifier: str | None = None
     items: list[str] = []                          # KEY=VALUE as given, spaces stripped: the label
     seen: set[str] = set()
     for item in filter(None, (s.strip() for s in rest.split(","))):
@@ -125,15 +130,20 @@ def parse_method(text: str, defaults: dict[str, Any] | None = None) -> MethodSpe
                 raise ValueError(f"head: builder {name!r} uses no correction head")
             head = raw.strip()
             continue
+        if key == "verifier":
+            if raw.strip() not in VERIFIERS:
+                raise ValueError(f"verifier: expected one of {VERIFIERS}, got {raw.strip()!r}")
+            verifier = raw.strip()
+            continue
         if key not in fields:
-            allowed_keys = (*fields, "head") if spec.needs_head else fields
+            allowed_keys = ((*fields, "head") if spec.needs_head else fields) + ("verifier",)
             raise ValueError(f"{key}: not a setting of {name!r}; allowed: {allowed_keys}")
         settings[key] = _value(key, raw.strip())
     label = name + (":" + ",".join(items) if items else "")
     for key, value in (defaults or {}).items():
         if key in fields and key not in settings and value is not None:
             settings[key] = value
-    method = MethodSpec(name, tuple(sorted(settings.items())), head, label)
+    method = MethodSpec(name, tuple(sorted(settings.items())), head, label, verifier)
     concrete = {k: v for k, v in settings.items() if v != AUTO}
     make_builder(name, "ref", **concrete)          # validates every concrete value now
     return method

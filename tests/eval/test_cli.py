@@ -142,3 +142,21 @@ def test_the_tuning_grid_defaults_are_the_tuners():
     config = BenchConfig(methods=("ddtree",))
     assert config.tune_budgets == DEFAULT_BUDGETS and config.tune_widths == DEFAULT_WIDTHS
     assert PrunedConfig().width in DEFAULT_WIDTHS
+
+
+def test_sampling_flags_parse_and_agree_with_the_library():
+    """--verifier's choices are dartree.rounds.VERIFIERS (not imported by the parser: --help stays fast);
+    --top-k / --top-p / --min-p reach generate and bench; bad values are one line naming the flag."""
+    from dartree.rounds import VERIFIERS
+
+    for command in ("generate", "bench"):
+        action = next(a for a in build_parser()._subparsers._group_actions[0].choices[command]._actions
+                      if "--verifier" in a.option_strings)
+        assert tuple(action.choices) == VERIFIERS
+        args = build_parser().parse_args([command, "--verifier", "rejection", "--top-k", "5", "--top-p", "0.9",
+                                          "--min-p", "0.05"])
+        assert (args.verifier, args.top_k, args.top_p, args.min_p) == ("rejection", 5, 0.9, 0.05)
+    for flag, value in (("--top-p", "0"), ("--top-p", "1.5"), ("--top-k", "0"), ("--min-p", "-0.1"),
+                        ("--verifier", "rejected")):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["bench", flag, value])
