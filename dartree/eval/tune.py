@@ -83,9 +83,9 @@ from dartree.eval.bundles import Bundle
 from dartree.eval.methods import AR, AUTO, MethodSpec, make_decoder, resolve_backend
 from dartree.eval.simulate import Reference, ReplayBlocks, simulate
 from dartree.models.target import HFTarget
-from dartree.rounds import walk_pays
+from dartree.rounds import VERIFIERS, walk_pays
 from dartree.tree import DraftTree
-from dartree.verify.sampling import KeyedSampler
+from dartree.verify.sampling import GeneratorSampler, KeyedSampler
 
 __all__ = ["VerifyCost", "ConfigStats", "Candidate", "Measurement", "TuneResult", "measure_verify_cost",
            "replay_stats", "replay_settings", "score_candidates", "score_at_concurrency", "pick_best", "choose",
@@ -222,6 +222,7 @@ class Measurement:
     per_label: tuple[tuple[str, int, float], ...] = ()
     beta: float | None = None
     per_prompt: tuple[tuple[str, int, float], ...] = ()
+    verifier: str | None = None       # how it verified at T>0 ("match" / "rejection"; None: greedy or AR)
 
     @property
     def is_ar(self) -> bool:
@@ -262,6 +263,7 @@ class TuneResult:
     temperature: float = 0.0
     min_speedup: float = 1.0
     calibration_prompts: int = 0
+    verifier: str | None = None       # the chosen tree's verifier at T>0 (the faster measured one)
 
     def settings(self) -> dict[str, int | float]:
         """The chosen tree's config fields (``budget``, ``width`` when the builder has one, ``beta`` when
@@ -273,14 +275,20 @@ class TuneResult:
             out["beta"] = self.best.beta
         return out
 
-    def measurement(self, budget: int | None, width: int | None = None) -> Measurement | None:
-        """The real-decode measurement of a setting (``budget=None``: AR), if the tuner took one."""
-        return next((m for m in self.measured if (m.budget, m.width) == (budget, width)), None)
+    def measurement(self, budget: int | None, width: int | None = None,
+                    verifier: str | None = None) -> Measurement | None:
+        """The real-decode measurement of a setting (``budget=None``: AR), if the tuner took one: with
+        ``verifier``, that verifier's; without, the fastest of the verifiers measured."""
+        found = [m for m in self.measured if (m.budget, m.width) == (budget, width)
+                 and (verifier is None or m.verifier == verifier)]
+        return max(found, key=lambda m: m.tokens_per_s, default=None)
 
     @property
     def chosen(self) -> Measurement | None:
         """The measurement behind the choice: AR's when ``use_ar``, else the chosen tree's."""
-        return self.measurement(None) if self.use_ar else self.measurement(self.best.budget, self.best.width)
+        if self.use_ar:
+            return self.measurement(None)
+        return self.measurement(self.best.budget, self.best.width, self.verifier)
 
     @property
     def forecast_tokens_per_s(self) -> float:
@@ -337,13 +345,15 @@ class TuneResult:
         """``ar``, or ``B=.. W=..`` of the chosen tree."""
         if self.use_ar:
             return "ar"
-        return setting_text(self.best.budget, self.best.width, self.best.beta)
+        text = setting_text(self.best.budget, self.best.width, self.best.beta)
+        return text + (f" {self.verifier}" if self.verifier is not None else "")
 
     def resolve(self, method: MethodSpec) -> MethodSpec:
-        """``method`` with its ``auto`` fields replaced by the choice: plain AR (label kept) when ``use_ar``."""
+        """``method`` with its ``auto`` fields replaced by the choice (and at T>0 the chosen verifier):
+        plain AR (label kept) when ``use_ar``."""
         if self.use_ar:
             return MethodSpec(AR, label=method.label)
-        return method.with_settings(**self.settings())
+        return dataclasses.replace(method.with_settings(**self.settings()), verifier=self.verifier or method.verifier)
 
 
 @dataclass(frozen=True)
@@ -697,7 +707,10 @@ def choose(candidates: Sequence[Candidate], ar_tokens_per_s: float, measured: Se
         raise ValueError("candidates: need at least one candidate")
     if isinstance(min_speedup, bool) or not min_speedup >= 0:
         raise ValueError(f"min_speedup: must be a number >= 0 (0: never AR), got {min_speedup!r}")
-    rates = {(m.budget, m.width): m.tokens_per_s for m in measured if not m.is_ar}
+    rates: dict[tuple[int | None, int | None], float] = {}
+    for m in measured:                       # a setting measured with several verifiers: its fastest
+        if not m.is_ar:
+            rates[(m.budget, m.width)] = max(rates.get((m.budget, m.width), 0.0), m.tokens_per_s)
     finalists = [c for c in candidates if (c.budget, c.width) in rates]
     if finalists:
         best = min(finalists, key=lambda c: (-rates[(c.budget, c.width)], c.budget, c.width or 0))
@@ -712,15 +725,17 @@ def choose(candidates: Sequence[Candidate], ar_tokens_per_s: float, measured: Se
 def measure_settings(bundle: Bundle, method: MethodSpec, settings: Sequence[tuple[int, int | None]],
                      refs: Sequence[Reference], backend: str, temperature: float = 0.0, seed: int = 0,
                      labels: Sequence[str] | None = None,
-                     betas: Sequence[float | None] | None = None) -> tuple[Measurement, ...]:
+                     betas: Sequence[float | None] | None = None,
+                     verifiers: Sequence[str | None] = (None,)) -> tuple[Measurement, ...]:
     """Decode every reference's prompt for real with AR and with each ``(budget, width)`` of ``method``
     (and its ``betas[i]`` when given and not ``None``).
 
     Timed as :func:`dartree.eval.bench.run_bench` times (the whole call, prefill included), after one
     untimed warm-up each; per prompt AR and the settings run one after the other, the order rotated
-    from prompt to prompt so that load drifting over the run penalises none of them more.  At T>0 all
-    draw with the same :class:`~dartree.KeyedSampler` seed as the references.  Returns AR's
-    measurement first, then one per setting, in order.
+    from prompt to prompt so that load drifting over the run penalises none of them more.  At T>0 each
+    setting is decoded with every verifier of ``verifiers``: ``match`` (and ``None``) draw with the same
+    :class:`~dartree.KeyedSampler` seed as the references, ``rejection`` from a generator seeded per prompt.
+    Returns AR's measurement first, then one per setting and verifier, in that order.
     """
     labels = list(labels) if labels is not None else [r.label for r in refs]
     if len(labels) != len(refs):
@@ -728,21 +743,30 @@ def measure_settings(bundle: Bundle, method: MethodSpec, settings: Sequence[tupl
     betas = [None] * len(settings) if betas is None else list(betas)
     if len(betas) != len(settings):
         raise ValueError(f"betas: need one per setting ({len(settings)}), got {len(betas)}")
-    keys: list[tuple[int | None, int | None]] = [(None, None), *settings]
+    verifiers = tuple(verifiers) if temperature > 0 else (None,)
+    keys: list[tuple[int | None, int | None, str | None]] = [(None, None, None)]
     runners: list[Callable[..., GenerationResult]] = [lambda ids, n, t, smp: generate_ar(bundle.target, ids, n, t, smp)]
+    key_betas: list[float | None] = [None]
     for (budget, width), beta in zip(settings, betas, strict=True):
-        runners.append(make_decoder(bundle, _concrete(method, budget, width, beta), backend).generate)
+        decoder = make_decoder(bundle, _concrete(method, budget, width, beta), backend)
+        for verifier in verifiers:
+            keys.append((budget, width, verifier))
+            key_betas.append(beta)
+            runners.append(lambda ids, n, t, smp, d=decoder, v=verifier: d.generate(ids, n, t, smp, verifier=v))
     first = refs[0].sequence[:, : refs[0].prompt_len]
     for run in runners:                      # first calls allocate caches and pick kernels: untimed
         run(first, max(1, min(8, refs[0].new_tokens)), 0.0, None)
     totals = {k: {} for k in keys}           # key -> label -> [tokens, seconds, rounds]
-    per_prompt: dict[tuple[int | None, int | None], list[tuple[str, int, float]]] = {k: [] for k in keys}
+    per_prompt: dict[tuple[int | None, int | None, str | None], list[tuple[str, int, float]]] = {k: [] for k in keys}
     for i, (ref, label) in enumerate(zip(refs, labels, strict=True)):
         ids = ref.sequence[:, : ref.prompt_len]
         order = list(range(len(keys)))
         order = order[i % len(order):] + order[: i % len(order)]
         for j in order:
-            sampler = KeyedSampler(seed) if temperature > 0 else None
+            sampler = None
+            if temperature > 0:
+                sampler = KeyedSampler(seed) if keys[j][2] != "rejection" else GeneratorSampler(
+                    torch.Generator(device=ids.device).manual_seed(seed * 1_000_003 + i))
             start = time.perf_counter()
             result = runners[j](ids, ref.new_tokens, temperature, sampler)
             seconds = time.perf_counter() - start
@@ -752,12 +776,12 @@ def measure_settings(bundle: Bundle, method: MethodSpec, settings: Sequence[tupl
             cell[2] += max(1, result.num_rounds)
             per_prompt[keys[j]].append((label, result.tokens.shape[1], seconds))
     out = []
-    for (budget, width), beta in zip(keys, [None, *betas], strict=True):
-        cells = totals[(budget, width)]
-        out.append(Measurement(budget, width, sum(c[0] for c in cells.values()), sum(c[1] for c in cells.values()),
+    for key, beta in zip(keys, key_betas, strict=True):
+        cells = totals[key]
+        out.append(Measurement(key[0], key[1], sum(c[0] for c in cells.values()), sum(c[1] for c in cells.values()),
                                sum(c[2] for c in cells.values()),
                                tuple((label, c[0], c[1]) for label, c in cells.items()), beta,
-                               tuple(per_prompt[(budget, width)])))
+                               tuple(per_prompt[key]), key[2]))
     return tuple(out)
 
 
@@ -867,12 +891,17 @@ def tune(
             progress(f"{method.builder}: decoding AR and " + ", ".join(
                 setting_text(c.budget, c.width, c.beta) for c in ranked)
                 + f" for real on {len(refs)} calibration prompts")
+        # at T>0 every finalist is decoded with both verifiers (unless the method fixes one): the tuner ranks
+        # verifiers and builders alike, on real decodes (a rejection decode cannot be replayed from a reference)
+        verifiers = ((method.verifier,) if method.verifier else VERIFIERS) if temperature > 0 else (None,)
         measured = measure_settings(bundle, method, [(c.budget, c.width) for c in ranked], refs, backend,
-                                    temperature, seed, labels, [c.beta for c in ranked])
+                                    temperature, seed, labels, [c.beta for c in ranked], verifiers)
         ar_rate = measured[0].tokens_per_s
     else:
         ar_seconds = sum(r.ar_seconds for r in refs)
         ar_rate = sum(r.new_tokens for r in refs) / ar_seconds if ar_seconds > 0 else float("inf")
     best, use_ar = choose(candidates, ar_rate, measured, min_speedup)
+    fastest = max((m for m in measured if (m.budget, m.width) == (best.budget, best.width)),
+                  key=lambda m: m.tokens_per_s, default=None)
     return TuneResult(method.label, method.builder, candidates, best, verify_cost, overhead_s, ar_rate, measured,
-                      use_ar, temperature, min_speedup, len(refs))
+                      use_ar, temperature, min_speedup, len(refs), None if fastest is None else fastest.verifier)

@@ -155,3 +155,24 @@ def test_the_walks_lm_head_rows_are_in_the_model(bundle):
         VerifyCost((1, 9), (0.010, 0.018), row_s=0.002, root_seconds=(0.009,))
     with pytest.raises(ValueError, match=r"logits: 'walk' times single-request rounds"):
         measure_verify_cost(bundle.target, (), prefix_len=16, sizes=(1, 9), repeats=1, rows=2, logits="walk")
+
+
+def test_tune_at_t1_ranks_both_verifiers(bundle):
+    """At T>0 every finalist is decoded with both verifiers; the choice names the faster one, its forecast is
+    that verifier's measurement, and the resolved method carries it (a method that fixes one is kept to it)."""
+    refs = [reference(bundle, encode(bundle.tokenizer, "def f(x):\n"), 10, temperature=1.0, seed=3)]
+    cost = measure_verify_cost(bundle.target, (), prefix_len=16, sizes=(1, 4, 9), repeats=1)
+    result = tune(bundle, parse_method("ddtree:budget=auto"), refs, "ref", budgets=(2, 6), verify_cost=cost,
+                  temperature=1.0, seed=3, finalists=2, min_speedup=0.0)
+    trees = [m for m in result.measured if not m.is_ar]
+    assert {(m.budget, m.verifier) for m in trees} == {(2, "match"), (2, "rejection"), (6, "match"),
+                                                       (6, "rejection")}
+    assert result.verifier in ("match", "rejection") and not result.use_ar
+    chosen = result.chosen
+    assert chosen.verifier == result.verifier
+    assert chosen.tokens_per_s == max(m.tokens_per_s for m in trees)
+    assert result.resolve(parse_method("ddtree:budget=auto")).verifier == result.verifier
+    assert result.choice_text.endswith(result.verifier)
+    fixed = tune(bundle, parse_method("ddtree:budget=auto,verifier=match"), refs, "ref", budgets=(2,),
+                 verify_cost=cost, temperature=1.0, seed=3, finalists=1, min_speedup=0.0)
+    assert {m.verifier for m in fixed.measured if not m.is_ar} == {"match"} and fixed.verifier == "match"
