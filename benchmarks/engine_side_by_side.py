@@ -7,7 +7,8 @@ under the same load, interleaved (the order alternates every repetition)::
     git worktree add /tmp/base <commit> && cp dartree/_native*.so /tmp/base/dartree/   # same C source
     mkdir -p /tmp/basepkg && cp -r /tmp/base/dartree /tmp/basepkg/dartree_base
     grep -rl dartree --include=*.py /tmp/basepkg/dartree_base | xargs sed -i -E \\
-        's/\\bdartree\\.([a-z_])/dartree_base.\\1/g; s/from dartree import/from dartree_base import/g; s/"dartree\\./"dartree_base./g'
+        -e 's/\\bdartree\\.([a-z_])/dartree_base.\\1/g' -e 's/from dartree import/from dartree_base import/g' \\
+        -e 's/"dartree\\./"dartree_base./g'
     PYTHONPATH=/tmp/basepkg taskset -c 0 .venv/bin/python benchmarks/engine_side_by_side.py --reps 5
 
 Each side loads its own bundle.  Reported per method: tokens/s of each side and the median over prompts of
@@ -49,7 +50,8 @@ def side(package: str, names: list[str], new_tokens: int, prompts_per_set: int):
             runs[name] = lambda p: root.generate_ar(target, p, new_tokens)
         else:
             builder, settings, head = METHODS[name]
-            dec = root.SpeculativeDecoder(target, bundle.drafter, root.make_builder(builder, backend="fast", **settings),
+            made = root.make_builder(builder, backend="fast", **settings)
+            dec = root.SpeculativeDecoder(target, bundle.drafter, made,
                                           head=None if head is None else bundle.heads[head])
             runs[name] = lambda p, dec=dec: dec.generate(p, new_tokens)
     return runs, prompts

@@ -1,7 +1,7 @@
 """Batched AR vs single-request AR on the zoo target (issue 13's goal: >= 3x tokens/s at C=8, one thread).
 
 provider ``single``: ``generate_ar`` on 8 prompts one after the other; ``batched``: ``serve`` with
-the 8 prompts in flight (``dartree.batch.ARBatch``: one forward per step for every live row).  Both
+the 8 prompts in flight (``dartree.batch.generate_ar_batch``: one forward per step for every live row).  Both
 decode the same tokens (asserted); compare the medians (same work, so the time ratio is the
 tokens/s ratio).  Prompts: the first 8 humaneval prompts (last 128 tokens), 32 new tokens each
 (``DARTREE_BENCH=full``: 64).

@@ -70,8 +70,11 @@ def _head_for(name: str):
 
 # ------------------------------------------------------------------------------------------ steps
 def step_tests(c: Check) -> str:
-    """pytest on tests/fast and tests/verify (quick: the dispatch test only)."""
-    args = ["tests/fast", "tests/verify"] if not c.quick else ["tests/fast/test_fast_kernels.py", "-k", "dispatch"]
+    """pytest on tests/fast and tests/verify, with every Triton specialisation compiled for every arch
+    (``-m "aot_full or not aot_full"``: the default suite compiles the test shapes for one arch only)
+    (quick: the dispatch test only)."""
+    args = ["tests/fast", "tests/verify", "-m", "aot_full or not aot_full"] if not c.quick else [
+        "tests/fast/test_fast_kernels.py", "-k", "dispatch"]
     cmd = [sys.executable, "-m", "pytest", *args, "-x", "-q", "-p", "no:cacheprovider", "--benchmark-disable"]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:]

@@ -217,7 +217,18 @@ def test_an_interrupted_plot_leaves_no_file(tmp_path, monkeypatch):
 
 def test_a_signal_during_the_commit_is_delivered_once_it_is_done(folder, monkeypatch):
     """Ctrl-C arriving at the first install of a new file: the commit finishes (new run in, staging gone),
-    then the KeyboardInterrupt is raised."""
+    then the KeyboardInterrupt is raised.  Python's own SIGINT handler is installed for the test: a shell that
+    ignores SIGINT (a background job, nohup) starts Python with it ignored, and then no Ctrl-C would arrive."""
+    import signal
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        _signal_during_commit(folder, monkeypatch)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _signal_during_commit(folder, monkeypatch):
     import signal
 
     real, sent = os.replace, []

@@ -57,14 +57,23 @@ def test_every_kernel_is_launched_by_the_triton_path(test_shape_launches) -> Non
     assert {launch.kernel for launch in test_shape_launches} == KERNELS
 
 
+def test_test_shape_specialisations_compile_for_the_newest_arch(test_shape_launches) -> None:
+    """The default suite compiles the test shapes for one arch (sm_90); every arch under -m aot_full."""
+    launches = distinct(test_shape_launches)
+    pairs = compile_all(launches, archs=ARCHS[-1:])  # raises with the compiler's message on the first failure
+    assert len(pairs) == len(launches)
+    check(pairs)
+
+
+@pytest.mark.aot_full
 def test_test_shape_specialisations_compile_for_every_arch(test_shape_launches) -> None:
     launches = distinct(test_shape_launches)
-    pairs = compile_all(launches)  # raises with the compiler's message on the first failure
+    pairs = compile_all(launches)
     assert len(pairs) == len(launches) * len(ARCHS)
     check(pairs)
 
 
-@pytest.mark.slow
+@pytest.mark.aot_full
 def test_largest_supported_specialisations_compile_for_every_arch() -> None:
     launches = distinct(largest_launches())
     assert {launch.kernel for launch in launches} == KERNELS

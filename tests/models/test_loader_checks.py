@@ -218,6 +218,17 @@ def test_the_evenly_spaced_rule_equals_the_reference_formula(t: int) -> None:
                 dflash_target_layer_ids(t, n)
 
 
+def test_the_context_features_equal_the_reference_extraction() -> None:
+    """z-lab's own feature extraction (``dflash.model.extract_context_feature``) on the hidden states of a
+    two-layer target: the same features dartree hands its drafter (skipped without the optional package)."""
+    model = pytest.importorskip("dflash.model")
+    small = two_layer_target()
+    ids, hidden = _context(small, [1, -1])
+    with torch.no_grad():
+        states = small(input_ids=ids, output_hidden_states=True).hidden_states
+    torch.testing.assert_close(model.extract_context_feature(states, [1, -1]), hidden, atol=0, rtol=0)
+
+
 @pytest.mark.parametrize("n,want", [(2, [1, -1]), (3, [1, 0, -1]), (4, [1, 0, 0, -1]), (5, [1, 0, 0, 0, -1]),
                                     (8, [1, 1, 0, 0, 0, 0, -1, -1])])
 def test_two_layer_target_rule(n: int, want: list[int]) -> None:
@@ -234,14 +245,6 @@ def test_a_two_layer_target_drafter_loads_and_drafts_as_the_reference(tmp_path) 
     drafter = load_drafter(rf.write(tmp_path / "two", config, tensors), target=small)
     assert drafter.target_layer_ids == (1, -1)
     ids, hidden = _context(small, [1, -1])
-    try:                         # the reference's own feature extraction, when z-lab's package is installed
-        from dflash.model import extract_context_feature
-
-        with torch.no_grad():
-            states = small(input_ids=ids, output_hidden_states=True).hidden_states
-        torch.testing.assert_close(extract_context_feature(states, [1, -1]), hidden, atol=0, rtol=0)
-    except ImportError:
-        pass
     block = _draft(drafter, ids, hidden)
     _, want = _reference_slots(config, tensors, small, ids, hidden)
     assert (block.logits.double() - want[:, 1:]).abs().max() <= TOL

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 
@@ -52,10 +50,9 @@ def humaneval_cases(bundle):
     return cases
 
 
-def test_loads_in_seconds_and_is_ready():
-    start = time.perf_counter()
+def test_loads_and_is_ready():
+    """Ready to use offline (how long it takes is a benchmark: benchmarks/test_bench_zoo.py)."""
     b = zoo.load(zoo.DEFAULT_NAME)
-    assert time.perf_counter() - start < 15.0
     assert not b.target.training and next(b.target.parameters()).dtype == torch.float32
     assert isinstance(b.drafter, DFlashDrafter) and isinstance(b.drafter, Drafter) and not b.drafter.training
     assert b.drafter.block_size == 16 and b.drafter.gamma == 15
