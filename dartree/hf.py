@@ -1,0 +1,146 @@
+"""dartree inside HF ``generate``: ``model.generate(ids, custom_generate=dartree.hf.generate, drafter=,
+builder=)``.
+
+transformers 5.x hands a callable ``custom_generate`` the prepared loop arguments (``generate`` validates the
+``GenerationConfig``, sets ``max_length`` from ``max_new_tokens``, prepares the logits processors, stopping
+criteria) and the keyword arguments the callable declares beyond ``_sample``'s: here ``drafter``, ``builder``,
+``head``, ``verifier``, ``sampler`` and ``stream``. The decode is dartree's own
+(:meth:`dartree.SpeculativeDecoder.generate`; several prompts: ``generate_batch`` on the unpadded rows), so
+its output is what ``model.generate`` returns: greedy equal to HF's greedy token for token; with
+``do_sample=True`` the warpers HF would apply (temperature, top-k, top-p, min-p, HF's defaults included:
+``top_k=50`` unless set) define the distribution, verified by ``verifier`` (``None``: dartree's default).
+
+What is honoured: ``max_new_tokens`` / ``max_length``, ``eos_token_id`` (one or several; rows that end pad
+with ``pad_token_id``, as HF pads), ``do_sample`` and the warpers above, a streamer passed as ``stream=`` (its
+``put`` gets the prompt, then each round's new tokens; batch of one), ``return_dict_in_generate``
+(``sequences`` only), left-padded batches with an ``attention_mask``. Anything that changes the distribution
+in other ways (a repetition penalty, bad words, ``logits_processor=``, stop strings, beams, ``output_scores``)
+is refused with one error naming it: tree verification would have to apply it at every node of every path,
+which this loop does not.
+
+Shape: ``input_ids`` int64 ``[b, L]`` (left-padded when ``b > 1``) -> sequences ``[b, L + new]``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+from transformers.generation.logits_process import (
+    MinPLogitsWarper,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
+
+from dartree.decode import SpeculativeDecoder
+from dartree.models.target import HFTarget
+from dartree.verify.sampling import GeneratorSampler
+
+__all__ = ["generate"]
+
+_WARPERS = (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper, MinPLogitsWarper)
+_STOPPERS = (MaxLengthCriteria, EosTokenCriteria)
+_REFUSED_FLAGS = ("output_scores", "output_logits", "output_attentions", "output_hidden_states")
+
+
+def _decoder(model, drafter, builder, head) -> SpeculativeDecoder:
+    """One decoder per (model, drafter, builder, head), kept on the model: the lean forward's probe, the
+    target's buffers and the drafter's state are made once, not per ``generate`` call."""
+    cache = model.__dict__.setdefault("_dartree_decoders", {})
+    key = (id(drafter), id(builder), id(head))
+    found = cache.get(key)
+    if found is None or found[0] is not drafter or found[1] is not builder or found[2] is not head:
+        target = HFTarget(model, layer_ids=tuple(drafter.target_layer_ids))
+        found = cache[key] = (drafter, builder, head, SpeculativeDecoder(target, drafter, builder, head))
+    return found[3]
+
+
+def _check(generation_config, logits_processor, stopping_criteria) -> None:
+    if generation_config.num_beams != 1 or generation_config.num_return_sequences != 1:
+        raise ValueError("num_beams / num_return_sequences: dartree.hf.generate decodes one sequence per prompt "
+                         "(beam search and several returns are not speculative decoding); allowed: 1")
+    for flag in _REFUSED_FLAGS:
+        if getattr(generation_config, flag, False):
+            raise ValueError(f"{flag}: not available from dartree.hf.generate (it returns sequences only); allowed: "
+                             f"False")
+    others = [type(p).__name__ for p in (logits_processor or []) if not isinstance(p, _WARPERS)]
+    if others:
+        raise ValueError(f"logits_processor: dartree.hf.generate applies temperature, top_k, top_p and min_p only; "
+                         f"these would change the distribution at every tree node: {others}")
+    stops = [type(c).__name__ for c in (stopping_criteria or []) if not isinstance(c, _STOPPERS)]
+    if stops:
+        raise ValueError(f"stopping_criteria: dartree.hf.generate stops at max_new_tokens / max_length and "
+                         f"eos_token_id only; got {stops}")
+
+
+def generate(model, input_ids: Tensor, logits_processor=None, stopping_criteria=None, generation_config=None,
+             synced_gpus: bool = False, streamer=None, *, drafter=None, builder=None, head=None,
+             verifier: str | None = None, sampler=None, stream=None, **model_kwargs: Any):
+    """HF ``custom_generate`` entry point (see the module docstring); ``drafter`` and ``builder`` are required.
+
+    ``sampler``: a ``GeneratorSampler`` / ``KeyedSampler`` for ``do_sample=True`` (default: a
+    ``GeneratorSampler`` on torch's global generator, as HF samples).  ``stream``: a streamer (``put`` /
+    ``end``, e.g. ``TextStreamer``) fed the prompt, then each round's tokens.  Pass it as ``stream=``:
+    transformers 5.x keeps only a callable's own keywords for it (``_extract_generation_mode_kwargs``), so
+    ``streamer=`` never reaches this function (HF puts the prompt into it and nothing more).
+    """
+    streamer = streamer if streamer is not None else stream
+    if streamer is not None:
+        streamer.put(input_ids.cpu())
+    if drafter is None or builder is None:
+        raise ValueError("drafter / builder: pass both to model.generate(..., custom_generate=dartree.hf.generate, "
+                         "drafter=..., builder=dartree.make_builder(...)); head= too for a corrected builder")
+    if synced_gpus:
+        raise ValueError("synced_gpus: dartree.hf.generate runs on one device; allowed: False")
+    _check(generation_config, logits_processor, stopping_criteria)
+    b, length = input_ids.shape
+    new = generation_config.max_length - length
+    if new < 1:
+        raise ValueError(f"max_new_tokens: the prompt ({length} tokens) leaves no room under max_length "
+                         f"{generation_config.max_length}; allowed: >= 1 new token")
+    eos = generation_config._eos_token_tensor
+    stop = [] if eos is None else [int(t) for t in eos.reshape(-1).tolist()]
+    pad = generation_config._pad_token_tensor
+    options: dict[str, Any] = {}
+    temperature = 0.0
+    if generation_config.do_sample:
+        temperature = float(generation_config.temperature if generation_config.temperature is not None else 1.0)
+        top_k = generation_config.top_k
+        options = {"top_k": top_k or None, "top_p": generation_config.top_p, "min_p": generation_config.min_p,
+                   "verifier": verifier}
+        if options["top_p"] is not None and options["top_p"] >= 1.0:
+            options["top_p"] = None
+        sampler = sampler or GeneratorSampler()
+    decoder = _decoder(model, drafter, builder, head)
+    mask = model_kwargs.get("attention_mask")
+    if b == 1 and (mask is None or bool(mask.all())):
+        on_round = None
+        if streamer is not None:
+            on_round = lambda stats, tokens: streamer.put(torch.tensor(tokens, dtype=torch.int64))  # noqa: E731
+        out = decoder.generate(input_ids[0], new, temperature, sampler, stop, on_round=on_round, **options)
+        rows = [out.tokens[0]]
+    else:
+        if streamer is not None:
+            raise ValueError("streamer: supported for a batch of one prompt (as HF's own streamers)")
+        keep = torch.ones_like(input_ids, dtype=torch.bool) if mask is None else mask.bool()
+        prompts = [input_ids[r][keep[r]] for r in range(b)]
+        rows = [r.tokens[0] for r in decoder.generate_batch(prompts, new, temperature, sampler, stop, **options)]
+    if streamer is not None:
+        streamer.end()
+    width = max(r.shape[0] for r in rows)
+    if any(r.shape[0] < width for r in rows) and pad is None:
+        raise ValueError("pad_token_id: rows ended at eos_token_id at different lengths; set pad_token_id (or "
+                         "eos_token_id, which HF uses as the pad) to pad them")
+    fill = 0 if pad is None else int(pad.reshape(-1)[0])
+    out = torch.full((b, width), fill, dtype=torch.int64, device=input_ids.device)
+    for r, row in enumerate(rows):
+        out[r, : row.shape[0]] = row.to(input_ids.device)
+    sequences = torch.cat([input_ids, out], dim=1)
+    if generation_config.return_dict_in_generate:
+        from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+        return GenerateDecoderOnlyOutput(sequences=sequences)
+    return sequences
