@@ -16,10 +16,12 @@ $PY -m dartree.cli bench --preset demo --out results/demo
 $PY -m dartree.cli bench --threads 1 --methods ddtree:budget=16 dartree-fixed:budget=16 ddtree:budget=64 \
     dartree-fixed:budget=64 --datasets humaneval stdlib --temperatures 0 --num-prompts 3 \
     --max-new-tokens 64 --out results/fixed-quota
-# 3. the demo's methods at T=1 (the same keyed sampler as AR: lossless per token)
-$PY -m dartree.cli bench --threads 1 --methods chain ddtree corrected-chain dartree-fixed dartree-pruned \
-    --budget 16 --datasets humaneval stdlib --temperatures 1 --num-prompts 3 --max-new-tokens 64 \
-    --out results/demo-t1
+# 3. the demo's methods at T=1 with both verifiers (matching: the keyed sampler of AR, lossless per token;
+#    rejection: sampled trees, lossless in law) and the tuner ranking both
+$PY -m dartree.cli bench --preset demo --temperatures 1 --methods chain ddtree corrected-chain dartree-fixed \
+    dartree-pruned chain:verifier=rejection ddtree:verifier=rejection corrected-chain:verifier=rejection \
+    dartree-fixed:verifier=rejection dartree-pruned:verifier=rejection \
+    dartree-pruned:budget=auto,width=auto,beta=auto --out results/demo-t1
 # 4. the paper's budget B=64 (W=12 for the pruned tree), T=0 and T=1: the ordering of issue 12
 $PY -m dartree.cli bench --threads 1 --methods ddtree:budget=64 corrected-chain dartree-fixed:budget=64 \
     dartree-pruned:budget=64,width=12 --datasets humaneval stdlib --temperatures 0 1 --num-prompts 3 \
