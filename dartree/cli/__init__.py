@@ -13,6 +13,7 @@ set them itself.  ``--model tiny-random`` runs any command on a toy model in sec
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
@@ -72,18 +73,25 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     A user error (bad option, file, folder or setting) exits with status 2 and one line on stderr,
     ``dartree: error: ...`` (argparse's own errors add the usage line); any other exception is a bug
-    and propagates with its traceback.  Ctrl-C exits with status 130, SIGTERM / SIGHUP with 128 + the
+    and propagates with its traceback.  A closed stdout (a pipe whose reader ended) exits quietly with status
+    141.  Ctrl-C, at any moment, exits with status 130, SIGTERM / SIGHUP with 128 + the
     signal's number, each with one line, after the run's cleanup (an ``--out`` folder is left as it was, or, for
     a signal that arrived during the commit, holds the new run: the line says so).
     """
-    parser = build_parser()
-    args = parser.parse_args(join_negative_values(list(sys.argv[1:] if argv is None else argv)))
-    args.argv = list(argv) if argv is not None else None
-    import torch
-
     try:
+        parser = build_parser()
+        args = parser.parse_args(join_negative_values(list(sys.argv[1:] if argv is None else argv)))
+        args.argv = list(argv) if argv is not None else None
+        import torch  # here, not at import: --help stays instant
+
         with _termination_raises(), torch.no_grad():   # inference only: no autograd graph through heads or drafters
             return COMMANDS[args.command](args)
+    except BrokenPipeError:
+        # the reader went away (`dartree generate ... | head -c 20`): end quietly, as a pipeline expects; stdout
+        # is pointed at /dev/null so that the interpreter's final flush does not raise again
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        raise SystemExit(141) from None               # 128 + SIGPIPE, what a shell reports for it
     except UsageError as e:
         print(f"dartree: error: {e}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None

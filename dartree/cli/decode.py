@@ -42,6 +42,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
         method = parse_method(args.method, setting_defaults(args))
         check_cached(method, args.temperature, args.threads)
         text = args.prompt if args.prompt is not None else read_prompt_file(args.prompt_file)
+        try:                                # a non-UTF-8 argument arrives with surrogate escapes
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise UsageError("--prompt: the text is not valid UTF-8 (check the terminal's or the shell's encoding); "
+                             "give UTF-8 text, or --prompt-file with a UTF-8 file") from None
     if not text:
         raise UsageError(f"{'--prompt' if args.prompt is not None else '--prompt-file'}: the prompt is empty; "
                          "give at least one character")

@@ -27,6 +27,10 @@ A method is 'ar' or BUILDER[:KEY=VALUE,...], e.g. dartree-pruned:budget=32,width
 --budget/--width/--topk/--beta set those fields for every method that has them and does not set
 them itself. --model tiny-random runs any command on a toy model in seconds.
 """
+#: dartree.eval.sweep.SWEEP_PARAMS and dartree.eval.methods.BACKEND_CHOICES (not imported: those modules pull in
+#: torch and --help must not; tests/test_cli checks they agree)
+SWEEP_PARAMS: tuple[str, ...] = ("width", "budget", "beta", "topk")
+BACKEND_CHOICES: tuple[str, ...] = ("auto", "ref", "fast")
 DEFAULT_MODEL = "pystdlib-tiny"          # dartree.models.zoo.DEFAULT_NAME (not imported: keeps --help fast)
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -186,8 +190,6 @@ def _device(text: str) -> str:
 
 
 def _common() -> argparse.ArgumentParser:
-    from dartree.eval.methods import BACKEND_CHOICES
-
     p = argparse.ArgumentParser(add_help=False)
     g = p.add_argument_group("model and runtime")
     g.add_argument("--model", default=None,
@@ -264,7 +266,6 @@ def join_negative_values(argv: list[str]) -> list[str]:
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser of ``dartree`` (exposed for tests and docs)."""
     from dartree.eval.datasets import DATASETS
-    from dartree.eval.sweep import SWEEP_PARAMS
 
     common = _common()
     parser = argparse.ArgumentParser(prog="dartree", description=DESCRIPTION,
