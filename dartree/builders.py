@@ -254,7 +254,10 @@ class TreeBuilder:
         logits is an error); NaN or ``+inf`` logits, and NaN / inf corrected logits from a head, are
         an error on both backends.  What ``head`` returns is checked as the decoder checks it
         (:func:`dartree.timing.checked_head`: a tensor of the documented shape on the block's
-        device, a state width that does not change, floating logits).
+        device, a state width that does not change, floating logits).  The tree a registered strategy
+        returns is checked as the decoder needs it (:func:`dartree.tree.check_decodable`: root, tokens in the
+        vocabulary, parents before children, depths, distinct siblings, at most ``1 + budget`` nodes when the
+        config has a ``budget``), except for dartree's own strategies, which meet it by construction.
 
         Shape:
             block.logits ``[b, gamma, V]`` -> DraftTree with ``b`` rows.
@@ -273,7 +276,7 @@ class TreeBuilder:
         if self.backend == "ref":
             check_not_meta("block.logits", block.logits)
             check_logits("block.logits", block.logits)  # NaN / +inf; the fast builders check as they read
-            return self._fn(block, head, self.config)
+            return self._checked(self._fn(block, head, self.config), block)
         from dartree.fast import checks
 
         # the fast builders read the block (and the head's outputs) on the host, where a tensor that
@@ -282,18 +285,32 @@ class TreeBuilder:
         if block.logits.requires_grad or (block.hidden is not None and block.hidden.requires_grad):
             block = dataclasses.replace(block, logits=block.logits.detach(),
                                         hidden=None if block.hidden is None else block.hidden.detach())
+        check_not_meta("block.logits", block.logits)
         with checks.collect(), torch.no_grad():  # off the CPU: the deferred checks, read in one sync at the end
-            return self._fn(block, head, self.config)
+            tree = self._fn(block, head, self.config)
+        return self._checked(tree, block)
+
+    def _checked(self, tree: DraftTree, block: DraftBlock) -> DraftTree:
+        """A registered strategy's tree, checked as the decoder needs it (:func:`dartree.tree.check_decodable`,
+        the config's ``budget`` included) unless the strategy is trusted (dartree's own: :attr:`trusted`)."""
+        if self.trusted:
+            return tree
+        budget = getattr(self.config, "budget", None)
+        return check_decodable(tree, block, budget if isinstance(budget, int) and not isinstance(budget, bool)
+                               else None)
 
 
 def checked_tree(builder: object, tree: DraftTree, block: DraftBlock) -> DraftTree:
     """``tree``, checked by :func:`dartree.tree.check_decodable` unless ``builder`` is a
     :class:`TreeBuilder` of a trusted strategy (:attr:`TreeBuilder.trusted`: the strategies built
-    into dartree), whose trees meet the contract by construction.  The decoders call this on every
-    tree a builder hands them."""
-    if isinstance(builder, TreeBuilder) and builder.trusted is True:
-        return tree
-    return check_decodable(tree, block)
+    into dartree), whose trees meet the contract by construction, or whose ``build`` is
+    :meth:`TreeBuilder.build` (it checks the trees of every other strategy, the budget included).  The
+    decoders call this on every tree a builder hands them: a builder with a ``build`` of its own is checked here,
+    against its config's ``budget`` when it has one."""
+    if isinstance(builder, TreeBuilder) and type(builder).build is TreeBuilder.build:
+        return tree                # TreeBuilder.build checked it already (or it is dartree's own, trusted)
+    budget = getattr(getattr(builder, "config", None), "budget", None)
+    return check_decodable(tree, block, budget if isinstance(budget, int) and not isinstance(budget, bool) else None)
 
 
 def make_builder(name: str, backend: str = "ref", **config: Any) -> TreeBuilder:

@@ -54,6 +54,12 @@ def assemble(roots: list[Node], nodes: list[list[Node]], device: torch.device) -
     for root, row in zip(roots, nodes, strict=True):
         ordered = [root] + sorted(row, key=lambda u: u.key)
         index = {id(u): i for i, u in enumerate(ordered)}
+        orphans = [u for u in ordered[1:] if u.parent is None or id(u.parent) not in index]
+        if orphans:                     # a builder that dropped a node but kept its children
+            u = orphans[0]
+            raise ValueError(f"nodes: row {len(rows)} has {len(orphans)} node(s) whose parent is not in the tree "
+                             f"(e.g. token {u.token} at depth {u.depth}, rank path {u.rank_path}); a tree must "
+                             f"hold every ancestor of its nodes (prefix-closed)")
         rows.append([(u.token, PAD if u.parent is None else index[id(u.parent)], u.depth, u.score,
                       u.rank_path[-1] if u.rank_path else PAD) for u in ordered])
     n = max(len(r) for r in rows)

@@ -1,0 +1,104 @@
+"""The installed builder kit: check_builder on every registered strategy, a third-party builder registered
+through the public API passes it, and broken builders fail it (or fail at build) with a clear message."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import dartree
+from dartree import DraftBlock, make_builder
+from dartree.builders import BuilderSpec, TreeConfig, register_builder, registered
+from dartree.ref.core import Node, assemble
+from dartree.scoring import candidates
+from dartree.testing import check_builder
+from dartree.testing.strategies import blocks, config_for, trees
+
+
+@pytest.fixture(autouse=True)
+def _registry():
+    """Strategies registered by a test leave the registry with it."""
+    from dartree import builders
+
+    saved = dict(builders._REGISTRY)
+    yield
+    builders._REGISTRY.clear()
+    builders._REGISTRY.update(saved)
+
+
+@pytest.mark.parametrize("name", registered())
+def test_every_registered_builder_meets_the_contract(name):
+    check_builder(name, examples=6, decode=name in ("ddtree", "dartree-pruned"))
+
+
+def _beam(block, head, config):
+    """A third party's beam builder on dartree's public pieces: the top-`topk` children of the best `budget`
+    beams, depth by depth (no head)."""
+    cands = candidates(block, config.topk, config.normalize)
+    roots, rows = [], []
+    for r in range(block.batch_size):
+        root = Node(int(block.root[r]), 0.0, ())
+        beam, nodes = [root], []
+        for d in range(block.gamma):
+            logq = torch.log_softmax(cands.logits[r, d], -1).tolist()
+            kids = [Node(int(cands.tokens[r, d, k]), p.score + logq[k], p.rank_path + (k,), p)
+                    for p in beam for k in range(config.topk)]
+            beam = sorted(kids, key=lambda u: u.key)[: max(1, config.budget // block.gamma)]
+            nodes += beam
+        roots.append(root)
+        rows.append(sorted(nodes, key=lambda u: u.key)[: config.budget])
+    return assemble(roots, rows, block.device)
+
+
+@dataclasses.dataclass(frozen=True)
+class BeamConfig(TreeConfig):
+    pass
+
+
+def test_a_third_party_builder_registers_and_passes():
+    register_builder(BuilderSpec("test-beam", BeamConfig, False, _beam))
+    assert "test-beam" in dartree.BUILDERS                  # live: registered after import
+    check_builder("test-beam", {"budget": 6, "topk": 2}, examples=6)
+
+
+def test_a_builder_over_its_budget_or_with_a_dropped_parent_fails_clearly():
+    def greedy_overflow(block, head, config):          # ignores its budget
+        return make_builder("ddtree", budget=config.budget + 3, topk=config.topk).build(block)
+
+    register_builder(BuilderSpec("test-overflow", TreeConfig, False, greedy_overflow))
+    block = DraftBlock(logits=torch.randn(1, 4, 20), root=torch.tensor([3]))
+    with pytest.raises(ValueError, match="budget"):
+        make_builder("test-overflow", budget=4, topk=4).build(block)
+    with pytest.raises(AssertionError, match="test-overflow"):
+        check_builder("test-overflow", {"budget": 4}, decode=False)
+
+    root = Node(3, 0.0, ())
+    child = Node(5, -1.0, (0,), root)
+    grandchild = Node(6, -2.0, (0, 0), child)
+    with pytest.raises(ValueError, match=r"nodes: row 0 has 1 node\(s\) whose parent is not in the tree"):
+        assemble([root], [[grandchild]], torch.device("cpu"))
+
+
+def test_check_builder_refuses_bad_arguments():
+    with pytest.raises(ValueError, match="builder"):
+        check_builder(3)
+    with pytest.raises(ValueError, match="config"):
+        check_builder(make_builder("chain"), {"topk": 2})
+
+
+def test_the_strategies_draw_valid_configs_and_trees():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    @settings(max_examples=10, deadline=None)
+    @given(data=st.data())
+    def run(data):
+        block = data.draw(blocks(max_vocab=40, max_gamma=5))
+        for name in ("chain", "ddtree", "dartree-pruned"):
+            make_builder(name, **config_for(data.draw, name, block.vocab_size))
+        block, tree = data.draw(trees("dartree-pruned", max_vocab=40, max_gamma=5))
+        tree.validate(gamma=block.gamma)
+
+    run()
