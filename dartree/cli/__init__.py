@@ -25,7 +25,7 @@ from dartree.cli.errors import UsageError
 from dartree.cli.parser import PRESETS, build_parser, join_negative_values
 from dartree.cli.replay import cmd_show_tree, cmd_sweep, cmd_tune
 
-__all__ = ["main", "build_parser", "PRESETS", "UsageError"]
+__all__ = ["main", "build_parser", "load_plugins", "PLUGIN_GROUP", "PRESETS", "UsageError"]
 
 COMMANDS = {"generate": cmd_generate, "bench": cmd_bench, "sweep": cmd_sweep, "show-tree": cmd_show_tree,
             "tune": cmd_tune}
@@ -68,6 +68,29 @@ def _raise_terminated(signum: int, frame: object) -> None:
     raise Terminated(signum)
 
 
+#: the entry-point group an installed package declares its dartree plugin module under
+PLUGIN_GROUP = "dartree.plugins"
+
+
+def load_plugins(modules: Sequence[str]) -> None:
+    """Import every ``dartree.plugins`` entry point of the installed packages, then ``modules`` (``--plugin``):
+    each registers builders (or anything else) when imported.  A module that cannot be imported is one
+    :class:`UsageError` naming it."""
+    from importlib import import_module
+    from importlib.metadata import entry_points
+
+    for point in entry_points(group=PLUGIN_GROUP):
+        try:
+            point.load()
+        except Exception as e:                             # a broken installed plugin: named, not a traceback
+            raise UsageError(f"plugin entry point {point.name!r} ({point.value}): {type(e).__name__}: {e}") from None
+    for name in modules:
+        try:
+            import_module(name)
+        except Exception as e:
+            raise UsageError(f"--plugin: cannot import {name!r}: {type(e).__name__}: {e}") from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``dartree`` console script; returns the exit status.
 
@@ -83,6 +106,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(join_negative_values(list(sys.argv[1:] if argv is None else argv)))
         args.argv = list(argv) if argv is not None else None
         import torch  # here, not at import: --help stays instant
+
+        load_plugins(args.plugin)
 
         with _termination_raises(), torch.no_grad():   # inference only: no autograd graph through heads or drafters
             return COMMANDS[args.command](args)

@@ -210,6 +210,10 @@ def _common() -> argparse.ArgumentParser:
                    help="tree builders: fast when registered (auto), or force ref / fast")
     g.add_argument("--threads", type=_threads, default=None, help="torch CPU threads (default: torch's)")
     g.add_argument("--seed", type=_seed, default=0, help="keyed-sampler seed for T > 0, in [0, 2**63) (default 0)")
+    g.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                   help="import MODULE first (repeatable): it registers builders (dartree.builders.register_builder) "
+                        "that --method / --methods then name; installed packages' 'dartree.plugins' entry points "
+                        "load always")
     return p
 
 

@@ -76,11 +76,30 @@ class MethodSpec:
         return tuple(f.name for f in dataclasses.fields(builder_spec(self.builder).config_cls))
 
 
-def _value(key: str, text: str) -> Any:
+def _typed(key: str, text: str, kind: Any) -> Any:
+    """``text`` as the config field's annotated type (int, float, bool or str; a plugin's own fields too)."""
+    name = (kind if isinstance(kind, str) else getattr(kind, "__name__", str(kind))).replace(" ", "")
+    try:
+        if name in ("int", "int|None"):
+            return int(text)
+        if name in ("float", "float|None", "int|float"):
+            return float(text)
+        if name in ("bool", "bool|None"):
+            if text.lower() not in ("true", "false", "1", "0"):
+                raise ValueError
+            return text.lower() in ("true", "1")
+    except ValueError:
+        raise ValueError(f"{key}: expected {name.split('|')[0]}, got {text!r}") from None
+    return text
+
+
+def _value(key: str, text: str, kind: Any = str) -> Any:
     if text == AUTO:
         if key not in AUTO_FIELDS:
             raise ValueError(f"{key}: 'auto' is allowed only for {AUTO_FIELDS}")
         return AUTO
+    if key not in _INT_FIELDS and key != "beta":
+        return _typed(key, text, kind)
     if key in _INT_FIELDS:
         try:
             return int(text)
@@ -111,6 +130,7 @@ def parse_method(text: str, defaults: dict[str, Any] | None = None) -> MethodSpe
         return MethodSpec(AR, label=AR)
     spec = builder_spec(name)
     fields = tuple(f.name for f in dataclasses.fields(spec.config_cls))
+    kinds = {f.name: f.type for f in dataclasses.fields(spec.config_cls)}
     settings: dict[str, Any] = {}
     head: str | None = "gru" if spec.needs_head else None
     verifier: str | None = None
@@ -138,7 +158,7 @@ def parse_method(text: str, defaults: dict[str, Any] | None = None) -> MethodSpe
         if key not in fields:
             allowed_keys = ((*fields, "head") if spec.needs_head else fields) + ("verifier",)
             raise ValueError(f"{key}: not a setting of {name!r}; allowed: {allowed_keys}")
-        settings[key] = _value(key, raw.strip())
+        settings[key] = _value(key, raw.strip(), kinds[key])
     label = name + (":" + ",".join(items) if items else "")
     for key, value in (defaults or {}).items():
         if key in fields and key not in settings and value is not None:

@@ -31,8 +31,11 @@ def _settings(s: Summary) -> str:
     if s.builder == AR and s.method != AR:          # budget=auto resolved to plain AR
         return "auto -> ar"
     short = {"budget": "B", "width": "W", "topk": "K", "beta": "beta"}
-    return " ".join(f"{name}={s.settings[k]:g}" if k == "beta" else f"{name}={s.settings[k]}"
-                    for k, name in short.items() if k in s.settings)
+    known = [f"{name}={s.settings[k]:g}" if k == "beta" else f"{name}={s.settings[k]}"
+             for k, name in short.items() if k in s.settings]
+    # a plugin's own fields, set in the method's text (or defaulted), after dartree's
+    custom = [f"{k}={v}" for k, v in sorted(s.settings.items()) if k not in short and k != "normalize"]
+    return " ".join(known + custom)
 
 
 def _methods(summaries: Sequence[Summary]) -> list[str]:
