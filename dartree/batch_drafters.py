@@ -27,7 +27,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from dartree.block import DraftBlock
 from dartree.models.drafter import DFlashDrafter
@@ -59,6 +59,33 @@ def _check_counts(tokens: Tensor, counts: list[int], batch: int) -> None:
         raise ValueError(f"counts: each must lie in [0, {tokens.shape[1]}], got {counts}")
 
 
+def _row_copy(template):
+    """A deep copy of ``template`` that shares its ``nn.Module`` objects (the models: weights are read-only in
+    decoding and copying them would be gigabytes) and copies everything else, so that a drafter wrapping
+    another stateful drafter gets a wrapped drafter of its own (a shallow copy shared it across rows)."""
+    memo: dict[int, object] = {}
+    seen: set[int] = set()
+
+    def share(obj: object, depth: int) -> None:
+        if id(obj) in seen or depth > 6:
+            return
+        seen.add(id(obj))
+        if isinstance(obj, nn.Module):
+            memo[id(obj)] = obj
+        elif isinstance(obj, dict):
+            for v in obj.values():
+                share(v, depth + 1)
+        elif isinstance(obj, list | tuple | set):
+            for v in obj:
+                share(v, depth + 1)
+        elif hasattr(obj, "__dict__") and not isinstance(obj, type):
+            for v in vars(obj).values():
+                share(v, depth + 1)
+
+    share(template, 0)
+    return copy.deepcopy(template, memo)
+
+
 class RowsOfDrafters:
     """One single-request drafter per row, each a deep copy of ``template`` reset at :meth:`start`.
 
@@ -77,7 +104,7 @@ class RowsOfDrafters:
     def start(self, batch_size: int) -> None:
         self.rows = []
         for _ in range(batch_size):
-            row = copy.copy(self.template)      # shallow: shares the model; reset gives it fresh state
+            row = _row_copy(self.template)      # its own state all the way down; the models are shared
             row.reset()
             self.rows.append(row)
 

@@ -316,3 +316,36 @@ def test_batched_rows_at_t1_take_the_keyed_walk_as_generate_does(monkeypatch):
     assert walked and [r.tokens.tolist() for r in rows] == alone
     served = serve(dec, PROMPTS, 2, 9, temperature=1.0, sampler=sampler)
     assert [r.tokens.tolist() for r in served.results] == alone
+
+
+def test_rows_of_a_wrapper_drafter_get_their_own_inner_drafter():
+    """A drafter wrapping a stateful drafter: each row gets its own copy all the way down (the model is shared),
+    so batched rows equal their runs alone (a shallow copy shared the inner drafter and mixed the rows)."""
+
+    class Wrapper:
+        def __init__(self, inner):
+            self.inner = inner
+            self.target_layer_ids = inner.target_layer_ids
+
+        def reset(self):
+            self.inner.reset()
+
+        def append_context(self, hidden, tokens):
+            self.inner.append_context(hidden, tokens)
+
+        def draft(self, root):
+            return self.inner.draft(root)
+
+    model = model_for("llama", "sdpa")
+    builder, head = builder_and_head("ddtree")
+    dec = SpeculativeDecoder(model, Wrapper(OracleDrafter(model, GAMMA, demote=0.3, seed=2)), builder, head)
+    rows = dec.generate_batch(PROMPTS, 9)
+    for prompt, row in zip(PROMPTS, rows, strict=True):
+        alone = SpeculativeDecoder(model, Wrapper(OracleDrafter(model, GAMMA, demote=0.3, seed=2)), builder,
+                                   head).generate(prompt, 9)
+        assert row.tokens.tolist() == alone.tokens.tolist()
+        assert [r.accepted_length for r in row.rounds] == [r.accepted_length for r in alone.rounds]
+    copies = batch_drafter(Wrapper(OracleDrafter(model, GAMMA)))
+    copies.start(2)
+    assert copies.rows[0].inner is not copies.rows[1].inner
+    assert copies.rows[0].inner.model is copies.rows[1].inner.model is model

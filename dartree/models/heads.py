@@ -99,6 +99,16 @@ def _base_candidates(block: DraftBlock, depth: int, candidates: Tensor) -> Tenso
 GATE_TABLE_LIMIT = 1 << 24
 
 
+
+def _without_derived(module: nn.Module) -> dict:
+    """``module``'s state for copy and pickle without its derived caches (prepared plans, transposed weights,
+    gate tables, step buffers: rebuilt on first use).  A plan holds the compiled library (a module object),
+    which made the head impossible to ``deepcopy`` or pickle after one ``generate``."""
+    state = dict(module.__dict__)
+    for key in [k for k in state if k.endswith("_cache") or k == "_w_hh_t"]:
+        del state[key]
+    return state
+
 class GRUHead(nn.Module):
     """Domino correction head: a GRU over the branch's target embeddings + a low-rank residual.
 
@@ -116,6 +126,9 @@ class GRUHead(nn.Module):
 
     State: float ``[.., G]``.
     """
+
+    def __getstate__(self) -> dict:
+        return _without_derived(self)
 
     def __init__(
         self,
@@ -864,6 +877,9 @@ class MarkovHead(nn.Module):
 
     State: float32 ``[.., 1]`` holding the previous token id.
     """
+
+    def __getstate__(self) -> dict:
+        return _without_derived(self)
 
     def __init__(self, vocab_size: int, markov_rank: int) -> None:
         super().__init__()

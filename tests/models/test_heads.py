@@ -292,3 +292,22 @@ def test_gru_step_buffers_work_across_inference_mode_and_no_grad(tiny_heads):
         with second():
             b = head.advance(block, 1, states, tokens)
         assert torch.equal(a, b)
+
+
+def test_the_zoo_heads_copy_and_pickle_after_a_decode():
+    """After a decode a head holds prepared plans (the compiled library among them); deepcopy and pickle
+    drop those derived caches and the copies decode the same tokens (it raised 'cannot pickle module')."""
+    import copy
+    import pickle
+
+    from dartree import SpeculativeDecoder, make_builder
+    from dartree.models import zoo
+
+    bundle = zoo.load(zoo.DEFAULT_NAME)
+    prompt = torch.tensor([5, 6, 7, 8])
+    for name in ("gru", "markov"):
+        builder = make_builder("dartree-pruned", backend="fast", budget=16)
+        want = SpeculativeDecoder(bundle.target, bundle.drafter, builder, bundle.heads[name]).generate(prompt, 12)
+        for head in (copy.deepcopy(bundle.heads[name]), pickle.loads(pickle.dumps(bundle.heads[name]))):
+            got = SpeculativeDecoder(bundle.target, bundle.drafter, builder, head).generate(prompt, 12)
+            assert got.tokens.tolist() == want.tokens.tolist()
