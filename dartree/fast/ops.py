@@ -36,7 +36,7 @@ from dartree import structure
 from dartree.fast import host, twins
 from dartree.fast.results import CandidateSet, DepthStep, GreedyWalk, TreeStructure
 
-__all__ = ["KERNEL_BACKENDS", "backend", "force_backend", "builders", "topk_candidates", "depth_step", "top_b",
+__all__ = ["KERNEL_BACKENDS", "backend", "force_backend", "forced_backend", "builders", "topk_candidates", "depth_step", "top_b",
            "tree_structure", "ancestor_mask", "greedy_walk"]
 
 KERNEL_BACKENDS: tuple[str, ...] = ("host", "torch", "triton")
@@ -52,6 +52,11 @@ def backend(x: Tensor) -> str:
     if x.device.type == "cpu":
         return "host"
     return "triton" if x.is_cuda else "torch"
+
+
+def forced_backend() -> str | None:
+    """The backend :func:`force_backend` imposes now, or ``None`` (chosen by device and size)."""
+    return _forced
 
 
 @contextlib.contextmanager
