@@ -36,8 +36,8 @@ from dartree import structure
 from dartree.fast import host, twins
 from dartree.fast.results import CandidateSet, DepthStep, GreedyWalk, TreeStructure
 
-__all__ = ["KERNEL_BACKENDS", "backend", "force_backend", "forced_backend", "builders", "topk_candidates", "depth_step", "top_b",
-           "tree_structure", "ancestor_mask", "greedy_walk"]
+__all__ = ["KERNEL_BACKENDS", "backend", "force_backend", "forced_backend", "builders", "topk_candidates",
+           "depth_step", "top_b", "tree_structure", "ancestor_mask", "greedy_walk"]
 
 KERNEL_BACKENDS: tuple[str, ...] = ("host", "torch", "triton")
 _forced: str | None = None
