@@ -20,3 +20,20 @@ def test_custom_head_doc_runs(capsys):
         exec(compile(block, str(DOC), "exec"), namespace)
     out = capsys.readouterr().out
     assert "(root)" in out and "tau" in out and "head=bigram" in out
+
+
+def test_extending_doc_runs(capsys):
+    """docs/extending.md: the beam builder, its contract check and a lossless decode, as written."""
+    from dartree import builders
+
+    saved = dict(builders._REGISTRY)
+    doc = DOC.parent / "extending.md"
+    namespace: dict = {"__name__": "extending_doc"}
+    try:
+        for block in python_blocks(doc.read_text()):
+            exec(compile(block, str(doc), "exec"), namespace)
+    finally:
+        builders._REGISTRY.clear()
+        builders._REGISTRY.update(saved)
+    out = capsys.readouterr().out
+    assert "True" in out and "tau" in out
