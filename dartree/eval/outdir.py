@@ -427,7 +427,13 @@ def open_run(out: Path, patterns: Sequence[str], force: bool = False) -> RunFold
     created: list[Path] = []
     try:
         _make_folders(out, created)
-        fd = _lock(out)
+        try:
+            fd = _lock(out)
+        except ValueError:
+            # another run holds the folder: it may be writing into a folder this run made a moment before it
+            # (two runs creating the same new nested --out): remove nothing, or that run loses its folder too
+            created.clear()
+            raise
         restored = _recover(out)
         earlier = run_files(out, patterns)
         folders = [p for p in out.iterdir() if _is_folder(p) and p.name in patterns]   # fixed names only

@@ -330,6 +330,32 @@ def test_a_failed_run_through_dotdot_or_beaten_to_the_lock_removes_only_what_it_
     assert contents(taken) == {"results.md": "x"}
 
 
+def test_two_runs_making_the_same_new_nested_folder_do_not_remove_it_from_each_other(tmp_path, monkeypatch):
+    """Run B makes ``a/b`` an instant before run A takes its lock there; B then loses the lock and must not
+    remove ``a/b`` (it removed it, empty, while A was about to write: both runs failed, about 1 in 100-300)."""
+    out = tmp_path / "a" / "b"
+    real_lock = outdir._lock
+    holder = {}
+
+    def lock_after_the_other_took_it(path):
+        holder["run"] = open_run_first()                # A takes the folder B just made
+        return real_lock(path)
+
+    def open_run_first():
+        monkeypatch.setattr(outdir, "_lock", real_lock)
+        return open_run(out, BENCH_FILES)
+
+    monkeypatch.setattr(outdir, "_lock", lock_after_the_other_took_it)
+    with pytest.raises(ValueError, match="another dartree run is writing"):
+        open_run(out, BENCH_FILES)                      # B: made a/ and a/b, lost the lock
+    first = holder["run"]
+    assert out.is_dir()
+    first.write("results.md", "x")
+    first.commit()
+    first.close()
+    assert contents(out) == {"results.md": "x"}
+
+
 def test_written_files_get_the_mode_open_gives(tmp_path):
     path = write_atomic(tmp_path / "results.md", "table")
     assert path.stat().st_mode & 0o777 == outdir.file_mode()
