@@ -3,8 +3,6 @@ through the public API passes it, and broken builders fail it (or fail at build)
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
@@ -12,7 +10,6 @@ import dartree
 from dartree import DraftBlock, make_builder
 from dartree.builders import BuilderSpec, TreeConfig, register_builder, registered
 from dartree.ref.core import Node, assemble
-from dartree.scoring import candidates
 from dartree.testing import check_builder
 from dartree.testing.strategies import blocks, config_for, trees
 
@@ -33,34 +30,21 @@ def test_every_registered_builder_meets_the_contract(name):
     check_builder(name, examples=6, decode=name in ("ddtree", "dartree-pruned"))
 
 
-def _beam(block, head, config):
-    """A third party's beam builder on dartree's public pieces: the top-`topk` children of the best `budget`
-    beams, depth by depth (no head)."""
-    cands = candidates(block, config.topk, config.normalize)
-    roots, rows = [], []
-    for r in range(block.batch_size):
-        root = Node(int(block.root[r]), 0.0, ())
-        beam, nodes = [root], []
-        for d in range(block.gamma):
-            logq = torch.log_softmax(cands.logits[r, d], -1).tolist()
-            kids = [Node(int(cands.tokens[r, d, k]), p.score + logq[k], p.rank_path + (k,), p)
-                    for p in beam for k in range(config.topk)]
-            beam = sorted(kids, key=lambda u: u.key)[: max(1, config.budget // block.gamma)]
-            nodes += beam
-        roots.append(root)
-        rows.append(sorted(nodes, key=lambda u: u.key)[: config.budget])
-    return assemble(roots, rows, block.device)
-
-
-@dataclasses.dataclass(frozen=True)
-class BeamConfig(TreeConfig):
-    pass
-
-
 def test_a_third_party_builder_registers_and_passes():
-    register_builder(BuilderSpec("test-beam", BeamConfig, False, _beam))
-    assert "test-beam" in dartree.BUILDERS                  # live: registered after import
-    check_builder("test-beam", {"budget": 6, "topk": 2}, examples=6)
+    """The plugin module of tests/testing/test_plugins.py (a beam builder with a setting of its own)."""
+    import sys
+    import types
+
+    from tests.testing.test_plugins import PLUGIN
+
+    module = types.ModuleType("beam_plugin")
+    sys.modules["beam_plugin"] = module                   # dataclasses look their module up
+    try:
+        exec(compile(PLUGIN, "beam_plugin", "exec"), module.__dict__)
+    finally:
+        del sys.modules["beam_plugin"]
+    assert "beam" in dartree.BUILDERS                       # live: registered after import
+    check_builder("beam", {"budget": 6, "topk": 2, "max_children": 2}, examples=6)
 
 
 def test_a_builder_over_its_budget_or_with_a_dropped_parent_fails_clearly():
