@@ -3,8 +3,9 @@
 Syntax: ``NAME[:KEY=VALUE,...]`` where NAME is ``ar`` or a registry name (``dartree.builders.registered()``:
 dartree's own strategies and any registered since) and KEY is a field of that builder's config
 (``budget``, ``width``, ``topk``, ``beta``, ``normalize``), ``head`` (which correction head of the
-bundle a corrected builder uses; default ``gru``) or ``verifier`` (``match`` / ``rejection``: how it
-verifies at T>0; default: the run's).
+bundle a corrected builder uses; default ``gru``), ``verifier`` (``match`` / ``rejection``: how it
+verifies at T>0; default: the run's) or ``drafter`` (a name of :data:`DRAFTERS`, e.g. ``lookup``: prompt
+lookup; default: the bundle's drafter).
 ``budget=auto`` / ``width=auto`` / ``beta=auto`` are resolved by :mod:`dartree.eval.tune` before
 decoding (an unset budget or width may be searched too; an unset beta keeps the builder's default).
 
@@ -22,7 +23,7 @@ from dartree.decode import SpeculativeDecoder
 from dartree.eval.bundles import Bundle
 from dartree.rounds import VERIFIERS
 
-__all__ = ["AR", "AUTO", "AUTO_FIELDS", "SEARCHED_WHEN_UNSET",
+__all__ = ["AR", "AUTO", "AUTO_FIELDS", "SEARCHED_WHEN_UNSET", "DRAFTERS", "register_drafter",
            "MethodSpec", "parse_method", "parse_methods", "BACKEND_CHOICES", "resolve_backend",
            "make_method_builder", "make_decoder"]
 
@@ -44,6 +45,7 @@ class MethodSpec:
     head: the bundle head a corrected builder uses (``None`` for ``ar`` and uncorrected builders).
     label: how tables name it (the text it was parsed from, normalised).
     verifier: ``match`` or ``rejection`` at T>0 (``verifier=...`` in the text; ``None``: the run's default).
+    drafter: a name of :data:`DRAFTERS` (``drafter=lookup``: prompt lookup; ``None``: the bundle's drafter).
     """
 
     builder: str
@@ -51,6 +53,7 @@ class MethodSpec:
     head: str | None = None
     label: str = ""
     verifier: str | None = None       # the T>0 acceptance rule (VERIFIERS; None: the run's default)
+    drafter: str | None = None        # a registered drafter (DRAFTERS; None: the bundle's own)
 
     @property
     def is_ar(self) -> bool:
@@ -134,6 +137,7 @@ def parse_method(text: str, defaults: dict[str, Any] | None = None) -> MethodSpe
     settings: dict[str, Any] = {}
     head: str | None = "gru" if spec.needs_head else None
     verifier: str | None = None
+    drafter: str | None = None
     items: list[str] = []                          # KEY=VALUE as given, spaces stripped: the label
     seen: set[str] = set()
     for item in filter(None, (s.strip() for s in rest.split(","))):
@@ -150,20 +154,26 @@ def parse_method(text: str, defaults: dict[str, Any] | None = None) -> MethodSpe
                 raise ValueError(f"head: builder {name!r} uses no correction head")
             head = raw.strip()
             continue
+        if key == "drafter":
+            if raw.strip() not in DRAFTERS:
+                raise ValueError(f"drafter: expected one of {tuple(DRAFTERS)} (dartree.eval.methods.register_drafter "
+                                 f"adds more), got {raw.strip()!r}")
+            drafter = raw.strip()
+            continue
         if key == "verifier":
             if raw.strip() not in VERIFIERS:
                 raise ValueError(f"verifier: expected one of {VERIFIERS}, got {raw.strip()!r}")
             verifier = raw.strip()
             continue
         if key not in fields:
-            allowed_keys = ((*fields, "head") if spec.needs_head else fields) + ("verifier",)
+            allowed_keys = ((*fields, "head") if spec.needs_head else fields) + ("verifier", "drafter")
             raise ValueError(f"{key}: not a setting of {name!r}; allowed: {allowed_keys}")
         settings[key] = _value(key, raw.strip(), kinds[key])
     label = name + (":" + ",".join(items) if items else "")
     for key, value in (defaults or {}).items():
         if key in fields and key not in settings and value is not None:
             settings[key] = value
-    method = MethodSpec(name, tuple(sorted(settings.items())), head, label, verifier)
+    method = MethodSpec(name, tuple(sorted(settings.items())), head, label, verifier, drafter)
     concrete = {k: v for k, v in settings.items() if v != AUTO}
     make_builder(name, "ref", **concrete)          # validates every concrete value now
     return method
@@ -199,12 +209,35 @@ def make_method_builder(method: MethodSpec, backend: str) -> TreeBuilder:
     return make_builder(method.builder, resolve_backend(method.builder, backend), **method.config)
 
 
+def _lookup_drafter(bundle: Bundle):
+    from dartree.lookup import PromptLookupDrafter
+
+    return PromptLookupDrafter(int(bundle.target.config.get_text_config(decoder=True).vocab_size), gamma=4)
+
+
+#: drafters a method names with ``drafter=NAME``: name -> ``factory(bundle) -> drafter`` (a plugin adds its own
+#: with :func:`register_drafter`); a method that names none drafts with the bundle's drafter
+DRAFTERS: dict[str, Any] = {"lookup": _lookup_drafter}
+
+
+def register_drafter(name: str, factory: Any) -> None:
+    """Make ``drafter=NAME`` in a method mean ``factory(bundle)`` (a drafter on the protocol of
+    :mod:`dartree.decode`); ``ValueError`` naming the argument for a bad name or a factory that is not callable."""
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"name: expected an identifier (it is written drafter=NAME in a method), got {name!r}")
+    if not callable(factory):
+        raise ValueError(f"factory: expected a callable factory(bundle) -> drafter, got {type(factory).__name__}")
+    DRAFTERS[name] = factory
+
+
 def make_decoder(bundle: Bundle, method: MethodSpec, backend: str, builder: Any = None) -> SpeculativeDecoder:
-    """A :class:`SpeculativeDecoder` for ``method`` on ``bundle`` (``builder`` overrides the built one)."""
+    """A :class:`SpeculativeDecoder` for ``method`` on ``bundle`` (``builder`` overrides the built one; the
+    method's ``drafter=`` replaces the bundle's drafter)."""
     builder = builder if builder is not None else make_method_builder(method, backend)
     head = None
     if method.head is not None:
         if method.head not in bundle.heads:
             raise ValueError(f"head: bundle {bundle.name!r} has heads {sorted(bundle.heads)}, got {method.head!r}")
         head = bundle.heads[method.head]
-    return SpeculativeDecoder(bundle.target, bundle.drafter, builder, head)
+    drafter = bundle.drafter if method.drafter is None else DRAFTERS[method.drafter](bundle)
+    return SpeculativeDecoder(bundle.target, drafter, builder, head)

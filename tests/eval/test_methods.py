@@ -64,3 +64,28 @@ def test_a_strategy_registered_after_import_is_a_method(monkeypatch):
     spec = parse_method("my-tree:budget=8")
     assert spec.builder == "my-tree" and spec.config["budget"] == 8
     assert "my-tree" in builders.registered() and "my-tree" not in builders.BUILDERS
+
+
+def test_a_method_names_its_drafter():
+    """``drafter=lookup`` decodes with prompt lookup instead of the bundle's drafter; a plugin registers its own;
+    an unknown name or a bad registration is one error naming it."""
+    import pytest
+
+    from dartree.eval.bundles import tiny_random_bundle
+    from dartree.eval.methods import DRAFTERS, make_decoder, parse_method, register_drafter
+    from dartree.lookup import PromptLookupDrafter
+
+    method = parse_method("chain:drafter=lookup")
+    assert method.drafter == "lookup" and method.label == "chain:drafter=lookup"
+    bundle = tiny_random_bundle()
+    assert isinstance(make_decoder(bundle, method, "ref").drafter, PromptLookupDrafter)
+    assert make_decoder(bundle, parse_method("chain"), "ref").drafter is bundle.drafter
+    with pytest.raises(ValueError, match="drafter: expected one of"):
+        parse_method("chain:drafter=nope")
+    with pytest.raises(ValueError, match="factory"):
+        register_drafter("mine", 3)
+    register_drafter("mine", lambda b: PromptLookupDrafter(50, gamma=2))
+    try:
+        assert parse_method("ddtree:drafter=mine").drafter == "mine"
+    finally:
+        del DRAFTERS["mine"]
