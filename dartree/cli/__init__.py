@@ -114,8 +114,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         # the reader went away (`dartree generate ... | head -c 20`): end quietly, as a pipeline expects; stdout
         # is pointed at /dev/null so that the interpreter's final flush does not raise again
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        if sys.stdout is sys.__stdout__ and sys.stdout is not None:   # the process's own stdout, not a capture
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
         raise SystemExit(141) from None               # 128 + SIGPIPE, what a shell reports for it
     except UsageError as e:
         print(f"dartree: error: {e}", file=sys.stderr, flush=True)
