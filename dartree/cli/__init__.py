@@ -68,6 +68,63 @@ def _raise_terminated(signum: int, frame: object) -> None:
     raise Terminated(signum)
 
 
+#: modules each command needs before it starts, imported by :func:`_import_stack` (a Ctrl-C during an import
+#: can leave a library half-initialized: numpy then recurses, an extension raises ``ImportError:
+#: initialization failed``, and a library that catches ImportError carries on without it)
+STACK = ("torch", "dartree.decode")
+COMMAND_STACK = {"generate": STACK, **{name: (*STACK, "dartree.eval.plots") for name in COMMANDS if name != "generate"}}
+
+
+def _import_stack(command: str) -> None:
+    """Import the command's libraries (:data:`COMMAND_STACK`) where Ctrl-C ends the process at once with one
+    line: nothing has been written yet, and an interrupt inside a library's import would not be a
+    ``KeyboardInterrupt`` by the time it came out (or would not come out at all).  Only where Ctrl-C has
+    Python's behaviour (:func:`_interrupts_recorded`'s handler or Python's own); otherwise it is left alone."""
+    from importlib import import_module
+
+    def exit_now(signum: int, frame: object) -> None:
+        print("dartree: interrupted", file=sys.stderr, flush=True)
+        os._exit(130)
+
+    current = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
+    held = current is signal.default_int_handler or isinstance(current, _Recorder)
+    previous = signal.signal(signal.SIGINT, exit_now) if held else None
+    try:
+        for name in COMMAND_STACK[command]:
+            import_module(name)
+    finally:
+        if held:
+            signal.signal(signal.SIGINT, previous)
+
+
+class _Recorder:
+    """SIGINT handler of :func:`_interrupts_recorded`: raises ``KeyboardInterrupt`` as Python's own does, and
+    counts the interrupts."""
+
+    def __init__(self) -> None:
+        self.received = 0
+
+    def __call__(self, signum: int, frame: object) -> None:
+        self.received += 1
+        raise KeyboardInterrupt
+
+
+@contextmanager
+def _interrupts_recorded() -> Iterator[_Recorder]:
+    """Ctrl-C raises ``KeyboardInterrupt`` as with Python's own handler, and is recorded, so that an interrupt
+    a library turns into another error (a lazy import inside a command) is still reported as one line;
+    a handler someone else installed (or SIGINT ignored) is kept."""
+    recorder = _Recorder()
+    held = (threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+    previous = signal.signal(signal.SIGINT, recorder) if held else None
+    try:
+        yield recorder
+    finally:
+        if held:
+            signal.signal(signal.SIGINT, previous)
+
+
 #: the entry-point group an installed package declares its dartree plugin module under
 PLUGIN_GROUP = "dartree.plugins"
 
@@ -101,11 +158,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal's number, each with one line, after the run's cleanup (an ``--out`` folder is left as it was, or, for
     a signal that arrived during the commit, holds the new run: the line says so).
     """
+    with _interrupts_recorded() as interrupts:
+        try:
+            return _run(argv)
+        except (BrokenPipeError, UsageError, KeyboardInterrupt, Terminated, SystemExit):
+            raise
+        except BaseException:
+            if interrupts.received:                              # Ctrl-C turned into another error inside a library
+                print("dartree: interrupted", file=sys.stderr, flush=True)
+                raise SystemExit(130) from None
+            raise
+
+
+def _run(argv: Sequence[str] | None) -> int:
+    """:func:`main` without the Ctrl-C bookkeeping: parse, import the command's libraries, load plugins, run."""
     try:
         parser = build_parser()
         args = parser.parse_args(join_negative_values(list(sys.argv[1:] if argv is None else argv)))
         args.argv = list(argv) if argv is not None else None
-        import torch  # here, not at import: --help stays instant
+        _import_stack(args.command)                      # here, not at import: --help stays instant
+        import torch
 
         load_plugins(args.plugin)
 

@@ -192,3 +192,39 @@ def test_a_closed_pipe_ends_quietly_and_a_non_utf8_prompt_is_one_line(tmp_path):
     with pytest.raises(SystemExit) as e:
         main(["generate", "--model", "tiny-random", "--prompt", "caf\udce9"])
     assert e.value.code == 2
+
+
+def _run_cli_with(tmp_path, setup: str, argv: list[str]):
+    """Run ``dartree.cli.main(argv)`` in a fresh interpreter after ``setup`` (Python's own SIGINT handler
+    installed, whatever the shell running the tests does with SIGINT)."""
+    import subprocess
+    import sys
+
+    code = ("import signal, sys\nsignal.signal(signal.SIGINT, signal.default_int_handler)\nimport dartree.cli as cli\n"
+            f"{setup}\nsys.exit(cli.main({argv!r}))")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, cwd=tmp_path)
+
+
+def test_ctrl_c_inside_a_librarys_import_is_one_line_and_the_command_does_not_run(tmp_path):
+    """Ctrl-C while the command's libraries load: some swallow it (an extension's ``ImportError:
+    initialization failed`` caught by a library that carries on), some fail later (a half-initialized
+    numpy recursing); either way the process ends at once with one line."""
+    (tmp_path / "swallows.py").write_text(
+        "import signal\ntry:\n    signal.raise_signal(signal.SIGINT)\nexcept KeyboardInterrupt:\n    pass\n")
+    setup = ("sys.path.insert(0, '.')\ncli.COMMAND_STACK['generate'] = ('swallows',)\n"
+             "cli.COMMANDS['generate'] = lambda args: print('the command ran') or 0")
+    out = _run_cli_with(tmp_path, setup, ["generate", "--model", "tiny-random", "--prompt", "x"])
+    assert out.returncode == 130, out.stderr
+    assert out.stderr.strip() == "dartree: interrupted" and "the command ran" not in out.stdout
+
+
+def test_ctrl_c_that_a_library_turns_into_another_error_is_still_one_line(tmp_path):
+    setup = ("import signal\ndef cmd(args):\n    try:\n        signal.raise_signal(signal.SIGINT)\n"
+             "    except KeyboardInterrupt:\n        raise ImportError('initialization failed') from None\n"
+             "cli.COMMANDS['generate'] = cmd")
+    out = _run_cli_with(tmp_path, setup, ["generate", "--model", "tiny-random", "--prompt", "x"])
+    assert out.returncode == 130 and out.stderr.strip() == "dartree: interrupted", out.stderr
+    # the same error without a Ctrl-C is a bug, and keeps its traceback
+    out = _run_cli_with(tmp_path, "def cmd(args):\n    raise ImportError('initialization failed')\n"
+                        "cli.COMMANDS['generate'] = cmd", ["generate", "--model", "tiny-random", "--prompt", "x"])
+    assert out.returncode == 1 and "Traceback" in out.stderr and "ImportError: initialization failed" in out.stderr
