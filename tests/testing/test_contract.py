@@ -86,3 +86,32 @@ def test_the_strategies_draw_valid_configs_and_trees():
         tree.validate(gamma=block.gamma)
 
     run()
+
+
+def test_the_decoder_refuses_a_tree_over_the_budget_of_a_builder_of_its_own():
+    """A builder that is not a TreeBuilder (a ``build`` and a ``config`` of its own) is checked by the decoder:
+    a tree of 7 draft nodes at budget 4 is one ValueError naming the budget, not a longer verify."""
+    from dataclasses import dataclass
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from dartree.decode import SpeculativeDecoder
+    from dartree.testing.drafter import OracleDrafter
+
+    @dataclass
+    class Config:
+        budget: int = 4
+
+    class Overflowing:
+        needs_head, config = False, Config()
+
+        def build(self, block, head=None):
+            return make_builder("ddtree", budget=7, topk=4).build(block)
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                         attn_implementation="sdpa")).eval()
+    decoder = SpeculativeDecoder(model, OracleDrafter(model, 4, demote=0.3, seed=1), Overflowing())
+    with pytest.raises(ValueError, match="budget"):
+        decoder.generate(torch.tensor([3, 14, 15]), 8)
