@@ -12,9 +12,10 @@ without replacement from ``q_u`` (Gumbel-top-m on ``log q_u``, which is a sequen
 replacement), in sibling order.  ``q_u`` is the warped softmax of the block's logits at the children's
 depth over the vocabulary (builders without a head), or of the correction head's logits of
 ``max(topk, 64)`` candidates evaluated along the *sampled* path (builders with one), one batched head
-call per depth.  The shape is a function of the block (and head) alone, never of a draw; a node with
-fewer tokens of positive ``q`` than children keeps only that many (a function of ``q``, not of a draw).
-So every builder is supported, with the proposals each one's head or drafter gives.
+call per depth.  The builder's shape is a function of the block (and head) alone, never of a draw; a node
+with fewer tokens of positive ``q_u`` than children keeps only that many (a function of ``q_u``: of the
+draws above ``u``, never of ``u``'s children).  So every builder is supported, user builders included, with
+the proposals of the drafter (``head=None``, what the decoder uses) or of a head.
 
 **The verifier.**  At an accepted node with target ``p`` (the :class:`~dartree.verify.warp.Warp`ed
 distribution) and children ``x_1..x_m`` drawn without replacement from ``q``::
@@ -32,8 +33,12 @@ norm(max(r - s, 0))(v) = r(v)``.  The later stage's proposal ``s`` minus ``x`` i
 draw given the earlier ones (without replacement), and its target ``norm(max(r - s, 0))`` does not
 depend on ``x``: so each stage is exact for its ``r``, and the first one outputs ``p``.  An accepted
 child's own children were drawn from ``q`` at that child independently of everything above, so the
-committed sequence has the target's joint law token by token.  Applying ``min(1, p/q)`` to
-*deterministic* top-k children instead is biased (tested: the exact enumeration catches it).
+committed sequence has the target's joint law token by token.  What this needs of the shape: node ``u``'s
+number of children ``m`` is fixed before they are drawn (a function of the block, the head and the draws
+above ``u``; the cut above is one of ``q_u``), never of the children's own values; the subtree below the
+``i``-th child may depend on ``i`` (given the first committed token, the rest is the target's law whichever
+slot committed it).  Applying ``min(1, p/q)`` to *deterministic* top-k children instead is biased
+(tested: the exact enumeration and the Monte Carlo checks catch it).
 
 Randomness: a ``torch.Generator`` (the decode's ``GeneratorSampler``'s) on any device; draws are not keyed, so
 the output equals AR in distribution, not token for token (tested by exact enumeration and seeded
