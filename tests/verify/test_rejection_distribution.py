@@ -211,16 +211,22 @@ def node_paths(tree, row: int) -> list[tuple[int, ...]]:
 
 
 def chi_square(counts: np.ndarray, joint: np.ndarray) -> tuple[float, int]:
+    """Pearson's statistic and degrees of freedom; cells expected fewer than 5 times are pooled into one (the
+    chi-square law is a poor fit for them)."""
     n = counts.sum()
-    keep = joint > 0
-    assert counts[~keep].sum() == 0, "a sequence of probability 0 was produced"
-    expected = n * joint[keep]
-    return float(((counts[keep] - expected) ** 2 / expected).sum()), int(keep.sum()) - 1
+    possible = joint > 0
+    assert counts[~possible].sum() == 0, "a sequence of probability 0 was produced"
+    expected, observed = n * joint[possible], counts[possible]
+    small = expected < 5
+    if small.any():
+        expected = np.append(expected[~small], expected[small].sum())
+        observed = np.append(observed[~small], observed[small].sum())
+    return float(((observed - expected) ** 2 / expected).sum()), len(expected) - 1
 
 
 def within(stat: float, df: int) -> bool:
-    """The chi-square bound for the fixed seeds: 2 df + 30 (df <= 80: past the 1e-9 quantile, e.g. 148 for
-    df 63 where the bound is 156; a correct sampler fails it with probability < 1e-9, and the seeds are fixed)."""
+    """The chi-square bound for the fixed seeds: 2 df + 30, where a correct sampler exceeds it with probability
+    below 3e-7 for every df used here (7 to 39); the seeds are fixed, so the outcome does not change."""
     return stat < 2 * df + 30
 
 
@@ -263,7 +269,7 @@ MC_CASES = [("V4g2", "tree", False, "T1"), ("V4g2", "fan", True, "T1"), ("V4g2",
 @pytest.mark.parametrize("world,shape,head,warp", MC_CASES, ids=["-".join(map(str, c)) for c in MC_CASES])
 def test_monte_carlo_of_one_round_matches_the_target(world, shape, head, warp):
     w, world = WARPS[warp], WORLDS[world]
-    stat, df = chi_square(sample_rounds(world, SHAPES[shape], head, w, 2000, seed=11), target_joint(world, w))
+    stat, df = chi_square(sample_rounds(world, SHAPES[shape], head, w, 1500, seed=11), target_joint(world, w))
     assert within(stat, df), (stat, df)
 
 
@@ -274,7 +280,7 @@ def test_monte_carlo_of_one_round_catches_biased_verifiers(kind, monkeypatch):
         monkeypatch.setattr(rejection, "_draw_without_replacement", top_m)
     else:
         monkeypatch.setattr(rejection, "accept_step", biased_step)
-    stat, df = chi_square(sample_rounds(world, SHAPES["tree"], False, w, 2000, seed=11), target_joint(world, w))
+    stat, df = chi_square(sample_rounds(world, SHAPES["tree"], False, w, 1500, seed=11), target_joint(world, w))
     assert not within(stat, df), (stat, df)
 
 
@@ -334,7 +340,7 @@ def decode_rows(model: ToyModel, shapes: list[list[int]], warp: Warp, rows: int,
     return counts
 
 
-MANY = dict(shapes=[[-1, 0, 1], [-1, 0, 0, 1, 1, 2], [-1, 0, 0, 0, 1]], rows=2000, length=4, seed=5)
+MANY = dict(shapes=[[-1, 0, 1], [-1, 0, 0, 1, 1, 2], [-1, 0, 0, 0, 1]], rows=1500, length=4, seed=5)
 
 
 @pytest.mark.parametrize("warp", ["T1", "T0.7-topk2"])
