@@ -11,24 +11,30 @@ from dartree.verify.accept import (
 )
 from dartree.verify.cache import cache_length, compact_tail, gather_cache, keep_indices
 from dartree.verify.inputs import ATTENTION_IMPLEMENTATIONS, TreeInputBuffer, TreeInputs, tree_inputs
+from dartree.verify.rejection import SampledTree, sample_tree, verify_rejection
 from dartree.verify.sampling import GeneratorSampler, KeyedSampler, Sampler, hash32
+from dartree.verify.warp import Warp
 
 __all__ = [
     "ATTENTION_IMPLEMENTATIONS",
     "GeneratorSampler",
     "KeyedSampler",
+    "SampledTree",
     "Sampler",
     "TreeInputBuffer",
     "TreeInputs",
     "VerifyResult",
+    "Warp",
     "accept_picks",
     "cache_length",
     "compact_tail",
     "gather_cache",
     "hash32",
     "keep_indices",
+    "sample_tree",
     "tree_inputs",
     "verify_greedy",
+    "verify_rejection",
     "verify_sampled",
     "walk_greedy",
     "walk_greedy_logits",

@@ -12,9 +12,10 @@ without replacement from ``q_u`` (Gumbel-top-m on ``log q_u``, which is a sequen
 replacement), in sibling order.  ``q_u`` is the warped softmax of the block's logits at the children's
 depth over the vocabulary (builders without a head), or of the correction head's logits of
 ``max(topk, 64)`` candidates evaluated along the *sampled* path (builders with one), one batched head
-call per depth.  The shape is a function of the block (and head) alone, never of a draw; a node with
-fewer tokens of positive ``q`` than children keeps only that many (a function of ``q``, not of a draw).
-So every builder is supported, with the proposals each one's head or drafter gives.
+call per depth.  The builder's shape is a function of the block (and head) alone, never of a draw; a node
+with fewer tokens of positive ``q_u`` than children keeps only that many (a function of ``q_u``: of the
+draws above ``u``, never of ``u``'s children).  So every builder is supported, user builders included, with
+the proposals of the drafter (``head=None``, what the decoder uses) or of a head.
 
 **The verifier.**  At an accepted node with target ``p`` (the :class:`~dartree.verify.warp.Warp`ed
 distribution) and children ``x_1..x_m`` drawn without replacement from ``q``::
@@ -32,13 +33,19 @@ norm(max(r - s, 0))(v) = r(v)``.  The later stage's proposal ``s`` minus ``x`` i
 draw given the earlier ones (without replacement), and its target ``norm(max(r - s, 0))`` does not
 depend on ``x``: so each stage is exact for its ``r``, and the first one outputs ``p``.  An accepted
 child's own children were drawn from ``q`` at that child independently of everything above, so the
-committed sequence has the target's joint law token by token.  Applying ``min(1, p/q)`` to
-*deterministic* top-k children instead is biased (tested: the exact enumeration catches it).
+committed sequence has the target's joint law token by token.  What this needs of the shape: node ``u``'s
+number of children ``m`` is fixed before they are drawn (a function of the block, the head and the draws
+above ``u``; the cut above is one of ``q_u``), never of the children's own values; the subtree below the
+``i``-th child may depend on ``i`` (given the first committed token, the rest is the target's law whichever
+slot committed it).  Applying ``min(1, p/q)`` to *deterministic* top-k children instead is biased
+(tested: the exact enumeration and the Monte Carlo checks catch it).
 
-Randomness: a ``torch.Generator`` (the decode's ``GeneratorSampler``'s); draws are not keyed, so the
-output equals AR in distribution, not token for token (tested by exact enumeration and seeded
-statistics).  The walk runs on the host in float64 over the nodes it visits (CPU-oriented; on an
-accelerator it is one transfer of the visited rows).
+Randomness: a ``torch.Generator`` (the decode's ``GeneratorSampler``'s) on any device; draws are not keyed, so
+the output equals AR in distribution, not token for token (tested by exact enumeration and seeded
+statistics).  The verifier takes all its coins in one draw (uniforms ``[b, n]``: one per sibling tested, in
+walk order, then one for the bonus by the inverse CDF, :func:`draw_index`), and the exact test enumerates
+the acceptance outcomes with the verifier's own :func:`accept_step`.  The walk runs on the host in float64
+over the nodes it visits (CPU-oriented; on an accelerator, one transfer of each visited node's logits).
 
 Shape: ``tree`` tensors ``[b, n]``; target logits ``[b, n, V]``.
 """
@@ -57,7 +64,7 @@ from dartree.tree import PAD, DraftTree
 from dartree.verify.accept import VerifyResult
 from dartree.verify.warp import Warp
 
-__all__ = ["SampledTree", "sample_tree", "verify_rejection", "accept_step", "SAMPLE_CANDIDATES"]
+__all__ = ["SampledTree", "sample_tree", "verify_rejection", "accept_step", "draw_index", "SAMPLE_CANDIDATES"]
 
 #: candidates per depth a correction head scores when it proposes (at least the builder's ``topk``)
 SAMPLE_CANDIDATES = 64
@@ -95,16 +102,22 @@ class SampledTree:
 def _draw_without_replacement(q: Tensor, m: int, generator: torch.Generator | None) -> Tensor:
     """The first ``m`` draws without replacement from the distributions ``q`` (rows), in draw order: one draw
     by the inverse of the cumulative distribution, more by Gumbel-top-m (the order of the perturbed keys
-    ``log q + G`` is the sequential draw order).
+    ``log q + G`` is the sequential draw order).  Tokens of mass 0 come last (the caller uses only as many
+    draws as ``q`` has tokens of positive mass).
 
-    perf (CPU): a chain's 15 single draws over 4,098 tokens take 0.1 ms by the inverse CDF, 1.0 ms as float64
-    Gumbel keys, 1.8 ms with ``torch.multinomial``; several draws use float32 keys.
+    perf (CPU, one thread): a chain's 15 single draws over 4,098 tokens take 0.17 ms by the inverse CDF (with
+    the guard against a token of mass 0), 1.0 ms as float64 Gumbel keys, 1.8 ms with ``torch.multinomial``;
+    4 draws each as float32 Gumbel keys take 0.5 ms.
+
+    Shape: ``q`` float ``[..., V]`` -> int64 ``[..., m]``.
     """
     if m == 1:
         cdf = q.double().cumsum(-1)
         u = torch.rand((*cdf.shape[:-1], 1), generator=generator, dtype=torch.float64, device=cdf.device)
-        # the first token whose cumulative mass exceeds u (a token of mass 0 never is the first)
-        return torch.searchsorted(cdf, u * cdf[..., -1:], right=True).clamp_max(cdf.shape[-1] - 1)
+        # the first token whose cumulative mass exceeds u * total: never a token of mass 0, except when
+        # u * total rounds up to the total; then the last token of positive mass
+        last = q.shape[-1] - 1 - torch.argmax((q.flip(-1) > 0).to(torch.uint8), dim=-1, keepdim=True)
+        return torch.minimum(torch.searchsorted(cdf, u * cdf[..., -1:], right=True), last)
     u = torch.rand(q.shape, generator=generator, dtype=torch.float32, device=q.device)
     keys = q.float().log() - torch.log(-torch.log(u.clamp_min(torch.finfo(torch.float32).tiny)))
     return torch.topk(keys, m, dim=-1).indices
@@ -126,33 +139,45 @@ def sample_tree(template: DraftTree, block: DraftBlock, head=None, warp: Warp | 
                 generator: torch.Generator | None = None, topk: int = SAMPLE_CANDIDATES) -> SampledTree:
     """``template``'s shape with tokens drawn from each node's proposal (module docstring).
 
-    ``head``: the correction head (its logits of ``max(topk, SAMPLE_CANDIDATES)`` candidates along the
-    sampled path propose), or ``None`` (the block's logits over the vocabulary propose).  ``warp``: the
-    proposal's temperature and filters (default: temperature 1).
+    ``template``: any valid draft tree of the block (any builder's, user builders' included; its tokens other
+    than the root are ignored).  ``head``: a correction head (its logits of ``max(topk, SAMPLE_CANDIDATES)``
+    candidates, at most ``V``, along the sampled path propose: one ``logits`` and one ``advance`` call per
+    depth), or ``None`` (the block's logits over the vocabulary propose).  ``warp``: the proposal's
+    temperature and filters (default: temperature 1).  ``generator``: on the block's device, or ``None``
+    (torch's global generator).
 
     Shape:
-        template: ``[b, n]`` on the block's device; block.logits ``[b, gamma, V]``.
+        template: ``[b, n]`` on the block's device, depths ``<= gamma``; block.logits ``[b, gamma, V]``.
     """
     warp = Warp(1.0) if warp is None else warp
+    if not isinstance(template, DraftTree):
+        raise ValueError(f"template: expected a DraftTree, got {type(template).__name__}")
+    if not isinstance(warp, Warp):
+        raise ValueError(f"warp: expected a dartree.verify.warp.Warp or None, got {type(warp).__name__}")
+    if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
+        raise ValueError(f"topk: expected an int >= 1 (candidates a head scores), got {topk!r}")
     logits = block.logits.detach()
     b, gamma, vocab = logits.shape
     if template.batch_size != b:
         raise ValueError(f"template: {template.batch_size} rows, the block has {b}")
+    if template.device != logits.device:
+        raise ValueError(f"template: on {template.device}, the block on {logits.device}")
     kids = _children(template)
     depths = template.depths.tolist()
+    if any(depths[r][u] > gamma for r, c in enumerate(template.num_nodes.tolist()) for u in range(c)):
+        raise ValueError(f"template: a node deeper than the block's gamma={gamma}")
     if head is None:
         probs = warp.probs(logits)                                          # [b, gamma, V]: q at each depth
-        row_of = torch.where(template.depths < gamma, template.depths, torch.full_like(template.depths, PAD))
+        row_of = template.depths.clone()
         tokens, keep = _draw_vocab(template, kids, depths, probs, generator)
         support = None
     else:
         tokens, keep, probs, support = _draw_head(template, kids, depths, block, head, warp, generator,
                                                   min(vocab, max(topk, SAMPLE_CANDIDATES)))
         row_of = torch.arange(template.max_nodes, device=logits.device).expand(b, -1).clone()
-    for r in range(b):                         # nodes without children point nowhere
-        for u in range(template.max_nodes):
-            if not kids[r][u] or not keep[r][u]:
-                row_of[r, u] = PAD
+    # nodes without (kept) children point nowhere
+    proposes = [[bool(kids[r][u]) and keep[r][u] for u in range(template.max_nodes)] for r in range(b)]
+    row_of = torch.where(torch.tensor(proposes, device=logits.device), row_of, torch.full_like(row_of, PAD))
     tree = DraftTree(tokens=torch.tensor(tokens, dtype=torch.int64, device=logits.device), parents=template.parents,
                      depths=template.depths, scores=template.scores, ranks=template.ranks,
                      num_nodes=template.num_nodes)
@@ -168,7 +193,7 @@ def sample_tree(template: DraftTree, block: DraftBlock, head=None, warp: Warp | 
 
 
 def _draw_vocab(template: DraftTree, kids, depths, probs: Tensor, generator) -> tuple[list, list]:
-    """Every node's children at once: one Gumbel-top-m over the vocabulary per node with children."""
+    """Every node's children at once: one draw without replacement over the vocabulary per node with children."""
     b, n = template.tokens.shape
     tokens = template.tokens.tolist()
     keep = [[u < c for u in range(n)] for c in template.num_nodes.tolist()]
@@ -182,12 +207,18 @@ def _draw_vocab(template: DraftTree, kids, depths, probs: Tensor, generator) -> 
     drawn = _draw_without_replacement(q, min(most, q.shape[-1]), generator).tolist()
     positive = (q > 0).sum(-1).tolist()
     for (r, u), row, count in zip(parents, drawn, positive, strict=True):
-        for j, child in enumerate(kids[r][u]):
-            if j < count:                         # Gumbel keys of q > 0 come before those of q = 0 (-inf)
-                tokens[r][child] = row[j]
-            else:
-                _drop(keep[r], kids[r], child)
+        _place(tokens[r], keep[r], kids[r], u, row, count)
     return tokens, keep
+
+
+def _place(tokens: list[int], keep: list[bool], kids: list[list[int]], node: int, drawn: list[int],
+           positive: int) -> None:
+    """Node ``node``'s children get the draws in sibling order; children past ``q``'s positive mass are cut."""
+    for j, child in enumerate(kids[node]):
+        if j < positive:
+            tokens[child] = drawn[j]
+        else:
+            _drop(keep, kids, child)
 
 
 def _drop(keep: list[bool], kids: list[list[int]], node: int) -> None:
@@ -197,10 +228,11 @@ def _drop(keep: list[bool], kids: list[list[int]], node: int) -> None:
 
 
 def _draw_head(template: DraftTree, kids, depths, block: DraftBlock, head, warp: Warp, generator, k: int):
-    """Depth by depth along the sampled path: one head ``logits`` and one ``advance`` call per depth."""
+    """Depth by depth along the sampled path: one head ``logits``, one draw and one ``advance`` call per depth."""
     b, n = template.tokens.shape
     gamma = block.logits.shape[1]
     cand = top_candidates(block, k, "candidates").tokens                  # [b, gamma, K]
+    cand_host = cand.tolist()
     tokens = template.tokens.tolist()
     keep = [[u < c for u in range(n)] for c in template.num_nodes.tolist()]
     root_state = head.initial_state(block)                                 # [b, S]
@@ -215,32 +247,27 @@ def _draw_head(template: DraftTree, kids, depths, block: DraftBlock, head, warp:
         index = torch.tensor([p + [0] * (m - len(p)) for p in parents], dtype=torch.int64, device=states.device)
         parent_states = torch.gather(states, 1, index[:, :, None].expand(-1, -1, states.shape[-1]))
         q = warp.probs(head.logits(block, d, parent_states, cand[:, d - 1]))       # [b, m, K]
+        most = max(len(kids[r][u]) for r in range(b) for u in parents[r])
+        drawn = _draw_without_replacement(q, min(most, k), generator).tolist()    # [b, m, most] candidate indices
         positive = (q > 0).sum(-1).tolist()
-        children, child_parent, child_token = [], [], []
+        child_parent, child_token, children = [], [], []
         for r in range(b):
-            rows, par, tok = [], [], []
+            probs[r, parents[r]] = q[r, : len(parents[r])]
             for j, u in enumerate(parents[r]):
-                probs[r, u] = q[r, j]
-                allowed = min(len(kids[r][u]), positive[r][j])
-                drawn = _draw_without_replacement(q[r, j], allowed, generator).tolist()
-                for i, child in enumerate(kids[r][u]):
-                    if i < allowed:
-                        tokens[r][child] = int(cand[r, d - 1, drawn[i]])
-                        rows.append(child)
-                        par.append(j)
-                        tok.append(tokens[r][child])
-                    else:
-                        _drop(keep[r], kids[r], child)
-            children.append(rows)
-            child_parent.append(par)
-            child_token.append(tok)
+                picks = [cand_host[r][d - 1][i] for i in drawn[r][j]]
+                _place(tokens[r], keep[r], kids[r], u, picks, positive[r][j])
+            rows = [(j, c) for j, u in enumerate(parents[r]) for c in kids[r][u] if keep[r][c]]
+            children.append([c for _, c in rows])
+            child_parent.append([j for j, _ in rows])
+            child_token.append([tokens[r][c] for _, c in rows])
         c = max(len(x) for x in children)
         if c == 0:
             break
         at = torch.tensor([x + [0] * (c - len(x)) for x in child_parent], dtype=torch.int64, device=states.device)
-        drawn = torch.tensor([x + [0] * (c - len(x)) for x in child_token], dtype=torch.int64, device=states.device)
+        drawn_tokens = torch.tensor([x + [0] * (c - len(x)) for x in child_token], dtype=torch.int64,
+                                    device=states.device)
         new = head.advance(block, d, torch.gather(parent_states, 1, at[:, :, None].expand(-1, -1, states.shape[-1])),
-                           drawn)
+                           drawn_tokens)                                              # [b, c, S]
         for r in range(b):
             if children[r]:
                 states[r, children[r]] = new[r, : len(children[r])]
@@ -265,8 +292,14 @@ def accept_step(r: np.ndarray, s: np.ndarray, x: int) -> tuple[float, np.ndarray
     return accept, r_next, s_next
 
 
-def _draw(p: np.ndarray, generator: torch.Generator | None) -> int:
-    return int(torch.multinomial(torch.from_numpy(p / p.sum()), 1, generator=generator))
+def draw_index(p: np.ndarray, u: float) -> int:
+    """The token the uniform ``u`` in ``[0, 1)`` draws from ``p`` by the inverse CDF (never one of mass 0).
+
+    Shape: ``p`` float64 ``[V]`` (host; need not sum to 1).
+    """
+    cdf = np.cumsum(p)
+    i = int(np.searchsorted(cdf, u * cdf[-1], side="right"))
+    return min(i, int(np.flatnonzero(p > 0)[-1]))
 
 
 def verify_rejection(sampled: SampledTree, target_logits: Tensor, warp: Warp,
@@ -274,33 +307,48 @@ def verify_rejection(sampled: SampledTree, target_logits: Tensor, warp: Warp,
     """Recursive rejection sampling down ``sampled.tree`` (module docstring); the committed tokens have the
     distribution of the target's (warped) sampling.
 
+    ``generator``: on any device (``None``: torch's global generator); each row's coins are drawn at once, as
+    uniforms ``[b, n]``: one per sibling tested and one for the bonus, used in walk order.  The returned
+    ``picks`` are all ``PAD`` (no token is sampled at a node).
+
     Shape:
-        target_logits: float ``[b, n, V]`` the target's next-token logits at each node.
+        target_logits: float ``[b, n, V]`` the target's next-token logits at each node (unwarped).
+        returns: a :class:`~dartree.verify.accept.VerifyResult`, as :func:`~dartree.verify.accept.verify_sampled`'s.
     """
+    if not isinstance(sampled, SampledTree):
+        raise ValueError(f"sampled: expected a SampledTree (from sample_tree), got {type(sampled).__name__}")
+    if not isinstance(warp, Warp):
+        raise ValueError(f"warp: expected a dartree.verify.warp.Warp, got {type(warp).__name__}")
     tree = sampled.tree
     b, n = tree.tokens.shape
-    if target_logits.dim() != 3 or tuple(target_logits.shape[:2]) != (b, n):
-        raise ValueError(f"target_logits: expected shape [{b}, {n}, V], got {tuple(target_logits.shape)}")
+    if not isinstance(target_logits, Tensor) or target_logits.dim() != 3 or tuple(target_logits.shape[:2]) != (b, n):
+        got = tuple(target_logits.shape) if isinstance(target_logits, Tensor) else type(target_logits).__name__
+        raise ValueError(f"target_logits: expected shape [{b}, {n}, V], got {got}")
+    if not target_logits.is_floating_point():
+        raise ValueError(f"target_logits: expected a floating dtype, got {target_logits.dtype}")
     vocab = target_logits.shape[-1]
     kids = _children(tree)
     tokens = tree.tokens.tolist()
+    device = generator.device if generator is not None else torch.device("cpu")
+    # host read on purpose: the walk runs on the host; every coin it may use, in one draw
+    coins = torch.rand((b, n), generator=generator, dtype=torch.float64, device=device).cpu().numpy()
     paths, bonus = [], []
     for row in range(b):
-        u, path = 0, [0]
+        u, path, used = 0, [0], 0
         while True:
             p = warp.logits(target_logits[row, u]).double().softmax(-1).cpu().numpy()
-            if not kids[row][u]:
-                bonus.append(_draw(p, generator))
-                break
-            r, s, nxt = p, sampled.proposal(row, u, vocab), None
-            for child in kids[row][u]:
-                accept, r_next, s_next = accept_step(r, s, tokens[row][child])
-                if float(torch.rand((), generator=generator, dtype=torch.float64)) < accept:
-                    nxt = child
-                    break
-                r, s = r_next, s_next
-            if nxt is None:
-                bonus.append(_draw(r, generator))
+            r, nxt = p, None
+            if kids[row][u]:
+                s = sampled.proposal(row, u, vocab)
+                for child in kids[row][u]:
+                    accept, r_next, s_next = accept_step(r, s, tokens[row][child])
+                    used += 1
+                    if coins[row, used - 1] < accept:
+                        nxt = child
+                        break
+                    r, s = r_next, s_next
+            if nxt is None:               # a leaf, or every child rejected: the bonus ~ the residual
+                bonus.append(draw_index(r, coins[row, used]))
                 break
             path.append(nxt)
             u = nxt
@@ -308,9 +356,8 @@ def verify_rejection(sampled: SampledTree, target_logits: Tensor, warp: Warp,
     accepted = [path + [PAD] * (n - len(path)) for path in paths]
     committed = [[tokens[row][i] for i in paths[row][1:]] + [bonus[row]] for row in range(b)]
     committed = [c + [PAD] * (n - len(c)) for c in committed]
-    device = tree.device
-    out = torch.tensor([accepted, committed], dtype=torch.int64, device=device)
-    lengths = torch.tensor([len(p) - 1 for p in paths], dtype=torch.int64, device=device)
-    picks = torch.full((b, n), PAD, dtype=torch.int64, device=device)
-    return VerifyResult(accepted=out[0], accepted_length=lengths, bonus=torch.tensor(bonus, device=device),
+    out = torch.tensor([accepted, committed], dtype=torch.int64, device=tree.device)
+    lengths = torch.tensor([len(p) - 1 for p in paths], dtype=torch.int64, device=tree.device)
+    picks = torch.full((b, n), PAD, dtype=torch.int64, device=tree.device)
+    return VerifyResult(accepted=out[0], accepted_length=lengths, bonus=torch.tensor(bonus, device=tree.device),
                         tokens=out[1], picks=picks)

@@ -7,7 +7,10 @@ distribution under any of them).  Applied in transformers' order (``GenerationMi
 top-p (drop the smallest tokens whose cumulative probability, in ascending order, is ``<= 1 - top_p``;
 the largest is always kept), then min-p (drop tokens whose probability is below ``min_p`` times the
 largest; the largest is always kept).  Dropped tokens get ``-inf``.  ``None`` turns a filter off; so do
-``top_p=1.0`` and ``min_p=0.0`` (as HF, which adds no warper for them).
+``top_p=1.0`` and ``min_p=0.0`` (as HF, which adds no warper for them).  Unlike HF's ``GenerationConfig``,
+whose ``top_k`` defaults to 50 (and a model's ``generation_config`` may set more), nothing is on by default:
+to match ``generate(do_sample=True)`` with its defaults, pass ``top_k=50``.  ``min_tokens_to_keep`` is 1
+(HF's value outside beam search).
 
 Shape: every method maps float ``[..., V]`` to float32 ``[..., V]``.
 """

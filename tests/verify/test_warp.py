@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from transformers.generation.logits_process import (
@@ -12,7 +14,7 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from dartree.verify.sampling import KeyedSampler
+from dartree.verify.sampling import GeneratorSampler, KeyedSampler
 from dartree.verify.warp import Warp
 
 
@@ -64,6 +66,23 @@ def test_keyed_sampler_never_draws_a_dropped_token():
     drawn = KeyedSampler(1).sample(warped, torch.arange(64))
     kept = torch.topk(scores, 3, dim=-1).indices
     assert (kept == drawn[:, None]).any(dim=-1).all()
+
+
+@pytest.mark.parametrize("sampler", [KeyedSampler(1), GeneratorSampler(torch.Generator().manual_seed(1))],
+                         ids=["keyed", "generator"])
+def test_samplers_draw_only_kept_tokens_of_warped_logits(sampler):
+    """Both samplers take warped logits with -inf entries (top-k / top-p / min-p drops) and never draw one."""
+    scores = torch.randn(64, 50, generator=torch.Generator().manual_seed(0)) * 2
+    for warp in (Warp(1.0, top_k=3), Warp(0.7, top_p=0.5), Warp(1.3, min_p=0.2), Warp(1.0, top_k=5, top_p=0.6)):
+        warped = warp.logits(scores)
+        for _ in range(5):
+            drawn = sampler.sample(warped, torch.arange(64))
+            assert torch.isfinite(warped.gather(1, drawn[:, None])).all()
+
+
+def test_a_warp_is_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Warp(1.0).top_k = 3
 
 
 @pytest.mark.parametrize("kwargs, field", [

@@ -1,0 +1,279 @@
+"""Sampled trees and the rejection verifier: structure, the draw's law, one-hot reductions, format, errors.
+
+The distribution tests (exact enumeration, Monte Carlo, biased verifiers) are in
+``test_rejection_distribution.py``; here: what every sampled tree must be (any builder's shape, tokens from
+the proposal, siblings distinct, proposals stored per depth or per node along the sampled path), the law of
+the draws without replacement, reductions whose outcome is certain (a one-hot target is the greedy walk; a
+target equal to the proposal accepts the first child), the result's format, and errors by name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from dartree import BUILDERS, make_builder
+from dartree.block import DraftBlock
+from dartree.builders import builder_spec
+from dartree.scoring import candidates as top_candidates
+from dartree.testing.heads import PathHashHead
+from dartree.tree import PAD
+from dartree.verify import SampledTree, Warp, rejection, sample_tree, verify_greedy, verify_rejection
+from dartree.verify.rejection import draw_index
+from tests.verify.helpers import make_tree, one_thread  # noqa: F401 (autouse fixture)
+
+V, GAMMA = 37, 3
+
+
+def block_of(b: int, seed: int, vocab: int = V, gamma: int = GAMMA) -> DraftBlock:
+    g = torch.Generator().manual_seed(seed)
+    return DraftBlock(logits=torch.randn(b, gamma, vocab, generator=g) * 2,
+                      root=torch.randint(0, vocab, (b,), generator=g))
+
+
+def built(name: str, block: DraftBlock):
+    head = PathHashHead() if builder_spec(name).needs_head else None
+    fields = {f.name for f in dataclasses.fields(builder_spec(name).config_cls)}
+    config = {k: v for k, v in dict(budget=7, width=3, topk=8).items() if k in fields}
+    return make_builder(name, "ref", **config).build(block, head), head
+
+
+def check_sampled(sampled: SampledTree, template, block: DraftBlock) -> None:
+    """Same shape as the template, root kept, tokens in the vocabulary, siblings distinct, proposals stored."""
+    tree = sampled.tree
+    tree.validate(gamma=block.gamma, vocab_size=block.logits.shape[-1])
+    for name in ("parents", "depths", "num_nodes"):
+        assert torch.equal(getattr(tree, name), getattr(template, name)), name
+    assert torch.equal(tree.tokens[:, 0], template.tokens[:, 0])
+    for r in range(tree.batch_size):
+        has_kids = set(tree.parents[r, 1: int(tree.num_nodes[r])].tolist())
+        for u in range(tree.max_nodes):
+            assert (int(sampled.row_of[r, u]) != PAD) == (u in has_kids)
+
+
+@pytest.mark.parametrize("name", BUILDERS)
+def test_every_builders_shape_with_tokens_from_the_drafter(name):
+    block = block_of(3, seed=1)
+    template, _ = built(name, block)
+    sampled = sample_tree(template, block, None, Warp(0.8), torch.Generator().manual_seed(0))
+    check_sampled(sampled, template, block)
+    assert sampled.support is None and sampled.probs.shape == (3, GAMMA, V)          # per depth, not per node
+    torch.testing.assert_close(sampled.probs, Warp(0.8).logits(block.logits).softmax(-1))
+    for r in range(3):
+        for u in range(template.max_nodes):
+            if int(sampled.row_of[r, u]) != PAD:
+                assert int(sampled.row_of[r, u]) == int(template.depths[r, u])
+
+
+@pytest.mark.parametrize("name", [n for n in BUILDERS if builder_spec(n).needs_head])
+def test_head_proposals_follow_the_sampled_path(name):
+    """One head ``logits`` and one ``advance`` call per depth; each node's stored proposal is the head's warped
+    distribution over its depth's candidates, given the node's own sampled path (recomputed node by node)."""
+    block = block_of(3, seed=2)
+    template, head = built(name, block)
+    calls: list[tuple[str, int]] = []
+
+    class Counting:
+        def initial_state(self, block):
+            return head.initial_state(block)
+
+        def logits(self, block, depth, states, candidates):
+            calls.append(("logits", depth))
+            return head.logits(block, depth, states, candidates)
+
+        def advance(self, block, depth, states, tokens):
+            calls.append(("advance", depth))
+            return head.advance(block, depth, states, tokens)
+
+    warp, k = Warp(1.2, top_p=0.9), 12
+    sampled = sample_tree(template, block, Counting(), warp, torch.Generator().manual_seed(1), topk=k)
+    check_sampled(sampled, template, block)
+    deepest = int(template.depths.max())
+    assert calls == [(kind, d) for d in range(1, deepest + 1) for kind in ("logits", "advance")]
+    k = rejection.SAMPLE_CANDIDATES if rejection.SAMPLE_CANDIDATES <= V else V                   # max(topk, 64), <= V
+    cand = top_candidates(block, k, "candidates").tokens
+    tree = sampled.tree
+    for r in range(3):
+        for u, path_nodes in enumerate(tree.node_paths(r)):            # root excluded from each path
+            if int(sampled.row_of[r, u]) == PAD:
+                continue
+            one = DraftBlock(logits=block.logits[r: r + 1], root=block.root[r: r + 1])
+            state = head.initial_state(one)[:, None]
+            for d, node in enumerate(path_nodes, start=1):
+                state = head.advance(one, d, state, tree.tokens[r: r + 1, node][:, None])
+            d = len(path_nodes) + 1                                                # the children's depth
+            want = warp.probs(head.logits(one, d, state, cand[r: r + 1, d - 1]))[0, 0]
+            torch.testing.assert_close(sampled.probs[r, sampled.row_of[r, u]], want)
+            assert torch.equal(sampled.support[r, sampled.row_of[r, u]], cand[r, d - 1])
+            full = sampled.proposal(r, u, V)
+            kids = [i for i in range(int(tree.num_nodes[r])) if int(tree.parents[r, i]) == u]
+            assert all(full[int(tree.tokens[r, i])] > 0 for i in kids)              # drawn from the proposal
+
+
+@pytest.mark.parametrize("head", [False, True], ids=["drafter-q", "head-q"])
+def test_a_node_keeps_no_more_children_than_its_proposal_has_tokens(head):
+    """top-k 2 on the proposal: every node keeps at most 2 children (the cut is prefix-closed), and the kept
+    nodes' proposals are still theirs (rows remapped)."""
+    block = block_of(2, seed=3)
+    template, h = built("dartree-fixed" if head else "ddtree", block)
+    h = h if head else None
+    assert max(sum(1 for p in template.parents[r].tolist() if p == u) for r in range(2) for u in range(3)) > 2
+    warp = Warp(1.0, top_k=2)
+    sampled = sample_tree(template, block, h, warp, torch.Generator().manual_seed(2), topk=V)
+    tree = sampled.tree
+    tree.validate(gamma=GAMMA, vocab_size=V)
+    assert (tree.num_nodes < template.num_nodes).any()
+    for r in range(2):
+        count = int(tree.num_nodes[r])
+        for u in range(count):
+            kids = [i for i in range(count) if int(tree.parents[r, i]) == u]
+            assert len(kids) <= 2
+            if kids:
+                q = sampled.proposal(r, u, V)
+                assert (q > 0).sum() == 2 and all(q[int(tree.tokens[r, i])] > 0 for i in kids)
+                if not head:
+                    np.testing.assert_allclose(q, warp.probs(block.logits[r, int(tree.depths[r, u])]).double().numpy(),
+                                               atol=1e-7)
+
+
+@pytest.mark.parametrize("m", [1, 2, 3])
+def test_draws_without_replacement_have_the_sequential_law(m):
+    """The first m draws (one: inverse CDF; more: Gumbel-top-m) against the exact sequential law; a token of
+    mass 0 never comes before the positive ones."""
+    q = torch.tensor([0.4, 0.0, 0.25, 0.2, 0.1, 0.05])
+    n = 40_000
+    drawn = rejection._draw_without_replacement(q.expand(n, -1), m, torch.Generator().manual_seed(m))
+    assert drawn.shape == (n, m)
+    counts: dict[tuple[int, ...], int] = {}
+    for row in drawn.tolist():
+        counts[tuple(row)] = counts.get(tuple(row), 0) + 1
+    exact = {}
+    for seq in itertools.permutations([0, 2, 3, 4, 5], m):
+        pr, left = 1.0, q.double().numpy().copy()
+        for x in seq:
+            pr *= left[x] / left.sum()
+            left[x] = 0.0
+        exact[seq] = pr
+    assert set(counts) <= set(exact)                                     # distinct, never token 1
+    stat = sum((counts.get(s, 0) - n * p) ** 2 / (n * p) for s, p in exact.items())
+    assert stat < 2 * (len(exact) - 1) + 30, stat
+
+
+def test_draw_index_never_picks_a_token_of_mass_0():
+    p = np.array([0.0, 0.3, 0.0, 0.7, 0.0, 0.0])
+    assert draw_index(p, 0.0) == 1 and draw_index(p, 0.29) == 1 and draw_index(p, 0.31) == 3
+    assert draw_index(p, float(np.nextafter(1.0, 0.0))) == 3
+    assert draw_index(np.array([0.0, 1e-300, 0.0]), 0.999) == 1
+
+
+def batch_tree_and_logits(seed: int):
+    """Three rows of different sizes (a ddtree, padding) and random target logits for their nodes."""
+    block = block_of(3, seed=seed)
+    template = make_builder("ddtree", "ref", budget=6, topk=8).build(block, None)
+    keep = torch.arange(template.max_nodes)[None, :] < torch.tensor([[7], [4], [1]])
+    template = template.select(keep)
+    g = torch.Generator().manual_seed(seed + 100)
+    return block, template, torch.randn(3, template.max_nodes, V, generator=g) * 2
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_one_hot_target_is_the_greedy_walk(seed):
+    """Target top-k 1 (p one-hot): a child is accepted iff it is the target's argmax, and the bonus is the
+    argmax: exactly the greedy verifier's result, whatever was drawn."""
+    block, template, logits = batch_tree_and_logits(seed)
+    # the drafter proposes the target's argmax often enough for some rounds to accept
+    block = DraftBlock(logits=block.logits.clone(), root=block.root)
+    sampled = sample_tree(template, block, None, Warp(1.0), torch.Generator().manual_seed(seed))
+    got = verify_rejection(sampled, logits, Warp(1.0, top_k=1), torch.Generator().manual_seed(seed))
+    want = verify_greedy(sampled.tree, logits)
+    for name in ("accepted", "accepted_length", "bonus", "tokens"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+    assert (got.picks == PAD).all()
+
+
+def test_greedy_reduction_accepts_when_the_draft_is_the_argmax():
+    """The one-hot check above is not vacuous: with a target whose argmax is the drafter's sure token, the
+    walk accepts the whole first path."""
+    block, template, _ = batch_tree_and_logits(0)
+    peaked = torch.full_like(block.logits, -30.0)
+    peaked[..., 5] = 30.0                                   # q = one-hot token 5 at every depth
+    block = DraftBlock(logits=peaked, root=block.root)
+    sampled = sample_tree(template, block, None, Warp(1.0), torch.Generator().manual_seed(0))
+    logits = torch.zeros(3, template.max_nodes, V)
+    logits[..., 5] = 10.0
+    out = verify_rejection(sampled, logits, Warp(1.0, top_k=1), torch.Generator().manual_seed(0))
+    assert out.accepted_length.tolist() == [int(template.depths[r].max()) for r in range(3)]
+    assert all(t == 5 for row in out.tokens.tolist() for t in row if t >= 0)
+
+
+def test_a_target_equal_to_the_proposal_accepts_the_first_child():
+    """p == q at every node: the first child is accepted with probability 1, down to a leaf."""
+    block, template, _ = batch_tree_and_logits(1)
+    warp = Warp(0.9, top_k=20)
+    sampled = sample_tree(template, block, None, warp, torch.Generator().manual_seed(3))
+    tree = sampled.tree
+    depth = tree.depths.clamp(0, GAMMA - 1)
+    logits = torch.gather(block.logits, 1, depth[:, :, None].expand(-1, -1, V))      # node u: q at its children
+    out = verify_rejection(sampled, logits, warp, torch.Generator().manual_seed(4))
+    for r in range(3):
+        u, path = 0, [0]
+        while True:
+            kids = [i for i in range(int(tree.num_nodes[r])) if int(tree.parents[r, i]) == u]
+            if not kids:
+                break
+            u = kids[0]
+            path.append(u)
+        assert out.accepted[r].tolist() == path + [PAD] * (tree.max_nodes - len(path))
+
+
+def test_the_result_format_and_reproducibility():
+    block, template, logits = batch_tree_and_logits(2)
+    warp = Warp(1.0)
+    runs = []
+    for _ in range(2):
+        g = torch.Generator().manual_seed(9)
+        sampled = sample_tree(template, block, None, warp, g)
+        runs.append((sampled, verify_rejection(sampled, logits, warp, g)))
+    (sampled, out), (_, again) = runs
+    for name in ("accepted", "accepted_length", "bonus", "tokens", "picks"):
+        assert torch.equal(getattr(out, name), getattr(again, name)), name
+    tree, n = sampled.tree, sampled.tree.max_nodes
+    assert out.accepted.shape == out.tokens.shape == (3, n) and out.bonus.shape == (3,)
+    for r in range(3):
+        k = int(out.accepted_length[r])
+        path = out.accepted[r].tolist()
+        assert path[0] == 0 and all(x == PAD for x in path[k + 1:])
+        assert all(int(tree.parents[r, path[i + 1]]) == path[i] for i in range(k))
+        assert out.tokens[r].tolist() == [int(tree.tokens[r, i]) for i in path[1: k + 1]] + [int(out.bonus[r])] \
+            + [PAD] * (n - k - 1)
+    assert int(out.accepted_length[2]) == 0                                  # a root without children
+    # many seeds: the rows do accept drafts, and not always the same ones
+    lengths = set()
+    for seed in range(20):
+        g = torch.Generator().manual_seed(seed)
+        lengths.add(tuple(verify_rejection(sample_tree(template, block, None, warp, g), logits, warp, g)
+                          .accepted_length.tolist()))
+    assert len(lengths) > 1
+
+
+def test_errors_name_the_argument():
+    block, template, logits = batch_tree_and_logits(3)
+    sampled = sample_tree(template, block, None, Warp(1.0), None)
+    cases = [
+        (lambda: sample_tree("tree", block), "template"),
+        (lambda: sample_tree(template, block, None, 1.0), "warp"),
+        (lambda: sample_tree(template, block, PathHashHead(), Warp(1.0), None, topk=0), "topk"),
+        (lambda: sample_tree(template, block_of(2, seed=0)), "template: 3 rows"),
+        (lambda: sample_tree(template, block_of(3, seed=0, gamma=1)), "gamma"),
+        (lambda: verify_rejection(template, logits, Warp(1.0)), "sampled"),
+        (lambda: verify_rejection(sampled, logits, 1.0), "warp"),
+        (lambda: verify_rejection(sampled, logits[:, :-1], Warp(1.0)), "target_logits"),
+        (lambda: verify_rejection(sampled, logits.long(), Warp(1.0)), "target_logits"),
+    ]
+    for call, match in cases:
+        with pytest.raises(ValueError, match=match):
+            call()
