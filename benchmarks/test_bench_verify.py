@@ -95,3 +95,15 @@ def test_greedy_walk(benchmark, provider: str, budget: int) -> None:
     fast = out if provider == "fast" else fast_walk(tree, picks)
     accepted = out if provider == "ref" else ref_walk(tree, picks)
     assert fast.accepted[0, : len(accepted)].tolist() == accepted and int(fast.accepted_length[0]) == len(accepted) - 1
+
+
+@pytest.mark.parametrize("provider", ("torch-sort", "numpy-values"))
+@pytest.mark.parametrize("rows", (1, 15))
+def test_top_p_mask(benchmark, provider: str, rows: int) -> None:
+    """The top-p mask of ``rows`` rows of zoo-sized logits (a target row in AR, a drafter block's depths):
+    transformers' way (``torch.sort``) vs dartree's CPU path (numpy sorts the values; equal masks)."""
+    from dartree.verify.warp import _hf_top_p_drop, _top_p_drop
+    scores = torch.randn(rows, VOCAB + 2, generator=torch.Generator().manual_seed(rows)) * 3
+    benchmark.group = f"top-p 0.95 mask, {rows} x {VOCAB + 2}"
+    out = run(benchmark, _hf_top_p_drop if provider == "torch-sort" else _top_p_drop, scores, 0.95)
+    assert torch.equal(out, _hf_top_p_drop(scores, 0.95))

@@ -56,7 +56,7 @@ from dartree.verify.accept import (
     walk_greedy_logits,
     walk_sampled,
 )
-from dartree.verify.rejection import SampledTree, sample_tree, verify_rejection
+from dartree.verify.rejection import HEAD_DEPTHS, SampledTree, sample_tree, verify_rejection
 from dartree.verify.sampling import KeyedSampler, sample_checked
 from dartree.verify.warp import Warp
 
@@ -216,10 +216,9 @@ class Engine:
         tree = checked_tree(self.builder, self.builder.build(block, head), block)
         tree = fit_tree(tree, block.gamma, target.lengths, target.length, target)
         if self.verifier == "rejection":
-            # the builder's shape (its head shaped it), tokens drawn from the drafter's warped distribution:
-            # it proposes closer to the target than the head does (tau 1.99 vs 1.75 for dartree-pruned B=16 at
-            # T=1 on the zoo, docs/verification.md)
-            tree = sample_tree(tree, block, None, self.warp, self.generator)
+            # the builder's shape, tokens drawn from its head's warped distribution over the whole vocabulary
+            # along the sampled path at depths <= HEAD_DEPTHS (builders with a head), else from the drafter's
+            tree = sample_tree(tree, block, head, self.warp, self.generator, head_depths=HEAD_DEPTHS)
         build_s = self.clock.lap()
         head_s, calls = (0.0, 0) if head is None else (head.take(), head.take_calls())
         return tree, (draft_s, build_s, head_s), calls

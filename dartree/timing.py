@@ -205,6 +205,11 @@ class TimedHead:
         out = self._call("logits", self._own_block(block), depth, self._own(states), self._own(candidates))
         return _logits("logits", out, block, states, candidates)
 
+    def _vocab_logits(self, block: Any, depth: int, states: Tensor) -> Tensor:
+        """The head's optional ``vocab_logits``, timed and checked (``vocab_logits`` when the head has one)."""
+        out = self._call("vocab_logits", self._own_block(block), depth, self._own(states))
+        return _logits("vocab_logits", out, block, states, block.logits[:, 0])
+
     def advance(self, block: Any, depth: int, states: Tensor, tokens: Tensor) -> Tensor:
         out = self._call("advance", self._own_block(block), depth, self._own(states), self._own(tokens))
         return _state("advance", out, block, tuple(tokens.shape), self._width)
@@ -223,6 +228,10 @@ class TimedHead:
     def __getattr__(self, name: str) -> Any:      # other attributes of the head (not its methods above)
         if name in ("head", "advance_logits", "_width", "native_build"):
             raise AttributeError(name)
+        if name == "vocab_logits":
+            if getattr(self.head, name, None) is None:
+                raise AttributeError(name)
+            return self._vocab_logits
         return getattr(self.head, name)
 
 

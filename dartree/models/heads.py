@@ -435,6 +435,29 @@ class GRUHead(nn.Module):
             raise ValueError("block: the GRU head needs block.hidden (the drafter's H_d); got None")
         return self._logits(block, depth, states, candidates)
 
+    def vocab_logits(self, block: DraftBlock, depth: int, states: Tensor) -> Tensor:
+        """Corrected logits of every token on each of m branches: :meth:`logits` with the whole vocabulary as
+        candidates (equal to float rounding), without gathering fc2's rows (the protocol's optional method,
+        what sampled trees propose from: ``dartree.verify.rejection``).
+
+        Shape:
+            states ``[b, m, G]`` -> float32 ``[b, m, V]``.
+        """
+        _check_depth(block, depth)
+        _check_states(block, states, self.gru_hidden_dim)
+        if block.hidden is None:
+            raise ValueError("block: the GRU head needs block.hidden (the drafter's H_d); got None")
+        base = block.logits[:, depth - 1, None, :].float()                         # [b, 1, V]
+        if depth <= self.prefix_len:
+            return base.expand(-1, states.shape[1], -1).contiguous()
+        part, gate = self._depth_terms(block, depth)
+        w_s, _ = self._projection_tables()
+        fc2 = self.embed_proj[2]
+        correction = F.linear(F.silu(linear(self._normed(states), w_s).add_(part)), fc2.weight, fc2.bias)
+        if gate is not None:
+            correction = gate * correction
+        return correction.float().add_(base)
+
     def advance(self, block: DraftBlock, depth: int, states: Tensor, tokens: Tensor) -> Tensor:
         """States after appending ``tokens`` at ``depth``.  Shape: states ``[b, m, G]``, tokens ``[b, m]``."""
         _check_depth(block, depth)
@@ -932,6 +955,16 @@ class MarkovHead(nn.Module):
         _check_states(block, states, 1)
         _check_tokens(block, candidates, "candidates")
         return self._logits(block, depth, states[..., 0].to(torch.int64), candidates)
+
+    def vocab_logits(self, block: DraftBlock, depth: int, states: Tensor) -> Tensor:
+        """:meth:`logits` of every token (the protocol's optional method; see :meth:`GRUHead.vocab_logits`).
+
+        Shape: states ``[b, m, 1]`` -> float32 ``[b, m, V]``.
+        """
+        _check_depth(block, depth)
+        _check_states(block, states, 1)
+        bias = F.linear(F.embedding(states[..., 0].to(torch.int64), self.markov_w1.weight), self.markov_w2.weight)
+        return bias.float().add_(block.logits[:, depth - 1, None, :].float())
 
     def advance(self, block: DraftBlock, depth: int, states: Tensor, tokens: Tensor) -> Tensor:
         """Shape: states ``[b, m, 1]``, tokens int64 ``[b, m]`` -> ``[b, m, 1]``."""

@@ -10,12 +10,17 @@ al. 2024): one draft is then accepted with probability ``1 - TV(p, q)``, and mor
 node's children) and re-draws its tokens: node ``u``'s ``m`` children become the first ``m`` draws
 without replacement from ``q_u`` (Gumbel-top-m on ``log q_u``, which is a sequential draw without
 replacement), in sibling order.  ``q_u`` is the warped softmax of the block's logits at the children's
-depth over the vocabulary (builders without a head), or of the correction head's logits of
-``max(topk, 64)`` candidates evaluated along the *sampled* path (builders with one), one batched head
-call per depth.  The builder's shape is a function of the block (and head) alone, never of a draw; a node
-with fewer tokens of positive ``q_u`` than children keeps only that many (a function of ``q_u``: of the
-draws above ``u``, never of ``u``'s children).  So every builder is supported, user builders included, with
-the proposals of the drafter (``head=None``, what the decoder uses) or of a head.
+depth over the vocabulary (builders without a head), or of the correction head's logits over the whole
+vocabulary evaluated along the *sampled* path (builders with one; one batched head call per depth, the
+head's optional ``vocab_logits`` when it has one), the head for the first ``head_depths`` depths and the
+drafter below.  The drafter's ``q`` at depth ``d`` is a marginal over the paths to ``d``, the head's is
+conditioned on the sampled path: on the zoo at T=1, along the target's own samples, ``1 - TV(p, q)`` at
+depths 1..4 is 0.45 / 0.32 / 0.29 / 0.28 for the drafter and 0.45 / 0.50 / 0.49 / 0.50 for the GRU head
+(0.33 / 0.31 / 0.28 / 0.28 if the head may only propose the drafter's top 64 tokens: p's mass outside them
+is lost); measured 2026-12-04 with a script over 12 prompts' sampled continuations (docs/verification.md).
+The builder's shape is a function of the block (and head) alone, never of a draw; a node with fewer tokens
+of positive ``q_u`` than children keeps only that many (a function of ``q_u``: of the draws above ``u``,
+never of ``u``'s children).  So every builder is supported, user builders included.
 
 **The verifier.**  At an accepted node with target ``p`` (the :class:`~dartree.verify.warp.Warp`ed
 distribution) and children ``x_1..x_m`` drawn without replacement from ``q``::
@@ -64,10 +69,14 @@ from dartree.tree import PAD, DraftTree
 from dartree.verify.accept import VerifyResult
 from dartree.verify.warp import Warp
 
-__all__ = ["SampledTree", "sample_tree", "verify_rejection", "accept_step", "draw_index", "SAMPLE_CANDIDATES"]
+__all__ = ["SampledTree", "sample_tree", "verify_rejection", "accept_step", "draw_index", "HEAD_DEPTHS"]
 
-#: candidates per depth a correction head scores when it proposes (at least the builder's ``topk``)
-SAMPLE_CANDIDATES = 64
+#: the depths a correction head proposes at in a decode (the drafter below).  Measured 2026-12-04 on the zoo at
+#: T=1 (dartree-pruned B=16, 16 prompts x 128 tokens, one thread): tau 2.01 with the drafter's proposals, 2.24
+#: with the head's at depths <= 2, 2.20 / 2.23 / 2.22 at <= 3 / 4 / every depth, while each depth costs one
+#: head call and a draw (head time 0.98 ms a round at 2, 1.51 ms at every depth): the sampled path reaches
+#: depth 3 too rarely for the head's proposal there to pay.
+HEAD_DEPTHS = 2
 
 
 @dataclass(frozen=True)
@@ -136,15 +145,19 @@ def _children(tree: DraftTree) -> list[list[list[int]]]:
 
 
 def sample_tree(template: DraftTree, block: DraftBlock, head=None, warp: Warp | None = None,
-                generator: torch.Generator | None = None, topk: int = SAMPLE_CANDIDATES) -> SampledTree:
+                generator: torch.Generator | None = None, topk: int | None = None,
+                head_depths: int | None = None) -> SampledTree:
     """``template``'s shape with tokens drawn from each node's proposal (module docstring).
 
     ``template``: any valid draft tree of the block (any builder's, user builders' included; its tokens other
-    than the root are ignored).  ``head``: a correction head (its logits of ``max(topk, SAMPLE_CANDIDATES)``
-    candidates, at most ``V``, along the sampled path propose: one ``logits`` and one ``advance`` call per
-    depth), or ``None`` (the block's logits over the vocabulary propose).  ``warp``: the proposal's
-    temperature and filters (default: temperature 1).  ``generator``: on the block's device, or ``None``
-    (torch's global generator).
+    than the root are ignored).  ``head``: a correction head (its logits along the sampled path propose: one
+    ``vocab_logits`` or ``logits`` call, one draw and one ``advance`` call per depth), or ``None`` (the
+    block's logits over the vocabulary propose).  ``topk``: ``None`` (the head scores the whole vocabulary)
+    or how many of the drafter's top tokens at each depth it scores (a smaller support, which loses the
+    target's mass outside it).  ``head_depths``: ``None`` (the head proposes at every depth) or the depths
+    it proposes at, the drafter's ``q`` below (one draw for all of them: the drafter's ``q`` needs no path;
+    only with ``topk=None``).  ``warp``: the proposal's temperature and filters (default: temperature 1).
+    ``generator``: on the block's device, or ``None`` (torch's global generator).
 
     Shape:
         template: ``[b, n]`` on the block's device, depths ``<= gamma``; block.logits ``[b, gamma, V]``.
@@ -154,8 +167,15 @@ def sample_tree(template: DraftTree, block: DraftBlock, head=None, warp: Warp | 
         raise ValueError(f"template: expected a DraftTree, got {type(template).__name__}")
     if not isinstance(warp, Warp):
         raise ValueError(f"warp: expected a dartree.verify.warp.Warp or None, got {type(warp).__name__}")
-    if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
-        raise ValueError(f"topk: expected an int >= 1 (candidates a head scores), got {topk!r}")
+    if topk is not None and (isinstance(topk, bool) or not isinstance(topk, int) or topk < 1):
+        raise ValueError(f"topk: expected None (the whole vocabulary) or an int >= 1 (candidates a head scores), "
+                         f"got {topk!r}")
+    if head_depths is not None and (isinstance(head_depths, bool) or not isinstance(head_depths, int)
+                                    or head_depths < 1):
+        raise ValueError(f"head_depths: expected None (every depth) or an int >= 1, got {head_depths!r}")
+    if head_depths is not None and topk is not None:
+        raise ValueError("head_depths: the drafter proposes past head_depths over the whole vocabulary; "
+                         f"pass topk=None with it, got topk={topk!r}")
     logits = block.logits.detach()
     b, gamma, vocab = logits.shape
     if template.batch_size != b:
@@ -164,16 +184,19 @@ def sample_tree(template: DraftTree, block: DraftBlock, head=None, warp: Warp | 
         raise ValueError(f"template: on {template.device}, the block on {logits.device}")
     kids = _children(template)
     depths = template.depths.tolist()
-    if any(depths[r][u] > gamma for r, c in enumerate(template.num_nodes.tolist()) for u in range(c)):
+    deepest = max(depths[r][u] for r, c in enumerate(template.num_nodes.tolist()) for u in range(c))
+    if deepest > gamma:
         raise ValueError(f"template: a node deeper than the block's gamma={gamma}")
     if head is None:
-        probs = warp.probs(logits)                                          # [b, gamma, V]: q at each depth
+        # q at each depth that has parents (perf: a filter's sort is per row): [b, D, V]
+        probs = warp.probs(logits[:, : max(1, deepest)])
         row_of = template.depths.clone()
         tokens, keep = _draw_vocab(template, kids, depths, probs, generator)
         support = None
     else:
         tokens, keep, probs, support = _draw_head(template, kids, depths, block, head, warp, generator,
-                                                  min(vocab, max(topk, SAMPLE_CANDIDATES)))
+                                                  vocab if topk is None else min(vocab, topk),
+                                                  gamma if head_depths is None else min(gamma, head_depths))
         row_of = torch.arange(template.max_nodes, device=logits.device).expand(b, -1).clone()
     # nodes without (kept) children point nowhere
     proposes = [[bool(kids[r][u]) and keep[r][u] for u in range(template.max_nodes)] for r in range(b)]
@@ -227,26 +250,37 @@ def _drop(keep: list[bool], kids: list[list[int]], node: int) -> None:
         _drop(keep, kids, child)
 
 
-def _draw_head(template: DraftTree, kids, depths, block: DraftBlock, head, warp: Warp, generator, k: int):
-    """Depth by depth along the sampled path: one head ``logits``, one draw and one ``advance`` call per depth."""
+def _draw_head(template: DraftTree, kids, depths, block: DraftBlock, head, warp: Warp, generator, k: int,
+               head_depths: int):
+    """Depth by depth along the sampled path: one head ``logits``, one draw and one ``advance`` call per depth,
+    for the children at depths ``<= head_depths``; deeper children, all at once, from the drafter's ``q`` at
+    their depth (over the whole vocabulary: ``k == V``)."""
     b, n = template.tokens.shape
     gamma = block.logits.shape[1]
-    cand = top_candidates(block, k, "candidates").tokens                  # [b, gamma, K]
-    cand_host = cand.tolist()
+    vocab = block.logits.shape[-1]
+    if k < vocab:
+        cand = top_candidates(block, k, "candidates").tokens              # [b, gamma, K]
+    else:                                                                 # the whole vocabulary, in token order
+        cand = torch.arange(vocab, device=block.logits.device).expand(b, gamma, vocab)
+    cand_host = cand.tolist() if k < vocab else None                      # None: a candidate index is its token
+    vocab_logits = getattr(head, "vocab_logits", None) if k == vocab else None
     tokens = template.tokens.tolist()
     keep = [[u < c for u in range(n)] for c in template.num_nodes.tolist()]
     root_state = head.initial_state(block)                                 # [b, S]
     states = root_state.new_zeros((b, n, root_state.shape[-1]))
     states[:, 0] = root_state
     probs = torch.zeros(b, n, k, dtype=torch.float32, device=block.logits.device)
-    for d in range(1, gamma + 1):
+    for d in range(1, head_depths + 1):
         parents = [[u for u in range(n) if keep[r][u] and depths[r][u] == d - 1 and kids[r][u]] for r in range(b)]
         m = max(len(p) for p in parents)
         if m == 0:
             break
         index = torch.tensor([p + [0] * (m - len(p)) for p in parents], dtype=torch.int64, device=states.device)
         parent_states = torch.gather(states, 1, index[:, :, None].expand(-1, -1, states.shape[-1]))
-        q = warp.probs(head.logits(block, d, parent_states, cand[:, d - 1]))       # [b, m, K]
+        if vocab_logits is None:
+            q = warp.probs(head.logits(block, d, parent_states, cand[:, d - 1]))   # [b, m, K]
+        else:
+            q = warp.probs(vocab_logits(block, d, parent_states))                 # [b, m, V]
         most = max(len(kids[r][u]) for r in range(b) for u in parents[r])
         drawn = _draw_without_replacement(q, min(most, k), generator).tolist()    # [b, m, most] candidate indices
         positive = (q > 0).sum(-1).tolist()
@@ -254,14 +288,14 @@ def _draw_head(template: DraftTree, kids, depths, block: DraftBlock, head, warp:
         for r in range(b):
             probs[r, parents[r]] = q[r, : len(parents[r])]
             for j, u in enumerate(parents[r]):
-                picks = [cand_host[r][d - 1][i] for i in drawn[r][j]]
+                picks = drawn[r][j] if cand_host is None else [cand_host[r][d - 1][i] for i in drawn[r][j]]
                 _place(tokens[r], keep[r], kids[r], u, picks, positive[r][j])
-            rows = [(j, c) for j, u in enumerate(parents[r]) for c in kids[r][u] if keep[r][c]]
+            rows = [(j, c) for j, u in enumerate(parents[r]) for c in kids[r][u] if keep[r][c] and kids[r][c]]
             children.append([c for _, c in rows])
             child_parent.append([j for j, _ in rows])
             child_token.append([tokens[r][c] for _, c in rows])
         c = max(len(x) for x in children)
-        if c == 0:
+        if c == 0 or d == head_depths:            # no child has children of its own (a state is for its children)
             break
         at = torch.tensor([x + [0] * (c - len(x)) for x in child_parent], dtype=torch.int64, device=states.device)
         drawn_tokens = torch.tensor([x + [0] * (c - len(x)) for x in child_token], dtype=torch.int64,
@@ -271,6 +305,21 @@ def _draw_head(template: DraftTree, kids, depths, block: DraftBlock, head, warp:
         for r in range(b):
             if children[r]:
                 states[r, children[r]] = new[r, : len(children[r])]
+    if k == vocab:
+        deeper = [(r, u) for r in range(b) for u in range(n) if keep[r][u] and kids[r][u] and depths[r][u] >= head_depths]
+        if deeper:
+            rows = torch.tensor([r for r, _ in deeper], dtype=torch.int64, device=probs.device)
+            nodes = torch.tensor([u for _, u in deeper], dtype=torch.int64, device=probs.device)
+            at = torch.tensor([depths[r][u] for r, u in deeper], dtype=torch.int64, device=probs.device)
+            q = warp.probs(block.logits.detach()[rows, at])                           # [k, V]
+            probs[rows, nodes] = q
+            most = max(len(kids[r][u]) for r, u in deeper)
+            drawn = _draw_without_replacement(q, min(most, vocab), generator).tolist()
+            positive = (q > 0).sum(-1).tolist()
+            for (r, u), row, count in zip(deeper, drawn, positive, strict=True):
+                if keep[r][u]:                                   # not cut above (parents come first)
+                    _place(tokens[r], keep[r], kids[r], u, row, count)
+        return tokens, keep, probs, None
     support = torch.gather(cand, 1, template.depths.clamp(0, gamma - 1)[:, :, None].expand(-1, -1, k))
     return tokens, keep, probs, support
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -68,10 +69,7 @@ class Warp:
             k = min(self.top_k, scores.shape[-1])
             scores = scores.masked_fill(scores < torch.topk(scores, k, dim=-1).values[..., -1:], float("-inf"))
         if self.top_p is not None and self.top_p < 1.0:
-            ordered, order = torch.sort(scores, dim=-1, descending=False)
-            drop = ordered.softmax(dim=-1).cumsum(dim=-1) <= (1 - self.top_p)
-            drop[..., -1:] = False
-            scores = scores.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+            scores = scores.masked_fill(_top_p_drop(scores, self.top_p), float("-inf"))
         if self.min_p:
             probs = scores.softmax(dim=-1)
             drop = probs < self.min_p * probs.amax(dim=-1, keepdim=True)
@@ -82,3 +80,38 @@ class Warp:
     def probs(self, x: Tensor) -> Tensor:
         """The warped distribution: ``softmax(self.logits(x))``."""
         return self.logits(x).softmax(dim=-1)
+
+
+def _hf_top_p_drop(scores: Tensor, top_p: float) -> Tensor:
+    """transformers' ``TopPLogitsWarper`` mask: the ascending sort's prefix whose cumulative probability is
+    ``<= 1 - top_p`` (the largest token always kept), scattered back to token order."""
+    ordered, order = torch.sort(scores, dim=-1, descending=False)
+    drop = ordered.softmax(dim=-1).cumsum(dim=-1) <= (1 - top_p)
+    drop[..., -1:] = False
+    return drop.scatter(-1, order, drop)
+
+
+def _top_p_drop(scores: Tensor, top_p: float) -> Tensor:
+    """:func:`_hf_top_p_drop`, bit for bit.
+
+    perf (CPU): ``torch.sort`` of rows of 4,098 logits takes about 0.25 ms a row here (3.6 ms for a block's 15
+    rows), numpy's sort of the values 0.05 ms.  The mask needs only the sorted *values* (equal whatever sorts
+    them: the same softmax and cumulative sum, so the same count ``j`` of dropped tokens) and the order of the
+    tokens tied at the boundary: a row whose ``j``-th and ``j+1``-th smallest values differ drops exactly the
+    tokens below the ``j+1``-th; a row with a tie straddling the boundary takes torch's sort (its tie order).
+    On an accelerator, torch's sort.
+    """
+    if scores.device.type != "cpu" or scores.numel() == 0:
+        return _hf_top_p_drop(scores, top_p)
+    flat = scores.reshape(-1, scores.shape[-1])
+    ordered = torch.from_numpy(np.sort(flat.detach().numpy(), axis=-1))
+    cut = ordered.softmax(dim=-1).cumsum(dim=-1) <= (1 - top_p)
+    cut[:, -1] = False
+    j = cut.sum(dim=-1, keepdim=True)                                  # dropped: a prefix (the sum is monotone)
+    first_kept = ordered.gather(-1, j)
+    drop = flat < first_kept
+    tied = ((j > 0) & (ordered.gather(-1, (j - 1).clamp(min=0)) == first_kept))[:, 0]
+    if bool(tied.any()):
+        rows = tied.nonzero()[:, 0]
+        drop[rows] = _hf_top_p_drop(flat[rows], top_p)
+    return drop.view(scores.shape)

@@ -147,6 +147,25 @@ def test_advance_logits_is_bit_identical_to_the_two_calls(tiny_heads, which):
         head.advance_logits(block, GAMMA, states, tokens, candidates)     # the last depth is never advanced
 
 
+@pytest.mark.parametrize("which", ["gru", "gru-bias-free", "gru-norm-gate", "markov"])
+def test_vocab_logits_are_the_logits_of_every_token(tiny_heads, which):
+    """What sampled trees propose from: ``logits`` with the whole vocabulary as candidates, at every depth
+    (the gated head's prefix depths are the base logits), for a batch of branches and a sub-block."""
+    head = _variants(tiny_heads)[which]
+    block = make_block(4)
+    states, _ = branch_inputs(head, block, m=3)
+    every = torch.arange(V).expand(B, V)
+    with torch.no_grad():
+        for depth in range(1, GAMMA + 1):
+            got = head.vocab_logits(block, depth, states)
+            assert got.shape == (B, 3, V) and got.dtype == torch.float32
+            assert_close(got, head.logits(block, depth, states, every), atol=1e-5, rtol=1e-5)
+        sub = head.vocab_logits(block.rows(torch.tensor([2])), 2, states[2:3])
+        assert_close(sub, head.vocab_logits(block, 2, states)[2:3], atol=1e-5, rtol=1e-5)
+        with pytest.raises(ValueError, match="depth"):
+            head.vocab_logits(block, GAMMA + 1, states)
+
+
 def test_depth_terms_follow_the_block_and_in_place_edits(tiny_heads):
     """The per-depth cache never serves a stale value: another block, or the same one edited in place."""
     head = _variants(tiny_heads)["gru-norm-gate"]

@@ -61,8 +61,9 @@ def test_every_builders_shape_with_tokens_from_the_drafter(name):
     template, _ = built(name, block)
     sampled = sample_tree(template, block, None, Warp(0.8), torch.Generator().manual_seed(0))
     check_sampled(sampled, template, block)
-    assert sampled.support is None and sampled.probs.shape == (3, GAMMA, V)          # per depth, not per node
-    torch.testing.assert_close(sampled.probs, Warp(0.8).logits(block.logits).softmax(-1))
+    deepest = int(template.depths.max())             # per depth with parents (0 .. deepest - 1), not per node
+    assert sampled.support is None and sampled.probs.shape == (3, deepest, V)
+    torch.testing.assert_close(sampled.probs, Warp(0.8).logits(block.logits[:, :deepest]).softmax(-1))
     for r in range(3):
         for u in range(template.max_nodes):
             if int(sampled.row_of[r, u]) != PAD:
@@ -93,8 +94,8 @@ def test_head_proposals_follow_the_sampled_path(name):
     sampled = sample_tree(template, block, Counting(), warp, torch.Generator().manual_seed(1), topk=k)
     check_sampled(sampled, template, block)
     deepest = int(template.depths.max())
-    assert calls == [(kind, d) for d in range(1, deepest + 1) for kind in ("logits", "advance")]
-    k = rejection.SAMPLE_CANDIDATES if rejection.SAMPLE_CANDIDATES <= V else V                   # max(topk, 64), <= V
+    # the deepest children have no children: no state is made for them
+    assert calls == [(kind, d) for d in range(1, deepest + 1) for kind in ("logits", "advance")][:-1]
     cand = top_candidates(block, k, "candidates").tokens
     tree = sampled.tree
     for r in range(3):
@@ -112,6 +113,55 @@ def test_head_proposals_follow_the_sampled_path(name):
             full = sampled.proposal(r, u, V)
             kids = [i for i in range(int(tree.num_nodes[r])) if int(tree.parents[r, i]) == u]
             assert all(full[int(tree.tokens[r, i])] > 0 for i in kids)              # drawn from the proposal
+
+
+class VocabHead(PathHashHead):
+    """PathHashHead with the optional ``vocab_logits`` (its logits of every token), counting its calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.vocab_calls = 0
+
+    def vocab_logits(self, block, depth, states):
+        self.vocab_calls += 1
+        return self.logits(block, depth, states, torch.arange(block.logits.shape[-1]).expand(block.batch_size, -1))
+
+
+@pytest.mark.parametrize("head_depths", [None, 1, 2])
+@pytest.mark.parametrize("vocab", [False, True], ids=["logits", "vocab_logits"])
+def test_head_proposals_over_the_vocabulary(vocab, head_depths):
+    """``topk=None``: a node's proposal is the head's warped distribution over every token given the node's
+    sampled path (through ``vocab_logits`` when the head has it), at depths ``<= head_depths``; deeper, the
+    drafter's at the children's depth; stored per node, no support."""
+    block = block_of(3, seed=5)
+    template = make_builder("dartree-pruned", "ref", budget=9, width=3, topk=8).build(block, PathHashHead())
+    head = VocabHead() if vocab else PathHashHead()
+    warp = Warp(0.9, top_k=20)
+    sampled = sample_tree(template, block, head, warp, torch.Generator().manual_seed(4), head_depths=head_depths)
+    check_sampled(sampled, template, block)
+    assert sampled.support is None and sampled.probs.shape == (3, template.max_nodes, V)
+    assert not vocab or head.vocab_calls == min(int(template.depths.max()), head_depths or GAMMA)
+    every = torch.arange(V)[None]
+    tree, checked = sampled.tree, 0
+    for r in range(3):
+        for u, path_nodes in enumerate(tree.node_paths(r)):
+            if int(sampled.row_of[r, u]) == PAD:
+                continue
+            one = DraftBlock(logits=block.logits[r: r + 1], root=block.root[r: r + 1])
+            d = len(path_nodes) + 1                                                # the children's depth
+            if head_depths is None or d <= head_depths:
+                state = head.initial_state(one)[:, None]
+                for depth, node in enumerate(path_nodes, start=1):
+                    state = head.advance(one, depth, state, tree.tokens[r: r + 1, node][:, None])
+                want = warp.probs(head.logits(one, d, state, every))[0, 0]
+            else:
+                want = warp.probs(block.logits[r, d - 1])
+            torch.testing.assert_close(sampled.probs[r, sampled.row_of[r, u]], want)
+            q = sampled.proposal(r, u, V)
+            kids = [i for i in range(int(tree.num_nodes[r])) if int(tree.parents[r, i]) == u]
+            assert all(q[int(tree.tokens[r, i])] > 0 for i in kids)
+            checked += d > (head_depths or GAMMA)
+    assert head_depths is None or head_depths >= GAMMA or checked > 0         # the drafter's rows were checked
 
 
 @pytest.mark.parametrize("head", [False, True], ids=["drafter-q", "head-q"])

@@ -88,9 +88,10 @@ def wor_sequences(q: np.ndarray, m: int):
         yield seq, pr
 
 
-def round_distribution(world: World, parents, head: bool, warp: Warp, step=accept_step,
+def round_distribution(world: World, parents, head: bool | int, warp: Warp, step=accept_step,
                        deterministic: bool = False) -> dict:
-    """Exact distribution of one round's committed tokens (a dict: tuple -> probability)."""
+    """Exact distribution of one round's committed tokens (a dict: tuple -> probability).  ``head``: the
+    drafter proposes (False), the head (True), or the head at depths ``<= head`` and the drafter below (an int)."""
     kids, vocab, cache = kids_of(parents), world.vocab, {}
 
     def p_at(logits_key, table) -> np.ndarray:
@@ -102,7 +103,8 @@ def round_distribution(world: World, parents, head: bool, warp: Warp, step=accep
         p = p_at(("target", path), world.target)
         if not kids[u]:
             return {(v,): p[v] for v in range(vocab) if p[v] > 0}
-        q = p_at(("path", path), world.path_q) if head else p_at(("depth", len(path)), world.depth_q)
+        by_head = head is True or head is not False and len(path) < head
+        q = p_at(("path", path), world.path_q) if by_head else p_at(("depth", len(path)), world.depth_q)
         m = min(len(kids[u]), int((q > 0).sum()))      # sample_tree's cut: a function of q only
         out: dict = {}
         if deterministic:                              # the biased variant: the top-m of q, not a draw
@@ -150,7 +152,7 @@ def target_joint(world: World, warp: Warp) -> np.ndarray:
 
 
 @pytest.mark.parametrize("warp", list(WARPS))
-@pytest.mark.parametrize("head", [False, True], ids=["drafter-q", "head-q"])
+@pytest.mark.parametrize("head", [False, True, 1], ids=["drafter-q", "head-q", "head-q-depth-1"])
 @pytest.mark.parametrize("world,shape", CASES, ids=[f"{w}-{s}" for w, s in CASES])
 def test_one_round_is_exactly_the_target(world, shape, head, warp):
     w, world = WARPS[warp], WORLDS[world]
@@ -196,6 +198,14 @@ class TableHead:
         return out
 
 
+class VocabTableHead(TableHead):
+    """TableHead with the optional ``vocab_logits`` (what the bundled heads propose through)."""
+
+    def vocab_logits(self, block, depth, states):
+        rows = [[self.world.path_q[tuple(int(t) for t in s[: depth - 1])] for s in row] for row in states.tolist()]
+        return torch.tensor(np.array(rows), dtype=torch.float32)
+
+
 def template(shapes: list[list[int]]):
     """A padded batch of tree shapes (tokens are placeholders: sample_tree draws them)."""
     return make_tree([([0] * len(p), p) for p in shapes])
@@ -230,15 +240,17 @@ def within(stat: float, df: int) -> bool:
     return stat < 2 * df + 30
 
 
-def sample_rounds(world: World, parents, head: bool, warp: Warp, draws: int, seed: int):
+def sample_rounds(world: World, parents, head: bool | int | str, warp: Warp, draws: int, seed: int):
     """``draws`` rounds of the real code, as one batch of ``draws`` rows, each continued by the target's
-    sampling to gamma + 1 tokens."""
+    sampling to gamma + 1 tokens.  ``head``: as :func:`round_distribution`'s, or ``"vocab"`` (the head
+    through ``vocab_logits``)."""
     g = torch.Generator().manual_seed(seed)
     rng = np.random.default_rng(seed)
     block = DraftBlock(logits=torch.tensor(world.depth_q, dtype=torch.float32)[None].expand(draws, -1, -1),
                        root=torch.zeros(draws, dtype=torch.int64))
-    sampled = sample_tree(template([parents] * draws), block, TableHead(world) if head else None, warp, g,
-                          topk=world.vocab)
+    proposer = VocabTableHead(world) if head == "vocab" else TableHead(world) if head is not False else None
+    depths = head if type(head) is int else None
+    sampled = sample_tree(template([parents] * draws), block, proposer, warp, g, head_depths=depths)
     tree = sampled.tree
     n, vocab, length = tree.max_nodes, world.vocab, world.gamma + 1
     logits = np.zeros((draws, n, vocab), dtype=np.float32)
@@ -263,7 +275,8 @@ def top_m(q, m, generator):
 
 
 MC_CASES = [("V4g2", "tree", False, "T1"), ("V4g2", "fan", True, "T1"), ("V4g2", "wide", True, "T0.7-topk2"),
-            ("V4g2", "chain", False, "topp0.8"), ("V3g3", "deep", False, "T1.3-minp0.3")]
+            ("V4g2", "chain", False, "topp0.8"), ("V3g3", "deep", False, "T1.3-minp0.3"),
+            ("V3g3", "deep", 1, "T1"), ("V4g2", "tree", "vocab", "topp0.8")]
 
 
 @pytest.mark.parametrize("world,shape,head,warp", MC_CASES, ids=["-".join(map(str, c)) for c in MC_CASES])

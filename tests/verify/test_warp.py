@@ -51,6 +51,27 @@ def test_equals_transformers_warpers(settings, temperature):
     assert torch.equal(Warp(temperature, **settings).logits(scores.reshape(1, 3, 111))[0], got)
 
 
+@pytest.mark.parametrize("top_p", [0.3, 0.9, 0.95, 0.999])
+def test_top_p_mask_equals_the_sorting_one_with_ties_at_the_boundary(top_p):
+    """The CPU mask (numpy-sorted values, torch's sort only for a tie across the boundary) is transformers'
+    mask bit for bit: random rows, rows of few distinct values, and rows whose boundary falls inside a tie."""
+    from dartree.verify.warp import _hf_top_p_drop, _top_p_drop
+    g = torch.Generator().manual_seed(5)
+    rows = [torch.randn(64, 4098, generator=g) * 3, torch.round(torch.randn(64, 300, generator=g) * 2) / 2]
+    # every row's boundary token tied with its neighbour below: the straddling case, exactly
+    x = torch.randn(32, 200, generator=g)
+    for r in range(32):
+        ordered, order = torch.sort(x[r])
+        j = int((ordered.softmax(-1).cumsum(-1) <= 1 - top_p).sum())
+        if j > 0:
+            x[r, order[j - 1]] = ordered[j]
+    rows.append(x)
+    for scores in rows:
+        assert torch.equal(_top_p_drop(scores, top_p), _hf_top_p_drop(scores, top_p))
+        assert torch.equal(_top_p_drop(scores.reshape(2, -1, scores.shape[-1]), top_p),
+                           _hf_top_p_drop(scores, top_p).reshape(2, -1, scores.shape[-1]))
+
+
 def test_probs_and_filters():
     scores = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
     w = Warp(1.0, top_k=2)
