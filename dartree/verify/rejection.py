@@ -306,7 +306,8 @@ def _draw_head(template: DraftTree, kids, depths, block: DraftBlock, head, warp:
             if children[r]:
                 states[r, children[r]] = new[r, : len(children[r])]
     if k == vocab:
-        deeper = [(r, u) for r in range(b) for u in range(n) if keep[r][u] and kids[r][u] and depths[r][u] >= head_depths]
+        deeper = [(r, u) for r in range(b) for u in range(n)
+                  if keep[r][u] and kids[r][u] and depths[r][u] >= head_depths]
         if deeper:
             rows = torch.tensor([r for r, _ in deeper], dtype=torch.int64, device=probs.device)
             nodes = torch.tensor([u for _, u in deeper], dtype=torch.int64, device=probs.device)
