@@ -97,13 +97,14 @@ def test_greedy_walk(benchmark, provider: str, budget: int) -> None:
     assert fast.accepted[0, : len(accepted)].tolist() == accepted and int(fast.accepted_length[0]) == len(accepted) - 1
 
 
-@pytest.mark.parametrize("provider", ("torch-sort", "numpy-values"))
+@pytest.mark.parametrize("provider", ("transformers", "dartree"))
 @pytest.mark.parametrize("rows", (1, 15))
 def test_top_p_mask(benchmark, provider: str, rows: int) -> None:
     """The top-p mask of ``rows`` rows of zoo-sized logits (a target row in AR, a drafter block's depths):
-    transformers' way (``torch.sort``) vs dartree's CPU path (numpy sorts the values; equal masks)."""
+    transformers' way (``torch.sort``) vs dartree's (numpy sorts the values of several rows on the CPU;
+    one row is torch's sort; equal masks).  2026-12-04, one thread: 15 rows 3.7 ms vs 0.95 ms."""
     from dartree.verify.warp import _hf_top_p_drop, _top_p_drop
     scores = torch.randn(rows, VOCAB + 2, generator=torch.Generator().manual_seed(rows)) * 3
     benchmark.group = f"top-p 0.95 mask, {rows} x {VOCAB + 2}"
-    out = run(benchmark, _hf_top_p_drop if provider == "torch-sort" else _top_p_drop, scores, 0.95)
+    out = run(benchmark, _hf_top_p_drop if provider == "transformers" else _top_p_drop, scores, 0.95)
     assert torch.equal(out, _hf_top_p_drop(scores, 0.95))

@@ -57,7 +57,7 @@ from dartree.verify.accept import (
     walk_sampled,
 )
 from dartree.verify.rejection import HEAD_DEPTHS, SampledTree, sample_tree, verify_rejection
-from dartree.verify.sampling import KeyedSampler, sample_checked
+from dartree.verify.sampling import GeneratorSampler, KeyedSampler, sample_checked
 from dartree.verify.warp import Warp
 
 __all__ = ["Engine", "OneRow", "Verified"]
@@ -134,15 +134,16 @@ class Engine:
         self.prefill_s: list[float] = []
         self.roots = torch.zeros(0, dtype=torch.int64, device=target.device)
         self.on_round: Callable[[int, RoundStats, list[int]], None] | None = None
-        # the verifier, chosen once: on the CPU, greedy or with keyed draws (a node's draw depends on nothing
-        # else: walk_sampled equals verify_sampled), the walk draws only at the nodes it visits, and while
-        # walks are short the LM head runs only there too (WalkRows; scores_rows_apart: probed once per target)
+        # the verifier, chosen once: on the CPU, greedy, with keyed draws (a node's draw depends on nothing
+        # else: walk_sampled equals verify_sampled) or a torch.Generator's (fresh draws: the same law), the
+        # walk draws only at the nodes it visits, and while walks are short the LM head runs only there too
+        # (WalkRows; scores_rows_apart: probed once per target); a custom sampler draws at every node
         self.verifier = "greedy" if sampler is None else verifier
         if self.verifier not in ("greedy", *VERIFIERS):
             raise ValueError(f"verifier: expected one of {VERIFIERS} at T>0, got {verifier!r}")
         rejection = self.verifier == "rejection"
         self.generator = getattr(sampler, "generator", None) if rejection else None
-        walks = (sampler is None or type(sampler) is KeyedSampler) and target.device.type == "cpu"
+        walks = (sampler is None or type(sampler) in (KeyedSampler, GeneratorSampler)) and target.device.type == "cpu"
         self.walk = WalkRows(walks and drafter is not None and not rejection and target.scores_rows_apart)
         self._accept: Callable[..., VerifyResult]
         if sampler is None:

@@ -19,7 +19,7 @@ from torch import Tensor
 from dartree import native
 from dartree.fast import ops
 from dartree.tree import PAD, DraftTree
-from dartree.verify.sampling import KeyedSampler, Sampler, check_temperature, sample_checked
+from dartree.verify.sampling import GeneratorSampler, KeyedSampler, Sampler, check_temperature, sample_checked
 
 __all__ = ["VerifyResult", "verify_greedy", "verify_sampled", "accept_picks", "walk_greedy", "walk_greedy_logits",
            "walk_sampled"]
@@ -168,21 +168,26 @@ def walk_greedy_logits(tree: DraftTree, target_logits: Tensor) -> VerifyResult:
 
 
 def walk_sampled(tree: DraftTree, root_logits: Tensor, node_logits: Callable[[list[int], list[int]], Tensor],
-                 temperature: float, sampler: KeyedSampler, prefix_len: int | Tensor = 0) -> VerifyResult:
+                 temperature: float, sampler: KeyedSampler | GeneratorSampler,
+                 prefix_len: int | Tensor = 0) -> VerifyResult:
     """:func:`verify_sampled` that draws only at the nodes the walk visits (and runs the LM head only
-    there), for a :class:`~dartree.verify.sampling.KeyedSampler`: its draw at a node is a pure function
-    of that node's logits and position, so the visited nodes get the draws ``verify_sampled`` gives
-    them and the result equals it (``picks`` holds ``PAD`` at the nodes never scored).  perf: at T=1
-    the keyed noise of a whole tree (about gamma positions x V) was most of the round's acceptance time.
-    Host-side walk (reads the tree's depths): meant for CPU trees, as :func:`walk_greedy`.
+    there).  With a :class:`~dartree.verify.sampling.KeyedSampler` (its draw at a node is a pure function
+    of that node's logits and position) the visited nodes get the draws ``verify_sampled`` gives them and
+    the result equals it (``picks`` holds ``PAD`` at the nodes never scored).  With a
+    :class:`~dartree.verify.sampling.GeneratorSampler` each visited node gets a fresh draw: the committed
+    tokens are AR's sampling in law (a node is visited only when its token was the draw at its parent),
+    not ``verify_sampled``'s draws.  perf: at T=1 the noise of a whole tree (about gamma positions x V)
+    was most of the round's acceptance time (at T=0.5 on the zoo, dartree-pruned B=16: 1.9 ms a round
+    drawing at every node).  Host-side walk (reads the tree's depths): meant for CPU trees, as
+    :func:`walk_greedy`.
 
     Shape:
         root_logits: float ``[b, V]``; node_logits(rows, nodes) -> float ``[k, V]``; prefix_len: int or
         int64 ``[b]`` (the root's absolute position).
     """
-    if not isinstance(sampler, KeyedSampler):
-        raise ValueError(f"sampler: walk_sampled needs a KeyedSampler (draws that depend only on the node), "
-                         f"got {type(sampler).__name__}; use verify_sampled")
+    if not isinstance(sampler, KeyedSampler) and type(sampler) is not GeneratorSampler:
+        raise ValueError(f"sampler: walk_sampled needs a KeyedSampler or a GeneratorSampler (a sampler known to "
+                         f"draw each call afresh), got {type(sampler).__name__}; use verify_sampled")
     if check_temperature(temperature) == 0:
         raise ValueError("temperature: 0 is greedy; use walk_greedy")
     b = tree.tokens.shape[0]
