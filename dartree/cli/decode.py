@@ -34,6 +34,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from dartree.eval.methods import make_decoder, parse_method
     from dartree.eval.streaming import stream_generate
     from dartree.eval.tune_cache import check_cached, resolve_unset
+    from dartree.rounds import DEFAULT_VERIFIER
     from dartree.verify.sampling import GeneratorSampler, KeyedSampler
 
     if (args.prompt is None) == (args.prompt_file is None):
@@ -61,7 +62,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         check_positions(bundle, [ids.shape[1]], args.max_new_tokens)
     stop = None if args.no_stop else stop_token_id(bundle)
     stops = None if stop is None else [stop]
-    verifier = None if method.is_ar else method.verifier or args.verifier
+    verifier = None if method.is_ar else method.verifier or args.verifier or DEFAULT_VERIFIER
     sampler = None
     if args.temperature > 0:          # keyed draws (== AR with the seed), or a seeded generator for rejection
         sampler = KeyedSampler(args.seed) if verifier != "rejection" else \

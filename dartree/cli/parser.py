@@ -140,9 +140,10 @@ def _sampling_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--min-p", type=_min_p, default=None, help="drop tokens below min-p x the top probability")
     # dartree.rounds.VERIFIERS (not imported: keeps --help fast; tests/test_cli checks they agree)
     g.add_argument("--verifier", choices=("match", "rejection"), default=None,
-                   help="how trees are verified at T>0: 'match' (target-sample matching: with the seed, equal to AR "
-                        "token for token; the default) or 'rejection' (sampled trees, recursive rejection sampling: "
-                        "lossless in distribution); a method's own verifier=... wins")
+                   help="how trees are verified at T>0: 'rejection' (sampled trees, recursive rejection sampling: "
+                        "lossless in distribution; generate's default) or 'match' (target-sample matching: with the "
+                        "seed, equal to AR token for token; bench's default, which compares tokens); a method's own "
+                        "verifier=... wins")
 
 
 def _beta(text: str) -> float:
@@ -209,7 +210,8 @@ def _common() -> argparse.ArgumentParser:
     g.add_argument("--backend", choices=BACKEND_CHOICES, default="auto",
                    help="tree builders: fast when registered (auto), or force ref / fast")
     g.add_argument("--threads", type=_threads, default=None, help="torch CPU threads (default: torch's)")
-    g.add_argument("--seed", type=_seed, default=0, help="keyed-sampler seed for T > 0, in [0, 2**63) (default 0)")
+    g.add_argument("--seed", type=_seed, default=0, help="seed of the T > 0 draws (keyed for match, a generator's for "
+                   "rejection), in [0, 2**63) (default 0)")
     g.add_argument("--plugin", action="append", default=[], metavar="MODULE",
                    help="import MODULE first (repeatable): it registers builders (dartree.builders.register_builder) "
                         "that --method / --methods then name; installed packages' 'dartree.plugins' entry points "
