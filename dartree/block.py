@@ -149,6 +149,14 @@ class CorrectionHead(Protocol):
     ``s = advance(block, depth, states, tokens); (s, logits(block, depth + 1, s, candidates))``.  It is
     never called at the last depth: builders never compute the last depth's advance.
 
+    Optional whole-vocabulary logits (detected with ``getattr(head, "vocab_logits", None)``; what sampled
+    trees propose from, :mod:`dartree.verify.rejection`, which else calls ``logits`` with every token as a
+    candidate)::
+
+        vocab_logits(block, depth, states) -> logits [b, m, V]
+
+    equal (to float rounding) to ``logits(block, depth, states, arange(V))``.
+
     Optional preparation (detected with ``getattr(head, "prepare_block", None)``; perf: what every
     depth of a build shares is computed once, and a depth costs one call)::
 
