@@ -136,7 +136,8 @@ def tuning_table(result: TuneResult) -> str:
     depth penalty each (B, W) kept).
 
     ``model`` columns: the cost model's estimate (it ranks); ``measured`` columns: real decodes of the
-    finalists and AR on the calibration prompts (the choice and its forecast); ``-`` where not measured.
+    finalists and AR on the calibration prompts (the choice and its forecast; at T>0 the faster verifier's,
+    the verifiers named); ``-`` where not measured.
     """
     ar = result.ar_tokens_per_s
     betas = any(c.beta is not None for c in result.candidates)     # beta=auto: the beta each setting kept
@@ -149,7 +150,7 @@ def tuning_table(result: TuneResult) -> str:
                      f"{c.mean_tree_size:.1f}", f"{1000 * c.draft_s:.2f}", f"{1000 * c.build_s:.2f}",
                      f"{1000 * c.verify_s:.2f}", f"{1000 * c.overhead_s:.2f}", f"{1000 * c.round_s:.2f}",
                      f"{c.tokens_per_s:.1f}", f"{c.tokens_per_s / ar:.2f}x",
-                     "-" if m is None else f"{m.tokens_per_s:.1f}",
+                     "-" if m is None else f"{m.tokens_per_s:.1f}" + _verifiers(result, c, m),
                      "-" if m is None else f"{m.tokens_per_s / ar:.2f}x"])
     a = result.measurement(None)
     if a is not None:
@@ -159,6 +160,15 @@ def tuning_table(result: TuneResult) -> str:
               "verify ms (model)",
               "accept + commit ms", "round ms", "model tok/s", "model speedup", "measured tok/s", "measured speedup"]
     return markdown_table(header, rows)
+
+
+def _verifiers(result: TuneResult, c, best) -> str:
+    """At T>0, which verifier the measured rate is (the setting's fastest) and the other's rate, e.g.
+    `` (rejection; match 120.3)``; nothing where one verifier was measured."""
+    other = [m for m in result.measured if (m.budget, m.width) == (c.budget, c.width) and m is not best]
+    if best.verifier is None or not other:
+        return ""
+    return f" ({best.verifier}; " + ", ".join(f"{m.verifier} {m.tokens_per_s:.1f}" for m in other) + ")"
 
 
 def forecast_table(result: BenchResult) -> str:

@@ -119,6 +119,18 @@ def test_tuning_table_columns_model_and_measured():
     assert all(len(v) == len(header) for v in rows.values())
 
 
+def test_tuning_table_names_the_verifiers_measured_at_t_above_0():
+    """A finalist decoded with both verifiers: its measured cell is the faster one's, both named."""
+    cands = _candidates()
+    fast, slow = (dataclasses.replace(_measured(rate, 16), verifier=v) for rate, v in ((40.0, "rejection"),
+                                                                                       (30.0, "match")))
+    r = _result(cands, [_measured(55.0, None), slow, fast], 55.0, use_ar=True, best=cands[1])
+    lines = tuning_table(r).splitlines()[2:]
+    rows = {x.split("|")[1].strip(): [c.strip() for c in x.strip("|").split("|")] for x in lines}
+    assert rows["16"][-2:] == ["40.0 (rejection; match 30.0)", "0.73x"]
+    assert rows["ar **(chosen)**"][-2:] == ["55.0", "1.00x"]
+
+
 def _summary(method, builder, dataset, tokens, seconds, settings=None):
     return Summary(method, builder, settings or {}, "-", dataset, 1.0, 3, tokens, seconds, tokens / seconds, 1.0, 1.0,
                    tokens, 0.0, {}, 0.0, 0.0, 3, ())
