@@ -327,3 +327,23 @@ def test_errors_name_the_argument():
     for call, match in cases:
         with pytest.raises(ValueError, match=match):
             call()
+
+
+def test_proposal_top_p_is_the_nucleus_of_the_most_likely_tokens():
+    """``proposal_probs``: the warp's distribution where the nucleus fits in ``NUCLEUS_CANDIDATES`` tokens (the
+    descending rule keeps the tokens transformers' ascending one keeps), else the nucleus cut to that many;
+    without top-p, ``warp.probs`` itself."""
+    from dartree.verify.rejection import NUCLEUS_CANDIDATES, proposal_probs
+    g = torch.Generator().manual_seed(9)
+    peaked = torch.randn(4, 1000, generator=g) * 4                  # a nucleus of a few dozen tokens
+    for warp in (Warp(0.8, top_p=0.9), Warp(1.0, top_k=50, top_p=0.7, min_p=0.01)):
+        want = warp.probs(peaked)
+        assert ((want > 0).sum(-1) < NUCLEUS_CANDIDATES).all()
+        got = proposal_probs(warp, peaked)
+        assert torch.equal(got > 0, want > 0)
+        torch.testing.assert_close(got, want)
+    flat = torch.zeros(2, 1000)                                    # uniform: the nucleus is 950 tokens
+    got = proposal_probs(Warp(1.0, top_p=0.95), flat)
+    assert ((got > 0).sum(-1) == NUCLEUS_CANDIDATES).all()
+    torch.testing.assert_close(got.sum(-1), torch.ones(2))
+    torch.testing.assert_close(proposal_probs(Warp(0.7), peaked), Warp(0.7).probs(peaked), rtol=0, atol=0)
