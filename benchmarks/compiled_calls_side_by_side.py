@@ -1,14 +1,12 @@
-"""The CPU's compiled GRU calls against torch's ops, side by side in one process: the GRU head's step
-(``dartree.models.heads._NativeSteps``), the whole build
+"""The CPU's compiled calls against torch's ops, side by side in one process: the GRU head's step
+(``dartree.models.heads._NativeSteps``), the float32 RMSNorm (``dartree.models.norms``), the whole build
 with the GRU head (``build``: ``dartree.models.heads._NativeBuild``; off, the depth loop runs) and its depth
 loop (``loop``: ``_NativeLoop``; off, neither: the builder's per-depth calls with the compiled steps), each
 on or off, per method, interleaved prompt by prompt.
 
     taskset -c 0 .venv/bin/python benchmarks/compiled_calls_side_by_side.py \\
-        [--methods ar,pruned16,corrected-chain,fixed16] [--calls gru,loop,build] [--prompts 4] [--reps 5]
-    ATEN_CPU_CAPABILITY=avx2 taskset -c 0 ...   # the same on torch's AVX2 kernels (an AVX2-only CPU)
-
-(the float32 RMSNorm and rotary embedding in C were measured with this script and removed: docs/results.md)
+        --methods ar,ddtree16,pruned16,corrected-chain --calls gru,norm [--prompts 4] [--reps 5]
+    taskset -c 0 .venv/bin/python benchmarks/compiled_calls_side_by_side.py --methods ddtree16,pruned16 --calls build
 
 Every decode must equal AR token for token both ways (the compiled calls give torch's bits).  Reported
 per method: tokens/s with torch's ops and with the compiled calls, and the median over prompts of the
@@ -25,7 +23,7 @@ from common import checked_times, print_pairs
 from dartree import SpeculativeDecoder, generate_ar, make_builder
 from dartree.eval.bundles import encode, load_bundle
 from dartree.eval.datasets import load_prompts
-from dartree.models import heads
+from dartree.models import heads, norms
 from dartree.models.target import HFTarget
 
 #: name -> (builder, settings, head); "ar" is dartree's autoregressive loop
@@ -34,16 +32,14 @@ METHODS = {
     "ddtree16": ("ddtree", {"budget": 16}, None),
     "pruned16": ("dartree-pruned", {"budget": 16, "width": 12}, "gru"),
     "corrected-chain": ("corrected-chain", {}, "gru"),
-    "fixed16": ("dartree-fixed", {"budget": 16}, "gru"),
 }
-CALLS = ("gru", "loop", "build")
+CALLS = ("gru", "norm", "loop", "build")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--methods", default="ar,pruned16,corrected-chain,fixed16",
-                        help=f"comma-separated of {', '.join(METHODS)} (ar: a control, it runs no GRU head)")
-    parser.add_argument("--calls", default="gru,loop,build", help=f"the compiled calls turned off for 'torch': {CALLS}")
+    parser.add_argument("--methods", default="ar,ddtree16,pruned16", help=f"comma-separated of {', '.join(METHODS)}")
+    parser.add_argument("--calls", default="gru,norm", help=f"the compiled calls turned off for 'torch': {CALLS}")
     parser.add_argument("--prompts", type=int, default=4, help="prompts per set (HumanEval, stdlib, packages)")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--new-tokens", type=int, default=64)
@@ -54,8 +50,9 @@ def main() -> None:
         if unknown:
             parser.error(f"{flag}: unknown {unknown}; choose from {list(allowed)}")
     torch.set_num_threads(1)
-    if heads._native_gru() is None:
-        parser.error("the compiled GRU calls are not available here (dartree._native, torch with AVX512 or AVX2)")
+    if "gru" in calls and heads._native_gru() is None or "norm" in calls and norms.lanes() is None \
+            or ("loop" in calls or "build" in calls) and heads._native_gru() is None:
+        parser.error("--calls: a compiled call asked for is not available here (dartree._native, AVX-512 torch)")
     bundle = load_bundle("pystdlib-tiny")
     prompts = [torch.tensor([encode(bundle.tokenizer, p.text)[-256:]])
                for name in ("humaneval", "stdlib", "packages") for p in load_prompts(name, args.prompts)]
@@ -67,13 +64,16 @@ def main() -> None:
             decoders[name] = SpeculativeDecoder(target, bundle.drafter,
                                                 make_builder(builder, backend="fast", **settings),
                                                 head=None if head is None else bundle.heads[head])
-    compiled_gru, loop, whole = heads._native_gru, heads._GRUSteps.native_loop, heads.GRUHead.native_build
+    compiled_gru, lanes, loop, whole = heads._native_gru, norms.lanes(), heads._GRUSteps.native_loop, \
+        heads.GRUHead.native_build
 
     def run(key, prompt):
         name, way = key
         if way == "torch":                                   # the compiled calls asked for turned off
             if "gru" in calls:
                 heads._native_gru = lambda: None
+            if "norm" in calls:
+                norms._LANES[0] = None
             if "loop" in calls:
                 heads._GRUSteps.native_loop = lambda self, widths: None
             if "loop" in calls or "build" in calls:
@@ -83,7 +83,8 @@ def main() -> None:
                 return generate_ar(target, prompt, args.new_tokens).tokens
             return decoders[name].generate(prompt, args.new_tokens).tokens
         finally:
-            heads._native_gru, heads._GRUSteps.native_loop, heads.GRUHead.native_build = compiled_gru, loop, whole
+            heads._native_gru, norms._LANES[0], heads._GRUSteps.native_loop = compiled_gru, lanes, loop
+            heads.GRUHead.native_build = whole
 
     keys = [(name, way) for name in names for way in ("torch", "compiled")]
     refs = [generate_ar(bundle.target, p, args.new_tokens).tokens for p in prompts]

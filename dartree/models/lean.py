@@ -1,8 +1,8 @@
 """perf: a Llama-family HF causal LM's forward without its module machinery, same numbers.
 
 ``HFTarget`` runs the target once per round, and on the CPU a small model's forward is as much
-Python and dispatch as arithmetic: on the zoo target (6 layers, width 256, one thread) the matmuls are
-a small part of an AR step through HF's forward (figures: ``docs/results.md``, "Figures that were in the code").
+Python and dispatch as arithmetic: on the zoo target (6 layers, width 256, one thread) an AR step
+through HF's forward is ~4 ms of which the matmuls are a small part, and 16 tree nodes ~8.4 ms.
 :class:`LeanForward` runs the same computation from the same weights, caches, rotary module and
 (eager) attention function, op for op as ``modeling_llama`` / ``modeling_qwen2`` /
 ``modeling_qwen3`` write it, minus what a decoding loop does not use: module calls, decorators,
@@ -10,9 +10,9 @@ output-recording hooks, output dataclasses, dtype casts that are no-ops, and the
 layers nobody reads.  With ``joint`` (sdpa), q and k are normed and rotated as one tensor and sdpa
 runs grouped-query attention itself instead of HF's per-head copies of the keys and values;
 a ``DynamicLayer`` is appended in place (:func:`_append`).  Its matmuls go through
-:func:`dartree.models.kmajor.linear` (bit for bit ``F.linear``; faster on the CPU).  Its speed against
-HF's forward and against ``torch.compile`` of it: ``docs/results.md`` (``benchmarks/compile_side_by_side.py``
-measures single forwards, ``benchmarks/peers_side_by_side.py`` whole decodes).
+:func:`dartree.models.kmajor.linear` (bit for bit ``F.linear``; faster on the CPU).  Measured
+interleaved after 200 cached tokens: 1.47x HF's forward for an AR step, 1.46x for 16 nodes
+(``docs/results.md``; ``benchmarks/peers_side_by_side.py`` measures whole decodes).
 
 Supported: ``model_type`` in :data:`MODEL_TYPES` whose modules have the standard layout (checked
 attribute by attribute), full attention in every layer, ``eager`` or ``sdpa``.  :func:`lean_forward`
@@ -40,6 +40,8 @@ from transformers.masking_utils import create_causal_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from dartree.models.kmajor import derived, exact_from, kmajor_allowed, kmajor_product, tensor_version
+from dartree.models.norms import rms_norm
+from dartree.models.rotary import rotate_heads
 
 __all__ = ["LeanForward", "MODEL_TYPES", "lean_forward"]
 
@@ -54,11 +56,16 @@ def _rms(x: Tensor, weight: Tensor, eps: float) -> Tensor:
 
     perf (CPU): in float32, ``torch.rms_norm`` (one op for HF's five: ``x * rsqrt(mean(x ** 2) + eps)``;
     a per-head weight multiplied after, a product that commutes bit for bit), whose bits equal HF's here
-    (tested; ``HFTarget`` also checks the lean forward against the model's before it uses it); 13-19 norms
-    a forward, each a fifth of HF's dispatch.  Accelerators keep HF's ops: the fused kernel's bits were not
-    compared there (no GPU was lent), and a probe failing on them would cost the whole lean forward."""
+    (tested; ``HFTarget`` also checks the lean forward against the model's before it uses it): about
+    5 us of 25 a norm on one thread, 13-19 norms a forward; where it applies, one compiled call with
+    ``torch.rms_norm``'s bits (:mod:`dartree.models.norms`).  Accelerators keep HF's ops: the fused
+    kernel's bits were not compared there (no GPU was lent), and a probe failing on them would cost the
+    whole lean forward."""
     dtype = x.dtype
     if dtype == torch.float32 and x.device.type == "cpu":
+        out = rms_norm(x, weight, eps)                                      # one compiled call, same bits
+        if out is not None:
+            return out
         if weight.dim() == 1:
             return torch.rms_norm(x, (x.shape[-1],), weight, eps)
         return torch.rms_norm(x, (x.shape[-1],), None, eps) * weight        # q and k's per-head weights
@@ -71,6 +78,14 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """``x * cos + rotate_half(x) * sin`` as HF's ``apply_rotary_pos_emb`` computes it."""
     half = x.shape[-1] // 2
     return (x * cos) + (torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin)
+
+
+def _rotate_heads(x: Tensor, rows_cos: Tensor, rows_sin: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """:func:`_rotate` of ``x.transpose(1, 2)`` (``x`` ``[b, m, heads, d]``); perf (CPU): one compiled call
+    where it applies (:func:`dartree.models.rotary.rotate_heads`, the same bits and strides), else
+    torch's ops with ``cos`` / ``sin`` (``rows_cos`` / ``rows_sin`` ``[b, m, d]`` unsqueezed at dim 1)."""
+    out = rotate_heads(x, rows_cos, rows_sin)
+    return _rotate(x.transpose(1, 2), cos, sin) if out is None else out
 
 
 def _append(cache, index: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
@@ -126,7 +141,7 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scaling: float, 
 
 class _Linear:
     """One ``nn.Linear``: :func:`dartree.models.kmajor.linear` with its decisions made once (perf: an AR
-    step makes 43 of these calls, and the checks cost more than a small matmul's dispatch).  The forward runs without
+    step makes 43 of these calls; the per-call checks cost ~4 us each).  The forward runs without
     autograd (``HFTarget``'s methods are ``no_grad``), on the device and dtype it was probed on."""
 
     __slots__ = ("module", "start", "width")
@@ -266,7 +281,7 @@ class LeanForward:
     def _rotary(self, h: Tensor, position_ids: Tensor) -> tuple[Tensor, Tensor]:
         """``base.rotary_emb(h, position_ids)``, bit for bit; perf (CPU, the default RoPE): rows of a cos / sin
         table made by that module for positions ``0..P-1`` (grown by half when a position passes it),
-        gathered per call (half the module's time on one thread).  Each entry is elementwise in its position
+        gathered per call: 40 -> 20 us on one thread.  Each entry is elementwise in its position
         (``position * inv_freq``, then cos / sin and the scaling), so a row of the table is the module's
         output at that position (tested); the table is rebuilt when ``inv_freq`` is replaced or edited."""
         rotary = self._base.rotary_emb
@@ -309,8 +324,8 @@ class LeanForward:
         if attention_mask is None:
             attention_mask = create_causal_mask(config=config, inputs_embeds=h, attention_mask=None, cache=cache,
                                                 position_ids=position_ids)
-        cos, sin = self._rotary(h, position_ids)                            # [b, m, d]: one row per position
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        rows_cos, rows_sin = self._rotary(h, position_ids)                  # [b, m, d]: one row per position
+        cos, sin = rows_cos.unsqueeze(1), rows_sin.unsqueeze(1)
         b, m = input_ids.shape
         count = len(self._layers)
         wanted = set(hidden_ids)
@@ -328,7 +343,7 @@ class LeanForward:
                 qk = torch.cat((q, k), dim=2)                                   # [b, m, hq + hk, d]
                 if layer.q_norm is not None:
                     qk = _rms(qk, layer.qk_norm_weight(hq, qk.shape[2] - hq), layer.q_norm.variance_epsilon)
-                qk = _rotate(qk.transpose(1, 2), cos, sin)
+                qk = _rotate_heads(qk, rows_cos, rows_sin, cos, sin)
                 k, v = _append(cache, layer.index, qk[:, hq:], v)
                 if self._grouped:
                     out = _sdpa(qk[:, :hq], k, v, attention_mask, a.scaling, layer.groups)
@@ -338,8 +353,8 @@ class LeanForward:
                 if layer.q_norm is not None:
                     q = _rms(q, layer.q_norm.weight, layer.q_norm.variance_epsilon)
                     k = _rms(k, layer.k_norm.weight, layer.k_norm.variance_epsilon)
-                q = _rotate(q.transpose(1, 2), cos, sin)
-                k = _rotate(k.transpose(1, 2), cos, sin)
+                q = _rotate_heads(q, rows_cos, rows_sin, cos, sin)
+                k = _rotate_heads(k, rows_cos, rows_sin, cos, sin)
                 k, v = _append(cache, layer.index, k, v)
                 out, _ = attention(a, q, k, v, attention_mask, dropout=0.0, scaling=a.scaling)
             h = h + layer.o(out.reshape(b, m, -1))
