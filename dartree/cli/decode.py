@@ -100,7 +100,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - start
     show([], final=True)
     out.write("\n")
-    log(f"--- {method.label} ({bundle.name}), T={args.temperature:g}, stop: {result.stop_reason}, "
+    verified = f", verifier: {verifier}" if args.temperature > 0 and not method.is_ar else ""
+    log(f"--- {method.label} ({bundle.name}), T={args.temperature:g}{verified}, stop: {result.stop_reason}, "
         f"{seconds:.2f} s wall")
     log(round_summary(result))
     return 0
