@@ -84,9 +84,10 @@ def test_rejection_decoding_follows_the_target_distribution(name):
     assert stat < 3 * (len(joint) - 1), stat                       # df <= 26: far past the 1e-6 quantile
 
 
-def test_rejection_runs_batched_and_served():
+@pytest.mark.parametrize("name", ["ddtree", "dartree-pruned"])     # the drafter's proposals; the head's
+def test_rejection_runs_batched_and_served(name):
     model = model_for("qwen3", "eager")
-    builder, head = builder_and_head("ddtree")
+    builder, head = builder_and_head(name)
     dec = SpeculativeDecoder(model, OracleDrafter(model, GAMMA, demote=0.3, seed=2), builder, head)
     g = torch.Generator().manual_seed(0)
     rows = dec.generate_batch([PROMPT, PROMPT[:1], PROMPT[1:]], 9, temperature=1.0, sampler=GeneratorSampler(g),
