@@ -12,7 +12,9 @@ used as is, :class:`OneRow`), ``generate_batch`` admits every prompt, ``dartree.
 prompts as rows finish, and the AR baselines are an engine without a drafter (``draft`` and ``build``
 are skipped and ``verify`` is one causal step per row).  How a decode verifies is chosen once, when
 the engine is made (:attr:`Engine.verifier`): ``"greedy"`` at T=0; at T>0 ``"match"`` (exact
-target-sample matching: keyed draws give output equal to AR token for token).  The target owns its
+target-sample matching: keyed draws give output equal to AR token for token) or ``"rejection"`` (trees
+sampled from the head's or the drafter's distribution, recursive rejection sampling: AR's law,
+:mod:`dartree.verify.rejection`).  The target owns its
 cache (:class:`~dartree.models.target.HFTarget`: rows of any lengths), so the engine uses only its
 public methods.
 
