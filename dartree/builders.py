@@ -22,10 +22,12 @@ import torch
 
 from dartree.block import CorrectionHead, DraftBlock, check_logits, check_not_meta
 from dartree.scoring import NORMALIZE_CHOICES, Normalize
+from dartree.sequoia import DEFAULT_ACCEPTANCE, check_acceptance
 from dartree.timing import TimedHead, checked_head
 from dartree.tree import DraftTree, check_decodable
+from dartree.verify.rejection import HEAD_DEPTHS
 
-__all__ = ["ChainConfig", "TreeConfig", "PrunedConfig", "BuilderSpec", "TreeBuilder", "BUILDERS", "BACKENDS",
+__all__ = ["ChainConfig", "TreeConfig", "PrunedConfig", "SequoiaConfig", "BuilderSpec", "TreeBuilder", "BUILDERS", "BACKENDS",
            "make_builder", "register_builder", "builder_spec", "checked_tree", "registered"]
 
 BACKENDS: tuple[str, ...] = ("ref", "fast")
@@ -128,6 +130,39 @@ class PrunedConfig:
                              f"float32 and d * beta must stay finite), got {self.beta!r}")
         if not isinstance(self.bound, bool):
             raise ValueError(f"bound: must be True or False, got {self.bound!r}")
+
+
+@dataclass(frozen=True)
+class SequoiaConfig:
+    """``sequoia`` / ``corrected-sequoia``: the rank-optimal shape of :mod:`dartree.sequoia`.
+
+    budget: draft nodes (root excluded), ``>= 1``; fewer only if ``gamma`` and ``len(acceptance)`` cap the shape.
+    acceptance: ``P_r``, the probability that a node's ``r``-th child is the accepted one (numbers in (0, 1),
+        non-increasing, summing to at most 1; a string ``"0.5/0.2/0.1"`` is read too); a node has at most
+        ``len(acceptance)`` children.  Default :data:`dartree.sequoia.DEFAULT_ACCEPTANCE` (measured on the zoo).
+    topk: candidates per depth, ``1 <= topk <= V``: a node's ``r``-th child is its ``r``-th best candidate (the
+        drafter's at the depth; the head's along the path for ``corrected-sequoia``), so a node has at most
+        ``min(topk, len(acceptance))`` children.
+    normalize: ``"vocab"`` or ``"candidates"``.
+    head_depths: the depths at which the head proposes under the rejection verifier (``None``: every depth;
+        the drafter's marginals below); ignored without a head.  Default 2 (``HEAD_DEPTHS``): on the zoo at
+        T=1 (B=16, 8 + 8 prompts x 64 tokens, one thread, 2026-12-04) tau 2.30 / 2.31 / 2.34 at 2 / 3 / every
+        depth, at 0.74x / 0.73x / 0.69x AR: a deeper head call costs more than its acceptance gives back.
+    """
+
+    budget: int = 16
+    acceptance: tuple[float, ...] = DEFAULT_ACCEPTANCE
+    topk: int = 64
+    normalize: Normalize = "candidates"
+    head_depths: int | None = HEAD_DEPTHS
+
+    def __post_init__(self) -> None:
+        _check_int(self, "budget", 1, MAX_NODES)
+        object.__setattr__(self, "acceptance", check_acceptance(self.acceptance))
+        _check_int(self, "topk", 1)
+        _check_normalize(self.normalize)
+        if self.head_depths is not None:
+            _check_int(self, "head_depths", 1)
 
 
 BuildFn = Callable[[DraftBlock, "CorrectionHead | None", Any], DraftTree]
@@ -358,6 +393,10 @@ def _register_defaults() -> None:
          "depth-wise batched expansion, quota per depth from the budget, no pruning (DARTree fixed)"),
         ("dartree-pruned", PrunedConfig, True, "dartree_pruned", (),
          "depth-wise supertree of width W, then one global top-B by s_beta (DARTree pruned)"),
+        ("sequoia", SequoiaConfig, False, "sequoia", (),
+         "rank-optimal static shape for sampled trees; r-th child = r-th base candidate (Sequoia)"),
+        ("corrected-sequoia", SequoiaConfig, True, "corrected_sequoia", (),
+         "Sequoia's shape, r-th child = r-th candidate under the head along the path"),
     ]
     for name, cls, needs_head, attr, defaults, text in table:
         spec = BuilderSpec(name=name, config_cls=cls, needs_head=needs_head, ref=getattr(ref, attr),

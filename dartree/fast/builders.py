@@ -1,4 +1,4 @@
-"""Fast builders: the registry's seven strategies, each dispatched per device by :mod:`dartree.fast.ops`.
+"""Fast builders: the registry's nine strategies, the first seven dispatched per device by :mod:`dartree.fast.ops`.
 
 Same signature, config and output as :mod:`dartree.ref.builders` (``fn(block, head, config) ->
 DraftTree``); the trees are identical (same nodes, same order, same float32 scores).  Inputs are
@@ -9,6 +9,8 @@ validated by :class:`dartree.builders.TreeBuilder`.
   no host synchronisation inside a build);
 - ``sequential-heap``: :mod:`dartree.fast.heap` on every device (sequential by nature: one host
   round trip per pop).
+- ``sequoia`` / ``corrected-sequoia``: :mod:`dartree.fast.sequoia` on every device (a static shape: one
+  gather; with a head, one head call, one sort and one advance per depth, batched over rows and nodes).
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ from __future__ import annotations
 from dartree.block import CorrectionHead, DraftBlock
 from dartree.fast import ops
 from dartree.fast.heap import sequential_heap
+from dartree.fast.sequoia import corrected_sequoia, sequoia
 from dartree.tree import DraftTree
 
 __all__ = ["chain", "ddtree", "corrected_chain", "corrected_chain_ddtree", "sequential_heap", "dartree_fixed",
-           "dartree_pruned"]
+           "dartree_pruned", "sequoia", "corrected_sequoia"]
 
 
 def chain(block: DraftBlock, head: None, config) -> DraftTree:

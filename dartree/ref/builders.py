@@ -1,4 +1,4 @@
-"""Reference implementations of the seven tree builders (one row at a time, obviously correct).
+"""Reference implementations of the nine tree builders (one row at a time, obviously correct).
 
 Each function has the signature ``build(block, head, config) -> DraftTree`` and is registered in
 :mod:`dartree.builders`; inputs are validated there.  See docs/builders.md for pseudo-code.
@@ -7,6 +7,8 @@ Each function has the signature ``build(block, head, config) -> DraftTree`` and 
 from __future__ import annotations
 
 import math
+
+import torch
 
 from dartree.block import CorrectionHead, DraftBlock
 from dartree.ref.core import (
@@ -21,10 +23,11 @@ from dartree.ref.core import (
     initial_state,
 )
 from dartree.scoring import candidates
-from dartree.tree import DraftTree
+from dartree.sequoia import rank_shape
+from dartree.tree import PAD, DraftTree
 
 __all__ = ["chain", "ddtree", "corrected_chain", "corrected_chain_ddtree", "sequential_heap", "dartree_fixed",
-           "dartree_pruned"]
+           "dartree_pruned", "sequoia", "corrected_sequoia"]
 
 
 def _depthwise_tree(block: DraftBlock, head: CorrectionHead | None, config, quota, beta: float = 0.0,
@@ -126,3 +129,52 @@ def sequential_heap(block: DraftBlock, head: CorrectionHead, config) -> DraftTre
         return expand
 
     return _heap_tree(block, config, make_expand)
+
+
+def _sequoia_tree(block: DraftBlock, head: CorrectionHead | None, config) -> DraftTree:
+    """The shape of :func:`dartree.sequoia.rank_shape`, in its order; node ``i``, the ``r``-th child of ``u``,
+    gets ``u``'s ``r``-th best candidate: the base one at its depth, or (with a head) under the head's log q
+    after ``u``'s path (a stable sort: ties by candidate rank)."""
+    cands = candidates(block, config.topk, config.normalize)
+    shape = rank_shape(config.budget, block.gamma, config.acceptance[: config.topk])
+    n = shape.num_nodes
+    tokens, ranks = [], []
+    for r in range(block.batch_size):
+        one = block.rows(r)
+        row_tokens, row_ranks = [int(block.root[r])], [PAD]
+        states = {0: initial_state(head, one)} if head is not None else {}
+        order: dict[int, list[int]] = {}
+        for i in range(1, n):
+            u, depth, rank = shape.parents[i], shape.depths[i], shape.ranks[i]
+            if u not in order:
+                if head is None:
+                    order[u] = list(range(config.topk))
+                else:
+                    log_q = head_log_q(head, one, cands, r, depth, states[u][None])[0]
+                    order[u] = sorted(range(config.topk), key=lambda k, q=log_q.tolist(): (-q[k], k))
+            k = order[u][rank]
+            row_ranks.append(k)
+            row_tokens.append(int(cands.tokens[r, depth - 1, k]))
+            if head is not None and i in shape.parents:         # a state is for the node's own children
+                states[i] = advance(head, one, depth, states[u][None], [row_tokens[-1]])[0]
+        tokens.append(row_tokens)
+        ranks.append(row_ranks)
+    b, device = block.batch_size, block.device
+    return DraftTree(
+        tokens=torch.tensor(tokens, dtype=torch.int64, device=device),
+        parents=torch.tensor([shape.parents] * b, dtype=torch.int64, device=device),
+        depths=torch.tensor([shape.depths] * b, dtype=torch.int64, device=device),
+        scores=torch.tensor([shape.scores] * b, dtype=torch.float32, device=device),
+        ranks=torch.tensor(ranks, dtype=torch.int64, device=device),
+        num_nodes=torch.full((b,), n, dtype=torch.int64, device=device),
+    )
+
+
+def sequoia(block: DraftBlock, head: None, config) -> DraftTree:
+    """Sequoia: the rank-optimal shape for sampled trees; the r-th child is the r-th base candidate."""
+    return _sequoia_tree(block, None, config)
+
+
+def corrected_sequoia(block: DraftBlock, head: CorrectionHead, config) -> DraftTree:
+    """Sequoia's shape; the r-th child of a node is the r-th candidate under the head along its path."""
+    return _sequoia_tree(block, head, config)

@@ -1,0 +1,122 @@
+"""Rank-optimal tree shapes for sampled trees (Sequoia, Chen et al. 2024): the ``sequoia`` builders' shape.
+
+Under the rejection verifier (:mod:`dartree.verify.rejection`) a node's children are drawn without
+replacement from its proposal and tested in draw order, so what a child is worth depends on its *sibling
+rank*, not on its token.  Sequoia's model: the probability that a node's ``r``-th child is the accepted
+one, given the node was reached, is a constant ``P_r`` (the accepted-rank histogram, measured on a
+workload).  A node whose path from the root has sibling ranks ``r_1..r_d`` is then reached with
+probability ``prod P_{r_i}``, and a tree's expected number of accepted draft tokens is the sum of its
+nodes' values.
+
+With ``P`` non-increasing and every ``P_r < 1``, a node's value is below its parent's and below its
+previous sibling's, so the ``budget`` nodes of highest value form a valid tree (every ancestor and every
+earlier sibling of a kept node is kept) and no other tree of that many nodes is worth more: the
+best-first pop below is optimal, with no dynamic programme (``tests/test_sequoia.py`` checks it against
+every tree of small budgets).
+
+The shape depends only on ``(budget, gamma, acceptance)``: the same for every row and round, computed
+once and cached.  Scores are float32 sums of ``log P_r`` along the path, and nodes come in the total
+order of every builder (higher score first, then rank path; :func:`dartree.tree.rank_path_key`).
+
+Measured on the zoo at T=1 (2026-12-04, ``dartree-pruned`` B=16 with rejection, 8 + 8 prompts x 64 tokens):
+the builders' own shapes put 8-16 children on the root, whose siblings past the first are accepted 9% to
+0% of the times they are tested, while the first child of an accepted node is accepted about half of the
+time at every depth; so a deep first-child chain with a few siblings near the root accepts more.
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from dartree.tree import rank_path_key
+
+__all__ = ["DEFAULT_ACCEPTANCE", "RankShape", "rank_shape", "check_acceptance", "expected_accepted"]
+
+#: ``P_r``, the probability that the ``r``-th drawn child is the accepted one: the accepted-rank histogram of
+#: rejection walks on the zoo at T=1 (``dartree-pruned`` B=16 trees, the GRU head's proposals at depth 1; 233
+#: visited nodes; 2026-12-04), smoothed to be non-increasing.  Its sum, 0.76, is a node's chance that one of
+#: its first 8 children is accepted.
+DEFAULT_ACCEPTANCE: tuple[float, ...] = (0.48, 0.09, 0.055, 0.04, 0.03, 0.025, 0.02, 0.015)
+
+
+def check_acceptance(value: object) -> tuple[float, ...]:
+    """``value`` as a validated acceptance tuple: a tuple/list of numbers, or a string ``"0.5/0.2/0.1"``.
+
+    Raises ``ValueError`` naming ``acceptance`` and what is allowed.
+    """
+    allowed = ("expected P_r for r = 0, 1, ...: numbers in (0, 1), non-increasing, summing to at most 1, "
+               "as a tuple or as a string like '0.5/0.2/0.1'")
+    if isinstance(value, str):
+        try:
+            value = tuple(float(x) for x in value.split("/"))
+        except ValueError:
+            raise ValueError(f"acceptance: {allowed}; got {value!r}") from None
+    if not isinstance(value, tuple | list) or not value \
+            or any(isinstance(x, bool) or not isinstance(x, int | float) for x in value):
+        raise ValueError(f"acceptance: {allowed}; got {value!r}")
+    probs = tuple(float(x) for x in value)
+    if not all(0.0 < x < 1.0 for x in probs) or any(b > a for a, b in zip(probs, probs[1:])) \
+            or math.fsum(probs) > 1.0 + 1e-9:
+        raise ValueError(f"acceptance: {allowed}; got {value!r}")
+    return probs
+
+
+@dataclass(frozen=True)
+class RankShape:
+    """A tree shape, root first then draft nodes in the total order.
+
+    parents, depths, ranks: per node (root: ``-1``, ``0``, ``-1``); ranks are sibling ranks (draw order).
+    scores: float32 per node, the sum of ``log P_r`` along the path (root ``0.0``).
+    """
+
+    parents: tuple[int, ...]
+    depths: tuple[int, ...]
+    ranks: tuple[int, ...]
+    scores: tuple[float, ...]
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.parents)
+
+
+@functools.lru_cache(maxsize=64)
+def rank_shape(budget: int, gamma: int, acceptance: tuple[float, ...]) -> RankShape:
+    """The ``budget`` draft nodes of highest value (module docstring), at depths ``<= gamma``, at most
+    ``len(acceptance)`` children a node.
+
+    A node's score is ``float32(parent + float32(log P_r))``, the float32 arithmetic of every builder's scores.
+    """
+    logs = np.log(np.asarray(acceptance, dtype=np.float64)).astype(np.float32)
+    parents, depths, ranks, paths = [-1], [0], [-1], [()]
+    scores: list[float] = [0.0]
+    heap: list[tuple[tuple[float, tuple[int, ...]], int, int]] = []     # (key, parent node, rank)
+
+    def push(parent: int, rank: int) -> None:
+        if rank < len(logs) and depths[parent] < gamma:
+            score = float(np.float32(scores[parent]) + logs[rank])
+            heapq.heappush(heap, (rank_path_key(score, paths[parent] + (rank,)), parent, rank))
+
+    push(0, 0)
+    while heap and len(parents) <= budget:
+        (neg, path), parent, rank = heapq.heappop(heap)
+        parents.append(parent)
+        depths.append(depths[parent] + 1)
+        ranks.append(rank)
+        paths.append(path)
+        scores.append(-neg)
+        push(parent, rank + 1)                  # the next sibling, then the first child
+        push(len(parents) - 1, 0)
+    return RankShape(tuple(parents), tuple(depths), tuple(ranks), tuple(scores))
+
+
+def expected_accepted(shape: RankShape, acceptance: tuple[float, ...]) -> float:
+    """The model's expected number of accepted draft tokens of ``shape``: the sum of its nodes' values."""
+    value = [1.0]
+    for parent, rank in zip(shape.parents[1:], shape.ranks[1:], strict=True):
+        value.append(value[parent] * acceptance[rank])
+    return math.fsum(value[1:])
