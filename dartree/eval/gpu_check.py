@@ -39,6 +39,7 @@ __all__ = ["main", "STEPS"]
 BUILDER_CONFIGS: dict[str, dict] = {
     "chain": {}, "corrected-chain": {}, "ddtree": {"budget": 32}, "corrected-chain-ddtree": {"budget": 32},
     "sequential-heap": {"budget": 16}, "dartree-fixed": {"budget": 32}, "dartree-pruned": {"budget": 32, "width": 8},
+    "sequoia": {"budget": 32}, "corrected-sequoia": {"budget": 32},
 }
 
 
@@ -135,7 +136,7 @@ def step_lossless(c: Check) -> str:
     prompts = ["def parse_args(argv):\n", "import os\n\nclass Cache:\n"][: 1 if c.quick else 2]
     new = 16 if c.quick else 96
     methods = ["chain", "ddtree", "corrected-chain", "corrected-chain-ddtree", "sequential-heap", "dartree-fixed",
-               "dartree-pruned"]
+               "dartree-pruned", "sequoia", "corrected-sequoia"]
     rows = []
     for text in prompts:
         ids = torch.tensor(encode(bundle.tokenizer, text), dtype=torch.int64, device=c.device)

@@ -46,8 +46,8 @@ def blocks(draw, max_vocab: int = 300, max_gamma: int = 16, max_batch: int = 3) 
 def config_for(draw, name: str, vocab: int, max_budget: int = 200, max_width: int = 32,
                max_topk: int | None = None) -> dict:
     """A valid config for registry entry ``name`` given the block's vocabulary: the fields dartree knows
-    (``topk``, ``normalize``, ``budget``, ``width``, ``beta``) drawn where the builder's config has them; any
-    other field keeps its default."""
+    (``topk``, ``normalize``, ``budget``, ``width``, ``beta``, ``acceptance``) drawn where the builder's config
+    has them; any other field keeps its default."""
     from dartree.builders import builder_spec
 
     fields = {f.name for f in dataclasses.fields(builder_spec(name).config_cls)}
@@ -62,6 +62,10 @@ def config_for(draw, name: str, vocab: int, max_budget: int = 200, max_width: in
         cfg["width"] = draw(st.integers(1, max_width))
     if "beta" in fields:
         cfg["beta"] = draw(st.sampled_from([0.0, -0.2, -1.0]))
+    if "acceptance" in fields:              # Sequoia's P_r: in (0, 1), non-increasing, summing to at most 1
+        probs = sorted(draw(st.lists(st.floats(0.01, 0.9), min_size=1, max_size=5)), reverse=True)
+        scale = min(1.0, 0.99 / sum(probs))
+        cfg["acceptance"] = tuple(p * scale for p in probs)
     return cfg
 
 

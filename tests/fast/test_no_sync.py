@@ -83,7 +83,7 @@ def _placeholder(func, args, kwargs, truth: bool = True):
 
 CONFIGS = {"chain": {}, "corrected-chain": {}, "ddtree": {"budget": 30}, "corrected-chain-ddtree": {"budget": 30},
            "dartree-fixed": {"budget": 30}, "dartree-pruned": {"budget": 30, "width": 6},
-           "sequential-heap": {"budget": 12}}
+           "sequential-heap": {"budget": 12}, "sequoia": {"budget": 30}, "corrected-sequoia": {"budget": 30}}
 
 
 def meta_block(b: int = 3, gamma: int = 5, vocab: int = 200) -> DraftBlock:

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from dartree import BUILDERS, make_builder
 from dartree.fast.widths import pruned_widths
+from dartree.sequoia import rank_shape
 from dartree.testing import PathHashHead
 from tests.strategies import blocks, config_for
 
@@ -36,6 +37,11 @@ def test_valid_tree(name: str, data) -> None:
         # These spend the whole budget unless the candidate trie is smaller.
         full = 1 + min(budget, trie_size(cfg["topk"], block.gamma))
         assert counts == [full] * block.batch_size
+    elif name in ("sequoia", "corrected-sequoia"):   # the static shape, capped by gamma and min(K, len(P))
+        shape = rank_shape(budget, block.gamma, builder.config.acceptance[: cfg["topk"]])
+        assert counts == [shape.num_nodes] * block.batch_size
+        assert shape.num_nodes == 1 + min(budget, trie_size(min(cfg["topk"], len(builder.config.acceptance)),
+                                                            block.gamma))
     else:  # dartree-pruned: the best B nodes of a supertree of min(W, K^d) nodes per depth
         supertree = sum(pruned_widths(cfg["width"], cfg["topk"], block.gamma))
         assert counts == [1 + min(budget, supertree)] * block.batch_size
