@@ -55,7 +55,7 @@ def _exact_joint(model, warp: Warp, length: int) -> dict[tuple[int, ...], float]
     return out
 
 
-@pytest.mark.parametrize("name", ["dartree-pruned"])
+@pytest.mark.parametrize("name", ["dartree-pruned", "corrected-sequoia"])
 def test_rejection_decoding_follows_the_target_distribution(name):
     """Seeded chi-square of 3-token outputs of the rejection verifier against the target's exact joint (top-k
     3: at most 27 outcomes), on a real model with a drafter that is not the target; rounds accept drafts.
@@ -84,7 +84,7 @@ def test_rejection_decoding_follows_the_target_distribution(name):
     assert stat < 3 * (len(joint) - 1), stat                       # df <= 26: far past the 1e-6 quantile
 
 
-@pytest.mark.parametrize("name", ["ddtree", "dartree-pruned"])     # the drafter's proposals; the head's
+@pytest.mark.parametrize("name", ["ddtree", "dartree-pruned", "corrected-sequoia"])   # drafter's proposals; head's
 def test_rejection_runs_batched_and_served(name):
     model = model_for("qwen3", "eager")
     builder, head = builder_and_head(name)

@@ -1,0 +1,162 @@
+"""Sequoia's rank-optimal shape (dartree.sequoia) and the two builders on it."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from dartree import DraftBlock, make_builder
+from dartree.eval.methods import parse_method
+from dartree.sequoia import DEFAULT_ACCEPTANCE, RankShape, check_acceptance, expected_accepted, rank_shape
+from dartree.testing import PathHashHead
+
+VECTORS = [(0.5, 0.2, 0.1), (0.3, 0.3, 0.3), (0.9, 0.05), (0.48, 0.09, 0.055), (0.2,)]
+
+
+def closed_trees(budget: int, gamma: int, kids: int) -> set[frozenset]:
+    """Every tree of ``budget`` draft nodes as a set of sibling-rank paths: each node's parent and earlier
+    siblings are in it (children are drawn, and tested, in rank order), depth <= gamma, rank < kids."""
+    trees = {frozenset([()])}
+    for _ in range(budget):
+        grown = set()
+        for tree in trees:
+            for path in tree:
+                for rank in range(kids):
+                    child = path + (rank,)
+                    if len(child) <= gamma and child not in tree and (rank == 0 or path + (rank - 1,) in tree):
+                        grown.add(tree | {child})
+        trees = grown or trees
+    return trees
+
+
+def value(tree: frozenset, acceptance: tuple[float, ...]) -> float:
+    return math.fsum(math.prod(acceptance[r] for r in path) for path in tree if path)
+
+
+def paths_of(shape: RankShape) -> frozenset:
+    paths = [()]
+    for parent, rank in zip(shape.parents[1:], shape.ranks[1:], strict=True):
+        paths.append(paths[parent] + (rank,))
+    return frozenset(paths)
+
+
+@pytest.mark.parametrize("acceptance", VECTORS)
+@pytest.mark.parametrize("budget", [1, 2, 4, 6])
+def test_the_shape_is_the_best_tree_of_its_size(acceptance, budget):
+    """Against every tree of the budget (exhaustive): no tree is worth more than the best-first shape."""
+    gamma = 3
+    shape = rank_shape(budget, gamma, acceptance)
+    trees = closed_trees(budget, gamma, len(acceptance))
+    assert paths_of(shape) in trees                                  # a valid tree of that size
+    best = max(value(t, acceptance) for t in trees)
+    assert expected_accepted(shape, acceptance) == pytest.approx(best, rel=1e-12)
+
+
+def test_a_bushy_tree_is_worth_less():
+    """The comparison can fail: the root with every child (the T=0 builders' shape at T=1) loses to the shape."""
+    acceptance = DEFAULT_ACCEPTANCE
+    bushy = frozenset([()] + [(r,) for r in range(6)])
+    assert value(bushy, acceptance) < expected_accepted(rank_shape(6, 15, acceptance), acceptance) - 0.1
+
+
+def test_nodes_come_in_the_total_order_with_float32_path_scores():
+    shape = rank_shape(40, 6, DEFAULT_ACCEPTANCE)
+    logs = np.log(np.asarray(DEFAULT_ACCEPTANCE)).astype(np.float32)
+    paths = [()]
+    for i in range(1, shape.num_nodes):
+        u = shape.parents[i]
+        assert 0 <= u < i and shape.depths[i] == shape.depths[u] + 1 <= 6
+        paths.append(paths[u] + (shape.ranks[i],))
+        assert shape.scores[i] == float(np.float32(shape.scores[u]) + logs[shape.ranks[i]])
+    keys = [(-s, p) for s, p in zip(shape.scores[1:], paths[1:], strict=True)]
+    assert keys == sorted(keys)
+    for u in range(shape.num_nodes):                         # a node's children: ranks 0, 1, ... in node order
+        kids = [shape.ranks[i] for i in range(1, shape.num_nodes) if shape.parents[i] == u]
+        assert kids == list(range(len(kids)))
+    chain = [i for i, p in enumerate(paths) if all(r == 0 for r in p)]
+    assert len(chain) == 7                                  # the first-child chain reaches gamma
+
+
+def test_gamma_and_the_vector_cap_the_shape():
+    assert rank_shape(100, 2, (0.5, 0.2)).num_nodes == 1 + 2 + 4
+    assert rank_shape(100, 1, (0.5, 0.2, 0.1)).num_nodes == 1 + 3
+
+
+@pytest.mark.parametrize("bad", [(0.2, 0.5), (0.6, 0.5), (0.0, 0.0), (1.0,), (), "0.5/x", (True,), 0.5, (-0.1,)])
+def test_bad_acceptance_is_named(bad):
+    with pytest.raises(ValueError, match=r"^acceptance: expected P_r .*non-increasing.*got"):
+        make_builder("sequoia", acceptance=bad)
+
+
+def test_acceptance_as_a_method_setting():
+    method = parse_method("corrected-sequoia:budget=8,acceptance=0.5/0.2/0.1,head_depths=3")
+    builder = make_builder(method.builder, **method.config)
+    assert builder.config.acceptance == (0.5, 0.2, 0.1) and builder.config.head_depths == 3
+    assert check_acceptance([0.5, 0.25]) == (0.5, 0.25)
+    with pytest.raises(ValueError, match=r"^acceptance: "):
+        parse_method("sequoia:acceptance=0.1/0.5")
+
+
+@pytest.mark.parametrize("name", ["sequoia", "corrected-sequoia"])
+def test_children_are_the_best_candidates_in_rank_order(name):
+    """A node's r-th child is its r-th best candidate: the drafter's at the depth, or the head's after the
+    node's own path (recomputed here node by node with the head)."""
+    g = torch.Generator().manual_seed(3)
+    block = DraftBlock(logits=torch.randn(2, 4, 30, generator=g), root=torch.tensor([1, 2]))
+    head = PathHashHead() if name == "corrected-sequoia" else None
+    tree = make_builder(name, budget=12, topk=5).build(block, head)
+    shape = rank_shape(12, 4, DEFAULT_ACCEPTANCE[:5])
+    order = block.logits.sort(dim=-1, descending=True, stable=True).indices[..., :5]      # [b, gamma, K]
+    for r in range(2):
+        for i in range(1, shape.num_nodes):
+            u, d = shape.parents[i], shape.depths[i]
+            if head is None:
+                want = int(order[r, d - 1, shape.ranks[i]])
+            else:
+                one = DraftBlock(logits=block.logits[r: r + 1], root=block.root[r: r + 1])
+                state = head.initial_state(one)[:, None]
+                path = [j for j in _ancestors(shape, u)]
+                for depth, j in enumerate(path, start=1):
+                    state = head.advance(one, depth, state, tree.tokens[r: r + 1, j][:, None])
+                scores = head.logits(one, d, state, order[r: r + 1, d - 1])[0, 0]
+                ranked = sorted(range(5), key=lambda k: (-float(scores[k]), k))
+                want = int(order[r, d - 1, ranked[shape.ranks[i]]])
+            assert int(tree.tokens[r, i]) == want
+
+
+def _ancestors(shape: RankShape, u: int) -> list[int]:
+    out = []
+    while u > 0:
+        out.append(u)
+        u = shape.parents[u]
+    return out[::-1]
+
+
+def test_under_rejection_only_the_shape_is_built():
+    """The decoder does not rank a corrected-sequoia tree's tokens by the head when the rejection verifier
+    redraws them: the head is asked only for proposals, at depths <= head_depths (one call per round here)."""
+    from dartree.decode import SpeculativeDecoder
+    from dartree.testing import OracleDrafter
+    from dartree.verify import GeneratorSampler
+    from tests.test_decode import GAMMA, model_for
+
+    calls: list[int] = []
+
+    class Counting(PathHashHead):
+        def logits(self, block, depth, states, candidates):
+            calls.append(depth)
+            return super().logits(block, depth, states, candidates)
+
+    model = model_for("llama", "sdpa")
+    prompt = torch.tensor([3, 14, 15, 92])
+    builder = make_builder("corrected-sequoia", budget=8, topk=4, head_depths=1)
+    dec = SpeculativeDecoder(model, OracleDrafter(model, GAMMA, demote=0.3, seed=1), builder, Counting())
+    sampler = GeneratorSampler(torch.Generator().manual_seed(0))
+    out = dec.generate(prompt, 10, temperature=1.0, sampler=sampler, verifier="rejection")
+    assert calls == [1] * out.num_rounds
+    calls.clear()
+    out = dec.generate(prompt, 10, temperature=1.0, sampler=sampler, verifier="match")
+    assert len(calls) > out.num_rounds and max(calls) > 1           # matching keeps the head's tokens
