@@ -25,7 +25,6 @@ Per-row :class:`~dartree.rounds.RoundStats` carry the round's wall times (shared
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -33,7 +32,8 @@ import torch
 from torch import Tensor
 
 from dartree.batch_drafters import batch_drafter
-from dartree.builders import SequoiaConfig, checked_tree, make_builder
+from dartree.builders import SequoiaConfig, checked_tree
+from dartree.fast.sequoia import shape_tree
 from dartree.models.target import HFTarget, TargetOutput
 from dartree.rounds import (
     STOP_REASONS,
@@ -146,14 +146,14 @@ class Engine:
             raise ValueError(f"verifier: expected one of {VERIFIERS} at T>0, got {verifier!r}")
         rejection = self.verifier == "rejection"
         self.generator = getattr(sampler, "generator", None) if rejection else None
-        # under rejection only a tree's shape is kept: a Sequoia builder's is static, so its head-ranked tokens
-        # (corrected-sequoia: a head call and a sort per depth) are skipped, and its config says where the
-        # head proposes; every other builder's head proposes at depths <= HEAD_DEPTHS
+        # under rejection only a tree's shape is kept: a Sequoia builder's is static, so its tokens (candidates,
+        # and for corrected-sequoia a head call and a sort per depth) are skipped (perf: 0.4 ms of a round of
+        # ~13 ms on the zoo at B=16), and its config says where the head proposes; every other builder's head
+        # proposes at depths <= HEAD_DEPTHS
         config = getattr(builder, "config", None)
         self.head_depths = getattr(config, "head_depths", HEAD_DEPTHS)
-        self.shape_builder = builder
-        if rejection and isinstance(config, SequoiaConfig) and getattr(builder, "needs_head", False):
-            self.shape_builder = make_builder("sequoia", backend="fast", **dataclasses.asdict(config))
+        self.static_shape = rejection and isinstance(config, SequoiaConfig) \
+            and getattr(builder, "trusted", False)
         walks = (sampler is None or type(sampler) in (KeyedSampler, GeneratorSampler)) and target.device.type == "cpu"
         self.walk = WalkRows(walks and drafter is not None and not rejection and target.scores_rows_apart)
         self._accept: Callable[..., VerifyResult]
@@ -225,8 +225,10 @@ class Engine:
         """Stage 2: the builder's tree (a user builder's tree is checked before the target sees it),
         cut to what the model can hold."""
         target, head = self.target, self.head
-        shaper = self.shape_builder
-        tree = checked_tree(shaper, shaper.build(block, head if shaper.needs_head else None), block)
+        if self.static_shape:
+            tree = shape_tree(block, self.builder.config)
+        else:
+            tree = checked_tree(self.builder, self.builder.build(block, head), block)
         tree = fit_tree(tree, block.gamma, target.lengths, target.length, target)
         if self.verifier == "rejection":
             # the builder's shape, tokens drawn from its head's warped distribution over the whole vocabulary

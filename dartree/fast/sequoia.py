@@ -22,7 +22,7 @@ from dartree.scoring import log_normalize
 from dartree.sequoia import RankShape, rank_shape
 from dartree.tree import DraftTree
 
-__all__ = ["sequoia", "corrected_sequoia"]
+__all__ = ["sequoia", "corrected_sequoia", "shape_tree"]
 
 
 @functools.lru_cache(maxsize=64)
@@ -89,3 +89,20 @@ def sequoia(block: DraftBlock, head: None, config) -> DraftTree:
 def corrected_sequoia(block: DraftBlock, head: CorrectionHead, config) -> DraftTree:
     """Sequoia's shape; the r-th child of a node is the r-th candidate under the head along its path."""
     return _build(block, head, config)
+
+
+def shape_tree(block: DraftBlock, config) -> DraftTree:
+    """The shape alone, for a verifier that redraws every draft token (``rejection``): the root's token, the
+    drafted slots token 0 (``ranks`` are sibling ranks).  No candidate selection, no head call.
+
+    Shape: ``[b, n]``, ``n = rank_shape(config.budget, block.gamma, config.acceptance[:topk]).num_nodes``.
+    """
+    b, device = block.batch_size, block.device
+    shape = rank_shape(config.budget, block.gamma, config.acceptance[: config.topk])
+    parents, depths, ranks, scores, _ = _layout(shape, device)
+    n = shape.num_nodes
+    tokens = torch.zeros(b, n, dtype=torch.int64, device=device)
+    tokens[:, 0] = block.root
+    return DraftTree(tokens=tokens, parents=parents.expand(b, -1).contiguous(), depths=depths.expand(b, -1).contiguous(),
+                     scores=scores.expand(b, -1).contiguous(), ranks=ranks.expand(b, -1).contiguous(),
+                     num_nodes=torch.full((b,), n, dtype=torch.int64, device=device))
