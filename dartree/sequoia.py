@@ -29,13 +29,15 @@ from __future__ import annotations
 import functools
 import heapq
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from dartree.tree import rank_path_key
 
-__all__ = ["DEFAULT_ACCEPTANCE", "RankShape", "rank_shape", "check_acceptance", "expected_accepted"]
+__all__ = ["DEFAULT_ACCEPTANCE", "RankShape", "rank_shape", "check_acceptance", "expected_accepted",
+           "acceptance_from_walks", "measure_acceptance"]
 
 #: ``P_r``, the probability that the ``r``-th drawn child is the accepted one: the accepted-rank histogram of
 #: rejection walks on the zoo at T=1 (``dartree-pruned`` B=16 trees, the GRU head's proposals at depth 1; 233
@@ -120,3 +122,92 @@ def expected_accepted(shape: RankShape, acceptance: tuple[float, ...]) -> float:
     for parent, rank in zip(shape.parents[1:], shape.ranks[1:], strict=True):
         value.append(value[parent] * acceptance[rank])
     return math.fsum(value[1:])
+
+
+#: a rank needs this many tests (nodes that drew it) before :func:`acceptance_from_walks` estimates it
+MIN_TESTS = 20
+
+
+def acceptance_from_walks(walks: Iterable[tuple[int, int | None]], min_tests: int = MIN_TESTS,
+                          ranks: int = 8) -> tuple[float, ...]:
+    """``P_r`` estimated from rejection walks: one ``(children, accepted rank or None)`` per visited node that
+    had children (``None``: every child was rejected).  A node tests its ranks ``0..accepted`` (all of them if
+    none was accepted); ``a_r`` = accepted / tested at rank ``r``, ``P_r = (1 - a_0) ... (1 - a_{r-1}) a_r``.
+
+    The vector stops at the first rank tested fewer than ``min_tests`` times, never accepted, or past ``ranks``,
+    and is made non-increasing (each ``P_r`` at most the one before; the shape's optimality needs it).
+    Raises ``ValueError`` if rank 0 has too few tests or no acceptance.
+    """
+    tested = [0] * ranks
+    accepted = [0] * ranks
+    for children, rank in walks:
+        last = children - 1 if rank is None else rank
+        for r in range(min(last + 1, ranks)):
+            tested[r] += 1
+        if rank is not None and rank < ranks:
+            accepted[rank] += 1
+    out: list[float] = []
+    reach = 1.0
+    for r in range(ranks):
+        if tested[r] < min_tests or accepted[r] == 0:
+            break
+        a = accepted[r] / tested[r]
+        value = min(reach * a, out[-1] if out else 1.0, 0.999)
+        out.append(value)
+        reach *= 1.0 - a
+    if not out:
+        raise ValueError(f"walks: rank 0 was tested {tested[0]} times and accepted {accepted[0]} times; need at "
+                         f"least min_tests={min_tests} tests and one acceptance (decode more prompts or tokens)")
+    return tuple(out)
+
+
+def measure_acceptance(decoder, prompts: Sequence, max_new_tokens: int = 64, temperature: float = 1.0,
+                       sampler=None, min_tests: int = MIN_TESTS, ranks: int = 8, **warp) -> tuple[float, ...]:
+    """The accepted-rank histogram ``P_r`` of ``decoder``'s rejection decodes of ``prompts``: the ``acceptance``
+    of a Sequoia builder for this target, drafter and head at this temperature and warp (``top_k``, ``top_p``,
+    ``min_p``).  Sequoia measures it once per model pair and workload; this is that measurement.
+
+    ``decoder``: a :class:`~dartree.decode.SpeculativeDecoder` whose trees give nodes ``ranks`` children or more
+    (a probe: e.g. ``make_builder("corrected-sequoia", budget=32, acceptance=(0.12,) * 8)``, whose root has
+    8 children).  The rounds are the decoder's own (the stages of :class:`~dartree.engine.Engine`); each
+    visited node with children adds one walk to :func:`acceptance_from_walks`.
+
+    Shape: prompts: integer ``[L]`` or ``[1, L]`` tensors.
+    """
+    import torch
+
+    from dartree.rounds import check_request
+    from dartree.tree import PAD
+    from dartree.verify.rejection import SampledTree
+
+    walks: list[tuple[int, int | None]] = []
+    with torch.inference_mode():
+        for prompt in prompts:
+            req = check_request(decoder.target, prompt, max_new_tokens, temperature, sampler, verifier="rejection",
+                                **warp)
+            engine = decoder.engine(req, single=True)
+            engine.admit([req])
+            while engine.live:
+                engine.clock.lap()
+                block, draft_s = engine.draft()
+                drafted, times, calls = engine.build(block, draft_s)
+                verified = engine.verify(drafted, times, calls)
+                if isinstance(drafted, SampledTree):
+                    walks += _walk(drafted.tree.parents[0].tolist(), int(drafted.tree.num_nodes[0]),
+                                   [u for u in verified.result.accepted[0].tolist() if u != PAD])
+                engine.commit(verified)
+    return acceptance_from_walks(walks, min_tests, ranks)
+
+
+def _walk(parents: list[int], count: int, path: list[int]) -> list[tuple[int, int | None]]:
+    """One round's ``(children, accepted rank or None)`` per visited node with children (``path``: the
+    accepted nodes, root first; children in node order are the draw order)."""
+    kids: list[list[int]] = [[] for _ in range(count)]
+    for i in range(1, count):
+        kids[parents[i]].append(i)
+    out: list[tuple[int, int | None]] = []
+    for j, u in enumerate(path):
+        if kids[u]:
+            nxt = path[j + 1] if j + 1 < len(path) else None
+            out.append((len(kids[u]), None if nxt is None else kids[u].index(nxt)))
+    return out

@@ -10,7 +10,15 @@ import torch
 
 from dartree import DraftBlock, make_builder
 from dartree.eval.methods import parse_method
-from dartree.sequoia import DEFAULT_ACCEPTANCE, RankShape, check_acceptance, expected_accepted, rank_shape
+from dartree.sequoia import (
+    DEFAULT_ACCEPTANCE,
+    RankShape,
+    acceptance_from_walks,
+    check_acceptance,
+    expected_accepted,
+    measure_acceptance,
+    rank_shape,
+)
 from dartree.testing import PathHashHead
 
 VECTORS = [(0.5, 0.2, 0.1), (0.3, 0.3, 0.3), (0.9, 0.05), (0.48, 0.09, 0.055), (0.2,)]
@@ -160,3 +168,34 @@ def test_under_rejection_only_the_shape_is_built():
     calls.clear()
     out = dec.generate(prompt, 10, temperature=1.0, sampler=sampler, verifier="match")
     assert len(calls) > out.num_rounds and max(calls) > 1           # matching keeps the head's tokens
+
+
+def test_acceptance_from_walks_counts_the_ranks_each_node_tested():
+    # rank 0: tested by all 4 nodes, accepted by 2; rank 1: tested by the 2 others, accepted once; rank 2: tested
+    # once (the node that rejected all 3), never accepted -> the vector stops before it
+    walks = [(3, 0), (3, 1), (3, None), (2, 0)]
+    assert acceptance_from_walks(walks, min_tests=1) == (0.5, 0.25)
+    assert acceptance_from_walks(walks, min_tests=3) == (0.5,)                   # rank 1 has only 2 tests
+    # made non-increasing: a_1 = 1 would give P_1 = 0.5 * 1 > P_0 = 0.4... capped at P_0
+    assert acceptance_from_walks([(2, 0)] * 2 + [(2, 1)] * 3, min_tests=1) == (0.4, 0.4)
+    with pytest.raises(ValueError, match=r"^walks: rank 0 was tested 2 times and accepted 0 times"):
+        acceptance_from_walks([(2, None), (1, None)], min_tests=1)
+
+
+def test_measure_acceptance_on_rejection_decodes():
+    """The real rounds of a probe decoder: a valid acceptance vector (usable as a Sequoia config), rank 0 the
+    most likely; a decoder whose nodes have one child measures one rank."""
+    from dartree.decode import SpeculativeDecoder
+    from dartree.testing import OracleDrafter
+    from dartree.verify import GeneratorSampler
+    from tests.test_decode import GAMMA, model_for
+
+    model = model_for("llama", "sdpa")
+    prompts = [torch.tensor([3, 14, 15, 92]), torch.tensor([5, 8, 13])]
+    drafter = OracleDrafter(model, GAMMA, demote=0.0, seed=4)     # q peaks on the target's greedy token
+    probe = SpeculativeDecoder(model, drafter, make_builder("sequoia", budget=12, topk=4, acceptance=(0.2,) * 4))
+    sampler = GeneratorSampler(torch.Generator().manual_seed(0))
+    got = measure_acceptance(probe, prompts, 24, 1.0, sampler, min_tests=5)
+    assert check_acceptance(got) == got and 1 <= len(got) <= 4
+    chain = SpeculativeDecoder(model, drafter, make_builder("chain"))
+    assert len(measure_acceptance(chain, prompts, 24, 1.0, sampler, min_tests=5)) == 1
