@@ -65,6 +65,13 @@ from dartree.verify.warp import Warp
 
 __all__ = ["Engine", "OneRow", "Verified"]
 
+#: block reuse under the rejection verifier (a Sequoia shape, a head, one live row); see Engine.step
+REUSE = True
+#: a kept block is reused while at least this many of its depths are left below the round's root
+REUSE_MIN_DEPTHS = 4
+#: the depths the head proposes at in a reused round (None: every depth; the block's stale marginals below)
+REUSE_HEAD_DEPTHS = None
+
 
 class OneRow:
     """A single-request drafter (the protocol of :mod:`dartree.decode`) as the one row of an engine, used
@@ -154,6 +161,13 @@ class Engine:
         self.head_depths = getattr(config, "head_depths", HEAD_DEPTHS)
         self.static_shape = rejection and isinstance(config, SequoiaConfig) \
             and getattr(builder, "trusted", False)
+        # block reuse (a static shape, a head, one live row): the next round's proposals come from the head along
+        # the committed path over the same block, until fewer than REUSE_MIN_DEPTHS of its depths are left
+        self.reuse = self.static_shape and head is not None and REUSE
+        self._kept = None                    # the block being reused
+        self._since: list[int] = []          # tokens committed after its root
+        self._carry: Tensor | None = None    # the head's state after its root and the first _folded of them
+        self._folded = 0
         walks = (sampler is None or type(sampler) in (KeyedSampler, GeneratorSampler)) and target.device.type == "cpu"
         self.walk = WalkRows(walks and drafter is not None and not rejection and target.scores_rows_apart)
         self._accept: Callable[..., VerifyResult]
@@ -196,6 +210,7 @@ class Engine:
             self._keep(list(range(old)) + [old + j for j in joined])
         self.prefill_s += [self.clock.lap()] * len(reqs)
         self.live += [ids[j] for j in joined]
+        self._kept = None                    # a new row: the next round drafts
         joined_firsts = firsts[torch.tensor(joined, dtype=torch.int64, device=firsts.device)]
         self.roots = torch.cat([self.roots, joined_firsts.to(self.roots.device)])
         joined_ids = {ids[j] for j in joined}
@@ -212,8 +227,21 @@ class Engine:
         self.clock.lap()
         if self.drafter is None:
             return self.commit(self.verify_next())
-        block, draft_s = self.draft()
+        block = self._reusable()
+        if block is None:
+            block, draft_s = self.draft()
+            if self.reuse and len(self.live) == 1:
+                self._kept, self._since, self._carry, self._folded = block, [], None, 0
+        else:
+            draft_s = self.clock.lap()
         return self.commit(self.verify(*self.build(block, draft_s)))
+
+    def _reusable(self):
+        """The kept block if the next round reuses it, else ``None``."""
+        block = self._kept
+        if block is None or len(self.live) != 1 or block.gamma - len(self._since) < REUSE_MIN_DEPTHS:
+            return None
+        return block
 
     def draft(self) -> tuple:
         """Stage 1: the drafter's block for every live row (checked against the roots it was given)."""
@@ -225,18 +253,35 @@ class Engine:
         """Stage 2: the builder's tree (a user builder's tree is checked before the target sees it),
         cut to what the model can hold."""
         target, head = self.target, self.head
+        offset = len(self._since) if block is self._kept else 0
         if self.static_shape:
-            tree = shape_tree(block, self.builder.config)
+            tree = shape_tree(block, self.builder.config, block.gamma - offset, self.roots)
         else:
             tree = checked_tree(self.builder, self.builder.build(block, head), block)
-        tree = fit_tree(tree, block.gamma, target.lengths, target.length, target)
+        tree = fit_tree(tree, block.gamma - offset, target.lengths, target.length, target)
         if self.verifier == "rejection":
             # the builder's shape, tokens drawn from its head's warped distribution over the whole vocabulary
             # along the sampled path at depths <= self.head_depths (builders with a head), else from the drafter's
-            tree = sample_tree(tree, block, head, self.warp, self.generator, head_depths=self.head_depths)
+            carry, depths = None, self.head_depths
+            if offset:
+                carry, depths = self._carried(block, offset), REUSE_HEAD_DEPTHS
+            tree = sample_tree(tree, block, head, self.warp, self.generator, head_depths=depths, offset=offset,
+                               root_state=carry)
         build_s = self.clock.lap()
         head_s, calls = (0.0, 0) if head is None else (head.take(), head.take_calls())
         return tree, (draft_s, build_s, head_s), calls
+
+    def _carried(self, block, offset: int) -> Tensor:
+        """The head's state after the kept block's root and the ``offset`` tokens committed since ([1, S])."""
+        head = self.head
+        if self._carry is None:
+            self._carry = head.initial_state(block)
+        device = self._carry.device
+        while self._folded < offset:
+            token = torch.tensor([[self._since[self._folded]]], dtype=torch.int64, device=device)
+            self._carry = head.advance(block, self._folded + 1, self._carry[:, None], token)[:, 0]
+            self._folded += 1
+        return self._carry
 
     def verify(self, drafted: DraftTree | SampledTree, times: tuple[float, float, float], head_calls: int) -> Verified:
         """Stage 3: one target forward over every row's tree, then the decode's acceptance rule."""
@@ -292,6 +337,11 @@ class Engine:
             longest = max(longest, len(committed))
             kept, stop = truncate(committed, self.reqs[q].max_new_tokens - len(self.generated[q]), self.reqs[q].stop)
             self.generated[q].extend(kept)
+            if self._kept is not None:
+                if len(live) == 1:
+                    self._since += kept
+                else:
+                    self._kept = None
             self.stopped[q] = stop
             counts.append(len(kept))
             done.append(stop or len(self.generated[q]) >= self.reqs[q].max_new_tokens)

@@ -91,18 +91,19 @@ def corrected_sequoia(block: DraftBlock, head: CorrectionHead, config) -> DraftT
     return _build(block, head, config)
 
 
-def shape_tree(block: DraftBlock, config) -> DraftTree:
+def shape_tree(block: DraftBlock, config, gamma: int | None = None, roots: Tensor | None = None) -> DraftTree:
     """The shape alone, for a verifier that redraws every draft token (``rejection``): the root's token, the
-    drafted slots token 0 (``ranks`` are sibling ranks).  No candidate selection, no head call.
+    drafted slots token 0 (``ranks`` are sibling ranks).  No candidate selection, no head call.  ``gamma``:
+    the depths it may use (default the block's); ``roots``: int64 ``[b]`` root tokens (default the block's).
 
-    Shape: ``[b, n]``, ``n = rank_shape(config.budget, block.gamma, config.acceptance[:topk]).num_nodes``.
+    Shape: ``[b, n]``, ``n = rank_shape(config.budget, gamma, config.acceptance[:topk]).num_nodes``.
     """
     b, device = block.batch_size, block.device
-    shape = rank_shape(config.budget, block.gamma, config.acceptance[: config.topk])
+    shape = rank_shape(config.budget, block.gamma if gamma is None else gamma, config.acceptance[: config.topk])
     parents, depths, ranks, scores, _ = _layout(shape, device)
     n = shape.num_nodes
     tokens = torch.zeros(b, n, dtype=torch.int64, device=device)
-    tokens[:, 0] = block.root
+    tokens[:, 0] = block.root if roots is None else roots
     return DraftTree(tokens=tokens, parents=parents.expand(b, -1).contiguous(), depths=depths.expand(b, -1).contiguous(),
                      scores=scores.expand(b, -1).contiguous(), ranks=ranks.expand(b, -1).contiguous(),
                      num_nodes=torch.full((b,), n, dtype=torch.int64, device=device))

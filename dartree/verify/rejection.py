@@ -151,10 +151,11 @@ def _draw_without_replacement(q: Tensor, m: int, generator: torch.Generator | No
     if m == 1:
         cdf = q.double().cumsum(-1)
         u = torch.rand((*cdf.shape[:-1], 1), generator=generator, dtype=torch.float64, device=cdf.device)
-        # the first token whose cumulative mass exceeds u * total: never a token of mass 0, except when
-        # u * total rounds up to the total; then the last token of positive mass
-        last = q.shape[-1] - 1 - torch.argmax((q.flip(-1) > 0).to(torch.uint8), dim=-1, keepdim=True)
-        return torch.minimum(torch.searchsorted(cdf, u * cdf[..., -1:], right=True), last)
+        # the first token whose cumulative mass exceeds u * total, a point kept below the total (u * total may
+        # round up to it): never a token of mass 0, whose cumulative mass equals its predecessor's
+        total = cdf[..., -1:]
+        point = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
+        return torch.searchsorted(cdf, point, right=True)
     u = torch.rand(q.shape, generator=generator, dtype=torch.float32, device=q.device)
     keys = q.float().log() - torch.log(-torch.log(u.clamp_min(torch.finfo(torch.float32).tiny)))
     return torch.topk(keys, m, dim=-1).indices
@@ -174,7 +175,7 @@ def _children(tree: DraftTree) -> list[list[list[int]]]:
 
 def sample_tree(template: DraftTree, block: DraftBlock, head=None, warp: Warp | None = None,
                 generator: torch.Generator | None = None, topk: int | None = None,
-                head_depths: int | None = None) -> SampledTree:
+                head_depths: int | None = None, offset: int = 0, root_state: Tensor | None = None) -> SampledTree:
     """``template``'s shape with tokens drawn from each node's proposal (module docstring).
 
     ``template``: any valid draft tree of the block (any builder's, user builders' included; its tokens other
@@ -186,9 +187,13 @@ def sample_tree(template: DraftTree, block: DraftBlock, head=None, warp: Warp | 
     it proposes at, the drafter's ``q`` below (one draw for all of them: the drafter's ``q`` needs no path;
     only with ``topk=None``).  ``warp``: the proposal's temperature and filters (default: temperature 1).
     ``generator``: on the block's device, or ``None`` (torch's global generator).
+    ``offset``, ``root_state``: a block drafted ``offset`` committed tokens before the template's root (a
+    reused block, :mod:`dartree.engine`): the template's depth ``d`` is the block's depth ``offset + d``, and
+    ``root_state`` (``[b, S]``) is the head's state after those tokens (the head's ``initial_state`` when
+    ``None``; required with a head and ``offset > 0``).
 
     Shape:
-        template: ``[b, n]`` on the block's device, depths ``<= gamma``; block.logits ``[b, gamma, V]``.
+        template: ``[b, n]`` on the block's device, depths ``<= gamma - offset``; block.logits ``[b, gamma, V]``.
     """
     warp = Warp(1.0) if warp is None else warp
     if not isinstance(template, DraftTree):
@@ -201,6 +206,11 @@ def sample_tree(template: DraftTree, block: DraftBlock, head=None, warp: Warp | 
     if head_depths is not None and (isinstance(head_depths, bool) or not isinstance(head_depths, int)
                                     or head_depths < 1):
         raise ValueError(f"head_depths: expected None (every depth) or an int >= 1, got {head_depths!r}")
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise ValueError(f"offset: expected an int >= 0 (block depths before the template's root), got {offset!r}")
+    if head is not None and offset > 0 and root_state is None:
+        raise ValueError("root_state: a head proposing below a reused block's depth 0 needs the state after the "
+                         f"{offset} committed tokens; got None")
     if head_depths is not None and topk is not None:
         raise ValueError("head_depths: the drafter proposes past head_depths over the whole vocabulary; "
                          f"pass topk=None with it, got topk={topk!r}")
@@ -213,19 +223,20 @@ def sample_tree(template: DraftTree, block: DraftBlock, head=None, warp: Warp | 
     kids = _children(template)
     depths = template.depths.tolist()
     deepest = max(depths[r][u] for r, c in enumerate(template.num_nodes.tolist()) for u in range(c))
-    if deepest > gamma:
-        raise ValueError(f"template: a node deeper than the block's gamma={gamma}")
+    if deepest + offset > gamma:
+        raise ValueError(f"template: a node deeper than the block's gamma={gamma} (offset {offset})")
     if head is None:
         # q at each depth that has parents (perf: a filter's sort is per row): [b, D, V]
-        probs = proposal_probs(warp, logits[:, : max(1, deepest)])
+        probs = proposal_probs(warp, logits[:, offset: offset + max(1, deepest)])
         row_of = template.depths.clone()
         tokens, keep = _draw_vocab(template, kids, depths, probs, generator)
         support = None
     else:
-        tokens, keep, probs, support = _draw_head(template, kids, depths, block, head, warp, generator,
-                                                  vocab if topk is None else min(vocab, topk),
-                                                  gamma if head_depths is None else min(gamma, head_depths))
-        row_of = torch.arange(template.max_nodes, device=logits.device).expand(b, -1).clone()
+        tokens, keep, probs, support, rows = _draw_head(template, kids, depths, block, head, warp, generator,
+                                                        vocab if topk is None else min(vocab, topk),
+                                                        gamma if head_depths is None else min(gamma, head_depths),
+                                                        offset, root_state)
+        row_of = torch.tensor(rows, dtype=torch.int64, device=logits.device)
     # nodes without (kept) children point nowhere
     proposes = [[bool(kids[r][u]) and keep[r][u] for u in range(template.max_nodes)] for r in range(b)]
     row_of = torch.where(torch.tensor(proposes, device=logits.device), row_of, torch.full_like(row_of, PAD))
@@ -279,44 +290,63 @@ def _drop(keep: list[bool], kids: list[list[int]], node: int) -> None:
 
 
 def _draw_head(template: DraftTree, kids, depths, block: DraftBlock, head, warp: Warp, generator, k: int,
-               head_depths: int):
+               head_depths: int, offset: int = 0, root_state: Tensor | None = None):
     """Depth by depth along the sampled path: one head ``logits``, one draw and one ``advance`` call per depth,
     for the children at depths ``<= head_depths``; deeper children, all at once, from the drafter's ``q`` at
-    their depth (over the whole vocabulary: ``k == V``)."""
+    their depth (over the whole vocabulary: ``k == V``).
+
+    Returns tokens and keep (host lists), the proposals ``[b, R, P]`` (one row per parent node, in the order
+    they were drawn: a depth's parents padded to the batch's most), the support (``None`` when ``P == V``) and
+    ``row_of`` (host ``[b][n]``: each parent's row, ``PAD`` elsewhere).
+    """
     b, n = template.tokens.shape
     gamma = block.logits.shape[1]
     vocab = block.logits.shape[-1]
+    device = block.logits.device
     if k < vocab:
         cand = top_candidates(block, k, "candidates").tokens              # [b, gamma, K]
     else:                                                                 # the whole vocabulary, in token order
-        cand = torch.arange(vocab, device=block.logits.device).expand(b, gamma, vocab)
-    cand_host = cand.tolist() if k < vocab else None                      # None: a candidate index is its token
+        cand = None
+    cand_host = cand.tolist() if cand is not None else None               # None: a candidate index is its token
     vocab_logits = getattr(head, "vocab_logits", None) if k == vocab else None
     tokens = template.tokens.tolist()
     keep = [[u < c for u in range(n)] for c in template.num_nodes.tolist()]
-    root_state = head.initial_state(block)                                 # [b, S]
+    row_of = [[PAD] * n for _ in range(b)]
+    blocks: list[Tensor] = []             # proposal rows, [b, m, P] per depth (then the drafter's)
+    slot_depth: list[int] = []            # the block depth (0-based) each row's candidates come from
+    if root_state is None:
+        root_state = head.initial_state(block)                             # [b, S]
     states = root_state.new_zeros((b, n, root_state.shape[-1]))
     states[:, 0] = root_state
-    probs = torch.zeros(b, n, k, dtype=torch.float32, device=block.logits.device)
     for d in range(1, head_depths + 1):
         parents = [[u for u in range(n) if keep[r][u] and depths[r][u] == d - 1 and kids[r][u]] for r in range(b)]
         m = max(len(p) for p in parents)
         if m == 0:
             break
-        index = torch.tensor([p + [0] * (m - len(p)) for p in parents], dtype=torch.int64, device=states.device)
-        parent_states = torch.gather(states, 1, index[:, :, None].expand(-1, -1, states.shape[-1]))
-        if vocab_logits is None:
-            q = proposal_probs(warp, head.logits(block, d, parent_states, cand[:, d - 1]))   # [b, m, K]
+        if b == 1 and parents[0] == list(range(m)):
+            parent_states = states[:, :m]
         else:
-            q = proposal_probs(warp, vocab_logits(block, d, parent_states))                 # [b, m, V]
+            index = torch.tensor([p + [0] * (m - len(p)) for p in parents], dtype=torch.int64, device=device)
+            parent_states = torch.gather(states, 1, index[:, :, None].expand(-1, -1, states.shape[-1]))
+        if vocab_logits is None:
+            every = cand[:, offset + d - 1] if cand is not None else \
+                torch.arange(vocab, device=device).expand(b, vocab)
+            q = proposal_probs(warp, head.logits(block, offset + d, parent_states, every))   # [b, m, K]
+        else:
+            q = proposal_probs(warp, vocab_logits(block, offset + d, parent_states))         # [b, m, V]
+        for r in range(b):
+            for j, u in enumerate(parents[r]):
+                row_of[r][u] = len(slot_depth) + j
+        blocks.append(q)
+        slot_depth += [offset + d - 1] * m
         most = max(len(kids[r][u]) for r in range(b) for u in parents[r])
         drawn = _draw_without_replacement(q, min(most, k), generator).tolist()    # [b, m, most] candidate indices
-        positive = (q > 0).sum(-1).tolist()
+        # one child a parent: any proposal has a token of positive mass, nothing is cut (perf: no pass over q)
+        positive = (q > 0).sum(-1).tolist() if most > 1 else [[1] * m] * b
         child_parent, child_token, children = [], [], []
         for r in range(b):
-            probs[r, parents[r]] = q[r, : len(parents[r])]
             for j, u in enumerate(parents[r]):
-                picks = drawn[r][j] if cand_host is None else [cand_host[r][d - 1][i] for i in drawn[r][j]]
+                picks = drawn[r][j] if cand_host is None else [cand_host[r][offset + d - 1][i] for i in drawn[r][j]]
                 _place(tokens[r], keep[r], kids[r], u, picks, positive[r][j])
             rows = [(j, c) for j, u in enumerate(parents[r]) for c in kids[r][u] if keep[r][c] and kids[r][c]]
             children.append([c for _, c in rows])
@@ -325,32 +355,49 @@ def _draw_head(template: DraftTree, kids, depths, block: DraftBlock, head, warp:
         c = max(len(x) for x in children)
         if c == 0 or d == head_depths:            # no child has children of its own (a state is for its children)
             break
-        at = torch.tensor([x + [0] * (c - len(x)) for x in child_parent], dtype=torch.int64, device=states.device)
-        drawn_tokens = torch.tensor([x + [0] * (c - len(x)) for x in child_token], dtype=torch.int64,
-                                    device=states.device)
-        new = head.advance(block, d, torch.gather(parent_states, 1, at[:, :, None].expand(-1, -1, states.shape[-1])),
+        at = torch.tensor([x + [0] * (c - len(x)) for x in child_parent], dtype=torch.int64, device=device)
+        drawn_tokens = torch.tensor([x + [0] * (c - len(x)) for x in child_token], dtype=torch.int64, device=device)
+        new = head.advance(block, offset + d,
+                           torch.gather(parent_states, 1, at[:, :, None].expand(-1, -1, states.shape[-1])),
                            drawn_tokens)                                              # [b, c, S]
         for r in range(b):
             if children[r]:
                 states[r, children[r]] = new[r, : len(children[r])]
     if k == vocab:
-        deeper = [(r, u) for r in range(b) for u in range(n)
-                  if keep[r][u] and kids[r][u] and depths[r][u] >= head_depths]
-        if deeper:
-            rows = torch.tensor([r for r, _ in deeper], dtype=torch.int64, device=probs.device)
-            nodes = torch.tensor([u for _, u in deeper], dtype=torch.int64, device=probs.device)
-            at = torch.tensor([depths[r][u] for r, u in deeper], dtype=torch.int64, device=probs.device)
-            q = proposal_probs(warp, block.logits.detach()[rows, at])                       # [k, V]
-            probs[rows, nodes] = q
-            most = max(len(kids[r][u]) for r, u in deeper)
+        deeper = [[u for u in range(n) if keep[r][u] and kids[r][u] and depths[r][u] >= head_depths] for r in range(b)]
+        m = max(len(x) for x in deeper)
+        if m:
+            pairs = [(r, u) for r in range(b) for u in deeper[r]]
+            rows = torch.tensor([r for r, _ in pairs], dtype=torch.int64, device=device)
+            at = torch.tensor([depths[r][u] + offset for r, u in pairs], dtype=torch.int64, device=device)
+            q = proposal_probs(warp, block.logits.detach()[rows, at])                       # [pairs, V]
+            most = max(len(kids[r][u]) for r, u in pairs)
             drawn = _draw_without_replacement(q, min(most, vocab), generator).tolist()
-            positive = (q > 0).sum(-1).tolist()
-            for (r, u), row, count in zip(deeper, drawn, positive, strict=True):
+            positive = (q > 0).sum(-1).tolist() if most > 1 else [1] * len(pairs)
+            first = [0] * b                       # each row's pairs, then padding: a [b, m, V] block of rows
+            for i, (r, u) in enumerate(pairs):
+                row_of[r][u] = len(slot_depth) + first[r]
+                first[r] += 1
+            if b == 1:
+                blocks.append(q[None])
+            else:
+                starts = [0] * b
+                for r in range(1, b):
+                    starts[r] = starts[r - 1] + len(deeper[r - 1])
+                sel = torch.tensor([[starts[r] + min(j, max(len(deeper[r]) - 1, 0)) for j in range(m)]
+                                    for r in range(b)], dtype=torch.int64, device=device)
+                blocks.append(q[sel])
+            slot_depth += [PAD] * m
+            for (r, u), row, count in zip(pairs, drawn, positive, strict=True):
                 if keep[r][u]:                                   # not cut above (parents come first)
                     _place(tokens[r], keep[r], kids[r], u, row, count)
-        return tokens, keep, probs, None
-    support = torch.gather(cand, 1, template.depths.clamp(0, gamma - 1)[:, :, None].expand(-1, -1, k))
-    return tokens, keep, probs, support
+    width = k if k < vocab else vocab
+    probs = torch.cat(blocks, dim=1) if blocks else torch.zeros(b, 0, width, dtype=torch.float32, device=device)
+    if cand is None:
+        return tokens, keep, probs, None, row_of
+    support = cand[:, torch.tensor(slot_depth, dtype=torch.int64, device=device)] if slot_depth else \
+        torch.zeros(b, 0, k, dtype=torch.int64, device=device)
+    return tokens, keep, probs, support, row_of
 
 
 def accept_step(r: np.ndarray, s: np.ndarray, x: int) -> tuple[float, np.ndarray, np.ndarray]:
