@@ -291,8 +291,9 @@ def test_monte_carlo_of_one_round_catches_biased_verifiers(kind, monkeypatch):
     world, w = WORLDS["V4g2"], WARPS["T1"]
     if kind == "top-m":
         monkeypatch.setattr(rejection, "_draw_without_replacement", top_m)
-    else:
-        monkeypatch.setattr(rejection, "accept_step", biased_step)
+    else:                         # the verifier's residual (accept_step's second half), never updated
+        after = rejection._after_rejection
+        monkeypatch.setattr(rejection, "_after_rejection", lambda r, s, x: (r, after(r, s, x)[1]))
     stat, df = chi_square(sample_rounds(world, SHAPES["tree"], False, w, 1500, seed=11), target_joint(world, w))
     assert not within(stat, df), (stat, df)
 
