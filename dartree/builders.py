@@ -25,7 +25,6 @@ from dartree.scoring import NORMALIZE_CHOICES, Normalize
 from dartree.sequoia import DEFAULT_ACCEPTANCE, check_acceptance
 from dartree.timing import TimedHead, checked_head
 from dartree.tree import DraftTree, check_decodable
-from dartree.verify.rejection import HEAD_DEPTHS
 
 __all__ = ["ChainConfig", "TreeConfig", "PrunedConfig", "SequoiaConfig", "BuilderSpec", "TreeBuilder", "BUILDERS", "BACKENDS",
            "make_builder", "register_builder", "builder_spec", "checked_tree", "registered"]
@@ -144,17 +143,23 @@ class SequoiaConfig:
         drafter's at the depth; the head's along the path for ``corrected-sequoia``), so a node has at most
         ``min(topk, len(acceptance))`` children.
     normalize: ``"vocab"`` or ``"candidates"``.
-    head_depths: the depths at which the head proposes under the rejection verifier (``None``: every depth;
-        the drafter's marginals below); ignored without a head.  Default 2 (``HEAD_DEPTHS``): on the zoo at
-        T=1 (B=16, 8 + 8 prompts x 64 tokens, one thread, 2026-12-04) tau 2.30 / 2.31 / 2.34 at 2 / 3 / every
-        depth, at 0.74x / 0.73x / 0.69x AR: a deeper head call costs more than its acceptance gives back.
+    head_depths: the depths below a round's root at which the head proposes under the rejection verifier
+        (``None``: every depth; the drafter's marginals below); ignored without a head.  Default 3: on the zoo
+        at T=1 with reused blocks (B=12, 16 + 16 prompts x 64 tokens, one thread, 2026-12-04) tau 2.29 / 2.32 at
+        3 / every depth, 0.96x / 0.95x AR; fresh blocks alone (B=16) gave tau 2.30 / 2.31 / 2.34 at 2 / 3 / every
+        depth, 0.74x / 0.73x / 0.69x AR: a deeper head call costs about what its acceptance gives back.
+    reuse_depths: under the rejection verifier with a head and one live row, a drafted block serves the next
+        rounds too while at least this many of its depths are left below the round's root (the head proposes
+        along the committed path, the block's hidden states stay valid: ``docs/verification.md``); ``None``:
+        draft every round.  Default 4.
     """
 
     budget: int = 16
     acceptance: tuple[float, ...] = DEFAULT_ACCEPTANCE
     topk: int = 64
     normalize: Normalize = "candidates"
-    head_depths: int | None = HEAD_DEPTHS
+    head_depths: int | None = 3
+    reuse_depths: int | None = 4
 
     def __post_init__(self) -> None:
         _check_int(self, "budget", 1, MAX_NODES)
@@ -163,6 +168,8 @@ class SequoiaConfig:
         _check_normalize(self.normalize)
         if self.head_depths is not None:
             _check_int(self, "head_depths", 1)
+        if self.reuse_depths is not None:
+            _check_int(self, "reuse_depths", 1)
 
 
 BuildFn = Callable[[DraftBlock, "CorrectionHead | None", Any], DraftTree]

@@ -65,13 +65,6 @@ from dartree.verify.warp import Warp
 
 __all__ = ["Engine", "OneRow", "Verified"]
 
-#: block reuse under the rejection verifier (a Sequoia shape, a head, one live row); see Engine.step
-REUSE = True
-#: a kept block is reused while at least this many of its depths are left below the round's root
-REUSE_MIN_DEPTHS = 4
-#: the depths the head proposes at in a reused round (None: every depth; the block's stale marginals below)
-REUSE_HEAD_DEPTHS = None
-
 
 class OneRow:
     """A single-request drafter (the protocol of :mod:`dartree.decode`) as the one row of an engine, used
@@ -162,8 +155,8 @@ class Engine:
         self.static_shape = rejection and isinstance(config, SequoiaConfig) \
             and getattr(builder, "trusted", False)
         # block reuse (a static shape, a head, one live row): the next round's proposals come from the head along
-        # the committed path over the same block, until fewer than REUSE_MIN_DEPTHS of its depths are left
-        self.reuse = self.static_shape and head is not None and REUSE
+        # the committed path over the same block, until fewer than config.reuse_depths of its depths are left
+        self.reuse_depths = getattr(config, "reuse_depths", None) if self.static_shape and head is not None else None
         self._kept = None                    # the block being reused
         self._since: list[int] = []          # tokens committed after its root
         self._carry: Tensor | None = None    # the head's state after its root and the first _folded of them
@@ -230,7 +223,7 @@ class Engine:
         block = self._reusable()
         if block is None:
             block, draft_s = self.draft()
-            if self.reuse and len(self.live) == 1:
+            if self.reuse_depths is not None and len(self.live) == 1:
                 self._kept, self._since, self._carry, self._folded = block, [], None, 0
         else:
             draft_s = self.clock.lap()
@@ -239,7 +232,7 @@ class Engine:
     def _reusable(self):
         """The kept block if the next round reuses it, else ``None``."""
         block = self._kept
-        if block is None or len(self.live) != 1 or block.gamma - len(self._since) < REUSE_MIN_DEPTHS:
+        if block is None or len(self.live) != 1 or block.gamma - len(self._since) < self.reuse_depths:
             return None
         return block
 
@@ -262,11 +255,9 @@ class Engine:
         if self.verifier == "rejection":
             # the builder's shape, tokens drawn from its head's warped distribution over the whole vocabulary
             # along the sampled path at depths <= self.head_depths (builders with a head), else from the drafter's
-            carry, depths = None, self.head_depths
-            if offset:
-                carry, depths = self._carried(block, offset), REUSE_HEAD_DEPTHS
-            tree = sample_tree(tree, block, head, self.warp, self.generator, head_depths=depths, offset=offset,
-                               root_state=carry)
+            carry = self._carried(block, offset) if offset else None
+            tree = sample_tree(tree, block, head, self.warp, self.generator, head_depths=self.head_depths,
+                               offset=offset, root_state=carry)
         build_s = self.clock.lap()
         head_s, calls = (0.0, 0) if head is None else (head.take(), head.take_calls())
         return tree, (draft_s, build_s, head_s), calls

@@ -349,3 +349,42 @@ def test_proposal_top_p_is_the_nucleus_of_the_most_likely_tokens():
     assert ((got > 0).sum(-1) == NUCLEUS_CANDIDATES).all()
     torch.testing.assert_close(got.sum(-1), torch.ones(2))
     torch.testing.assert_close(proposal_probs(Warp(0.7), peaked), Warp(0.7).probs(peaked), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("head_depths", [None, 1])
+def test_a_reused_block_proposes_below_its_committed_tokens(head_depths):
+    """``offset``/``root_state``: a template rooted ``offset`` committed tokens below the block's root takes the
+    head's proposals at block depth ``offset + d`` from ``root_state`` along its sampled path, and the drafter's
+    marginals at block depth ``offset + d`` below ``head_depths``."""
+    gamma, offset = 4, 2
+    block = block_of(2, seed=8, gamma=gamma)
+    head = VocabHead()
+    committed = torch.tensor([[5, 9], [11, 2]])                     # the tokens after each row's block root
+    carry = head.initial_state(block)
+    for j in range(offset):
+        carry = head.advance(block, j + 1, carry[:, None], committed[:, j: j + 1])[:, 0]
+    template = make_builder("sequoia", "ref", budget=5, topk=3, acceptance=(0.5, 0.2, 0.1)).build(
+        DraftBlock(logits=block.logits[:, : gamma - offset], root=committed[:, -1]))
+    warp = Warp(1.0)
+    sampled = sample_tree(template, block, head, warp, torch.Generator().manual_seed(2), head_depths=head_depths,
+                          offset=offset, root_state=carry)
+    tree, every = sampled.tree, torch.arange(V)[None]
+    assert torch.equal(tree.tokens[:, 0], committed[:, -1])
+    for r in range(2):
+        one = DraftBlock(logits=block.logits[r: r + 1], root=block.root[r: r + 1])
+        for u, path_nodes in enumerate(tree.node_paths(r)):
+            if int(sampled.row_of[r, u]) == PAD:
+                continue
+            d = len(path_nodes) + 1
+            if head_depths is None or d <= head_depths:
+                state = carry[r: r + 1, None]
+                for depth, node in enumerate(path_nodes, start=1):
+                    state = head.advance(one, offset + depth, state, tree.tokens[r: r + 1, node][:, None])
+                want = warp.probs(head.logits(one, offset + d, state, every))[0, 0]
+            else:
+                want = warp.probs(block.logits[r, offset + d - 1])
+            torch.testing.assert_close(sampled.probs[r, sampled.row_of[r, u]], want)
+    with pytest.raises(ValueError, match=r"^root_state: "):
+        sample_tree(template, block, head, warp, offset=offset)
+    with pytest.raises(ValueError, match=r"^template: a node deeper than the block's gamma=4 \(offset 3\)"):
+        sample_tree(template, block, head, warp, offset=3, root_state=carry)
