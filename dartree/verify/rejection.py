@@ -149,10 +149,16 @@ def _draw_without_replacement(q: Tensor, m: int, generator: torch.Generator | No
     Shape: ``q`` float ``[..., V]`` -> int64 ``[..., m]``.
     """
     if m == 1:
-        cdf = q.double().cumsum(-1)
-        u = torch.rand((*cdf.shape[:-1], 1), generator=generator, dtype=torch.float64, device=cdf.device)
+        u = torch.rand((*q.shape[:-1], 1), generator=generator, dtype=torch.float64, device=q.device)
         # the first token whose cumulative mass exceeds u * total, a point kept below the total (u * total may
         # round up to it): never a token of mass 0, whose cumulative mass equals its predecessor's
+        if q.device.type == "cpu" and not q.requires_grad:
+            # perf (CPU): the same arithmetic in numpy, 4 calls of ~3 us instead of 7 torch ops of ~5 us
+            cdf = np.cumsum(q.numpy(), axis=-1, dtype=np.float64)
+            total = cdf[..., -1:]
+            point = np.minimum(u.numpy() * total, np.nextafter(total, 0.0))
+            return torch.from_numpy((cdf <= point).sum(axis=-1, keepdims=True))
+        cdf = q.double().cumsum(-1)
         total = cdf[..., -1:]
         point = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
         return torch.searchsorted(cdf, point, right=True)
