@@ -50,7 +50,7 @@ from dartree.rounds import (
     scored_rows,
     truncate,
 )
-from dartree.tree import DraftTree
+from dartree.tree import PAD, DraftTree
 from dartree.verify.accept import (
     VerifyResult,
     verify_greedy,
@@ -161,6 +161,7 @@ class Engine:
         self._since: list[int] = []          # tokens committed after its root
         self._carry: Tensor | None = None    # the head's state after its root and the first _folded of them
         self._folded = 0
+        self._sampled: SampledTree | None = None   # the round's sampled tree (its head states along the path)
         walks = (sampler is None or type(sampler) in (KeyedSampler, GeneratorSampler)) and target.device.type == "cpu"
         self.walk = WalkRows(walks and drafter is not None and not rejection and target.scores_rows_apart)
         self._accept: Callable[..., VerifyResult]
@@ -258,6 +259,7 @@ class Engine:
             carry = self._carried(block, offset) if offset else None
             tree = sample_tree(tree, block, head, self.warp, self.generator, head_depths=self.head_depths,
                                offset=offset, root_state=carry)
+            self._sampled = tree
         build_s = self.clock.lap()
         head_s, calls = (0.0, 0) if head is None else (head.take(), head.take_calls())
         return tree, (draft_s, build_s, head_s), calls
@@ -273,6 +275,19 @@ class Engine:
             self._carry = head.advance(block, self._folded + 1, self._carry[:, None], token)[:, 0]
             self._folded += 1
         return self._carry
+
+    def _adopt(self, accepted: list[int], kept: int) -> None:
+        """Take the head's state after the deepest committed node of the round's path that has one (the sampled
+        tree made it for that node's children) as the carried state: fewer ``advance`` calls in :meth:`_carried`.
+        ``accepted``: the path's nodes, root first (then ``PAD``); ``kept``: the tokens committed."""
+        sampled, before = self._sampled, len(self._since)
+        if sampled is None or sampled.states is None:
+            return
+        path = [u for u in accepted if u != PAD]
+        for j in range(min(len(path) - 1, kept), -1, -1):      # node path[j]'s state: after j committed tokens
+            if before + j > self._folded and bool(sampled.stated[0, path[j]]):
+                self._carry, self._folded = sampled.states[0, path[j]][None].clone(), before + j
+                return
 
     def verify(self, drafted: DraftTree | SampledTree, times: tuple[float, float, float], head_calls: int) -> Verified:
         """Stage 3: one target forward over every row's tree, then the decode's acceptance rule."""
@@ -330,6 +345,7 @@ class Engine:
             self.generated[q].extend(kept)
             if self._kept is not None:
                 if len(live) == 1:
+                    self._adopt(host[r][n: 2 * n], len(kept))
                     self._since += kept
                 else:
                     self._kept = None

@@ -199,3 +199,34 @@ def test_measure_acceptance_on_rejection_decodes():
     assert check_acceptance(got) == got and 1 <= len(got) <= 4
     chain = SpeculativeDecoder(model, drafter, make_builder("chain"))
     assert len(measure_acceptance(chain, prompts, 24, 1.0, sampler, min_tests=5)) == 1
+
+
+def test_the_carried_head_state_is_the_state_after_the_committed_tokens():
+    """Between reused rounds the engine carries the head's state after the kept block's root and the tokens
+    committed since (taken from the sampled tree's states where it has them, advanced for the rest): equal to
+    reading those tokens from the root, round after round."""
+    from dartree.decode import SpeculativeDecoder
+    from dartree.rounds import check_request
+    from dartree.testing import OracleDrafter
+    from dartree.verify import GeneratorSampler
+    from tests.test_decode import model_for
+
+    model = model_for("llama", "sdpa")
+    head = PathHashHead()
+    builder = make_builder("corrected-sequoia", budget=6, topk=3, acceptance=(0.5, 0.2), reuse_depths=1)
+    dec = SpeculativeDecoder(model, OracleDrafter(model, 8, demote=0.0, seed=4), builder, head)
+    req = check_request(dec.target, torch.tensor([3, 14, 15, 92]), 24, 1.0,
+                        GeneratorSampler(torch.Generator().manual_seed(1)), verifier="rejection")
+    engine = dec.engine(req, single=True)
+    engine.admit([req])
+    checked = 0
+    while engine.live:
+        engine.step()
+        block, since = engine._kept, list(engine._since)
+        if engine.live and engine._reusable() is not None and since:
+            want = head.initial_state(block)
+            for j, token in enumerate(since):
+                want = head.advance(block, j + 1, want[:, None], torch.tensor([[token]]))[:, 0]
+            assert torch.equal(engine._carried(block, len(since)), want)
+            checked += 1
+    assert checked >= 3

@@ -90,12 +90,16 @@ class SampledTree:
                  ``row_of[:, u]``.
         row_of:  int64 ``[b, n]`` (``PAD`` for a node without children).
         support: int64 ``[b, R, P]`` the token of each proposal entry, or ``None`` (``P == V``: entry = token).
+        states:  ``[b, n, S]`` the head's state after each node's path, where ``stated`` (bool ``[b, n]``) is
+                 set: the root and the nodes whose children the head proposed; ``None`` without a head.
     """
 
     tree: DraftTree
     probs: Tensor
     row_of: Tensor
     support: Tensor | None = None
+    states: Tensor | None = None
+    stated: Tensor | None = None
 
     def proposal(self, row: int, node: int, vocab: int) -> np.ndarray:
         """Node ``node``'s proposal over the whole vocabulary (float64, host)."""
@@ -231,6 +235,7 @@ def sample_tree(template: DraftTree, block: DraftBlock, head=None, warp: Warp | 
     deepest = max(depths[r][u] for r, c in enumerate(template.num_nodes.tolist()) for u in range(c))
     if deepest + offset > gamma:
         raise ValueError(f"template: a node deeper than the block's gamma={gamma} (offset {offset})")
+    states = stated = None
     if head is None:
         # q at each depth that has parents (perf: a filter's sort is per row): [b, D, V]
         probs = proposal_probs(warp, logits[:, offset: offset + max(1, deepest)])
@@ -238,10 +243,9 @@ def sample_tree(template: DraftTree, block: DraftBlock, head=None, warp: Warp | 
         tokens, keep = _draw_vocab(template, kids, depths, probs, generator)
         support = None
     else:
-        tokens, keep, probs, support, rows = _draw_head(template, kids, depths, block, head, warp, generator,
-                                                        vocab if topk is None else min(vocab, topk),
-                                                        gamma if head_depths is None else min(gamma, head_depths),
-                                                        offset, root_state)
+        tokens, keep, probs, support, rows, (states, stated) = _draw_head(
+            template, kids, depths, block, head, warp, generator, vocab if topk is None else min(vocab, topk),
+            gamma if head_depths is None else min(gamma, head_depths), offset, root_state)
         row_of = torch.tensor(rows, dtype=torch.int64, device=logits.device)
     # nodes without (kept) children point nowhere
     proposes = [[bool(kids[r][u]) and keep[r][u] for u in range(template.max_nodes)] for r in range(b)]
@@ -249,7 +253,7 @@ def sample_tree(template: DraftTree, block: DraftBlock, head=None, warp: Warp | 
     tree = DraftTree(tokens=torch.tensor(tokens, dtype=torch.int64, device=logits.device), parents=template.parents,
                      depths=template.depths, scores=template.scores, ranks=template.ranks,
                      num_nodes=template.num_nodes)
-    sampled = SampledTree(tree, probs, row_of, support)
+    sampled = SampledTree(tree, probs, row_of, support, states, stated)
     if all(all(k) for k in keep):
         return sampled
     mask = torch.tensor(keep, dtype=torch.bool, device=logits.device)
@@ -257,7 +261,10 @@ def sample_tree(template: DraftTree, block: DraftBlock, head=None, warp: Warp | 
     order = [[u for u in range(template.max_nodes) if keep[r][u]] for r in range(b)]
     width = max(len(o) for o in order)
     index = torch.tensor([o + [o[0]] * (width - len(o)) for o in order], dtype=torch.int64, device=logits.device)
-    return SampledTree(tree.select(mask), probs, torch.gather(row_of, 1, index), support)
+    if states is not None:
+        states = torch.gather(states, 1, index[:, :, None].expand(-1, -1, states.shape[-1]))
+        stated = torch.gather(stated, 1, index)
+    return SampledTree(tree.select(mask), probs, torch.gather(row_of, 1, index), support, states, stated)
 
 
 def _draw_vocab(template: DraftTree, kids, depths, probs: Tensor, generator) -> tuple[list, list]:
@@ -324,6 +331,7 @@ def _draw_head(template: DraftTree, kids, depths, block: DraftBlock, head, warp:
         root_state = head.initial_state(block)                             # [b, S]
     states = root_state.new_zeros((b, n, root_state.shape[-1]))
     states[:, 0] = root_state
+    stated = [[u == 0 for u in range(n)] for _ in range(b)]     # the nodes whose state is made (for children)
     for d in range(1, head_depths + 1):
         parents = [[u for u in range(n) if keep[r][u] and depths[r][u] == d - 1 and kids[r][u]] for r in range(b)]
         m = max(len(p) for p in parents)
@@ -369,6 +377,8 @@ def _draw_head(template: DraftTree, kids, depths, block: DraftBlock, head, warp:
         for r in range(b):
             if children[r]:
                 states[r, children[r]] = new[r, : len(children[r])]
+                for c in children[r]:
+                    stated[r][c] = True
     if k == vocab:
         deeper = [[u for u in range(n) if keep[r][u] and kids[r][u] and depths[r][u] >= head_depths] for r in range(b)]
         m = max(len(x) for x in deeper)
@@ -399,11 +409,12 @@ def _draw_head(template: DraftTree, kids, depths, block: DraftBlock, head, warp:
                     _place(tokens[r], keep[r], kids[r], u, row, count)
     width = k if k < vocab else vocab
     probs = torch.cat(blocks, dim=1) if blocks else torch.zeros(b, 0, width, dtype=torch.float32, device=device)
+    states_out = (states, torch.tensor(stated, dtype=torch.bool, device=device))
     if cand is None:
-        return tokens, keep, probs, None, row_of
+        return tokens, keep, probs, None, row_of, states_out
     support = cand[:, torch.tensor(slot_depth, dtype=torch.int64, device=device)] if slot_depth else \
         torch.zeros(b, 0, k, dtype=torch.int64, device=device)
-    return tokens, keep, probs, support, row_of
+    return tokens, keep, probs, support, row_of, states_out
 
 
 def accept_step(r: np.ndarray, s: np.ndarray, x: int) -> tuple[float, np.ndarray, np.ndarray]:
