@@ -39,6 +39,7 @@ from transformers.cache_utils import DynamicLayer
 from transformers.masking_utils import create_causal_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from dartree.models.hf_compat import cache_kwargs
 from dartree.models.kmajor import derived, exact_from, kmajor_allowed, kmajor_product, tensor_version
 from dartree.models.norms import rms_norm
 from dartree.models.rotary import rotate_heads
@@ -322,8 +323,8 @@ class LeanForward:
         base, config = self._base, self.config
         h = F.embedding(input_ids, base.embed_tokens.weight, base.embed_tokens.padding_idx)
         if attention_mask is None:
-            attention_mask = create_causal_mask(config=config, inputs_embeds=h, attention_mask=None, cache=cache,
-                                                position_ids=position_ids)
+            attention_mask = create_causal_mask(config=config, inputs_embeds=h, attention_mask=None,
+                                                position_ids=position_ids, **cache_kwargs(create_causal_mask, cache))
         rows_cos, rows_sin = self._rotary(h, position_ids)                  # [b, m, d]: one row per position
         cos, sin = rows_cos.unsqueeze(1), rows_sin.unsqueeze(1)
         b, m = input_ids.shape

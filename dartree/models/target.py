@@ -39,6 +39,7 @@ import torch
 from torch import Tensor, nn
 from transformers.cache_utils import Cache, DynamicCache, StaticCache
 
+from dartree.models.hf_compat import cache_kwargs
 from dartree.models.lean import LeanForward, lean_forward
 from dartree.tree import DraftTree
 from dartree.verify.cache import cache_layers, compact_tail, cut_cache, merge_rows, move_slots, select_rows
@@ -91,8 +92,8 @@ def _probe_equal(model: nn.Module, lean: LeanForward, capacity: int | None) -> s
     with torch.no_grad():
         theirs_cache, mine_cache = new_cache(), new_cache()
         for step, (x, pos, m) in enumerate(steps):
-            theirs = model(input_ids=x, position_ids=pos, attention_mask=m, cache=theirs_cache, use_cache=True,
-                           output_hidden_states=True)
+            theirs = model(input_ids=x, position_ids=pos, attention_mask=m, use_cache=True, output_hidden_states=True,
+                           **cache_kwargs(model.forward, theirs_cache))
             logits, hidden, _ = lean(x, pos, m, mine_cache, every)
             if not torch.equal(theirs.logits, logits):
                 return f"logits differ (forward {step})"
@@ -332,8 +333,8 @@ class HFTarget:
             input_ids=input_ids,
             position_ids=position_ids,
             attention_mask=attention_mask,
-            cache=self._cache,
             use_cache=True,
+            **cache_kwargs(self.model.forward, self._cache),
             output_hidden_states=bool(self.layer_ids) or root_only,
             **extra,
         )

@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from transformers.cache_utils import DynamicCache
 
 from dartree.block import DraftBlock
+from dartree.models.hf_compat import cache_kwargs
 from dartree.verify.sampling import KeyedSampler
 
 __all__ = ["OracleDrafter"]
@@ -119,7 +120,8 @@ class OracleDrafter:
         ids, offset = feed, self._fed
         for d in range(self.gamma):
             pos = torch.arange(offset, offset + ids.shape[1], device=self.device)[None]
-            logits = self.model(input_ids=ids, position_ids=pos, cache=self._cache, use_cache=True).logits[:, -1]
+            logits = self.model(input_ids=ids, position_ids=pos, use_cache=True,
+                                **cache_kwargs(self.model.forward, self._cache)).logits[:, -1]
             offset += ids.shape[1]
             nxt = self._pick(logits.float(), start + d)
             picks.append(nxt)

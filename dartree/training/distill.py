@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from dartree.models.hf_compat import cache_kwargs
 from dartree.training.common import log
 from dartree.training.data import load_data
 from dartree.training.target import load_target
@@ -53,12 +54,12 @@ def continue_prompts(model, prompts: torch.Tensor, new_tokens: int, sampled: boo
         return torch.multinomial(torch.softmax(logits.float(), dim=-1), 1, generator=gen)
 
     cache = DynamicCache(config=model.config)
-    out = model(input_ids=prompts, cache=cache, use_cache=True)
+    out = model(input_ids=prompts, use_cache=True, **cache_kwargs(model.forward, cache))
     tokens = [prompts, pick(out.logits[:, -1])]
     pos = prompts.shape[1]
     for _ in range(new_tokens - 1):
         position_ids = torch.full((prompts.shape[0], 1), pos, dtype=torch.int64)
-        out = model(input_ids=tokens[-1], position_ids=position_ids, cache=cache, use_cache=True)
+        out = model(input_ids=tokens[-1], position_ids=position_ids, use_cache=True, **cache_kwargs(model.forward, cache))
         tokens.append(pick(out.logits[:, -1]))
         pos += 1
     return torch.cat(tokens, dim=1)

@@ -119,12 +119,15 @@ def test_a_tie_with_the_budget_th_node_is_broken_by_rank_path() -> None:
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_triton_interpreter_bound_on_equals_off(seed: int) -> None:
-    """The Triton path (CUDA's; here under TRITON_INTERPRET=1) with the bound's early stop."""
+    """The Triton path (CUDA's; on the CPU under TRITON_INTERPRET=1, on a GPU with the block on it) with the
+    bound's early stop."""
     g = torch.Generator().manual_seed(seed)
     logits = random_logits(seed, (2, 5, 30), seed == 1)
     logits[..., 3] += 4.0 * seed
     block = DraftBlock(logits=logits, root=torch.randint(0, 30, (2,), generator=g))
     cfg = {"topk": 4, "width": 3, "budget": 4, "beta": -0.2, "normalize": "candidates"}
     ref = make_builder("dartree-pruned", backend="ref", **cfg).build(block, PathHashHead())
+    device = "cuda" if torch.cuda.is_available() else "cpu"     # real Triton kernels take device tensors
+    on_device = DraftBlock(logits=logits.to(device), root=block.root.to(device))
     for bound in (False, True):
-        assert_same_tree(ref, build(block, PathHashHead(), cfg, bound, "triton")[0])
+        assert_same_tree(ref, build(on_device, PathHashHead(), cfg, bound, "triton")[0].to("cpu"))
