@@ -47,7 +47,8 @@ def main() -> None:
         method = parse_method(text)
         builder = make_builder(method.builder, backend="fast", **method.config)
         head = bundle.heads[method.head] if builder.needs_head else None
-        decoders.append((text, SpeculativeDecoder(target, bundle.drafter, builder, head), method.verifier or "rejection"))
+        decoder = SpeculativeDecoder(target, bundle.drafter, builder, head)
+        decoders.append((text, decoder, method.verifier or "rejection"))
     generator = torch.Generator(device=args.device).manual_seed(args.seed)
     sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
     ar_tokens, ar_seconds = 0, 0.0

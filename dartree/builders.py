@@ -26,8 +26,8 @@ from dartree.sequoia import DEFAULT_ACCEPTANCE, check_acceptance
 from dartree.timing import TimedHead, checked_head
 from dartree.tree import DraftTree, check_decodable
 
-__all__ = ["ChainConfig", "TreeConfig", "PrunedConfig", "SequoiaConfig", "BuilderSpec", "TreeBuilder", "BUILDERS", "BACKENDS",
-           "make_builder", "register_builder", "builder_spec", "checked_tree", "registered"]
+__all__ = ["ChainConfig", "TreeConfig", "PrunedConfig", "SequoiaConfig", "BuilderSpec", "TreeBuilder", "BUILDERS",
+           "BACKENDS", "make_builder", "register_builder", "builder_spec", "checked_tree", "registered"]
 
 BACKENDS: tuple[str, ...] = ("ref", "fast")
 MAX_NODES = 1 << 14

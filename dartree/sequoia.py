@@ -19,9 +19,10 @@ once and cached.  Scores are float32 sums of ``log P_r`` along the path, and nod
 order of every builder (higher score first, then rank path; :func:`dartree.tree.rank_path_key`).
 
 Measured on the zoo at T=1 (2026-12-04, ``dartree-pruned`` B=16 with rejection, 8 + 8 prompts x 64 tokens):
-the builders' own shapes put 8-16 children on the root, whose siblings past the first are accepted 9% to
-0% of the times they are tested, while the first child of an accepted node is accepted about half of the
-time at every depth; so a deep first-child chain with a few siblings near the root accepts more.
+the builders' own shapes put 8-16 children on the root, whose siblings past the first are accepted in 9% to
+0% of the rounds that reach the root (18% to 0% of the times they are tested), while the first child of an
+accepted node is accepted about half of the time at every depth; so a deep first-child chain with a few
+siblings near the root accepts more.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from __future__ import annotations
 import functools
 import heapq
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,7 +38,7 @@ import numpy as np
 from dartree.tree import rank_path_key
 
 __all__ = ["DEFAULT_ACCEPTANCE", "RankShape", "rank_shape", "check_acceptance", "expected_accepted",
-           "acceptance_from_walks", "measure_acceptance"]
+           "acceptance_from_walks", "MIN_TESTS"]
 
 #: ``P_r``, the probability that the ``r``-th drawn child is the accepted one: the accepted-rank histogram of
 #: rejection walks on the zoo at T=1 (``dartree-pruned`` B=16 trees, the GRU head's proposals at depth 1; 233
@@ -62,7 +63,7 @@ def check_acceptance(value: object) -> tuple[float, ...]:
             or any(isinstance(x, bool) or not isinstance(x, int | float) for x in value):
         raise ValueError(f"acceptance: {allowed}; got {value!r}")
     probs = tuple(float(x) for x in value)
-    if not all(0.0 < x < 1.0 for x in probs) or any(b > a for a, b in zip(probs, probs[1:])) \
+    if not all(0.0 < x < 1.0 for x in probs) or any(b > a for a, b in zip(probs, probs[1:], strict=False)) \
             or math.fsum(probs) > 1.0 + 1e-9:
         raise ValueError(f"acceptance: {allowed}; got {value!r}")
     return probs
@@ -159,55 +160,3 @@ def acceptance_from_walks(walks: Iterable[tuple[int, int | None]], min_tests: in
         raise ValueError(f"walks: rank 0 was tested {tested[0]} times and accepted {accepted[0]} times; need at "
                          f"least min_tests={min_tests} tests and one acceptance (decode more prompts or tokens)")
     return tuple(out)
-
-
-def measure_acceptance(decoder, prompts: Sequence, max_new_tokens: int = 64, temperature: float = 1.0,
-                       sampler=None, min_tests: int = MIN_TESTS, ranks: int = 8, **warp) -> tuple[float, ...]:
-    """The accepted-rank histogram ``P_r`` of ``decoder``'s rejection decodes of ``prompts``: the ``acceptance``
-    of a Sequoia builder for this target, drafter and head at this temperature and warp (``top_k``, ``top_p``,
-    ``min_p``).  Sequoia measures it once per model pair and workload; this is that measurement.
-
-    ``decoder``: a :class:`~dartree.decode.SpeculativeDecoder` whose trees give nodes ``ranks`` children or more
-    (a probe: e.g. ``make_builder("corrected-sequoia", budget=32, acceptance=(0.12,) * 8)``, whose root has
-    8 children).  The rounds are the decoder's own (the stages of :class:`~dartree.engine.Engine`); each
-    visited node with children adds one walk to :func:`acceptance_from_walks`.
-
-    Shape: prompts: integer ``[L]`` or ``[1, L]`` tensors.
-    """
-    import torch
-
-    from dartree.rounds import check_request
-    from dartree.tree import PAD
-    from dartree.verify.rejection import SampledTree
-
-    walks: list[tuple[int, int | None]] = []
-    with torch.inference_mode():
-        for prompt in prompts:
-            req = check_request(decoder.target, prompt, max_new_tokens, temperature, sampler, verifier="rejection",
-                                **warp)
-            engine = decoder.engine(req, single=True)
-            engine.admit([req])
-            while engine.live:
-                engine.clock.lap()
-                block, draft_s = engine.draft()
-                drafted, times, calls = engine.build(block, draft_s)
-                verified = engine.verify(drafted, times, calls)
-                if isinstance(drafted, SampledTree):
-                    walks += _walk(drafted.tree.parents[0].tolist(), int(drafted.tree.num_nodes[0]),
-                                   [u for u in verified.result.accepted[0].tolist() if u != PAD])
-                engine.commit(verified)
-    return acceptance_from_walks(walks, min_tests, ranks)
-
-
-def _walk(parents: list[int], count: int, path: list[int]) -> list[tuple[int, int | None]]:
-    """One round's ``(children, accepted rank or None)`` per visited node with children (``path``: the
-    accepted nodes, root first; children in node order are the draw order)."""
-    kids: list[list[int]] = [[] for _ in range(count)]
-    for i in range(1, count):
-        kids[parents[i]].append(i)
-    out: list[tuple[int, int | None]] = []
-    for j, u in enumerate(path):
-        if kids[u]:
-            nxt = path[j + 1] if j + 1 < len(path) else None
-            out.append((len(kids[u]), None if nxt is None else kids[u].index(nxt)))
-    return out

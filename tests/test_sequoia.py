@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from dartree import DraftBlock, make_builder
+from dartree.eval.acceptance import measure_acceptance
 from dartree.eval.methods import parse_method
 from dartree.sequoia import (
     DEFAULT_ACCEPTANCE,
@@ -16,7 +17,6 @@ from dartree.sequoia import (
     acceptance_from_walks,
     check_acceptance,
     expected_accepted,
-    measure_acceptance,
     rank_shape,
 )
 from dartree.testing import PathHashHead

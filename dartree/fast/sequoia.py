@@ -104,6 +104,7 @@ def shape_tree(block: DraftBlock, config, gamma: int | None = None, roots: Tenso
     n = shape.num_nodes
     tokens = torch.zeros(b, n, dtype=torch.int64, device=device)
     tokens[:, 0] = block.root if roots is None else roots
-    return DraftTree(tokens=tokens, parents=parents.expand(b, -1).contiguous(), depths=depths.expand(b, -1).contiguous(),
+    return DraftTree(tokens=tokens, parents=parents.expand(b, -1).contiguous(),
+                     depths=depths.expand(b, -1).contiguous(),
                      scores=scores.expand(b, -1).contiguous(), ranks=ranks.expand(b, -1).contiguous(),
                      num_nodes=torch.full((b,), n, dtype=torch.int64, device=device))

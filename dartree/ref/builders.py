@@ -150,8 +150,8 @@ def _sequoia_tree(block: DraftBlock, head: CorrectionHead | None, config) -> Dra
                 if head is None:
                     order[u] = list(range(config.topk))
                 else:
-                    log_q = head_log_q(head, one, cands, r, depth, states[u][None])[0]
-                    order[u] = sorted(range(config.topk), key=lambda k, q=log_q.tolist(): (-q[k], k))
+                    q = head_log_q(head, one, cands, r, depth, states[u][None])[0].tolist()
+                    order[u] = sorted(range(config.topk), key=lambda k: (-q[k], k))
             k = order[u][rank]
             row_ranks.append(k)
             row_tokens.append(int(cands.tokens[r, depth - 1, k]))

@@ -59,7 +59,8 @@ def continue_prompts(model, prompts: torch.Tensor, new_tokens: int, sampled: boo
     pos = prompts.shape[1]
     for _ in range(new_tokens - 1):
         position_ids = torch.full((prompts.shape[0], 1), pos, dtype=torch.int64)
-        out = model(input_ids=tokens[-1], position_ids=position_ids, use_cache=True, **cache_kwargs(model.forward, cache))
+        out = model(input_ids=tokens[-1], position_ids=position_ids, use_cache=True,
+                    **cache_kwargs(model.forward, cache))
         tokens.append(pick(out.logits[:, -1]))
         pos += 1
     return torch.cat(tokens, dim=1)

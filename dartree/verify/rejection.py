@@ -313,7 +313,6 @@ def _draw_head(template: DraftTree, kids, depths, block: DraftBlock, head, warp:
     ``row_of`` (host ``[b][n]``: each parent's row, ``PAD`` elsewhere).
     """
     b, n = template.tokens.shape
-    gamma = block.logits.shape[1]
     vocab = block.logits.shape[-1]
     device = block.logits.device
     if k < vocab:
@@ -391,7 +390,7 @@ def _draw_head(template: DraftTree, kids, depths, block: DraftBlock, head, warp:
             drawn = _draw_without_replacement(q, min(most, vocab), generator).tolist()
             positive = (q > 0).sum(-1).tolist() if most > 1 else [1] * len(pairs)
             first = [0] * b                       # each row's pairs, then padding: a [b, m, V] block of rows
-            for i, (r, u) in enumerate(pairs):
+            for r, u in pairs:
                 row_of[r][u] = len(slot_depth) + first[r]
                 first[r] += 1
             if b == 1:

@@ -1,0 +1,65 @@
+"""The accepted-rank histogram of a decoder's rejection rounds: Sequoia's ``acceptance``, measured for a model pair.
+
+``measure_acceptance(decoder, prompts, ...)`` runs the decoder's own rounds (the stages of
+:class:`~dartree.engine.Engine`) with the rejection verifier and hands each visited node's outcome to
+:func:`dartree.sequoia.acceptance_from_walks` (``docs/builders.md``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from dartree.rounds import check_request
+from dartree.sequoia import MIN_TESTS, acceptance_from_walks
+from dartree.tree import PAD
+from dartree.verify.rejection import SampledTree
+
+__all__ = ["measure_acceptance"]
+
+
+def measure_acceptance(decoder, prompts: Sequence, max_new_tokens: int = 64, temperature: float = 1.0,
+                       sampler=None, min_tests: int = MIN_TESTS, ranks: int = 8, **warp) -> tuple[float, ...]:
+    """The accepted-rank histogram ``P_r`` of ``decoder``'s rejection decodes of ``prompts``: the ``acceptance``
+    of a Sequoia builder for this target, drafter and head at this temperature and warp (``top_k``, ``top_p``,
+    ``min_p``).  Sequoia measures it once per model pair and workload; this is that measurement.
+
+    ``decoder``: a :class:`~dartree.decode.SpeculativeDecoder` whose trees give nodes ``ranks`` children or more
+    (a probe: e.g. ``make_builder("corrected-sequoia", budget=32, acceptance=(0.12,) * 8)``, whose root has
+    8 children).  The rounds are the decoder's own (the stages of :class:`~dartree.engine.Engine`); each
+    visited node with children adds one walk to :func:`acceptance_from_walks`.
+
+    Shape: prompts: integer ``[L]`` or ``[1, L]`` tensors.
+    """
+    walks: list[tuple[int, int | None]] = []
+    with torch.inference_mode():
+        for prompt in prompts:
+            req = check_request(decoder.target, prompt, max_new_tokens, temperature, sampler, verifier="rejection",
+                                **warp)
+            engine = decoder.engine(req, single=True)
+            engine.admit([req])
+            while engine.live:
+                engine.clock.lap()
+                block, draft_s = engine.draft()
+                drafted, times, calls = engine.build(block, draft_s)
+                verified = engine.verify(drafted, times, calls)
+                if isinstance(drafted, SampledTree):
+                    walks += _walk(drafted.tree.parents[0].tolist(), int(drafted.tree.num_nodes[0]),
+                                   [u for u in verified.result.accepted[0].tolist() if u != PAD])
+                engine.commit(verified)
+    return acceptance_from_walks(walks, min_tests, ranks)
+
+
+def _walk(parents: list[int], count: int, path: list[int]) -> list[tuple[int, int | None]]:
+    """One round's ``(children, accepted rank or None)`` per visited node with children (``path``: the
+    accepted nodes, root first; children in node order are the draw order)."""
+    kids: list[list[int]] = [[] for _ in range(count)]
+    for i in range(1, count):
+        kids[parents[i]].append(i)
+    out: list[tuple[int, int | None]] = []
+    for j, u in enumerate(path):
+        if kids[u]:
+            nxt = path[j + 1] if j + 1 < len(path) else None
+            out.append((len(kids[u]), None if nxt is None else kids[u].index(nxt)))
+    return out
