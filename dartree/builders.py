@@ -150,8 +150,8 @@ class SequoiaConfig:
         depth, 0.74x / 0.73x / 0.69x AR: a deeper head call costs about what its acceptance gives back.
     reuse_depths: under the rejection verifier with a head and one live row, a drafted block serves the next
         rounds too while at least this many of its depths are left below the round's root (the head proposes
-        along the committed path, the block's hidden states stay valid: ``docs/verification.md``); ``None``:
-        draft every round.  Default 2: on the zoo at T=1 (B=10, 16 + 16 prompts x 64 tokens, one thread,
+        along the committed path, the block's hidden states stay valid: ``docs/verification.md``); ``0``: draft
+        every round.  Default 2: on the zoo at T=1 (B=10, 16 + 16 prompts x 64 tokens, one thread,
         2026-12-04) 1.02x / 1.00x / 0.96x AR at 2 / 3 / 4 in one run, 0.99x / 0.98x at 2 / 4 in another.
     """
 
@@ -160,7 +160,7 @@ class SequoiaConfig:
     topk: int = 64
     normalize: Normalize = "candidates"
     head_depths: int | None = 3
-    reuse_depths: int | None = 2
+    reuse_depths: int = 2
 
     def __post_init__(self) -> None:
         _check_int(self, "budget", 1, MAX_NODES)
@@ -169,8 +169,7 @@ class SequoiaConfig:
         _check_normalize(self.normalize)
         if self.head_depths is not None:
             _check_int(self, "head_depths", 1)
-        if self.reuse_depths is not None:
-            _check_int(self, "reuse_depths", 1)
+        _check_int(self, "reuse_depths", 0)
 
 
 BuildFn = Callable[[DraftBlock, "CorrectionHead | None", Any], DraftTree]

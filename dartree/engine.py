@@ -156,7 +156,7 @@ class Engine:
             and getattr(builder, "trusted", False)
         # block reuse (a static shape, a head, one live row): the next round's proposals come from the head along
         # the committed path over the same block, until fewer than config.reuse_depths of its depths are left
-        self.reuse_depths = getattr(config, "reuse_depths", None) if self.static_shape and head is not None else None
+        self.reuse_depths = getattr(config, "reuse_depths", 0) if self.static_shape and head is not None else 0
         self._kept = None                    # the block being reused
         self._since: list[int] = []          # tokens committed after its root
         self._carry: Tensor | None = None    # the head's state after its root and the first _folded of them
@@ -224,7 +224,7 @@ class Engine:
         block = self._reusable()
         if block is None:
             block, draft_s = self.draft()
-            if self.reuse_depths is not None and len(self.live) == 1:
+            if self.reuse_depths and len(self.live) == 1:
                 self._kept, self._since, self._carry, self._folded = block, [], None, 0
         else:
             draft_s = self.clock.lap()

@@ -54,18 +54,19 @@ def check_acceptance(value: object) -> tuple[float, ...]:
     """
     allowed = ("expected P_r for r = 0, 1, ...: numbers in (0, 1), non-increasing, summing to at most 1, "
                "as a tuple or as a string like '0.5/0.2/0.1'")
+    given = value
     if isinstance(value, str):
         try:
             value = tuple(float(x) for x in value.split("/"))
         except ValueError:
-            raise ValueError(f"acceptance: {allowed}; got {value!r}") from None
+            raise ValueError(f"acceptance: {allowed}; got {given!r}") from None
     if not isinstance(value, tuple | list) or not value \
             or any(isinstance(x, bool) or not isinstance(x, int | float) for x in value):
-        raise ValueError(f"acceptance: {allowed}; got {value!r}")
+        raise ValueError(f"acceptance: {allowed}; got {given!r}")
     probs = tuple(float(x) for x in value)
     if not all(0.0 < x < 1.0 for x in probs) or any(b > a for a, b in zip(probs, probs[1:], strict=False)) \
             or math.fsum(probs) > 1.0 + 1e-9:
-        raise ValueError(f"acceptance: {allowed}; got {value!r}")
+        raise ValueError(f"acceptance: {allowed}; got {given!r}")
     return probs
 
 

@@ -160,7 +160,7 @@ def test_under_rejection_only_the_shape_is_built():
 
     model = model_for("llama", "sdpa")
     prompt = torch.tensor([3, 14, 15, 92])
-    builder = make_builder("corrected-sequoia", budget=8, topk=4, head_depths=1, reuse_depths=None)
+    builder = make_builder("corrected-sequoia", budget=8, topk=4, head_depths=1, reuse_depths=0)
     dec = SpeculativeDecoder(model, OracleDrafter(model, GAMMA, demote=0.3, seed=1), builder, Counting())
     sampler = GeneratorSampler(torch.Generator().manual_seed(0))
     out = dec.generate(prompt, 10, temperature=1.0, sampler=sampler, verifier="rejection")
