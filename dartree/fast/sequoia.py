@@ -20,7 +20,7 @@ from dartree.fast.core import candidate_set
 from dartree.fast.heads import check_logits_finite, head_advance, head_initial, head_logits
 from dartree.scoring import log_normalize
 from dartree.sequoia import RankShape, rank_shape
-from dartree.tree import DraftTree
+from dartree.tree import PAD, DraftTree
 
 __all__ = ["sequoia", "corrected_sequoia", "shape_tree"]
 
@@ -93,7 +93,8 @@ def corrected_sequoia(block: DraftBlock, head: CorrectionHead, config) -> DraftT
 
 def shape_tree(block: DraftBlock, config, gamma: int | None = None, roots: Tensor | None = None) -> DraftTree:
     """The shape alone, for a verifier that redraws every draft token (``rejection``): the root's token, the
-    drafted slots token 0 (``ranks`` are sibling ranks).  No candidate selection, no head call.  ``gamma``:
+    drafted slots ``PAD`` until :func:`~dartree.verify.rejection.sample_tree` draws theirs (``ranks`` are sibling
+    ranks).  No candidate selection, no head call.  ``gamma``:
     the depths it may use (default the block's); ``roots``: int64 ``[b]`` root tokens (default the block's).
 
     Shape: ``[b, n]``, ``n = rank_shape(config.budget, gamma, config.acceptance[:topk]).num_nodes``.
@@ -102,7 +103,7 @@ def shape_tree(block: DraftBlock, config, gamma: int | None = None, roots: Tenso
     shape = rank_shape(config.budget, block.gamma if gamma is None else gamma, config.acceptance[: config.topk])
     parents, depths, ranks, scores, _ = _layout(shape, device)
     n = shape.num_nodes
-    tokens = torch.zeros(b, n, dtype=torch.int64, device=device)
+    tokens = torch.full((b, n), PAD, dtype=torch.int64, device=device)
     tokens[:, 0] = block.root if roots is None else roots
     return DraftTree(tokens=tokens, parents=parents.expand(b, -1).contiguous(),
                      depths=depths.expand(b, -1).contiguous(),
