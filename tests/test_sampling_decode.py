@@ -68,21 +68,32 @@ def test_rejection_decoding_follows_the_target_distribution(name):
     builder, head = builder_and_head(name)
     drafter = OracleDrafter(model, GAMMA, demote=0.5, seed=4)
     dec = SpeculativeDecoder(model, drafter, builder, head)
-    sampler = GeneratorSampler(torch.Generator().manual_seed(5))
-    counts: dict[tuple[int, ...], int] = {}
-    accepted = 0
     draws = 300
+    counts, rounds = _sampled_outputs(dec, draws, 3, seed=5)
+    assert sum(r.accepted_length for r in rounds) > draws // 4     # the rounds do accept sampled drafts
+    stat = _chi_square(counts, joint, draws)
+    assert stat < 3 * (len(joint) - 1), stat                       # df <= 26: far past the 1e-6 quantile
+
+
+def _sampled_outputs(dec, draws: int, length: int, seed: int) -> tuple[dict[tuple[int, ...], int], list]:
+    """How often each ``length``-token output came out of ``draws`` rejection decodes (T=1, top-k 3), and every
+    round of them."""
+    sampler = GeneratorSampler(torch.Generator().manual_seed(seed))
+    counts: dict[tuple[int, ...], int] = {}
+    rounds: list = []
     for _ in range(draws):
-        out = dec.generate(PROMPT, 3, temperature=1.0, sampler=sampler, top_k=3, verifier="rejection")
+        out = dec.generate(PROMPT, length, temperature=1.0, sampler=sampler, top_k=3, verifier="rejection")
         key = tuple(out.tokens[0].tolist())
         counts[key] = counts.get(key, 0) + 1
-        accepted += sum(r.accepted_length for r in out.rounds)
-    assert accepted > draws // 4                                   # the rounds do accept sampled drafts
+        rounds += out.rounds
+    return counts, rounds
+
+
+def _chi_square(counts: dict[tuple[int, ...], int], joint: dict[tuple[int, ...], float], draws: int) -> float:
     assert set(counts) <= set(joint)                               # nothing outside the warped support
     expected = np.array([draws * joint[k] for k in joint])
     got = np.array([counts.get(k, 0) for k in joint])
-    stat = float(((got - expected) ** 2 / expected).sum())
-    assert stat < 3 * (len(joint) - 1), stat                       # df <= 26: far past the 1e-6 quantile
+    return float(((got - expected) ** 2 / expected).sum())
 
 
 def test_rejection_with_reused_blocks_follows_the_target_distribution():
@@ -101,20 +112,10 @@ def test_rejection_with_reused_blocks_follows_the_target_distribution():
 
     builder = dartree.make_builder("corrected-sequoia", budget=4, topk=3, acceptance=(0.5, 0.2), reuse_depths=1)
     dec = SpeculativeDecoder(model, Counting(model, 8, demote=0.0, seed=4), builder, PathHashHead())
-    sampler = GeneratorSampler(torch.Generator().manual_seed(6))
-    counts: dict[tuple[int, ...], int] = {}
-    rounds = 0
     draws = 400
-    for _ in range(draws):
-        out = dec.generate(PROMPT, 4, temperature=1.0, sampler=sampler, top_k=3, verifier="rejection")
-        key = tuple(out.tokens[0].tolist())
-        counts[key] = counts.get(key, 0) + 1
-        rounds += out.num_rounds
-    assert len(drafts) < rounds * 0.8                              # most rounds reused a block
-    assert set(counts) <= set(joint)
-    expected = np.array([draws * joint[k] for k in joint])
-    got = np.array([counts.get(k, 0) for k in joint])
-    stat = float(((got - expected) ** 2 / expected).sum())
+    counts, rounds = _sampled_outputs(dec, draws, 4, seed=6)
+    assert len(drafts) < len(rounds) * 0.8                         # most rounds reused a block
+    stat = _chi_square(counts, joint, draws)
     assert stat < 2 * (len(joint) - 1), stat                       # df <= 80: far past the 1e-6 quantile
 
 
