@@ -14,7 +14,10 @@ are skipped and ``verify`` is one causal step per row).  How a decode verifies i
 the engine is made (:attr:`Engine.verifier`): ``"greedy"`` at T=0; at T>0 ``"match"`` (exact
 target-sample matching: keyed draws give output equal to AR token for token) or ``"rejection"`` (trees
 sampled from the head's or the drafter's distribution, recursive rejection sampling: AR's law,
-:mod:`dartree.verify.rejection`).  The target owns its
+:mod:`dartree.verify.rejection`).  Under ``"rejection"`` a Sequoia builder's tree is its static shape, and
+with a head and one live row ``step`` may skip ``draft``: the kept block serves the round, the head proposing
+from its state after the tokens committed since (block reuse, ``SequoiaConfig.reuse_depths``,
+docs/verification.md).  The target owns its
 cache (:class:`~dartree.models.target.HFTarget`: rows of any lengths), so the engine uses only its
 public methods.
 
