@@ -150,9 +150,10 @@ class Engine:
         rejection = self.verifier == "rejection"
         self.generator = getattr(sampler, "generator", None) if rejection else None
         # under rejection only a tree's shape is kept: a Sequoia builder's is static, so its tokens (candidates,
-        # and for corrected-sequoia a head call and a sort per depth) are skipped (perf: 0.4 ms of a round of
-        # ~13 ms on the zoo at B=16), and its config says where the head proposes; every other builder's head
-        # proposes at depths <= HEAD_DEPTHS
+        # and for corrected-sequoia a head call and a sort per depth) are skipped (perf: the builder stage of
+        # corrected-sequoia B=16 at T=1 on the zoo, 1.55 -> 1.20 ms a round, two runs minutes apart, not side by
+        # side), and its config says where the head proposes; every other builder's head proposes at depths
+        # <= HEAD_DEPTHS
         config = getattr(builder, "config", None)
         self.head_depths = getattr(config, "head_depths", HEAD_DEPTHS)
         self.static_shape = rejection and isinstance(config, SequoiaConfig) \
@@ -262,7 +263,7 @@ class Engine:
             carry = self._carried(block, offset) if offset else None
             tree = sample_tree(tree, block, head, self.warp, self.generator, head_depths=self.head_depths,
                                offset=offset, root_state=carry)
-            self._sampled = tree
+            self._sampled = tree if self._kept is not None else None     # its head states, for _adopt
         build_s = self.clock.lap()
         head_s, calls = (0.0, 0) if head is None else (head.take(), head.take_calls())
         return tree, (draft_s, build_s, head_s), calls
@@ -287,8 +288,9 @@ class Engine:
         if sampled is None or sampled.states is None:
             return
         path = [u for u in accepted if u != PAD]
+        stated = sampled.stated[0].tolist()       # one host read a round (a host list on the CPU already)
         for j in range(min(len(path) - 1, kept), -1, -1):      # node path[j]'s state: after j committed tokens
-            if before + j > self._folded and bool(sampled.stated[0, path[j]]):
+            if before + j > self._folded and stated[path[j]]:
                 self._carry, self._folded = sampled.states[0, path[j]][None].clone(), before + j
                 return
 
