@@ -264,7 +264,10 @@ def sample_tree(template: DraftTree, block: DraftBlock, head=None, warp: Warp | 
     if states is not None:
         states = torch.gather(states, 1, index[:, :, None].expand(-1, -1, states.shape[-1]))
         stated = torch.gather(stated, 1, index)
-    return SampledTree(tree.select(mask), probs, torch.gather(row_of, 1, index), support, states, stated)
+    kept = tree.select(mask)
+    valid = torch.arange(width, device=logits.device)[None] < kept.num_nodes[:, None]
+    row_of = torch.where(valid, torch.gather(row_of, 1, index), torch.full_like(index, PAD))   # padding: no row
+    return SampledTree(kept, probs, row_of, support, states, stated)
 
 
 def _draw_vocab(template: DraftTree, kids, depths, probs: Tensor, generator) -> tuple[list, list]:
@@ -399,7 +402,8 @@ def _draw_head(template: DraftTree, kids, depths, block: DraftBlock, head, warp:
                 starts = [0] * b
                 for r in range(1, b):
                     starts[r] = starts[r - 1] + len(deeper[r - 1])
-                sel = torch.tensor([[starts[r] + min(j, max(len(deeper[r]) - 1, 0)) for j in range(m)]
+                # a row's padding repeats its last pair; a row with no pair points at pair 0 (never read)
+                sel = torch.tensor([[starts[r] + min(j, len(deeper[r]) - 1) if deeper[r] else 0 for j in range(m)]
                                     for r in range(b)], dtype=torch.int64, device=device)
                 blocks.append(q[sel])
             slot_depth += [PAD] * m

@@ -388,3 +388,20 @@ def test_a_reused_block_proposes_below_its_committed_tokens(head_depths):
         sample_tree(template, block, head, warp, offset=offset)
     with pytest.raises(ValueError, match=r"^template: a node deeper than the block's gamma=4 \(offset 3\)"):
         sample_tree(template, block, head, warp, offset=3, root_state=carry)
+
+
+@pytest.mark.parametrize("deep_row", [0, 1, 2])
+def test_drafter_proposals_below_head_depths_when_some_rows_have_none(deep_row):
+    """Past ``head_depths`` the drafter proposes; a batch where only one row has a node that deep (the others'
+    trees stop above it) draws and stores that row's proposals, and every other row is left alone (this
+    indexed past the pairs: ``generate_batch`` at T=1 with ``dartree-pruned`` and a head raised IndexError)."""
+    block = block_of(3, seed=11)
+    deep = ([block.root[deep_row].item(), 1, 2, 3], [-1, 0, 1, 2])                # a chain to depth 3
+    shallow = [([int(block.root[r]), 4, 5], [-1, 0, 0]) for r in range(3)]      # two children of the root
+    rows = [deep if r == deep_row else shallow[r] for r in range(3)]
+    template = make_tree(rows)
+    sampled = sample_tree(template, block, PathHashHead(), Warp(1.0), torch.Generator().manual_seed(0),
+                          head_depths=1)
+    check_sampled(sampled, template, block)
+    r, u = deep_row, 2                                       # the chain's depth-2 node proposes its child
+    torch.testing.assert_close(sampled.probs[r, sampled.row_of[r, u]], Warp(1.0).probs(block.logits[r, 2]))
