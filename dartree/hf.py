@@ -7,14 +7,16 @@ criteria) and the keyword arguments the callable declares beyond ``_sample``'s: 
 ``head``, ``verifier``, ``sampler`` and ``stream``. The decode is dartree's own
 (:meth:`dartree.SpeculativeDecoder.generate`; several prompts: ``generate_batch`` on the unpadded rows), so
 its output is what ``model.generate`` returns: greedy equal to HF's greedy token for token; with
-``do_sample=True`` the warpers HF would apply (temperature, top-k, top-p, min-p, HF's defaults included:
-``top_k=50`` unless set) define the distribution, verified by ``verifier`` (``None``: dartree's default).
+``do_sample=True`` the warpers HF hands over (temperature, top-k, top-p, min-p: the config's, HF's defaults
+included, ``top_k=50`` unless set, and a caller's ``logits_processor`` warpers, in HF's order) define the
+distribution, verified by ``verifier`` (``None``: dartree's default).
 
 What is honoured: ``max_new_tokens`` / ``max_length``, ``eos_token_id`` (one or several; rows that end pad
 with ``pad_token_id``, as HF pads), ``do_sample`` and the warpers above, a streamer passed as ``stream=`` (its
 ``put`` gets the prompt, then each round's new tokens; batch of one), ``return_dict_in_generate``
 (``sequences`` only), left-padded batches with an ``attention_mask``. Anything that changes the distribution
-in other ways (a repetition penalty, bad words, ``logits_processor=``, stop strings, beams, ``output_scores``)
+in other ways (a repetition penalty, bad words, other ``logits_processor=`` entries, stop strings, beams,
+``output_scores``)
 is refused with one error naming it: tree verification would have to apply it at every node of every path,
 which this loop does not.
 
@@ -66,7 +68,7 @@ def _check(generation_config, logits_processor, stopping_criteria) -> None:
         if getattr(generation_config, flag, False):
             raise ValueError(f"{flag}: not available from dartree.hf.generate (it returns sequences only); allowed: "
                              f"False")
-    others = [type(p).__name__ for p in (logits_processor or []) if not isinstance(p, _WARPERS)]
+    others = [type(p).__name__ for p in (logits_processor or []) if type(p) not in _WARPERS]
     if others:
         raise ValueError(f"logits_processor: dartree.hf.generate applies temperature, top_k, top_p and min_p only; "
                          f"these would change the distribution at every tree node: {others}")
@@ -74,6 +76,45 @@ def _check(generation_config, logits_processor, stopping_criteria) -> None:
     if stops:
         raise ValueError(f"stopping_criteria: dartree.hf.generate stops at max_new_tokens / max_length and "
                          f"eos_token_id only; got {stops}")
+
+
+def _warp_options(logits_processor) -> dict[str, Any]:
+    """The sampling options of the warpers HF hands over, applied in the list's order (transformers 5.x puts
+    a caller's ``logits_processor`` before the config's warpers).
+
+    dartree's :class:`~dartree.verify.warp.Warp` applies temperature, top-k, top-p, min-p in that order. A list
+    reduces to it when each top-k stands before any top-p / min-p (top-k commutes with a temperature; two
+    top-k keep the smaller), the temperatures stand before any top-p / min-p (several multiply), and top-p /
+    min-p appear at most once each, in that order. Any other list, or a setting a ``Warp`` cannot express
+    (``filter_value`` other than ``-inf``, ``min_tokens_to_keep`` > 1 for top-p / min-p), is refused rather
+    than sampled from another distribution.
+    """
+    options: dict[str, Any] = {"temperature": 1.0, "top_k": None, "top_p": None, "min_p": None}
+    names = [type(p).__name__ for p in logits_processor or []]
+    filtered = []                                   # the top-p / min-p met so far, in order
+    for p in logits_processor or []:
+        if getattr(p, "filter_value", float("-inf")) != float("-inf") or (
+                not isinstance(p, TopKLogitsWarper) and getattr(p, "min_tokens_to_keep", 1) != 1):
+            raise ValueError(f"logits_processor: {type(p).__name__} with filter_value={p.filter_value} and "
+                             f"min_tokens_to_keep={p.min_tokens_to_keep}; allowed: filter_value=-inf, "
+                             f"min_tokens_to_keep=1 (top-k: any)")
+        kind = type(p)
+        if filtered and (kind in (TemperatureLogitsWarper, TopKLogitsWarper) or kind in filtered
+                         or (kind is TopPLogitsWarper and MinPLogitsWarper in filtered)):
+            raise ValueError(f"logits_processor: {names} is not one temperature, top-k, top-p, min-p sampler "
+                             f"(a temperature or top-k after a top-p / min-p, a top-p after a min-p, or either "
+                             f"twice); pass the warpers as generate's temperature/top_k/top_p/min_p instead")
+        if kind is TemperatureLogitsWarper:
+            options["temperature"] *= float(p.temperature)
+        elif kind is TopKLogitsWarper:               # HF stores max(top_k, min_tokens_to_keep)
+            options["top_k"] = int(p.top_k) if options["top_k"] is None else min(options["top_k"], int(p.top_k))
+        else:
+            filtered.append(kind)
+            if kind is TopPLogitsWarper:
+                options["top_p"] = float(p.top_p) if p.top_p < 1.0 else None
+            else:
+                options["min_p"] = float(p.min_p)
+    return options
 
 
 def generate(model, input_ids: Tensor, logits_processor=None, stopping_criteria=None, generation_config=None,
@@ -106,13 +147,10 @@ def generate(model, input_ids: Tensor, logits_processor=None, stopping_criteria=
     pad = generation_config._pad_token_tensor
     options: dict[str, Any] = {}
     temperature = 0.0
-    if generation_config.do_sample:
-        temperature = float(generation_config.temperature if generation_config.temperature is not None else 1.0)
-        top_k = generation_config.top_k
-        options = {"top_k": top_k or None, "top_p": generation_config.top_p, "min_p": generation_config.min_p,
-                   "verifier": verifier}
-        if options["top_p"] is not None and options["top_p"] >= 1.0:
-            options["top_p"] = None
+    if generation_config.do_sample:        # the warpers HF would apply, read from the list it hands over
+        options = _warp_options(logits_processor)
+        temperature = options.pop("temperature")
+        options["verifier"] = verifier
         sampler = sampler or GeneratorSampler()
     decoder = _decoder(model, drafter, builder, head)
     mask = model_kwargs.get("attention_mask")

@@ -99,3 +99,64 @@ def test_errors_name_the_argument(kwargs, field):
                 drafter=OracleDrafter(model, GAMMA), builder=make_builder("chain")) | kwargs
     with pytest.raises(ValueError, match=field):
         model.generate(torch.tensor([[3, 14, 15]]), **args)
+
+
+def _sampled_tokens(model, ids, seed, **kwargs):
+    torch.manual_seed(seed)
+    return model.generate(ids, max_new_tokens=6, do_sample=True, pad_token_id=0, **kwargs)[0, ids.shape[1]:]
+
+
+def test_a_callers_warpers_define_the_distribution():
+    """``logits_processor=[TopKLogitsWarper(3)]`` replaces HF's default top-k (50): every sampled token is among
+    the target's top 3 at its position, as with HF's own sampler; ``top_p=0`` keeps the top token (greedy), as
+    HF's ``TopPLogitsWarper`` does; warpers out of HF's order are refused by name."""
+    from transformers.generation.logits_process import (
+        LogitsProcessorList,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+    model = model_for("llama", "sdpa")
+    drafter = OracleDrafter(model, GAMMA, demote=0.3, seed=1)
+    ours = dict(custom_generate=dartree.hf.generate, drafter=drafter, builder=make_builder("ddtree", budget=8))
+    ids = torch.tensor([[3, 14, 15]])
+    for seed in range(6):
+        got = _sampled_tokens(model, ids, seed, logits_processor=LogitsProcessorList([TopKLogitsWarper(3)]),
+                              temperature=1.5, **ours)
+        prefix = torch.cat([ids[0], got])
+        with torch.no_grad():
+            logits = model(prefix[None]).logits[0, ids.shape[1] - 1: -1]
+        top3 = logits.topk(3, dim=-1).indices
+        assert (top3 == got[:, None]).any(-1).all(), (seed, got.tolist())
+    greedy = model.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0)[0, ids.shape[1]:]
+    assert _sampled_tokens(model, ids, 0, top_p=0.0, **ours).tolist() == greedy.tolist()
+    assert _sampled_tokens(model, ids, 0, top_p=0.0).tolist() == greedy.tolist()        # HF's own: the same
+    after_top_p = LogitsProcessorList([TopPLogitsWarper(0.9), TemperatureLogitsWarper(0.5)])
+    with pytest.raises(ValueError, match="logits_processor"):
+        _sampled_tokens(model, ids, 0, logits_processor=after_top_p, **ours)
+
+
+def test_the_warpers_hf_hands_over_reduce_to_one_warp_with_their_law():
+    """Each list the reduction accepts gives the distribution HF's own list gives (to float rounding), and
+    each it refuses is one a ``Warp`` cannot express."""
+    from transformers.generation.logits_process import (
+        LogitsProcessorList,
+        MinPLogitsWarper,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    from dartree.hf import _warp_options
+    from dartree.verify.warp import Warp
+    t, k, p, m = TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper, MinPLogitsWarper
+    scores = torch.randn(4, 50, generator=torch.Generator().manual_seed(0)) * 3
+    for procs in ([k(3), t(1.5), k(50)], [t(0.7), k(20), p(0.8), m(0.1)], [k(9), t(2.0), t(0.5), p(0.0)],
+                  [p(0.9)], [m(0.3)], []):
+        options = _warp_options(procs)
+        want = LogitsProcessorList(procs)(None, scores.clone()).softmax(-1)
+        torch.testing.assert_close(Warp(**options).probs(scores), want, rtol=1e-5, atol=1e-7)
+    for procs in ([p(0.9), t(0.5)], [m(0.1), k(3)], [m(0.1), p(0.9)], [p(0.9), p(0.8)], [p(0.9, min_tokens_to_keep=2)],
+                  [k(3, filter_value=-1e4)]):
+        with pytest.raises(ValueError, match="logits_processor"):
+            _warp_options(procs)

@@ -126,7 +126,7 @@ def _temperature(text: str) -> float:
 
 
 def _top_p(text: str) -> float:
-    return _parsed(text, float, lambda v: 0 < v <= 1, "a number with 0 < top-p <= 1") + 0.0
+    return _parsed(text, float, lambda v: 0 <= v <= 1, "a number with 0 <= top-p <= 1 (0: the top token)") + 0.0
 
 
 def _min_p(text: str) -> float:

@@ -46,15 +46,13 @@ class Warp:
         k = self.top_k
         if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
             raise ValueError(f"top_k: expected None (off) or an int >= 1, got {k!r}")
-        for name, low_open in (("top_p", True), ("min_p", False)):
+        for name in ("top_p", "min_p"):       # top_p=0 keeps the most likely token, as HF's TopPLogitsWarper
             v = getattr(self, name)
             if v is None:
                 continue
-            ok = not isinstance(v, bool) and isinstance(v, int | float) and math.isfinite(v) and v <= 1 \
-                and (v > 0 if low_open else v >= 0)
+            ok = not isinstance(v, bool) and isinstance(v, int | float) and math.isfinite(v) and 0 <= v <= 1
             if not ok:
-                allowed = "0 < top_p <= 1" if low_open else "0 <= min_p <= 1"
-                raise ValueError(f"{name}: expected None (off) or a number with {allowed}, got {v!r}")
+                raise ValueError(f"{name}: expected None (off) or a number with 0 <= {name} <= 1, got {v!r}")
             object.__setattr__(self, name, float(v))
 
     @property

@@ -165,7 +165,7 @@ def test_sampling_flags_parse_and_agree_with_the_library():
         args = build_parser().parse_args([command, "--verifier", "rejection", "--top-k", "5", "--top-p", "0.9",
                                           "--min-p", "0.05"])
         assert (args.verifier, args.top_k, args.top_p, args.min_p) == ("rejection", 5, 0.9, 0.05)
-    for flag, value in (("--top-p", "0"), ("--top-p", "1.5"), ("--top-k", "0"), ("--min-p", "-0.1"),
+    for flag, value in (("--top-p", "-0.1"), ("--top-p", "1.5"), ("--top-k", "0"), ("--min-p", "-0.1"),
                         ("--verifier", "rejected")):
         with pytest.raises(SystemExit):
             build_parser().parse_args(["bench", flag, value])

@@ -32,7 +32,7 @@ def hf(scores: torch.Tensor, temperature: float, top_k=None, top_p=None, min_p=N
 SETTINGS = [
     dict(),
     dict(top_k=1), dict(top_k=7), dict(top_k=200),
-    dict(top_p=0.9), dict(top_p=0.5), dict(top_p=1.0), dict(top_p=1e-6),
+    dict(top_p=0.9), dict(top_p=0.5), dict(top_p=1.0), dict(top_p=1e-6), dict(top_p=0.0),
     dict(min_p=0.1), dict(min_p=1.0), dict(min_p=0.0),
     dict(top_k=20, top_p=0.8, min_p=0.05),
 ]
@@ -110,7 +110,7 @@ def test_a_warp_is_frozen():
     (dict(temperature=0), "temperature"), (dict(temperature=-1), "temperature"),
     (dict(temperature=float("nan")), "temperature"),
     (dict(top_k=0), "top_k"), (dict(top_k=1.5), "top_k"), (dict(top_k=True), "top_k"),
-    (dict(top_p=0), "top_p"), (dict(top_p=1.5), "top_p"), (dict(top_p=float("nan")), "top_p"),
+    (dict(top_p=-0.1), "top_p"), (dict(top_p=1.5), "top_p"), (dict(top_p=float("nan")), "top_p"),
     (dict(top_p="0.9"), "top_p"),
     (dict(min_p=-0.1), "min_p"), (dict(min_p=2), "min_p"),
 ])
