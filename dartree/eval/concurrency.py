@@ -4,7 +4,8 @@ For every concurrency C (in the order given) the batched AR baseline serves the 
 every method, one after the other, each with :func:`dartree.serve.serve` (a finished request's slot
 takes the next prompt).  Throughput is all completion tokens over the wall time of the whole run
 (prefills included); speedup is over batched AR at the same C.  Every request's tokens are compared
-with AR's (the lossless check: T=0 greedy, T>0 the same keyed sampler).
+with AR's (the lossless check: T=0 greedy, T>0 ``match`` with the same keyed sampler; ``rejection`` rows, whose
+tokens differ from AR's by design, say so instead of a count).
 
 ``budget=auto`` / ``width=auto`` are tuned *per concurrency* with a cost model
 (:func:`dartree.eval.tune.score_at_concurrency`): tau and tree sizes of every candidate setting
@@ -42,8 +43,9 @@ from dartree.eval.tune import (
     score_at_concurrency,
 )
 from dartree.models.target import HFTarget
+from dartree.rounds import DEFAULT_VERIFIER
 from dartree.serve import ServeResult, serve
-from dartree.verify.sampling import KeyedSampler
+from dartree.verify.sampling import GeneratorSampler, KeyedSampler
 
 __all__ = ["ConcurrencyRow", "check_methods", "run_concurrency", "concurrency_markdown", "plot_concurrency",
            "rows_json"]
@@ -65,6 +67,12 @@ class ConcurrencyRow:
     steps: int                     # batched rounds
     lossless_prompts: int
     settings: str = ""             # the settings chosen for an 'auto' method at this C
+    verifier: str = "greedy"       # greedy (T=0), match, rejection (tokens not comparable with AR's), '-' (AR)
+
+    @property
+    def token_checked(self) -> bool:
+        """Whether the row's tokens are compared with AR's (greedy and match; rejection has the law only)."""
+        return self.verifier != "rejection"
 
 
 def check_methods(methods: Sequence[MethodSpec]) -> None:
@@ -94,8 +102,20 @@ def run_concurrency(
     tune_widths: Sequence[int] = DEFAULT_WIDTHS,
     progress: bool = True,
     log: Callable[[str], None] = print,
+    *,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    min_p: float | None = None,
+    verifier: str | None = None,
 ) -> list[ConcurrencyRow]:
-    """Serve ``num_prompts`` prompts of ``dataset`` at every concurrency in ``levels`` (see module docstring)."""
+    """Serve ``num_prompts`` prompts of ``dataset`` at every concurrency in ``levels`` (see module docstring).
+
+    ``top_k`` / ``top_p`` / ``min_p``: the target's warpers at ``temperature > 0`` (AR's and every method's);
+    ``verifier``: the run's acceptance rule at ``temperature > 0`` (a method's own ``verifier=`` wins; ``None``:
+    the library's default).  Rows verified by ``match`` draw with a keyed sampler and are compared with AR token
+    for token; ``rejection`` rows draw from a seeded generator: their tokens differ from AR's by design (their
+    law is the target's), so their ``lossless`` column reads ``law``, not a count.
+    """
     from tqdm import tqdm
 
     if not levels or any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in levels):
@@ -116,9 +136,23 @@ def run_concurrency(
     replays: dict[str, dict] = {}            # per method: single-request replays of every candidate (any C)
     verify_costs: dict[int, VerifyCost] = {}
 
-    def run(engine, ps: Sequence[torch.Tensor], c: int, max_new: int, on_finish=None) -> ServeResult:
-        sampler = KeyedSampler(seed) if temperature > 0 else None
-        return serve(engine, ps, c, max_new, temperature, sampler, None if stop is None else [stop], on_finish)
+    warps = {"top_k": top_k, "top_p": top_p, "min_p": min_p} if temperature > 0 else {}
+
+    def verifier_of(spec: MethodSpec | None) -> str | None:
+        """The acceptance rule of ``spec`` (``None``: AR, and every method at T=0)."""
+        if temperature == 0 or spec is None:
+            return None
+        return spec.verifier or verifier or DEFAULT_VERIFIER
+
+    def run(engine, spec: MethodSpec | None, ps: Sequence[torch.Tensor], c: int, max_new: int,
+            on_finish=None) -> ServeResult:
+        rule = verifier_of(spec)
+        sampler = None
+        if temperature > 0:     # keyed draws (== AR token for token), or a seeded generator (rejection)
+            sampler = GeneratorSampler(torch.Generator().manual_seed(seed)) if rule == "rejection" else \
+                KeyedSampler(seed)
+        return serve(engine, ps, c, max_new, temperature, sampler, None if stop is None else [stop], on_finish,
+                     verifier=rule, **warps)
 
     def candidates(m: MethodSpec) -> list[MethodSpec]:
         grid = [{}]
@@ -146,7 +180,7 @@ def run_concurrency(
                                                   logits="root" if greedy_cpu else "all")
         # the batch's drafter forward and commit: one short batched run of the smallest candidate
         probe = min(cands, key=lambda x: (x.config["budget"], x.config.get("width") or 0))
-        served = run(make_decoder(bundle, probe, backend), calibration[:c], c, calibration_new)
+        served = run(make_decoder(bundle, probe, backend), probe, calibration[:c], c, calibration_new)
         rounds = [r for res in served.results for r in res.rounds]
         draft_s = statistics.median(r.draft_s for r in rounds)
         commit_s = statistics.median(r.commit_s for r in rounds)   # mask_s is inside the verify probe
@@ -161,8 +195,8 @@ def run_concurrency(
         return choice
 
     if warmup:                 # first calls allocate caches and pick kernels: untimed
-        for engine in (bundle.target, *decoders.values()):
-            run(engine, prompts[:2], 2, min(8, max_new_tokens))
+        for spec, engine in ((None, bundle.target), *((m, decoders[m.label]) for m in fixed)):
+            run(engine, spec, prompts[:2], 2, min(8, max_new_tokens))
     rows: list[ConcurrencyRow] = []
     bar = tqdm(total=len(levels) * (1 + len(timed)) * len(prompts), desc="serve", disable=not progress,
                file=sys.stderr)
@@ -178,13 +212,14 @@ def run_concurrency(
                 chosen = ",".join(f"{k}={v}" for k, v in sorted(best.config.items()) if k in spec.auto_fields)
                 engine = make_decoder(bundle, best, backend)
                 if warmup:     # as every fixed decoder was: first calls allocate buffers, untimed
-                    run(engine, prompts[:2], 2, min(8, max_new_tokens))
+                    run(engine, spec, prompts[:2], 2, min(8, max_new_tokens))
             else:
                 engine = decoders[label]
             bar.set_postfix_str(f"C={c} {label}", refresh=False)
-            out = run(engine, prompts, c, max_new_tokens, on_finish=lambda _i, _r: bar.update(1))
+            out = run(engine, spec, prompts, c, max_new_tokens, on_finish=lambda _i, _r: bar.update(1))
             if ar is None:
                 ar = out
+            rule = verifier_of(spec)
             same = sum(a.tokens.tolist() == b.tokens.tolist() for a, b in zip(ar.results, out.results, strict=True))
             rounds = sum(r.num_rounds for r in out.results)
             rows.append(ConcurrencyRow(
@@ -192,7 +227,8 @@ def run_concurrency(
                     next(m for m in timed if m.label == label).builder, backend),
                 concurrency=c, prompts=len(prompts), tokens=out.tokens, seconds=out.seconds,
                 tokens_per_s=out.tokens_per_s, speedup=out.tokens_per_s / ar.tokens_per_s,
-                tau=out.tokens / max(1, rounds), steps=out.steps, lossless_prompts=same, settings=chosen))
+                tau=out.tokens / max(1, rounds), steps=out.steps, lossless_prompts=same, settings=chosen,
+                verifier=rule or ("greedy" if temperature == 0 else "-")))
     bar.close()
     return rows
 
@@ -215,8 +251,9 @@ def concurrency_markdown(rows: Sequence[ConcurrencyRow], meta: dict[str, Any] | 
     lines.append("| method | C | tokens/s | speedup | tau | steps | lossless | auto chose |")
     lines.append("|---|---:|---:|---:|---:|---:|---:|---|")
     for r in rows:
+        checked = f"{r.lossless_prompts}/{r.prompts}" if r.token_checked else "law (rejection)"
         lines.append(f"| {r.method} | {r.concurrency} | {r.tokens_per_s:.1f} | {r.speedup:.2f}x | {r.tau:.2f} | "
-                     f"{r.steps} | {r.lossless_prompts}/{r.prompts} | {r.settings or '-'} |")
+                     f"{r.steps} | {checked} | {r.settings or '-'} |")
     return "\n".join(lines) + "\n"
 
 

@@ -14,7 +14,7 @@ TOY = ["--model", "tiny-random", "--threads", "1", "--backend", "ref"]
 def test_run_concurrency_is_lossless_and_reports_every_cell(bundle):
     methods = [parse_method("chain"), parse_method("ddtree:budget=6")]
     rows = run_concurrency(bundle, methods, [1, 3], num_prompts=4, max_new_tokens=6, temperature=1.0,
-                           progress=False, warmup=False)
+                           progress=False, warmup=False, verifier="match")
     assert [(r.method, r.concurrency) for r in rows] == [
         (m, c) for c in (1, 3) for m in ("ar", "chain", "ddtree:budget=6")]
     assert all(r.lossless_prompts == r.prompts == 4 and r.tokens == 24 for r in rows)
@@ -49,3 +49,45 @@ def test_auto_budget_is_tuned_per_concurrency(bundle):
     auto = [r for r in rows if r.method == "ddtree:budget=auto"]
     assert [r.concurrency for r in auto] == [1, 2]
     assert all(r.settings in ("budget=2", "budget=6") and r.lossless_prompts == 2 for r in auto)
+
+
+def test_the_warpers_and_the_verifier_reach_every_served_row(bundle, monkeypatch):
+    """``top_k`` / ``top_p`` / ``min_p`` reach AR and every method; the run's verifier every method without
+    its own, a method's ``verifier=`` wins; rejection rows are not counted against AR's tokens."""
+    import dartree.eval.concurrency as cc
+    seen = []
+
+    def recording(engine, prompts, c, max_new, temperature, sampler, stop, on_finish, **options):
+        seen.append((type(engine).__name__, options))
+        return serve(engine, prompts, c, max_new, temperature, sampler, stop, on_finish, **options)
+
+    serve = cc.serve
+    monkeypatch.setattr(cc, "serve", recording)
+    methods = [parse_method("chain"), parse_method("ddtree:budget=4,verifier=match")]
+    rows = run_concurrency(bundle, methods, [2], num_prompts=2, max_new_tokens=4, temperature=0.8,
+                           progress=False, warmup=False, top_k=3, top_p=0.9, min_p=0.05, verifier="rejection")
+    warps = {"top_k": 3, "top_p": 0.9, "min_p": 0.05}
+    assert seen == [(kind, {**warps, "verifier": v}) for kind, v in
+                    ((type(bundle.target).__name__, None), ("SpeculativeDecoder", "rejection"),
+                     ("SpeculativeDecoder", "match"))]
+    by = {r.method: r for r in rows}
+    assert (by["chain"].verifier, by["ddtree:budget=4,verifier=match"].verifier) == ("rejection", "match")
+    assert not by["chain"].token_checked and by["ddtree:budget=4,verifier=match"].lossless_prompts == 2
+    assert "law (rejection)" in concurrency_markdown(rows)
+
+
+def test_cli_concurrency_passes_the_sampling_options(monkeypatch, tmp_path):
+    import dartree.eval.concurrency as cc
+    got = {}
+
+    def fake(*args, **kwargs):
+        got.update(kwargs)
+        return []
+
+    monkeypatch.setattr(cc, "run_concurrency", fake)
+    monkeypatch.setattr(cc, "plot_concurrency", lambda rows, path: path.write_bytes(b"png") and path)
+    main(["bench", *TOY, "--concurrency", "1", "--methods", "chain", "--num-prompts", "2", "--temperatures", "0.7",
+          "--verifier", "match", "--top-k", "4", "--top-p", "0.8", "--min-p", "0.1", "--no-warmup",
+          "--out", str(tmp_path / "cc")])
+    assert {k: got[k] for k in ("top_k", "top_p", "min_p", "verifier", "temperature")} == {
+        "top_k": 4, "top_p": 0.8, "min_p": 0.1, "verifier": "match", "temperature": 0.7}
