@@ -239,10 +239,18 @@ def _check_spec(spec: Any) -> None:
         raise ValueError(f"trusted: must be True or False, got {spec.trusted!r}")
 
 
-def register_builder(spec: BuilderSpec) -> None:
-    """Add (or replace) a strategy in the registry; ``ValueError`` naming the bad field (the registry
-    untouched) if ``spec`` is not a valid :class:`BuilderSpec`."""
+def register_builder(spec: BuilderSpec, *, replace: bool = False) -> None:
+    """Add a strategy to the registry; ``ValueError`` naming the bad field (the registry untouched) if ``spec``
+    is not a valid :class:`BuilderSpec`, or if its name is dartree's own (:data:`BUILDERS`: a plugin never
+    silently replaces a built-in strategy) or already registered and ``replace`` is False."""
     _check_spec(spec)
+    if spec.name in _REGISTRY and _REGISTRY[spec.name] != spec:
+        if spec.name in _BUILT_IN_NAMES:
+            raise ValueError(f"name: {spec.name!r} is one of dartree's own builders {sorted(_BUILT_IN_NAMES)}; "
+                             f"register yours under another name")
+        if not replace:
+            raise ValueError(f"name: {spec.name!r} is already registered; pass replace=True to replace it, or "
+                             f"choose another name")
     _REGISTRY[spec.name] = spec
 
 
@@ -412,9 +420,11 @@ def _register_defaults() -> None:
         _BUILT_IN.update((fn, cls) for fn in (spec.ref, spec.fast) if fn is not None)
 
 
+_BUILT_IN_NAMES: frozenset[str] = frozenset()
 _register_defaults()
 #: the strategies built into dartree (:func:`registered` adds those registered since)
 BUILDERS: tuple[str, ...] = tuple(_REGISTRY)
+_BUILT_IN_NAMES = frozenset(BUILDERS)
 
 
 def registered() -> tuple[str, ...]:

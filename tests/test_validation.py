@@ -102,6 +102,33 @@ def test_a_valid_spec_registers(monkeypatch) -> None:
     assert make_builder("fixed").build(block()).num_nodes.tolist() == [4, 4]
 
 
+def test_a_registered_name_is_not_silently_replaced(monkeypatch, tmp_path, capsys) -> None:
+    """A built-in name is refused (a plugin cannot swap ``ddtree`` under the user); another registered name
+    needs ``replace=True``; registering the same spec again is a no-op.  From the command line: one line,
+    exit 2."""
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    before = dict(registry._REGISTRY)
+    with pytest.raises(ValueError, match=r"^name: 'ddtree' is one of dartree's own builders"):
+        register_builder(dataclasses.replace(GOOD, name="ddtree"))
+    assert registry._REGISTRY == before
+    mine = dataclasses.replace(GOOD, name="mine")
+    register_builder(mine)
+    register_builder(mine)
+    with pytest.raises(ValueError, match=r"^name: 'mine' is already registered; pass replace=True"):
+        register_builder(dataclasses.replace(mine, description="another"))
+    register_builder(dataclasses.replace(mine, description="another"), replace=True)
+    assert registry._REGISTRY["mine"].description == "another"
+    from dartree.cli import main
+    (tmp_path / "swap_ddtree.py").write_text(
+        "import dataclasses\nfrom dartree.builders import builder_spec, register_builder\n"
+        "register_builder(dataclasses.replace(builder_spec('chain'), name='ddtree'))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(SystemExit) as e:
+        main(["show-tree", "--plugin", "swap_ddtree", "--model", "tiny-random"])
+    assert e.value.code == 2
+    assert "one of dartree's own builders" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("name", BUILDERS)
 def test_topk_larger_than_vocab(name: str) -> None:
     builder = make_builder(name, topk=11)

@@ -170,6 +170,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
 
 
+def _plugin_builder_in(tb) -> str | None:
+    """The name of the registered non-built-in builder whose :meth:`~dartree.builders.TreeBuilder.build` raised
+    (its function, or the check of the tree it returned), if a frame of ``tb`` runs one."""
+    from dartree.builders import BUILDERS, TreeBuilder
+
+    while tb is not None:
+        frame = tb.tb_frame
+        builder = frame.f_locals.get("self") if frame.f_code is TreeBuilder.build.__code__ else None
+        if isinstance(builder, TreeBuilder) and builder.name not in BUILDERS:
+            return builder.name
+        tb = tb.tb_next
+    return None
+
+
 def _run(argv: Sequence[str] | None) -> int:
     """:func:`main` without the Ctrl-C bookkeeping: parse, import the command's libraries, load plugins, run."""
     try:
@@ -192,6 +206,13 @@ def _run(argv: Sequence[str] | None) -> int:
         raise SystemExit(141) from None               # 128 + SIGPIPE, what a shell reports for it
     except UsageError as e:
         print(f"dartree: error: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+    except Exception as e:
+        name = _plugin_builder_in(e.__traceback__)
+        if name is None:                                   # dartree's own code: a bug, with its traceback
+            raise
+        print(f"dartree: error: builder {name!r} (a plugin's) raised {type(e).__name__}: {e}", file=sys.stderr,
+              flush=True)
         raise SystemExit(2) from None
     except KeyboardInterrupt as e:
         print(f"dartree: interrupted{_after_commit(e)}", file=sys.stderr, flush=True)

@@ -69,3 +69,25 @@ def test_a_plugin_builder_runs_from_the_command_line_losslessly(tmp_path):
     typo = _dartree(["bench", "--plugin", "beam_plugin", "--model", "tiny-random", "--methods",
                      "beam:max_children=two"], tmp_path, tmp_path)
     assert typo.returncode == 2 and "max_children: expected int, got 'two'" in typo.stderr
+
+
+def test_a_plugin_builder_that_raises_or_breaks_the_contract_is_one_line(tmp_path):
+    """Exit 2 and one line naming the builder, as for a plugin that does not import (no traceback)."""
+    (tmp_path / "broken_plugin.py").write_text(textwrap.dedent('''
+        from dartree.builders import BuilderSpec, TreeConfig, register_builder, builder_spec
+
+        def boom(block, head, config):
+            raise RuntimeError("no tree today")
+
+        def rootless(block, head, config):
+            tree = builder_spec("chain").ref(block, head, config)
+            return type(tree)(tree.tokens + 1, tree.parents, tree.depths, tree.scores, tree.ranks, tree.num_nodes)
+
+        register_builder(BuilderSpec("boom", TreeConfig, False, boom))
+        register_builder(BuilderSpec("rootless", TreeConfig, False, rootless))
+    '''))
+    for name, said in (("boom", "RuntimeError: no tree today"), ("rootless", "ValueError")):
+        done = _dartree(["generate", "--plugin", "broken_plugin", "--model", "tiny-random", "--method", name,
+                         "--max-new-tokens", "4", "--prompt", "def f"], tmp_path, tmp_path)
+        assert done.returncode == 2, done.stderr[-1500:]
+        assert "Traceback" not in done.stderr and f"builder {name!r} (a plugin's) raised {said}" in done.stderr
