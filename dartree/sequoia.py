@@ -34,7 +34,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
+from dartree.arguments import plain_scalar
 from dartree.tree import rank_path_key
 
 __all__ = ["DEFAULT_ACCEPTANCE", "RankShape", "rank_shape", "check_acceptance", "expected_accepted",
@@ -60,7 +62,11 @@ def check_acceptance(value: object) -> tuple[float, ...]:
             value = tuple(float(x) for x in value.split("/"))
         except ValueError:
             raise ValueError(f"acceptance: {allowed}; got {given!r}") from None
-    if not isinstance(value, tuple | list) or not value \
+    if isinstance(value, np.ndarray | torch.Tensor) and value.ndim == 1:
+        value = value.tolist()
+    if isinstance(value, tuple | list):
+        value = tuple(plain_scalar(x) for x in value)
+    if not isinstance(value, tuple) or not value \
             or any(isinstance(x, bool) or not isinstance(x, int | float) for x in value):
         raise ValueError(f"acceptance: {allowed}; got {given!r}")
     probs = tuple(float(x) for x in value)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+import dartree
 from dartree import BUILDERS, DraftBlock, make_builder, register_builder
 from dartree import builders as registry
 from dartree.builders import MAX_NODES, BuilderSpec, ChainConfig, builder_spec
@@ -307,3 +308,26 @@ def test_block_root_outside_the_vocabulary(root: int) -> None:
 def test_block_hidden_of_width_zero() -> None:
     with pytest.raises(ValueError, match=r"^hidden: expected shape \[1, 3, H\] \(H >= 1\)"):
         DraftBlock(logits=torch.randn(1, 3, 10), root=torch.tensor([0]), hidden=torch.randn(1, 3, 0))
+
+
+def test_numpy_and_tensor_numbers_are_taken_as_python_numbers() -> None:
+    """``top_k`` / ``top_p`` / ``min_p`` / ``temperature`` / Sequoia's ``acceptance`` as numpy scalars, 0-d
+    tensors or a 1-d array decode as the Python numbers they hold (``max_new_tokens`` already did)."""
+    from dartree.eval.bundles import tiny_random_bundle
+    from dartree.verify.sampling import GeneratorSampler
+
+    bundle = tiny_random_bundle(gamma=4)
+    head = bundle.heads[next(iter(bundle.heads))]
+    ids = torch.tensor([1, 2, 3])
+    out = []
+    for acceptance, t, warps in (
+            (np.array([0.5, 0.2]), np.float32(0.75), dict(top_k=np.int64(5), top_p=torch.tensor(0.875),
+                                                          min_p=np.float64(0.0625))),
+            ((0.5, 0.2), 0.75, dict(top_k=5, top_p=0.875, min_p=0.0625))):
+        builder = make_builder("corrected-sequoia", budget=4, acceptance=acceptance)
+        decoder = dartree.SpeculativeDecoder(bundle.target, bundle.drafter, builder, head=head)
+        out.append(decoder.generate(ids, 8, t, GeneratorSampler(torch.Generator().manual_seed(1)),
+                                    **warps).tokens.tolist())
+    assert out[0] == out[1]
+    with pytest.raises(ValueError, match="^top_k"):
+        decoder.generate(ids, 8, 0.75, GeneratorSampler(), top_k=np.bool_(True))

@@ -119,10 +119,10 @@ def _threads(text: str) -> int:
 
 
 def _temperature(text: str) -> float:
-    from dartree.verify.sampling import MIN_TEMPERATURE
+    from dartree.verify.sampling import MAX_TEMPERATURE, MIN_TEMPERATURE
 
-    return _parsed(text, float, lambda v: v == 0 or MIN_TEMPERATURE <= v < math.inf,
-                   f"0 (greedy) or a finite number >= {MIN_TEMPERATURE:g}") + 0.0     # -0 -> 0.0
+    return _parsed(text, float, lambda v: v == 0 or MIN_TEMPERATURE <= v <= MAX_TEMPERATURE,
+                   f"0 (greedy) or a finite number >= {MIN_TEMPERATURE:g} and <= {MAX_TEMPERATURE:g}") + 0.0  # -0: 0.0
 
 
 def _top_p(text: str) -> float:

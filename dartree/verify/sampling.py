@@ -19,14 +19,19 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
-__all__ = ["Sampler", "GeneratorSampler", "KeyedSampler", "hash32", "MIN_TEMPERATURE", "check_temperature",
-           "sample_checked"]
+from dartree.arguments import plain_scalar
+
+__all__ = ["Sampler", "GeneratorSampler", "KeyedSampler", "hash32", "MIN_TEMPERATURE", "MAX_TEMPERATURE",
+           "check_temperature", "sample_checked"]
 
 #: The smallest temperature > 0 accepted.  Below it ``logits / T`` leaves float32's range for
 #: ordinary logits (a Python float under ~1e-38 even rounds to 0 in float32, so every logit becomes
 #: +-inf and the draw is the lowest token id, not the greedy one) and nothing is gained: at 1e-6 a
 #: logit gap of 1e-4 is already e^100 in probability, i.e. greedy up to exact ties.
 MIN_TEMPERATURE = 1e-6
+#: the largest temperature: above it ``logits / T`` in float32 ties (or underflows to 0), so top-k would keep
+#: every tied token and the law would no longer be the target's at any useful precision
+MAX_TEMPERATURE = 1e4
 
 _MASK32 = 0xFFFFFFFF
 
@@ -52,11 +57,16 @@ def check_temperature(temperature: Any) -> float:
     as greedy: ``logits / T`` would overflow float32 (or divide by a float32 zero) and every logit would
     become +-inf, so the "sample" would silently be the lowest token id.  Use ``0`` for greedy.
     """
+    temperature = plain_scalar(temperature)
     huge = isinstance(temperature, int) and temperature > sys.float_info.max   # math.isfinite would overflow
     if huge or isinstance(temperature, bool) or not isinstance(temperature, int | float) \
             or not math.isfinite(temperature) or temperature < 0:
         raise ValueError(f"temperature: expected 0 (greedy) or a finite number >= {MIN_TEMPERATURE}, got "
                          f"{temperature!r}")
+    if temperature > MAX_TEMPERATURE:
+        raise ValueError(f"temperature: {temperature!r} is above the largest allowed {MAX_TEMPERATURE:g} (logits / T "
+                         f"would tie in float32: top-k would keep every tied token); allowed: 0 or "
+                         f"{MIN_TEMPERATURE} <= temperature <= {MAX_TEMPERATURE:g}")
     if 0 < temperature < MIN_TEMPERATURE:
         raise ValueError(f"temperature: {temperature!r} is below the smallest allowed {MIN_TEMPERATURE} (logits / T "
                          f"would overflow float32); use 0 for greedy decoding or a temperature >= {MIN_TEMPERATURE}")

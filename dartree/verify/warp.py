@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from dartree.arguments import plain_scalar
 from dartree.verify.sampling import check_temperature
 
 __all__ = ["Warp"]
@@ -39,6 +40,8 @@ class Warp:
     min_p: float | None = None
 
     def __post_init__(self) -> None:
+        for name in ("temperature", "top_k", "top_p", "min_p"):        # numpy / 0-d tensor numbers as Python's
+            object.__setattr__(self, name, plain_scalar(getattr(self, name)))
         t = check_temperature(self.temperature)
         if t == 0:
             raise ValueError("temperature: a Warp samples; expected a finite number > 0 (0 is greedy: no warp)")

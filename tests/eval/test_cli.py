@@ -14,7 +14,8 @@ TOY = ["--model", "tiny-random", "--threads", "1", "--backend", "ref"]
     (["bench", "--num-prompts", "0"], "expected an integer >= 1"),
     (["bench", "--budget", "-3"], "expected an integer >= 1 or 'auto'"),
     (["bench", "--temperatures", "-1"], "expected 0 (greedy) or a finite number >= 1e-06"),
-    (["bench", "--temperatures", "1e-9"], "expected 0 (greedy) or a finite number >= 1e-06, got '1e-9'"),
+    (["bench", "--temperatures", "1e-9"], "expected 0 (greedy) or a finite number >= 1e-06 and <= 10000, "
+                                                "got '1e-9'"),
     (["bench", "--preset", "huge"], "invalid choice: 'huge'"),
     (["generate"], "exactly one of --prompt and --prompt-file"),
     (["generate", "--prompt", "x", "--budget", "auto"], "budget=auto: no tuning of dartree-pruned is cached"),

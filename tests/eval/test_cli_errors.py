@@ -82,6 +82,8 @@ def test_errors_found_before_the_model_loads(argv, message, files, loads, capsys
     (["--beta", "nan"], "argument --beta"),
     (["--temperature", "nan"], "argument --temperature: expected 0 (greedy) or a finite number >= 1e-06"),
     (["--temperature", "1e-7"], "argument --temperature: expected 0 (greedy) or a finite number >= 1e-06"),
+    (["--temperature", "1e300"], "argument --temperature: expected 0 (greedy) or a finite number >= 1e-06 and "
+                                 "<= 10000, got '1e300'"),
     (["--temperature", "-1"], "argument --temperature"),
     (["--out", ""], "argument --out: expected a folder path, got an empty string"),
 ])

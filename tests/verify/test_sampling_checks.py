@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from dartree.verify import GeneratorSampler, KeyedSampler, verify_sampled
-from dartree.verify.sampling import MIN_TEMPERATURE, check_temperature, sample_checked
+from dartree.verify.sampling import MAX_TEMPERATURE, MIN_TEMPERATURE, check_temperature, sample_checked
+from dartree.verify.warp import Warp
 from tests.verify.helpers import make_tree
 
 V = 7
@@ -63,10 +65,19 @@ def test_builtin_samplers_pass_through() -> None:
     assert sample_checked(GeneratorSampler(torch.Generator().manual_seed(0)), logits, positions).shape == (2, 3)
 
 
-@pytest.mark.parametrize("t", [0, 0.0, MIN_TEMPERATURE, 0.7, 1, 1e300])
+@pytest.mark.parametrize("t", [0, 0.0, MIN_TEMPERATURE, 0.7, 1, MAX_TEMPERATURE, np.float32(0.5), torch.tensor(2.0)])
 def test_allowed_temperatures(t) -> None:
     assert check_temperature(t) == float(t)
     assert isinstance(check_temperature(t), float)
+
+
+@pytest.mark.parametrize("t", [1e300, 1e5, 2**20])
+def test_a_temperature_where_float32_logits_tie_is_refused(t) -> None:
+    """At T=1e300 ``logits / T`` is 0 everywhere: top-k kept every token (rank 4005 drawn with top_k=2)."""
+    with pytest.raises(ValueError, match=r"^temperature: .* above the largest allowed 10000"):
+        check_temperature(t)
+    with pytest.raises(ValueError, match=r"^temperature:"):
+        Warp(t, top_k=2)
 
 
 @pytest.mark.parametrize("t", [1e-300, 1e-39, 5e-7])
