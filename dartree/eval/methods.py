@@ -80,8 +80,11 @@ class MethodSpec:
 
 
 def _typed(key: str, text: str, kind: Any) -> Any:
-    """``text`` as the config field's annotated type (int, float, bool or str; a plugin's own fields too)."""
+    """``text`` as the config field's annotated type (int, float, bool or str; a plugin's own fields too);
+    ``none`` for a field that may be ``None`` (e.g. ``head_depths=none``: the head proposes at every depth)."""
     name = (kind if isinstance(kind, str) else getattr(kind, "__name__", str(kind))).replace(" ", "")
+    if name.endswith("|None") and text.lower() == "none":
+        return None
     try:
         if name in ("int", "int|None"):
             return int(text)

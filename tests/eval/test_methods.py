@@ -13,6 +13,10 @@ def test_parse_settings_head_and_defaults():
     assert auto.auto_fields == ("budget",) and auto.config["budget"] == AUTO
     assert make_method_builder(parse_method("ddtree:budget=5"), "ref").config.budget == 5
     assert parse_method("ar").is_ar
+    # 'none' spells None for a setting that may be None, and only there
+    every = parse_method("corrected-sequoia:head_depths=none,budget=4")
+    assert make_method_builder(every, "ref").config.head_depths is None
+    assert make_method_builder(parse_method("corrected-sequoia:head_depths=2"), "ref").config.head_depths == 2
 
 
 @pytest.mark.parametrize("text, match", [
@@ -26,6 +30,7 @@ def test_parse_settings_head_and_defaults():
     ("ddtree:topk=auto", "topk: 'auto' is allowed only for"),
     ("ddtree:budget", "expected KEY=VALUE"),
     ("ddtree:=3", "expected KEY=VALUE in 'ddtree:=3', got '=3'"),
+    ("corrected-sequoia:reuse_depths=none", "reuse_depths: expected int, got 'none'"),
 ])
 def test_bad_methods_name_the_argument(text, match):
     with pytest.raises(ValueError, match=match):
