@@ -25,6 +25,7 @@ Shape: ``input_ids`` int64 ``[b, L]`` (left-padded when ``b > 1``) -> sequences 
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Any
 
 import torch
@@ -48,15 +49,24 @@ _STOPPERS = (MaxLengthCriteria, EosTokenCriteria)
 _REFUSED_FLAGS = ("output_scores", "output_logits", "output_attentions", "output_hidden_states")
 
 
+#: decoders kept on a model, most recent last: a caller that makes a builder per call (``builder=make_builder(
+#: ...)`` inline) reuses none, and must not grow the model by a decoder per call
+KEPT_DECODERS = 4
+
+
 def _decoder(model, drafter, builder, head) -> SpeculativeDecoder:
-    """One decoder per (model, drafter, builder, head), kept on the model: the lean forward's probe, the
-    target's buffers and the drafter's state are made once, not per ``generate`` call."""
-    cache = model.__dict__.setdefault("_dartree_decoders", {})
+    """One decoder per (model, drafter, builder, head) among the :data:`KEPT_DECODERS` most recent, kept on the
+    model: the lean forward's probe, the target's buffers and the drafter's state are made once, not per
+    ``generate`` call."""
+    cache: OrderedDict = model.__dict__.setdefault("_dartree_decoders", OrderedDict())
     key = (id(drafter), id(builder), id(head))
     found = cache.get(key)
     if found is None or found[0] is not drafter or found[1] is not builder or found[2] is not head:
         target = HFTarget(model, layer_ids=tuple(drafter.target_layer_ids))
         found = cache[key] = (drafter, builder, head, SpeculativeDecoder(target, drafter, builder, head))
+        while len(cache) > KEPT_DECODERS:
+            cache.popitem(last=False)
+    cache.move_to_end(key)
     return found[3]
 
 

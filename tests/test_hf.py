@@ -160,3 +160,22 @@ def test_the_warpers_hf_hands_over_reduce_to_one_warp_with_their_law():
                   [k(3, filter_value=-1e4)]):
         with pytest.raises(ValueError, match="logits_processor"):
             _warp_options(procs)
+
+
+def test_a_builder_made_per_call_does_not_grow_the_model():
+    """``builder=make_builder(...)`` inline in every call: the model keeps at most ``KEPT_DECODERS`` decoders
+    (it kept one per call); a builder passed again reuses its decoder."""
+    model = model_for("llama", "sdpa")
+    drafter = OracleDrafter(model, GAMMA, demote=0.3, seed=1)
+    ids = torch.tensor([[3, 14, 15]])
+    args = dict(max_new_tokens=2, do_sample=False, pad_token_id=0, custom_generate=dartree.hf.generate,
+                drafter=drafter)
+    for _ in range(12):
+        model.generate(ids, builder=make_builder("chain"), **args)
+    assert len(model._dartree_decoders) == dartree.hf.KEPT_DECODERS
+    kept = make_builder("chain")
+    model.generate(ids, builder=kept, **args)
+    first = dartree.hf._decoder(model, drafter, kept, None)
+    for _ in range(3):
+        model.generate(ids, builder=make_builder("chain"), **args)
+    assert dartree.hf._decoder(model, drafter, kept, None) is first
