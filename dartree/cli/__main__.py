@@ -2,6 +2,6 @@
 
 import sys
 
-from dartree.cli import main
+from dartree.console import main
 
 sys.exit(main())

@@ -238,3 +238,32 @@ def test_ctrl_c_that_a_library_turns_into_another_error_is_still_one_line(tmp_pa
     out = _run_cli_with(tmp_path, "def cmd(args):\n    raise ImportError('initialization failed')\n"
                         "cli.COMMANDS['generate'] = cmd", ["generate", "--model", "tiny-random", "--prompt", "x"])
     assert out.returncode == 1 and "Traceback" in out.stderr and "ImportError: initialization failed" in out.stderr
+
+
+def _run_console_with(tmp_path, setup: str, argv: list[str]):
+    """Run the ``dartree`` console script's ``main`` in a fresh interpreter after ``setup``."""
+    import subprocess
+    import sys
+
+    code = (f"import os, signal, sys\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n{setup}\n"
+            f"sys.argv = ['dartree', *{argv!r}]\nfrom dartree.console import main\nsys.exit(main())")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, cwd=tmp_path)
+
+
+def test_ctrl_c_while_the_command_line_loads_and_a_second_one_at_exit_are_one_line(tmp_path):
+    """Ctrl-C while ``dartree.cli`` is imported (before ``main`` has its handlers: a ``KeyboardInterrupt``
+    traceback, exit 1), and a second Ctrl-C in an exit handler after the first ended the command (a traceback
+    from the handler): each is one line and status 130."""
+    during_import = ("import builtins\nreal = builtins.__import__\n"
+                     "def hooked(name, *args, **kwargs):\n"
+                     "    if name == 'dartree.cli.parser':\n        os.kill(os.getpid(), signal.SIGINT)\n"
+                     "    return real(name, *args, **kwargs)\nbuiltins.__import__ = hooked")
+    out = _run_console_with(tmp_path, during_import, ["generate", "--help"])
+    assert (out.returncode, out.stderr.strip()) == (130, "dartree: interrupted"), out.stderr
+    at_exit = ("import atexit, time\n"
+               "atexit.register(lambda: (os.kill(os.getpid(), signal.SIGINT), time.sleep(0.05)))\n"
+               "import dartree.cli as cli\n"
+               "def cmd(args):\n    os.kill(os.getpid(), signal.SIGINT)\n    time.sleep(1)\n"
+               "cli.COMMANDS['generate'] = cmd")
+    out = _run_console_with(tmp_path, at_exit, ["generate", "--model", "tiny-random", "--prompt", "x"])
+    assert (out.returncode, out.stderr.strip()) == (130, "dartree: interrupted"), out.stderr
