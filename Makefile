@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test bench lint gpu-check engines-check
+.PHONY: setup demo test test-quick bench lint gpu-check engines-check
 
 setup: $(VENV)/.installed
 
@@ -20,8 +20,13 @@ demo: setup
 	$(PY) examples/build_trees.py
 	$(VENV)/bin/dartree bench --preset demo --force
 
+# one worker per CPU (pytest-xdist): the suite's tests are independent processes' worth of work
 test: setup
-	$(PY) -m pytest --benchmark-disable
+	$(PY) -m pytest --benchmark-disable -n auto
+
+# the quick lane: everything but the tests marked slow (subprocess CLI runs, many decodes)
+test-quick: setup
+	$(PY) -m pytest --benchmark-disable -n auto -m "not slow and not aot_full"
 
 bench: setup
 	$(PY) -m pytest benchmarks --benchmark-only --benchmark-columns=median,iqr,rounds

@@ -1,4 +1,4 @@
-"""The ``dartree`` console script (and ``python -m dartree.cli``): :func:`dartree.cli.main` with Ctrl-C handled
+"""The ``dartree`` console script: :func:`dartree.cli.main` with Ctrl-C handled
 before it starts and after it ends.
 
 Importing the command line takes a moment (argparse, the parser, the commands): a Ctrl-C then ends the process

@@ -2,6 +2,6 @@
 
 import sys
 
-from dartree.console import main
+from dartree.cli import main
 
 sys.exit(main())

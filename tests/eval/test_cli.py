@@ -172,6 +172,7 @@ def test_sampling_flags_parse_and_agree_with_the_library():
             build_parser().parse_args(["bench", flag, value])
 
 
+@pytest.mark.slow                 # a fresh interpreter (subprocess): the slow lane
 def test_help_imports_no_torch_and_the_parsers_copies_agree():
     """--help builds the parser without torch (0.09 s instead of 4.5 s); the constants it keeps instead of
     importing are the library's."""
@@ -190,6 +191,7 @@ def test_help_imports_no_torch_and_the_parsers_copies_agree():
     assert int(out.stdout) >= 10
 
 
+@pytest.mark.slow                 # a fresh interpreter (subprocess): the slow lane
 def test_a_closed_pipe_ends_quietly_and_a_non_utf8_prompt_is_one_line(tmp_path):
     import subprocess
     import sys
@@ -215,6 +217,7 @@ def _run_cli_with(tmp_path, setup: str, argv: list[str]):
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, cwd=tmp_path)
 
 
+@pytest.mark.slow                 # a fresh interpreter (subprocess): the slow lane
 def test_ctrl_c_inside_a_librarys_import_is_one_line_and_the_command_does_not_run(tmp_path):
     """Ctrl-C while the command's libraries load: some swallow it (an extension's ``ImportError:
     initialization failed`` caught by a library that carries on), some fail later (a half-initialized
@@ -228,6 +231,7 @@ def test_ctrl_c_inside_a_librarys_import_is_one_line_and_the_command_does_not_ru
     assert out.stderr.strip() == "dartree: interrupted" and "the command ran" not in out.stdout
 
 
+@pytest.mark.slow                 # a fresh interpreter (subprocess): the slow lane
 def test_ctrl_c_that_a_library_turns_into_another_error_is_still_one_line(tmp_path):
     setup = ("import signal\ndef cmd(args):\n    try:\n        signal.raise_signal(signal.SIGINT)\n"
              "    except KeyboardInterrupt:\n        raise ImportError('initialization failed') from None\n"
@@ -250,6 +254,7 @@ def _run_console_with(tmp_path, setup: str, argv: list[str]):
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, cwd=tmp_path)
 
 
+@pytest.mark.slow                 # a fresh interpreter (subprocess): the slow lane
 def test_ctrl_c_while_the_command_line_loads_and_a_second_one_at_exit_are_one_line(tmp_path):
     """Ctrl-C while ``dartree.cli`` is imported (before ``main`` has its handlers: a ``KeyboardInterrupt``
     traceback, exit 1), and a second Ctrl-C in an exit handler after the first ended the command (a traceback

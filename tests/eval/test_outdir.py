@@ -275,6 +275,7 @@ print("not reached: SIGTERM's default action ends the process once the commit is
 """
 
 
+@pytest.mark.slow                 # a fresh interpreter (subprocess): the slow lane
 def test_sigterm_to_another_thread_mid_commit_ends_the_process_only_after_it(folder):
     """A process-wide SIGTERM that the kernel hands to another thread (whose signal mask a commit cannot
     change) is held back all the same: the process ends with the new run committed, nothing stray left."""

@@ -8,6 +8,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 PLUGIN = textwrap.dedent('''
     """A beam builder with a custom setting, registered on import."""
     import dataclasses
@@ -52,6 +54,7 @@ def _dartree(args, cwd, path):
                           env=env, check=False)
 
 
+@pytest.mark.slow                 # a fresh interpreter (subprocess): the slow lane
 def test_a_plugin_builder_runs_from_the_command_line_losslessly(tmp_path):
     (tmp_path / "beam_plugin.py").write_text(PLUGIN)
     out = tmp_path / "run"
@@ -71,6 +74,7 @@ def test_a_plugin_builder_runs_from_the_command_line_losslessly(tmp_path):
     assert typo.returncode == 2 and "max_children: expected int, got 'two'" in typo.stderr
 
 
+@pytest.mark.slow                 # a fresh interpreter (subprocess): the slow lane
 def test_a_plugin_builder_that_raises_or_breaks_the_contract_is_one_line(tmp_path):
     """Exit 2 and one line naming the builder, as for a plugin that does not import (no traceback)."""
     (tmp_path / "broken_plugin.py").write_text(textwrap.dedent('''
