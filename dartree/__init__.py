@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 #: public name -> the module that defines it
 _EXPORTS = {
-    "CorrectionHead": "dartree.block", "DraftBlock": "dartree.block",
+    "CorrectionHead": "dartree.protocols", "DraftBlock": "dartree.block",
     "BUILDERS": "dartree.builders", "TreeBuilder": "dartree.builders", "make_builder": "dartree.builders",
     "register_builder": "dartree.builders",
     "GenerationResult": "dartree.decode", "RoundStats": "dartree.decode", "SpeculativeDecoder": "dartree.decode",
@@ -27,9 +27,10 @@ __all__ = ["BUILDERS", "CorrectionHead", "DraftBlock", "DraftTree", "GenerationR
            "make_builder", "register_builder", "top_b_select"]
 
 if TYPE_CHECKING:
-    from dartree.block import CorrectionHead, DraftBlock
+    from dartree.block import DraftBlock
     from dartree.builders import BUILDERS, TreeBuilder, make_builder, register_builder
     from dartree.decode import GenerationResult, RoundStats, SpeculativeDecoder, generate_ar
+    from dartree.protocols import CorrectionHead
     from dartree.select import best_first_select, top_b_select
     from dartree.tree import DraftTree
     from dartree.verify import GeneratorSampler, KeyedSampler

@@ -23,7 +23,6 @@ single-request runs).  Any object that already has the four methods is used as i
 from __future__ import annotations
 
 import copy
-from typing import Protocol, runtime_checkable
 
 import torch
 import torch.nn.functional as F
@@ -32,23 +31,9 @@ from torch import Tensor, nn
 from dartree.block import DraftBlock
 from dartree.models.drafter import DFlashDrafter
 from dartree.models.kmajor import derived
+from dartree.protocols import BatchDrafter, check_drafter, is_batch_drafter
 
 __all__ = ["BatchDrafter", "DFlashRows", "RowsOfDrafters", "batch_drafter"]
-
-
-@runtime_checkable
-class BatchDrafter(Protocol):
-    target_layer_ids: tuple[int, ...]
-
-    def start(self, batch_size: int) -> None: ...
-
-    def append_rows(self, hidden_states: Tensor | None, tokens: Tensor, counts: list[int]) -> None: ...
-
-    def draft_rows(self, roots: Tensor) -> DraftBlock: ...
-
-    def keep_rows(self, rows: list[int]) -> None: ...
-
-    def add_rows(self, hidden_states: Tensor | None, tokens: Tensor, counts: list[int]) -> None: ...
 
 
 def _check_counts(tokens: Tensor, counts: list[int], batch: int) -> None:
@@ -94,9 +79,7 @@ class RowsOfDrafters:
     """
 
     def __init__(self, template) -> None:
-        for attr in ("reset", "append_context", "draft", "target_layer_ids"):
-            if not hasattr(template, attr):
-                raise ValueError(f"drafter: missing {attr!r}; expected a drafter (see dartree.decode.Drafter)")
+        check_drafter(template)
         self.template = template
         self.target_layer_ids = tuple(template.target_layer_ids)
         self.rows: list = []
@@ -237,7 +220,7 @@ class DFlashRows:
 def batch_drafter(drafter) -> BatchDrafter:
     """The batch form of ``drafter``: itself if it has the batch methods, :class:`DFlashRows` for a
     :class:`DFlashDrafter`, otherwise :class:`RowsOfDrafters` (one copy per row)."""
-    if all(hasattr(drafter, a) for a in ("start", "append_rows", "draft_rows", "keep_rows", "target_layer_ids")):
+    if is_batch_drafter(drafter):
         return drafter
     if isinstance(drafter, DFlashDrafter):
         return DFlashRows(drafter)

@@ -1,20 +1,18 @@
-"""What a drafter hands to a tree builder, and the correction-head protocol.
+"""What a drafter hands to a tree builder.
 
 A drafter runs once per round and returns a :class:`DraftBlock`: base (marginal) logits for each
-of the next ``gamma`` positions, optional hidden representations, and the root token.  A
-:class:`CorrectionHead` re-scores candidate tokens given the tokens drafted before them on their
-own branch (path-conditioned correction, as in Domino and DSpark).
+of the next ``gamma`` positions, optional hidden representations, and the root token.  The protocols over
+it (the drafter's, the correction head's) are in :mod:`dartree.protocols`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
 
-__all__ = ["DraftBlock", "CorrectionHead", "check_finite", "check_logits", "check_not_meta"]
+__all__ = ["DraftBlock", "check_finite", "check_logits", "check_not_meta"]
 
 
 def check_not_meta(name: str, x: Tensor) -> None:
@@ -123,55 +121,3 @@ class DraftBlock:
             index = slice(index, index + 1)
         hidden = None if self.hidden is None else self.hidden[index]
         return DraftBlock(logits=self.logits[index], root=self.root[index], hidden=hidden)
-
-
-@runtime_checkable
-class CorrectionHead(Protocol):
-    """Path-conditioned re-scoring of draft candidates.  ``depth`` is 1-based.
-
-    Shape:
-        initial_state -> ``[b, S]`` the state at the root.
-        logits:  states ``[b, m, S]`` (m branches at depth-1), candidates int64 ``[b, K]`` (the set
-                 ``C_depth``) -> corrected logits ``[b, m, K]`` of the K candidates on each branch.
-        advance: states ``[b, m, S]``, tokens int64 ``[b, m]`` appended at ``depth`` -> ``[b, m, S]``.
-
-    ``b`` is the batch of ``block``; builders may pass a sub-block (``block.rows(...)``) with the
-    matching states, so a head must index the block by the batch it is given, never cache by row.
-
-    Optional fused method (detected with ``getattr(head, "advance_logits", None)``; builders fall
-    back to the two calls when it is missing)::
-
-        advance_logits(block, depth, states, tokens, candidates) -> (new_states, logits)
-
-    Advance ``states [b, m, S]`` by ``tokens`` int64 ``[b, m]`` appended at ``depth``
-    (``1 <= depth < gamma``), then score ``candidates`` int64 ``[b, K]`` (the set ``C_{depth+1}``) at
-    ``depth + 1``.  Returns ``(new_states [b, m, S], logits [b, m, K])``, equal (bit for bit, fp32) to
-    ``s = advance(block, depth, states, tokens); (s, logits(block, depth + 1, s, candidates))``.  It is
-    never called at the last depth: builders never compute the last depth's advance.
-
-    Optional whole-vocabulary logits (detected with ``getattr(head, "vocab_logits", None)``; what sampled
-    trees propose from, :mod:`dartree.verify.rejection`, which else calls ``logits`` with every token as a
-    candidate)::
-
-        vocab_logits(block, depth, states) -> logits [b, m, V]
-
-    equal (to float rounding) to ``logits(block, depth, states, arange(V))``.
-
-    Optional preparation (detected with ``getattr(head, "prepare_block", None)``; perf: what every
-    depth of a build shares is computed once, and a depth costs one call)::
-
-        prepare_block(block, candidates) -> steps | None
-
-    ``candidates`` int64 ``[b, gamma, K]`` are the sets ``C_d`` of every depth (``[:, d - 1]``), fixed
-    for the build.  ``steps.logits(depth, states)`` and ``steps.advance_logits(depth, states, tokens)``
-    must equal (bit for bit, fp32) ``logits(block, depth, states, candidates[:, depth - 1])`` and
-    ``advance_logits(block, depth, states, tokens, candidates[:, depth])``.  ``None`` declines (the
-    builder then makes the calls above).  The depth-wise fast builders use it; the reference backend
-    and the sequential heap (which scores sub-blocks) make the protocol calls.
-    """
-
-    def initial_state(self, block: DraftBlock) -> Tensor: ...
-
-    def logits(self, block: DraftBlock, depth: int, states: Tensor, candidates: Tensor) -> Tensor: ...
-
-    def advance(self, block: DraftBlock, depth: int, states: Tensor, tokens: Tensor) -> Tensor: ...

@@ -20,7 +20,8 @@ from typing import Any
 
 import torch
 
-from dartree.block import CorrectionHead, DraftBlock, check_logits, check_not_meta
+from dartree.block import DraftBlock, check_logits, check_not_meta
+from dartree.protocols import CorrectionHead
 from dartree.scoring import NORMALIZE_CHOICES, Normalize
 from dartree.sequoia import DEFAULT_ACCEPTANCE, check_acceptance
 from dartree.timing import TimedHead, checked_head

@@ -50,15 +50,14 @@ wall time of each stage (:class:`RoundStats`); ``tau`` is the mean committed per
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Protocol, runtime_checkable
 
 import torch
 from torch import Tensor, nn
 
-from dartree.block import CorrectionHead, DraftBlock
 from dartree.builders import TreeBuilder
 from dartree.engine import Engine
 from dartree.models.target import HFTarget
+from dartree.protocols import CorrectionHead, Drafter, Sampler, check_drafter
 from dartree.rounds import (
     ROUND_STAGES,
     STOP_REASONS,
@@ -70,29 +69,9 @@ from dartree.rounds import (
     check_requests,
 )
 from dartree.timing import check_head, timed_head
-from dartree.verify.sampling import Sampler
 
 __all__ = ["Drafter", "RoundStats", "GenerationResult", "SpeculativeDecoder", "generate_ar", "STOP_REASONS",
            "ROUND_STAGES"]
-
-@runtime_checkable
-class Drafter(Protocol):
-    """A block drafter driven by :class:`SpeculativeDecoder` (see the module docstring).
-
-    Shape:
-        append_context: hidden_states float ``[b, m, len(target_layer_ids) * H]`` or ``None``,
-                        tokens int64 ``[b, m]``.
-        draft:          root int64 ``[b]`` -> DraftBlock with logits ``[b, gamma, V]``.
-    """
-
-    target_layer_ids: tuple[int, ...]
-
-    def reset(self) -> None: ...
-
-    def append_context(self, hidden_states: Tensor | None, tokens: Tensor) -> None: ...
-
-    def draft(self, root: Tensor) -> DraftBlock: ...
-
 
 class SpeculativeDecoder:
     """Draft-tree speculative decoding: draft a block, build a tree, verify it in one forward, commit.
@@ -112,10 +91,7 @@ class SpeculativeDecoder:
         builder: TreeBuilder,
         head: CorrectionHead | None = None,
     ) -> None:
-        for attr in ("reset", "append_context", "draft", "target_layer_ids"):
-            if not hasattr(drafter, attr):
-                raise ValueError(f"drafter: missing {attr!r}; a drafter needs target_layer_ids, reset(), "
-                                 f"append_context(hidden_states, tokens) and draft(root)")
+        check_drafter(drafter)
         if not hasattr(builder, "build") or not hasattr(builder, "needs_head"):
             raise ValueError(f"builder: expected a TreeBuilder (dartree.make_builder), got {type(builder).__name__}")
         if builder.needs_head and head is None:

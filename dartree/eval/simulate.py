@@ -25,10 +25,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from dartree.block import CorrectionHead, DraftBlock
+from dartree.block import DraftBlock
 from dartree.decode import generate_ar
 from dartree.eval.bundles import Bundle
 from dartree.models.target import HFTarget
+from dartree.protocols import CorrectionHead
 from dartree.tree import PAD, DraftTree
 from dartree.verify.accept import accept_picks
 from dartree.verify.sampling import KeyedSampler

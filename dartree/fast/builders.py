@@ -15,10 +15,11 @@ validated by :class:`dartree.builders.TreeBuilder`.
 
 from __future__ import annotations
 
-from dartree.block import CorrectionHead, DraftBlock
+from dartree.block import DraftBlock
 from dartree.fast import ops
 from dartree.fast.heap import sequential_heap
 from dartree.fast.sequoia import corrected_sequoia, sequoia
+from dartree.protocols import CorrectionHead
 from dartree.tree import DraftTree
 
 __all__ = ["chain", "ddtree", "corrected_chain", "corrected_chain_ddtree", "sequential_heap", "dartree_fixed",

@@ -21,11 +21,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from dartree.block import CorrectionHead, DraftBlock
+from dartree.block import DraftBlock
 from dartree.fast import checks, expansion, ops
 from dartree.fast.heads import HeadSteps, check_logits_finite
 from dartree.fast.keys import lexsort, word_plan
 from dartree.fast.results import CandidateSet
+from dartree.protocols import CorrectionHead
 from dartree.scoring import log_normalize
 from dartree.tree import PAD, DraftTree
 

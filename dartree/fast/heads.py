@@ -14,8 +14,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from dartree.block import CorrectionHead, DraftBlock
+from dartree.block import DraftBlock
 from dartree.fast import checks
+from dartree.protocols import CorrectionHead
 from dartree.timing import TimedHead, check_steps
 
 __all__ = ["HeadSteps", "head_initial", "head_logits", "head_advance", "head_advance_logits", "fused"]

@@ -25,9 +25,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from dartree.block import CorrectionHead, DraftBlock, check_logits
+from dartree.block import DraftBlock, check_logits
 from dartree.fast.heads import head_advance_logits, head_initial, head_logits
 from dartree.fast.widths import trie_size
+from dartree.protocols import CorrectionHead
 from dartree.scoring import check_candidate_logits, log_normalize_host
 from dartree.tree import PAD, DraftTree
 

@@ -24,11 +24,12 @@ import numpy as np
 import torch
 
 from dartree import native
-from dartree.block import CorrectionHead, DraftBlock
+from dartree.block import DraftBlock
 from dartree.fast import expansion
 from dartree.fast.heads import HeadSteps
 from dartree.fast.host import candidates_native, keep_best, select
 from dartree.fast.widths import pruned_widths, quota_widths, trie_size
+from dartree.protocols import CorrectionHead
 from dartree.scoring import log_normalize_host, rest_logsumexp
 from dartree.structure import PAD
 from dartree.tree import DraftTree

@@ -15,9 +15,10 @@ import functools
 import torch
 from torch import Tensor
 
-from dartree.block import CorrectionHead, DraftBlock
+from dartree.block import DraftBlock
 from dartree.fast.core import candidate_set
 from dartree.fast.heads import check_logits_finite, head_advance, head_initial, head_logits
+from dartree.protocols import CorrectionHead
 from dartree.scoring import log_normalize
 from dartree.sequoia import RankShape, rank_shape
 from dartree.tree import PAD, DraftTree

@@ -15,9 +15,10 @@ validated by :class:`dartree.builders.TreeBuilder`.
 
 from __future__ import annotations
 
-from dartree.block import CorrectionHead, DraftBlock
+from dartree.block import DraftBlock
 from dartree.fast.core import assemble, candidate_set, expand
 from dartree.fast.widths import beam_widths, pruned_widths, quota_widths
+from dartree.protocols import CorrectionHead
 from dartree.tree import DraftTree
 
 __all__ = ["chain", "ddtree", "corrected_chain", "corrected_chain_ddtree", "dartree_fixed", "dartree_pruned"]

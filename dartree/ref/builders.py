@@ -10,7 +10,8 @@ import math
 
 import torch
 
-from dartree.block import CorrectionHead, DraftBlock
+from dartree.block import DraftBlock
+from dartree.protocols import CorrectionHead
 from dartree.ref.core import (
     Node,
     advance,

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from dartree.block import CorrectionHead, DraftBlock, check_finite
+from dartree.block import DraftBlock, check_finite
+from dartree.protocols import CorrectionHead
 from dartree.scoring import Candidates, child_scores, log_normalize
 from dartree.tree import PAD, DraftTree, rank_path_key
 

@@ -18,6 +18,7 @@ from torch import Tensor
 
 from dartree import native
 from dartree.fast import ops
+from dartree.protocols import check_sampler
 from dartree.tree import PAD, DraftTree
 from dartree.verify.sampling import GeneratorSampler, KeyedSampler, Sampler, check_temperature, sample_checked
 
@@ -115,8 +116,7 @@ def verify_sampled(
     _check_logits(tree, target_logits)
     if check_temperature(temperature) == 0:
         raise ValueError("temperature: 0 is greedy; use verify_greedy (verify_sampled needs a temperature > 0)")
-    if not hasattr(sampler, "sample"):
-        raise ValueError(f"sampler: expected an object with sample(logits, positions), got {type(sampler).__name__}")
+    check_sampler(sampler)
     positions = tree.positions(prefix_len) + 1
     picks = sample_checked(sampler, target_logits.float() / temperature, positions)   # float32: as generate_ar
     return accept_picks(tree, picks.to(torch.int64))

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import math
 import sys
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from dartree.arguments import plain_scalar
+from dartree.protocols import Sampler
 
 __all__ = ["Sampler", "GeneratorSampler", "KeyedSampler", "hash32", "MIN_TEMPERATURE", "MAX_TEMPERATURE",
            "check_temperature", "sample_checked"]
@@ -34,19 +35,6 @@ MIN_TEMPERATURE = 1e-6
 MAX_TEMPERATURE = 1e4
 
 _MASK32 = 0xFFFFFFFF
-
-
-@runtime_checkable
-class Sampler(Protocol):
-    """Draws one token per row of temperature-scaled logits.
-
-    Shape:
-        logits:    float ``[..., V]`` already divided by the temperature.
-        positions: int64 ``[...]`` absolute position of the token being drawn.
-        returns:   int64 ``[...]``.
-    """
-
-    def sample(self, logits: Tensor, positions: Tensor) -> Tensor: ...
 
 
 def check_temperature(temperature: Any) -> float:

@@ -7,8 +7,9 @@ import torch
 import torch.nn.functional as F
 from torch.testing import assert_close
 
-from dartree.block import CorrectionHead, DraftBlock
+from dartree.block import DraftBlock
 from dartree.models.heads import GRUHead, MarkovHead
+from dartree.protocols import CorrectionHead
 
 B, GAMMA, V, H = 3, 4, 111, 32
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import dartree
-from dartree.block import CorrectionHead
 from dartree.decode import Drafter, SpeculativeDecoder
 from dartree.models import DFlashDrafter, GRUHead, MarkovHead, zoo
+from dartree.protocols import CorrectionHead
 
 NEW_TOKENS = 16
 FILES = ("tokenizer.json", "target/config.json", "target/model.safetensors", "drafter/config.json",

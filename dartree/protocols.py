@@ -1,0 +1,158 @@
+"""The protocols a user's objects follow, on the ground floor, and their checks in one place.
+
+:class:`Drafter` (one request) and :class:`BatchDrafter` (rows of a batch) propose blocks,
+:class:`CorrectionHead` re-scores a branch's candidates, :class:`Sampler` draws the target's tokens at T>0.
+Every entry point checks a user's object here (:func:`check_drafter`, :func:`check_sampler`), and an optional
+head method is looked up by :func:`head_method` alone, so what a protocol asks for is written once.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+from torch import Tensor
+
+from dartree.block import DraftBlock
+
+__all__ = ["Drafter", "BatchDrafter", "CorrectionHead", "Sampler", "DRAFTER_MEMBERS", "BATCH_DRAFTER_MEMBERS",
+           "OPTIONAL_HEAD_METHODS", "check_drafter", "is_batch_drafter", "check_sampler", "head_method"]
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    """A block drafter driven by :class:`~dartree.decode.SpeculativeDecoder`: ``reset()`` at a new request,
+    ``append_context`` with the target's hidden states and the committed tokens, ``draft(root)`` a block.
+
+    Shape:
+        append_context: hidden_states float ``[b, m, len(target_layer_ids) * H]`` or ``None``,
+                        tokens int64 ``[b, m]``.
+        draft:          root int64 ``[b]`` -> DraftBlock with logits ``[b, gamma, V]``.
+    """
+
+    target_layer_ids: tuple[int, ...]
+
+    def reset(self) -> None: ...
+
+    def append_context(self, hidden_states: Tensor | None, tokens: Tensor) -> None: ...
+
+    def draft(self, root: Tensor) -> DraftBlock: ...
+
+
+@runtime_checkable
+class BatchDrafter(Protocol):
+    """A drafter of several rows at once (:mod:`dartree.batch_drafters` wraps a :class:`Drafter` as one):
+    ``start`` a batch, ``append_rows`` each row's ``counts`` new tokens, ``draft_rows`` one block for every row,
+    ``keep_rows`` the rows still decoding, ``add_rows`` new requests."""
+
+    target_layer_ids: tuple[int, ...]
+
+    def start(self, batch_size: int) -> None: ...
+
+    def append_rows(self, hidden_states: Tensor | None, tokens: Tensor, counts: list[int]) -> None: ...
+
+    def draft_rows(self, roots: Tensor) -> DraftBlock: ...
+
+    def keep_rows(self, rows: list[int]) -> None: ...
+
+    def add_rows(self, hidden_states: Tensor | None, tokens: Tensor, counts: list[int]) -> None: ...
+
+
+@runtime_checkable
+class CorrectionHead(Protocol):
+    """Path-conditioned re-scoring of draft candidates.  ``depth`` is 1-based.
+
+    Shape:
+        initial_state -> ``[b, S]`` the state at the root.
+        logits:  states ``[b, m, S]`` (m branches at depth-1), candidates int64 ``[b, K]`` (the set
+                 ``C_depth``) -> corrected logits ``[b, m, K]`` of the K candidates on each branch.
+        advance: states ``[b, m, S]``, tokens int64 ``[b, m]`` appended at ``depth`` -> ``[b, m, S]``.
+
+    ``b`` is the batch of ``block``; builders may pass a sub-block (``block.rows(...)``) with the
+    matching states, so a head must index the block by the batch it is given, never cache by row.
+
+    Optional fused method (detected with ``head_method(head, "advance_logits")``; builders fall
+    back to the two calls when it is missing)::
+
+        advance_logits(block, depth, states, tokens, candidates) -> (new_states, logits)
+
+    Advance ``states [b, m, S]`` by ``tokens`` int64 ``[b, m]`` appended at ``depth``
+    (``1 <= depth < gamma``), then score ``candidates`` int64 ``[b, K]`` (the set ``C_{depth+1}``) at
+    ``depth + 1``.  Returns ``(new_states [b, m, S], logits [b, m, K])``, equal (bit for bit, fp32) to
+    ``s = advance(block, depth, states, tokens); (s, logits(block, depth + 1, s, candidates))``.  It is
+    never called at the last depth: builders never compute the last depth's advance.
+
+    Optional whole-vocabulary logits (detected with ``head_method(head, "vocab_logits")``; what sampled
+    trees propose from, :mod:`dartree.verify.rejection`, which else calls ``logits`` with every token as a
+    candidate)::
+
+        vocab_logits(block, depth, states) -> logits [b, m, V]
+
+    equal (to float rounding) to ``logits(block, depth, states, arange(V))``.
+
+    Optional preparation (detected with ``head_method(head, "prepare_block")``; perf: what every
+    depth of a build shares is computed once, and a depth costs one call)::
+
+        prepare_block(block, candidates) -> steps | None
+
+    ``candidates`` int64 ``[b, gamma, K]`` are the sets ``C_d`` of every depth (``[:, d - 1]``), fixed
+    for the build.  ``steps.logits(depth, states)`` and ``steps.advance_logits(depth, states, tokens)``
+    must equal (bit for bit, fp32) ``logits(block, depth, states, candidates[:, depth - 1])`` and
+    ``advance_logits(block, depth, states, tokens, candidates[:, depth])``.  ``None`` declines (the
+    builder then makes the calls above).  The depth-wise fast builders use it; the reference backend
+    and the sequential heap (which scores sub-blocks) make the protocol calls.
+    """
+
+    def initial_state(self, block: DraftBlock) -> Tensor: ...
+
+    def logits(self, block: DraftBlock, depth: int, states: Tensor, candidates: Tensor) -> Tensor: ...
+
+    def advance(self, block: DraftBlock, depth: int, states: Tensor, tokens: Tensor) -> Tensor: ...
+
+
+@runtime_checkable
+class Sampler(Protocol):
+    """Draws one token per row of temperature-scaled logits.
+
+    Shape:
+        logits:    float ``[..., V]`` already divided by the temperature.
+        positions: int64 ``[...]`` absolute position of the token being drawn.
+        returns:   int64 ``[...]``.
+    """
+
+    def sample(self, logits: Tensor, positions: Tensor) -> Tensor: ...
+
+
+#: what :class:`Drafter` asks for, checked by :func:`check_drafter`
+DRAFTER_MEMBERS = ("reset", "append_context", "draft", "target_layer_ids")
+#: what :class:`BatchDrafter` asks for (its row methods), read by :func:`is_batch_drafter`
+BATCH_DRAFTER_MEMBERS = ("start", "append_rows", "draft_rows", "keep_rows", "target_layer_ids")
+#: the optional methods of a :class:`CorrectionHead` (its docstring says what each must equal)
+OPTIONAL_HEAD_METHODS = ("advance_logits", "vocab_logits", "prepare_block")
+
+
+def check_drafter(drafter: Any, name: str = "drafter") -> None:
+    """``ValueError`` naming ``name`` and the first member of :class:`Drafter` that ``drafter`` lacks."""
+    for member in DRAFTER_MEMBERS:
+        if not hasattr(drafter, member):
+            raise ValueError(f"{name}: missing {member!r}; a drafter needs target_layer_ids, reset(), "
+                             f"append_context(hidden_states, tokens) and draft(root) (dartree.protocols.Drafter)")
+
+
+def is_batch_drafter(drafter: Any) -> bool:
+    """Whether ``drafter`` drafts rows of a batch itself (has every member of :class:`BatchDrafter`)."""
+    return all(hasattr(drafter, member) for member in BATCH_DRAFTER_MEMBERS)
+
+
+def check_sampler(sampler: Any, name: str = "sampler") -> None:
+    """``ValueError`` naming ``name`` unless ``sampler`` has :class:`Sampler`'s ``sample(logits, positions)``."""
+    if not callable(getattr(sampler, "sample", None)):
+        raise ValueError(f"{name}: expected an object with sample(logits, positions) (dartree.protocols.Sampler), "
+                         f"got {type(sampler).__name__}")
+
+
+def head_method(head: Any, method: str) -> Any:
+    """The optional :class:`CorrectionHead` method ``method`` of ``head`` (one of
+    :data:`OPTIONAL_HEAD_METHODS`), or ``None`` when the head does not have it."""
+    if method not in OPTIONAL_HEAD_METHODS:
+        raise ValueError(f"method: expected one of {OPTIONAL_HEAD_METHODS}, got {method!r}")
+    return getattr(head, method, None)
