@@ -126,14 +126,14 @@ def check_builder(builder: TreeBuilder | str, config: dict[str, Any] | None = No
             raise AssertionError(f"{builders[0].name}, example seed {seed + k}: fast != ref "
                                  f"({trees[1][1].canonical()} vs {trees[0][1].canonical()})")
     if decode:
-        _check_lossless(builders[-1], head, seed)
-        if temperature > 0:
-            threads = torch.get_num_threads()
-            torch.set_num_threads(1)        # tiny models: one thread is ~10x faster than an oversubscribed pool
-            try:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)            # tiny models: one thread is ~10x faster than an oversubscribed pool
+        try:
+            _check_lossless(builders[-1], head, seed)
+            if temperature > 0:
                 _check_law(builders[-1], head, float(temperature), seed, draws, alpha)
-            finally:
-                torch.set_num_threads(threads)
+        finally:
+            torch.set_num_threads(threads)
 
 
 def _built(builder: TreeBuilder, block: DraftBlock, head, where: str):
