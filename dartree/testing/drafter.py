@@ -158,8 +158,9 @@ class SharpDrafter:
     through the residual of rejected drafts.
 
     Batch-native (the :mod:`dartree.batch_drafters` protocol: every row's block from ``gamma`` batched forwards of
-    the target over the left-padded contexts, no cache) and a single-request drafter (``reset`` /
-    ``append_context`` / ``draft``).  Deterministic: no noise of its own.
+    the target over the left-padded contexts, no KV cache; each context's block is kept, so a context seen before
+    costs nothing) and a single-request drafter (``reset`` / ``append_context`` / ``draft``).  Deterministic: no
+    noise of its own.
 
     Args:
         model: the target's HF causal LM (fp32; contexts of a few dozen tokens: it recomputes them every round).
@@ -177,6 +178,7 @@ class SharpDrafter:
         self.model, self.gamma, self.sharpness = model, gamma, float(sharpness)
         self.device = next(model.parameters()).device
         self.contexts: list[list[int]] = []
+        self._memo: dict[tuple[int, ...], Tensor] = {}
 
     # the single-request protocol (dartree.decode)
     def reset(self) -> None:
@@ -206,7 +208,16 @@ class SharpDrafter:
 
     @torch.no_grad()
     def draft_rows(self, roots: Tensor) -> DraftBlock:
-        seqs = [c + [r] for c, r in zip(self.contexts, roots.tolist(), strict=True)]
+        seqs = [tuple(c) + (r,) for c, r in zip(self.contexts, roots.tolist(), strict=True)]
+        missing = list(dict.fromkeys(s for s in seqs if s not in self._memo))
+        if missing:
+            for s, block in zip(missing, self._blocks([list(s) for s in missing]), strict=True):
+                self._memo[s] = block
+        return DraftBlock(logits=torch.stack([self._memo[s] for s in seqs]), root=roots)
+
+    def _blocks(self, seqs: list[list[int]]) -> Tensor:
+        """``[len(seqs), gamma, V]``: the blocks of contexts not drafted before (the drafter is a function of its
+        context: blocks are kept per context, so that many decodes of a few prompts run no forward twice)."""
         logits = []
         for _ in range(self.gamma):
             width = max(len(s) for s in seqs)
@@ -216,4 +227,4 @@ class SharpDrafter:
                              position_ids=(mask.cumsum(1) - 1).clamp(min=0)).logits[:, -1].float()
             logits.append(out * self.sharpness)
             seqs = [s + [t] for s, t in zip(seqs, out.argmax(-1).tolist(), strict=True)]
-        return DraftBlock(logits=torch.stack(logits, dim=1), root=roots)
+        return torch.stack(logits, dim=1)
