@@ -148,3 +148,38 @@ def test_decoding_up_to_the_models_last_position_keeps_the_law(name, verifier):
     counts = outcome_counts(decoder(name, "fast", model=model), PROMPT, 3, 300, seed=6, verifier=verifier)
     check = chi_square(counts, target_law(model, PROMPT, 3, Warp(1.0)), ALPHA)
     assert check.passed, check
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["ddtree", "dartree-pruned"])
+def test_top_p_past_the_proposals_nucleus_candidates_keeps_the_law(name):
+    """V = 300 > NUCLEUS_CANDIDATES (256): the proposal's top-p is taken over its 256 most likely tokens, the
+    target's over all 300.  Rounds' tokens (positions 2 and 3) stay in the target's top-p set, and their ranks
+    after their own prefixes (bins 0, 1-2, 3-9, 10+) follow the target's law (Pearson on summed per-row
+    probabilities: smaller than a chi-square in law, false-alarm rate below ALPHA)."""
+    from dartree.testing.law import chi2_critical
+    from dartree.verify.rejection import NUCLEUS_CANDIDATES
+    from tests.law.helpers import builder_and_head
+
+    vocab, rows, warp = 300, 300, Warp(1.0, top_p=0.9)
+    assert vocab > NUCLEUS_CANDIDATES
+    model = tiny_lm("llama", "sdpa", vocab=vocab, seed=4)
+    with torch.no_grad():                        # wide laws: the top-p set holds tens of tokens
+        model.lm_head.weight.mul_(25.0)
+    builder, head = builder_and_head(name, "fast")
+    dec = dartree.SpeculativeDecoder(model, SharpDrafter(model, GAMMA, 1.5), builder, head)
+    out = dec.generate_batch([PROMPT] * rows, 3, 1.0, GeneratorSampler(torch.Generator().manual_seed(8)),
+                             verifier="rejection", top_p=0.9)
+    seqs = torch.stack([torch.cat([PROMPT, r.tokens[0]]) for r in out])
+    with torch.no_grad():
+        p = warp.logits(model(seqs).logits[:, PROMPT.shape[0]: -1]).double().softmax(-1)      # [rows, 2, V]
+    tokens = seqs[:, PROMPT.shape[0] + 1:]
+    assert bool((torch.gather(p, -1, tokens[..., None]) > 0).all())          # inside the top-p set
+    order = p.argsort(dim=-1, descending=True)
+    ranks = (order == tokens[..., None]).float().argmax(-1)
+    edges = [0, 1, 3, 10, vocab]
+    sorted_p = torch.gather(p, -1, order)
+    expected = torch.stack([sorted_p[..., a:b].sum(-1) for a, b in zip(edges, edges[1:], strict=False)], -1).sum((0, 1))
+    observed = torch.stack([((ranks >= a) & (ranks < b)).sum() for a, b in zip(edges, edges[1:], strict=False)])
+    statistic = float(((observed - expected) ** 2 / expected).sum())
+    assert statistic < chi2_critical(len(edges) - 2, ALPHA), (observed.tolist(), expected.tolist())
