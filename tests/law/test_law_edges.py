@@ -183,3 +183,24 @@ def test_top_p_past_the_proposals_nucleus_candidates_keeps_the_law(name):
     observed = torch.stack([((ranks >= a) & (ranks < b)).sum() for a, b in zip(edges, edges[1:], strict=False)])
     statistic = float(((observed - expected) ** 2 / expected).sum())
     assert statistic < chi2_critical(len(edges) - 2, ALPHA), (observed.tolist(), expected.tolist())
+
+
+@pytest.mark.parametrize("name,verifier", [("dartree-pruned", "rejection"), ("corrected-sequoia", "rejection"),
+                                           ("ddtree", "match")])
+def test_batch_rows_reaching_the_models_last_position_at_different_rounds_keep_the_law(name, verifier):
+    """max_position_embeddings = 5 + 3: rows of the 5-token prompt end at the model's last position (their trees
+    cut), rows of the 3-token prompt beside them never reach it; each follows its law."""
+    from tests.law.test_law_rows import LONG
+
+    model = tiny_lm("llama", "sdpa", vocab=V, max_positions=LONG.shape[0] + 3)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(30.0)
+    rows = decoder(name, "fast", model=model).generate_batch(
+        [PROMPT, LONG] * 200, 3, 1.0, GeneratorSampler(torch.Generator().manual_seed(2)), verifier=verifier)
+    for parity, prompt in enumerate((PROMPT, LONG)):
+        counts: dict = {}
+        for r in rows[parity::2]:
+            key = tuple(r.tokens[0].tolist())
+            counts[key] = counts.get(key, 0) + 1
+        check = chi_square(counts, target_law(model, prompt, 3, Warp(1.0)), ALPHA)
+        assert check.passed, f"{name} ({verifier}), prompt {parity}: {check}"
