@@ -1,17 +1,21 @@
 """Test utilities for users checking their own drafters, heads and builders the way our tests do.
 
 * :func:`check_builder`: the builder contract (valid, decodable, within budget, deterministic, fast == ref,
-  lossless decoding) as one call, ``check_builder("my-builder")`` in a pytest test;
+  lossless decoding; with ``temperature=1`` the law of sampled decoding) as one call,
+  ``check_builder("my-builder")`` in a pytest test;
 * :mod:`dartree.testing.strategies`: the hypothesis strategies dartree's property tests draw from;
 * :class:`OracleDrafter`: a drafter proposing the target's own continuation with controllable noise;
+* :class:`SharpDrafter`: a batch-native drafter proposing the target's own law, sharpened (for law tests);
+* :mod:`dartree.testing.law`: exact target laws, one round's law by enumeration, a chi-square test with a stated
+  false-alarm rate and its power;
 * :class:`PathHashHead`, :class:`IdentityHead`: deterministic correction heads.
 """
 
 from dartree.testing.contract import check_builder
-from dartree.testing.drafter import OracleDrafter
+from dartree.testing.drafter import OracleDrafter, SharpDrafter
 from dartree.testing.heads import IdentityHead, PathHashHead
 
-__all__ = ["IdentityHead", "OracleDrafter", "PathHashHead", "check_builder", "strategies"]
+__all__ = ["IdentityHead", "OracleDrafter", "PathHashHead", "SharpDrafter", "check_builder", "strategies"]
 
 
 def __getattr__(name: str):

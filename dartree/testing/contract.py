@@ -14,14 +14,27 @@ deterministic test head where the builder needs one:
 * the build is deterministic (the same block twice gives the same tree);
 * ``fast == ref`` node for node (canonical forms) when the strategy has both backends;
 * decoding with it is lossless: on a tiny random Llama with a drafter that proposes the target's own
-  continuation with noise, the output equals greedy AR token for token.
+  continuation with noise, the output equals greedy AR token for token;
+* with ``temperature > 0``, decoding with it and the ``rejection`` verifier (its tree's shape, the tokens drawn
+  from the drafter's or the head's distribution: what a benchmark's "in law" rests on) has the target's law, on
+  a tiny 6-token Llama with an overconfident drafter (:class:`~dartree.testing.drafter.SharpDrafter`):
 
-A failure raises ``AssertionError`` naming the check, the example's seed and what differed.
+  - **exactly**: one round on the builder's own tree, every draw and acceptance outcome enumerated
+    (:func:`dartree.testing.law.round_law`), equals the target's joint law (to 1e-9);
+  - **statistically**: ``draws`` seeded decodes of 3 tokens (the rounds' real code, rows of ``generate_batch``)
+    against the target's exact law by Pearson's chi-square at the false-alarm rate ``alpha`` (default 1e-6:
+    a correct builder fails one call in a million seeds; a given seed always gives the same answer).  With the
+    default 2,000 draws a verifier accepting 5% too often is caught with power ~0.9 (its chi-square divergence on
+    this model is ~0.028 per decode, :func:`dartree.testing.law.power`), and exactly by the enumeration.
+
+A failure raises ``AssertionError`` naming the check, the builder and the seed and what differed; an exception
+raised by the builder itself becomes one too (the original chained as its cause).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import torch
@@ -74,11 +87,20 @@ def _fits(builder: TreeBuilder, block: DraftBlock) -> bool:
 
 
 def check_builder(builder: TreeBuilder | str, config: dict[str, Any] | None = None, *, examples: int = 12,
-                  seed: int = 0, decode: bool = True) -> None:
+                  seed: int = 0, decode: bool = True, temperature: float = 0.0, draws: int = 2000,
+                  alpha: float = 1e-6) -> None:
     """Check ``builder`` (a registered name, or a configured :class:`TreeBuilder`) against the contract in
     the module docstring; ``config``: settings for a name (default ``budget=8``, ``topk=4`` where the config
-    has them); ``decode=False`` skips the lossless decode (it needs transformers' Llama)."""
+    has them); ``decode=False`` skips the decodes (they need transformers' Llama); ``temperature > 0`` adds the
+    law checks at that temperature (``draws`` decodes, false-alarm rate ``alpha``, seeded by ``seed``)."""
     from dartree.testing.heads import PathHashHead
+
+    if isinstance(temperature, bool) or not isinstance(temperature, int | float) or not 0 <= temperature < math.inf:
+        raise ValueError(f"temperature: expected a finite number >= 0, got {temperature!r}")
+    if isinstance(draws, bool) or not isinstance(draws, int) or draws < 100:
+        raise ValueError(f"draws: expected an int >= 100, got {draws!r}")
+    if not isinstance(alpha, float) or not 0 < alpha < 1:
+        raise ValueError(f"alpha: expected a float in (0, 1), got {alpha!r}")
 
     builders = _configured(builder, config)
     head = PathHashHead() if builders[0].needs_head else None
@@ -90,13 +112,13 @@ def check_builder(builder: TreeBuilder | str, config: dict[str, Any] | None = No
         trees = []
         for b in builders:
             where = f"{b.name} ({b.backend}), example seed {seed + k}"
+            tree = _built(b, block, head, where)
             try:
-                tree = b.build(block, head)
                 tree.validate(gamma=block.gamma, budget=budget)
                 check_decodable(tree, block, budget)
             except ValueError as e:
                 raise AssertionError(f"{where}: the tree breaks the contract: {e}") from None
-            again = b.build(block, head)
+            again = _built(b, block, head, where)
             if again.canonical() != tree.canonical():
                 raise AssertionError(f"{where}: not deterministic (the same block built twice gave two trees)")
             trees.append((b, tree))
@@ -104,10 +126,25 @@ def check_builder(builder: TreeBuilder | str, config: dict[str, Any] | None = No
             raise AssertionError(f"{builders[0].name}, example seed {seed + k}: fast != ref "
                                  f"({trees[1][1].canonical()} vs {trees[0][1].canonical()})")
     if decode:
-        _check_lossless(builders[-1], head)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)            # tiny models: one thread is ~10x faster than an oversubscribed pool
+        try:
+            _check_lossless(builders[-1], head, seed)
+            if temperature > 0:
+                _check_law(builders[-1], head, float(temperature), seed, draws, alpha)
+        finally:
+            torch.set_num_threads(threads)
 
 
-def _check_lossless(builder: TreeBuilder, head) -> None:
+def _built(builder: TreeBuilder, block: DraftBlock, head, where: str):
+    """``builder.build``, an exception of the builder's own an AssertionError naming the builder and the seed."""
+    try:
+        return builder.build(block, head)
+    except Exception as e:          # noqa: BLE001 (any error of a user's builder is a failed check)
+        raise AssertionError(f"{where}: the builder raised {type(e).__name__}: {e}") from e
+
+
+def _check_lossless(builder: TreeBuilder, head, seed: int) -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from dartree.decode import SpeculativeDecoder, generate_ar
@@ -119,8 +156,92 @@ def _check_lossless(builder: TreeBuilder, head) -> None:
                                          attn_implementation="sdpa")).eval()
     decoder = SpeculativeDecoder(model, OracleDrafter(model, 4, demote=0.3, seed=1), builder, head)
     for prompt in (torch.tensor([3, 14, 15]), torch.tensor([9, 2, 6, 5, 35, 8, 9, 7])):
-        got = decoder.generate(prompt, 12).tokens
+        try:
+            got = decoder.generate(prompt, 12).tokens
+        except Exception as e:      # noqa: BLE001
+            raise AssertionError(f"{builder.name} ({builder.backend}), seed {seed}: greedy decoding raised "
+                                 f"{type(e).__name__}: {e}") from e
         want = generate_ar(model, prompt, 12).tokens
         if not torch.equal(got, want):
             raise AssertionError(f"{builder.name} ({builder.backend}): decoding is not lossless: "
                                  f"{got.tolist()} != greedy AR {want.tolist()}")
+
+
+_LAW_PROMPT = (1, 2, 3)
+
+
+def _law_world():
+    """The law checks' tiny target (a 6-token Llama, peaked next-token laws with a tail) and its drafter."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=6, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                         attn_implementation="sdpa")).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(30.0)
+    return model
+
+
+def _check_law(builder: TreeBuilder, head, temperature: float, seed: int, draws: int, alpha: float) -> None:
+    from dartree.builders import SequoiaConfig
+    from dartree.decode import SpeculativeDecoder
+    from dartree.fast.sequoia import shape_tree
+    from dartree.testing.drafter import SharpDrafter
+    from dartree.testing.law import chi_square, continued, outcome_counts, round_law, target_law
+    from dartree.verify.rejection import HEAD_DEPTHS, proposal_probs
+    from dartree.verify.warp import Warp
+
+    where = f"{builder.name} ({builder.backend}) at T={temperature:g}, seed {seed}"
+    model, warp, gamma = _law_world(), Warp(temperature), 3
+    prompt = torch.tensor(_LAW_PROMPT)
+    # exact: one round on the builder's own tree after the prompt and its most likely next token
+    drafter = SharpDrafter(model, gamma)
+    drafter.start(1)
+    drafter.append_rows(None, prompt[None], [prompt.shape[0]])
+    with torch.no_grad():
+        root = int(model(prompt[None]).logits[0, -1].argmax())
+    block = drafter.draft_rows(torch.tensor([root]))
+    static = isinstance(builder.config, SequoiaConfig) and getattr(builder, "trusted", False)
+    tree = shape_tree(block, builder.config, gamma, block.root) if static else _built(builder, block, head, where)
+    count = int(tree.num_nodes[0])
+    parents, depth = tree.parents[0, :count].tolist(), int(tree.depths[0, :count].max())
+    head_depths = getattr(builder.config, "head_depths", HEAD_DEPTHS) or gamma
+    memo: dict = {}
+
+    def p(path: tuple[int, ...]):
+        if ("p", path) not in memo:
+            with torch.no_grad():
+                logits = model(torch.tensor([[*_LAW_PROMPT, root, *path]])).logits[0, -1]
+            memo["p", path] = warp.logits(logits).double().softmax(-1).numpy()
+        return memo["p", path]
+
+    def state(path: tuple[int, ...]):
+        if ("s", path) not in memo:
+            memo["s", path] = head.initial_state(block)[:, None] if not path else \
+                head.advance(block, len(path), state(path[:-1]), torch.tensor([[path[-1]]]))
+        return memo["s", path]
+
+    def q(path: tuple[int, ...]):
+        d = len(path) + 1
+        if head is not None and d <= head_depths:
+            logits = head.logits(block, d, state(path), torch.arange(6)[None])[0, 0]
+        else:
+            logits = block.logits[0, d - 1]
+        return proposal_probs(warp, logits).double().numpy()
+
+    law = continued(round_law(parents, p, q), p, depth + 1)
+    truth = continued({(): 1.0}, p, depth + 1)
+    worst = max(abs(law.get(k, 0.0) - truth.get(k, 0.0)) for k in set(law) | set(truth))
+    if worst > 1e-9:
+        raise AssertionError(f"{where}: one round of the rejection verifier on the builder's tree is not the "
+                             f"target's law: an outcome's probability is off by {worst:.3g} (exact enumeration)")
+    # statistically: the real decode, rows of generate_batch
+    decoder = SpeculativeDecoder(model, SharpDrafter(model, gamma), builder, head)
+    try:
+        counts = outcome_counts(decoder, prompt, 3, draws, temperature=temperature, seed=seed, verifier="rejection")
+    except Exception as e:          # noqa: BLE001
+        raise AssertionError(f"{where}: decoding with the rejection verifier raised {type(e).__name__}: {e}") from e
+    check = chi_square(counts, target_law(model, prompt, 3, warp), alpha)
+    if not check.passed:
+        raise AssertionError(f"{where}: decoded outputs do not follow the target's law: {check}")

@@ -14,7 +14,7 @@ from dartree.block import DraftBlock
 from dartree.models.hf_compat import cache_kwargs
 from dartree.verify.sampling import KeyedSampler
 
-__all__ = ["OracleDrafter"]
+__all__ = ["OracleDrafter", "SharpDrafter"]
 
 
 class OracleDrafter:
@@ -148,3 +148,83 @@ class OracleDrafter:
         logits[rows[demoted], wrong[demoted]] = top[demoted] + 3 * self.margin
         logits[rows[dropped], truth[dropped]] = logits.min(dim=1).values[dropped] - self.margin
         return DraftBlock(logits=logits[None].to(self.device), root=root.to(self.device))
+
+
+class SharpDrafter:
+    """A drafter for law tests: at depth ``d`` it proposes the target's own next-token logits along its greedy
+    continuation of ``context + root`` (``d - 1`` tokens), times ``sharpness``: an overconfident drafter, whose
+    proposal ``q`` puts more mass than the target's ``p`` on likely tokens and less on the tail, as trained
+    drafters do.  That is where a wrong acceptance rule shows most: the tail tokens reach the output mostly
+    through the residual of rejected drafts.
+
+    Batch-native (the :mod:`dartree.batch_drafters` protocol: every row's block from ``gamma`` batched forwards of
+    the target over the left-padded contexts, no KV cache; each context's block is kept, so a context seen before
+    costs nothing) and a single-request drafter (``reset`` / ``append_context`` / ``draft``).  Deterministic: no
+    noise of its own.
+
+    Args:
+        model: the target's HF causal LM (fp32; contexts of a few dozen tokens: it recomputes them every round).
+        gamma: block length, ``>= 1``.
+        sharpness: the factor on the target's logits (``> 1``: sharper than the target).
+    """
+
+    target_layer_ids: tuple[int, ...] = ()
+
+    def __init__(self, model: nn.Module, gamma: int, sharpness: float = 2.0) -> None:
+        if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
+            raise ValueError(f"gamma: expected an int >= 1, got {gamma!r}")
+        if not isinstance(sharpness, int | float) or not sharpness > 0:
+            raise ValueError(f"sharpness: expected a number > 0, got {sharpness!r}")
+        self.model, self.gamma, self.sharpness = model, gamma, float(sharpness)
+        self.device = next(model.parameters()).device
+        self.contexts: list[list[int]] = []
+        self._memo: dict[tuple[int, ...], Tensor] = {}
+
+    # the single-request protocol (dartree.decode)
+    def reset(self) -> None:
+        self.start(1)
+
+    def append_context(self, hidden_states: Tensor | None, tokens: Tensor) -> None:
+        self.append_rows(hidden_states, tokens, [tokens.shape[1]])
+
+    def draft(self, root: Tensor) -> DraftBlock:
+        return self.draft_rows(root)
+
+    # the batch protocol (dartree.batch_drafters)
+    def start(self, batch_size: int) -> None:
+        self.contexts = [[] for _ in range(batch_size)]
+
+    def append_rows(self, hidden_states: Tensor | None, tokens: Tensor, counts: list[int]) -> None:
+        host = tokens.tolist()
+        for r, c in enumerate(counts):
+            self.contexts[r] += host[r][:c]
+
+    def add_rows(self, hidden_states: Tensor | None, tokens: Tensor, counts: list[int]) -> None:
+        host = tokens.tolist()
+        self.contexts += [host[r][:c] for r, c in enumerate(counts)]
+
+    def keep_rows(self, rows: list[int]) -> None:
+        self.contexts = [self.contexts[r] for r in rows]
+
+    @torch.no_grad()
+    def draft_rows(self, roots: Tensor) -> DraftBlock:
+        seqs = [tuple(c) + (r,) for c, r in zip(self.contexts, roots.tolist(), strict=True)]
+        missing = list(dict.fromkeys(s for s in seqs if s not in self._memo))
+        if missing:
+            for s, block in zip(missing, self._blocks([list(s) for s in missing]), strict=True):
+                self._memo[s] = block
+        return DraftBlock(logits=torch.stack([self._memo[s] for s in seqs]), root=roots)
+
+    def _blocks(self, seqs: list[list[int]]) -> Tensor:
+        """``[len(seqs), gamma, V]``: the blocks of contexts not drafted before (the drafter is a function of its
+        context: blocks are kept per context, so that many decodes of a few prompts run no forward twice)."""
+        logits = []
+        for _ in range(self.gamma):
+            width = max(len(s) for s in seqs)
+            ids = torch.tensor([[0] * (width - len(s)) + s for s in seqs], device=self.device)
+            mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in seqs], device=self.device)
+            out = self.model(input_ids=ids, attention_mask=mask,
+                             position_ids=(mask.cumsum(1) - 1).clamp(min=0)).logits[:, -1].float()
+            logits.append(out * self.sharpness)
+            seqs = [s + [t] for s, t in zip(seqs, out.argmax(-1).tolist(), strict=True)]
+        return torch.stack(logits, dim=1)

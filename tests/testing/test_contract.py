@@ -12,6 +12,7 @@ from dartree.builders import BuilderSpec, TreeConfig, register_builder, register
 from dartree.ref.core import Node, assemble
 from dartree.testing import check_builder
 from dartree.testing.strategies import blocks, config_for, trees
+from tests.verify.helpers import one_thread  # noqa: F401 (autouse fixture)
 
 
 @pytest.fixture(autouse=True)
@@ -115,3 +116,36 @@ def test_the_decoder_refuses_a_tree_over_the_budget_of_a_builder_of_its_own():
     decoder = SpeculativeDecoder(model, OracleDrafter(model, 4, demote=0.3, seed=1), Overflowing())
     with pytest.raises(ValueError, match="budget"):
         decoder.generate(torch.tensor([3, 14, 15]), 8)
+
+
+def test_check_builder_checks_the_law_at_temperature_1():
+    check_builder("corrected-sequoia", examples=2, temperature=1.0, draws=1000)
+
+
+def test_check_builder_catches_a_verifier_accepting_5_percent_too_often(monkeypatch):
+    """The law check fails with the builder and the seed named: exactly (the enumeration), and by the seeded
+    chi-square alone (the enumeration kept on the correct rule, the decode on the biased one)."""
+    import functools
+
+    import dartree.testing.law as law
+    from dartree.verify import rejection
+
+    def correct(r, s, x):
+        return (1.0 if s[x] <= 0 else min(1.0, r[x] / s[x]), *rejection._after_rejection(r, s, x))
+
+    monkeypatch.setattr(rejection, "_accept_probability",
+                        lambda r, s, x: 1.0 if s[x] <= 0 else min(1.0, 1.05 * r[x] / s[x]))
+    with pytest.raises(AssertionError, match=r"ddtree \(fast\) at T=1, seed 3: one round .*\(exact enumeration\)"):
+        check_builder("ddtree", examples=1, seed=3, temperature=1.0, draws=1000)
+    monkeypatch.setattr(law, "round_law", functools.partial(law.round_law, step=correct))
+    with pytest.raises(AssertionError, match=r"seed 3: decoded outputs do not follow the target's law: chi-square"):
+        check_builder("ddtree", examples=1, seed=3, temperature=1.0, draws=2000)
+
+
+def test_check_builder_names_the_builder_and_seed_of_a_raw_exception():
+    def broken(block, head, config):
+        raise IndexError("list index out of range")
+
+    register_builder(BuilderSpec("broken", TreeConfig, needs_head=False, ref=broken))
+    with pytest.raises(AssertionError, match=r"broken \(ref\), example seed 5: the builder raised IndexError: list"):
+        check_builder("broken", seed=5)
