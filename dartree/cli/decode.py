@@ -225,8 +225,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     log(f"wrote {', '.join(map(str, run.committed))} in {time.perf_counter() - start:.0f} s")
     if not result.lossless:
         bad = sum(not r.matches_ar for r in result.records)
-        log(f"LOSSLESS CHECK FAILED: {bad} of {len(result.records)} outputs differ from AR's (see the table's "
-            "lossless column and the report's last line)"
+        law = [f"{c.method} T={c.temperature:g}" for c in result.law_checks if not c.passed]
+        log("LOSSLESS CHECK FAILED: " + (f"{bad} of {len(result.records)} outputs differ from AR's" if bad else "")
+            + ("; " if bad and law else "") + (f"the distribution check rejects {', '.join(law)}" if law else "")
+            + " (see the table's lossless column and the report's last line)"
             + ("" if args.strict else "; exit status 0 because of --no-strict"))
         return 1 if args.strict else 0
     return 0
