@@ -7,7 +7,7 @@ measured verify time by tree size, :class:`Candidate` one setting scored.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from dartree.rounds import walk_pays
@@ -76,7 +76,12 @@ def _interpolate(xs: Sequence[int], ys: Sequence[float], x: float) -> float:
 
 @dataclass(frozen=True)
 class ConfigStats:
-    """Replayed rounds of one configuration over the calibration prompts."""
+    """Replayed (or decoded) rounds of one configuration over the calibration prompts.
+
+    ``verify_s`` / ``overhead_s``: measured per round when the rounds were real decodes
+    (:func:`dartree.eval.probes.screen_decodes`: the rejection verifier's acceptance cannot be replayed); then
+    :func:`score_candidates` takes the round as measured instead of pricing the tree with the verify probe.
+    """
 
     tau: float
     mean_tree_size: float
@@ -85,6 +90,8 @@ class ConfigStats:
     rounds: int
     tree_sizes: tuple[int, ...]
     accepted_lengths: tuple[int, ...]
+    verify_s: float | None = None  # mean per round (mask + target forward) of real decodes
+    overhead_s: float | None = None  # mean per round (acceptance walk + commit) of real decodes
 
 
 @dataclass(frozen=True)
@@ -106,6 +113,8 @@ class Candidate:
     round_s: float
     tokens_per_s: float
     beta: float | None = None
+    builder: str = ""                  # the registry name (``auto`` searches several; "" where one is tuned)
+    verifier: str | None = None        # the T>0 acceptance rule its tau was measured under (None: T=0)
 
 
 def score_candidates(stats: dict[tuple[int, int | None], ConfigStats], cost: VerifyCost,
@@ -114,10 +123,13 @@ def score_candidates(stats: dict[tuple[int, int | None], ConfigStats], cost: Ver
     out = []
     for (budget, width), s in sorted(stats.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
         sizes = s.tree_sizes or (round(s.mean_tree_size),)
-        # the forward, plus the walk's LM-head rows (one per accepted node) when it scores the root only
-        verify_s = sum(cost.round_s(size + 1, s.tau) for size in sizes) / len(sizes)
-        round_s = s.draft_s + s.build_s + verify_s + overhead_s
-        out.append(Candidate(budget, width, s.tau, s.mean_tree_size, s.draft_s, s.build_s, verify_s, overhead_s,
+        # the forward, plus the walk's LM-head rows (one per accepted node) when it scores the root only;
+        # decoded rounds (rejection's screen) bring their own verify and overhead times
+        verify_s = sum(cost.round_s(size + 1, s.tau) for size in sizes) / len(sizes) if s.verify_s is None \
+            else s.verify_s
+        extra_s = overhead_s if s.overhead_s is None else s.overhead_s
+        round_s = s.draft_s + s.build_s + verify_s + extra_s
+        out.append(Candidate(budget, width, s.tau, s.mean_tree_size, s.draft_s, s.build_s, verify_s, extra_s,
                              round_s, s.tau / round_s if round_s > 0 else float("inf")))
     return tuple(out)
 
@@ -166,23 +178,30 @@ def pick_best(candidates: Sequence[Candidate]) -> Candidate:
     return min(candidates, key=lambda c: (-c.tokens_per_s, c.budget, c.width or 0))
 
 
-def pick_finalists(candidates: Sequence[Candidate], count: int) -> list[Candidate]:
+def pick_finalists(candidates: Sequence[Candidate], count: int,
+                   groups: Sequence[Callable[[Candidate], object]] = ()) -> list[Candidate]:
     """The ``count`` settings to decode for real: in the cost model's order (forecast tokens/s, then
-    budget, then width), the best of each budget first, then the next best of any budget.
+    budget, then width), the best of each group first, then the next best of any.
 
-    Why one per budget first: the model's error is mostly per tree size (its verify cost is one probe
+    ``groups``: the group keys tried in turn (e.g. the verifier, then the builder); the budget is always
+    the last.  Why one per budget: the model's error is mostly per tree size (its verify cost is one probe
     per size), so one noisy probe moves every width of a budget together.  At 23:14 UTC 2026-12-01 a
     probe that timed 65 nodes at 1.9x one (3.3x at 21:13) ranked three B=64 settings first; the real
     decodes then only compared them, and the run measured the tuned method at 0.96x ``ddtree`` B=16.
+    Why one per verifier first at T>0: matching's tau comes from replays priced by the cost model, rejection's
+    from real decodes timed whole; the two estimates are not ranked against each other, only measured.
     """
-    ranked = sorted(candidates, key=lambda c: (-c.tokens_per_s, c.budget, c.width or 0))
+    def order(c: Candidate) -> tuple:
+        return (-c.tokens_per_s, c.budget, c.width or 0, c.builder, c.verifier or "")
+
+    ranked = sorted(candidates, key=order)
     first: list[Candidate] = []
-    for c in ranked:
-        if len(first) < count and all(c.budget != f.budget for f in first):
-            first.append(c)
+    for key in (*groups, lambda c: c.budget):
+        for c in ranked:
+            if len(first) < count and all(c is not f for f in first) and all(key(c) != key(f) for f in first):
+                first.append(c)
     rest = [c for c in ranked if all(c is not f for f in first)]
-    return sorted(first + rest[: max(0, count - len(first))],
-                  key=lambda c: (-c.tokens_per_s, c.budget, c.width or 0))
+    return sorted(first + rest[: max(0, count - len(first))], key=order)
 
 
 def setting_text(budget: int, width: int | None, beta: float | None = None) -> str:

@@ -25,7 +25,7 @@ from dartree.tree import DraftTree
 from dartree.verify.sampling import GeneratorSampler, KeyedSampler
 
 __all__ = ["Measurement", "measure_verify_cost", "measure_overhead", "replay_stats", "replay_settings",
-           "measure_settings", "concrete"]
+           "measure_settings", "measure_specs", "screen_decodes", "concrete"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,7 @@ class Measurement:
     beta: float | None = None
     per_prompt: tuple[tuple[str, int, float], ...] = ()
     verifier: str | None = None       # how it verified at T>0 ("match" / "rejection"; None: greedy or AR)
+    builder: str = ""                 # the registry name when ``auto`` searched several ("" otherwise)
 
     @property
     def is_ar(self) -> bool:
@@ -214,36 +215,49 @@ def measure_settings(bundle: Bundle, method: MethodSpec, settings: Sequence[tupl
                      betas: Sequence[float | None] | None = None,
                      verifiers: Sequence[str | None] = (None,)) -> tuple[Measurement, ...]:
     """Decode every reference's prompt for real with AR and with each ``(budget, width)`` of ``method``
-    (and its ``betas[i]`` when given and not ``None``).
-
-    Timed as :func:`dartree.eval.bench.run_bench` times (the whole call, prefill included), after one
-    untimed warm-up each; per prompt AR and the settings run one after the other, the order rotated
-    from prompt to prompt so that load drifting over the run penalises none of them more.  At T>0 each
-    setting is decoded with every verifier of ``verifiers``: ``match`` (and ``None``) draw with the same
-    :class:`~dartree.KeyedSampler` seed as the references, ``rejection`` from a generator seeded per prompt.
-    Returns AR's measurement first, then one per setting and verifier, in that order.
+    (and its ``betas[i]`` when given and not ``None``), at T>0 with every verifier of ``verifiers``
+    (:func:`measure_specs`).  Returns AR's measurement first, then one per setting and verifier, in that order.
     """
-    labels = list(labels) if labels is not None else [r.label for r in refs]
-    if len(labels) != len(refs):
-        raise ValueError(f"labels: need one per reference ({len(refs)}), got {len(labels)}")
     betas = [None] * len(settings) if betas is None else list(betas)
     if len(betas) != len(settings):
         raise ValueError(f"betas: need one per setting ({len(settings)}), got {len(betas)}")
     verifiers = tuple(verifiers) if temperature > 0 else (None,)
-    keys: list[tuple[int | None, int | None, str | None]] = [(None, None, None)]
+    specs = [(concrete(method, budget, width, beta), verifier, beta)
+             for (budget, width), beta in zip(settings, betas, strict=True) for verifier in verifiers]
+    return measure_specs(bundle, specs, refs, backend, temperature, seed, labels)
+
+
+@torch.no_grad()
+def measure_specs(bundle: Bundle, specs: Sequence[tuple[MethodSpec, str | None, float | None]],
+                  refs: Sequence[Reference], backend: str, temperature: float = 0.0, seed: int = 0,
+                  labels: Sequence[str] | None = None, builders: bool = False) -> tuple[Measurement, ...]:
+    """Decode every reference's prompt for real with AR and with each ``(method, verifier, searched beta)``.
+
+    Timed as :func:`dartree.eval.bench.run_bench` times (the whole call, prefill included), after one
+    untimed warm-up each; per prompt AR and the settings run one after the other, the order rotated
+    from prompt to prompt so that load drifting over the run penalises none of them more.  At T>0
+    ``match`` (and ``None``) draw with the same :class:`~dartree.KeyedSampler` seed as the references,
+    ``rejection`` from a generator seeded per prompt.  ``builders``: record each method's builder in its
+    measurement (``auto`` compares several).  Returns AR's measurement first, then one per spec, in order.
+    """
+    labels = list(labels) if labels is not None else [r.label for r in refs]
+    if len(labels) != len(refs):
+        raise ValueError(f"labels: need one per reference ({len(refs)}), got {len(labels)}")
+    keys: list[tuple[str, int | None, int | None, str | None]] = [("", None, None, None)]
     runners: list[Callable[..., GenerationResult]] = [lambda ids, n, t, smp: generate_ar(bundle.target, ids, n, t, smp)]
     key_betas: list[float | None] = [None]
-    for (budget, width), beta in zip(settings, betas, strict=True):
-        decoder = make_decoder(bundle, concrete(method, budget, width, beta), backend)
-        for verifier in verifiers:
-            keys.append((budget, width, verifier))
-            key_betas.append(beta)
-            runners.append(lambda ids, n, t, smp, d=decoder, v=verifier: d.generate(ids, n, t, smp, verifier=v))
+    for spec, verifier, beta in specs:
+        decoder = make_decoder(bundle, spec, backend)
+        config = spec.config
+        keys.append((spec.builder if builders else "", config.get("budget"), config.get("width"),
+                     verifier if temperature > 0 else None))
+        key_betas.append(beta)
+        runners.append(lambda ids, n, t, smp, d=decoder, v=verifier: d.generate(ids, n, t, smp, verifier=v))
     first = refs[0].sequence[:, : refs[0].prompt_len]
     for run in runners:                      # first calls allocate caches and pick kernels: untimed
         run(first, max(1, min(8, refs[0].new_tokens)), 0.0, None)
-    totals = {k: {} for k in keys}           # key -> label -> [tokens, seconds, rounds]
-    per_prompt: dict[tuple[int | None, int | None, str | None], list[tuple[str, int, float]]] = {k: [] for k in keys}
+    totals: list[dict[str, list]] = [{} for _ in keys]          # per spec: label -> [tokens, seconds, rounds]
+    per_prompt: list[list[tuple[str, int, float]]] = [[] for _ in keys]
     for i, (ref, label) in enumerate(zip(refs, labels, strict=True)):
         ids = ref.sequence[:, : ref.prompt_len]
         order = list(range(len(keys)))
@@ -251,24 +265,58 @@ def measure_settings(bundle: Bundle, method: MethodSpec, settings: Sequence[tupl
         for j in order:
             sampler = None
             if temperature > 0:
-                sampler = KeyedSampler(seed) if keys[j][2] != "rejection" else GeneratorSampler(
+                sampler = KeyedSampler(seed) if keys[j][3] != "rejection" else GeneratorSampler(
                     torch.Generator(device=ids.device).manual_seed(seed * 1_000_003 + i))
             start = time.perf_counter()
             result = runners[j](ids, ref.new_tokens, temperature, sampler)
             seconds = time.perf_counter() - start
-            cell = totals[keys[j]].setdefault(label, [0, 0.0, 0])
+            cell = totals[j].setdefault(label, [0, 0.0, 0])
             cell[0] += result.tokens.shape[1]
             cell[1] += seconds
             cell[2] += max(1, result.num_rounds)
-            per_prompt[keys[j]].append((label, result.tokens.shape[1], seconds))
+            per_prompt[j].append((label, result.tokens.shape[1], seconds))
     out = []
-    for key, beta in zip(keys, key_betas, strict=True):
-        cells = totals[key]
-        out.append(Measurement(key[0], key[1], sum(c[0] for c in cells.values()), sum(c[1] for c in cells.values()),
+    for j, (key, beta) in enumerate(zip(keys, key_betas, strict=True)):
+        cells = totals[j]
+        out.append(Measurement(key[1], key[2], sum(c[0] for c in cells.values()), sum(c[1] for c in cells.values()),
                                sum(c[2] for c in cells.values()),
                                tuple((label, c[0], c[1]) for label, c in cells.items()), beta,
-                               tuple(per_prompt[key]), key[2]))
+                               tuple(per_prompt[j]), key[3], key[0]))
     return tuple(out)
+
+
+@torch.no_grad()
+def screen_decodes(bundle: Bundle, methods: Sequence[MethodSpec], refs: Sequence[Reference], backend: str,
+                   temperature: float, seed: int = 0, verifier: str = "rejection",
+                   progress: Callable[[str], None] | None = None) -> list[ConfigStats]:
+    """Acceptance and per-round times of every method (concrete settings) under ``verifier``, from real
+    decodes of every reference's prompt (``ref.new_tokens`` each; rejection draws from a generator seeded
+    per prompt): what the tuner ranks rejection's settings by (a rejection round's path is a draw, so no
+    replay of a reference gives its tau).  Per method, pooled over the references, in order.
+    """
+    out = []
+    for k, method in enumerate(methods):
+        if progress is not None and k % 5 == 0:
+            progress(f"decoding {len(methods) - k} settings with {verifier} on {len(refs)} screen prompts")
+        decoder = make_decoder(bundle, method, backend)
+        rounds = []
+        for i, ref in enumerate(refs):
+            ids = ref.sequence[:, : ref.prompt_len]
+            sampler = KeyedSampler(seed) if verifier != "rejection" else GeneratorSampler(
+                torch.Generator(device=ids.device).manual_seed(seed * 1_000_003 + 7 + i))
+            rounds.extend(decoder.generate(ids, ref.new_tokens, temperature, sampler, verifier=verifier).rounds)
+        n = max(1, len(rounds))
+        out.append(ConfigStats(
+            tau=sum(r.committed for r in rounds) / n,
+            mean_tree_size=sum(r.tree_size for r in rounds) / n,
+            draft_s=sum(r.draft_s + r.context_s for r in rounds) / n,
+            build_s=sum(r.head_s + r.builder_s for r in rounds) / n,
+            rounds=len(rounds),
+            tree_sizes=tuple(r.tree_size for r in rounds),
+            accepted_lengths=tuple(r.accepted_length for r in rounds),
+            verify_s=sum(r.mask_s + r.target_s for r in rounds) / n,
+            overhead_s=sum(r.accept_s + r.kv_s for r in rounds) / n))
+    return out
 
 
 def concrete(method: MethodSpec, budget: int, width: int | None, beta: float | None = None) -> MethodSpec:

@@ -10,7 +10,7 @@ from typing import Any
 
 from dartree.eval.bench import MODEL_STAGES, STAGES, BenchResult, Summary
 from dartree.eval.datasets import DATASETS, count_prompts
-from dartree.eval.methods import AR
+from dartree.eval.methods import AR, AUTO
 from dartree.eval.outdir import write_atomic
 from dartree.eval.tune import TuneResult
 
@@ -28,13 +28,15 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 
 def _settings(s: Summary) -> str:
-    if s.builder == AR and s.method != AR:          # budget=auto resolved to plain AR
+    if s.builder == AR and s.method != AR:          # budget=auto (or auto) resolved to plain AR
         return "auto -> ar"
     short = {"budget": "B", "width": "W", "topk": "K", "beta": "beta"}
     known = [f"{name}={s.settings[k]:g}" if k == "beta" else f"{name}={s.settings[k]}"
              for k, name in short.items() if k in s.settings]
     # a plugin's own fields, set in the method's text (or defaulted), after dartree's
     custom = [f"{k}={v}" for k, v in sorted(s.settings.items()) if k not in short and k != "normalize"]
+    if s.method.split(":")[0] == AUTO:              # auto chose the builder (and at T>0 the verifier) too
+        return " ".join([f"auto -> {s.builder}", *known, *custom] + ([s.verifier] if s.temperature > 0 else []))
     return " ".join(known + custom)
 
 
@@ -143,24 +145,29 @@ def tuning_table(result: TuneResult) -> str:
     """
     ar = result.ar_tokens_per_s
     betas = any(c.beta is not None for c in result.candidates)     # beta=auto: the beta each setting kept
+    builders = result.builder == AUTO                                # auto: several builders
+    verifiers = any(c.verifier is not None for c in result.candidates)
     rows = []
     for c in result.candidates:
         mark = " **(chosen)**" if c == result.best and not result.use_ar else ""
-        m = result.measurement(c.budget, c.width)
-        rows.append([f"{c.budget}{mark}", "-" if c.width is None else c.width,
-                     *([f"{c.beta:g}"] if betas else []), f"{c.tau:.2f}",
+        m = result.measurement(c.budget, c.width, c.verifier, c.builder if builders else None)
+        rows.append([*([c.builder] if builders else []), f"{c.budget}{mark}", "-" if c.width is None else c.width,
+                     *([f"{c.beta:g}"] if betas else []), *([c.verifier] if verifiers else []), f"{c.tau:.2f}",
                      f"{c.mean_tree_size:.1f}", f"{1000 * c.draft_s:.2f}", f"{1000 * c.build_s:.2f}",
                      f"{1000 * c.verify_s:.2f}", f"{1000 * c.overhead_s:.2f}", f"{1000 * c.round_s:.2f}",
                      f"{c.tokens_per_s:.1f}", f"{c.tokens_per_s / ar:.2f}x",
-                     "-" if m is None else f"{m.tokens_per_s:.1f}" + _verifiers(result, c, m),
+                     "-" if m is None else f"{m.tokens_per_s:.1f}" + ("" if verifiers else _verifiers(result, c, m)),
                      "-" if m is None else f"{m.tokens_per_s / ar:.2f}x"])
     a = result.measurement(None)
     if a is not None:
-        rows.append(["ar" + (" **(chosen)**" if result.use_ar else ""), "-", *(["-"] if betas else []), "1.00",
-                     "0.0", *["-"] * 7, f"{a.tokens_per_s:.1f}", "1.00x"])
-    header = ["budget", "width", *(["beta"] if betas else []), "tau", "tree size", "draft ms", "build ms",
-              "verify ms (model)",
-              "accept + commit ms", "round ms", "model tok/s", "model speedup", "measured tok/s", "measured speedup"]
+        rows.append([*(["ar"] if builders else []), ("-" if builders else "ar")
+                     + (" **(chosen)**" if result.use_ar else ""), "-", *(["-"] if betas else []),
+                     *(["-"] if verifiers else []), "1.00", "0.0", *["-"] * 7, f"{a.tokens_per_s:.1f}", "1.00x"])
+    header = [*(["builder"] if builders else []), "budget", "width", *(["beta"] if betas else []),
+              *(["verifier (tau measured under it)"] if verifiers else []), "tau", "tree size", "draft ms",
+              "build ms", "verify ms (model; rejection: measured)" if verifiers else "verify ms (model)",
+              "accept + commit ms", "round ms", "model tok/s",
+              "model speedup", "measured tok/s", "measured speedup"]
     return markdown_table(header, rows)
 
 

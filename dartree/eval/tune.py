@@ -72,6 +72,7 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from dartree.builders import builder_spec, registered
 from dartree.eval.bundles import Bundle
 from dartree.eval.costmodel import (
     Candidate,
@@ -90,9 +91,11 @@ from dartree.eval.probes import (
     concrete,
     measure_overhead,
     measure_settings,
+    measure_specs,
     measure_verify_cost,
     replay_settings,
     replay_stats,
+    screen_decodes,
 )
 from dartree.eval.simulate import Reference
 from dartree.models.target import HFTarget
@@ -101,7 +104,8 @@ from dartree.rounds import VERIFIERS
 __all__ = ["VerifyCost", "ConfigStats", "Candidate", "Measurement", "TuneResult", "measure_verify_cost",
            "replay_stats", "replay_settings", "score_candidates", "score_at_concurrency", "pick_best", "choose",
            "measure_settings",
-           "tune", "measure_overhead", "setting_text", "pick_finalists", "DEFAULT_BUDGETS", "DEFAULT_WIDTHS",
+           "tune", "tune_auto", "AUTO_BUILDERS", "DEFAULT_AUTO_FINALISTS", "DEFAULT_SCREEN_PROMPTS",
+           "measure_overhead", "setting_text", "pick_finalists", "DEFAULT_BUDGETS", "DEFAULT_WIDTHS",
            "DEFAULT_BETAS", "DEFAULT_FINALISTS", "DEFAULT_MIN_SPEEDUP", "Interval", "ratio_prediction",
            "ratio_units_for", "t_quantile"]
 
@@ -119,6 +123,15 @@ DEFAULT_FINALISTS = 3
 #: A tree is chosen only when its measured calibration rate is at least this times AR's: a tree
 #: within noise of AR is not worth its risk (timings on a shared machine move by a few percent).
 DEFAULT_MIN_SPEEDUP = 1.03
+#: The builders ``auto`` searches (each at every budget of the grid, its width and beta at their defaults):
+#: the best-first heap, DARTree's pruned tree and the rank-optimal sampled shape with the head, which is
+#: the one that pays at T=1 on the zoo (issue 44: tau 2.3-2.5 with rejection at B=4).
+AUTO_BUILDERS: tuple[str, ...] = ("ddtree", "dartree-pruned", "corrected-sequoia")
+#: Finalists of ``auto`` decoded for real: the best under each verifier, then of each builder and verifier.
+DEFAULT_AUTO_FINALISTS = 4
+#: Calibration prompts on which settings are decoded with the rejection verifier to rank them (its tau
+#: cannot be replayed), taken in turn from each dataset.
+DEFAULT_SCREEN_PROMPTS = 4
 
 
 @dataclass(frozen=True)
@@ -157,11 +170,13 @@ class TuneResult:
         return out
 
     def measurement(self, budget: int | None, width: int | None = None,
-                    verifier: str | None = None) -> Measurement | None:
+                    verifier: str | None = None, builder: str | None = None) -> Measurement | None:
         """The real-decode measurement of a setting (``budget=None``: AR), if the tuner took one: with
-        ``verifier``, that verifier's; without, the fastest of the verifiers measured."""
+        ``verifier``, that verifier's; without, the fastest of the verifiers measured; with ``builder``, that
+        builder's (``auto`` measures several)."""
         found = [m for m in self.measured if (m.budget, m.width) == (budget, width)
-                 and (verifier is None or m.verifier == verifier)]
+                 and (verifier is None or m.verifier == verifier)
+                 and (builder is None or budget is None or m.builder == builder)]
         return max(found, key=lambda m: m.tokens_per_s, default=None)
 
     @property
@@ -169,7 +184,7 @@ class TuneResult:
         """The measurement behind the choice: AR's when ``use_ar``, else the chosen tree's."""
         if self.use_ar:
             return self.measurement(None)
-        return self.measurement(self.best.budget, self.best.width, self.verifier)
+        return self.measurement(self.best.budget, self.best.width, self.verifier, self.best.builder)
 
     @property
     def forecast_tokens_per_s(self) -> float:
@@ -223,17 +238,24 @@ class TuneResult:
 
     @property
     def choice_text(self) -> str:
-        """``ar``, or ``B=.. W=..`` of the chosen tree."""
+        """``ar``, or ``B=.. W=..`` of the chosen tree (its builder first when ``auto`` chose it), then its
+        verifier at T>0."""
         if self.use_ar:
             return "ar"
         text = setting_text(self.best.budget, self.best.width, self.best.beta)
+        if self.builder == AUTO:
+            text = f"{self.best.builder} {text}"
         return text + (f" {self.verifier}" if self.verifier is not None else "")
 
     def resolve(self, method: MethodSpec) -> MethodSpec:
         """``method`` with its ``auto`` fields replaced by the choice (and at T>0 the chosen verifier):
-        plain AR (label kept) when ``use_ar``."""
+        plain AR (label kept) when ``use_ar``; for ``auto``, the chosen builder with its settings."""
         if self.use_ar:
             return MethodSpec(AR, label=method.label)
+        if method.is_auto:
+            head = (method.head or "gru") if builder_spec(self.best.builder).needs_head else None
+            return MethodSpec(self.best.builder, tuple(sorted(self.settings().items())), head, method.label,
+                              self.verifier or method.verifier, method.drafter)
         return dataclasses.replace(method.with_settings(**self.settings()), verifier=self.verifier or method.verifier)
 
 
@@ -242,22 +264,27 @@ def choose(candidates: Sequence[Candidate], ar_tokens_per_s: float, measured: Se
     """The chosen tree and whether plain AR is used instead: ``(best, use_ar)``.
 
     With ``measured`` (real decodes of some candidates), the best is the fastest measured candidate
-    (ties to the smaller budget, then width) and its forecast is that measurement; without, the cost
-    model's best (:func:`pick_best`).  ``use_ar`` when that forecast is below ``min_speedup`` times
-    ``ar_tokens_per_s``: ``budget=auto`` never picks a tree that is not forecast to beat AR.
+    (ties to the smaller budget, then width) and its forecast is that measurement (a candidate ranked
+    under a verifier is matched with that verifier's measurement; one ranked without, at T=0 or by an
+    older caller, with the fastest of its setting's); without, the cost model's best (:func:`pick_best`).
+    ``use_ar`` when that forecast is below ``min_speedup`` times ``ar_tokens_per_s``: ``auto`` never picks a
+    tree that is not measured to beat AR.
     """
     if not candidates:
         raise ValueError("candidates: need at least one candidate")
     if isinstance(min_speedup, bool) or not min_speedup >= 0:
         raise ValueError(f"min_speedup: must be a number >= 0 (0: never AR), got {min_speedup!r}")
-    rates: dict[tuple[int | None, int | None], float] = {}
-    for m in measured:                       # a setting measured with several verifiers: its fastest
-        if not m.is_ar:
-            rates[(m.budget, m.width)] = max(rates.get((m.budget, m.width), 0.0), m.tokens_per_s)
-    finalists = [c for c in candidates if (c.budget, c.width) in rates]
+
+    def rate(c: Candidate) -> float | None:
+        found = [m.tokens_per_s for m in measured if not m.is_ar and (m.budget, m.width) == (c.budget, c.width)
+                 and m.builder == c.builder and (c.verifier is None or m.verifier == c.verifier)]
+        return max(found, default=None)
+
+    rates = {id(c): r for c in candidates if (r := rate(c)) is not None}
+    finalists = [c for c in candidates if id(c) in rates]
     if finalists:
-        best = min(finalists, key=lambda c: (-rates[(c.budget, c.width)], c.budget, c.width or 0))
-        forecast = rates[(best.budget, best.width)]
+        best = min(finalists, key=lambda c: (-rates[id(c)], c.budget, c.width or 0, c.builder))
+        forecast = rates[id(best)]
     else:
         best = pick_best(candidates)
         forecast = best.tokens_per_s
@@ -275,12 +302,15 @@ def tune(
     progress: Callable[[str], None] | None = None,
     temperature: float = 0.0,
     seed: int = 0,
-    finalists: int = DEFAULT_FINALISTS,
+    finalists: int | None = None,
     min_speedup: float = DEFAULT_MIN_SPEEDUP,
     labels: Sequence[str] | None = None,
     betas: Sequence[float] = DEFAULT_BETAS,
+    builders: Sequence[str] = AUTO_BUILDERS,
+    screen_prompts: int = DEFAULT_SCREEN_PROMPTS,
 ) -> TuneResult:
-    """Choose ``budget`` (and ``width`` when ``method``'s builder has one) for this machine, or plain AR.
+    """Choose ``budget`` (and ``width`` when ``method``'s builder has one) for this machine, or plain AR;
+    for the method ``auto``, the builder too (:func:`tune_auto`, over ``builders``).
 
     Fields of ``method`` already set to a number stay fixed; those set to ``"auto"`` (or unset) are
     searched over ``budgets`` / ``widths``.  ``beta`` is searched over ``betas`` only when set to
@@ -293,25 +323,32 @@ def tune(
     accepts against the sampled continuation), disjoint from the prompts the result is reported on;
     ``labels`` name the set (dataset) of each, for per-set forecasts.
 
-    The cost model (module docstring) ranks every setting; the ``finalists`` best-ranked are then
-    decoded for real on every calibration prompt, interleaved with AR (:func:`measure_settings`), and
-    the fastest measured one is chosen: its measured rate is the forecast, every cost term measured at
-    the chosen size (prefill, head, sampling and all).  When that forecast is below ``min_speedup``
-    times AR's measured rate, the result says ``use_ar``.  ``finalists=0`` skips the real decodes
-    (choice and forecast from the cost model alone, against the references' AR timing).
-    On the CPU the verify probe times the forward both ways, on every node and on the root only, and
-    one LM-head row (:attr:`HFTarget.scores_rows_apart`), for the choice decoding makes between them
-    (:class:`dartree.rounds.WalkRows`).
+    At T>0 settings are ranked under each verifier the method may use (its own ``verifier=``, else both):
+    under ``match`` by the replay and the cost model; under ``rejection`` by real decodes with that verifier
+    on ``screen_prompts`` of the references (spread over their sets), acceptance and round time measured
+    (a rejection round's path is a draw, which no replay of a reference gives).
+
+    The ``finalists`` best-ranked (default :data:`DEFAULT_FINALISTS`, the best of each verifier and of
+    each budget first) are then decoded for real on every calibration prompt, interleaved with AR
+    (:func:`dartree.eval.probes.measure_specs`), and the fastest measured one is chosen: its measured rate
+    is the forecast, every cost term measured at the chosen size (prefill, head, sampling and all).  When
+    that forecast is below ``min_speedup`` times AR's measured rate, the result says ``use_ar``.
+    ``finalists=0`` skips the real decodes (choice and forecast from the ranking alone, against the
+    references' AR timing).  On the CPU the verify probe times the forward both ways, on every node and on
+    the root only, and one LM-head row (:attr:`HFTarget.scores_rows_apart`), for the choice decoding makes
+    between them (:class:`dartree.rounds.WalkRows`).
     """
+    if method.is_auto:
+        return tune_auto(bundle, method, refs, backend, budgets, verify_cost, progress, temperature, seed,
+                         DEFAULT_AUTO_FINALISTS if finalists is None else finalists, min_speedup, labels, builders,
+                         screen_prompts)
+    finalists = DEFAULT_FINALISTS if finalists is None else finalists
     if method.is_ar:
         raise ValueError("method: 'ar' has no budget to tune")
     fields = method.fields()
     if "budget" not in fields:
         raise ValueError(f"method: {method.builder!r} has no budget to tune (fields: {fields})")
-    if not refs:
-        raise ValueError("refs: need at least one calibration reference")
-    if isinstance(finalists, bool) or not isinstance(finalists, int) or finalists < 0:
-        raise ValueError(f"finalists: must be an integer >= 0, got {finalists!r}")
+    _check_common(refs, finalists, screen_prompts)
     config = method.config
     budget_grid = tuple(budgets) if config.get("budget", AUTO) == AUTO else (config["budget"],)
     has_width = "width" in fields
@@ -327,54 +364,179 @@ def tune(
         if not beta_grid or any(isinstance(v, bool) or not isinstance(v, int | float) or not v <= 0
                                 for v in beta_grid):
             raise ValueError(f"betas: need numbers <= 0 (depth penalties), got {beta_grid}")
+    verify_cost = verify_cost or _probe_verify_cost(bundle, refs, max(budget_grid))
+    verifiers = _verifiers(method, temperature)
+    candidates, overhead_s = _rank(bundle, method, refs, backend, budget_grid, width_grid, beta_grid, verify_cost,
+                                   temperature, seed, verifiers, _screen(refs, labels, screen_prompts), progress)
+    return _decide(bundle, method, candidates, verify_cost, {method.builder: overhead_s}, refs, backend, temperature,
+                   seed, finalists, min_speedup, labels, progress, groups=(lambda c: c.verifier,))
+
+
+def tune_auto(bundle: Bundle, method: MethodSpec, refs: Sequence[Reference], backend: str = "auto",
+              budgets: Sequence[int] = DEFAULT_BUDGETS, verify_cost: VerifyCost | None = None,
+              progress: Callable[[str], None] | None = None, temperature: float = 0.0, seed: int = 0,
+              finalists: int = DEFAULT_AUTO_FINALISTS, min_speedup: float = DEFAULT_MIN_SPEEDUP,
+              labels: Sequence[str] | None = None, builders: Sequence[str] = AUTO_BUILDERS,
+              screen_prompts: int = DEFAULT_SCREEN_PROMPTS) -> TuneResult:
+    """``auto``: the method for this machine, temperature and warpers: builders x budgets x verifiers.
+
+    Every builder of ``builders`` (their widths and betas at the builders' defaults) is ranked at every budget
+    of ``budgets`` under every verifier the method may use (at T>0 ``match`` and ``rejection`` unless
+    ``auto:verifier=...`` fixes one), each by acceptance measured under that verifier (:func:`tune`); the
+    ``finalists`` best (the best of each verifier first, then of each builder and verifier, then of each
+    budget) are decoded for real beside AR on every calibration prompt and the fastest measured is chosen,
+    or plain AR when it does not beat AR by ``min_speedup`` (so never a method measured below AR).
+    """
+    if not method.is_auto:
+        raise ValueError(f"method: tune_auto searches the method 'auto', got {method.label!r}")
+    _check_common(refs, finalists, screen_prompts)
+    known = registered()
+    bad = [b for b in builders if b not in known or "budget" not in MethodSpec(b).fields()]
+    if not builders or bad:
+        raise ValueError(f"builders: need registered builders with a budget, got {list(builders)} (bad: {bad})")
+    budget_grid = tuple(budgets)
+    if not budget_grid or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in budget_grid):
+        raise ValueError(f"budgets: need integers >= 1, got {budget_grid}")
+    verify_cost = verify_cost or _probe_verify_cost(bundle, refs, max(budget_grid))
+    verifiers = _verifiers(method, temperature)
+    screen = _screen(refs, labels, screen_prompts)
+    candidates: list[Candidate] = []
+    overheads: dict[str, float] = {}
+    for name in builders:
+        spec = _auto_member(name, method)
+        found, overheads[name] = _rank(bundle, spec, refs, backend, budget_grid, (None,), (None,), verify_cost,
+                                       temperature, seed, verifiers, screen, progress)
+        candidates += found
+    result = _decide(bundle, method, tuple(candidates), verify_cost, overheads, refs, backend, temperature, seed,
+                     finalists, min_speedup, labels, progress,
+                     groups=(lambda c: c.verifier, lambda c: (c.builder, c.verifier)))
+    return result
+
+
+def _auto_member(builder: str, method: MethodSpec) -> MethodSpec:
+    """The member ``builder`` of ``auto``'s search: its budget searched, the head ``auto`` names (default gru)."""
+    head = (method.head or "gru") if builder_spec(builder).needs_head else None
+    return MethodSpec(builder, (("budget", AUTO),), head, builder, method.verifier, method.drafter)
+
+
+def _check_common(refs: Sequence[Reference], finalists: object, screen_prompts: object) -> None:
+    if not refs:
+        raise ValueError("refs: need at least one calibration reference")
+    if isinstance(finalists, bool) or not isinstance(finalists, int) or finalists < 0:
+        raise ValueError(f"finalists: must be an integer >= 0, got {finalists!r}")
+    if isinstance(screen_prompts, bool) or not isinstance(screen_prompts, int) or screen_prompts < 1:
+        raise ValueError(f"screen_prompts: must be an integer >= 1, got {screen_prompts!r}")
+
+
+def _verifiers(method: MethodSpec, temperature: float) -> tuple[str | None, ...]:
+    """The verifiers a setting is ranked under: none at T=0; at T>0 the method's own, else every one."""
+    if temperature == 0:
+        return (None,)
+    return (method.verifier,) if method.verifier else VERIFIERS
+
+
+def _screen(refs: Sequence[Reference], labels: Sequence[str] | None, count: int) -> list[Reference]:
+    """``count`` references for the rejection screen, taken in turn from each set (dataset)."""
+    labels = list(labels) if labels is not None else [r.label for r in refs]
+    groups: dict[str, list[Reference]] = {}
+    for ref, label in zip(refs, labels, strict=True):
+        groups.setdefault(label, []).append(ref)
+    out: list[Reference] = []
+    depth = 0
+    while len(out) < min(count, len(refs)):
+        for group in groups.values():
+            if depth < len(group) and len(out) < count:
+                out.append(group[depth])
+        depth += 1
+    return out
+
+
+def _probe_verify_cost(bundle: Bundle, refs: Sequence[Reference], largest_budget: int) -> VerifyCost:
+    """The verify-cost probe at the references' mean length, for trees up to ``largest_budget`` draft nodes."""
     gamma = int(getattr(bundle.drafter, "gamma", 15))
-    if verify_cost is None:
-        prefix_len = int(sum(r.sequence.shape[1] for r in refs) / len(refs))
-        largest = max(budget_grid) + 1
-        sizes = sorted({1, 2, 4, 8, 16, 32, 64, 128, largest} & set(range(1, largest + 1)) | {largest})
-        # the decoder may walk lazily at T=0 and with the keyed sampler the tuner decodes with at T>0
-        lazy = HFTarget(bundle.target).scores_rows_apart
-        verify_cost = measure_verify_cost(bundle.target, bundle.drafter.target_layer_ids, prefix_len, sizes, gamma,
-                                          logits="walk" if lazy else "all")
-    probe = concrete(method, min(budget_grid), min(width_grid) if has_width else None, beta_grid[0])
-    overhead_s = measure_overhead(bundle, probe, refs[0], backend, temperature, seed)
-    stats = {}
-    chosen_beta: dict[tuple[int, int | None], float | None] = {}
+    prefix_len = int(sum(r.sequence.shape[1] for r in refs) / len(refs))
+    largest = largest_budget + 1
+    sizes = sorted({1, 2, 4, 8, 16, 32, 64, 128, largest} & set(range(1, largest + 1)) | {largest})
+    # the decoder may walk lazily at T=0 and with the keyed sampler the tuner decodes with at T>0
+    lazy = HFTarget(bundle.target).scores_rows_apart
+    return measure_verify_cost(bundle.target, bundle.drafter.target_layer_ids, prefix_len, sizes, gamma,
+                               logits="walk" if lazy else "all")
+
+
+def _rank(bundle: Bundle, method: MethodSpec, refs: Sequence[Reference], backend: str,
+          budget_grid: tuple[int, ...], width_grid: tuple[int | None, ...], beta_grid: tuple[float | None, ...],
+          verify_cost: VerifyCost, temperature: float, seed: int, verifiers: tuple[str | None, ...],
+          screen: Sequence[Reference], progress: Callable[[str], None] | None) -> tuple[list[Candidate], float]:
+    """Every (budget, width) of ``method`` scored under every verifier of ``verifiers``, and the per-round
+    overhead the cost model charged the replayed ones."""
     grid = [(budget, width, beta) for budget in budget_grid for width in width_grid for beta in beta_grid]
-    if progress is not None:
-        progress(f"{method.builder}: replaying {len(grid)} settings on {len(refs)} calibration prompts")
-    replays = replay_settings(bundle, [concrete(method, *g) for g in grid], refs, backend, progress)
-    best_tau: dict[tuple[int, int | None], float] = {}
-    for (budget, width, beta), replayed in zip(grid, replays, strict=True):
-        # one replay each; the setting keeps the beta accepted furthest (ties: the first beta of the grid)
-        key = (budget, width)
-        if key not in best_tau or replayed.tau > best_tau[key]:
-            best_tau[key], stats[key], chosen_beta[key] = replayed.tau, replayed, beta
-    # the drafter's forward is the same work whatever the setting: one pooled time (the median over the
-    # replays), so that load moving between replays does not rank the settings (it moved 3.0-5.7 ms
-    # between the settings of one `make demo` tuning on a shared machine, 18:41 UTC 2026-12-01)
-    draft_s = statistics.median(st.draft_s for st in stats.values())
-    stats = {key: dataclasses.replace(st, draft_s=draft_s) for key, st in stats.items()}
-    candidates = tuple(dataclasses.replace(c, beta=chosen_beta[(c.budget, c.width)])
-                       for c in score_candidates(stats, verify_cost, overhead_s))
+    out: list[Candidate] = []
+    overhead_s = 0.0
+    chosen_beta: dict[tuple[int, int | None], float | None] = {(b, w): beta_grid[0] for b, w, _ in grid}
+    if any(v != "rejection" for v in verifiers):          # greedy (T=0) or matching: replays price every setting
+        probe = concrete(method, min(budget_grid), width_grid[0] if width_grid[0] is None else min(width_grid),
+                         beta_grid[0])
+        overhead_s = measure_overhead(bundle, probe, refs[0], backend, temperature, seed)
+        if progress is not None:
+            progress(f"{method.builder}: replaying {len(grid)} settings on {len(refs)} calibration prompts")
+        replays = replay_settings(bundle, [concrete(method, *g) for g in grid], refs, backend, progress)
+        stats: dict[tuple[int, int | None], ConfigStats] = {}
+        best_tau: dict[tuple[int, int | None], float] = {}
+        for (budget, width, beta), replayed in zip(grid, replays, strict=True):
+            # one replay each; the setting keeps the beta accepted furthest (ties: the first beta of the grid)
+            key = (budget, width)
+            if key not in best_tau or replayed.tau > best_tau[key]:
+                best_tau[key], stats[key], chosen_beta[key] = replayed.tau, replayed, beta
+        # the drafter's forward is the same work whatever the setting: one pooled time (the median over the
+        # replays), so that load moving between replays does not rank the settings (it moved 3.0-5.7 ms
+        # between the settings of one `make demo` tuning on a shared machine, 18:41 UTC 2026-12-01)
+        draft_s = statistics.median(st.draft_s for st in stats.values())
+        stats = {key: dataclasses.replace(st, draft_s=draft_s) for key, st in stats.items()}
+        for v in verifiers:
+            if v != "rejection":
+                out += [dataclasses.replace(c, beta=chosen_beta[(c.budget, c.width)], builder=method.builder,
+                                            verifier=v) for c in score_candidates(stats, verify_cost, overhead_s)]
+    if "rejection" in verifiers:                           # rejection: real decodes on the screen prompts
+        keys = list(dict.fromkeys((b, w) for b, w, _ in grid))
+        if progress is not None:
+            progress(f"{method.builder}: decoding {len(keys)} settings with rejection on {len(screen)} prompts")
+        decoded = screen_decodes(bundle, [concrete(method, b, w, chosen_beta[(b, w)]) for b, w in keys], screen,
+                                 backend, temperature, seed, "rejection")
+        stats = dict(zip(keys, decoded, strict=True))
+        out += [dataclasses.replace(c, beta=chosen_beta[(c.budget, c.width)], builder=method.builder,
+                                    verifier="rejection") for c in score_candidates(stats, verify_cost, overhead_s)]
+    return out, overhead_s
+
+
+def _decide(bundle: Bundle, method: MethodSpec, candidates: tuple[Candidate, ...], verify_cost: VerifyCost,
+            overheads: dict[str, float], refs: Sequence[Reference], backend: str, temperature: float, seed: int,
+            finalists: int, min_speedup: float, labels: Sequence[str] | None,
+            progress: Callable[[str], None] | None, groups: Sequence[Callable[[Candidate], object]]) -> TuneResult:
+    """Decode the best-ranked candidates for real beside AR, choose, and say what was measured."""
     measured: tuple[Measurement, ...] = ()
     if finalists:
-        ranked = pick_finalists(candidates, finalists)
+        ranked = pick_finalists(candidates, finalists, groups)
         if progress is not None:
-            progress(f"{method.builder}: decoding AR and " + ", ".join(
-                setting_text(c.budget, c.width, c.beta) for c in ranked)
-                + f" for real on {len(refs)} calibration prompts")
-        # at T>0 every finalist is decoded with both verifiers (unless the method fixes one): the tuner ranks
-        # verifiers and builders alike, on real decodes (a rejection decode cannot be replayed from a reference)
-        verifiers = ((method.verifier,) if method.verifier else VERIFIERS) if temperature > 0 else (None,)
-        measured = measure_settings(bundle, method, [(c.budget, c.width) for c in ranked], refs, backend,
-                                    temperature, seed, labels, [c.beta for c in ranked], verifiers)
+            progress(f"{method.label}: decoding AR and " + ", ".join(_candidate_text(c, method) for c in ranked)
+                     + f" for real on {len(refs)} calibration prompts")
+        specs = [(_candidate_spec(c, method), c.verifier, c.beta) for c in ranked]
+        measured = measure_specs(bundle, specs, refs, backend, temperature, seed, labels, builders=True)
         ar_rate = measured[0].tokens_per_s
     else:
         ar_seconds = sum(r.ar_seconds for r in refs)
         ar_rate = sum(r.new_tokens for r in refs) / ar_seconds if ar_seconds > 0 else float("inf")
     best, use_ar = choose(candidates, ar_rate, measured, min_speedup)
-    fastest = max((m for m in measured if (m.budget, m.width) == (best.budget, best.width)),
-                  key=lambda m: m.tokens_per_s, default=None)
-    return TuneResult(method.label, method.builder, candidates, best, verify_cost, overhead_s, ar_rate, measured,
-                      use_ar, temperature, min_speedup, len(refs), None if fastest is None else fastest.verifier)
+    return TuneResult(method.label, AUTO if method.is_auto else method.builder, candidates, best, verify_cost,
+                      overheads.get(best.builder, 0.0), ar_rate, measured, use_ar, temperature, min_speedup, len(refs),
+                      best.verifier if temperature > 0 else None)
+
+
+def _candidate_spec(c: Candidate, method: MethodSpec) -> MethodSpec:
+    """The concrete method a candidate decodes as (for ``auto``, its builder's)."""
+    base = _auto_member(c.builder, method) if method.is_auto else method
+    return concrete(base, c.budget, c.width, c.beta)
+
+
+def _candidate_text(c: Candidate, method: MethodSpec) -> str:
+    text = setting_text(c.budget, c.width, c.beta) + (f" {c.verifier}" if c.verifier else "")
+    return f"{c.builder} {text}" if method.is_auto else text
