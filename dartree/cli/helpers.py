@@ -120,15 +120,16 @@ def dataset_prompts(args: argparse.Namespace):
         return load_prompts(args.dataset, args.num_prompts)
 
 
-def references(bundle, args: argparse.Namespace, texts: Sequence[str]):
-    """AR references of ``texts`` (the positions they need are checked first)."""
+def references(bundle, args: argparse.Namespace, texts: Sequence[str], warps: dict | None = None):
+    """AR references of ``texts`` (the positions they need are checked first; at T>0 drawn under ``warps``)."""
     from dartree.eval.checks import check_positions
     from dartree.eval.simulate import reference
 
     ids = [prompt_ids(bundle, t, args.max_prompt_tokens) for t in texts]
     with user_input():
         check_positions(bundle, map(len, ids), args.max_new_tokens, "--max-prompt-tokens")
-    return [reference(bundle, x, args.max_new_tokens, args.temperature, args.seed) for x in ids]
+    at = {k: v for k, v in (warps or {}).items() if v is not None} if args.temperature > 0 else {}
+    return [reference(bundle, x, args.max_new_tokens, args.temperature, args.seed, warps=at) for x in ids]
 
 
 def check_grid(method, budgets: Sequence[int], widths: Sequence[int], budget_option: str, width_option: str,

@@ -321,12 +321,19 @@ def _tune_auto(bundle: Bundle, config: BenchConfig, log: Callable[[str], None] |
              for d in config.datasets
              for p in load_prompts(d, config.calibration_prompts, offset=config.num_prompts,
                                    prompt_chars=config.prompt_chars)]
+    warps = {k: v for k, v in (("top_k", config.top_k), ("top_p", config.top_p), ("min_p", config.min_p))
+             if v is not None}
     for temperature in config.temperatures:
-        refs = [reference(bundle, ids, config.max_new_tokens, temperature, config.seed, label=d) for d, ids in calib]
+        at = warps if temperature > 0 else {}
+        refs = [reference(bundle, ids, config.max_new_tokens, temperature, config.seed, label=d, warps=at)
+                for d, ids in calib]
         for m in auto:
-            result = tune(bundle, m, refs, config.backend, config.tune_budgets, config.tune_widths,
+            # methods that name a verifier keep it; the others are ranked under the run's, else under each
+            method = m if m.verifier or config.verifier is None or temperature == 0 else \
+                dataclasses.replace(m, verifier=config.verifier)
+            result = tune(bundle, method, refs, config.backend, config.tune_budgets, config.tune_widths,
                           progress=(lambda s, t=temperature: log(f"tune T={t:g}: {s}")) if log else None,
-                          temperature=temperature, seed=config.seed, min_speedup=config.tune_min_speedup)
+                          temperature=temperature, seed=config.seed, min_speedup=config.tune_min_speedup, warps=at)
             tuning.append(result)
             resolved[(m.label, temperature)] = result.resolve(m)
     return resolved, tuning

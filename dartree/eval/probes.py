@@ -155,7 +155,7 @@ def measure_verify_cost(model: torch.nn.Module, layer_ids: Sequence[int] = (), p
 
 @torch.no_grad()
 def measure_overhead(bundle: Bundle, method: MethodSpec, ref: Reference, backend: str, temperature: float = 0.0,
-                     seed: int = 0) -> float:
+                     seed: int = 0, warps: dict | None = None) -> float:
     """Mean seconds per round outside draft, build and the verify probe, from one real decode.
 
     That is the acceptance walk (``verify_s - target_s``: at T>0 it samples at every node) plus the
@@ -163,7 +163,8 @@ def measure_overhead(bundle: Bundle, method: MethodSpec, ref: Reference, backend
     """
     sampler = KeyedSampler(seed) if temperature > 0 else None
     decoded = make_decoder(bundle, method, backend).generate(ref.sequence[:, : ref.prompt_len],
-                                                             max(1, min(ref.new_tokens, 32)), temperature, sampler)
+                                                             max(1, min(ref.new_tokens, 32)), temperature, sampler,
+                                                             **(warps or {}))
     return sum(r.commit_s + r.accept_s for r in decoded.rounds) / max(1, decoded.num_rounds)
 
 
@@ -230,7 +231,8 @@ def measure_settings(bundle: Bundle, method: MethodSpec, settings: Sequence[tupl
 @torch.no_grad()
 def measure_specs(bundle: Bundle, specs: Sequence[tuple[MethodSpec, str | None, float | None]],
                   refs: Sequence[Reference], backend: str, temperature: float = 0.0, seed: int = 0,
-                  labels: Sequence[str] | None = None, builders: bool = False) -> tuple[Measurement, ...]:
+                  labels: Sequence[str] | None = None, builders: bool = False,
+                  warps: dict | None = None) -> tuple[Measurement, ...]:
     """Decode every reference's prompt for real with AR and with each ``(method, verifier, searched beta)``.
 
     Timed as :func:`dartree.eval.bench.run_bench` times (the whole call, prefill included), after one
@@ -238,13 +240,16 @@ def measure_specs(bundle: Bundle, specs: Sequence[tuple[MethodSpec, str | None, 
     from prompt to prompt so that load drifting over the run penalises none of them more.  At T>0
     ``match`` (and ``None``) draw with the same :class:`~dartree.KeyedSampler` seed as the references,
     ``rejection`` from a generator seeded per prompt.  ``builders``: record each method's builder in its
-    measurement (``auto`` compares several).  Returns AR's measurement first, then one per spec, in order.
+    measurement (``auto`` compares several).  ``warps``: the target-side warpers (``top_k`` / ``top_p`` /
+    ``min_p``) of AR and every spec alike.  Returns AR's measurement first, then one per spec, in order.
     """
+    warps = warps or {}
     labels = list(labels) if labels is not None else [r.label for r in refs]
     if len(labels) != len(refs):
         raise ValueError(f"labels: need one per reference ({len(refs)}), got {len(labels)}")
     keys: list[tuple[str, int | None, int | None, str | None]] = [("", None, None, None)]
-    runners: list[Callable[..., GenerationResult]] = [lambda ids, n, t, smp: generate_ar(bundle.target, ids, n, t, smp)]
+    runners: list[Callable[..., GenerationResult]] = [
+        lambda ids, n, t, smp: generate_ar(bundle.target, ids, n, t, smp, **(warps if t > 0 else {}))]
     key_betas: list[float | None] = [None]
     for spec, verifier, beta in specs:
         decoder = make_decoder(bundle, spec, backend)
@@ -252,7 +257,8 @@ def measure_specs(bundle: Bundle, specs: Sequence[tuple[MethodSpec, str | None, 
         keys.append((spec.builder if builders else "", config.get("budget"), config.get("width"),
                      verifier if temperature > 0 else None))
         key_betas.append(beta)
-        runners.append(lambda ids, n, t, smp, d=decoder, v=verifier: d.generate(ids, n, t, smp, verifier=v))
+        runners.append(lambda ids, n, t, smp, d=decoder, v=verifier: d.generate(
+            ids, n, t, smp, verifier=v if t > 0 else None, **(warps if t > 0 else {})))
     first = refs[0].sequence[:, : refs[0].prompt_len]
     for run in runners:                      # first calls allocate caches and pick kernels: untimed
         run(first, max(1, min(8, refs[0].new_tokens)), 0.0, None)
@@ -288,7 +294,7 @@ def measure_specs(bundle: Bundle, specs: Sequence[tuple[MethodSpec, str | None, 
 @torch.no_grad()
 def screen_decodes(bundle: Bundle, methods: Sequence[MethodSpec], refs: Sequence[Reference], backend: str,
                    temperature: float, seed: int = 0, verifier: str = "rejection",
-                   progress: Callable[[str], None] | None = None) -> list[ConfigStats]:
+                   progress: Callable[[str], None] | None = None, warps: dict | None = None) -> list[ConfigStats]:
     """Acceptance and per-round times of every method (concrete settings) under ``verifier``, from real
     decodes of every reference's prompt (``ref.new_tokens`` each; rejection draws from a generator seeded
     per prompt): what the tuner ranks rejection's settings by (a rejection round's path is a draw, so no
@@ -304,7 +310,8 @@ def screen_decodes(bundle: Bundle, methods: Sequence[MethodSpec], refs: Sequence
             ids = ref.sequence[:, : ref.prompt_len]
             sampler = KeyedSampler(seed) if verifier != "rejection" else GeneratorSampler(
                 torch.Generator(device=ids.device).manual_seed(seed * 1_000_003 + 7 + i))
-            rounds.extend(decoder.generate(ids, ref.new_tokens, temperature, sampler, verifier=verifier).rounds)
+            rounds.extend(decoder.generate(ids, ref.new_tokens, temperature, sampler, verifier=verifier,
+                                           **(warps or {})).rounds)
         n = max(1, len(rounds))
         out.append(ConfigStats(
             tau=sum(r.committed for r in rounds) / n,

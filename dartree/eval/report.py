@@ -306,8 +306,11 @@ def bench_markdown(result: BenchResult) -> str:
                   + (f"; one LM-head row of the acceptance walk (per accepted node): "
                      f"{1000 * tr.verify_cost.row_s:.2f} ms" if tr.verify_cost.row_s > 0 else ""),
                   "", f"{tr.calibration_prompts} calibration prompts; the cost model ranks every setting, its "
-                  f"{sum(not m.is_ar for m in tr.measured)} best (the best of each budget first) are decoded for real "
-                  f"beside AR, and the fastest is "
+                  f"{sum(not m.is_ar for m in tr.measured)} best (the best of each "
+                  + ("verifier, then of each builder and verifier, then of each budget" if tr.builder == AUTO else
+                     "verifier, then of each budget" if tr.verifier is not None else "budget")
+                  + " first) are decoded for real beside AR, each with the verifier it was ranked under, and the "
+                  "fastest is "
                   f"chosen if it beats AR by {100 * (tr.min_speedup - 1):.0f}% or more, else plain AR: "
                   f"**auto -> {tr.choice_text}**.", "", tuning_table(tr)]
     bad = [r for r in result.records if not r.matches_ar]

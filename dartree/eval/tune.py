@@ -308,6 +308,7 @@ def tune(
     betas: Sequence[float] = DEFAULT_BETAS,
     builders: Sequence[str] = AUTO_BUILDERS,
     screen_prompts: int = DEFAULT_SCREEN_PROMPTS,
+    warps: dict | None = None,
 ) -> TuneResult:
     """Choose ``budget`` (and ``width`` when ``method``'s builder has one) for this machine, or plain AR;
     for the method ``auto``, the builder too (:func:`tune_auto`, over ``builders``).
@@ -321,7 +322,8 @@ def tune(
     the real decodes and the choice are then per (budget, width) as without it.  ``refs`` are calibration references
     (:func:`dartree.eval.simulate.reference`) made at ``temperature`` with ``seed`` (at T>0 the replay
     accepts against the sampled continuation), disjoint from the prompts the result is reported on;
-    ``labels`` name the set (dataset) of each, for per-set forecasts.
+    ``labels`` name the set (dataset) of each, for per-set forecasts.  ``warps``: the target-side warpers
+    (``top_k`` / ``top_p`` / ``min_p``) the references were made with, which every decode then uses.
 
     At T>0 settings are ranked under each verifier the method may use (its own ``verifier=``, else both):
     under ``match`` by the replay and the cost model; under ``rejection`` by real decodes with that verifier
@@ -341,7 +343,7 @@ def tune(
     if method.is_auto:
         return tune_auto(bundle, method, refs, backend, budgets, verify_cost, progress, temperature, seed,
                          DEFAULT_AUTO_FINALISTS if finalists is None else finalists, min_speedup, labels, builders,
-                         screen_prompts)
+                         screen_prompts, warps)
     finalists = DEFAULT_FINALISTS if finalists is None else finalists
     if method.is_ar:
         raise ValueError("method: 'ar' has no budget to tune")
@@ -367,9 +369,9 @@ def tune(
     verify_cost = verify_cost or _probe_verify_cost(bundle, refs, max(budget_grid))
     verifiers = _verifiers(method, temperature)
     candidates, overhead_s = _rank(bundle, method, refs, backend, budget_grid, width_grid, beta_grid, verify_cost,
-                                   temperature, seed, verifiers, _screen(refs, labels, screen_prompts), progress)
+                                   temperature, seed, verifiers, _screen(refs, labels, screen_prompts), progress, warps)
     return _decide(bundle, method, candidates, verify_cost, {method.builder: overhead_s}, refs, backend, temperature,
-                   seed, finalists, min_speedup, labels, progress, groups=(lambda c: c.verifier,))
+                   seed, finalists, min_speedup, labels, progress, (lambda c: c.verifier,), warps)
 
 
 def tune_auto(bundle: Bundle, method: MethodSpec, refs: Sequence[Reference], backend: str = "auto",
@@ -377,7 +379,7 @@ def tune_auto(bundle: Bundle, method: MethodSpec, refs: Sequence[Reference], bac
               progress: Callable[[str], None] | None = None, temperature: float = 0.0, seed: int = 0,
               finalists: int = DEFAULT_AUTO_FINALISTS, min_speedup: float = DEFAULT_MIN_SPEEDUP,
               labels: Sequence[str] | None = None, builders: Sequence[str] = AUTO_BUILDERS,
-              screen_prompts: int = DEFAULT_SCREEN_PROMPTS) -> TuneResult:
+              screen_prompts: int = DEFAULT_SCREEN_PROMPTS, warps: dict | None = None) -> TuneResult:
     """``auto``: the method for this machine, temperature and warpers: builders x budgets x verifiers.
 
     Every builder of ``builders`` (their widths and betas at the builders' defaults) is ranked at every budget
@@ -405,11 +407,11 @@ def tune_auto(bundle: Bundle, method: MethodSpec, refs: Sequence[Reference], bac
     for name in builders:
         spec = _auto_member(name, method)
         found, overheads[name] = _rank(bundle, spec, refs, backend, budget_grid, (None,), (None,), verify_cost,
-                                       temperature, seed, verifiers, screen, progress)
+                                       temperature, seed, verifiers, screen, progress, warps)
         candidates += found
     result = _decide(bundle, method, tuple(candidates), verify_cost, overheads, refs, backend, temperature, seed,
                      finalists, min_speedup, labels, progress,
-                     groups=(lambda c: c.verifier, lambda c: (c.builder, c.verifier)))
+                     (lambda c: c.verifier, lambda c: (c.builder, c.verifier)), warps)
     return result
 
 
@@ -466,7 +468,8 @@ def _probe_verify_cost(bundle: Bundle, refs: Sequence[Reference], largest_budget
 def _rank(bundle: Bundle, method: MethodSpec, refs: Sequence[Reference], backend: str,
           budget_grid: tuple[int, ...], width_grid: tuple[int | None, ...], beta_grid: tuple[float | None, ...],
           verify_cost: VerifyCost, temperature: float, seed: int, verifiers: tuple[str | None, ...],
-          screen: Sequence[Reference], progress: Callable[[str], None] | None) -> tuple[list[Candidate], float]:
+          screen: Sequence[Reference], progress: Callable[[str], None] | None,
+          warps: dict | None = None) -> tuple[list[Candidate], float]:
     """Every (budget, width) of ``method`` scored under every verifier of ``verifiers``, and the per-round
     overhead the cost model charged the replayed ones."""
     grid = [(budget, width, beta) for budget in budget_grid for width in width_grid for beta in beta_grid]
@@ -476,7 +479,7 @@ def _rank(bundle: Bundle, method: MethodSpec, refs: Sequence[Reference], backend
     if any(v != "rejection" for v in verifiers):          # greedy (T=0) or matching: replays price every setting
         probe = concrete(method, min(budget_grid), width_grid[0] if width_grid[0] is None else min(width_grid),
                          beta_grid[0])
-        overhead_s = measure_overhead(bundle, probe, refs[0], backend, temperature, seed)
+        overhead_s = measure_overhead(bundle, probe, refs[0], backend, temperature, seed, warps)
         if progress is not None:
             progress(f"{method.builder}: replaying {len(grid)} settings on {len(refs)} calibration prompts")
         replays = replay_settings(bundle, [concrete(method, *g) for g in grid], refs, backend, progress)
@@ -501,7 +504,7 @@ def _rank(bundle: Bundle, method: MethodSpec, refs: Sequence[Reference], backend
         if progress is not None:
             progress(f"{method.builder}: decoding {len(keys)} settings with rejection on {len(screen)} prompts")
         decoded = screen_decodes(bundle, [concrete(method, b, w, chosen_beta[(b, w)]) for b, w in keys], screen,
-                                 backend, temperature, seed, "rejection")
+                                 backend, temperature, seed, "rejection", warps=warps)
         stats = dict(zip(keys, decoded, strict=True))
         out += [dataclasses.replace(c, beta=chosen_beta[(c.budget, c.width)], builder=method.builder,
                                     verifier="rejection") for c in score_candidates(stats, verify_cost, overhead_s)]
@@ -511,7 +514,8 @@ def _rank(bundle: Bundle, method: MethodSpec, refs: Sequence[Reference], backend
 def _decide(bundle: Bundle, method: MethodSpec, candidates: tuple[Candidate, ...], verify_cost: VerifyCost,
             overheads: dict[str, float], refs: Sequence[Reference], backend: str, temperature: float, seed: int,
             finalists: int, min_speedup: float, labels: Sequence[str] | None,
-            progress: Callable[[str], None] | None, groups: Sequence[Callable[[Candidate], object]]) -> TuneResult:
+            progress: Callable[[str], None] | None, groups: Sequence[Callable[[Candidate], object]],
+            warps: dict | None = None) -> TuneResult:
     """Decode the best-ranked candidates for real beside AR, choose, and say what was measured."""
     measured: tuple[Measurement, ...] = ()
     if finalists:
@@ -520,7 +524,7 @@ def _decide(bundle: Bundle, method: MethodSpec, candidates: tuple[Candidate, ...
             progress(f"{method.label}: decoding AR and " + ", ".join(_candidate_text(c, method) for c in ranked)
                      + f" for real on {len(refs)} calibration prompts")
         specs = [(_candidate_spec(c, method), c.verifier, c.beta) for c in ranked]
-        measured = measure_specs(bundle, specs, refs, backend, temperature, seed, labels, builders=True)
+        measured = measure_specs(bundle, specs, refs, backend, temperature, seed, labels, builders=True, warps=warps)
         ar_rate = measured[0].tokens_per_s
     else:
         ar_seconds = sum(r.ar_seconds for r in refs)
