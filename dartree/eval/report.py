@@ -315,8 +315,8 @@ def bench_markdown(result: BenchResult) -> str:
                   f"**auto -> {tr.choice_text}**.", "", tuning_table(tr)]
     bad = [r for r in result.records if not r.matches_ar]
     law = sorted({r.method for r in result.records if r.verifier == "rejection"})
-    matched = "every compared output equals AR's token for token on every prompt (T=0 greedy; T>0 " \
-        "target-sample matching with the run's keyed sampler)"
+    matched = ("every compared output" if law else "every method's output") + " equals AR's token for token on " \
+        "every prompt (T=0 greedy; T>0 target-sample matching with the run's keyed sampler)"
     failed = [c for c in result.law_checks if not c.passed]
     if law:
         matched += (f"; {', '.join(law)} verified by rejection sampling (lossless in law, not token for token): "
