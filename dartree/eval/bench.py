@@ -445,7 +445,10 @@ def run_bench(bundle: Bundle, config: BenchConfig, argv: Sequence[str] | None = 
     bar.close()
     # the verifier's first token of extra one-round decodes per prompt (untimed): a law check of every round's
     # start, which a bug in the first draw of a round (or of a decode) moves most
-    for label, temperature in law.cells():
+    cells = law.cells()
+    if cells and config.law_draws and progress:
+        log(f"law check: {config.law_draws} one-round decodes per prompt of {len(cells)} rejection rows (untimed)")
+    for label, temperature in cells:
         for dataset in config.datasets:
             for draw, (_, ids_list) in enumerate(prompts[dataset]):
                 ids = torch.tensor([ids_list], dtype=torch.int64, device=device)
