@@ -13,7 +13,8 @@ def result(bundle):
     methods = parse_methods(["chain", "dartree-pruned:budget=auto,width=auto"])
     config = BenchConfig(methods=methods, datasets=("humaneval", "stdlib"), temperatures=(0.0, 1.0), num_prompts=1,
                          max_new_tokens=10, max_prompt_tokens=32, backend="ref", calibration_prompts=1, warmup=False,
-                         tune_budgets=(2, 5), tune_widths=(2,), tune_min_speedup=0.0)   # 0: a tree, never AR
+                         tune_budgets=(2, 5), tune_widths=(2,), tune_min_speedup=0.0,   # 0: a tree, never AR
+                         law_draws=2)
     return run_bench(bundle, config, argv=["dartree", "bench"], log=lambda s: None, progress=False)
 
 
