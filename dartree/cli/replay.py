@@ -144,6 +144,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
     print(table)
     chosen = "plain AR (no tree is forecast to beat it)" if result.use_ar else " ".join(
         f"--{k} {v}" for k, v in result.settings().items())
+    if method.is_auto and not result.use_ar:        # the method itself: as --method would name it
+        spec = result.resolve(method)
+        chosen = f"--method {spec.builder}:" + ",".join(
+            [f"{k}={v}" for k, v in spec.settings] + ([f"verifier={spec.verifier}"] if spec.verifier else []))
     rate, speedup = result.forecast_interval(None, len(refs))
     spread = "" if rate is None else f"; 90% interval for {len(refs)} other prompts like them: {rate.text} tokens/s" \
         + ("" if speedup is None else f", {speedup.text}x AR") \
