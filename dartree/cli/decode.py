@@ -4,6 +4,7 @@ datasets x temperatures against AR, wall time, the lossless check)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -20,7 +21,7 @@ from dartree.cli.helpers import (
     setting_defaults,
     written,
 )
-from dartree.cli.parser import BENCH_DEFAULTS, PRESETS
+from dartree.cli.parser import BENCH_DEFAULTS, PRESETS, methods_for
 
 __all__ = ["cmd_generate", "cmd_bench"]
 
@@ -53,7 +54,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
                          "give at least one character")
     bundle = load(args)
     with user_input():          # budget / width unset or auto: this machine's tuned choice, or the device's default
-        method, note = resolve_unset(bundle, method, args.temperature)
+        method, note = resolve_unset(bundle, method, args.temperature,
+                                     {"top_k": args.top_k, "top_p": args.top_p, "min_p": args.min_p})
     if note:
         log(f"{method.label}: {note}")
     check_fit(bundle, [method])
@@ -140,7 +142,11 @@ def _cache_tuning(bundle, config, result) -> None:
     digest = model_hash(bundle)
     by_label = {m.label: m for m in config.methods}
     for t in result.tuning:
-        path = store_or_warn(cache_key(bundle, by_label[t.method], t.temperature, digest), entry_of(t), log)
+        method = by_label[t.method]
+        if t.temperature > 0 and not method.verifier and config.verifier:     # tuned under the run's --verifier
+            method = dataclasses.replace(method, verifier=config.verifier) if method.is_auto else method
+        warps = {"top_k": config.top_k, "top_p": config.top_p, "min_p": config.min_p}
+        path = store_or_warn(cache_key(bundle, method, t.temperature, digest, warps), entry_of(t), log)
     if path is not None:
         log(f"tuning cached for `dartree generate` in {path}")
 
@@ -177,6 +183,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     for key in ("methods", "datasets", "temperatures", "num_prompts", "max_new_tokens", "budget", "out"):
         if getattr(args, key) is not None:
             preset[key] = getattr(args, key)
+    if args.methods is None:                # at T>0 the preset's methods that pay there
+        preset["methods"] = methods_for(preset, [float(t) for t in preset["temperatures"]])
     defaults = setting_defaults(args)
     if "budget" not in defaults and preset["budget"] is not None:
         defaults["budget"] = preset["budget"]
@@ -192,7 +200,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             tune_budgets=tuple(args.tune_budgets), tune_widths=tuple(args.tune_widths),
             # the preset's peers unless --peers says otherwise (they decode the full length: not with --stop-at-eos)
             peers=_peers(args.peers if args.peers is not None else None if args.stop_at_eos else preset.get("peers")),
-            verifier=args.verifier, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p)
+            verifier=args.verifier, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, law_draws=args.law_draws)
         # Enough prompts in every dataset (and calibration prompts for budget=auto)?
         prompts = [p for d in config.datasets for p in load_prompts(d, config.num_prompts,
                                                                     prompt_chars=config.prompt_chars)]
@@ -225,8 +233,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     log(f"wrote {', '.join(map(str, run.committed))} in {time.perf_counter() - start:.0f} s")
     if not result.lossless:
         bad = sum(not r.matches_ar for r in result.records)
-        log(f"LOSSLESS CHECK FAILED: {bad} of {len(result.records)} outputs differ from AR's (see the table's "
-            "lossless column and the report's last line)"
+        law = [f"{c.method} T={c.temperature:g}" for c in result.law_checks if not c.passed]
+        log("LOSSLESS CHECK FAILED: " + (f"{bad} of {len(result.records)} outputs differ from AR's" if bad else "")
+            + ("; " if bad and law else "") + (f"the distribution check rejects {', '.join(law)}" if law else "")
+            + " (see the table's lossless column and the report's last line)"
             + ("" if args.strict else "; exit status 0 because of --no-strict"))
         return 1 if args.strict else 0
     return 0

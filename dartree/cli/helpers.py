@@ -120,15 +120,16 @@ def dataset_prompts(args: argparse.Namespace):
         return load_prompts(args.dataset, args.num_prompts)
 
 
-def references(bundle, args: argparse.Namespace, texts: Sequence[str]):
-    """AR references of ``texts`` (the positions they need are checked first)."""
+def references(bundle, args: argparse.Namespace, texts: Sequence[str], warps: dict | None = None):
+    """AR references of ``texts`` (the positions they need are checked first; at T>0 drawn under ``warps``)."""
     from dartree.eval.checks import check_positions
     from dartree.eval.simulate import reference
 
     ids = [prompt_ids(bundle, t, args.max_prompt_tokens) for t in texts]
     with user_input():
         check_positions(bundle, map(len, ids), args.max_new_tokens, "--max-prompt-tokens")
-    return [reference(bundle, x, args.max_new_tokens, args.temperature, args.seed) for x in ids]
+    at = {k: v for k, v in (warps or {}).items() if v is not None} if args.temperature > 0 else {}
+    return [reference(bundle, x, args.max_new_tokens, args.temperature, args.seed, warps=at) for x in ids]
 
 
 def check_grid(method, budgets: Sequence[int], widths: Sequence[int], budget_option: str, width_option: str,
@@ -142,6 +143,14 @@ def check_grid(method, budgets: Sequence[int], widths: Sequence[int], budget_opt
     from dartree.eval.tune import DEFAULT_BETAS
 
     grid = {"budget": budgets, "width": widths, "beta": DEFAULT_BETAS}
+    if method.is_auto:              # every builder auto searches, at every budget
+        from dartree.eval.methods import MethodSpec
+        from dartree.eval.tune import AUTO_BUILDERS
+
+        for name in AUTO_BUILDERS:
+            check_grid(MethodSpec(name, (("budget", "auto"),), label=name), budgets, widths, budget_option,
+                       width_option, ("budget",))
+        return
     auto = tuple(method.auto_fields if fields is None else fields)
     for values in product(*(grid[k] for k in auto)):
         try:

@@ -12,7 +12,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DESCRIPTION", "DEFAULT_MODEL", "PRESETS", "BENCH_DEFAULTS", "build_parser", "join_negative_values"]
+__all__ = ["DESCRIPTION", "DEFAULT_MODEL", "PRESETS", "BENCH_DEFAULTS", "build_parser", "join_negative_values",
+           "methods_for"]
 
 DESCRIPTION = """Draft-tree speculative decoding: generate, benchmark, sweep, draw trees, tune the budget.
 
@@ -22,8 +23,9 @@ examples:
   dartree sweep --param budget --methods ddtree dartree-pruned
   dartree show-tree --method dartree-pruned --round 3
   dartree tune --method dartree-pruned # adaptive budget for this machine (Appendix B of the paper)
+  dartree tune --method auto --temperature 1   # the builder, budget and verifier that pay here at T=1
 
-A method is 'ar' or BUILDER[:KEY=VALUE,...], e.g. dartree-pruned:budget=32,width=8,head=markov.
+A method is 'ar', 'auto' or BUILDER[:KEY=VALUE,...], e.g. dartree-pruned:budget=32,width=8,head=markov.
 --budget/--width/--topk/--beta set those fields for every method that has them and does not set
 them itself. --model tiny-random runs any command on a toy model in seconds.
 """
@@ -33,11 +35,19 @@ SWEEP_PARAMS: tuple[str, ...] = ("width", "budget", "beta", "topk")
 BACKEND_CHOICES: tuple[str, ...] = ("auto", "ref", "fast")
 DEFAULT_MODEL = "pystdlib-tiny"          # dartree.models.zoo.DEFAULT_NAME (not imported: keeps --help fast)
 
+#: ``sampled_methods``: the methods when every temperature of the run is above 0 (and --methods is not given);
+#: with T=0 in the run too they are added to ``methods`` (:func:`methods_for`).
 PRESETS: dict[str, dict[str, Any]] = {
     # `make demo`: a few minutes on 2 CPU cores, greedy, the six methods of the issue plus the tuned budget.
     "demo": {
         "methods": ["chain", "ddtree", "corrected-chain", "dartree-fixed", "dartree-pruned",
                     "dartree-pruned:budget=auto,width=auto,beta=auto"],
+        # --temperatures above 0 (and no --methods): the methods that pay there.  corrected-sequoia's sampled
+        # rank-optimal shape with rejection is the tree that pays at T=1 on the zoo (B=4: issue 44's tuning), and
+        # `auto` picks builder, budget and verifier at the run's temperature (it searches dartree-pruned too,
+        # so the T=0 list's tuned dartree-pruned is left out: a second tuning would double the run)
+        "sampled_methods": ["chain", "ddtree", "corrected-chain", "dartree-fixed", "dartree-pruned",
+                            "corrected-sequoia:budget=4", "auto"],
         "datasets": ["humaneval", "stdlib"],
         "temperatures": [0.0],
         # 8 + 8 prompts a dataset: tau per prompt ranges 2.2-12.6 on the zoo, and with 4 + 6 the four
@@ -63,6 +73,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     "paper": {
         "methods": ["chain", "ddtree", "corrected-chain", "corrected-chain-ddtree", "sequential-heap",
                     "dartree-fixed", "dartree-pruned", "dartree-pruned:budget=auto,width=auto"],
+        # added to the methods because the grid has T=1 (they run at T=0 too)
+        "sampled_methods": ["corrected-sequoia:budget=4", "auto"],
         "datasets": ["humaneval", "stdlib", "packages"],
         "temperatures": [0.0, 1.0],
         "num_prompts": 10,
@@ -74,6 +86,8 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 BENCH_DEFAULTS: dict[str, Any] = {
     "methods": ["chain", "ddtree", "corrected-chain", "dartree-fixed", "dartree-pruned"],
+    "sampled_methods": ["chain", "ddtree", "corrected-chain", "dartree-fixed", "dartree-pruned",
+                        "corrected-sequoia:budget=4"],
     "datasets": ["humaneval"],
     "temperatures": [0.0],
     "num_prompts": 4,
@@ -82,6 +96,17 @@ BENCH_DEFAULTS: dict[str, Any] = {
     "out": "runs/bench",
     "threads": None,
 }
+
+
+def methods_for(preset: dict[str, Any], temperatures: list[float]) -> list[str]:
+    """The preset's methods at these temperatures: ``sampled_methods`` when all are above 0, both lists (in order,
+    once each) when some are, ``methods`` at T=0 only."""
+    sampled = preset.get("sampled_methods")
+    if not sampled or not any(t > 0 for t in temperatures):
+        return list(preset["methods"])
+    if all(t > 0 for t in temperatures):
+        return list(sampled)
+    return list(dict.fromkeys([*preset["methods"], *sampled]))
 
 
 # ---------------------------------------------------------------------------------------------- parsing
@@ -107,6 +132,10 @@ def _parsed(text: str, cast, ok, expected: str):
 
 def _positive_int(text: str) -> int:
     return _parsed(text, int, lambda v: v >= 1, "an integer >= 1")
+
+
+def _count(text: str) -> int:
+    return _parsed(text, int, lambda v: v >= 0, "an integer >= 0")
 
 
 def _threads(text: str) -> int:
@@ -141,9 +170,9 @@ def _sampling_args(p: argparse.ArgumentParser) -> None:
     # dartree.rounds.VERIFIERS (not imported: keeps --help fast; tests/test_cli checks they agree)
     g.add_argument("--verifier", choices=("match", "rejection"), default=None,
                    help="how trees are verified at T>0: 'rejection' (sampled trees, recursive rejection sampling: "
-                        "lossless in distribution; generate's default) or 'match' (target-sample matching: with the "
-                        "seed, equal to AR token for token; bench's default, which compares tokens); a method's own "
-                        "verifier=... wins")
+                        "lossless in distribution; the default, bench included, which then tests the tokens against "
+                        "the target's law) or 'match' (target-sample matching: with the seed, equal to AR token for "
+                        "token, which bench checks); a method's own verifier=... wins")
 
 
 def _beta(text: str) -> float:
@@ -281,7 +310,9 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", parents=[common], help="prompt in, streamed text out, round statistics")
     g.add_argument("--prompt", help="the prompt text")
     g.add_argument("--prompt-file", type=Path, help="read the prompt from a file")
-    g.add_argument("--method", default="dartree-pruned", help="ar or BUILDER[:KEY=VALUE,...] (default dartree-pruned)")
+    g.add_argument("--method", default="dartree-pruned",
+                   help="ar, auto (the method `dartree tune --method auto` or a bench cached for this machine) or "
+                        "BUILDER[:KEY=VALUE,...] (default dartree-pruned)")
     g.add_argument("--max-new-tokens", type=_positive_int, default=128)
     g.add_argument("--temperature", type=_temperature, default=0.0)
     g.add_argument("--no-stream", action="store_true", help="print the text once at the end")
@@ -303,6 +334,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--tune-budgets", type=_ints, default=[4, 8, 16, 32, 64], help="budgets tried by auto")
     # dartree.eval.tune.DEFAULT_WIDTHS (not imported: keeps --help fast; tests/test_cli checks they agree)
     b.add_argument("--tune-widths", type=_ints, default=[4, 8, 12, 16], help="widths tried by auto")
+    b.add_argument("--law-draws", type=_count, default=8,
+                   help="extra one-round decodes per prompt whose first verified token the distribution check of "
+                        "rejection rows tests too (untimed; 0: only the run's own tokens; default 8)")
     b.add_argument("--stop-at-eos", action="store_true", help="stop a prompt at the end-of-text token")
     b.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up generation")
     b.add_argument("--strict", action=argparse.BooleanOptionalAction, default=True,
@@ -337,11 +371,14 @@ def build_parser() -> argparse.ArgumentParser:
     _prompt_args(t)
     _method_defaults(t)
 
-    u = sub.add_parser("tune", parents=[common], help="adaptive budget: measure this machine, pick B and W")
-    u.add_argument("--method", default="dartree-pruned", help="a builder with a budget")
+    u = sub.add_parser("tune", parents=[common], help="adaptive budget: measure this machine, pick B and W "
+                                                      "(--method auto: the builder and verifier too)")
+    u.add_argument("--method", default="dartree-pruned",
+                   help="a builder with a budget, or 'auto' (builders x budgets x verifiers, measured here)")
     u.add_argument("--budgets", type=_ints, default=[4, 8, 16, 32, 64])    # as --tune-budgets
     u.add_argument("--widths", type=_ints, default=[4, 8, 12, 16])         # as --tune-widths
     _out_args(u, Path("runs/tune"), "table, json, plot")
     _prompt_args(u)
     _method_defaults(u)
+    _sampling_args(u)
     return parser

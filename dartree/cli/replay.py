@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 
 from dartree.cli.errors import UsageError, user_input
@@ -116,31 +117,37 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     with user_input():
         method = parse_method(args.method, setting_defaults(args))      # unset budget / width are searched
-        if method.is_ar or "budget" not in method.fields():
-            raise ValueError(f"method: {method.label!r} has no budget to tune")
-        searched = [k for k in ("budget", "width") if k in method.fields() and method.config.get(k, "auto") == "auto"]
-        searched += ["beta"] if method.config.get("beta") == "auto" else []     # beta: only when asked
-        if not searched:         # every tunable setting is fixed: --budgets / --widths would be ignored
-            raise ValueError(f"method: {method.label!r} (with --budget/--width) fixes every setting tune searches; "
-                             "leave budget (or width) unset or 'auto'")
-        check_grid(method, args.budgets, args.widths, "--budgets", "--widths", searched)
+        if method.is_auto:
+            if args.verifier and not method.verifier:                      # auto ranked under --verifier only
+                method = dataclasses.replace(method, verifier=args.verifier)
+            check_grid(method, args.budgets, args.widths, "--budgets", "--widths")
+        elif method.is_ar or "budget" not in method.fields():
+            raise ValueError(f"method: {method.label!r} has no budget to tune (or give --method auto: the tuner "
+                             "picks the builder too)")
+    if not method.is_auto:
+        _check_tunable(args, method)
+    warps = {"top_k": args.top_k, "top_p": args.top_p, "min_p": args.min_p}
     prompts = dataset_prompts(args)
     with prepare_out(args, args.out, tune_files(method.builder)) as run:
         bundle = load(args)
         check_fit(bundle, [method])
-        refs = references(bundle, args, [p.text for p in prompts])
+        refs = references(bundle, args, [p.text for p in prompts], warps)
         result = tune(bundle, method, refs, args.backend, args.budgets, args.widths, progress=log,
-                      temperature=args.temperature, seed=args.seed)
+                      temperature=args.temperature, seed=args.seed, warps=warps)
         table = tuning_table(result)
         with written(run):          # the three files replace an earlier tuning of this builder together
             run.write(f"tune_{method.builder}.md", f"# Adaptive budget for {method.label} on {bundle.name}\n\n"
                                                    f"{table}\n")
             run.write(f"tune_{method.builder}.json", json.dumps(asdict(result), indent=1))
             plot_tuning(result, run.path(f"tune_{method.builder}.png"))
-    cached = store_or_warn(cache_key(bundle, method, args.temperature), entry_of(result), log)
+    cached = store_or_warn(cache_key(bundle, method, args.temperature, warps=warps), entry_of(result), log)
     print(table)
     chosen = "plain AR (no tree is forecast to beat it)" if result.use_ar else " ".join(
         f"--{k} {v}" for k, v in result.settings().items())
+    if method.is_auto and not result.use_ar:        # the method itself: as --method would name it
+        spec = result.resolve(method)
+        chosen = f"--method {spec.builder}:" + ",".join(
+            [f"{k}={v}" for k, v in spec.settings] + ([f"verifier={spec.verifier}"] if spec.verifier else []))
     rate, speedup = result.forecast_interval(None, len(refs))
     spread = "" if rate is None else f"; 90% interval for {len(refs)} other prompts like them: {rate.text} tokens/s" \
         + ("" if speedup is None else f", {speedup.text}x AR") \
@@ -151,3 +158,14 @@ def cmd_tune(args: argparse.Namespace) -> int:
         log(f"cached for `dartree generate` (this model, machine, threads and temperature) in {cached}")
     log(f"wrote {', '.join(map(str, run.committed))}")
     return 0
+
+
+def _check_tunable(args: argparse.Namespace, method) -> None:
+    """``tune`` of one builder: something is left to search, and every setting of the grid is valid."""
+    with user_input():
+        searched = [k for k in ("budget", "width") if k in method.fields() and method.config.get(k, "auto") == "auto"]
+        searched += ["beta"] if method.config.get("beta") == "auto" else []     # beta: only when asked
+        if not searched:         # every tunable setting is fixed: --budgets / --widths would be ignored
+            raise ValueError(f"method: {method.label!r} (with --budget/--width) fixes every setting tune searches; "
+                             "leave budget (or width) unset or 'auto'")
+        check_grid(method, args.budgets, args.widths, "--budgets", "--widths", searched)

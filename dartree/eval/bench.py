@@ -1,10 +1,17 @@
 """The benchmark: methods x datasets x temperatures on one bundle, AR measured in the same run.
 
 For every (dataset, temperature, prompt) the AR baseline runs first, then every method, one after
-the other (interleaved, so that a machine whose load drifts penalises every method alike).  Each
-method's output is compared with AR's token for token: at T=0 greedy decoding, at T>0 both draw
-with the same :class:`~dartree.KeyedSampler` seed, so speculative output must be identical -- the
-lossless property checked for free on every benchmark prompt.
+the other (interleaved, so that a machine whose load drifts penalises every method alike).  At T>0 a
+method verifies with its own ``verifier=``, else the run's ``--verifier``, else the library's default
+(:data:`dartree.rounds.DEFAULT_VERIFIER`, rejection), as ``generate`` does.  What is checked, per row:
+
+* T=0 (greedy) and T>0 with ``match``: the output equals AR's token for token (at T>0 both draw with
+  the same :class:`~dartree.KeyedSampler` seed);
+* T>0 with ``rejection`` (lossless in law, not token for token): a distribution check on the run
+  (:mod:`dartree.eval.lawcheck`): every token the method's rounds committed on the run's prompts, plus
+  the verifier's first token of ``law_draws`` extra one-round decodes per prompt (untimed), is tested
+  against the target's exact warped law at its prefix; false-alarm rate :data:`~dartree.eval.lawcheck.ALPHA`
+  per (method, temperature).
 
 Speedup is tokens per second over AR's tokens per second (wall time of the whole ``generate``
 call, prefill included); tau is committed tokens per round.  Nothing here catches an exception:
@@ -27,12 +34,13 @@ from dartree import native
 from dartree.decode import ROUND_STAGES, GenerationResult, generate_ar
 from dartree.eval.bundles import Bundle, encode, stop_token_id
 from dartree.eval.datasets import load_prompts
+from dartree.eval.lawcheck import LawCheck, law_check, pit_values
 from dartree.eval.methods import AR, MethodSpec, make_decoder, resolve_backend
 from dartree.eval.peers import PEER_PREFIX, PEERS, PeerResult, make_peer, peer_unavailable
 from dartree.eval.simulate import reference
 from dartree.eval.tune import DEFAULT_BUDGETS, DEFAULT_MIN_SPEEDUP, DEFAULT_WIDTHS, TuneResult, tune
 from dartree.models.target import HFTarget
-from dartree.rounds import VERIFIERS
+from dartree.rounds import DEFAULT_VERIFIER, VERIFIERS
 from dartree.verify.sampling import GeneratorSampler, KeyedSampler
 from dartree.verify.warp import Warp
 
@@ -78,10 +86,11 @@ class BenchConfig:
     tune_widths: tuple[int, ...] = DEFAULT_WIDTHS
     tune_min_speedup: float = DEFAULT_MIN_SPEEDUP
     peers: tuple[str, ...] = ()
-    verifier: str | None = None           # T>0 acceptance rule of methods that set none (None: "match")
+    verifier: str | None = None           # T>0 acceptance rule of methods that set none (None: DEFAULT_VERIFIER)
     top_k: int | None = None              # target-side warpers at T>0, for AR and every method alike
     top_p: float | None = None
     min_p: float | None = None
+    law_draws: int = 8                    # extra one-round decodes per prompt for a rejection row's law check
 
     def __post_init__(self) -> None:
         if self.verifier is not None and self.verifier not in VERIFIERS:
@@ -102,6 +111,8 @@ class BenchConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}: must be an integer >= 1, got {value!r}")
+        if isinstance(self.law_draws, bool) or not isinstance(self.law_draws, int) or self.law_draws < 0:
+            raise ValueError(f"law_draws: must be an integer >= 0, got {self.law_draws!r}")
         if isinstance(self.tune_min_speedup, bool) or not self.tune_min_speedup >= 0:
             raise ValueError(f"tune_min_speedup: must be a number >= 0, got {self.tune_min_speedup!r}")
 
@@ -156,6 +167,7 @@ class Summary:
     lossless_prompts: int
     acceptance: tuple[float, ...]         # Pr(L >= t) for t = 1..gamma
     verifier: str = "greedy"              # how its rows were verified ("rejection": in law, not compared)
+    law: str = ""                         # rejection rows: the distribution check (LawCheck.text) of its row
 
 
 @dataclass(frozen=True)
@@ -167,10 +179,12 @@ class BenchResult:
     records: tuple[RunRecord, ...]
     summaries: tuple[Summary, ...]
     tuning: tuple[TuneResult, ...] = field(default=())
+    law_checks: tuple[LawCheck, ...] = field(default=())
 
     @property
     def lossless(self) -> bool:
-        return all(r.matches_ar for r in self.records)
+        """Every compared output equals AR's and every rejection row passes its distribution check."""
+        return all(r.matches_ar for r in self.records) and all(c.passed for c in self.law_checks)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -179,6 +193,7 @@ class BenchResult:
             "lossless": self.lossless,
             "summaries": [dataclasses.asdict(s) for s in self.summaries],
             "tuning": [dataclasses.asdict(t) for t in self.tuning],
+            "law_checks": [dataclasses.asdict(c) | {"passed": c.passed} for c in self.law_checks],
             "records": [dataclasses.asdict(r) for r in self.records],
         }
 
@@ -215,11 +230,14 @@ def _peer_record(label: str, dataset: str, prompt_id: str, prompt_tokens: int, r
 
 
 def summarize(records: Sequence[RunRecord], methods: Sequence[MethodSpec], backend: str, gamma: int,
-              resolved: dict[tuple[str, float], MethodSpec] | None = None) -> tuple[Summary, ...]:
+              resolved: dict[tuple[str, float], MethodSpec] | None = None,
+              law: Sequence[LawCheck] = ()) -> tuple[Summary, ...]:
     """Pool records per (method, dataset, temperature); speedup against AR of the same cell.
 
     ``resolved``: what a method ran as at a temperature (its ``auto`` settings tuned; possibly plain AR).
+    ``law``: the distribution checks of rejection rows (their text goes into the row's summaries).
     """
+    law_text = {(c.method, c.temperature): c.text for c in law}
     cells: dict[tuple[str, str, float], list[RunRecord]] = {}
     for r in records:
         cells.setdefault((r.method, r.dataset, r.temperature), []).append(r)
@@ -256,6 +274,7 @@ def summarize(records: Sequence[RunRecord], methods: Sequence[MethodSpec], backe
             lossless_prompts=sum(r.matches_ar for r in rs),
             acceptance=acceptance_curve(accepted, gamma) if not spec.is_ar else (),
             verifier=rs[0].verifier,
+            law=law_text.get((label, temperature), ""),
         ))
     return tuple(out)
 
@@ -302,12 +321,19 @@ def _tune_auto(bundle: Bundle, config: BenchConfig, log: Callable[[str], None] |
              for d in config.datasets
              for p in load_prompts(d, config.calibration_prompts, offset=config.num_prompts,
                                    prompt_chars=config.prompt_chars)]
+    warps = {k: v for k, v in (("top_k", config.top_k), ("top_p", config.top_p), ("min_p", config.min_p))
+             if v is not None}
     for temperature in config.temperatures:
-        refs = [reference(bundle, ids, config.max_new_tokens, temperature, config.seed, label=d) for d, ids in calib]
+        at = warps if temperature > 0 else {}
+        refs = [reference(bundle, ids, config.max_new_tokens, temperature, config.seed, label=d, warps=at)
+                for d, ids in calib]
         for m in auto:
-            result = tune(bundle, m, refs, config.backend, config.tune_budgets, config.tune_widths,
+            # methods that name a verifier keep it; the others are ranked under the run's, else under each
+            method = m if m.verifier or config.verifier is None or temperature == 0 else \
+                dataclasses.replace(m, verifier=config.verifier)
+            result = tune(bundle, method, refs, config.backend, config.tune_budgets, config.tune_widths,
                           progress=(lambda s, t=temperature: log(f"tune T={t:g}: {s}")) if log else None,
-                          temperature=temperature, seed=config.seed, min_speedup=config.tune_min_speedup)
+                          temperature=temperature, seed=config.seed, min_speedup=config.tune_min_speedup, warps=at)
             tuning.append(result)
             resolved[(m.label, temperature)] = result.resolve(m)
     return resolved, tuning
@@ -347,11 +373,12 @@ def run_bench(bundle: Bundle, config: BenchConfig, argv: Sequence[str] | None = 
     warps = {"top_k": config.top_k, "top_p": config.top_p, "min_p": config.min_p}
 
     def verifier_of(label: str, temperature: float) -> str:
-        """How ``label`` verifies at ``temperature``: greedy at T=0; its own, the run's, or matching at T>0."""
+        """How ``label`` verifies at ``temperature``: greedy at T=0; at T>0 its own, the run's, or the library's
+        default (AR draws with the keyed sampler: what ``match`` rows are compared with)."""
         spec = None if label == AR else resolved[(label, temperature)]
         if temperature == 0:
             return "greedy"
-        return "match" if spec is None or spec.is_ar else spec.verifier or config.verifier or "match"
+        return "match" if spec is None or spec.is_ar else spec.verifier or config.verifier or DEFAULT_VERIFIER
 
     def run(label: str, ids: torch.Tensor, max_new: int, temperature: float,
             tuned_at: float | None = None, draw: int = 0) -> GenerationResult:
@@ -384,6 +411,7 @@ def run_bench(bundle: Bundle, config: BenchConfig, argv: Sequence[str] | None = 
             peer(first, min(8, config.max_new_tokens))
 
     records: list[RunRecord] = []
+    law = _LawSamples(bundle.target, config)
     total = len(config.datasets) * config.num_prompts * (len(config.temperatures) * (1 + len(timed)) + len(peers))
     bar = tqdm(total=total, desc="bench", disable=not progress, file=sys.stderr)
     for dataset in config.datasets:
@@ -398,9 +426,12 @@ def run_bench(bundle: Bundle, config: BenchConfig, argv: Sequence[str] | None = 
                     res, seconds = _timed(lambda: run(m.label, ids, config.max_new_tokens, temperature,  # noqa: B023
                                                       draw=draw))  # noqa: B023
                     verifier = verifier_of(m.label, temperature)
-                    # rejection is lossless in law (tested), not token for token: its tokens are not compared
+                    # rejection is lossless in law, not token for token: its tokens are not compared with AR's,
+                    # they are tested against the target's law at their prefixes (untimed, after the decode)
                     records.append(_record(m.label, dataset, temperature, prompt_id, res, seconds,
                                            None if verifier == "rejection" else ar_tokens, verifier))
+                    if verifier == "rejection":
+                        law.add(m.label, temperature, res.sequence, ids.shape[1] + 1)
                     bar.set_postfix_str(f"{dataset} T={temperature:g} {m.label}", refresh=False)
                     bar.update(1)
                 if temperature != 0:
@@ -412,6 +443,47 @@ def run_bench(bundle: Bundle, config: BenchConfig, argv: Sequence[str] | None = 
                     records.append(_peer_record(label, dataset, prompt_id, ids.shape[1], out, seconds, ar_tokens))
                     bar.update(1)
     bar.close()
-    summaries = summarize(records, (ar_spec, *config.methods), config.backend, gamma, resolved)
+    # the verifier's first token of extra one-round decodes per prompt (untimed): a law check of every round's
+    # start, which a bug in the first draw of a round (or of a decode) moves most
+    cells = law.cells()
+    if cells and config.law_draws and progress:
+        log(f"law check: {config.law_draws} one-round decodes per prompt of {len(cells)} rejection rows (untimed)")
+    for label, temperature in cells:
+        for dataset in config.datasets:
+            for draw, (_, ids_list) in enumerate(prompts[dataset]):
+                ids = torch.tensor([ids_list], dtype=torch.int64, device=device)
+                for extra in range(config.law_draws):
+                    res = run(label, ids, 2, temperature, draw=(1 + extra) * 7919 + draw)
+                    law.add(label, temperature, res.sequence, ids.shape[1] + 1)
+    checks = law.checks()
+    for c in checks:
+        if progress:
+            log(f"law check T={c.temperature:g} {c.method}: {c.text} (chi-square {c.statistic:.1f}, df {c.df}; "
+                f"false-alarm rate {c.alpha:g})")
+    summaries = summarize(records, (ar_spec, *config.methods), config.backend, gamma, resolved, checks)
     return BenchResult(config=config, meta=run_meta(bundle, argv), records=tuple(records), summaries=summaries,
-                       tuning=tuple(tuning))
+                       tuning=tuple(tuning), law_checks=checks)
+
+
+class _LawSamples:
+    """PIT values of the tokens of rejection rows, per (method, temperature) (:mod:`dartree.eval.lawcheck`)."""
+
+    def __init__(self, model: torch.nn.Module, config: BenchConfig) -> None:
+        self.model, self.config = model, config
+        self.generator = torch.Generator().manual_seed(config.seed * 1_000_003 + 12_345)
+        self.u: dict[tuple[str, float], list[float]] = {}
+        self.impossible: dict[tuple[str, float], int] = {}
+
+    def add(self, label: str, temperature: float, sequence: torch.Tensor, first: int) -> None:
+        """Test ``sequence[0, first:]``: the tokens after the first new one (which the prefill drew)."""
+        c = self.config
+        warp = Warp(temperature, c.top_k, c.top_p, c.min_p)
+        u, bad = pit_values(self.model, sequence, min(first, sequence.shape[1]), warp, self.generator)
+        self.u.setdefault((label, temperature), []).extend(u)
+        self.impossible[(label, temperature)] = self.impossible.get((label, temperature), 0) + bad
+
+    def cells(self) -> list[tuple[str, float]]:
+        return list(self.u)
+
+    def checks(self) -> tuple[LawCheck, ...]:
+        return tuple(law_check(label, t, u, self.impossible[(label, t)]) for (label, t), u in self.u.items())

@@ -66,6 +66,8 @@ def check_methods_fit(bundle: Bundle, methods: Iterable[MethodSpec], topk_values
         if m.head is not None and m.head not in bundle.heads:
             raise ValueError(f"head: model {bundle.name!r} has heads {sorted(bundle.heads)}, got {m.head!r} "
                              f"(in method {m.label!r})")
+        if m.is_auto:                   # the builders it searches take their default topk
+            continue
         topk = _topk(m)
         if topk is not None and topk > vocab:
             raise ValueError(f"topk: {topk} exceeds the vocabulary of model {bundle.name!r} (V={vocab}) in method "

@@ -76,9 +76,13 @@ class ConcurrencyRow:
 
 
 def check_methods(methods: Sequence[MethodSpec]) -> None:
-    """``ValueError`` for a method that asks for ``beta=auto``: the concurrency tuner searches budget and
-    width per level, not beta."""
+    """``ValueError`` for a method that asks for ``beta=auto`` or for the method ``auto``: the concurrency tuner
+    searches budget and width per level, not beta nor the builder."""
     for m in methods:
+        if m.is_auto:
+            raise ValueError(f"method: {m.label!r} is not searched per concurrency level (the concurrency tuner "
+                             "searches one builder's budget and width); name a builder, e.g. "
+                             "dartree-pruned:budget=auto")
         if "beta" in m.auto_fields:
             raise ValueError(f"beta: 'auto' is not searched per concurrency level ({m.label!r}); give a number "
                              f"(`dartree tune --method {m.builder}:beta=auto` tunes it for single requests)")

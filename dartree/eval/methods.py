@@ -1,6 +1,8 @@
 """Methods as the harness names them: ``ar`` or a builder with its settings, parsed from text.
 
-Syntax: ``NAME[:KEY=VALUE,...]`` where NAME is ``ar`` or a registry name (``dartree.builders.registered()``:
+Syntax: ``NAME[:KEY=VALUE,...]`` where NAME is ``ar``, ``auto`` (the tuner picks the builder, its budget and
+at T>0 the verifier: :func:`dartree.eval.tune.tune_auto`; it takes only ``verifier=`` / ``head=`` / ``drafter=``)
+or a registry name (``dartree.builders.registered()``:
 dartree's own strategies and any registered since) and KEY is a field of that builder's config
 (``budget``, ``width``, ``topk``, ``beta``, ``normalize``), ``head`` (which correction head of the
 bundle a corrected builder uses; default ``gru``), ``verifier`` (``match`` / ``rejection``: how it
@@ -60,11 +62,19 @@ class MethodSpec:
         return self.builder == AR
 
     @property
+    def is_auto(self) -> bool:
+        """The method ``auto``: the builder, its budget and (at T>0) the verifier are chosen by the tuner."""
+        return self.builder == AUTO
+
+    @property
     def config(self) -> dict[str, Any]:
         return dict(self.settings)
 
     @property
     def auto_fields(self) -> tuple[str, ...]:
+        """The settings the tuner chooses (``("builder",)`` for the method ``auto``: everything)."""
+        if self.is_auto:
+            return ("builder",)
         return tuple(k for k, v in self.settings if v == AUTO)
 
     def with_settings(self, **values: Any) -> MethodSpec:
@@ -73,8 +83,8 @@ class MethodSpec:
         return dataclasses.replace(self, settings=tuple(sorted(merged.items())))
 
     def fields(self) -> tuple[str, ...]:
-        """Config fields of the builder (empty for ``ar``)."""
-        if self.is_ar:
+        """Config fields of the builder (empty for ``ar`` and ``auto``)."""
+        if self.is_ar or self.is_auto:
             return ()
         return tuple(f.name for f in dataclasses.fields(builder_spec(self.builder).config_cls))
 
@@ -127,13 +137,15 @@ def parse_method(text: str, defaults: dict[str, Any] | None = None) -> MethodSpe
     """
     name, _, rest = text.partition(":")
     name = name.strip()
-    allowed = (AR, *registered())             # read now: a strategy registered after import is a method too
+    allowed = (AR, AUTO, *registered())       # read now: a strategy registered after import is a method too
     if name not in allowed:
         raise ValueError(f"method: unknown method {name!r}; allowed: {allowed}")
     if name == AR:
         if rest.strip():
             raise ValueError(f"method: 'ar' takes no settings, got {text!r}")
         return MethodSpec(AR, label=AR)
+    if name == AUTO:
+        return _parse_auto(text, rest)
     spec = builder_spec(name)
     fields = tuple(f.name for f in dataclasses.fields(spec.config_cls))
     kinds = {f.name: f.type for f in dataclasses.fields(spec.config_cls)}
@@ -180,6 +192,27 @@ def parse_method(text: str, defaults: dict[str, Any] | None = None) -> MethodSpe
     concrete = {k: v for k, v in settings.items() if v != AUTO}
     make_builder(name, "ref", **concrete)          # validates every concrete value now
     return method
+
+
+def _parse_auto(text: str, rest: str) -> MethodSpec:
+    """``auto[:verifier=...,head=...,drafter=...]``: the tuner picks the builder and its budget (and at T>0 the
+    verifier, unless given here); ``head`` is the head a corrected builder would use."""
+    settings: dict[str, str] = {}
+    for item in filter(None, (x.strip() for x in rest.split(","))):
+        key, eq, raw = item.partition("=")
+        key, raw = key.strip(), raw.strip()
+        if not eq or key not in ("verifier", "head", "drafter"):
+            raise ValueError(f"method: 'auto' takes only verifier=, head= and drafter= (the tuner picks the builder "
+                             f"and its settings), got {item!r} in {text!r}")
+        if key in settings:
+            raise ValueError(f"{key}: set twice in {text!r}; give each setting once")
+        if key == "verifier" and raw not in VERIFIERS:
+            raise ValueError(f"verifier: expected one of {VERIFIERS}, got {raw!r}")
+        if key == "drafter" and raw not in DRAFTERS:
+            raise ValueError(f"drafter: expected one of {tuple(DRAFTERS)}, got {raw!r}")
+        settings[key] = raw
+    label = AUTO + (":" + ",".join(f"{k}={v}" for k, v in settings.items()) if settings else "")
+    return MethodSpec(AUTO, (), settings.get("head"), label, settings.get("verifier"), settings.get("drafter"))
 
 
 def parse_methods(texts: list[str] | tuple[str, ...], defaults: dict[str, Any] | None = None) -> tuple[MethodSpec, ...]:

@@ -156,11 +156,13 @@ def plot_tuning(result: TuneResult, path: Path) -> Path:
     left.set_ylabel("verify ms (inputs + target forward)")
     left.set_title(f"verify cost on this machine (prefix {cost.prefix_len})", fontsize=9)
     left.grid(alpha=0.3)
-    widths = list(dict.fromkeys(c.width for c in result.candidates))
-    for w in widths:
-        cs = [c for c in result.candidates if c.width == w]
-        right.plot([c.budget for c in cs], [c.tokens_per_s for c in cs], marker="o",
-                   label="no width" if w is None else f"W={w}")
+    # one line per (builder, verifier, width): auto compares builders, T>0 ranks under each verifier
+    series = list(dict.fromkeys((c.builder, c.verifier, c.width) for c in result.candidates))
+    for builder, verifier, w in series:
+        cs = [c for c in result.candidates if (c.builder, c.verifier, c.width) == (builder, verifier, w)]
+        name = " ".join(x for x in (builder if result.builder == "auto" else "", verifier or "",
+                                    "" if w is None else f"W={w}") if x)
+        right.plot([c.budget for c in cs], [c.tokens_per_s for c in cs], marker="o", label=name or "no width")
     best = result.best
     right.scatter([best.budget], [best.tokens_per_s], s=120, facecolors="none", edgecolors="red", zorder=3,
                   label=f"chosen {setting_text(best.budget, best.width, best.beta)}")

@@ -10,7 +10,7 @@ from typing import Any
 
 from dartree.eval.bench import MODEL_STAGES, STAGES, BenchResult, Summary
 from dartree.eval.datasets import DATASETS, count_prompts
-from dartree.eval.methods import AR
+from dartree.eval.methods import AR, AUTO
 from dartree.eval.outdir import write_atomic
 from dartree.eval.tune import TuneResult
 
@@ -28,13 +28,15 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 
 def _settings(s: Summary) -> str:
-    if s.builder == AR and s.method != AR:          # budget=auto resolved to plain AR
+    if s.builder == AR and s.method != AR:          # budget=auto (or auto) resolved to plain AR
         return "auto -> ar"
     short = {"budget": "B", "width": "W", "topk": "K", "beta": "beta"}
     known = [f"{name}={s.settings[k]:g}" if k == "beta" else f"{name}={s.settings[k]}"
              for k, name in short.items() if k in s.settings]
     # a plugin's own fields, set in the method's text (or defaulted), after dartree's
     custom = [f"{k}={v}" for k, v in sorted(s.settings.items()) if k not in short and k != "normalize"]
+    if s.method.split(":")[0] == AUTO:              # auto chose the builder (and at T>0 the verifier) too
+        return " ".join([f"auto -> {s.builder}", *known, *custom] + ([s.verifier] if s.temperature > 0 else []))
     return " ".join(known + custom)
 
 
@@ -59,7 +61,7 @@ def table1(summaries: Sequence[Summary], temperature: float) -> str:
         row: list[Any] = [method, ""]
         ok = total = 0
         tokens = seconds = 0.0
-        law = False
+        verifier, law = "greedy", ""
         for d in datasets:
             s = cells.get((method, d))
             if s is None:
@@ -69,8 +71,10 @@ def table1(summaries: Sequence[Summary], temperature: float) -> str:
             row += [f"{s.speedup:.2f}x", f"{s.tau:.2f}" if s.rounds else "-"]     # a peer may report no rounds
             ok, total = ok + s.lossless_prompts, total + s.prompts
             tokens, seconds = tokens + s.tokens, seconds + s.seconds
-            law = s.verifier == "rejection"          # lossless in distribution (tested), tokens not compared
-        check = "in law" if law else f"{ok}/{total}"
+            verifier, law = s.verifier, s.law or law
+        # what was checked: tokens equal to AR's (greedy; keyed draws for match), or the law test of rejection rows
+        check = (law or "in law: not tested") if verifier == "rejection" else \
+            f"{ok}/{total} = AR" + (" (keyed)" if verifier == "match" else "")
         row += [f"{tokens / seconds:.1f}" if seconds else "-", "-" if method == AR else check]
         rows.append(row)
     return markdown_table(header, rows)
@@ -141,24 +145,29 @@ def tuning_table(result: TuneResult) -> str:
     """
     ar = result.ar_tokens_per_s
     betas = any(c.beta is not None for c in result.candidates)     # beta=auto: the beta each setting kept
+    builders = result.builder == AUTO                                # auto: several builders
+    verifiers = any(c.verifier is not None for c in result.candidates)
     rows = []
     for c in result.candidates:
         mark = " **(chosen)**" if c == result.best and not result.use_ar else ""
-        m = result.measurement(c.budget, c.width)
-        rows.append([f"{c.budget}{mark}", "-" if c.width is None else c.width,
-                     *([f"{c.beta:g}"] if betas else []), f"{c.tau:.2f}",
+        m = result.measurement(c.budget, c.width, c.verifier, c.builder if builders else None)
+        rows.append([*([c.builder] if builders else []), f"{c.budget}{mark}", "-" if c.width is None else c.width,
+                     *([f"{c.beta:g}"] if betas else []), *([c.verifier] if verifiers else []), f"{c.tau:.2f}",
                      f"{c.mean_tree_size:.1f}", f"{1000 * c.draft_s:.2f}", f"{1000 * c.build_s:.2f}",
                      f"{1000 * c.verify_s:.2f}", f"{1000 * c.overhead_s:.2f}", f"{1000 * c.round_s:.2f}",
                      f"{c.tokens_per_s:.1f}", f"{c.tokens_per_s / ar:.2f}x",
-                     "-" if m is None else f"{m.tokens_per_s:.1f}" + _verifiers(result, c, m),
+                     "-" if m is None else f"{m.tokens_per_s:.1f}" + ("" if verifiers else _verifiers(result, c, m)),
                      "-" if m is None else f"{m.tokens_per_s / ar:.2f}x"])
     a = result.measurement(None)
     if a is not None:
-        rows.append(["ar" + (" **(chosen)**" if result.use_ar else ""), "-", *(["-"] if betas else []), "1.00",
-                     "0.0", *["-"] * 7, f"{a.tokens_per_s:.1f}", "1.00x"])
-    header = ["budget", "width", *(["beta"] if betas else []), "tau", "tree size", "draft ms", "build ms",
-              "verify ms (model)",
-              "accept + commit ms", "round ms", "model tok/s", "model speedup", "measured tok/s", "measured speedup"]
+        rows.append([*(["ar"] if builders else []), ("-" if builders else "ar")
+                     + (" **(chosen)**" if result.use_ar else ""), "-", *(["-"] if betas else []),
+                     *(["-"] if verifiers else []), "1.00", "0.0", *["-"] * 7, f"{a.tokens_per_s:.1f}", "1.00x"])
+    header = [*(["builder"] if builders else []), "budget", "width", *(["beta"] if betas else []),
+              *(["verifier (tau measured under it)"] if verifiers else []), "tau", "tree size", "draft ms",
+              "build ms", "verify ms (model; rejection: measured)" if verifiers else "verify ms (model)",
+              "accept + commit ms", "round ms", "model tok/s",
+              "model speedup", "measured tok/s", "measured speedup"]
     return markdown_table(header, rows)
 
 
@@ -297,23 +306,35 @@ def bench_markdown(result: BenchResult) -> str:
                   + (f"; one LM-head row of the acceptance walk (per accepted node): "
                      f"{1000 * tr.verify_cost.row_s:.2f} ms" if tr.verify_cost.row_s > 0 else ""),
                   "", f"{tr.calibration_prompts} calibration prompts; the cost model ranks every setting, its "
-                  f"{sum(not m.is_ar for m in tr.measured)} best (the best of each budget first) are decoded for real "
-                  f"beside AR, and the fastest is "
+                  f"{sum(not m.is_ar for m in tr.measured)} best (the best of each "
+                  + ("verifier, then of each builder and verifier, then of each budget" if tr.builder == AUTO else
+                     "verifier, then of each budget" if tr.verifier is not None else "budget")
+                  + " first) are decoded for real beside AR, each with the verifier it was ranked under, and the "
+                  "fastest is "
                   f"chosen if it beats AR by {100 * (tr.min_speedup - 1):.0f}% or more, else plain AR: "
                   f"**auto -> {tr.choice_text}**.", "", tuning_table(tr)]
     bad = [r for r in result.records if not r.matches_ar]
     law = sorted({r.method for r in result.records if r.verifier == "rejection"})
-    matched = "every method's output equals AR's token for token on every prompt (T=0 greedy; T>0 by " \
-        "target-sample matching with the run's keyed sampler)"
+    matched = ("every compared output" if law else "every method's output") + " equals AR's token for token on " \
+        "every prompt (T=0 greedy; T>0 target-sample matching with the run's keyed sampler)"
+    failed = [c for c in result.law_checks if not c.passed]
     if law:
-        matched += (f"; {', '.join(law)} verified by rejection sampling: lossless in distribution, not token for "
-                    "token (its tokens are not compared; the exact one-round enumeration and the seeded "
-                    "chi-square tests in tests/verify/test_rejection_distribution.py and tests/test_sampling_decode.py "
-                    "prove it)")
-    parts += ["", f"Lossless check: {matched}."
-              if not bad else f"Lossless check FAILED on {len(bad)} runs: " + ", ".join(
-                  f"{r.method}/{r.dataset}/T={r.temperature:g}/{r.prompt_id} (from token {r.first_difference})"
-                  for r in bad)]
+        matched += (f"; {', '.join(law)} verified by rejection sampling (lossless in law, not token for token): "
+                    "tested on this run instead, every token its rounds committed plus the first verified token of "
+                    f"{result.config.law_draws} extra one-round decodes per prompt, against the target's exact warped "
+                    "law at its prefix (randomized PIT, chi-square over 10 bins, false-alarm rate "
+                    f"{result.law_checks[0].alpha:g} per method and temperature): "
+                    + ", ".join(f"{c.method} T={c.temperature:g} {c.text}" for c in result.law_checks)
+                    if result.law_checks else "; rejection rows: not tested")
+    if bad:
+        parts += ["", f"Lossless check FAILED on {len(bad)} runs: " + ", ".join(
+            f"{r.method}/{r.dataset}/T={r.temperature:g}/{r.prompt_id} (from token {r.first_difference})"
+            for r in bad)]
+    elif failed:
+        parts += ["", "Lossless check FAILED: the distribution check rejects " + ", ".join(
+            f"{c.method} T={c.temperature:g} ({c.text}, chi-square {c.statistic:.1f}, df {c.df})" for c in failed)]
+    else:
+        parts += ["", f"Lossless check: {matched}."]
     return "\n".join(parts) + "\n"
 
 

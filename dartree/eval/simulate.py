@@ -152,8 +152,9 @@ def _sync(device: torch.device) -> None:
 
 @torch.no_grad()
 def reference(bundle: Bundle, prompt: list[int], max_new_tokens: int, temperature: float = 0.0,
-              seed: int = 0, label: str = "") -> Reference:
-    """The target's continuation of ``prompt`` (greedy, or keyed sampling with ``seed`` at T>0).
+              seed: int = 0, label: str = "", warps: dict | None = None) -> Reference:
+    """The target's continuation of ``prompt`` (greedy, or keyed sampling with ``seed`` at T>0, under the
+    target-side warpers ``warps``: ``top_k`` / ``top_p`` / ``min_p``, as decoding takes them).
 
     At T>0 a replay of the reference is exact for decoding with ``KeyedSampler(seed)``: on the
     reference path the target's sample at every node is the reference's token.
@@ -162,7 +163,8 @@ def reference(bundle: Bundle, prompt: list[int], max_new_tokens: int, temperatur
     ids = torch.tensor([prompt], dtype=torch.int64, device=target.device)
     sampler = KeyedSampler(seed) if temperature > 0 else None
     start = time.perf_counter()            # timed as the benchmark's AR: no hidden-state capture
-    result = generate_ar(HFTarget(bundle.target), ids, max_new_tokens, temperature=temperature, sampler=sampler)
+    result = generate_ar(HFTarget(bundle.target), ids, max_new_tokens, temperature=temperature, sampler=sampler,
+                         **(warps or {}))
     ar_seconds = time.perf_counter() - start
     sequence = result.sequence
     hidden = target.prefill(sequence).hidden

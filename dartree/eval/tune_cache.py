@@ -88,7 +88,8 @@ def machine(device: torch.device | str) -> dict[str, Any]:
     return {"device": device.type, "device_name": name, "torch_threads": torch.get_num_threads()}
 
 
-def cache_key(bundle: Bundle, method: MethodSpec, temperature: float, digest: str | None = None) -> str:
+def cache_key(bundle: Bundle, method: MethodSpec, temperature: float, digest: str | None = None,
+              warps: dict | None = None) -> str:
     """The key of ``method`` tuned for ``bundle`` on this machine at ``temperature`` (a JSON string).
 
     The searched fields (``budget`` / ``width`` unset or ``auto``) are left out, so ``dartree-pruned``
@@ -99,6 +100,11 @@ def cache_key(bundle: Bundle, method: MethodSpec, temperature: float, digest: st
     device = next(bundle.target.parameters()).device
     key = {"v": _VERSION, "model": digest or model_hash(bundle), **machine(device), "builder": method.builder,
            "head": method.head, "settings": dict(sorted(fixed.items())), "temperature": float(temperature)}
+    if method.is_auto and method.verifier:          # auto:verifier=... searched one verifier only
+        key["verifier"] = method.verifier
+    warp = {k: v for k, v in (warps or {}).items() if v is not None}
+    if warp and temperature > 0:                    # tuned under top-k / top-p / min-p: another entry
+        key["warps"] = dict(sorted(warp.items()))
     return json.dumps(key, sort_keys=True, default=str)
 
 
@@ -165,6 +171,7 @@ def store_or_warn(key: str, entry: dict[str, Any], log, folder: Path | None = No
 def entry_of(result: Any) -> dict[str, Any]:
     """The cache entry of a :class:`~dartree.eval.tune.TuneResult`: ``settings`` is ``"ar"`` or the fields."""
     return {"settings": "ar" if result.use_ar else result.settings(), "method": result.method,
+            "builder": result.best.builder or result.builder, "verifier": result.verifier,
             "forecast_tokens_per_s": result.forecast_tokens_per_s, "ar_tokens_per_s": result.ar_tokens_per_s,
             "calibration_prompts": result.calibration_prompts,
             "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
@@ -190,10 +197,12 @@ def tune_hint(method: MethodSpec, temperature: float, threads: int | None = None
 
 def _no_tuning(method: MethodSpec, temperature: float, where: str, threads: int | None = None) -> ValueError:
     threads = threads or torch.get_num_threads()
-    return ValueError(f"budget=auto: no tuning of {method.builder} is cached for this model on this machine "
+    what = "method auto" if method.is_auto else "budget=auto"
+    return ValueError(f"{what}: no tuning of {method.builder} is cached for this model on this machine "
                       f"({where}, {threads} threads, T={temperature:g}); run "
                       f"`{tune_hint(method, temperature, threads)}` once (it caches the choice in {cache_dir()}), "
-                      "or give numbers, e.g. budget=16")
+                      + ("or name a method, e.g. corrected-sequoia:budget=4" if method.is_auto
+                         else "or give numbers, e.g. budget=16"))
 
 
 def check_cached(method: MethodSpec, temperature: float, threads: int | None = None) -> None:
@@ -211,7 +220,8 @@ def check_cached(method: MethodSpec, temperature: float, threads: int | None = N
     raise _no_tuning(method, temperature, "nothing cached", threads)
 
 
-def resolve_unset(bundle: Bundle, method: MethodSpec, temperature: float) -> tuple[MethodSpec, str]:
+def resolve_unset(bundle: Bundle, method: MethodSpec, temperature: float,
+                  warps: dict | None = None) -> tuple[MethodSpec, str]:
     """What ``generate`` decodes for ``method``, and a note saying where the settings came from.
 
     ``budget`` / ``width`` set to ``auto``: the choice cached for this model and machine (a tree, or
@@ -222,6 +232,8 @@ def resolve_unset(bundle: Bundle, method: MethodSpec, temperature: float) -> tup
     """
     from dartree.eval.methods import AR
 
+    if method.is_auto:
+        return _resolve_auto(bundle, method, temperature, warps)
     if method.is_ar or "budget" not in method.fields():
         return method, ""
     config = method.config
@@ -230,11 +242,11 @@ def resolve_unset(bundle: Bundle, method: MethodSpec, temperature: float) -> tup
     explicit = bool(method.auto_fields)
     if not searched or (not explicit and "budget" in method.config):
         return method, ""                       # the user's numbers (an unset width keeps its default)
-    entry = lookup(cache_key(bundle, method, temperature))
+    entry = lookup(cache_key(bundle, method, temperature, warps=warps))
     if entry is None and not explicit and "beta" in method.fields() and "beta" not in config:
         # the default `--method dartree-pruned` also takes a tuning that searched beta (make demo's): the
         # tree that pays here, its beta included
-        entry = lookup(cache_key(bundle, method.with_settings(beta=AUTO), temperature))
+        entry = lookup(cache_key(bundle, method.with_settings(beta=AUTO), temperature, warps=warps))
         if entry is not None:
             searched = [*searched, "beta"]
     if entry is not None:
@@ -251,3 +263,29 @@ def resolve_unset(bundle: Bundle, method: MethodSpec, temperature: float) -> tup
     budget = DEVICE_DEFAULT_BUDGET.get(device, 64)
     return (method.with_settings(budget=budget),
             f"budget={budget}: the measured default on {device}; `{tune_hint(method, temperature)}` tunes this machine")
+
+
+def _resolve_auto(bundle: Bundle, method: MethodSpec, temperature: float,
+                  warps: dict | None = None) -> tuple[MethodSpec, str]:
+    """The method ``auto`` as cached for this model, machine and temperature (by ``dartree tune --method auto`` or a
+    bench with ``auto``): the builder, its settings and verifier, or plain AR; ``ValueError`` with the command that
+    tunes it when nothing is cached."""
+    from dartree.builders import builder_spec, registered
+    from dartree.eval.methods import AR
+
+    entry = lookup(cache_key(bundle, method, temperature, warps=warps))
+    if entry is None:
+        raise _no_tuning(method, temperature, machine(next(bundle.target.parameters()).device)["device"])
+    when = f"tuned {entry.get('date_utc', '?')}, cache {cache_dir() / CACHE_FILE}"
+    if entry["settings"] == "ar":
+        return MethodSpec(AR, label=method.label), f"auto -> ar for this machine ({when}): no method beat AR"
+    builder = entry.get("builder")
+    if builder not in registered() or not isinstance(entry["settings"], dict):
+        raise ValueError(f"method auto: the cached choice names builder {builder!r}, which is not registered here; "
+                         f"run `{tune_hint(method, temperature)}` again")
+    chosen = {k: float(v) if k == "beta" else int(v) for k, v in entry["settings"].items()}
+    head = (method.head or "gru") if builder_spec(builder).needs_head else None
+    verifier = entry.get("verifier") or method.verifier
+    spec = MethodSpec(builder, tuple(sorted(chosen.items())), head, method.label, verifier, method.drafter)
+    text = " ".join([builder, *(f"{k}={v}" for k, v in chosen.items()), *([verifier] if verifier else [])])
+    return spec, f"auto -> {text} for this machine ({when})"

@@ -13,7 +13,8 @@ def result(bundle):
     methods = parse_methods(["chain", "dartree-pruned:budget=auto,width=auto"])
     config = BenchConfig(methods=methods, datasets=("humaneval", "stdlib"), temperatures=(0.0, 1.0), num_prompts=1,
                          max_new_tokens=10, max_prompt_tokens=32, backend="ref", calibration_prompts=1, warmup=False,
-                         tune_budgets=(2, 5), tune_widths=(2,), tune_min_speedup=0.0)   # 0: a tree, never AR
+                         tune_budgets=(2, 5), tune_widths=(2,), tune_min_speedup=0.0,   # 0: a tree, never AR
+                         law_draws=2)
     return run_bench(bundle, config, argv=["dartree", "bench"], log=lambda s: None, progress=False)
 
 
@@ -89,10 +90,10 @@ def test_tables_and_json_shapes(result, tmp_path):
     assert len(t2) == 2 + 3
     assert all(f"{st} ms" in t2[0] for st in STAGES) and "overhead ms" in t2[0] and "overhead %" in t2[0]
     md = bench_markdown(result)
-    assert "Adaptive budget" in md and "Lossless check: every method" in md and "T=1" in md
+    assert "Adaptive budget" in md and "Lossless check: every compared output" in md and "T=1" in md
     paths = write_bench(result, tmp_path)
     data = json.loads(paths["json"].read_text())
-    assert set(data) == {"meta", "config", "lossless", "summaries", "tuning", "records"}
+    assert set(data) == {"meta", "config", "lossless", "summaries", "tuning", "records", "law_checks"}
     assert len(data["summaries"]) == 3 * 2 * 2 and data["lossless"] is True
     assert data["meta"]["command"] == "dartree bench"
     png = plot_acceptance(result.summaries, tmp_path / "acc.png")

@@ -97,6 +97,24 @@ def test_demo_preset_compares_the_six_methods_and_the_tuned_budget_at_greedy():
     assert demo["peers"] == ["hf-generate"]                 # HF's own AR beside dartree's
 
 
+def test_presets_at_t_above_0_run_the_methods_that_pay_there():
+    """--temperatures above 0 alone: the sampled list (corrected-sequoia B=4 and auto); T=0 keeps the demo's six
+    methods in their order; a mixed grid runs both lists once each; every listed method parses."""
+    from dartree.cli import PRESETS
+    from dartree.cli.parser import BENCH_DEFAULTS, methods_for
+    from dartree.eval.methods import parse_methods
+
+    demo = PRESETS["demo"]
+    assert methods_for(demo, [0.0]) == demo["methods"]
+    sampled = methods_for(demo, [1.0])
+    assert "corrected-sequoia:budget=4" in sampled and "auto" in sampled and sampled == demo["sampled_methods"]
+    mixed = methods_for(PRESETS["paper"], [0.0, 1.0])
+    assert mixed[: len(PRESETS["paper"]["methods"])] == PRESETS["paper"]["methods"] and "auto" in mixed
+    for preset in (*PRESETS.values(), BENCH_DEFAULTS):
+        parse_methods(methods_for(preset, [0.0, 1.0]))
+        assert "corrected-sequoia:budget=4" in methods_for(preset, [0.7])
+
+
 def test_local_checkpoint_directories_decode_like_the_bundled_model(tmp_path, capsys):
     """--target/--drafter load local directories (here: the zoo's own files) and give the zoo's output."""
     import shutil

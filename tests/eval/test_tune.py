@@ -158,15 +158,18 @@ def test_the_walks_lm_head_rows_are_in_the_model(bundle):
 
 
 def test_tune_at_t1_ranks_both_verifiers(bundle):
-    """At T>0 every finalist is decoded with both verifiers; the choice names the faster one, its forecast is
-    that verifier's measurement, and the resolved method carries it (a method that fixes one is kept to it)."""
+    """At T>0 every setting is ranked under each verifier (matching by its replay, rejection by real decodes
+    with rejection), the finalists are the best of each verifier first, each decoded with its own verifier; the
+    choice names the faster one, its forecast is that verifier's measurement, and the resolved method carries it
+    (a method that fixes one is kept to it)."""
     refs = [reference(bundle, encode(bundle.tokenizer, "def f(x):\n"), 10, temperature=1.0, seed=3)]
     cost = measure_verify_cost(bundle.target, (), prefix_len=16, sizes=(1, 4, 9), repeats=1)
     result = tune(bundle, parse_method("ddtree:budget=auto"), refs, "ref", budgets=(2, 6), verify_cost=cost,
                   temperature=1.0, seed=3, finalists=2, min_speedup=0.0)
+    assert {(c.budget, c.verifier) for c in result.candidates} == {(2, "match"), (2, "rejection"), (6, "match"),
+                                                                    (6, "rejection")}
     trees = [m for m in result.measured if not m.is_ar]
-    assert {(m.budget, m.verifier) for m in trees} == {(2, "match"), (2, "rejection"), (6, "match"),
-                                                       (6, "rejection")}
+    assert sorted(m.verifier for m in trees) == ["match", "rejection"]
     assert result.verifier in ("match", "rejection") and not result.use_ar
     chosen = result.chosen
     assert chosen.verifier == result.verifier

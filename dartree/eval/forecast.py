@@ -1,0 +1,127 @@
+"""How sure a forecast is: prediction intervals for a ratio of sums over prompts (tokens / seconds), and
+how many prompts a forecast within a tolerance needs (:meth:`dartree.eval.tune.TuneResult.forecast_interval`)."""
+
+from __future__ import annotations
+
+import functools
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = ["Interval", "t_quantile", "ratio_prediction", "ratio_units_for"]
+
+
+@dataclass(frozen=True)
+class Interval:
+    """An estimate and the interval ``[low, high]`` that holds the predicted value with probability ``level``."""
+
+    estimate: float
+    low: float
+    high: float
+    level: float
+
+    def __contains__(self, value: float) -> bool:
+        return self.low <= value <= self.high
+
+    @property
+    def text(self) -> str:
+        return f"{self.low:.3g}-{self.high:.3g}"
+
+
+def t_quantile(p: float, df: int) -> float:
+    """Student's t distribution's ``p`` quantile with ``df`` degrees of freedom, for ``0.5 <= p < 1``
+    (bisection on the CDF, integrated by Simpson's rule; about 6 digits)."""
+    if isinstance(df, bool) or not isinstance(df, int) or df < 1:
+        raise ValueError(f"df: must be an integer >= 1, got {df!r}")
+    if isinstance(p, bool) or not isinstance(p, int | float) or not 0.5 <= p < 1:
+        raise ValueError(f"p: must be in [0.5, 1), got {p!r}")
+    return _t_quantile(float(p), df)
+
+
+@functools.cache
+def _t_quantile(p: float, df: int) -> float:
+    scale = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(df * math.pi)
+
+    def cdf(x: float, steps: int = 2048) -> float:
+        h = x / steps
+        ys = [scale * (1 + (i * h) ** 2 / df) ** (-(df + 1) / 2) for i in range(steps + 1)]
+        return 0.5 + h / 3 * (ys[0] + ys[-1] + 4 * sum(ys[1:-1:2]) + 2 * sum(ys[2:-1:2]))
+
+    low, high = 0.0, 1.0
+    while cdf(high) < p:
+        low, high = high, 2 * high
+    for _ in range(40):
+        mid = (low + high) / 2
+        low, high = (mid, high) if cdf(mid) < p else (low, mid)
+    return (low + high) / 2
+
+
+def ratio_prediction(num: Sequence[float], den: Sequence[float], new_units: int, level: float = 0.9
+                     ) -> Interval | None:
+    """The ratio ``sum(num) / sum(den)`` over ``n`` sampled units (prompts), and the interval that holds
+    the same ratio over ``new_units`` other units drawn alike with probability ``level``: ``None`` for
+    fewer than 2 units.
+
+    A prediction interval for a ratio estimator (delta method): with residuals ``e_i = num_i - R den_i``
+    of sample variance ``s^2``, the new sample's ratio differs from ``R`` by about the difference of the
+    two samples' mean residuals over the mean ``den``, of variance ``s^2 (1/n + 1/new_units) / mean(den)^2``;
+    the half-width is Student's t quantile (``n - 1`` degrees of freedom) times its square root.  Both
+    samples' spread is in it: a forecast for a few evaluation prompts cannot be surer than those
+    prompts are alike, however many prompts it was calibrated on.
+    """
+    if isinstance(new_units, bool) or not isinstance(new_units, int) or new_units < 1:
+        raise ValueError(f"new_units: must be an integer >= 1, got {new_units!r}")
+    spread = _ratio_spread(num, den, level)
+    if spread is None:
+        return None
+    n, ratio, variance, mean_den = spread
+    half = t_quantile((1 + level) / 2, n - 1) * math.sqrt(variance * (1 / n + 1 / new_units)) / mean_den
+    return Interval(ratio, max(0.0, ratio - half), ratio + half, level)
+
+
+def _ratio_spread(num: Sequence[float], den: Sequence[float], level: float
+                  ) -> tuple[int, float, float, float] | None:
+    """``(n, R, s^2, mean(den))`` of a ratio estimator's sample (``s^2``: the sample variance of the
+    residuals ``num_i - R den_i``), after checking the arguments; ``None`` for fewer than 2 units or no
+    positive ``den`` total."""
+    n = len(num)
+    if n != len(den):
+        raise ValueError(f"den: need one per num ({n}), got {len(den)}")
+    if not 0 < level < 1:
+        raise ValueError(f"level: must be in (0, 1), got {level!r}")
+    if n < 2 or not sum(den) > 0:
+        return None
+    ratio = sum(num) / sum(den)
+    variance = sum((a - ratio * b) ** 2 for a, b in zip(num, den, strict=True)) / (n - 1)
+    return n, ratio, variance, sum(den) / n
+
+
+def ratio_units_for(num: Sequence[float], den: Sequence[float], tolerance: float, level: float = 0.9) -> int | None:
+    """How many units (prompts) each side needs, calibration and evaluation alike, for the 90% (``level``)
+    prediction interval of :func:`ratio_prediction` to be within ``tolerance`` of the ratio (relative),
+    at the spread the sample ``num`` / ``den`` shows: the smallest ``n`` with
+    ``t(n - 1) * s * sqrt(2 / n) / mean(den) <= tolerance * R``, the half-width :func:`ratio_prediction`
+    gives ``n`` units for ``n`` others (``t(n - 1)`` its quantile at ``n - 1`` degrees of freedom; ``s``
+    and ``R`` as this sample shows them).  ``None`` for fewer than 2 units; 2 when the sample shows no
+    spread.
+    """
+    if isinstance(tolerance, bool) or not isinstance(tolerance, int | float) or not tolerance > 0:
+        raise ValueError(f"tolerance: must be a number > 0, got {tolerance!r}")
+    sample = _ratio_spread(num, den, level)
+    if sample is None or not sample[1] > 0:
+        return None
+    _, ratio, variance, mean_den = sample
+    spread = math.sqrt(variance) / mean_den / (tolerance * ratio)              # relative, per unit
+
+    def fits(units: int) -> bool:
+        return t_quantile((1 + level) / 2, units - 1) * spread * math.sqrt(2 / units) <= 1.0
+
+    # the normal quantile's answer is a lower bound (t > z); t falls as the units grow, so count up from it
+    z = statistics.NormalDist().inv_cdf((1 + level) / 2)
+    units = max(2, math.ceil(2 * (z * spread) ** 2 - 1e-9))
+    while not fits(units):
+        units += max(1, units // 64)
+    while units > 2 and fits(units - 1):
+        units -= 1
+    return units

@@ -1,0 +1,332 @@
+"""The tuner's measurements on the running machine: the verify-cost probe, the per-round overhead, replays of
+settings on calibration references (acceptance under matching), and real decodes of settings beside AR.
+
+Each is one concern of :mod:`dartree.eval.tune`'s driver; :func:`screen_decodes` measures acceptance under the
+rejection verifier, which no replay can (a rejection round's path is a draw, not the reference's).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from dartree.builders import make_builder
+from dartree.decode import GenerationResult, generate_ar
+from dartree.eval.bundles import Bundle
+from dartree.eval.costmodel import ConfigStats, VerifyCost
+from dartree.eval.methods import MethodSpec, make_decoder, resolve_backend
+from dartree.eval.simulate import Reference, ReplayBlocks, simulate
+from dartree.models.target import HFTarget
+from dartree.tree import DraftTree
+from dartree.verify.sampling import GeneratorSampler, KeyedSampler
+
+__all__ = ["Measurement", "measure_verify_cost", "measure_overhead", "replay_stats", "replay_settings",
+           "measure_settings", "measure_specs", "screen_decodes", "concrete"]
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """Real decodes of one setting on the calibration prompts, timed as the benchmark times them
+    (the whole ``generate`` call, prefill included), interleaved with AR.
+
+    budget / width: the setting (``budget=None``: plain AR).  per_label: ``(label, tokens, seconds)``
+    per calibration set (the dataset a reference came from), in first-seen order.  beta: the depth
+    penalty decoded with when the tuner searched it, else ``None``.  per_prompt: ``(label, tokens,
+    seconds)`` of every calibration prompt in the order of the references (the same order in every
+    measurement of one tuning), for the forecast's prediction interval (:meth:`TuneResult.forecast_interval`).
+    """
+
+    budget: int | None
+    width: int | None
+    tokens: int
+    seconds: float
+    rounds: int
+    per_label: tuple[tuple[str, int, float], ...] = ()
+    beta: float | None = None
+    per_prompt: tuple[tuple[str, int, float], ...] = ()
+    verifier: str | None = None       # how it verified at T>0 ("match" / "rejection"; None: greedy or AR)
+    builder: str = ""                 # the registry name when ``auto`` searched several ("" otherwise)
+
+    @property
+    def is_ar(self) -> bool:
+        return self.budget is None
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else float("inf")
+
+    @property
+    def tau(self) -> float:
+        return self.tokens / max(1, self.rounds)
+
+    def label_tokens_per_s(self) -> dict[str, float]:
+        return {label: t / s if s > 0 else float("inf") for label, t, s in self.per_label}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)   # timing needs the device idle at the boundary
+
+
+def _synthetic_tree(nodes: int, gamma: int, device: torch.device, rows: int = 1) -> DraftTree:
+    """A valid tree of ``nodes`` nodes and depth <= ``gamma`` (w chains of equal length; w minimal),
+    repeated in ``rows`` rows."""
+    width = max(1, -(-(nodes - 1) // gamma))
+    idx = torch.arange(nodes, device=device)
+    parents = torch.where(idx > width, idx - width, torch.zeros_like(idx))
+    parents[0] = -1
+    depths = torch.where(idx > 0, (idx - 1) // width + 1, torch.zeros_like(idx))
+    tokens = (idx * 7 + 3) % 97
+    ranks = torch.where(idx > 0, (idx - 1) % width, torch.full_like(idx, -1))
+    scores = -depths.float()
+    def rep(x: torch.Tensor) -> torch.Tensor:
+        return x[None].expand(rows, -1).contiguous()
+
+    return DraftTree(rep(tokens), rep(parents), rep(depths), rep(scores), rep(ranks),
+                     torch.full((rows,), nodes, dtype=torch.int64, device=device))
+
+
+@torch.no_grad()
+def measure_verify_cost(model: torch.nn.Module, layer_ids: Sequence[int] = (), prefix_len: int = 256,
+                        sizes: Sequence[int] = (1, 2, 4, 8, 16, 32, 64, 128), gamma: int = 15,
+                        repeats: int = 5, rows: int = 1, logits: str = "all") -> VerifyCost:
+    """Median seconds of tree inputs + tree forward for each tree size in ``sizes`` (root included).
+
+    ``rows > 1`` times one batched forward of ``rows`` trees of that size (an :class:`HFTarget`
+    with ``rows`` prefixes): the verify cost of a round at concurrency ``rows``.  ``logits="root"``
+    runs the LM head on the roots only, as the batched greedy round on the CPU does (the walk scores
+    the accepted nodes afterwards), and times one such row (``row_s``); ``"walk"`` (one request) times
+    the forward both ways, every node in ``seconds`` and the root only in ``root_seconds``, interleaved,
+    plus ``row_s``: the two ways single-request decoding chooses between (:class:`dartree.rounds.WalkRows`).
+    The prefix is random tokens (attention cost depends on its length, not on its content).
+    """
+    sizes = tuple(sorted(set(int(s) for s in sizes)))
+    if not sizes or sizes[0] < 1:
+        raise ValueError(f"sizes: need tree sizes >= 1, got {sizes}")
+    for name, value in (("repeats", repeats), ("rows", rows)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}: must be an integer >= 1, got {value!r}")
+    if logits not in ("all", "root", "walk"):
+        raise ValueError(f"logits: expected 'all', 'root' or 'walk', got {logits!r}")
+    if logits == "walk" and rows != 1:
+        raise ValueError(f"logits: 'walk' times single-request rounds; got rows={rows}")
+    target = HFTarget(model, layer_ids=tuple(layer_ids))
+    gen = torch.Generator().manual_seed(0)
+    prefix = torch.randint(0, target.vocab_size, (rows, prefix_len), generator=gen).to(target.device)
+    target.prefill(list(prefix))
+    ways = ("all", "root") if logits == "walk" else (logits,)
+    final = None
+    trees = [_synthetic_tree(n, gamma, target.device, rows) for n in sizes]
+    times: dict[tuple[int, str], list[float]] = {(n, way): [] for n in sizes for way in ways}
+    # interleaved, every size and way in each repetition: a machine whose load drifts during the probe
+    # charges every size alike (sizes one after another moved 65 nodes from 3.3x to 1.9x one node's time
+    # between two runs of `make demo` on a shared machine, 2026-12-01)
+    for _ in range(repeats + 1):                           # the first repetition warms up and is dropped
+        for n, tree in zip(sizes, trees, strict=True):
+            for way in ways:
+                _sync(target.device)
+                start = time.perf_counter()
+                out = target.forward_tree(target.tree_inputs(tree), logits=way)
+                final = out.final if out.final is not None else final
+                _sync(target.device)
+                times[(n, way)].append(time.perf_counter() - start)
+                target.rollback()
+    seconds = {way: [statistics.median(times[(n, way)][1:]) for n in sizes] for way in ways}
+    row_s = 0.0
+    if logits != "all" and final is not None:           # the walk's rows: one LM-head row per accepted node
+        row = final[:, 0]
+        times = []
+        for _ in range(repeats + 1):
+            _sync(target.device)
+            start = time.perf_counter()
+            target.head_logits(row)
+            _sync(target.device)
+            times.append(time.perf_counter() - start)
+        row_s = statistics.median(times[1:])
+    target.reset()
+    if logits == "walk":
+        return VerifyCost(sizes, tuple(seconds["all"]), prefix_len, row_s, tuple(seconds["root"]))
+    return VerifyCost(sizes, tuple(seconds[logits]), prefix_len, row_s)
+
+
+@torch.no_grad()
+def measure_overhead(bundle: Bundle, method: MethodSpec, ref: Reference, backend: str, temperature: float = 0.0,
+                     seed: int = 0, warps: dict | None = None) -> float:
+    """Mean seconds per round outside draft, build and the verify probe, from one real decode.
+
+    That is the acceptance walk (``verify_s - target_s``: at T>0 it samples at every node) plus the
+    commit (KV compaction, the drafter's context update): the stages the replay does not run.
+    """
+    sampler = KeyedSampler(seed) if temperature > 0 else None
+    decoded = make_decoder(bundle, method, backend).generate(ref.sequence[:, : ref.prompt_len],
+                                                             max(1, min(ref.new_tokens, 32)), temperature, sampler,
+                                                             **(warps or {}))
+    return sum(r.commit_s + r.accept_s for r in decoded.rounds) / max(1, decoded.num_rounds)
+
+
+@torch.no_grad()
+def replay_stats(bundle: Bundle, method: MethodSpec, refs: Iterable[Reference], backend: str) -> ConfigStats:
+    """Replay ``method`` (concrete settings) on every reference; pooled per-round statistics."""
+    return replay_settings(bundle, [method], refs, backend)[0]
+
+
+def replay_settings(bundle: Bundle, methods: Sequence[MethodSpec], refs: Iterable[Reference], backend: str,
+                    progress: Callable[[str], None] | None = None) -> list[ConfigStats]:
+    """Replay every method of ``methods`` (concrete settings) on every reference; pooled per-round
+    statistics per method, in order.
+
+    perf (both devices): one reference at a time, its drafter blocks drafted once
+    (:class:`~dartree.eval.simulate.ReplayBlocks`) and read by every method's replay, which then only
+    builds and accepts.  The values equal :func:`replay_stats` of each method alone.
+    """
+    made = [(make_builder(m.builder, resolve_backend(m.builder, backend), **m.config),
+             bundle.heads[m.head] if m.head is not None else None) for m in methods]
+    rounds: list[list] = [[] for _ in methods]
+    refs = list(refs)
+    for i, ref in enumerate(refs):
+        if progress is not None:
+            progress(f"replaying {len(methods)} settings on calibration prompt {i + 1}/{len(refs)}")
+        blocks = ReplayBlocks(bundle.drafter, ref)
+        for (builder, head), pooled in zip(made, rounds, strict=True):
+            pooled.extend(simulate(bundle, builder, head, ref, blocks=blocks).rounds)
+    return [_pooled(r) for r in rounds]
+
+
+def _pooled(rounds: Sequence) -> ConfigStats:
+    n = max(1, len(rounds))
+    return ConfigStats(
+        tau=sum(r.committed for r in rounds) / n,
+        mean_tree_size=sum(r.tree_size for r in rounds) / n,
+        draft_s=sum(r.draft_s for r in rounds) / n,
+        build_s=sum(r.build_s for r in rounds) / n,
+        rounds=len(rounds),
+        tree_sizes=tuple(r.tree_size for r in rounds),
+        accepted_lengths=tuple(r.accepted_length for r in rounds),
+    )
+
+
+@torch.no_grad()
+def measure_settings(bundle: Bundle, method: MethodSpec, settings: Sequence[tuple[int, int | None]],
+                     refs: Sequence[Reference], backend: str, temperature: float = 0.0, seed: int = 0,
+                     labels: Sequence[str] | None = None,
+                     betas: Sequence[float | None] | None = None,
+                     verifiers: Sequence[str | None] = (None,)) -> tuple[Measurement, ...]:
+    """Decode every reference's prompt for real with AR and with each ``(budget, width)`` of ``method``
+    (and its ``betas[i]`` when given and not ``None``), at T>0 with every verifier of ``verifiers``
+    (:func:`measure_specs`).  Returns AR's measurement first, then one per setting and verifier, in that order.
+    """
+    betas = [None] * len(settings) if betas is None else list(betas)
+    if len(betas) != len(settings):
+        raise ValueError(f"betas: need one per setting ({len(settings)}), got {len(betas)}")
+    verifiers = tuple(verifiers) if temperature > 0 else (None,)
+    specs = [(concrete(method, budget, width, beta), verifier, beta)
+             for (budget, width), beta in zip(settings, betas, strict=True) for verifier in verifiers]
+    return measure_specs(bundle, specs, refs, backend, temperature, seed, labels)
+
+
+@torch.no_grad()
+def measure_specs(bundle: Bundle, specs: Sequence[tuple[MethodSpec, str | None, float | None]],
+                  refs: Sequence[Reference], backend: str, temperature: float = 0.0, seed: int = 0,
+                  labels: Sequence[str] | None = None, builders: bool = False,
+                  warps: dict | None = None) -> tuple[Measurement, ...]:
+    """Decode every reference's prompt for real with AR and with each ``(method, verifier, searched beta)``.
+
+    Timed as :func:`dartree.eval.bench.run_bench` times (the whole call, prefill included), after one
+    untimed warm-up each; per prompt AR and the settings run one after the other, the order rotated
+    from prompt to prompt so that load drifting over the run penalises none of them more.  At T>0
+    ``match`` (and ``None``) draw with the same :class:`~dartree.KeyedSampler` seed as the references,
+    ``rejection`` from a generator seeded per prompt.  ``builders``: record each method's builder in its
+    measurement (``auto`` compares several).  ``warps``: the target-side warpers (``top_k`` / ``top_p`` /
+    ``min_p``) of AR and every spec alike.  Returns AR's measurement first, then one per spec, in order.
+    """
+    warps = warps or {}
+    labels = list(labels) if labels is not None else [r.label for r in refs]
+    if len(labels) != len(refs):
+        raise ValueError(f"labels: need one per reference ({len(refs)}), got {len(labels)}")
+    keys: list[tuple[str, int | None, int | None, str | None]] = [("", None, None, None)]
+    runners: list[Callable[..., GenerationResult]] = [
+        lambda ids, n, t, smp: generate_ar(bundle.target, ids, n, t, smp, **(warps if t > 0 else {}))]
+    key_betas: list[float | None] = [None]
+    for spec, verifier, beta in specs:
+        decoder = make_decoder(bundle, spec, backend)
+        config = spec.config
+        keys.append((spec.builder if builders else "", config.get("budget"), config.get("width"),
+                     verifier if temperature > 0 else None))
+        key_betas.append(beta)
+        runners.append(lambda ids, n, t, smp, d=decoder, v=verifier: d.generate(
+            ids, n, t, smp, verifier=v if t > 0 else None, **(warps if t > 0 else {})))
+    first = refs[0].sequence[:, : refs[0].prompt_len]
+    for run in runners:                      # first calls allocate caches and pick kernels: untimed
+        run(first, max(1, min(8, refs[0].new_tokens)), 0.0, None)
+    totals: list[dict[str, list]] = [{} for _ in keys]          # per spec: label -> [tokens, seconds, rounds]
+    per_prompt: list[list[tuple[str, int, float]]] = [[] for _ in keys]
+    for i, (ref, label) in enumerate(zip(refs, labels, strict=True)):
+        ids = ref.sequence[:, : ref.prompt_len]
+        order = list(range(len(keys)))
+        order = order[i % len(order):] + order[: i % len(order)]
+        for j in order:
+            sampler = None
+            if temperature > 0:
+                sampler = KeyedSampler(seed) if keys[j][3] != "rejection" else GeneratorSampler(
+                    torch.Generator(device=ids.device).manual_seed(seed * 1_000_003 + i))
+            start = time.perf_counter()
+            result = runners[j](ids, ref.new_tokens, temperature, sampler)
+            seconds = time.perf_counter() - start
+            cell = totals[j].setdefault(label, [0, 0.0, 0])
+            cell[0] += result.tokens.shape[1]
+            cell[1] += seconds
+            cell[2] += max(1, result.num_rounds)
+            per_prompt[j].append((label, result.tokens.shape[1], seconds))
+    out = []
+    for j, (key, beta) in enumerate(zip(keys, key_betas, strict=True)):
+        cells = totals[j]
+        out.append(Measurement(key[1], key[2], sum(c[0] for c in cells.values()), sum(c[1] for c in cells.values()),
+                               sum(c[2] for c in cells.values()),
+                               tuple((label, c[0], c[1]) for label, c in cells.items()), beta,
+                               tuple(per_prompt[j]), key[3], key[0]))
+    return tuple(out)
+
+
+@torch.no_grad()
+def screen_decodes(bundle: Bundle, methods: Sequence[MethodSpec], refs: Sequence[Reference], backend: str,
+                   temperature: float, seed: int = 0, verifier: str = "rejection",
+                   progress: Callable[[str], None] | None = None, warps: dict | None = None) -> list[ConfigStats]:
+    """Acceptance and per-round times of every method (concrete settings) under ``verifier``, from real
+    decodes of every reference's prompt (``ref.new_tokens`` each; rejection draws from a generator seeded
+    per prompt): what the tuner ranks rejection's settings by (a rejection round's path is a draw, so no
+    replay of a reference gives its tau).  Per method, pooled over the references, in order.
+    """
+    out = []
+    for k, method in enumerate(methods):
+        if progress is not None and k % 5 == 0:
+            progress(f"decoding {len(methods) - k} settings with {verifier} on {len(refs)} screen prompts")
+        decoder = make_decoder(bundle, method, backend)
+        rounds = []
+        for i, ref in enumerate(refs):
+            ids = ref.sequence[:, : ref.prompt_len]
+            sampler = KeyedSampler(seed) if verifier != "rejection" else GeneratorSampler(
+                torch.Generator(device=ids.device).manual_seed(seed * 1_000_003 + 7 + i))
+            rounds.extend(decoder.generate(ids, ref.new_tokens, temperature, sampler, verifier=verifier,
+                                           **(warps or {})).rounds)
+        n = max(1, len(rounds))
+        out.append(ConfigStats(
+            tau=sum(r.committed for r in rounds) / n,
+            mean_tree_size=sum(r.tree_size for r in rounds) / n,
+            draft_s=sum(r.draft_s + r.context_s for r in rounds) / n,
+            build_s=sum(r.head_s + r.builder_s for r in rounds) / n,
+            rounds=len(rounds),
+            tree_sizes=tuple(r.tree_size for r in rounds),
+            accepted_lengths=tuple(r.accepted_length for r in rounds),
+            verify_s=sum(r.mask_s + r.target_s for r in rounds) / n,
+            overhead_s=sum(r.accept_s + r.kv_s for r in rounds) / n))
+    return out
+
+
+def concrete(method: MethodSpec, budget: int, width: int | None, beta: float | None = None) -> MethodSpec:
+    """``method`` with these settings (``width`` / ``beta`` only where not ``None``)."""
+    extra = ({"width": width} if width is not None else {}) | ({"beta": beta} if beta is not None else {})
+    return method.with_settings(budget=budget, **extra)
