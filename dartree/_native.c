@@ -17,11 +17,6 @@
  *   move_rows     the KV compaction of one buffer: rows src[j] -> dst + j in every plane (memmove)
  *   greedy_accept the greedy acceptance walk over a tree's full logits: the argmax (torch.argmax's:
  *                 the first maximum, a NaN counting as the largest) only at the nodes the walk visits
- *   rms_norm      float32 RMSNorm rows as torch.rms_norm computes them on the CPU (ATen's cascade sum of
- *                 x * x with its vector width, / d, + eps, 1 / sqrt, x * r, * weight); dartree/native.py
- *                 probes the width against torch before any use
- *   rotate        float32 rotary embedding (HF's rotate-half form) of [rows, heads, d] with per-row cos / sin,
- *                 the same three roundings per element as torch's ops
  *   gru_step      one step of a GRU correction head on one sequence: the GRU cell from the gate table and
  *                 W_hh, then the corrected logits of the next depth's candidates, with torch's own
  *                 kernels for everything that rounds (MKL's sgemm_, SLEEF's expf, MKL's vmsTanh, found in
@@ -1367,165 +1362,6 @@ static PyObject *native_move_rows(PyObject *self, PyObject *const *args, Py_ssiz
     return PyLong_FromLong(status);
 }
 
-/* ----------------------------------------------------------------------------------------- rms_norm */
-/* ATen's float32 sum of one contiguous row of d elements (aten/src/ATen/native/cpu/SumKernel.cpp,
- * vectorized_inner_sum with Vectorized<float> of `w` lanes): the whole vectors summed lane by lane in
- * four interleaved accumulators (multi_row_sum over rows of four vectors, its cascade of four levels of
- * sixteen), the leftover vectors into the first, the four added in order; then the scalar tail in order,
- * then the lanes in order.  Lane by lane every addition is the scalar one, so no vector type is needed. */
-/* x holds squares (>= +0 or NaN) */
-static inline __attribute__((always_inline)) float aten_row_sum(const float *x, Py_ssize_t d, const int w) {
-    float acc[4][4][16], part[4][16];
-    const Py_ssize_t vecs = d / w, size = vecs / 4;
-    if (size < 16) {
-        /* no cascade level is ever carried: the upper levels stay +0, and adding +0 to a sum of squares
-         * (never -0) changes nothing, so they are skipped */
-        for (int k = 0; k < 4; k++)
-            for (int l = 0; l < w; l++) part[k][l] = 0.0f;
-        for (Py_ssize_t i = 0; i < size; i++)
-            for (int k = 0; k < 4; k++)
-                for (int l = 0; l < w; l++) part[k][l] += x[(i * 4 + k) * w + l];
-        for (Py_ssize_t v = size * 4; v < vecs; v++)
-            for (int l = 0; l < w; l++) part[0][l] += x[v * w + l];
-        for (int k = 1; k < 4; k++)
-            for (int l = 0; l < w; l++) part[0][l] += part[k][l];
-        float total = 0.0f;
-        for (Py_ssize_t t = vecs * w; t < d; t++) total += x[t];
-        for (int l = 0; l < w; l++) total += part[0][l];
-        return total;
-    }
-    for (int j = 0; j < 4; j++)
-        for (int k = 0; k < 4; k++)
-            for (int l = 0; l < w; l++) acc[j][k][l] = 0.0f;
-    Py_ssize_t i = 0;
-    for (; i + 16 <= size;) {  /* level_power 4 (max(4, CeilLog2(size) / 4)) for every size below 2**16 */
-        for (int j = 0; j < 16; j++, i++)
-            for (int k = 0; k < 4; k++)
-                for (int l = 0; l < w; l++) acc[0][k][l] += x[(i * 4 + k) * w + l];
-        for (int j = 1; j < 4; j++) {
-            for (int k = 0; k < 4; k++)
-                for (int l = 0; l < w; l++) {
-                    acc[j][k][l] += acc[j - 1][k][l];
-                    acc[j - 1][k][l] = 0.0f;
-                }
-            if ((i & ((Py_ssize_t)15 << (j * 4))) != 0) break;
-        }
-    }
-    for (; i < size; i++)
-        for (int k = 0; k < 4; k++)
-            for (int l = 0; l < w; l++) acc[0][k][l] += x[(i * 4 + k) * w + l];
-    for (int j = 1; j < 4; j++)
-        for (int k = 0; k < 4; k++)
-            for (int l = 0; l < w; l++) acc[0][k][l] += acc[j][k][l];
-    for (int k = 0; k < 4; k++)
-        for (int l = 0; l < w; l++) part[k][l] = acc[0][k][l];
-    for (Py_ssize_t v = size * 4; v < vecs; v++)
-        for (int l = 0; l < w; l++) part[0][l] += x[v * w + l];
-    for (int k = 1; k < 4; k++)
-        for (int l = 0; l < w; l++) part[0][l] += part[k][l];
-    float total = 0.0f;
-    for (Py_ssize_t t = vecs * w; t < d; t++) total += x[t];
-    for (int l = 0; l < w; l++) total += part[0][l];
-    return 0.0f + total;  /* the output starts at zero and the store accumulates (CastStoreAccumulate) */
-}
-
-static float aten_row_sum8(const float *x, Py_ssize_t d) { return aten_row_sum(x, d, 8); }
-static float aten_row_sum16(const float *x, Py_ssize_t d) { return aten_row_sum(x, d, 16); }
-
-/* rms_norm(x, weight, out, rows, d, w_rows, eps, lanes): out[i] = (x[i] * r_i) * weight[i % w_rows] with
- * r_i = 1 / sqrt(sum(x[i] * x[i]) / d + (float)eps), the sum as ATen's with `lanes` (8 or 16); weight None:
- * no product.  Rows of d contiguous floats; d >= lanes (ATen's vectorized inner sum). */
-static PyObject *native_rms_norm(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 8) {
-        PyErr_SetString(PyExc_TypeError, "rms_norm: expected 8 arguments");
-        return NULL;
-    }
-    Py_ssize_t rows, d, w_rows, lanes;
-    if (get_ssize(args[3], &rows, "rows") < 0 || get_ssize(args[4], &d, "d") < 0 ||
-        get_ssize(args[5], &w_rows, "w_rows") < 0 || get_ssize(args[7], &lanes, "lanes") < 0)
-        return NULL;
-    double eps = PyFloat_AsDouble(args[6]);
-    if (eps == -1.0 && PyErr_Occurred()) return NULL;
-    if ((lanes != 8 && lanes != 16) || d < lanes || w_rows < 1) {
-        PyErr_SetString(PyExc_ValueError, "rms_norm: lanes must be 8 or 16, d >= lanes, w_rows >= 1");
-        return NULL;
-    }
-    Buf a[3];
-    memset(a, 0, sizeof a);
-    if (acquire(args[0], &a[0], 4, mul(rows, d), 0, 0, "x") < 0 || acquire(args[1], &a[1], 4, mul(w_rows, d), 0, 1, "weight") < 0 ||
-        acquire(args[2], &a[2], 4, mul(rows, d), 1, 0, "out") < 0) {
-        release(a, 3);
-        return NULL;
-    }
-    const float *x = F32(a[0]), *weight = a[1].held ? F32(a[1]) : NULL;
-    float *out = F32(a[2]);
-    const float e = (float)eps, n = (float)d;
-    float sq[4096];
-    for (Py_ssize_t i = 0; i < rows; i++) {
-        const float *xi = x + i * d;
-        float *oi = out + i * d;
-        float *buf = d <= 4096 ? sq : oi; /* x * x (pow(x, 2)); written into out when the row is long */
-        for (Py_ssize_t j = 0; j < d; j++) buf[j] = xi[j] * xi[j];
-        const float mean = (lanes == 8 ? aten_row_sum8(buf, d) : aten_row_sum16(buf, d)) / n;
-        const float r = 1.0f / sqrtf(mean + e);
-        const float *wi = weight ? weight + (i % w_rows) * d : NULL;
-        for (Py_ssize_t j = 0; j < d; j++) oi[j] = xi[j] * r;
-        if (wi)
-            for (Py_ssize_t j = 0; j < d; j++) oi[j] = oi[j] * wi[j];
-    }
-    release(a, 3);
-    Py_RETURN_NONE;
-}
-
-/* ------------------------------------------------------------------------------------------- rotate */
-/* rotate(x, cos, sin, out, rows, heads, d): rotary embedding in HF's rotate-half form,
- *   out = x * cos + rotate_half(x) * sin, rotate_half(x) = cat(-x[d/2:], x[:d/2]),
- * for x / out [rows, heads, d] and cos / sin [rows, d] (one row of the tables per position, shared by
- * the heads), contiguous float32; d even.  The same three roundings per element as torch's ops
- * (x * cos, rotate_half(x) * sin, their sum; the negation is exact), so the same bits.
- * x, cos, sin, out are the tensors' data pointers (int): perf, a buffer per argument cost 1.8 us each,
- * more than the work; the one caller (dartree/models/rotary.py) checks dtype, device, shapes and
- * contiguity first, and allocates out. */
-static PyObject *native_rotate(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 7) {
-        PyErr_SetString(PyExc_TypeError, "rotate: expected 7 arguments");
-        return NULL;
-    }
-    Py_ssize_t rows, heads, d;
-    if (get_ssize(args[4], &rows, "rows") < 0 || get_ssize(args[5], &heads, "heads") < 0 ||
-        get_ssize(args[6], &d, "d") < 0)
-        return NULL;
-    if (d % 2) {
-        PyErr_SetString(PyExc_ValueError, "rotate: d must be even");
-        return NULL;
-    }
-    const float *x = (const float *)PyLong_AsVoidPtr(args[0]), *c = (const float *)PyLong_AsVoidPtr(args[1]),
-                *sn = (const float *)PyLong_AsVoidPtr(args[2]);
-    float *out = (float *)PyLong_AsVoidPtr(args[3]);
-    if (PyErr_Occurred()) return NULL;
-    if (!x || !c || !sn || !out) {
-        PyErr_SetString(PyExc_ValueError, "rotate: a null data pointer");
-        return NULL;
-    }
-    const Py_ssize_t half = d / 2;
-    for (Py_ssize_t r = 0; r < rows; r++) {
-        const float *cr = c + r * d, *sr = sn + r * d;
-        for (Py_ssize_t h = 0; h < heads; h++) {
-            const float *xi = x + (r * heads + h) * d;
-            float *oi = out + (r * heads + h) * d;
-            for (Py_ssize_t j = 0; j < half; j++) {
-                const float first = xi[j] * cr[j], second = -xi[j + half] * sr[j];
-                oi[j] = first + second;
-            }
-            for (Py_ssize_t j = half; j < d; j++) {
-                const float first = xi[j] * cr[j], second = xi[j - half] * sr[j];
-                oi[j] = first + second;
-            }
-        }
-    }
-    Py_RETURN_NONE;
-}
-
 /* ----------------------------------------------------------------------------------------- gru_step */
 /* torch's kernels, from the libtorch_cpu already loaded (gru_init): MKL's Fortran sgemm_ (what
  * at::native::cpublas::gemm calls for float32 mm / addmm / bmm), SLEEF's 16-lane expf (ATen's AVX-512
@@ -2112,8 +1948,6 @@ static PyMethodDef methods[] = {
     {"tree_struct", (PyCFunction)(void (*)(void))native_tree_struct, METH_FASTCALL, "Mask, depths and links."},
     {"greedy_accept", (PyCFunction)(void (*)(void))native_greedy_accept, METH_FASTCALL, "The greedy walk over full logits."},
     {"move_rows", (PyCFunction)(void (*)(void))native_move_rows, METH_FASTCALL, "KV compaction of one buffer."},
-    {"rms_norm", (PyCFunction)(void (*)(void))native_rms_norm, METH_FASTCALL, "float32 RMSNorm rows as torch's."},
-    {"rotate", (PyCFunction)(void (*)(void))native_rotate, METH_FASTCALL, "float32 rotary embedding as torch's."},
     {"gru_init", (PyCFunction)(void (*)(void))native_gru_init, METH_FASTCALL, "Find torch's kernels for gru_step."},
     {"gru_step", (PyCFunction)(void (*)(void))native_gru_step, METH_FASTCALL, "One GRU head step and its logits."},
     {"gru_expand", (PyCFunction)(void (*)(void))native_gru_expand, METH_FASTCALL, "The depth loop with a GRU head."},
