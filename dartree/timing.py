@@ -214,19 +214,8 @@ class TimedHead:
         out = self._call("advance", self._own_block(block), depth, self._own(states), self._own(tokens))
         return _state("advance", out, block, tuple(tokens.shape), self._width)
 
-    def native_build(self, block: Any, *args: Any) -> Any:
-        """perf: the bundled head's whole-build compiled call (:meth:`dartree.models.heads.GRUHead.native_build`),
-        its steps' time and count (plus the root's ``initial_state`` and ``logits`` the builder's calls make)
-        added to ``seconds`` and ``calls``; ``None`` for any other head, or where the head declines."""
-        fn = getattr(self.head, "native_build", None) if self._trusted else None
-        out = None if fn is None else fn(block, *args)
-        if out is not None:
-            self.seconds += out.seconds
-            self.calls += 2 + out.steps
-        return out
-
     def __getattr__(self, name: str) -> Any:      # other attributes of the head (not its methods above)
-        if name in ("head", "advance_logits", "_width", "native_build"):
+        if name in ("head", "advance_logits", "_width"):
             raise AttributeError(name)
         if name == "vocab_logits":
             if getattr(self.head, name, None) is None:
@@ -259,13 +248,6 @@ class _TimedSteps:
             return out
         return _logits("prepare_block(...).logits", out, self._block, states, self._candidates)
 
-    def native_loop(self, widths: list[int]) -> _TimedLoop | None:
-        """The prepared steps' compiled depth loop (perf; dartree's own heads only: it runs no head code the
-        proxy could check), timed and counted by what it reports, or ``None``."""
-        fn = getattr(self._steps, "native_loop", None) if self._head._trusted else None
-        loop = None if fn is None else self._head._timed(fn, widths)
-        return None if loop is None else _TimedLoop(self._head, loop)
-
     def advance_logits(self, depth: int, states: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
         self._head.calls += 1
         out = self._head._timed(self._steps.advance_logits, depth, self._head._own(states), self._head._own(tokens))
@@ -273,20 +255,6 @@ class _TimedSteps:
             return out
         return _pair("prepare_block(...).advance_logits", out, self._block, tokens, self._head._width,
                      self._candidates)
-
-
-class _TimedLoop:
-    """A bundled head's compiled depth loop (:meth:`_TimedSteps.native_loop`): the time and the steps it
-    reports are added to the :class:`TimedHead`'s ``seconds`` and ``calls``."""
-
-    def __init__(self, timed: TimedHead, loop: Any) -> None:
-        self._head, self._loop = timed, loop
-
-    def run(self, *args: Any) -> tuple[int, int, int, float, int]:
-        out = self._loop.run(*args)
-        self._head.seconds += out[3]
-        self._head.calls += out[4]
-        return out
 
 
 #: dartree's own head classes, by module and name
