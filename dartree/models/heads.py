@@ -39,6 +39,7 @@ from torch import Tensor, nn
 from dartree.block import DraftBlock
 from dartree.models.drafter import RMSNorm
 from dartree.models.kmajor import derived, exact_from, kmajor_copy, kmajor_product, linear, tensor_version
+from dartree.timing import trusted_head
 
 __all__ = ["GRUHead", "MarkovHead"]
 
@@ -106,6 +107,7 @@ def _without_derived(module: nn.Module) -> dict:
         del state[key]
     return state
 
+@trusted_head
 class GRUHead(nn.Module):
     """Domino correction head: a GRU over the branch's target embeddings + a low-rank residual.
 
@@ -609,6 +611,7 @@ class _GRUSteps:
                                rows[0], rows[1], base)
 
 
+@trusted_head
 class MarkovHead(nn.Module):
     """DSpark vanilla Markov head: a rank-r bigram bias ``markov_w2[v] . markov_w1[previous token]``.
 
