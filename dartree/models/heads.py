@@ -1,33 +1,12 @@
 """Correction heads: GRU (Domino) and Markov (DSpark), for many branches at once.
 
-Both implement :class:`dartree.block.CorrectionHead` (and its optional fused ``advance_logits``).
-Inside a builder they only ever score the ``K`` candidate tokens of a depth: the base logits of
-the candidates are gathered from the block (``block.logits`` is already the LM-head projection of
-``H_d``) and the correction gathers only the ``K`` rows of its output projection, so no
-full-vocabulary product is computed per branch.
-
-GRU head (Domino, arXiv 2605.29707; formulas as in Domino's ``code/dflash.py``)::
-
-    state(root)     = GRU(emb(root), 0)
-    state(.., t_d)  = GRU(emb(t_d), state(..))                       emb = the target's token embedding
-    s               = bias_norm(state)   if use_bias_norm   else state         (RMSNorm, weight [G])
-    c_d(v)          = fc2_v . silu(fc1([H_d; s])) (+ b2_v when biased)
-    c_d             = sigmoid(gate(H_d)) * c_d   if use_bias_gate              gate = Linear-SiLU-Linear(.., 1)
-    corrected_d(v)  = L_d(v) + c_d(v)   at depths d > prefix_len;   L_d(v) at depths d <= prefix_len
-
-The state at depth d has read the root and the branch's tokens at depths 1..d-1 (the recurrence
-always runs on the raw GRU state; ``bias_norm`` only feeds the correction).  Weight names follow
-the released Domino checkpoints: ``prefix_gru.weight_{ih,hh}_l0`` (+ ``bias_{ih,hh}_l0`` when
-biased), ``embed_proj.0`` (fc1, ``[emb_dim, H + G]``), ``embed_proj.2`` (fc2, ``[V, emb_dim]``),
-``bias_norm.weight`` and ``bias_gate.{0.weight, 2.weight, 2.bias}``.  The released Domino heads
-are bias-free (``bias=False``); the bundled zoo head has biases.
-
-Markov head (DSpark "vanilla", arXiv 2607.05147)::
-
-    corrected_d(v) = L_d(v) + markov_w2[v] . markov_w1[t_{d-1}]       t_0 = root
-
-with ``markov_w1: [V, r]`` and ``markov_w2: [V, r]`` (``markov_head.markov_w{1,2}.weight``).
-Its state is the previous token, stored as float32 ``[.., 1]`` (exact for ids below 2**24).
+Both implement :class:`dartree.block.CorrectionHead` (and its optional fused ``advance_logits`` and
+``prepare_block``).  Inside a builder they only score the ``K`` candidate tokens of a depth: the base
+logits are gathered from the block and the correction gathers only the ``K`` rows of its output
+projection, so no full-vocabulary product is computed per branch.  Formulas, weight names and the
+checkpoint fields they read: ``docs/checkpoints.md``.  The GRU state at depth d has read the root and the
+branch's tokens at depths 1..d-1 (float ``[.., G]``); the Markov state is the previous token as float32
+``[.., 1]`` (exact for ids below 2**24).
 """
 
 from __future__ import annotations
@@ -38,21 +17,16 @@ from torch import Tensor, nn
 
 from dartree.block import DraftBlock
 from dartree.models.drafter import RMSNorm
-from dartree.models.kmajor import derived, exact_from, kmajor_copy, kmajor_product, linear, tensor_version
+from dartree.models.kmajor import derived, exact_from, kmajor_copy, kmajor_product, linear
 from dartree.timing import trusted_head
 
 __all__ = ["GRUHead", "MarkovHead"]
 
 
-def _check_depth(block: DraftBlock, depth: int) -> None:
-    if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= block.gamma:
-        raise ValueError(f"depth: expected an int in [1, {block.gamma}], got {depth!r}")
-
-
-def _check_fused_depth(block: DraftBlock, depth: int) -> None:
-    if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth < block.gamma:
-        raise ValueError(f"depth: expected an int in [1, {block.gamma - 1}] (advance_logits scores depth + 1), "
-                         f"got {depth!r}")
+def _check_depth(depth: int, last: int, fused: bool = False) -> None:
+    if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= last:
+        note = " (advance_logits scores depth + 1)" if fused else ""
+        raise ValueError(f"depth: expected an int in [1, {last}]{note}, got {depth!r}")
 
 
 def _check_states(block: DraftBlock, states: Tensor, width: int) -> None:
@@ -69,6 +43,11 @@ def _check_tokens(block: DraftBlock, tokens: Tensor, name: str, m: int | None = 
         got = f"{tokens.dtype} {tuple(tokens.shape)}" if isinstance(tokens, Tensor) else type(tokens).__name__
         want = f"[{block.batch_size}, {'m' if m is None else m}]"
         raise ValueError(f"{name}: expected an int64 tensor {want}, got {got}")
+
+
+def _check_hidden(block: DraftBlock) -> None:
+    if block.hidden is None:
+        raise ValueError("block: the GRU head needs block.hidden (the drafter's H_d); got None")
 
 
 def _check_candidates(block: DraftBlock, candidates: Tensor) -> None:
@@ -98,15 +77,6 @@ def _base_candidates(block: DraftBlock, depth: int, candidates: Tensor) -> Tenso
 GATE_TABLE_LIMIT = 1 << 24
 
 
-
-def _without_derived(module: nn.Module) -> dict:
-    """``module``'s state for copy and pickle without its derived caches (prepared plans, transposed weights,
-    gate tables, step buffers: rebuilt on first use)."""
-    state = dict(module.__dict__)
-    for key in [k for k in state if k.endswith("_cache") or k == "_w_hh_t"]:
-        del state[key]
-    return state
-
 @trusted_head
 class GRUHead(nn.Module):
     """Domino correction head: a GRU over the branch's target embeddings + a low-rank residual.
@@ -125,9 +95,6 @@ class GRUHead(nn.Module):
 
     State: float ``[.., G]``.
     """
-
-    def __getstate__(self) -> dict:
-        return _without_derived(self)
 
     def __init__(
         self,
@@ -225,19 +192,11 @@ class GRUHead(nn.Module):
         return torch.sub(flat_h, new).mul_(z).add_(new)                             # n + z * (h - n)
 
     def _recurrent_weight_t(self, rows: int) -> Tensor:
-        """``W_hh`` transposed (a view, as ``F.linear`` passes it), cached while the weight is unchanged;
-        perf: on the CPU a K-major copy once ``rows`` is enough for it to give the same bits
-        (:mod:`dartree.models.kmajor`)."""
+        """``W_hh`` transposed (a view, as ``F.linear`` passes it); perf: on the CPU a K-major copy once ``rows``
+        is enough for it to give the same bits (:mod:`dartree.models.kmajor`)."""
         w = self.prefix_gru.weight_hh_l0
-        if w.device.type == "cpu":
-            start = exact_from(w.shape[1], w.shape[0], w.dtype, self.bias)
-            if start is not None and rows >= start:
-                return kmajor_copy(w)
-        cache = self.__dict__.get("_w_hh_t")
-        if cache is None or cache[0] is not w or cache[1] != tensor_version(w):
-            cache = (w, tensor_version(w), w.t())
-            self.__dict__["_w_hh_t"] = cache
-        return cache[2]
+        start = exact_from(w.shape[1], w.shape[0], w.dtype, self.bias) if w.device.type == "cpu" else None
+        return kmajor_copy(w) if start is not None and rows >= start else w.t()
 
     def _step_buffers(self, flat_h: Tensor, table: Tensor) -> tuple[Tensor, ...]:
         """perf: the GRU step's intermediates ``gi, gh [N, 3G]`` and their gate views, allocated once per
@@ -276,18 +235,6 @@ class GRUHead(nn.Module):
         """``sigmoid(bias_gate(hidden))`` ``[..., 1]``, or ``None`` without a gate."""
         return None if self.bias_gate is None else torch.sigmoid(self.bias_gate(hidden))
 
-    def correction_hidden(self, hidden: Tensor, states: Tensor) -> Tensor:
-        """``silu(fc1([H_d; s]))`` with ``s`` the (optionally ``bias_norm``-ed) state.
-
-        Shape:
-            hidden: ``[b, H]`` or broadcastable ``[b, 1, H]``; states ``[b, m, G]`` -> ``[b, m, emb_dim]``.
-        """
-        fc1 = self.embed_proj[0]
-        w_h, w_s = fc1.weight[:, : self.hidden_size], fc1.weight[:, self.hidden_size :]
-        if hidden.dim() == 2:
-            hidden = hidden[:, None, :]
-        return F.silu(F.linear(hidden.to(w_h.dtype), w_h, fc1.bias) + F.linear(self._normed(states), w_s))
-
     def full_logits(self, base: Tensor, hidden: Tensor, states: Tensor) -> Tensor:
         """Corrected logits over the whole vocabulary (training and tests; builders use :meth:`logits`).
 
@@ -298,12 +245,6 @@ class GRUHead(nn.Module):
         correction = self.embed_proj(torch.cat([hidden, self._normed(states)], dim=-1))
         gate = self._gate(hidden)
         return base + (correction if gate is None else gate * correction)
-
-    def _depth_terms(self, block: DraftBlock, depth: int) -> tuple[Tensor, Tensor | None]:
-        """``fc1``'s hidden half ``[b, 1, E]`` and the gate ``[b, 1, 1]`` (or ``None``) at ``depth``: the
-        ``depth`` slice of :meth:`_block_terms`."""
-        part, gate = self._block_terms(block)
-        return part[:, depth - 1, None], None if gate is None else gate[:, depth - 1, None]
 
     def _block_terms(self, block: DraftBlock, cached: bool = True) -> tuple[Tensor, Tensor | None]:
         """``fc1``'s hidden half ``[b, gamma, E]`` and the gate ``[b, gamma, 1]`` (or ``None``) of every depth.
@@ -341,21 +282,16 @@ class GRUHead(nn.Module):
         (:meth:`_plan`: dropped when a weight changes) and returned as a copy: the same bits, as the
         same one-row step computed it.
         """
-        if block.batch_size == 1 and block.device.type == "cpu":
-            plan = self._plan()
-            if plan is not None:
-                return self._cached_root(plan, block, int(block.root[0])).clone()
-        return self._root_state(block)
-
-    def _cached_root(self, plan: _Plan, block: DraftBlock, root: int) -> Tensor:
-        """The root state of a one-row CPU block with root token ``root``, kept in ``plan.roots`` (not a copy)."""
-        key = (root, torch.is_inference_mode_enabled())
+        plan = self._plan() if block.batch_size == 1 and block.device.type == "cpu" else None
+        if plan is None:
+            return self._root_state(block)
+        key = (int(block.root[0]), torch.is_inference_mode_enabled())
         state = plan.roots.get(key)
         if state is None:
             if len(plan.roots) >= ROOT_CACHE_LIMIT:
                 plan.roots.clear()
             state = plan.roots[key] = self._root_state(block)
-        return state
+        return state.clone()
 
     def _root_state(self, block: DraftBlock) -> Tensor:
         h0 = torch.zeros(block.batch_size, self.gru_hidden_dim, device=block.device,
@@ -381,7 +317,8 @@ class GRUHead(nn.Module):
         base = _base_candidates(block, depth, candidates)[:, None, :]            # [b, 1, K]
         if depth <= self.prefix_len:
             return base.expand(-1, states.shape[1], -1).contiguous()
-        part, gate = self._depth_terms(block, depth)
+        part, gate = self._block_terms(block)
+        part, gate = part[:, depth - 1, None], None if gate is None else gate[:, depth - 1, None]
         w_s, table = self._projection_tables()
         mid = linear(self._normed(states), w_s)                                  # [b, m, E]
         size = self.emb_dim
@@ -427,11 +364,10 @@ class GRUHead(nn.Module):
         Shape:
             states ``[b, m, G]``, candidates int64 ``[b, K]`` -> float32 ``[b, m, K]``.
         """
-        _check_depth(block, depth)
+        _check_depth(depth, block.gamma)
         _check_states(block, states, self.gru_hidden_dim)
         _check_tokens(block, candidates, "candidates")
-        if block.hidden is None:
-            raise ValueError("block: the GRU head needs block.hidden (the drafter's H_d); got None")
+        _check_hidden(block)
         return self._logits(block, depth, states, candidates)
 
     def vocab_logits(self, block: DraftBlock, depth: int, states: Tensor) -> Tensor:
@@ -442,18 +378,14 @@ class GRUHead(nn.Module):
         Shape:
             states ``[b, m, G]`` -> float32 ``[b, m, V]``.
         """
-        _check_depth(block, depth)
+        _check_depth(depth, block.gamma)
         _check_states(block, states, self.gru_hidden_dim)
-        if block.hidden is None:
-            raise ValueError("block: the GRU head needs block.hidden (the drafter's H_d); got None")
+        _check_hidden(block)
         base = block.logits[:, depth - 1, None, :].float()                         # [b, 1, V]
         if depth <= self.prefix_len:
             return base.expand(-1, states.shape[1], -1).contiguous()
         # perf: this depth's fc1 term alone (not the block's every depth), and fc2 from its K-major copy on
-        # the CPU: inside a decode (cold caches) the call took 0.63 ms, 128 us of it the block's fc1 terms and
-        # 469 us fc2 as F.linear over [V, E]; now 0.37 ms, and a T=1 dartree-pruned B=16 rejection decode is
-        # 1.02x faster (median paired time, 12 prompts x 3 reps, interleaved; 2026-12-04, the zoo); a
-        # proposal needs no bit-equality with ``logits``
+        # the CPU (docs/results.md); a proposal needs no bit-equality with ``logits``
         fc1, fc2 = self.embed_proj[0], self.embed_proj[2]
         h = block.hidden[:, depth - 1, None].to(fc1.weight.dtype)                # [b, 1, H]
         part = F.linear(h, fc1.weight[:, : self.hidden_size], fc1.bias)
@@ -470,7 +402,7 @@ class GRUHead(nn.Module):
 
     def advance(self, block: DraftBlock, depth: int, states: Tensor, tokens: Tensor) -> Tensor:
         """States after appending ``tokens`` at ``depth``.  Shape: states ``[b, m, G]``, tokens ``[b, m]``."""
-        _check_depth(block, depth)
+        _check_depth(depth, block.gamma)
         _check_states(block, states, self.gru_hidden_dim)
         _check_tokens(block, tokens, "tokens", states.shape[1])
         return self.gru_step(tokens, states)
@@ -483,12 +415,11 @@ class GRUHead(nn.Module):
             states ``[b, m, G]``, tokens int64 ``[b, m]``, candidates int64 ``[b, K]``
             -> (states ``[b, m, G]``, float32 ``[b, m, K]``).
         """
-        _check_fused_depth(block, depth)
+        _check_depth(depth, block.gamma - 1, True)
         _check_states(block, states, self.gru_hidden_dim)
         _check_tokens(block, tokens, "tokens", states.shape[1])
         _check_tokens(block, candidates, "candidates")
-        if block.hidden is None:
-            raise ValueError("block: the GRU head needs block.hidden (the drafter's H_d); got None")
+        _check_hidden(block)
         new = self.gru_step(tokens, states)
         return new, self._logits(block, depth + 1, new, candidates)
 
@@ -501,15 +432,9 @@ class GRUHead(nn.Module):
         Shape: candidates int64 ``[b, gamma, K]`` (``C_d`` at ``[:, d - 1]``).
         """
         _check_candidates(block, candidates)
-        if block.hidden is None:
-            raise ValueError("block: the GRU head needs block.hidden (the drafter's H_d); got None")
+        _check_hidden(block)
         plan = self._plan()
         return None if plan is None else _GRUSteps(self, block, candidates, plan)
-
-
-def _check_step_depth(depth: int, last: int) -> None:
-    if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= last:
-        raise ValueError(f"depth: expected an int in [1, {last}], got {depth!r}")
 
 
 def _kmajor_from(weight: Tensor, bias: bool) -> tuple[float, Tensor | None]:
@@ -538,8 +463,7 @@ class _Plan:
         plan.table = table
         plan.w_s, plan.rows_table = head._projection_tables()
         plan.w_hh_t = w_hh.t()
-        # K-major copies and the row counts from which they give F.linear's bits (CPU only), as
-        # GRUHead._recurrent_weight_t and kmajor.linear decide per call
+        # K-major copies and the row counts from which they give F.linear's bits (CPU only)
         plan.hh_from, plan.hh_copy = _kmajor_from(w_hh, head.bias)
         plan.s_from, plan.s_copy = _kmajor_from(plan.w_s, False)
         plan.roots = {}
@@ -555,10 +479,8 @@ class _GRUSteps:
         self.head, self.table, self.w_hh_t, self.w_s = head, plan.table, plan.w_hh_t, plan.w_s
         self.hh_from, self.hh_copy, self.s_from, self.s_copy = plan.hh_from, plan.hh_copy, plan.s_from, plan.s_copy
         self.gamma, self.size = block.gamma, head.gru_hidden_dim
-        # every depth's base logits and fc1 hidden half ([b, gamma, K], [b, gamma, E]; as one tuple of
-        # views each, made when torch's ops first need them: unbind is one op, no indexing per call); the
-        # output rows of a depth's candidates gathered when the depth is first scored (a build that stops
-        # early never reads the deeper ones)
+        # every depth's base logits and fc1 hidden half ([b, gamma, K], [b, gamma, E]; views per depth made
+        # on first use: unbind is one op); a depth's output rows gathered when it is first scored
         self.base_all = _candidate_base(block, candidates)
         self.candidates, self.rows_table, self.emb_dim = candidates, plan.rows_table, head.emb_dim
         self.rows: list[tuple[Tensor, Tensor | None] | None] = [None] * block.gamma
@@ -576,12 +498,12 @@ class _GRUSteps:
 
     def logits(self, depth: int, states: Tensor) -> Tensor:
         """``head.logits(block, depth, states, candidates[:, depth - 1])``."""
-        _check_step_depth(depth, self.gamma)
+        _check_depth(depth, self.gamma)
         return self._logits(depth, states)
 
     def advance_logits(self, depth: int, states: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
         """``head.advance_logits(block, depth, states, tokens, candidates[:, depth])``."""
-        _check_step_depth(depth, self.gamma - 1)
+        _check_depth(depth, self.gamma - 1)
         flat_h = states.reshape(-1, self.size)
         n = flat_h.shape[0]
         buffers = self.buffers.get(n)
@@ -621,9 +543,6 @@ class MarkovHead(nn.Module):
 
     State: float32 ``[.., 1]`` holding the previous token id.
     """
-
-    def __getstate__(self) -> dict:
-        return _without_derived(self)
 
     def __init__(self, vocab_size: int, markov_rank: int) -> None:
         super().__init__()
@@ -672,7 +591,7 @@ class MarkovHead(nn.Module):
 
     def logits(self, block: DraftBlock, depth: int, states: Tensor, candidates: Tensor) -> Tensor:
         """Shape: states ``[b, m, 1]``, candidates int64 ``[b, K]`` -> float32 ``[b, m, K]``."""
-        _check_depth(block, depth)
+        _check_depth(depth, block.gamma)
         _check_states(block, states, 1)
         _check_tokens(block, candidates, "candidates")
         return self._logits(block, depth, states[..., 0].to(torch.int64), candidates)
@@ -682,14 +601,14 @@ class MarkovHead(nn.Module):
 
         Shape: states ``[b, m, 1]`` -> float32 ``[b, m, V]``.
         """
-        _check_depth(block, depth)
+        _check_depth(depth, block.gamma)
         _check_states(block, states, 1)
         bias = F.linear(F.embedding(states[..., 0].to(torch.int64), self.markov_w1.weight), self.markov_w2.weight)
         return bias.float().add_(block.logits[:, depth - 1, None, :].float())
 
     def advance(self, block: DraftBlock, depth: int, states: Tensor, tokens: Tensor) -> Tensor:
         """Shape: states ``[b, m, 1]``, tokens int64 ``[b, m]`` -> ``[b, m, 1]``."""
-        _check_depth(block, depth)
+        _check_depth(depth, block.gamma)
         _check_states(block, states, 1)
         _check_tokens(block, tokens, "tokens", states.shape[1])
         return tokens.to(torch.float32)[..., None]
@@ -703,7 +622,7 @@ class MarkovHead(nn.Module):
             states ``[b, m, 1]``, tokens int64 ``[b, m]``, candidates int64 ``[b, K]``
             -> (states ``[b, m, 1]``, float32 ``[b, m, K]``).
         """
-        _check_fused_depth(block, depth)
+        _check_depth(depth, block.gamma - 1, True)
         _check_states(block, states, 1)
         _check_tokens(block, tokens, "tokens", states.shape[1])
         _check_tokens(block, candidates, "candidates")
@@ -720,10 +639,10 @@ class _MarkovSteps:
 
     def logits(self, depth: int, states: Tensor) -> Tensor:
         """``head.logits(block, depth, states, candidates[:, depth - 1])``."""
-        _check_step_depth(depth, self.gamma)
+        _check_depth(depth, self.gamma)
         return self.head._biased(states[..., 0].to(torch.int64), self.rows_t[depth - 1], self.base[depth - 1])
 
     def advance_logits(self, depth: int, states: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
         """``head.advance_logits(block, depth, states, tokens, candidates[:, depth])``."""
-        _check_step_depth(depth, self.gamma - 1)
+        _check_depth(depth, self.gamma - 1)
         return tokens.to(torch.float32)[..., None], self.head._biased(tokens, self.rows_t[depth], self.base[depth])
