@@ -6,17 +6,12 @@
  *
  *   candidates    per row: the K best tokens (logit descending, ties by token id; one vocabulary read),
  *                 the vocabulary normaliser rest_lse, and log q
- *   log_normalize log q = z - logaddexp(lse(z), rest), float64, one rounding to float32
  *   depth_step    one depth of the depth-wise builders: log q of every branch's candidates, child
  *                 scores (parent + log q) + beta, the best `width` (score descending, then position)
  *   bound_frontier dartree-pruned's exact bound: the branches of a depth that do not rank after the
  *                 budget-th best node so far (docs/builders.md, "Bound pruning")
  *   select_tree   the best n nodes of a depth-wise supertree in the total order, as a tree
  *   best_first    DDTree's best-first with lazy sibling pushing over per-depth sorted log q
- *   tree_struct   ancestor mask, depths, first-child and next-sibling links from parents
- *   move_rows     the KV compaction of one buffer: rows src[j] -> dst + j in every plane (memmove)
- *   greedy_accept the greedy acceptance walk over a tree's full logits: the argmax (torch.argmax's:
- *                 the first maximum, a NaN counting as the largest) only at the nodes the walk visits
  *
  * Float rules: every float32 result is computed with the same IEEE operations, in the same order, as
  * the numpy / torch formula it replaces (scores: float32 additions; log q: float64 with numpy's pairwise
@@ -476,38 +471,6 @@ static int normalize_row(const float *z, Py_ssize_t k, const double *rest, float
         bad |= !isfinite(out[i]);
     }
     return bad;
-}
-
-/* log_normalize(z f32 [rows, K], rows, K, rest f64 [rows] | None, out f32 [rows, K]) -> 1 if any output
- * is NaN or infinite, else 0. */
-static PyObject *native_log_normalize(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "log_normalize: expected 5 arguments");
-        return NULL;
-    }
-    Py_ssize_t rows, k;
-    if (get_ssize(args[1], &rows, "rows") < 0 || get_ssize(args[2], &k, "topk") < 0) return NULL;
-    Buf b[3];
-    memset(b, 0, sizeof b);
-    if (acquire(args[0], &b[0], 4, mul(rows, k), 0, 0, "cand_logits") < 0 ||
-        acquire(args[3], &b[1], 8, rows, 0, 1, "rest_lse") < 0 || acquire(args[4], &b[2], 4, mul(rows, k), 1, 0, "out") < 0) {
-        release(b, 3);
-        return NULL;
-    }
-    double *scratch = malloc(sizeof(double) * (size_t)(k ? k : 1));
-    if (!scratch) {
-        release(b, 3);
-        return PyErr_NoMemory();
-    }
-    const float *z = F32(b[0]);
-    const double *rest = b[1].held ? (const double *)b[1].view.buf : NULL;
-    float *out = F32(b[2]);
-    int bad = 0;
-    if (k > 0)
-        for (Py_ssize_t r = 0; r < rows; r++) bad |= normalize_row(z + r * k, k, rest ? rest + r : NULL, out + r * k, scratch);
-    free(scratch);
-    release(b, 3);
-    return PyLong_FromLong(bad);
 }
 
 /* -------------------------------------------------------------------------------------- depth step */
@@ -1113,253 +1076,13 @@ static PyObject *native_best_first(PyObject *self, PyObject *const *args, Py_ssi
     Py_RETURN_NONE;
 }
 
-/* ------------------------------------------------------------------------------------ tree structure */
-/* tree_struct(parents i64 [b, n], num_nodes i64 [b], b, n, mask u8 [b, n, n] (zeroed by the caller),
- *             depths i64 [b, n] | None, first_child i64 [b, n] | None, next_sibling i64 [b, n] | None)
- * -> (0, 0, 0) ok | (1, row, node): num_nodes outside 0..n, or a node whose parent is outside
- *    0..num_nodes-1, or whose ancestors do not reach node 0 (a cycle).
- * mask[r, i, j] iff j is i or an ancestor of i (valid nodes only); depths: ancestors excluding self
- * (padding 0); first_child: the smallest child index, next_sibling: the next larger index with the same
- * parent (-1 if none; padding -1). */
-static PyObject *native_tree_struct(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 8) {
-        PyErr_SetString(PyExc_TypeError, "tree_struct: expected 8 arguments");
-        return NULL;
-    }
-    Py_ssize_t b, n;
-    if (get_ssize(args[2], &b, "b") < 0 || get_ssize(args[3], &n, "n") < 0) return NULL;
-    Buf a[6];
-    memset(a, 0, sizeof a);
-    if (acquire(args[0], &a[0], 8, mul(b, n), 0, 0, "parents") < 0 || acquire(args[1], &a[1], 8, b, 0, 0, "num_nodes") < 0 ||
-        acquire(args[4], &a[2], 1, mul(mul(b, n), n), 1, 0, "mask") < 0 || acquire(args[5], &a[3], 8, mul(b, n), 1, 1, "depths") < 0 ||
-        acquire(args[6], &a[4], 8, mul(b, n), 1, 1, "first_child") < 0 ||
-        acquire(args[7], &a[5], 8, mul(b, n), 1, 1, "next_sibling") < 0) {
-        release(a, 6);
-        return NULL;
-    }
-    const int64_t *parents = I64(a[0]), *count = I64(a[1]);
-    uint8_t *mask = (uint8_t *)a[2].view.buf;
-    int64_t *depths = I64_OR_NULL(a[3]), *first = I64_OR_NULL(a[4]), *next = I64_OR_NULL(a[5]);
-    int64_t *last = malloc(sizeof(int64_t) * (size_t)(n ? n : 1));
-    if (!last) {
-        release(a, 6);
-        return PyErr_NoMemory();
-    }
-    long status = 0, bad_row = 0, bad_node = 0;
-    for (Py_ssize_t r = 0; r < b && !status; r++) {
-        const int64_t *par = parents + r * n;
-        int64_t c = count[r];
-        if (c < 0 || c > n) {
-            status = 1;
-            bad_row = (long)r;
-            bad_node = -1;
-            break;
-        }
-        uint8_t *mr = mask + r * n * n;
-        if (depths) for (Py_ssize_t i = 0; i < n; i++) depths[r * n + i] = 0;
-        if (first) for (Py_ssize_t i = 0; i < n; i++) first[r * n + i] = -1;
-        if (next) for (Py_ssize_t i = 0; i < n; i++) next[r * n + i] = -1;
-        for (Py_ssize_t i = 0; i < c; i++) last[i] = -1;
-        for (Py_ssize_t i = 0; i < c; i++) {
-            uint8_t *row = mr + i * n;
-            row[i] = 1;
-            if (i == 0) continue;
-            int64_t p = par[i], d = 0;
-            if (p < 0 || p >= c) {
-                status = 1;
-                bad_row = (long)r;
-                bad_node = (long)i;
-                break;
-            }
-            if (first && first[r * n + p] < 0) first[r * n + p] = i;
-            if (next && last[p] >= 0) next[r * n + last[p]] = i;
-            last[p] = i;
-            for (int64_t j = p;; j = par[j]) { /* every ancestor up to the root */
-                row[j] = 1;
-                d++;
-                if (j == 0) break;
-                if (d >= c || par[j] < 0 || par[j] >= c) {
-                    status = 1;
-                    break;
-                }
-            }
-            if (status) {
-                bad_row = (long)r;
-                bad_node = (long)i;
-                break;
-            }
-            if (depths) depths[r * n + i] = d;
-        }
-    }
-    free(last);
-    release(a, 6);
-    return Py_BuildValue("(lll)", status, bad_row, bad_node);
-}
-
-/* ------------------------------------------------------------------------------------ greedy_accept */
-/* torch.argmax of one row: the first index of the maximum; the first NaN if there is one.  Two passes
- * that vectorise: the maximum (16 lanes; which of -0.0 / +0.0 a lane keeps does not matter, they compare
- * equal) and NaN-ness, then the first index equal to it. */
-static inline int64_t argmax_row(const float *x, Py_ssize_t v) {
-    float lane[16];
-    int nan[16];
-    for (int k = 0; k < 16; k++) {
-        lane[k] = x[0];
-        nan[k] = 0;
-    }
-    Py_ssize_t i = 0;
-    for (; i + 16 <= v; i += 16)
-        for (int k = 0; k < 16; k++) {
-            float y = x[i + k];
-            nan[k] |= y != y;
-            lane[k] = y > lane[k] ? y : lane[k];
-        }
-    float top = x[0];
-    int any = 0;
-    for (; i < v; i++) {
-        any |= x[i] != x[i];
-        top = x[i] > top ? x[i] : top;
-    }
-    for (int k = 0; k < 16; k++) {
-        any |= nan[k];
-        top = lane[k] > top ? lane[k] : top;
-    }
-    if (any) {
-        for (i = 0; i < v; i++)
-            if (x[i] != x[i]) return (int64_t)i;
-    }
-    for (i = 0; i < v; i++)
-        if (x[i] == top) return (int64_t)i;
-    return 0;
-}
-
-/* greedy_accept(tokens, parents, num_nodes, logits, b, n, v, picks, accepted, committed, tail):
- * per row, from the root: pick = argmax(logits[r, node]); go to the child of node whose token is the
- * pick; the pick at the last node is the bonus.  picks (PAD at the nodes never visited), accepted
- * (the path, root first, PAD after), committed (the accepted nodes' tokens, then the bonus, PAD after)
- * and tail [b, 2] (accepted length, bonus) are written.  Returns (status, row): 1 for a node count or
- * a parent out of range. */
-static PyObject *native_greedy_accept(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 11) {
-        PyErr_SetString(PyExc_TypeError, "greedy_accept: expected 11 arguments");
-        return NULL;
-    }
-    Py_ssize_t b, n, v;
-    if (get_ssize(args[4], &b, "b") < 0 || get_ssize(args[5], &n, "n") < 0 || get_ssize(args[6], &v, "v") < 0)
-        return NULL;
-    if (v < 1) {
-        PyErr_SetString(PyExc_ValueError, "v: must be >= 1");
-        return NULL;
-    }
-    Buf a[8];
-    memset(a, 0, sizeof a);
-    if (acquire(args[0], &a[0], 8, mul(b, n), 0, 0, "tokens") < 0 || acquire(args[1], &a[1], 8, mul(b, n), 0, 0, "parents") < 0 ||
-        acquire(args[2], &a[2], 8, b, 0, 0, "num_nodes") < 0 || acquire(args[3], &a[3], 4, mul(mul(b, n), v), 0, 0, "logits") < 0 ||
-        acquire(args[7], &a[4], 8, mul(b, n), 1, 0, "picks") < 0 || acquire(args[8], &a[5], 8, mul(b, n), 1, 0, "accepted") < 0 ||
-        acquire(args[9], &a[6], 8, mul(b, n), 1, 0, "committed") < 0 || acquire(args[10], &a[7], 8, mul(b, 2), 1, 0, "tail") < 0) {
-        release(a, 8);
-        return NULL;
-    }
-    const int64_t *tokens = I64(a[0]), *parents = I64(a[1]), *count = I64(a[2]);
-    const float *logits = F32(a[3]);
-    int64_t *picks = I64(a[4]), *accepted = I64(a[5]), *committed = I64(a[6]), *tail = I64(a[7]);
-    long status = 0, bad_row = 0;
-    for (Py_ssize_t r = 0; r < b && !status; r++) {
-        const int64_t *tok = tokens + r * n, *par = parents + r * n;
-        int64_t c = count[r];
-        int64_t *pk = picks + r * n, *acc = accepted + r * n, *com = committed + r * n;
-        for (Py_ssize_t i = 0; i < n; i++) pk[i] = acc[i] = com[i] = -1;
-        if (c < 1 || c > n) {
-            status = 1;
-            bad_row = (long)r;
-            break;
-        }
-        for (Py_ssize_t i = 1; i < c; i++)
-            if (par[i] < 0 || par[i] >= c) {
-                status = 1;
-                bad_row = (long)r;
-                break;
-            }
-        if (status) break;
-        int64_t node = 0, length = 0;
-        acc[0] = 0;
-        for (;;) {
-            int64_t pick = argmax_row(logits + (r * n + node) * v, v);
-            pk[node] = pick;
-            int64_t next = -1;
-            for (Py_ssize_t i = 1; i < c; i++) /* siblings carry distinct tokens: the first match is the one */
-                if (par[i] == node && tok[i] == pick) {
-                    next = (int64_t)i;
-                    break;
-                }
-            if (next < 0 || length + 1 >= c) {
-                com[length] = pick;
-                tail[r * 2] = length;
-                tail[r * 2 + 1] = pick;
-                break;
-            }
-            com[length] = tok[next];
-            length++;
-            acc[length] = next;
-            node = next;
-        }
-    }
-    release(a, 8);
-    return Py_BuildValue("(ll)", status, bad_row);
-}
-
-/* ---------------------------------------------------------------------------------------- move_rows */
-/* move_rows(buf, planes, rows, row_bytes, dst, src): in each of `planes` planes of `rows` rows of
- * `row_bytes` bytes (a contiguous [planes, rows, row] buffer), row dst + j takes row src[j], for j in
- * order.  Rows move only forwards-to-backwards (src strictly increasing, src[j] >= dst + j), so each
- * source is read before anything overwrites it; anything else is refused before any write (status 1),
- * as is a row out of range. */
-static PyObject *native_move_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "move_rows: expected 6 arguments");
-        return NULL;
-    }
-    Py_ssize_t planes, rows, row_bytes, dst;
-    if (get_ssize(args[1], &planes, "planes") < 0 || get_ssize(args[2], &rows, "rows") < 0 ||
-        get_ssize(args[3], &row_bytes, "row_bytes") < 0 || get_ssize(args[4], &dst, "dst") < 0)
-        return NULL;
-    Buf a[2];
-    memset(a, 0, sizeof a);
-    if (acquire(args[0], &a[0], 1, mul(mul(planes, rows), row_bytes), 1, 0, "buf") < 0 ||
-        acquire(args[5], &a[1], 8, 0, 0, 0, "src") < 0) {
-        release(a, 2);
-        return NULL;
-    }
-    Py_ssize_t k = a[1].view.len / 8;
-    const int64_t *src = I64(a[1]);
-    long status = 0;
-    for (Py_ssize_t j = 0; j < k && !status; j++)
-        if (src[j] < (int64_t)(dst + j) || src[j] >= (int64_t)rows || (j > 0 && src[j] <= src[j - 1])) status = 1;
-    if (dst + k > rows) status = 1;
-    if (!status) {
-        char *buf = (char *)a[0].view.buf;
-        for (Py_ssize_t p = 0; p < planes; p++) {
-            char *base = buf + p * rows * row_bytes;
-            for (Py_ssize_t j = 0; j < k; j++)
-                if (src[j] != (int64_t)(dst + j))
-                    memmove(base + (dst + j) * row_bytes, base + (Py_ssize_t)src[j] * row_bytes, (size_t)row_bytes);
-        }
-    }
-    release(a, 2);
-    return PyLong_FromLong(status);
-}
-
 /* ------------------------------------------------------------------------------------------ module */
 static PyMethodDef methods[] = {
     {"candidates", (PyCFunction)(void (*)(void))native_candidates, METH_FASTCALL, "Top-K, rest_lse and log q per row."},
-    {"log_normalize", (PyCFunction)(void (*)(void))native_log_normalize, METH_FASTCALL, "log q of K candidates."},
     {"depth_step", (PyCFunction)(void (*)(void))native_depth_step, METH_FASTCALL, "One depth of the depth-wise builders."},
     {"best_first", (PyCFunction)(void (*)(void))native_best_first, METH_FASTCALL, "DDTree's best-first pops."},
     {"select_tree", (PyCFunction)(void (*)(void))native_select_tree, METH_FASTCALL, "The best n nodes as a tree."},
     {"bound_frontier", (PyCFunction)(void (*)(void))native_bound_frontier, METH_FASTCALL, "The branches the bound keeps."},
-    {"tree_struct", (PyCFunction)(void (*)(void))native_tree_struct, METH_FASTCALL, "Mask, depths and links."},
-    {"greedy_accept", (PyCFunction)(void (*)(void))native_greedy_accept, METH_FASTCALL, "The greedy walk over full logits."},
-    {"move_rows", (PyCFunction)(void (*)(void))native_move_rows, METH_FASTCALL, "KV compaction of one buffer."},
     {NULL, NULL, 0, NULL},
 };
 
