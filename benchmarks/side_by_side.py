@@ -68,7 +68,8 @@ def worker(methods: list[str], prompts_per_set: int, new_tokens: int, off: list[
         else:
             decoder = make_decoder(bundle, method, "fast")
             runs.append(lambda p, d=decoder, t=temperature: d.generate(p, new_tokens, t, KeyedSampler(7)))
-    print(json.dumps({"ready": len(prompts), "native": native.enabled()}), flush=True)
+    loops = "off" if not native.enabled() else f"on except in {'+'.join(off)}" if off else "on"
+    print(json.dumps({"ready": len(prompts), "loops": loops}), flush=True)
     with torch.inference_mode():
         for line in sys.stdin:
             m, i = map(int, line.split())
@@ -145,7 +146,7 @@ def main() -> None:
     base = names[0]
     print(f"{count} prompts x {args.new_tokens} tokens, {args.reps} interleaved repetitions, one thread; "
           f"ratio = median over prompts of the median paired time {base} / variant; "
-          + ", ".join(f"{n}: compiled loops {'on' if info[n]['native'] else 'off'}" for n in names))
+          + ", ".join(f"{n}: compiled loops {info[n]['loops']}" for n in names))
     print(f"{'method':<28}" + "".join(f"{n + ' tok/s':>16}" for n in names)
           + "".join(f"{base + '/' + n:>16}" for n in names[1:]))
     for m, method in enumerate(methods):
