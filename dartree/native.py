@@ -1,7 +1,7 @@
 """The compiled host loops of the fast backend (``dartree/_native.c``), or None.
 
 On CPU tensors the fast builders run a few loops over tens to hundreds of nodes per depth: top-K
-selection, log-normalisation, the best ``width`` children, DDTree's heap, the ancestor mask.  In numpy
+selection with log q, the best ``width`` children, the bound, the final selection, DDTree's heap.  In numpy
 each is a dozen calls of a few microseconds; ``dartree._native`` runs each as one C call with the same
 results bit for bit (the C source says how).  It is built by ``pip install`` (``setup.py``) when a C
 compiler is present; without one, or with ``DARTREE_NATIVE=0`` in the environment, every caller runs
@@ -10,8 +10,8 @@ whether it runs now; ``dartree bench`` records the latter with every result.  A 
 another version of ``dartree/_native.c`` than the one in the source tree (:func:`stale`) is not used,
 with a warning: its loops may not be the ones the Python side expects.
 
-This module imports nothing from dartree: the ground-floor modules (:mod:`dartree.structure`,
-:mod:`dartree.scoring`) use it.
+This module imports nothing from dartree; its callers are :mod:`dartree.fast.host` and
+:mod:`dartree.fast.host_builders` (and ``dartree bench``, which records :func:`enabled`).
 """
 
 from __future__ import annotations

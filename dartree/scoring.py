@@ -22,7 +22,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from dartree import native
 from dartree.block import DraftBlock
 
 __all__ = ["Candidates", "Normalize", "NORMALIZE_CHOICES", "candidates", "check_candidate_logits", "child_scores",
@@ -221,9 +220,6 @@ def log_normalize_host(cand_logits: np.ndarray, rest_lse: np.ndarray | float | N
     Shape:
         cand_logits: ``[..., K]``; rest_lse: ``[...]`` (broadcast) -> float32 ``[..., K]``.
     """
-    lib = native.lib()
-    if lib is not None and isinstance(cand_logits, np.ndarray) and cand_logits.dtype == np.float32:
-        return _log_normalize_native(lib, cand_logits, rest_lse)
     z = np.asarray(cand_logits, dtype=np.float64)
     top = z.max(axis=-1, keepdims=True)
     with np.errstate(invalid="ignore"):  # NaN in, NaN out: the callers reject NaN / inf inputs themselves
@@ -231,21 +227,6 @@ def log_normalize_host(cand_logits: np.ndarray, rest_lse: np.ndarray | float | N
         if rest_lse is not None:
             total = np.logaddexp(total, np.asarray(rest_lse, dtype=np.float64)[..., None])
         return (z - total).astype(np.float32)
-
-
-def _log_normalize_native(lib, cand_logits: np.ndarray, rest_lse: np.ndarray | float | None) -> np.ndarray:
-    """:func:`log_normalize_host` as one C call (the same float64 formula: numpy's pairwise sum and
-    ``logaddexp``; see ``dartree/_native.c``)."""
-    z = np.ascontiguousarray(cand_logits)
-    lead, k = z.shape[:-1], z.shape[-1]
-    rest = None
-    if rest_lse is not None:
-        rest = np.asarray(rest_lse, dtype=np.float64)
-        if rest.shape != lead or not rest.flags.c_contiguous:
-            rest = np.ascontiguousarray(np.broadcast_to(rest, lead))
-    out = np.empty(z.shape, dtype=np.float32)
-    lib.log_normalize(z, z.size // k if k else 0, k, rest, out)
-    return out
 
 
 def child_scores(parent_scores: Tensor, log_q: Tensor, beta: float) -> Tensor:

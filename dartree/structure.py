@@ -19,8 +19,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from dartree import native
-
 __all__ = ["PAD", "TreeStructure", "ancestor_mask", "tree_structure", "tree_structure_host", "tree_structure_torch"]
 
 PAD = -1
@@ -59,46 +57,44 @@ def ancestor_mask(parents: Tensor, num_nodes: Tensor) -> Tensor:
     if parents.device.type != "cpu":
         return tree_structure_torch(parents, num_nodes).mask
     par = parents.numpy()
-    b, n = par.shape
-    lib = native.lib()
-    if lib is not None:
-        mask = np.zeros((b, n, n), dtype=bool)
-        _native_structure(lib, par, num_nodes, mask, None, None, None)
-        return torch.from_numpy(mask)
-    return torch.from_numpy(_host_mask(par, np.arange(n)[None, :] < num_nodes.numpy()[:, None])[0])
+    n = par.shape[1]
+    return torch.from_numpy(_host_mask(par, _valid(num_nodes.numpy(), n))[0])
 
 
-def _native_structure(lib, par: np.ndarray, num_nodes: Tensor, mask: np.ndarray, depths: np.ndarray | None,
-                      first_child: np.ndarray | None, next_sibling: np.ndarray | None) -> None:
-    """Fill the given outputs with the compiled walk up each node's ancestors (``dartree/_native.c``);
-    a parent outside the row's nodes, or a cycle, is an error."""
-    b, n = par.shape
-    status, row, node = lib.tree_struct(np.ascontiguousarray(par, dtype=np.int64),
-                                        np.ascontiguousarray(num_nodes.numpy(), dtype=np.int64), b, n, mask, depths,
-                                        first_child, next_sibling)
-    if status:
-        if node < 0:
-            raise ValueError(f"num_nodes: row {row} has {int(num_nodes[row])}, outside 0..{n}")
-        raise ValueError(f"parents: row {row} node {node}: its parent {int(par[row, node])} is not a node of the row "
-                         f"(0..{int(num_nodes[row]) - 1}) or its ancestors do not reach the root")
+def _valid(num_nodes: np.ndarray, n: int) -> np.ndarray:
+    """bool ``[b, n]``: which columns are nodes; a node count outside ``0..n`` is an error."""
+    bad = np.flatnonzero((num_nodes < 0) | (num_nodes > n))
+    if bad.size:
+        raise ValueError(f"num_nodes: row {bad[0]} has {int(num_nodes[bad[0]])}, outside 0..{n}")
+    return np.arange(n)[None, :] < num_nodes[:, None]
 
 
 def _host_mask(par: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Pointer doubling on the host; returns the mask and the ``child`` flags (valid, not the root)."""
+    """Pointer doubling on the host; returns the mask and the ``child`` flags (valid, not the root).  A
+    parent outside the row's nodes, or a cycle, is an error (not a wrong mask or an endless loop)."""
     b, n = par.shape
     idx = np.arange(n)
     child = valid & (idx[None, :] > 0)
-    jump = np.where(child, par, idx[None, :])  # the root and padding point to themselves
+    outside = child & ((par < 0) | (par >= valid.sum(1, keepdims=True)))
+    jump = np.where(child & ~outside, par, idx[None, :])  # the root and padding point to themselves
     rows = np.arange(b)[:, None]
     mask = np.zeros((b, n, n), dtype=bool)
     mask[rows, idx[None, :], idx[None, :]] = valid
     mask[rows, idx[None, :], jump] |= valid
-    while True:
+    for _ in range(_doubling_steps(n) + 2):
         nxt = jump[rows, jump]
         if np.array_equal(nxt, jump):
+            broken = outside | (child & (jump != 0))     # every ancestor walk of a tree ends at the root
+            if broken.any():
+                r, i = np.argwhere(broken)[0]
+                raise ValueError(f"parents: row {r} node {i}: its parent {int(par[r, i])} is not a node of the "
+                                 f"row (0..{int(valid[r].sum()) - 1}) or its ancestors do not reach the root")
             return mask, child
         mask |= mask[rows, jump]
         jump = nxt
+    r, i = np.argwhere(nxt != jump)[0]
+    raise ValueError(f"parents: row {r} node {i}: its parent {int(par[r, i])} is not a node of the row "
+                     f"(0..{int(valid[r].sum()) - 1}) or its ancestors do not reach the root")
 
 
 def _doubling_steps(n: int) -> int:
@@ -115,15 +111,7 @@ def tree_structure_host(parents: Tensor, num_nodes: Tensor, prefix_len: int | Te
     par = parents.numpy()
     b, n = par.shape
     prefix = np.asarray(prefix_len.cpu() if isinstance(prefix_len, Tensor) else prefix_len, dtype=np.int64)
-    lib = native.lib()
-    if lib is not None:
-        mask = np.zeros((b, n, n), dtype=bool)
-        depth, first_child, next_sibling = np.empty((3, b, n), dtype=np.int64)
-        _native_structure(lib, par, num_nodes, mask, depth, first_child, next_sibling)
-        positions = (prefix[:, None] if prefix.ndim == 1 else prefix) + depth
-        return TreeStructure(mask=torch.from_numpy(mask), positions=torch.from_numpy(positions),
-                             first_child=torch.from_numpy(first_child), next_sibling=torch.from_numpy(next_sibling))
-    valid = np.arange(n)[None, :] < num_nodes.numpy()[:, None]
+    valid = _valid(num_nodes.numpy(), n)
     mask, child = _host_mask(par, valid)
     depth = mask.sum(2) - valid
     positions = (prefix[:, None] if prefix.ndim == 1 else prefix) + depth

@@ -12,10 +12,10 @@ These read only metadata (no host sync): about 1-2 us a call.  The optional fuse
 method ``advance_logits`` is exposed only when the wrapped head has it, because builders detect it
 with ``getattr(head, "advance_logits", None)``; ``prepare_block`` is always there and returns ``None``
 when the head has none, and the calls of what it prepares are timed and counted alike, and checked
-unless the head is exactly one of dartree's own classes (``GRUHead``, ``MarkovHead``; perf).  Any
-other head is handed a copy of ``states`` (about 1 us a call on the CPU, one copy kernel on CUDA): a
-head that edits its argument in place then changes only its copy, where it used to change the states
-the builder keeps for other branches, and with them the tree.
+unless the head is exactly a class decorated with :func:`trusted_head` (dartree's own ``GRUHead``,
+``MarkovHead``; perf).  Any other head is handed a copy of ``states`` (about 1 us a call on the CPU,
+one copy kernel on CUDA): a head that edits its argument in place then changes only its copy, where it
+used to change the states the builder keeps for other branches, and with them the tree.
 
 On CUDA each head call is bracketed by ``torch.cuda.synchronize`` so that its time is charged to
 the head and not to whatever synchronises next; on the CPU timing costs two ``perf_counter`` calls.
@@ -36,7 +36,7 @@ from torch import Tensor, nn
 from dartree.block import DraftBlock
 
 __all__ = ["HEAD_METHODS", "check_head", "check_head_device", "check_steps", "TimedHead", "timed_head",
-           "checked_head"]
+           "checked_head", "trusted_head"]
 
 #: Methods every correction head must have (``dartree.block.CorrectionHead``).
 HEAD_METHODS = ("initial_state", "logits", "advance")
@@ -125,7 +125,7 @@ class TimedHead:
         self._width: int | None = None          # the state width S of the last initial_state
         # perf: the bundled heads' prepared calls are not re-checked (dartree's own code, its output
         # shapes tested; about 5 us a call, 7% of a dartree-pruned B=16 build); a subclass is checked
-        self._trusted = _bundled(head)
+        self._trusted = type(head) in _TRUSTED
         self._block_source: Any = None          # the block last handed to the head, and its copy (_own_block)
         self._block_copy: Any = None
 
@@ -214,19 +214,8 @@ class TimedHead:
         out = self._call("advance", self._own_block(block), depth, self._own(states), self._own(tokens))
         return _state("advance", out, block, tuple(tokens.shape), self._width)
 
-    def native_build(self, block: Any, *args: Any) -> Any:
-        """perf: the bundled head's whole-build compiled call (:meth:`dartree.models.heads.GRUHead.native_build`),
-        its steps' time and count (plus the root's ``initial_state`` and ``logits`` the builder's calls make)
-        added to ``seconds`` and ``calls``; ``None`` for any other head, or where the head declines."""
-        fn = getattr(self.head, "native_build", None) if self._trusted else None
-        out = None if fn is None else fn(block, *args)
-        if out is not None:
-            self.seconds += out.seconds
-            self.calls += 2 + out.steps
-        return out
-
     def __getattr__(self, name: str) -> Any:      # other attributes of the head (not its methods above)
-        if name in ("head", "advance_logits", "_width", "native_build"):
+        if name in ("head", "advance_logits", "_width"):
             raise AttributeError(name)
         if name == "vocab_logits":
             if getattr(self.head, name, None) is None:
@@ -259,13 +248,6 @@ class _TimedSteps:
             return out
         return _logits("prepare_block(...).logits", out, self._block, states, self._candidates)
 
-    def native_loop(self, widths: list[int]) -> _TimedLoop | None:
-        """The prepared steps' compiled depth loop (perf; dartree's own heads only: it runs no head code the
-        proxy could check), timed and counted by what it reports, or ``None``."""
-        fn = getattr(self._steps, "native_loop", None) if self._head._trusted else None
-        loop = None if fn is None else self._head._timed(fn, widths)
-        return None if loop is None else _TimedLoop(self._head, loop)
-
     def advance_logits(self, depth: int, states: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
         self._head.calls += 1
         out = self._head._timed(self._steps.advance_logits, depth, self._head._own(states), self._head._own(tokens))
@@ -275,28 +257,16 @@ class _TimedSteps:
                      self._candidates)
 
 
-class _TimedLoop:
-    """A bundled head's compiled depth loop (:meth:`_TimedSteps.native_loop`): the time and the steps it
-    reports are added to the :class:`TimedHead`'s ``seconds`` and ``calls``."""
-
-    def __init__(self, timed: TimedHead, loop: Any) -> None:
-        self._head, self._loop = timed, loop
-
-    def run(self, *args: Any) -> tuple[int, int, int, float, int]:
-        out = self._loop.run(*args)
-        self._head.seconds += out[3]
-        self._head.calls += out[4]
-        return out
+#: head classes whose calls the proxy neither re-checks nor hands copies (:func:`trusted_head`)
+_TRUSTED: set[type] = set()
 
 
-#: dartree's own head classes, by module and name
-_BUNDLED_HEADS = (("dartree.models.heads", "GRUHead"), ("dartree.models.heads", "MarkovHead"))
-
-
-def _bundled(head: Any) -> bool:
-    """Whether ``head`` is exactly one of dartree's own head classes (not a subclass: user code)."""
-    # named, not imported: dartree.models (its heads use the fast backend's host loops) sits above this module
-    return (type(head).__module__, type(head).__qualname__) in _BUNDLED_HEADS
+def trusted_head(cls: type) -> type:
+    """Class decorator of dartree's own heads (``GRUHead``, ``MarkovHead``): the proxy skips the output checks of
+    their prepared calls and hands them its own tensors (perf: their shapes are tested, and they edit nothing in
+    place).  Exactly the decorated class: a subclass is user code and is checked."""
+    _TRUSTED.add(cls)
+    return cls
 
 
 class _TimedFusedHead(TimedHead):

@@ -223,10 +223,10 @@ class NarrowGRU(GRUHead):
 def test_only_the_bundled_head_classes_skip_the_checks_of_prepared_calls():
     """The proxy trusts dartree's own GRUHead / MarkovHead (exact classes); a subclass is user code."""
     from dartree.models import MarkovHead
-    from dartree.timing import _bundled
 
     gru, narrow = (cls(hidden_size=8, vocab_size=12, gru_hidden_dim=4, emb_dim=6) for cls in (GRUHead, NarrowGRU))
-    assert _bundled(gru) and _bundled(MarkovHead(12, 3)) and not _bundled(narrow) and not _bundled(PathHashHead())
+    assert all(timed_head(h)._trusted for h in (gru, MarkovHead(12, 3)))
+    assert not any(timed_head(h)._trusted for h in (narrow, PathHashHead()))
     narrow.set_embedding(torch.randn(12, 8))
     with pytest.raises(ValueError, match=r"prepare_block\(\.\.\.\)\.logits: returned logits of shape"):
         make_builder("dartree-pruned", backend="fast", budget=4, width=2, topk=3).build(block(), timed_head(narrow))

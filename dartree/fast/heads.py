@@ -118,12 +118,6 @@ class HeadSteps:
         return _check(out, "prepare_block(...).logits", (states.shape[0], states.shape[1], self.candidates.shape[-1]),
                       False)
 
-    def native_loop(self, widths: list[int]):
-        """perf: the prepared head's compiled depth loop for ``widths`` (``native_loop`` of dartree's own GRU
-        head, :class:`dartree.models.heads._NativeLoop`), or ``None``: then the builder makes the calls."""
-        fn = None if self.steps is None else getattr(self.steps, "native_loop", None)
-        return None if fn is None else fn(widths)
-
     def advance_logits(self, depth: int, states: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
         """States after ``tokens [b, m]`` at ``depth``, and the corrected logits of ``C_{depth+1}``."""
         if self.steps is None:

@@ -297,9 +297,6 @@ def _expand_native(lib, block: DraftBlock, cands: HostCandidates, widths: list[i
     steps = HeadSteps(head, block, cands.tokens_t)
     states = steps.initial()
     logits = steps.logits(1, states)
-    loop = None if trace or b != 1 else steps.native_loop(widths)
-    if loop is not None:  # perf (CPU, one sequence, the bundled GRU head): the whole loop in one C call
-        return _expand_loop(lib, loop, block, cands, widths, states, logits, beta, budget, bound, ints, scores, paths)
     parent_scores = np.zeros(b, dtype=np.float32)
     traced = []
     # perf: scratch the C calls write into, allocated once (they accept buffers at least as long as needed)
@@ -349,25 +346,6 @@ def _expand_native(lib, block: DraftBlock, cands: HostCandidates, widths: list[i
     _record(widths, b, expanded, branches)
     if trace:
         return np.concatenate(traced, axis=1)
-    return _selected(lib, block, used, budget, ints, scores, paths)
-
-
-def _expand_loop(lib, loop, block: DraftBlock, cands: HostCandidates, widths: list[int], states, logits, beta: float,
-                 budget: int | None, bound: bool, ints: np.ndarray, scores: np.ndarray, paths: np.ndarray | None):
-    """:func:`_expand_native`'s loop as one call of the head's compiled loop (``gru_expand``, see
-    :class:`dartree.models.heads._NativeLoop`): the same depth steps, bound and head steps, so the same
-    buffers and the same tree."""
-    gamma = len(widths)
-    tokens_by_depth, rest_by_depth = cands.by_depth()
-    used = np.zeros(gamma, dtype=np.int64)
-    z1 = np.ascontiguousarray(logits.detach().float().numpy()).reshape(-1)
-    h0 = np.ascontiguousarray(states.detach().float().numpy()).reshape(-1)
-    rest = None if rest_by_depth is None else np.ascontiguousarray(rest_by_depth[:, 0])
-    status, expanded, branches, _, _ = loop.run(z1, np.asarray(widths, dtype=np.int64), rest, beta,
-                                                budget if bound else 0, tokens_by_depth, ints, scores, paths, used, h0)
-    if status == 1:
-        raise ValueError("head.logits: must be finite (found NaN or inf)")
-    _record(widths, 1, expanded, branches)
     return _selected(lib, block, used, budget, ints, scores, paths)
 
 
@@ -424,28 +402,8 @@ def chain(block: DraftBlock, head: None, config) -> DraftTree:
     return _tree(block, cands.tokens[:, :, 0], parents, parents + 1, scores, np.zeros((b, gamma), dtype=np.int64))
 
 
-def _native_build(block: DraftBlock, head: CorrectionHead, widths: list[int], config, beta: float = 0.0,
-                  budget: int | None = None, bound: bool = False) -> DraftTree | None:
-    """perf (CPU, one sequence, the bundled GRU head): the whole depth-wise build as one compiled call
-    (:meth:`dartree.models.heads.GRUHead.native_build`), the same tree as :func:`_expand`'s; ``None`` where
-    the head declines (then :func:`_expand` runs)."""
-    fn = getattr(head, "native_build", None)
-    if fn is None:
-        return None
-    total = sum(widths)
-    out = fn(block, config.topk, config.normalize, widths, beta, budget if bound else 0,
-             total if budget is None else min(budget, total))
-    if out is None:
-        return None
-    _record(widths, 1, out.depths, out.branches)
-    return _columns_tree(out.ints, out.scores)
-
-
 def corrected_chain(block: DraftBlock, head: CorrectionHead, config) -> DraftTree:
     widths = [1] * block.gamma
-    tree = _native_build(block, head, widths, config)
-    if tree is not None:
-        return tree
     cands = HostCandidates(block, config.topk, config.normalize)
     return _expand(block, cands, widths, head)
 
@@ -463,18 +421,12 @@ def corrected_chain_ddtree(block: DraftBlock, head: CorrectionHead, config) -> D
 
 def dartree_fixed(block: DraftBlock, head: CorrectionHead, config) -> DraftTree:
     widths = quota_widths(config.budget, config.topk, block.gamma)
-    tree = _native_build(block, head, widths, config)
-    if tree is not None:
-        return tree
     cands = HostCandidates(block, config.topk, config.normalize)
     return _expand(block, cands, widths, head)
 
 
 def dartree_pruned(block: DraftBlock, head: CorrectionHead, config) -> DraftTree:
     widths = pruned_widths(config.width, config.topk, block.gamma)
-    tree = _native_build(block, head, widths, config, config.beta, config.budget, config.bound)
-    if tree is not None:
-        return tree
     cands = HostCandidates(block, config.topk, config.normalize)
     return _expand(block, cands, widths, head, beta=config.beta, budget=config.budget, bound=config.bound)
 

@@ -66,8 +66,6 @@ from torch import Tensor, nn
 
 from dartree.block import DraftBlock
 from dartree.models.kmajor import KMAJOR_LIMIT_BYTES, derived, linear, tensor_version
-from dartree.models.norms import rms_norm
-from dartree.models.rotary import rotate_heads
 
 __all__ = ["DFlashConfig", "DFlashDrafter", "dflash_target_layer_ids", "MAX_BLOCK_SIZE", "tensor_version"]
 
@@ -316,13 +314,7 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 def _rotate_heads(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """:func:`rotate` of ``x.transpose(1, 2)`` (``x`` ``[b, t, heads, head_dim]``, tables ``[1, 1, t, head_dim]``);
-    perf (CPU, one sequence): one compiled call where it applies (:func:`dartree.models.rotary.rotate_heads`,
-    the same bits and strides), else torch's ops."""
-    if x.shape[0] == 1 and cos.dim() == 4:
-        out = rotate_heads(x, cos[:, 0], sin[:, 0])
-        if out is not None:
-            return out
+    """:func:`rotate` of ``x.transpose(1, 2)`` (``x`` ``[b, t, heads, head_dim]``, tables ``[1, 1, t, head_dim]``)."""
     return rotate(x.transpose(1, 2), cos, sin)
 
 
@@ -330,8 +322,7 @@ def _rms(norm: RMSNorm, x: Tensor) -> Tensor:
     """perf: ``norm(x)`` without the module call (``F.rms_norm`` directly in fp32, as its forward)."""
     w = norm.weight
     if x.dtype == torch.float32 and w.dtype == torch.float32:
-        out = rms_norm(x, w, norm.eps)          # CPU: one compiled call with F.rms_norm's bits
-        return F.rms_norm(x, w.shape, w, norm.eps) if out is None else out
+        return F.rms_norm(x, w.shape, w, norm.eps)
     return norm(x)
 
 

@@ -1,59 +1,32 @@
 """Correction heads: GRU (Domino) and Markov (DSpark), for many branches at once.
 
-Both implement :class:`dartree.block.CorrectionHead` (and its optional fused ``advance_logits``).
-Inside a builder they only ever score the ``K`` candidate tokens of a depth: the base logits of
-the candidates are gathered from the block (``block.logits`` is already the LM-head projection of
-``H_d``) and the correction gathers only the ``K`` rows of its output projection, so no
-full-vocabulary product is computed per branch.
-
-GRU head (Domino, arXiv 2605.29707; formulas as in Domino's ``code/dflash.py``)::
-
-    state(root)     = GRU(emb(root), 0)
-    state(.., t_d)  = GRU(emb(t_d), state(..))                       emb = the target's token embedding
-    s               = bias_norm(state)   if use_bias_norm   else state         (RMSNorm, weight [G])
-    c_d(v)          = fc2_v . silu(fc1([H_d; s])) (+ b2_v when biased)
-    c_d             = sigmoid(gate(H_d)) * c_d   if use_bias_gate              gate = Linear-SiLU-Linear(.., 1)
-    corrected_d(v)  = L_d(v) + c_d(v)   at depths d > prefix_len;   L_d(v) at depths d <= prefix_len
-
-The state at depth d has read the root and the branch's tokens at depths 1..d-1 (the recurrence
-always runs on the raw GRU state; ``bias_norm`` only feeds the correction).  Weight names follow
-the released Domino checkpoints: ``prefix_gru.weight_{ih,hh}_l0`` (+ ``bias_{ih,hh}_l0`` when
-biased), ``embed_proj.0`` (fc1, ``[emb_dim, H + G]``), ``embed_proj.2`` (fc2, ``[V, emb_dim]``),
-``bias_norm.weight`` and ``bias_gate.{0.weight, 2.weight, 2.bias}``.  The released Domino heads
-are bias-free (``bias=False``); the bundled zoo head has biases.
-
-Markov head (DSpark "vanilla", arXiv 2607.05147)::
-
-    corrected_d(v) = L_d(v) + markov_w2[v] . markov_w1[t_{d-1}]       t_0 = root
-
-with ``markov_w1: [V, r]`` and ``markov_w2: [V, r]`` (``markov_head.markov_w{1,2}.weight``).
-Its state is the previous token, stored as float32 ``[.., 1]`` (exact for ids below 2**24).
+Both implement :class:`dartree.block.CorrectionHead` (and its optional fused ``advance_logits`` and
+``prepare_block``).  Inside a builder they only score the ``K`` candidate tokens of a depth: the base
+logits are gathered from the block and the correction gathers only the ``K`` rows of its output
+projection, so no full-vocabulary product is computed per branch.  Formulas, weight names and the
+checkpoint fields they read: ``docs/checkpoints.md``.  The GRU state at depth d has read the root and the
+branch's tokens at depths 1..d-1 (float ``[.., G]``); the Markov state is the previous token as float32
+``[.., 1]`` (exact for ids below 2**24).
 """
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dartree import native
 from dartree.block import DraftBlock
 from dartree.models.drafter import RMSNorm
-from dartree.models.kmajor import derived, exact_from, kmajor_copy, kmajor_product, linear, tensor_version
+from dartree.models.kmajor import derived, exact_from, kmajor_copy, kmajor_product, linear
+from dartree.timing import trusted_head
 
 __all__ = ["GRUHead", "MarkovHead"]
 
 
-def _check_depth(block: DraftBlock, depth: int) -> None:
-    if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= block.gamma:
-        raise ValueError(f"depth: expected an int in [1, {block.gamma}], got {depth!r}")
-
-
-def _check_fused_depth(block: DraftBlock, depth: int) -> None:
-    if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth < block.gamma:
-        raise ValueError(f"depth: expected an int in [1, {block.gamma - 1}] (advance_logits scores depth + 1), "
-                         f"got {depth!r}")
+def _check_depth(depth: int, last: int, fused: bool = False) -> None:
+    if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= last:
+        note = " (advance_logits scores depth + 1)" if fused else ""
+        raise ValueError(f"depth: expected an int in [1, {last}]{note}, got {depth!r}")
 
 
 def _check_states(block: DraftBlock, states: Tensor, width: int) -> None:
@@ -70,6 +43,11 @@ def _check_tokens(block: DraftBlock, tokens: Tensor, name: str, m: int | None = 
         got = f"{tokens.dtype} {tuple(tokens.shape)}" if isinstance(tokens, Tensor) else type(tokens).__name__
         want = f"[{block.batch_size}, {'m' if m is None else m}]"
         raise ValueError(f"{name}: expected an int64 tensor {want}, got {got}")
+
+
+def _check_hidden(block: DraftBlock) -> None:
+    if block.hidden is None:
+        raise ValueError("block: the GRU head needs block.hidden (the drafter's H_d); got None")
 
 
 def _check_candidates(block: DraftBlock, candidates: Tensor) -> None:
@@ -99,16 +77,7 @@ def _base_candidates(block: DraftBlock, depth: int, candidates: Tensor) -> Tenso
 GATE_TABLE_LIMIT = 1 << 24
 
 
-
-def _without_derived(module: nn.Module) -> dict:
-    """``module``'s state for copy and pickle without its derived caches (prepared plans, transposed weights,
-    gate tables, step buffers: rebuilt on first use).  A plan holds the compiled library (a module object),
-    which made the head impossible to ``deepcopy`` or pickle after one ``generate``."""
-    state = dict(module.__dict__)
-    for key in [k for k in state if k.endswith("_cache") or k == "_w_hh_t"]:
-        del state[key]
-    return state
-
+@trusted_head
 class GRUHead(nn.Module):
     """Domino correction head: a GRU over the branch's target embeddings + a low-rank residual.
 
@@ -126,9 +95,6 @@ class GRUHead(nn.Module):
 
     State: float ``[.., G]``.
     """
-
-    def __getstate__(self) -> dict:
-        return _without_derived(self)
 
     def __init__(
         self,
@@ -226,19 +192,11 @@ class GRUHead(nn.Module):
         return torch.sub(flat_h, new).mul_(z).add_(new)                             # n + z * (h - n)
 
     def _recurrent_weight_t(self, rows: int) -> Tensor:
-        """``W_hh`` transposed (a view, as ``F.linear`` passes it), cached while the weight is unchanged;
-        perf: on the CPU a K-major copy once ``rows`` is enough for it to give the same bits
-        (:mod:`dartree.models.kmajor`)."""
+        """``W_hh`` transposed (a view, as ``F.linear`` passes it); perf: on the CPU a K-major copy once ``rows``
+        is enough for it to give the same bits (:mod:`dartree.models.kmajor`)."""
         w = self.prefix_gru.weight_hh_l0
-        if w.device.type == "cpu":
-            start = exact_from(w.shape[1], w.shape[0], w.dtype, self.bias)
-            if start is not None and rows >= start:
-                return kmajor_copy(w)
-        cache = self.__dict__.get("_w_hh_t")
-        if cache is None or cache[0] is not w or cache[1] != tensor_version(w):
-            cache = (w, tensor_version(w), w.t())
-            self.__dict__["_w_hh_t"] = cache
-        return cache[2]
+        start = exact_from(w.shape[1], w.shape[0], w.dtype, self.bias) if w.device.type == "cpu" else None
+        return kmajor_copy(w) if start is not None and rows >= start else w.t()
 
     def _step_buffers(self, flat_h: Tensor, table: Tensor) -> tuple[Tensor, ...]:
         """perf: the GRU step's intermediates ``gi, gh [N, 3G]`` and their gate views, allocated once per
@@ -277,18 +235,6 @@ class GRUHead(nn.Module):
         """``sigmoid(bias_gate(hidden))`` ``[..., 1]``, or ``None`` without a gate."""
         return None if self.bias_gate is None else torch.sigmoid(self.bias_gate(hidden))
 
-    def correction_hidden(self, hidden: Tensor, states: Tensor) -> Tensor:
-        """``silu(fc1([H_d; s]))`` with ``s`` the (optionally ``bias_norm``-ed) state.
-
-        Shape:
-            hidden: ``[b, H]`` or broadcastable ``[b, 1, H]``; states ``[b, m, G]`` -> ``[b, m, emb_dim]``.
-        """
-        fc1 = self.embed_proj[0]
-        w_h, w_s = fc1.weight[:, : self.hidden_size], fc1.weight[:, self.hidden_size :]
-        if hidden.dim() == 2:
-            hidden = hidden[:, None, :]
-        return F.silu(F.linear(hidden.to(w_h.dtype), w_h, fc1.bias) + F.linear(self._normed(states), w_s))
-
     def full_logits(self, base: Tensor, hidden: Tensor, states: Tensor) -> Tensor:
         """Corrected logits over the whole vocabulary (training and tests; builders use :meth:`logits`).
 
@@ -299,12 +245,6 @@ class GRUHead(nn.Module):
         correction = self.embed_proj(torch.cat([hidden, self._normed(states)], dim=-1))
         gate = self._gate(hidden)
         return base + (correction if gate is None else gate * correction)
-
-    def _depth_terms(self, block: DraftBlock, depth: int) -> tuple[Tensor, Tensor | None]:
-        """``fc1``'s hidden half ``[b, 1, E]`` and the gate ``[b, 1, 1]`` (or ``None``) at ``depth``: the
-        ``depth`` slice of :meth:`_block_terms`."""
-        part, gate = self._block_terms(block)
-        return part[:, depth - 1, None], None if gate is None else gate[:, depth - 1, None]
 
     def _block_terms(self, block: DraftBlock, cached: bool = True) -> tuple[Tensor, Tensor | None]:
         """``fc1``'s hidden half ``[b, gamma, E]`` and the gate ``[b, gamma, 1]`` (or ``None``) of every depth.
@@ -342,21 +282,16 @@ class GRUHead(nn.Module):
         (:meth:`_plan`: dropped when a weight changes) and returned as a copy: the same bits, as the
         same one-row step computed it.
         """
-        if block.batch_size == 1 and block.device.type == "cpu":
-            plan = self._plan()
-            if plan is not None:
-                return self._cached_root(plan, block, int(block.root[0])).clone()
-        return self._root_state(block)
-
-    def _cached_root(self, plan: _Plan, block: DraftBlock, root: int) -> Tensor:
-        """The root state of a one-row CPU block with root token ``root``, kept in ``plan.roots`` (not a copy)."""
-        key = (root, torch.is_inference_mode_enabled())
+        plan = self._plan() if block.batch_size == 1 and block.device.type == "cpu" else None
+        if plan is None:
+            return self._root_state(block)
+        key = (int(block.root[0]), torch.is_inference_mode_enabled())
         state = plan.roots.get(key)
         if state is None:
             if len(plan.roots) >= ROOT_CACHE_LIMIT:
                 plan.roots.clear()
             state = plan.roots[key] = self._root_state(block)
-        return state
+        return state.clone()
 
     def _root_state(self, block: DraftBlock) -> Tensor:
         h0 = torch.zeros(block.batch_size, self.gru_hidden_dim, device=block.device,
@@ -382,7 +317,8 @@ class GRUHead(nn.Module):
         base = _base_candidates(block, depth, candidates)[:, None, :]            # [b, 1, K]
         if depth <= self.prefix_len:
             return base.expand(-1, states.shape[1], -1).contiguous()
-        part, gate = self._depth_terms(block, depth)
+        part, gate = self._block_terms(block)
+        part, gate = part[:, depth - 1, None], None if gate is None else gate[:, depth - 1, None]
         w_s, table = self._projection_tables()
         mid = linear(self._normed(states), w_s)                                  # [b, m, E]
         size = self.emb_dim
@@ -428,11 +364,10 @@ class GRUHead(nn.Module):
         Shape:
             states ``[b, m, G]``, candidates int64 ``[b, K]`` -> float32 ``[b, m, K]``.
         """
-        _check_depth(block, depth)
+        _check_depth(depth, block.gamma)
         _check_states(block, states, self.gru_hidden_dim)
         _check_tokens(block, candidates, "candidates")
-        if block.hidden is None:
-            raise ValueError("block: the GRU head needs block.hidden (the drafter's H_d); got None")
+        _check_hidden(block)
         return self._logits(block, depth, states, candidates)
 
     def vocab_logits(self, block: DraftBlock, depth: int, states: Tensor) -> Tensor:
@@ -443,18 +378,14 @@ class GRUHead(nn.Module):
         Shape:
             states ``[b, m, G]`` -> float32 ``[b, m, V]``.
         """
-        _check_depth(block, depth)
+        _check_depth(depth, block.gamma)
         _check_states(block, states, self.gru_hidden_dim)
-        if block.hidden is None:
-            raise ValueError("block: the GRU head needs block.hidden (the drafter's H_d); got None")
+        _check_hidden(block)
         base = block.logits[:, depth - 1, None, :].float()                         # [b, 1, V]
         if depth <= self.prefix_len:
             return base.expand(-1, states.shape[1], -1).contiguous()
         # perf: this depth's fc1 term alone (not the block's every depth), and fc2 from its K-major copy on
-        # the CPU: inside a decode (cold caches) the call took 0.63 ms, 128 us of it the block's fc1 terms and
-        # 469 us fc2 as F.linear over [V, E]; now 0.37 ms, and a T=1 dartree-pruned B=16 rejection decode is
-        # 1.02x faster (median paired time, 12 prompts x 3 reps, interleaved; 2026-12-04, the zoo); a
-        # proposal needs no bit-equality with ``logits``
+        # the CPU (docs/results.md); a proposal needs no bit-equality with ``logits``
         fc1, fc2 = self.embed_proj[0], self.embed_proj[2]
         h = block.hidden[:, depth - 1, None].to(fc1.weight.dtype)                # [b, 1, H]
         part = F.linear(h, fc1.weight[:, : self.hidden_size], fc1.bias)
@@ -471,7 +402,7 @@ class GRUHead(nn.Module):
 
     def advance(self, block: DraftBlock, depth: int, states: Tensor, tokens: Tensor) -> Tensor:
         """States after appending ``tokens`` at ``depth``.  Shape: states ``[b, m, G]``, tokens ``[b, m]``."""
-        _check_depth(block, depth)
+        _check_depth(depth, block.gamma)
         _check_states(block, states, self.gru_hidden_dim)
         _check_tokens(block, tokens, "tokens", states.shape[1])
         return self.gru_step(tokens, states)
@@ -484,58 +415,13 @@ class GRUHead(nn.Module):
             states ``[b, m, G]``, tokens int64 ``[b, m]``, candidates int64 ``[b, K]``
             -> (states ``[b, m, G]``, float32 ``[b, m, K]``).
         """
-        _check_fused_depth(block, depth)
+        _check_depth(depth, block.gamma - 1, True)
         _check_states(block, states, self.gru_hidden_dim)
         _check_tokens(block, tokens, "tokens", states.shape[1])
         _check_tokens(block, candidates, "candidates")
-        if block.hidden is None:
-            raise ValueError("block: the GRU head needs block.hidden (the drafter's H_d); got None")
+        _check_hidden(block)
         new = self.gru_step(tokens, states)
         return new, self._logits(block, depth + 1, new, candidates)
-
-    def native_build(self, block: DraftBlock, topk: int, normalize: str, widths: list[int], beta: float,
-                     bound_budget: int, n_out: int) -> _NativeBuild | None:
-        """perf (CPU, one sequence): a whole depth-wise build with this head as one compiled call
-        (``dartree._native.gru_build``: candidates, every depth's ``fc1`` hidden half, the depth loop of
-        :meth:`_GRUSteps.native_loop`, the selection), or ``None`` where it does not apply, and then the
-        builder makes its calls.  It applies where the builder's calls would run the compiled loop with
-        an uncorrected first depth (``prefix_len`` 1) on float32 inputs, once the shapes of its steps and of
-        the ``fc1`` product have their verdicts: the product's is taken here, on the first build of a
-        ``gamma``, by comparing it with torch's bits (a difference warns, and the builder's calls run).
-
-        ``bound_budget``: the bound's budget (0: no bound); ``n_out``: the nodes selected.  Which path this
-        serves: the CPU only; the result is the one the builder's calls give, bit for bit (tested)."""
-        hidden, logits = block.hidden, block.logits
-        if block.batch_size != 1 or self.prefix_len != 1 or hidden is None or hidden.dtype != torch.float32 \
-                or logits.dtype != torch.float32 or logits.device.type != "cpu" or hidden.shape[-1] != self.hidden_size:
-            return None
-        plan = self._plan()
-        native = None if plan is None else plan.native
-        if native is None or _native_gru() is None or len(widths) != block.gamma:
-            return None
-        for n in set(widths[:-1]):
-            if not native.verdicts.get((n, topk)) or n * topk * self.emb_dim < _BMM_BLAS_FROM:
-                return None                          # not checked yet (the builder's calls check it), or refused
-        verdict = native.verdicts.get(("fc1", block.gamma))
-        if verdict is False:
-            return None
-        root = int(block.root[0])
-        if not 0 <= root < self.vocab_size:          # the builder's calls check the block before the root
-            return None
-        state = self._cached_root(plan, block, root)
-        out = _NativeBuild.run(native, plan, self, block, topk, normalize, widths, beta, bound_budget, n_out, root,
-                               state)
-        if verdict is None:                          # the first build of this gamma: the fc1 product against torch's
-            want = self._block_terms(block, False)[0][0]
-            same = torch.equal(torch.from_numpy(out.part).view(torch.int32), want.contiguous().view(torch.int32))
-            native.verdicts[("fc1", block.gamma)] = same
-            if not same:
-                import warnings
-
-                warnings.warn(f"dartree: the compiled fc1 product differs from torch's for {block.gamma} depths on "
-                              "this machine; the builder's calls run for that shape", RuntimeWarning, stacklevel=2)
-                return None
-        return out
 
     def prepare_block(self, block: DraftBlock, candidates: Tensor) -> _GRUSteps | None:
         """The protocol's optional per-build preparation (:class:`dartree.block.CorrectionHead`): every
@@ -546,15 +432,9 @@ class GRUHead(nn.Module):
         Shape: candidates int64 ``[b, gamma, K]`` (``C_d`` at ``[:, d - 1]``).
         """
         _check_candidates(block, candidates)
-        if block.hidden is None:
-            raise ValueError("block: the GRU head needs block.hidden (the drafter's H_d); got None")
+        _check_hidden(block)
         plan = self._plan()
         return None if plan is None else _GRUSteps(self, block, candidates, plan)
-
-
-def _check_step_depth(depth: int, last: int) -> None:
-    if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= last:
-        raise ValueError(f"depth: expected an int in [1, {last}], got {depth!r}")
 
 
 def _kmajor_from(weight: Tensor, bias: bool) -> tuple[float, Tensor | None]:
@@ -571,7 +451,7 @@ ROOT_CACHE_LIMIT = 4096
 class _Plan:
     """:meth:`GRUHead._plan`: the weight-derived tensors of a build, and the root states per token."""
 
-    __slots__ = ("table", "w_s", "rows_table", "w_hh_t", "hh_from", "hh_copy", "s_from", "s_copy", "roots", "native")
+    __slots__ = ("table", "w_s", "rows_table", "w_hh_t", "hh_from", "hh_copy", "s_from", "s_copy", "roots")
 
     @classmethod
     def of(cls, head: GRUHead) -> _Plan | None:
@@ -583,87 +463,11 @@ class _Plan:
         plan.table = table
         plan.w_s, plan.rows_table = head._projection_tables()
         plan.w_hh_t = w_hh.t()
-        # K-major copies and the row counts from which they give F.linear's bits (CPU only), as
-        # GRUHead._recurrent_weight_t and kmajor.linear decide per call
+        # K-major copies and the row counts from which they give F.linear's bits (CPU only)
         plan.hh_from, plan.hh_copy = _kmajor_from(w_hh, head.bias)
         plan.s_from, plan.s_copy = _kmajor_from(plan.w_s, False)
         plan.roots = {}
-        plan.native = _NativeSteps.of(head, plan)
         return plan
-
-
-class _NativeSteps:
-    """perf (CPU, AVX-512 or AVX2, one sequence): :meth:`_GRUSteps.advance_logits` as one compiled call
-    (``dartree._native.gru_step``) instead of about 16 torch ops.  On one CPU thread a torch op costs
-    2-3 us hot and about twice that right after a drafter forward has evicted the caches: measured
-    in a zoo decode, 143 us a step in the loop against 55 us hot.  The call runs torch's own kernels
-    for every op that rounds (MKL's ``sgemm_`` with the arguments torch passes it, SLEEF's ``expf`` and
-    MKL's ``vmsTanh`` from the loaded ``libtorch_cpu``) and the same IEEE operations in torch's order
-    for the rest, so its bits are torch's; this is not assumed: the first call of every row count ``n``
-    and candidate count ``k`` runs both and keeps the compiled call only if states and logits are equal
-    bit for bit (``verdicts``; a difference warns once and torch's ops stay for that shape).
-
-    Which path this serves: the CPU only.  On accelerators torch's ops run (launch-bound there, and
-    captured by the builders that support it)."""
-
-    __slots__ = ("lib", "table", "w_hh", "hh_copy", "bias_hh", "w_s", "s_copy", "rows_table", "found", "verdicts")
-
-    @classmethod
-    def of(cls, head: GRUHead, plan: _Plan) -> _NativeSteps | None:
-        g, e = head.gru_hidden_dim, head.emb_dim
-        if plan.table.device.type != "cpu" or plan.table.dtype != torch.float32 or head.bias_norm is not None \
-                or head.bias_gate is not None or g % 16 or e % 16:
-            return None
-        lib = _native_gru()
-        if lib is None:
-            return None
-        gru = head._modules["prefix_gru"]._parameters
-        steps = cls()
-        steps.lib = lib
-        steps.table = plan.table.detach().numpy()
-        steps.w_hh = gru["weight_hh_l0"].detach().numpy()                       # [3G, G]: sgemm_ "T"
-        steps.hh_copy = None if plan.hh_copy is None else plan.hh_copy.detach().numpy()  # [G, 3G]: "N"
-        steps.bias_hh = gru["bias_hh_l0"].detach().numpy() if head.bias else None
-        steps.w_s = plan.w_s.detach().numpy()
-        steps.s_copy = None if plan.s_copy is None else plan.s_copy.detach().numpy()
-        steps.rows_table = plan.rows_table.detach().numpy()                      # [V, E (+ 1)]
-        steps.found = None                                                       # scratch [K, E (+ 1)]
-        steps.verdicts = {}
-        return steps
-
-    def copies_from(self, hh_from: float, s_from: float) -> tuple[int, int]:
-        """The row counts from which the compiled loops use the K-major copies of ``W_hh`` and ``W_s`` (the
-        plan's ``hh_from`` / ``s_from``), as ints: -1 for never (no copy, or none gives torch's bits)."""
-        return (-1 if self.hh_copy is None or hh_from == float("inf") else int(hh_from),
-                -1 if self.s_copy is None or s_from == float("inf") else int(s_from))
-
-
-def _outside(table) -> str:
-    """The error of a token id the gate table ``table [V, 3G]`` has no row for (every compiled path's)."""
-    return f"tokens: ids must be in [0, {table.shape[0]})"
-
-
-_NATIVE_GRU: list = []
-#: torch's CPU bmm calls sgemm_ from this many products per matrix (rows x columns x contraction) up
-_BMM_BLAS_FROM = 400
-
-
-def _native_gru():
-    """``dartree._native`` when it is enabled (:func:`dartree.native.enabled`) and ``gru_init`` found
-    torch's kernels (torch's CPU capability AVX512 or AVX2, whose exp it calls with 16 or 8 lanes; looked up
-    once per process), else ``None``."""
-    lib = native.lib()
-    if lib is None:
-        return None
-    if not _NATIVE_GRU:
-        import os
-
-        found = False
-        lanes = {"AVX512": 16, "AVX2": 8}.get(torch.backends.cpu.get_cpu_capability())
-        if hasattr(lib, "gru_step") and lanes is not None:
-            found = bool(lib.gru_init(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"), lanes))
-        _NATIVE_GRU.append(found)
-    return lib if _NATIVE_GRU[0] else None
 
 
 class _GRUSteps:
@@ -675,25 +479,14 @@ class _GRUSteps:
         self.head, self.table, self.w_hh_t, self.w_s = head, plan.table, plan.w_hh_t, plan.w_s
         self.hh_from, self.hh_copy, self.s_from, self.s_copy = plan.hh_from, plan.hh_copy, plan.s_from, plan.s_copy
         self.gamma, self.size = block.gamma, head.gru_hidden_dim
-        # every depth's base logits and fc1 hidden half ([b, gamma, K], [b, gamma, E]; as one tuple of
-        # views each, made when torch's ops first need them: unbind is one op, no indexing per call); the
-        # output rows of a depth's candidates gathered when the depth is first scored (a build that stops
-        # early never reads the deeper ones)
+        # every depth's base logits and fc1 hidden half ([b, gamma, K], [b, gamma, E]; views per depth made
+        # on first use: unbind is one op); a depth's output rows gathered when it is first scored
         self.base_all = _candidate_base(block, candidates)
         self.candidates, self.rows_table, self.emb_dim = candidates, plan.rows_table, head.emb_dim
         self.rows: list[tuple[Tensor, Tensor | None] | None] = [None] * block.gamma
         self.part_all, self.gate_all = head._block_terms(block, False)          # [b, gamma, E], [b, gamma, 1]
         self._views: tuple | None = None
         self.buffers: dict[int, tuple[Tensor, ...]] = {}
-        # the compiled step: one sequence, and the extension enabled now (dartree.native.disabled() turns it off)
-        native = self.native = plan.native if block.batch_size == 1 and _native_gru() is not None else None
-        if native is not None:  # per depth, numpy views of the next depth's fc1 half, candidates and base logits
-            self.part_np, self.base_np = self.part_all[0].detach().numpy(), self.base_all[0].numpy()
-            self.candidates_np = np.ascontiguousarray(candidates[0].numpy())                 # [gamma, K]
-            k = candidates.shape[2]
-            if native.found is None or native.found.shape[0] != k:
-                native.found = torch.empty(k, native.rows_table.shape[1]).numpy()     # the candidates' rows
-        self.native_scratch: dict[int, tuple] = {}                               # per row count: gi, gh, mid, act
 
     def views(self) -> tuple:
         """(base, part, gate): gamma-tuples of ``[b, 1, K]``, ``[b, 1, E]``, ``[b, 1, 1]`` views (gate: None)."""
@@ -705,105 +498,20 @@ class _GRUSteps:
 
     def logits(self, depth: int, states: Tensor) -> Tensor:
         """``head.logits(block, depth, states, candidates[:, depth - 1])``."""
-        _check_step_depth(depth, self.gamma)
+        _check_depth(depth, self.gamma)
         return self._logits(depth, states)
 
     def advance_logits(self, depth: int, states: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
         """``head.advance_logits(block, depth, states, tokens, candidates[:, depth])``."""
-        _check_step_depth(depth, self.gamma - 1)
+        _check_depth(depth, self.gamma - 1)
         flat_h = states.reshape(-1, self.size)
         n = flat_h.shape[0]
-        native = self.native
-        k = self.candidates.shape[2]
-        if native is not None and self.compiled(depth, n, k) and flat_h.is_contiguous() and tokens.dtype == torch.int64:
-            verdict = native.verdicts.get((n, k))
-            if verdict:
-                return self._native_step(native, depth, states, flat_h, tokens, n, k)
-            if verdict is None:
-                return self._checked_step(native, depth, states, flat_h, tokens, n, k)
-        return self._torch_step(depth, states, flat_h, tokens, n)
-
-    def compiled(self, depth: int, n: int, k: int) -> bool:
-        """Whether :meth:`advance_logits` at ``depth`` on ``n`` rows with ``k`` candidates may run the compiled
-        step: prepared with one (:class:`_NativeSteps`), a depth whose next one is corrected, and a
-        correction product torch computes with MKL (its CPU bmm multiplies matrices of fewer than 400
-        products in its own loop, ``bmm_out_or_baddbmm_``)."""
-        return self.native is not None and depth >= self.head.prefix_len and n * k * self.emb_dim >= _BMM_BLAS_FROM
-
-    def native_loop(self, widths: list[int]) -> _NativeLoop | None:
-        """perf (CPU, one sequence): the whole depth loop of a depth-wise build with ``widths`` as one compiled
-        call (:class:`_NativeLoop`), or ``None`` where a step would not run compiled: the step of every
-        width but the last must be one :meth:`advance_logits` runs as ``gru_step`` (:meth:`compiled`, at most
-        one uncorrected depth), with the verdict for its shape; a shape not seen yet is checked here, on
-        made-up states, as :meth:`advance_logits` checks it on its first call."""
-        native = self.native
-        if native is None or self.head.prefix_len > 1 or len(widths) != self.gamma:
-            return None
-        k = self.candidates.shape[2]
-        for n in sorted(set(widths[:-1])):
-            if not self.compiled(1, n, k):
-                return None
-            if native.verdicts.get((n, k)) is None:
-                try:
-                    self._probe(native, n, k)
-                except ValueError:                   # e.g. a candidate outside the head's vocabulary: the
-                    return None                      # builder's calls meet it (or not) where they would
-            if not native.verdicts[(n, k)]:
-                return None
-        return _NativeLoop(self, native)
-
-    def _probe(self, native: _NativeSteps, n: int, k: int) -> None:
-        """Set ``native.verdicts[(n, k)]``: one step at depth 1 on ``n`` made-up states (sines, not zeros:
-        every product is exercised) and the first candidates as tokens, compiled and torch's ops compared."""
-        states = torch.sin(torch.arange(n * self.size, dtype=torch.float32) * 0.37).view(1, n, self.size)
-        tokens = self.candidates[:, 0, torch.arange(n) % k]
-        self._checked_step(native, 1, states, states.view(n, self.size), tokens, n, k)
-
-    def _torch_step(self, depth: int, states: Tensor, flat_h: Tensor, tokens: Tensor, n: int) -> tuple[Tensor, Tensor]:
         buffers = self.buffers.get(n)
         if buffers is None:
             buffers = self.buffers[n] = self.head._step_buffers(flat_h, self.table)
         w_hh_t = self.hh_copy if n >= self.hh_from else self.w_hh_t
         new = self.head._cell(tokens.reshape(-1), flat_h, self.table, w_hh_t, buffers).view(states.shape)
         return new, self._logits(depth + 1, new)
-
-    def _native_step(self, native: _NativeSteps, depth: int, states: Tensor, flat_h: Tensor, tokens: Tensor, n: int,
-                     k: int) -> tuple[Tensor, Tensor]:
-        """:meth:`advance_logits` as one ``gru_step`` call (see :class:`_NativeSteps`)."""
-        scratch = self.native_scratch.get(n)
-        if scratch is None:
-            size, e = self.size, self.emb_dim
-            scratch = self.native_scratch[n] = tuple(torch.empty(n, c).numpy() for c in (3 * size, 3 * size, e, e))
-        new = torch.empty(states.shape, dtype=torch.float32)
-        logits = torch.empty(1, n, k, dtype=torch.float32)
-        hh_copy = native.hh_copy is not None and n >= self.hh_from
-        s_copy = native.s_copy is not None and n >= self.s_from
-        rows = native.rows_table
-        status = native.lib.gru_step(native.table, tokens.reshape(-1).numpy(), flat_h.numpy(),
-                                     native.hh_copy if hh_copy else native.w_hh, 0 if hh_copy else 1, native.bias_hh,
-                                     scratch[0], scratch[1], new.numpy(), native.s_copy if s_copy else native.w_s,
-                                     0 if s_copy else 1, self.part_np[depth], rows, self.candidates_np[depth],
-                                     native.found, rows.shape[1], self.base_np[depth], scratch[2], scratch[3],
-                                     logits.numpy(), n, self.size, self.emb_dim, k, self.table.shape[0])
-        if status:
-            raise ValueError(_outside(self.table) if status == 1
-                             else "gru_step: torch's kernels were not found")
-        return new, logits
-
-    def _checked_step(self, native: _NativeSteps, depth: int, states: Tensor, flat_h: Tensor, tokens: Tensor, n: int,
-                      k: int) -> tuple[Tensor, Tensor]:
-        """The first step of a shape: torch's ops and the compiled call, compared bit for bit; torch's result."""
-        mine = self._native_step(native, depth, states, flat_h, tokens, n, k)
-        ref = self._torch_step(depth, states, flat_h, tokens, n)
-        same = all(torch.equal(a.reshape(-1).view(torch.int32), b.reshape(-1).view(torch.int32))
-                   for a, b in zip(mine, ref, strict=True))
-        native.verdicts[(n, k)] = same
-        if not same:
-            import warnings
-
-            warnings.warn(f"dartree: the compiled GRU step differs from torch's ops for {n} rows and {k} "
-                          "candidates on this machine; torch's ops run for that shape", RuntimeWarning, stacklevel=3)
-        return ref
 
     def _logits(self, depth: int, states: Tensor) -> Tensor:
         head = self.head
@@ -825,83 +533,7 @@ class _GRUSteps:
                                rows[0], rows[1], base)
 
 
-class _NativeLoop:
-    """:meth:`_GRUSteps.native_loop`: the depth loop of one build as ``dartree._native.gru_expand`` (one C call
-    instead of a C call, a head call and a dozen small ops per depth), the same functions as the per-depth
-    calls (``depth_step``, ``bound_frontier``, ``gru_step``), so the same tree bit for bit (tested).  Which
-    path this serves: the CPU only (one sequence, AVX-512 or AVX2 torch); elsewhere the builder's loop runs."""
-
-    __slots__ = ("steps", "native")
-
-    def __init__(self, steps: _GRUSteps, native: _NativeSteps) -> None:
-        self.steps, self.native = steps, native
-
-    def run(self, z1: np.ndarray, widths: np.ndarray, rest: np.ndarray | None, beta: float, budget: int,
-            tokens_by_depth: np.ndarray, ints: np.ndarray, scores: np.ndarray, paths: np.ndarray | None,
-            used: np.ndarray, h0: np.ndarray) -> tuple[int, int, int, float, int]:
-        """``gru_expand`` (see ``dartree/_native.c``) from the root's logits ``z1 [K]`` and state ``h0 [G]``:
-        (status, depths expanded, branches scored, seconds inside the GRU steps, steps); status 1 (a NaN or
-        infinite log q) is the caller's to report, a token outside the head's vocabulary raises as
-        :meth:`_GRUSteps.advance_logits` does."""
-        steps, native = self.steps, self.native
-        rows = native.rows_table
-        hh_from, s_from = native.copies_from(steps.hh_from, steps.s_from)
-        out = native.lib.gru_expand(z1, len(widths), tokens_by_depth.shape[-1], widths, rest, beta, budget,
-                                    tokens_by_depth, ints[0], ints[1], ints[2], ints[3], scores, paths, used, h0,
-                                    native.table, native.w_hh, native.hh_copy, hh_from, native.bias_hh, native.w_s,
-                                    native.s_copy, s_from, steps.part_np, rows, steps.base_np, steps.size,
-                                    steps.emb_dim, rows.shape[1], native.table.shape[0])
-        if out[0] == 2:                              # what gru_step's caller raises
-            raise ValueError(_outside(native.table))
-        if out[0] == 3:
-            raise ValueError("gru_expand: torch's kernels were not found")
-        return out
-
-
-class _NativeBuild:
-    """:meth:`GRUHead.native_build`'s result: the tree's columns (numpy int64 ``ints [4, 1, n_out + 1]``:
-    tokens, parents, depths, ranks; float32 ``scores [1, n_out + 1]``), the depths expanded, the branches
-    scored, the seconds inside the GRU steps and their number, and the ``fc1`` product ``part [gamma, E]``."""
-
-    __slots__ = ("ints", "scores", "part", "depths", "branches", "seconds", "steps")
-
-    @classmethod
-    def run(cls, native: _NativeSteps, plan: _Plan, head: GRUHead, block: DraftBlock, topk: int, normalize: str,
-            widths: list[int], beta: float, bound_budget: int, n_out: int, root: int, state: Tensor) -> _NativeBuild:
-        from dartree.fast.host import check_logits
-        from dartree.scoring import too_few_finite
-
-        gamma, vocab = block.gamma, block.logits.shape[-1]
-        fc1 = head._modules["embed_proj"]._modules["0"]._parameters
-        weight, bias = fc1["weight"].detach(), fc1["bias"]
-        rows = native.rows_table
-        hh_from, s_from = native.copies_from(plan.hh_from, plan.s_from)
-        out = cls()
-        out.ints = np.empty((4, 1, n_out + 1), dtype=np.int64)
-        out.scores = np.empty((1, n_out + 1), dtype=np.float32)
-        out.part = np.empty((gamma, head.emb_dim), dtype=np.float32)
-        status, row, finite, out.depths, out.branches, out.seconds, out.steps = native.lib.gru_build(
-            np.ascontiguousarray(block.logits[0].numpy()), gamma, vocab, topk, int(normalize == "vocab"),
-            np.ascontiguousarray(block.hidden[0].detach().numpy()), head.hidden_size, weight.numpy(), weight.shape[1],
-            None if bias is None else bias.detach().numpy(), state[0].numpy(), native.table, native.w_hh,
-            native.hh_copy, hh_from, native.bias_hh, native.w_s, native.s_copy, s_from, rows, head.gru_hidden_dim,
-            head.emb_dim, rows.shape[1], native.table.shape[0], np.asarray(widths, dtype=np.int64), beta, bound_budget,
-            n_out, root, out.ints, out.scores, out.part)
-        if status == 1:
-            check_logits(float("nan"))
-        if status == 2:
-            raise ValueError(too_few_finite(0, row + 1, finite, topk))
-        if status == 3:
-            raise ValueError("head.logits: must be finite (found NaN or inf)")
-        if status == 4:
-            raise ValueError(_outside(native.table))
-        if status:
-            raise ValueError({5: "gru_build: torch's kernels were not found",
-                              6: "gru_build: the selection is not prefix-closed"}.get(
-                                  status, "gru_build: fewer than n_out nodes (n_out above the bound's budget)"))
-        return out
-
-
+@trusted_head
 class MarkovHead(nn.Module):
     """DSpark vanilla Markov head: a rank-r bigram bias ``markov_w2[v] . markov_w1[previous token]``.
 
@@ -911,9 +543,6 @@ class MarkovHead(nn.Module):
 
     State: float32 ``[.., 1]`` holding the previous token id.
     """
-
-    def __getstate__(self) -> dict:
-        return _without_derived(self)
 
     def __init__(self, vocab_size: int, markov_rank: int) -> None:
         super().__init__()
@@ -962,7 +591,7 @@ class MarkovHead(nn.Module):
 
     def logits(self, block: DraftBlock, depth: int, states: Tensor, candidates: Tensor) -> Tensor:
         """Shape: states ``[b, m, 1]``, candidates int64 ``[b, K]`` -> float32 ``[b, m, K]``."""
-        _check_depth(block, depth)
+        _check_depth(depth, block.gamma)
         _check_states(block, states, 1)
         _check_tokens(block, candidates, "candidates")
         return self._logits(block, depth, states[..., 0].to(torch.int64), candidates)
@@ -972,14 +601,14 @@ class MarkovHead(nn.Module):
 
         Shape: states ``[b, m, 1]`` -> float32 ``[b, m, V]``.
         """
-        _check_depth(block, depth)
+        _check_depth(depth, block.gamma)
         _check_states(block, states, 1)
         bias = F.linear(F.embedding(states[..., 0].to(torch.int64), self.markov_w1.weight), self.markov_w2.weight)
         return bias.float().add_(block.logits[:, depth - 1, None, :].float())
 
     def advance(self, block: DraftBlock, depth: int, states: Tensor, tokens: Tensor) -> Tensor:
         """Shape: states ``[b, m, 1]``, tokens int64 ``[b, m]`` -> ``[b, m, 1]``."""
-        _check_depth(block, depth)
+        _check_depth(depth, block.gamma)
         _check_states(block, states, 1)
         _check_tokens(block, tokens, "tokens", states.shape[1])
         return tokens.to(torch.float32)[..., None]
@@ -993,7 +622,7 @@ class MarkovHead(nn.Module):
             states ``[b, m, 1]``, tokens int64 ``[b, m]``, candidates int64 ``[b, K]``
             -> (states ``[b, m, 1]``, float32 ``[b, m, K]``).
         """
-        _check_fused_depth(block, depth)
+        _check_depth(depth, block.gamma - 1, True)
         _check_states(block, states, 1)
         _check_tokens(block, tokens, "tokens", states.shape[1])
         _check_tokens(block, candidates, "candidates")
@@ -1010,10 +639,10 @@ class _MarkovSteps:
 
     def logits(self, depth: int, states: Tensor) -> Tensor:
         """``head.logits(block, depth, states, candidates[:, depth - 1])``."""
-        _check_step_depth(depth, self.gamma)
+        _check_depth(depth, self.gamma)
         return self.head._biased(states[..., 0].to(torch.int64), self.rows_t[depth - 1], self.base[depth - 1])
 
     def advance_logits(self, depth: int, states: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
         """``head.advance_logits(block, depth, states, tokens, candidates[:, depth])``."""
-        _check_step_depth(depth, self.gamma - 1)
+        _check_depth(depth, self.gamma - 1)
         return tokens.to(torch.float32)[..., None], self.head._biased(tokens, self.rows_t[depth], self.base[depth])

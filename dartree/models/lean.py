@@ -41,8 +41,6 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from dartree.models.hf_compat import cache_kwargs
 from dartree.models.kmajor import derived, exact_from, kmajor_allowed, kmajor_product, tensor_version
-from dartree.models.norms import rms_norm
-from dartree.models.rotary import rotate_heads
 
 __all__ = ["LeanForward", "MODEL_TYPES", "lean_forward"]
 
@@ -58,15 +56,11 @@ def _rms(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     perf (CPU): in float32, ``torch.rms_norm`` (one op for HF's five: ``x * rsqrt(mean(x ** 2) + eps)``;
     a per-head weight multiplied after, a product that commutes bit for bit), whose bits equal HF's here
     (tested; ``HFTarget`` also checks the lean forward against the model's before it uses it): about
-    5 us of 25 a norm on one thread, 13-19 norms a forward; where it applies, one compiled call with
-    ``torch.rms_norm``'s bits (:mod:`dartree.models.norms`).  Accelerators keep HF's ops: the fused
+    5 us of 25 a norm on one thread, 13-19 norms a forward.  Accelerators keep HF's ops: the fused
     kernel's bits were not compared there (no GPU was lent), and a probe failing on them would cost the
     whole lean forward."""
     dtype = x.dtype
     if dtype == torch.float32 and x.device.type == "cpu":
-        out = rms_norm(x, weight, eps)                                      # one compiled call, same bits
-        if out is not None:
-            return out
         if weight.dim() == 1:
             return torch.rms_norm(x, (x.shape[-1],), weight, eps)
         return torch.rms_norm(x, (x.shape[-1],), None, eps) * weight        # q and k's per-head weights
@@ -79,14 +73,6 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """``x * cos + rotate_half(x) * sin`` as HF's ``apply_rotary_pos_emb`` computes it."""
     half = x.shape[-1] // 2
     return (x * cos) + (torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin)
-
-
-def _rotate_heads(x: Tensor, rows_cos: Tensor, rows_sin: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """:func:`_rotate` of ``x.transpose(1, 2)`` (``x`` ``[b, m, heads, d]``); perf (CPU): one compiled call
-    where it applies (:func:`dartree.models.rotary.rotate_heads`, the same bits and strides), else
-    torch's ops with ``cos`` / ``sin`` (``rows_cos`` / ``rows_sin`` ``[b, m, d]`` unsqueezed at dim 1)."""
-    out = rotate_heads(x, rows_cos, rows_sin)
-    return _rotate(x.transpose(1, 2), cos, sin) if out is None else out
 
 
 def _append(cache, index: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
@@ -344,7 +330,7 @@ class LeanForward:
                 qk = torch.cat((q, k), dim=2)                                   # [b, m, hq + hk, d]
                 if layer.q_norm is not None:
                     qk = _rms(qk, layer.qk_norm_weight(hq, qk.shape[2] - hq), layer.q_norm.variance_epsilon)
-                qk = _rotate_heads(qk, rows_cos, rows_sin, cos, sin)
+                qk = _rotate(qk.transpose(1, 2), cos, sin)
                 k, v = _append(cache, layer.index, qk[:, hq:], v)
                 if self._grouped:
                     out = _sdpa(qk[:, :hq], k, v, attention_mask, a.scaling, layer.groups)
@@ -354,8 +340,8 @@ class LeanForward:
                 if layer.q_norm is not None:
                     q = _rms(q, layer.q_norm.weight, layer.q_norm.variance_epsilon)
                     k = _rms(k, layer.k_norm.weight, layer.k_norm.variance_epsilon)
-                q = _rotate_heads(q, rows_cos, rows_sin, cos, sin)
-                k = _rotate_heads(k, rows_cos, rows_sin, cos, sin)
+                q = _rotate(q.transpose(1, 2), cos, sin)
+                k = _rotate(k.transpose(1, 2), cos, sin)
                 k, v = _append(cache, layer.index, k, v)
                 out, _ = attention(a, q, k, v, attention_mask, dropout=0.0, scaling=a.scaling)
             h = h + layer.o(out.reshape(b, m, -1))

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from dartree import native
 from dartree.fast import ops
 from dartree.protocols import check_sampler
 from dartree.tree import PAD, DraftTree
@@ -142,29 +141,14 @@ def walk_greedy(tree: DraftTree, root_logits: Tensor,
 
 def walk_greedy_logits(tree: DraftTree, target_logits: Tensor) -> VerifyResult:
     """:func:`verify_greedy` that takes the argmax only at the nodes the walk visits (``picks`` holds
-    ``PAD`` at the others): equal to ``walk_greedy(tree, logits[:, 0], rows)`` with ``rows`` reading
-    ``logits``.  perf (CPU): the decoder's T=0 round when the forward scored every node.  On float32
-    CPU logits it is one compiled call (:mod:`dartree.native`): torch's argmax over the 17 rows of a
-    B=16 tree took 0.19 ms and the rest of :func:`verify_greedy` 0.15 ms on the zoo, where the walk
-    reads the 5-7 rows it visits; elsewhere it runs :func:`walk_greedy`.
+    ``PAD`` at the others): ``walk_greedy(tree, logits[:, 0], rows)`` with ``rows`` reading ``logits``
+    (the decoder's T=0 round when the forward scored every node).
 
     Shape:
         target_logits: float ``[b, n, V]`` the target's next-token logits at each node.
     """
     _check_logits(tree, target_logits)
-    lib = native.lib()
-    if lib is None or target_logits.device.type != "cpu" or target_logits.dtype != torch.float32 \
-            or tree.tokens.device.type != "cpu":
-        return walk_greedy(tree, target_logits[:, 0], lambda rows, nodes: target_logits[rows, nodes])
-    b, n, vocab = target_logits.shape
-    out = torch.empty(3, b, n, dtype=torch.int64)
-    tail = torch.empty(b, 2, dtype=torch.int64)
-    status, row = lib.greedy_accept(tree.tokens.contiguous().numpy(), tree.parents.contiguous().numpy(),
-                                    tree.num_nodes.contiguous().numpy(), target_logits.contiguous().numpy(), b, n,
-                                    vocab, out[0].numpy(), out[1].numpy(), out[2].numpy(), tail.numpy())
-    if status:
-        raise ValueError(f"tree: row {row} has a node count outside 1..{n} or a parent outside its nodes")
-    return VerifyResult(accepted=out[1], accepted_length=tail[:, 0], bonus=tail[:, 1], tokens=out[2], picks=out[0])
+    return walk_greedy(tree, target_logits[:, 0], lambda rows, nodes: target_logits[rows, nodes])
 
 
 def walk_sampled(tree: DraftTree, root_logits: Tensor, node_logits: Callable[[list[int], list[int]], Tensor],

@@ -12,12 +12,9 @@ positions, so a gather is not defined for them: they raise ``ValueError``.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from torch import Tensor
 from transformers.cache_utils import Cache, DynamicLayer, StaticLayer
-
-from dartree import native
 
 __all__ = ["keep_indices", "gather_cache", "compact_tail", "cache_length", "cache_layers", "move_slots", "cut_cache",
            "select_rows", "merge_rows"]
@@ -146,10 +143,8 @@ def _compact_host(layers: list, prefix_len: int, nodes: list[int]) -> None:
     while skip < c and nodes[skip] == skip:
         skip += 1
     src: dict[torch.device, Tensor] = {}
-    lib = native.lib()
-    rows = None if lib is None or skip == c else np.array(nodes[skip:], dtype=np.int64) + prefix_len
     for layer in layers:
-        if skip < c and (rows is None or not _move_rows(lib, layer, prefix_len + skip, rows)):
+        if skip < c:
             device = layer.keys.device
             if device not in src:
                 src[device] = torch.tensor(nodes[skip:], dtype=torch.int64, device=device) + prefix_len
@@ -161,31 +156,6 @@ def _compact_host(layers: list, prefix_len: int, nodes: list[int]) -> None:
         else:
             layer.keys = layer.keys[:, :, :prefix_len + c]
             layer.values = layer.values[:, :, :prefix_len + c]
-
-
-def _move_rows(lib, layer, dst: int, rows: np.ndarray) -> bool:
-    """perf (CPU): the host compaction of one layer as one compiled ``memmove`` per head and tensor
-    (``dartree._native.move_rows``), when its keys / values are prefix views of the lean forward's CPU
-    buffers (``dartree.models.lean``); the same rows move as with ``index_select`` (2 index_select and 2
-    copies a layer become 2 calls: a zoo commit of 6 layers, 5 rows moved, 257 -> 136 us on one thread,
-    of which the two prefix views a layer HF's cache needs are 55).  False (nothing written) when the
-    layout is another one or the rows do not move strictly forwards (then the torch path runs)."""
-    buffers = layer.__dict__.get("_dartree_kv")
-    if buffers is None:
-        return False
-    views = layer.__dict__.get("_dartree_kv_bytes")
-    if views is None or views[0] is not buffers:
-        if not all(buf.device.type == "cpu" and buf.is_contiguous() for buf in buffers):
-            return False
-        views = layer.__dict__["_dartree_kv_bytes"] = (buffers, tuple(buf.view(torch.uint8).numpy() for buf in buffers))
-    for t, buf in zip((layer.keys, layer.values), buffers, strict=True):
-        if t.data_ptr() != buf.data_ptr() or t.stride() != buf.stride() or t.dtype != buf.dtype:
-            return False
-    for buf, raw in zip(buffers, views[1], strict=True):
-        b, heads, cap, d = buf.shape
-        if lib.move_rows(raw, b * heads, cap, d * buf.element_size(), dst, rows):
-            return False              # refused before any write: only the first buffer can refuse, rows are shared
-    return True
 
 
 # ---------------------------------------------------------------------------------- ragged rows

@@ -315,8 +315,8 @@ def test_gru_step_buffers_work_across_inference_mode_and_no_grad(tiny_heads):
 
 
 def test_the_zoo_heads_copy_and_pickle_after_a_decode():
-    """After a decode a head holds prepared plans (the compiled library among them); deepcopy and pickle
-    drop those derived caches and the copies decode the same tokens (it raised 'cannot pickle module')."""
+    """After a decode a head holds derived caches (prepared plans, gate tables, step buffers); deepcopy and
+    pickle still work and the copies decode the same tokens."""
     import copy
     import pickle
 

@@ -294,11 +294,10 @@ def test_walk_greedy_scores_only_the_path_and_equals_verify_greedy(seed):
 
 
 @pytest.mark.parametrize("seed", range(8))
-def test_walk_greedy_logits_equals_verify_greedy_compiled_or_not(seed):
-    """The compiled greedy walk over full logits (argmax only where the walk goes) gives verify_greedy's
-    path, tokens and picks along it, and PAD elsewhere; with ties (the first maximum) and NaN (the
-    first NaN, as torch.argmax), and the same without the compiled module."""
-    from dartree import native
+def test_walk_greedy_logits_equals_verify_greedy(seed):
+    """The greedy walk over full logits (argmax only where the walk goes) gives verify_greedy's path,
+    tokens and picks along it, and PAD elsewhere; with ties (the first maximum) and NaN (the first NaN,
+    as torch.argmax)."""
     from dartree.verify import walk_greedy_logits
 
     g = torch.Generator().manual_seed(seed)
@@ -319,8 +318,6 @@ def test_walk_greedy_logits_equals_verify_greedy_compiled_or_not(seed):
                 logits[r, i, 3] = float("nan")                   # NaN wins: the walk stops at the root
     full = verify_greedy(tree, logits)
     results = [walk_greedy_logits(tree, logits)]
-    with native.disabled():
-        results.append(walk_greedy_logits(tree, logits))
     paths = [[i for i in full.accepted[r].tolist() if i >= 0] for r in range(b)]
     for got in results:
         for field in ("accepted", "accepted_length", "bonus", "tokens"):

@@ -112,40 +112,22 @@ def test_compact_tail_equals_gather_with_and_without_host_nodes(nodes):
 
 
 @pytest.mark.parametrize("nodes", [[0], [0, 1, 2], [0, 1, 3, 7], [0, 2, 5], [0, 4, 1], [0, 3, 3]])
-def test_compiled_compaction_of_the_lean_buffers_equals_gather(nodes, monkeypatch):
-    """The lean forward's KV buffers (prefix views with spare slots) are compacted by the compiled
-    move_rows when the kept rows move strictly forwards, by index_select otherwise (and with the module
-    off): every way keeps exactly what gather_cache(keep_indices(...)) keeps, and leaves the buffers'
-    spare slots usable for the next append."""
-    from dartree import native
+def test_compaction_of_the_lean_buffers_equals_gather(nodes):
+    """The lean forward's KV buffers (prefix views with spare slots) keep exactly what
+    gather_cache(keep_indices(...)) keeps after compact_tail, and the buffers' spare slots stay usable
+    for the next append."""
     from dartree.models.lean import _append
     from dartree.verify import compact_tail
 
     prefix = 5
     want = random_cache(1, prefix + 9)
     gather_cache(want, keep_indices(prefix, torch.tensor([nodes]), len(nodes)))
-    lib = native.lib()
-    calls = []
-    if lib is not None:
-        real = lib.move_rows
-        monkeypatch.setattr(lib, "move_rows", lambda *a: calls.append(a[4]) or real(*a))
-    forwards = all(b > a for a, b in zip(nodes, nodes[1:], strict=False))
-    for compiled in (True, False):
-        calls.clear()
-        got = DynamicCache([(torch.empty(1, 2, 0, 4), torch.empty(1, 2, 0, 3)) for _ in range(2)])
-        for i, layer in enumerate(random_cache(1, prefix + 9).layers):
-            _append(got, i, layer.keys, layer.values)
-        assert all("_dartree_kv" in layer.__dict__ for layer in got.layers)
-        if compiled:
-            compact_tail(got, prefix, torch.tensor([nodes]), nodes)
-        else:
-            with native.disabled():
-                compact_tail(got, prefix, torch.tensor([nodes]), nodes)
-        for a, b in zip(got.layers, want.layers, strict=True):
-            assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
-        moved = nodes != list(range(len(nodes)))
-        assert bool(calls) == (compiled and lib is not None and moved)
-        if calls and not forwards:                     # refused (status 1), then index_select
-            assert all(dst == prefix + 1 for dst in calls)
-        k, v = _append(got, 0, torch.ones(1, 2, 1, 4), torch.ones(1, 2, 1, 3))
-        assert k.shape[2] == prefix + len(nodes) + 1 and torch.equal(k[:, :, :-1], want.layers[0].keys)
+    got = DynamicCache([(torch.empty(1, 2, 0, 4), torch.empty(1, 2, 0, 3)) for _ in range(2)])
+    for i, layer in enumerate(random_cache(1, prefix + 9).layers):
+        _append(got, i, layer.keys, layer.values)
+    assert all("_dartree_kv" in layer.__dict__ for layer in got.layers)
+    compact_tail(got, prefix, torch.tensor([nodes]), nodes)
+    for a, b in zip(got.layers, want.layers, strict=True):
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+    k, v = _append(got, 0, torch.ones(1, 2, 1, 4), torch.ones(1, 2, 1, 3))
+    assert k.shape[2] == prefix + len(nodes) + 1 and torch.equal(k[:, :, :-1], want.layers[0].keys)
