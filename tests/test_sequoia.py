@@ -222,11 +222,12 @@ def test_the_carried_head_state_is_the_state_after_the_committed_tokens():
     checked = 0
     while engine.live:
         engine.step()
-        block, since = engine._kept, list(engine._since)
-        if engine.live and engine._reusable() is not None and since:
+        reuse = engine.drafting.reuse
+        block, since = reuse.block, list(reuse.since)
+        if engine.live and reuse.reusable(len(engine.live)) is not None and since:
             want = head.initial_state(block)
             for j, token in enumerate(since):
                 want = head.advance(block, j + 1, want[:, None], torch.tensor([[token]]))[:, 0]
-            assert torch.equal(engine._carried(block, len(since)), want)
+            assert torch.equal(reuse.carried(block, len(since)), want)
             checked += 1
     assert checked >= 3
