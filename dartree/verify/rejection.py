@@ -489,10 +489,6 @@ def verify_rejection(sampled: SampledTree, target_logits: Tensor, warp: Warp,
     device = generator.device if generator is not None else torch.device("cpu")
     # every coin the walk may use, in one draw
     coins = torch.rand((b, n), generator=generator, dtype=torch.float64, device=device).cpu().numpy()
-    # the target's distribution at every node in one pass when the warp is a temperature alone (a filter sorts
-    # each row: then only at the nodes visited); float64, on the host
-    filtered = warp.top_k is not None or (warp.top_p is not None and warp.top_p < 1.0) or bool(warp.min_p)
-    every = None if filtered else warp.logits(target_logits).softmax(-1, dtype=torch.float64).cpu().numpy()
     probs = sampled.probs.cpu().numpy()                                 # float32 [b, R, P] proposals
     support = None if sampled.support is None else sampled.support.cpu().numpy()
     outcomes = []                         # per row: the accepted nodes (root first), the committed tokens
@@ -503,10 +499,8 @@ def verify_rejection(sampled: SampledTree, target_logits: Tensor, warp: Warp,
             kids[parents[i]].append(i)
         u, path, used = 0, [0], 0
         while True:
-            if every is None:
-                r = warp.logits(target_logits[row, u]).softmax(-1, dtype=torch.float64).cpu().numpy()
-            else:
-                r = every[row, u]
+            # the target's distribution at the visited node only (float64, host): a softmax over V is the walk's cost
+            r = warp.logits(target_logits[row, u]).softmax(-1, dtype=torch.float64).cpu().numpy()
             nxt = None
             if kids[u]:
                 s = _proposal(probs, support, row, row_of[u], vocab)
@@ -522,9 +516,9 @@ def verify_rejection(sampled: SampledTree, target_logits: Tensor, warp: Warp,
                 break
             path.append(nxt)
             u = nxt
-    # the outcome in one tensor: accepted nodes, committed tokens, then the accepted length and the bonus
+    # the outcome in one tensor: accepted nodes, committed tokens, the accepted length, the bonus, the picks (none)
     out = [path + [PAD] * (n - len(path)) + committed + [PAD] * (n - len(committed)) + [len(path) - 1, committed[-1]]
-           for path, committed in outcomes]
+           + [PAD] * n for path, committed in outcomes]
     out = torch.tensor(out, dtype=torch.int64, device=tree.device)
     return VerifyResult(accepted=out[:, :n], accepted_length=out[:, 2 * n], bonus=out[:, 2 * n + 1],
-                        tokens=out[:, n: 2 * n], picks=torch.full((b, n), PAD, dtype=torch.int64, device=tree.device))
+                        tokens=out[:, n: 2 * n], picks=out[:, 2 * n + 2:])
