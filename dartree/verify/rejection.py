@@ -103,14 +103,8 @@ class SampledTree:
 
     def proposal(self, row: int, node: int, vocab: int) -> np.ndarray:
         """Node ``node``'s proposal over the whole vocabulary (float64, host)."""
-        r = int(self.row_of[row, node])
-        q = self.probs[row, r].double().cpu().numpy()
-        q = q / q.sum()                                 # float32 proposals, renormalised in float64
-        if self.support is None:
-            return q
-        full = np.zeros(vocab)
-        full[self.support[row, r].cpu().numpy()] = q
-        return full
+        support = None if self.support is None else self.support.cpu().numpy()
+        return _proposal(self.probs.cpu().numpy(), support, row, int(self.row_of[row, node]), vocab)
 
 
 def _proposal(probs: np.ndarray, support: np.ndarray | None, row: int, r: int, vocab: int) -> np.ndarray:
