@@ -171,6 +171,18 @@ def _draw_without_replacement(q: Tensor, m: int, generator: torch.Generator | No
     return torch.topk(keys, m, dim=-1).indices
 
 
+def _draws(q: Tensor, m: int, generator: torch.Generator | None) -> tuple[list, list]:
+    """:func:`_draw_without_replacement` as host lists, and per row how many of the ``m`` draws have positive mass
+    (they come first: a node with more children than that keeps only that many).
+
+    Shape: ``q`` float ``[..., V]`` -> ``[...][m]`` tokens (or candidate indices), ``[...]`` counts.
+    """
+    drawn = _draw_without_replacement(q, m, generator)
+    if m == 1:      # one draw: any proposal has a token of positive mass (perf: no gather)
+        return drawn.tolist(), torch.ones(q.shape[:-1], dtype=torch.int64).tolist()
+    return drawn.tolist(), (q.gather(-1, drawn.to(q.device)) > 0).sum(-1).tolist()
+
+
 def sample_tree(template: DraftTree, block: DraftBlock, head=None, warp: Warp | None = None,
                 generator: torch.Generator | None = None, topk: int | None = None,
                 head_depths: int | None = None, offset: int = 0, root_state: Tensor | None = None) -> SampledTree:
@@ -277,8 +289,7 @@ def _draw_vocab(tokens: list, keep: list, kids, depths, probs: Tensor, generator
                         device=probs.device)
     q = probs[rows[0], rows[1]]                                          # [k, V] each parent's proposal
     most = max(len(kids[r][u]) for r, u in parents)
-    drawn = _draw_without_replacement(q, min(most, q.shape[-1]), generator).tolist()
-    positive = (q > 0).sum(-1).tolist() if most > 1 else [1] * len(parents)
+    drawn, positive = _draws(q, min(most, q.shape[-1]), generator)
     for (r, u), row, count in zip(parents, drawn, positive, strict=True):
         _place(tokens[r], keep[r], kids[r], u, row, count)
 
@@ -349,9 +360,7 @@ def _draw_head(tokens: list, keep: list, kids, depths, block: DraftBlock, head, 
         blocks.append(q)
         slot_depth += [offset + d - 1] * m
         most = max(len(kids[r][u]) for r in range(b) for u in parents[r])
-        drawn = _draw_without_replacement(q, min(most, k), generator).tolist()    # [b, m, most] candidate indices
-        # one child a parent: any proposal has a token of positive mass, nothing is cut (perf: no pass over q)
-        positive = (q > 0).sum(-1).tolist() if most > 1 else [[1] * m] * b
+        drawn, positive = _draws(q, min(most, k), generator)    # [b, m, most] candidate indices, [b, m]
         child_parent, child_token, children = [], [], []
         for r in range(b):
             for j, u in enumerate(parents[r]):
@@ -387,8 +396,7 @@ def _draw_head(tokens: list, keep: list, kids, depths, block: DraftBlock, head, 
                                 device=device)
             q = proposal_probs(warp, block.logits.detach()[rows[0], rows[1]])               # [pairs, V]
             most = max(len(kids[r][u]) for r, u in pairs)
-            drawn = _draw_without_replacement(q, min(most, vocab), generator).tolist()
-            positive = (q > 0).sum(-1).tolist() if most > 1 else [1] * len(pairs)
+            drawn, positive = _draws(q, min(most, vocab), generator)
             first = [0] * b                       # each row's pairs, then padding: a [b, m, V] block of rows
             for r, u in pairs:
                 row_of[r][u] = len(slot_depth) + first[r]
