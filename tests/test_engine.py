@@ -18,6 +18,7 @@ from dartree.rounds import ROUND_STAGES, RoundStats, StageTimes, check_request
 from dartree.testing import OracleDrafter, PathHashHead
 from dartree.verifiers import Greedy, Match, Rejection, Verifier
 from dartree.verify import GeneratorSampler, KeyedSampler
+from dartree.verify.rejection import SampledTree
 from tests.test_decode import GAMMA, model_for
 from tests.verify.helpers import one_thread  # noqa: F401 (autouse fixture)
 
@@ -62,6 +63,11 @@ def test_a_verifier_redraws_only_under_rejection():
         assert engine.verifier.redraws is redraws
         assert (engine.drafting.shape is not None) is redraws        # a Sequoia builder: its static shape
         assert (engine.drafting.reuse is not None) is redraws        # with a head: block reuse
+        engine.admit([req])
+        engine.clock.lap()
+        built = engine.build(engine.draft())                          # the draws are build work
+        assert isinstance(built, SampledTree) is redraws
+        engine.commit(engine.verify(built))
     assert not Greedy().redraws
 
 
