@@ -28,7 +28,7 @@ from dartree.timing import TimedHead, checked_head
 from dartree.tree import DraftTree, check_decodable
 
 __all__ = ["ChainConfig", "TreeConfig", "PrunedConfig", "SequoiaConfig", "BuilderSpec", "TreeBuilder", "BUILDERS",
-           "BACKENDS", "make_builder", "register_builder", "builder_spec", "checked_tree", "registered"]
+           "BACKENDS", "make_builder", "register_builder", "builder_spec", "checked_tree", "registered", "shape_of"]
 
 BACKENDS: tuple[str, ...] = ("ref", "fast")
 MAX_NODES = 1 << 14
@@ -365,6 +365,18 @@ def checked_tree(builder: object, tree: DraftTree, block: DraftBlock) -> DraftTr
         return tree                # TreeBuilder.build checked it already (or it is dartree's own, trusted)
     budget = getattr(getattr(builder, "config", None), "budget", None)
     return check_decodable(tree, block, budget if isinstance(budget, int) and not isinstance(budget, bool) else None)
+
+
+def shape_of(builder: object) -> Callable[[DraftBlock, int, torch.Tensor], DraftTree] | None:
+    """For a verifier that redraws every draft token: ``shape(block, gamma, roots)``, the tree shape of a
+    trusted Sequoia builder (static: no candidate selection, no head call; tokens ``PAD`` but the root), or
+    ``None`` for every other builder (its whole tree is built, and only its shape is used)."""
+    config = getattr(builder, "config", None)
+    if not (isinstance(config, SequoiaConfig) and getattr(builder, "trusted", False)):
+        return None
+    from dartree.fast.sequoia import shape_tree
+
+    return lambda block, gamma, roots: shape_tree(block, config, gamma, roots)
 
 
 def make_builder(name: str, backend: str = "ref", **config: Any) -> TreeBuilder:

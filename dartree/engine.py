@@ -2,24 +2,22 @@
 
 A round has four named stages, run on every live row at once (Medusa's and gpt-fast's shape)::
 
-    block = engine.draft()                  # the drafter's block for every live row's root
-    tree = engine.build(block)              # the builder's tree (head calls timed), cut to the model
+    block = engine.draft()                  # the block for every live row's root (drafted, or a kept one)
+    tree = engine.build(block)              # the builder's tree (head calls timed), cut to the model, with
+                                            # the verifier's draws
     verified = engine.verify(tree)          # one target forward over every row's tree + acceptance
     done = engine.commit(verified)          # per-row KV compaction, drafter context, stop / length
 
 :meth:`Engine.step` runs them in order.  ``SpeculativeDecoder.generate`` is a batch of one (its drafter
 used as is, :class:`OneRow`), ``generate_batch`` admits every prompt, ``dartree.serve.serve`` admits
 prompts as rows finish, and the AR baselines are an engine without a drafter (``draft`` and ``build``
-are skipped and ``verify`` is one causal step per row).  How a decode verifies is chosen once, when
-the engine is made (:attr:`Engine.verifier`): ``"greedy"`` at T=0; at T>0 ``"match"`` (exact
-target-sample matching: keyed draws give output equal to AR token for token) or ``"rejection"`` (trees
-sampled from the head's or the drafter's distribution, recursive rejection sampling: AR's law,
-:mod:`dartree.verify.rejection`).  Under ``"rejection"`` a Sequoia builder's tree is its static shape, and
-with a head and one live row ``step`` may skip ``draft``: the kept block serves the round, the head proposing
-from its state after the tokens committed since (block reuse, ``SequoiaConfig.reuse_depths``,
-docs/verification.md).  The target owns its
-cache (:class:`~dartree.models.target.HFTarget`: rows of any lengths), so the engine uses only its
-public methods.
+are skipped and ``verify`` is one causal step per row).
+
+The parts, chosen once when the engine is made: the verifier (:attr:`Engine.verifier`, a
+:class:`~dartree.verifiers.Verifier`: greedy, match or rejection; it owns its acceptance and its draws) and the
+draft and build stages (:attr:`Engine.drafting`, a :class:`~dartree.drafting.Drafting`: the builder or a static
+shape, block reuse).  Stage times are a :class:`~dartree.rounds.StageTimes` record.  The target owns its cache
+(:class:`~dartree.models.target.HFTarget`: rows of any lengths), so the engine uses only its public methods.
 
 Each row's tokens equal what it would get alone (T=0, and T>0 with a ``KeyedSampler``, whose draw at a
 position depends on nothing else); a row's output does not depend on when it joined or on the other rows.
@@ -35,36 +33,24 @@ import torch
 from torch import Tensor
 
 from dartree.batch_drafters import batch_drafter
-from dartree.builders import SequoiaConfig, checked_tree
-from dartree.fast.sequoia import shape_tree
-from dartree.models.target import HFTarget, TargetOutput
+from dartree.block import DraftBlock
+from dartree.drafting import Drafting
+from dartree.models.target import HFTarget
 from dartree.rounds import (
     STOP_REASONS,
-    VERIFIERS,
     Clock,
     GenerationResult,
     Request,
     RoundStats,
+    StageTimes,
     TimedRows,
-    WalkRows,
-    check_block,
     first_tokens,
-    fit_tree,
-    scored_rows,
     truncate,
 )
-from dartree.tree import PAD, DraftTree
-from dartree.verify.accept import (
-    VerifyResult,
-    verify_greedy,
-    verify_sampled,
-    walk_greedy,
-    walk_greedy_logits,
-    walk_sampled,
-)
-from dartree.verify.rejection import HEAD_DEPTHS, SampledTree, sample_tree, verify_rejection
-from dartree.verify.sampling import GeneratorSampler, KeyedSampler, sample_checked
-from dartree.verify.warp import Warp
+from dartree.tree import DraftTree
+from dartree.verifiers import Verifier, make_verifier
+from dartree.verify.accept import VerifyResult
+from dartree.verify.rejection import SampledTree
 
 __all__ = ["Engine", "OneRow", "Verified"]
 
@@ -106,7 +92,7 @@ class Verified:
     result: VerifyResult
     hidden: Tensor | None
     tree_size: Tensor          # int64 [b] draft nodes per row
-    times: tuple[float, ...]   # draft, build, mask, verify, head, target seconds
+    times: StageTimes          # draft, build (head), mask, verify (target); commit is the next stage's
     head_calls: int
 
 
@@ -119,18 +105,16 @@ class Engine:
             single-request decode (:class:`OneRow`), else its batch form (``batch_drafter``).
         builder, head: the tree builder and the timed head proxy the builder is given (``None`` without).
         options: the decode's checked options (``dartree.rounds.check_request``), shared by every row: temperature,
-            sampler, warp and verifier (``None``: greedy).
+            sampler, warp and verifier (``None``: greedy); they choose :attr:`verifier` once.
     """
 
     def __init__(self, target: HFTarget, drafter=None, builder=None, head=None, *, options: Request | None = None,
                  single: bool = False) -> None:
         self.target, self.builder, self.head = target, builder, head
         self.drafter = None if drafter is None else OneRow(drafter) if single else batch_drafter(drafter)
-        self.single = single
-        sampler = None if options is None else options.sampler
-        self.temperature, self.sampler = (0.0, None) if sampler is None else (options.temperature, sampler)
-        self.warp = None if sampler is None else options.warp or Warp(options.temperature)
-        verifier = None if sampler is None else options.verifier
+        self.single = single                 # one request: its rows' state is kept when it finishes
+        self.verifier: Verifier = make_verifier(options, target, speculative=drafter is not None)
+        self.drafting = None if self.drafter is None else Drafting(self.drafter, builder, head, self.verifier)
         self.clock = Clock(target.device)
         self.live: list[int] = []            # request index of each batch row
         self.reqs: list[Request] = []
@@ -140,41 +124,8 @@ class Engine:
         self.prefill_s: list[float] = []
         self.roots = torch.zeros(0, dtype=torch.int64, device=target.device)
         self.on_round: Callable[[int, RoundStats, list[int]], None] | None = None
-        # the verifier, chosen once: on the CPU, greedy, with keyed draws (a node's draw depends on nothing
-        # else: walk_sampled equals verify_sampled) or a torch.Generator's (fresh draws: the same law), the
-        # walk draws only at the nodes it visits, and while walks are short the LM head runs only there too
-        # (WalkRows; scores_rows_apart: probed once per target); a custom sampler draws at every node
-        self.verifier = "greedy" if sampler is None else verifier
-        if self.verifier not in ("greedy", *VERIFIERS):
-            raise ValueError(f"verifier: expected one of {VERIFIERS} at T>0, got {verifier!r}")
-        rejection = self.verifier == "rejection"
-        self.generator = getattr(sampler, "generator", None) if rejection else None
-        # under rejection only a tree's shape is kept: a Sequoia builder's is static, so its tokens (candidates,
-        # and for corrected-sequoia a head call and a sort per depth) are skipped (perf: the builder stage of
-        # corrected-sequoia B=16 at T=1 on the zoo, 1.55 -> 1.20 ms a round, two runs minutes apart, not side by
-        # side), and its config says where the head proposes; every other builder's head proposes at depths
-        # <= HEAD_DEPTHS
-        config = getattr(builder, "config", None)
-        self.head_depths = getattr(config, "head_depths", HEAD_DEPTHS)
-        self.static_shape = rejection and isinstance(config, SequoiaConfig) \
-            and getattr(builder, "trusted", False)
-        # block reuse (a static shape, a head, one live row): the next round's proposals come from the head along
-        # the committed path over the same block, until fewer than config.reuse_depths of its depths are left
-        self.reuse_depths = getattr(config, "reuse_depths", 0) if self.static_shape and head is not None else 0
-        self._kept = None                    # the block being reused
-        self._since: list[int] = []          # tokens committed after its root
-        self._carry: Tensor | None = None    # the head's state after its root and the first _folded of them
-        self._folded = 0
-        self._sampled: SampledTree | None = None   # the round's sampled tree (its head states along the path)
-        walks = (sampler is None or type(sampler) in (KeyedSampler, GeneratorSampler)) and target.device.type == "cpu"
-        self.walk = WalkRows(walks and drafter is not None and not rejection and target.scores_rows_apart)
-        self._accept: Callable[..., VerifyResult]
-        if sampler is None:
-            self._accept = self._walk_greedy if walks else self._all_greedy
-        elif rejection:
-            self._accept = self._rejection
-        else:
-            self._accept = self._walk_sampled if walks else self._all_sampled
+        self._times = StageTimes()           # the round's stage times so far
+        self._calls = 0                      # the round's head calls
 
     # ------------------------------------------------------------------------------------ rows
     def admit(self, reqs: list[Request]) -> list[int]:
@@ -208,7 +159,8 @@ class Engine:
             self._keep(list(range(old)) + [old + j for j in joined])
         self.prefill_s += [self.clock.lap()] * len(reqs)
         self.live += [ids[j] for j in joined]
-        self._kept = None                    # a new row: the next round drafts
+        if self.drafting is not None:
+            self.drafting.new_rows()         # a new row: the next round drafts
         joined_firsts = firsts[torch.tensor(joined, dtype=torch.int64, device=firsts.device)]
         self.roots = torch.cat([self.roots, joined_firsts.to(self.roots.device)])
         joined_ids = {ids[j] for j in joined}
@@ -223,114 +175,56 @@ class Engine:
     def step(self) -> list[int]:
         """One round for every live row; returns the request indices that finished in it."""
         self.clock.lap()
-        if self.drafter is None:
+        if self.drafting is None:
             return self.commit(self.verify_next())
-        block = self._reusable()
-        if block is None:
-            block, draft_s = self.draft()
-            if self.reuse_depths and len(self.live) == 1:
-                self._kept, self._since, self._carry, self._folded = block, [], None, 0
-        else:
-            draft_s = self.clock.lap()
-        return self.commit(self.verify(*self.build(block, draft_s)))
+        return self.commit(self.verify(self.build(self.draft())))
 
-    def _reusable(self):
-        """The kept block if the next round reuses it, else ``None``."""
-        block = self._kept
-        if block is None or len(self.live) != 1 or block.gamma - len(self._since) < self.reuse_depths:
-            return None
+    def draft(self) -> DraftBlock:
+        """Stage 1: the block for every live row (the drafter's, or a kept one: :class:`~dartree.drafting.Drafting`)."""
+        block = self.drafting.draft(self.roots, self.target.vocab_size)
+        self._times = StageTimes(draft_s=self.clock.lap())
         return block
 
-    def draft(self) -> tuple:
-        """Stage 1: the drafter's block for every live row (checked against the roots it was given)."""
-        block = self.drafter.draft_rows(self.roots)
-        check_block(block, self.roots, self.target.vocab_size, rows=len(self.live))
-        return block, self.clock.lap()
-
-    def build(self, block, draft_s: float) -> tuple:
-        """Stage 2: the builder's tree (a user builder's tree is checked before the target sees it),
-        cut to what the model can hold."""
-        target, head = self.target, self.head
-        offset = len(self._since) if block is self._kept else 0
-        if self.static_shape:
-            tree = shape_tree(block, self.builder.config, block.gamma - offset, self.roots)
-        else:
-            tree = checked_tree(self.builder, self.builder.build(block, head), block)
-        tree = fit_tree(tree, block.gamma - offset, target.lengths, target.length, target)
-        if self.verifier == "rejection":
-            # the builder's shape, tokens drawn from its head's warped distribution over the whole vocabulary
-            # along the sampled path at depths <= self.head_depths (builders with a head), else from the drafter's
-            carry = self._carried(block, offset) if offset else None
-            tree = sample_tree(tree, block, head, self.warp, self.generator, head_depths=self.head_depths,
-                               offset=offset, root_state=carry)
-            self._sampled = tree if self._kept is not None else None     # its head states, for _adopt
+    def build(self, block: DraftBlock) -> DraftTree | SampledTree:
+        """Stage 2: the tree the target verifies (the builder's, cut to what the model can hold, with the
+        verifier's draws)."""
+        tree = self.drafting.build(block, self.roots, self.target)
         build_s = self.clock.lap()
-        head_s, calls = (0.0, 0) if head is None else (head.take(), head.take_calls())
-        return tree, (draft_s, build_s, head_s), calls
-
-    def _carried(self, block, offset: int) -> Tensor:
-        """The head's state after the kept block's root and the ``offset`` tokens committed since ([1, S])."""
         head = self.head
-        if self._carry is None:
-            self._carry = head.initial_state(block)
-        device = self._carry.device
-        while self._folded < offset:
-            token = torch.tensor([[self._since[self._folded]]], dtype=torch.int64, device=device)
-            self._carry = head.advance(block, self._folded + 1, self._carry[:, None], token)[:, 0]
-            self._folded += 1
-        return self._carry
+        head_s, self._calls = (0.0, 0) if head is None else (head.take(), head.take_calls())
+        self._times = self._times._replace(build_s=build_s, head_s=head_s)
+        return tree
 
-    def _adopt(self, accepted: list[int], kept: int) -> None:
-        """Take the head's state after the deepest committed node of the round's path that has one (the sampled
-        tree made it for that node's children) as the carried state: fewer ``advance`` calls in :meth:`_carried`.
-        ``accepted``: the path's nodes, root first (then ``PAD``); ``kept``: the tokens committed."""
-        sampled, before = self._sampled, len(self._since)
-        if sampled is None or sampled.states is None:
-            return
-        path = [u for u in accepted if u != PAD]
-        stated = sampled.stated[0].tolist()       # one host read a round (a host list on the CPU already)
-        for j in range(min(len(path) - 1, kept), -1, -1):      # node path[j]'s state: after j committed tokens
-            if before + j > self._folded and stated[path[j]]:
-                self._carry, self._folded = sampled.states[0, path[j]][None].clone(), before + j
-                return
-
-    def verify(self, drafted: DraftTree | SampledTree, times: tuple[float, float, float], head_calls: int) -> Verified:
-        """Stage 3: one target forward over every row's tree, then the decode's acceptance rule."""
+    def verify(self, drafted: DraftTree | SampledTree) -> Verified:
+        """Stage 3: one target forward over every row's tree, then the verifier's acceptance."""
         target, clock = self.target, self.clock
         tree = drafted.tree if isinstance(drafted, SampledTree) else drafted
         # the absolute position of each row's root: what a keyed sampler is given
         prefix = target.length if len(self.live) == 1 else target.lengths_tensor().to(tree.device)
         inputs = target.tree_inputs(tree)
         mask_s = clock.lap()
-        lazy = self.walk.logits(tree.tokens.numel()) == "root"
+        lazy = self.verifier.logits(tree.tokens.numel()) == "root"
         scored = target.forward_tree(inputs, logits="root" if lazy else "all")
         target_s = clock.lap()
-        if lazy:
-            rows = TimedRows(target, scored.final)
-            result = self._accept(drafted, scored, prefix, rows)
-        else:
-            result = self._accept(drafted, scored, prefix)
+        rows = TimedRows(target, scored.final) if lazy else None
+        result = self.verifier.accept(drafted, scored, prefix, rows)
         verify_s = target_s + clock.lap()
         if lazy:
             target_s += rows.seconds                # LM-head rows of the walk are target work
-        draft_s, build_s, head_s = times
-        return Verified(result, scored.hidden, tree.num_nodes - 1,
-                        (draft_s, build_s, mask_s, verify_s, head_s, target_s), head_calls)
+        times = self._times._replace(mask_s=mask_s, verify_s=verify_s, target_s=target_s)
+        return Verified(result, scored.hidden, tree.num_nodes - 1, times, self._calls)
 
     def verify_next(self) -> Verified:
-        """Stage 3 of the AR baseline: one causal step per live row, its argmax or its draw."""
+        """Stage 3 of the AR baseline: one causal step per live row, the verifier's token."""
         target, clock = self.target, self.clock
-        positions = target.lengths_tensor() + 1 if self.sampler is not None else None   # where the draws sit
-        logits = target.forward_next(self.roots).logits[:, -1]                          # [b, V]
+        positions = target.lengths_tensor() + 1 if self.verifier.name != "greedy" else None   # where draws sit
+        logits = target.forward_next(self.roots).logits[:, -1]                               # [b, V]
         target_s = clock.lap()
-        if self.sampler is None:
-            nxt = logits.argmax(dim=-1)
-        else:
-            nxt = sample_checked(self.sampler, self.warp.logits(logits), positions).to(torch.int64)
+        nxt = self.verifier.next_token(logits, positions)
         zero = torch.zeros_like(nxt)
         result = VerifyResult(accepted=zero[:, None], accepted_length=zero, bonus=nxt, tokens=nxt[:, None],
                               picks=nxt[:, None])
-        return Verified(result, None, zero, (0.0, 0.0, 0.0, target_s + clock.lap(), 0.0, target_s), 0)
+        return Verified(result, None, zero, StageTimes(verify_s=target_s + clock.lap(), target_s=target_s), 0)
 
     def commit(self, verified: Verified) -> list[int]:
         """Stage 4: per row, truncate at a stop token or the token limit, keep the committed slots in the
@@ -348,16 +242,12 @@ class Engine:
             longest = max(longest, len(committed))
             kept, stop = truncate(committed, self.reqs[q].max_new_tokens - len(self.generated[q]), self.reqs[q].stop)
             self.generated[q].extend(kept)
-            if self._kept is not None:
-                if len(live) == 1:
-                    self._adopt(host[r][n: 2 * n], len(kept))
-                    self._since += kept
-                else:
-                    self._kept = None
+            if self.drafting is not None:
+                self.drafting.committed(host[r][n: 2 * n], kept, len(live))
             self.stopped[q] = stop
             counts.append(len(kept))
             done.append(stop or len(self.generated[q]) >= self.reqs[q].max_new_tokens)
-        self.walk.record(longest)
+        self.verifier.record(longest)
         c = max(counts)
         target.commit(result.accepted, counts, host[0][n: n + c] if b == 1 else None)
         roots, hidden, cached = self.roots, None, None
@@ -387,40 +277,16 @@ class Engine:
         if fed and drafter is not None:
             drafter.append_rows(hidden, cached, [counts[r] for r in fed])
         context_s = self.clock.lap()
-        draft_s, build_s, mask_s, verify_s, head_s, target_s = verified.times
+        times = verified.times._replace(commit_s=kv_s + context_s, context_s=context_s)
         for r, q in enumerate(live):
             row = host[r][:n]
             accepted_length = (row.index(-1) if -1 in row else n) - 1
-            stats = RoundStats(accepted_length, counts[r], host[r][2 * n], draft_s, build_s, mask_s, verify_s,
-                               kv_s + context_s, head_s, target_s, context_s, verified.head_calls)
+            stats = RoundStats.of(accepted_length, counts[r], host[r][2 * n], times, verified.head_calls)
             self.rounds[q].append(stats)
             if self.on_round is not None:
                 self.on_round(q, stats, self.generated[q][len(self.generated[q]) - counts[r]:])
         self.live, self.roots = [live[r] for r in keep], nxt if len(fed) == len(keep) else nxt[:0]
         return [live[r] for r in range(b) if done[r]]
-
-    # ------------------------------------------------------------------------------ acceptance
-    def _walk_greedy(self, tree: DraftTree, scored: TargetOutput, prefix, rows=None) -> VerifyResult:
-        if rows is not None:
-            return walk_greedy(tree, scored.logits[:, 0], rows)
-        return walk_greedy_logits(tree, scored.logits)
-
-    def _all_greedy(self, tree: DraftTree, scored: TargetOutput, prefix, rows=None) -> VerifyResult:
-        return verify_greedy(tree, scored.logits.to(tree.device))
-
-    # at T>0 the target's logits are warped first (temperature, top-k, top-p, min-p), then drawn at temperature 1:
-    # x / 1.0 is x, so the draws are AR's to the bit
-    def _walk_sampled(self, tree: DraftTree, scored: TargetOutput, prefix, rows=None) -> VerifyResult:
-        warp = self.warp.logits
-        node_rows = rows or scored_rows(scored.logits)
-        return walk_sampled(tree, warp(scored.logits[:, 0]), lambda r, n: warp(node_rows(r, n)), 1.0, self.sampler,
-                            prefix)
-
-    def _all_sampled(self, tree: DraftTree, scored: TargetOutput, prefix, rows=None) -> VerifyResult:
-        return verify_sampled(tree, self.warp.logits(scored.logits.to(tree.device)), 1.0, self.sampler, prefix)
-
-    def _rejection(self, sampled: SampledTree, scored: TargetOutput, prefix, rows=None) -> VerifyResult:
-        return verify_rejection(sampled, scored.logits.to(sampled.tree.device), self.warp, self.generator)
 
     # ---------------------------------------------------------------------------------- output
     def run(self) -> None:

@@ -17,6 +17,7 @@ import operator
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -27,8 +28,8 @@ from dartree.tree import DraftTree
 from dartree.verify.sampling import GeneratorSampler, Sampler, check_temperature, sample_checked
 from dartree.verify.warp import Warp
 
-__all__ = ["RoundStats", "GenerationResult", "STOP_REASONS", "ROUND_STAGES", "Request", "Clock", "TimedRows",
-           "ROWS_PER_PASS", "WalkRows", "scored_rows", "walk_pays",
+__all__ = ["RoundStats", "StageTimes", "GenerationResult", "STOP_REASONS", "ROUND_STAGES", "Request", "Clock",
+           "TimedRows", "ROWS_PER_PASS", "WalkRows", "scored_rows", "walk_pays",
            "as_target", "check_options", "check_request", "check_requests", "Options", "VERIFIERS", "DEFAULT_VERIFIER",
            "check_block", "fit_tree", "first_tokens", "truncate",
            "index_arg", "stop_tokens"]
@@ -36,6 +37,21 @@ __all__ = ["RoundStats", "GenerationResult", "STOP_REASONS", "ROUND_STAGES", "Re
 STOP_REASONS = ("max_new_tokens", "stop_token")
 #: Disjoint per-round stages, in round order; they sum to ``RoundStats.total_s``.
 ROUND_STAGES = ("draft", "head", "builder", "mask", "target", "accept", "context", "kv")
+
+
+class StageTimes(NamedTuple):
+    """A round's wall seconds by stage (:class:`RoundStats` has the meaning of each): ``draft``, ``build``,
+    ``mask``, ``verify``, ``commit`` are disjoint; ``head`` is inside ``build``, ``target`` inside ``verify``,
+    ``context`` inside ``commit``."""
+
+    draft_s: float = 0.0
+    build_s: float = 0.0
+    mask_s: float = 0.0
+    verify_s: float = 0.0
+    commit_s: float = 0.0
+    head_s: float = 0.0
+    target_s: float = 0.0
+    context_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -69,6 +85,19 @@ class RoundStats:
     target_s: float = 0.0
     context_s: float = 0.0
     head_calls: int = 0       # correction-head method calls in the build (what bound pruning saves)
+
+    @classmethod
+    def of(cls, accepted_length: int, committed: int, tree_size: int, times: StageTimes,
+           head_calls: int = 0) -> RoundStats:
+        """A round's statistics from its stage times."""
+        return cls(accepted_length=accepted_length, committed=committed, tree_size=tree_size, head_calls=head_calls,
+                   **times._asdict())
+
+    @property
+    def times(self) -> StageTimes:
+        """The round's stage times as one record."""
+        return StageTimes(self.draft_s, self.build_s, self.mask_s, self.verify_s, self.commit_s, self.head_s,
+                          self.target_s, self.context_s)
 
     @property
     def total_s(self) -> float:

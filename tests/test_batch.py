@@ -300,7 +300,7 @@ def test_batched_rows_at_t1_take_the_keyed_walk_as_generate_does(monkeypatch):
     """generate_batch and serve run the one round: on the CPU with a keyed sampler the acceptance walk draws
     only at the nodes it visits (walk_sampled), never verify_sampled's draw at every node; rows still equal
     generate alone."""
-    import dartree.engine as engine_module
+    import dartree.verifiers as engine_module
 
     model = model_for("llama", "sdpa")
     sampler = KeyedSampler(5)

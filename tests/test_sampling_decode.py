@@ -138,7 +138,7 @@ def test_default_verifier_follows_the_sampler():
     model = model_for("llama", "sdpa")
     builder, head = builder_and_head("chain")
     dec = SpeculativeDecoder(model, OracleDrafter(model, GAMMA), builder, head)
-    assert dec.engine(None).verifier == "greedy"
+    assert dec.engine(None).verifier.name == "greedy"
     from dartree.rounds import DEFAULT_VERIFIER, check_request
 
     target = HFTarget(model)

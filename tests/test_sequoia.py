@@ -198,7 +198,8 @@ def test_measure_acceptance_on_rejection_decodes():
     got = measure_acceptance(probe, prompts, 24, 1.0, sampler, min_tests=5)
     assert check_acceptance(got) == got and 1 <= len(got) <= 4
     chain = SpeculativeDecoder(model, drafter, make_builder("chain"))
-    assert len(measure_acceptance(chain, prompts, 24, 1.0, sampler, min_tests=5)) == 1
+    # the target's p of the drafter's peak is ~0.02 here: 64 tokens a prompt, so that rank 0 is accepted at all
+    assert len(measure_acceptance(chain, prompts, 64, 1.0, sampler, min_tests=5)) == 1
 
 
 def test_the_carried_head_state_is_the_state_after_the_committed_tokens():
@@ -222,11 +223,12 @@ def test_the_carried_head_state_is_the_state_after_the_committed_tokens():
     checked = 0
     while engine.live:
         engine.step()
-        block, since = engine._kept, list(engine._since)
-        if engine.live and engine._reusable() is not None and since:
+        reuse = engine.drafting.reuse
+        block, since = reuse.block, list(reuse.since)
+        if engine.live and reuse.reusable(len(engine.live)) is not None and since:
             want = head.initial_state(block)
             for j, token in enumerate(since):
                 want = head.advance(block, j + 1, want[:, None], torch.tensor([[token]]))[:, 0]
-            assert torch.equal(engine._carried(block, len(since)), want)
+            assert torch.equal(reuse.carried(block, len(since)), want)
             checked += 1
     assert checked >= 3

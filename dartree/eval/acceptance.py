@@ -41,9 +41,8 @@ def measure_acceptance(decoder, prompts: Sequence, max_new_tokens: int = 64, tem
             engine.admit([req])
             while engine.live:
                 engine.clock.lap()
-                block, draft_s = engine.draft()
-                drafted, times, calls = engine.build(block, draft_s)
-                verified = engine.verify(drafted, times, calls)
+                drafted = engine.build(engine.draft())
+                verified = engine.verify(drafted)
                 if isinstance(drafted, SampledTree):
                     walks += _walk(drafted.tree.parents[0].tolist(), int(drafted.tree.num_nodes[0]),
                                    [u for u in verified.result.accepted[0].tolist() if u != PAD])

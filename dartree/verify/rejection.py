@@ -103,14 +103,19 @@ class SampledTree:
 
     def proposal(self, row: int, node: int, vocab: int) -> np.ndarray:
         """Node ``node``'s proposal over the whole vocabulary (float64, host)."""
-        r = int(self.row_of[row, node])
-        q = self.probs[row, r].double().cpu().numpy()
-        q = q / q.sum()                                 # float32 proposals, renormalised in float64
-        if self.support is None:
-            return q
-        full = np.zeros(vocab)
-        full[self.support[row, r].cpu().numpy()] = q
-        return full
+        support = None if self.support is None else self.support.cpu().numpy()
+        return _proposal(self.probs.cpu().numpy(), support, row, int(self.row_of[row, node]), vocab)
+
+
+def _proposal(probs: np.ndarray, support: np.ndarray | None, row: int, r: int, vocab: int) -> np.ndarray:
+    """Proposal row ``r`` of ``row`` over the whole vocabulary, float64 renormalised (host arrays)."""
+    q = probs[row, r].astype(np.float64)
+    q /= q.sum()                                        # float32 proposals, renormalised in float64
+    if support is None:
+        return q
+    full = np.zeros(vocab)
+    full[support[row, r]] = q
+    return full
 
 
 #: top-p of a proposal is taken over this many most likely tokens (:func:`proposal_probs`)
@@ -156,31 +161,26 @@ def _draw_without_replacement(q: Tensor, m: int, generator: torch.Generator | No
         u = torch.rand((*q.shape[:-1], 1), generator=generator, dtype=torch.float64, device=q.device)
         # the first token whose cumulative mass exceeds u * total, a point kept below the total (u * total may
         # round up to it): never a token of mass 0, whose cumulative mass equals its predecessor's
-        if q.device.type == "cpu" and not q.requires_grad:
-            # perf (CPU): the same arithmetic in numpy, 4 calls of ~3 us instead of 7 torch ops of ~5 us
-            cdf = np.cumsum(q.numpy(), axis=-1, dtype=np.float64)
-            total = cdf[..., -1:]
-            point = np.minimum(u.numpy() * total, np.nextafter(total, 0.0))
-            return torch.from_numpy((cdf <= point).sum(axis=-1, keepdims=True))
-        cdf = q.double().cumsum(-1)
+        cdf = q.cumsum(-1, dtype=torch.float64)
         total = cdf[..., -1:]
         point = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
         return torch.searchsorted(cdf, point, right=True)
     u = torch.rand(q.shape, generator=generator, dtype=torch.float32, device=q.device)
-    keys = q.float().log() - torch.log(-torch.log(u.clamp_min(torch.finfo(torch.float32).tiny)))
+    # log q + G orders as q / E with E = -log u ~ Exp(1) (one log over V instead of three)
+    keys = q.float() / u.clamp_min(torch.finfo(torch.float32).tiny).log_().neg_()
     return torch.topk(keys, m, dim=-1).indices
 
 
-def _children(tree: DraftTree) -> list[list[list[int]]]:
-    """Per row, per node, its children in sibling order (node index order)."""
-    counts, parents = tree.num_nodes.tolist(), tree.parents.tolist()
-    out = []
-    for r, count in enumerate(counts):
-        kids: list[list[int]] = [[] for _ in range(tree.max_nodes)]
-        for i in range(1, count):
-            kids[parents[r][i]].append(i)
-        out.append(kids)
-    return out
+def _draws(q: Tensor, m: int, generator: torch.Generator | None) -> tuple[list, list]:
+    """:func:`_draw_without_replacement` as host lists, and per row how many of the ``m`` draws have positive mass
+    (they come first: a node with more children than that keeps only that many).
+
+    Shape: ``q`` float ``[..., V]`` -> ``[...][m]`` tokens (or candidate indices), ``[...]`` counts.
+    """
+    drawn = _draw_without_replacement(q, m, generator)
+    if m == 1:      # one draw: any proposal has a token of positive mass (perf: no gather)
+        return drawn.tolist(), torch.ones(q.shape[:-1], dtype=torch.int64).tolist()
+    return drawn.tolist(), (q.gather(-1, drawn.to(q.device)) > 0).sum(-1).tolist()
 
 
 def sample_tree(template: DraftTree, block: DraftBlock, head=None, warp: Warp | None = None,
@@ -230,29 +230,38 @@ def sample_tree(template: DraftTree, block: DraftBlock, head=None, warp: Warp | 
         raise ValueError(f"template: {template.batch_size} rows, the block has {b}")
     if template.device != logits.device:
         raise ValueError(f"template: on {template.device}, the block on {logits.device}")
-    kids = _children(template)
-    depths = template.depths.tolist()
-    deepest = max(depths[r][u] for r, c in enumerate(template.num_nodes.tolist()) for u in range(c))
+    # one host read of the template's integers: the draws are placed on the host
+    n = template.max_nodes
+    host = torch.cat([template.parents, template.depths, template.tokens, template.num_nodes[:, None]], dim=1).tolist()
+    counts = [h[3 * n] for h in host]
+    depths = [h[n: 2 * n] for h in host]
+    kids = [[[] for _ in range(n)] for _ in range(b)]
+    for r in range(b):
+        parents, row_kids = host[r], kids[r]
+        for i in range(1, counts[r]):
+            row_kids[parents[i]].append(i)
+    tokens = [h[2 * n: 3 * n] for h in host]
+    keep = [[u < c for u in range(n)] for c in counts]
+    deepest = max(depths[r][u] for r, c in enumerate(counts) for u in range(c))
     if deepest + offset > gamma:
         raise ValueError(f"template: a node deeper than the block's gamma={gamma} (offset {offset})")
     states = stated = None
     if head is None:
         # q at each depth that has parents (perf: a filter's sort is per row): [b, D, V]
         probs = proposal_probs(warp, logits[:, offset: offset + max(1, deepest)])
-        row_of = template.depths.clone()
-        tokens, keep = _draw_vocab(template, kids, depths, probs, generator)
+        rows = depths
+        _draw_vocab(tokens, keep, kids, depths, probs, generator)
         support = None
     else:
-        tokens, keep, probs, support, rows, (states, stated) = _draw_head(
-            template, kids, depths, block, head, warp, generator, vocab if topk is None else min(vocab, topk),
+        probs, support, rows, (states, stated) = _draw_head(
+            tokens, keep, kids, depths, block, head, warp, generator, vocab if topk is None else min(vocab, topk),
             gamma if head_depths is None else min(gamma, head_depths), offset, root_state)
-        row_of = torch.tensor(rows, dtype=torch.int64, device=logits.device)
-    # nodes without (kept) children point nowhere
-    proposes = [[bool(kids[r][u]) and keep[r][u] for u in range(template.max_nodes)] for r in range(b)]
-    row_of = torch.where(torch.tensor(proposes, device=logits.device), row_of, torch.full_like(row_of, PAD))
-    tree = DraftTree(tokens=torch.tensor(tokens, dtype=torch.int64, device=logits.device), parents=template.parents,
-                     depths=template.depths, scores=template.scores, ranks=template.ranks,
-                     num_nodes=template.num_nodes)
+    # nodes without (kept) children point nowhere; tokens and rows in one tensor
+    row_of = [[rows[r][u] if kids[r][u] and keep[r][u] else PAD for u in range(n)] for r in range(b)]
+    both = torch.tensor([tokens, row_of], dtype=torch.int64, device=logits.device)
+    tree = DraftTree(tokens=both[0], parents=template.parents, depths=template.depths, scores=template.scores,
+                     ranks=template.ranks, num_nodes=template.num_nodes)
+    row_of = both[1]
     sampled = SampledTree(tree, probs, row_of, support, states, stated)
     if all(all(k) for k in keep):
         return sampled
@@ -270,23 +279,19 @@ def sample_tree(template: DraftTree, block: DraftBlock, head=None, warp: Warp | 
     return SampledTree(kept, probs, row_of, support, states, stated)
 
 
-def _draw_vocab(template: DraftTree, kids, depths, probs: Tensor, generator) -> tuple[list, list]:
-    """Every node's children at once: one draw without replacement over the vocabulary per node with children."""
-    b, n = template.tokens.shape
-    tokens = template.tokens.tolist()
-    keep = [[u < c for u in range(n)] for c in template.num_nodes.tolist()]
-    parents = [(r, u) for r in range(b) for u in range(n) if keep[r][u] and kids[r][u]]
+def _draw_vocab(tokens: list, keep: list, kids, depths, probs: Tensor, generator) -> None:
+    """Every node's children at once: one draw without replacement over the vocabulary per node with children
+    (placed in ``tokens`` and ``keep``, host lists ``[b][n]``)."""
+    parents = [(r, u) for r, row in enumerate(keep) for u, kept in enumerate(row) if kept and kids[r][u]]
     if not parents:
-        return tokens, keep
-    rows = torch.tensor([r for r, _ in parents], dtype=torch.int64, device=probs.device)
-    at = torch.tensor([depths[r][u] for r, u in parents], dtype=torch.int64, device=probs.device)
-    q = probs[rows, at]                                                  # [k, V] each parent's proposal
+        return
+    rows = torch.tensor([[r for r, _ in parents], [depths[r][u] for r, u in parents]], dtype=torch.int64,
+                        device=probs.device)
+    q = probs[rows[0], rows[1]]                                          # [k, V] each parent's proposal
     most = max(len(kids[r][u]) for r, u in parents)
-    drawn = _draw_without_replacement(q, min(most, q.shape[-1]), generator).tolist()
-    positive = (q > 0).sum(-1).tolist()
+    drawn, positive = _draws(q, min(most, q.shape[-1]), generator)
     for (r, u), row, count in zip(parents, drawn, positive, strict=True):
         _place(tokens[r], keep[r], kids[r], u, row, count)
-    return tokens, keep
 
 
 def _place(tokens: list[int], keep: list[bool], kids: list[list[int]], node: int, drawn: list[int],
@@ -305,17 +310,18 @@ def _drop(keep: list[bool], kids: list[list[int]], node: int) -> None:
         _drop(keep, kids, child)
 
 
-def _draw_head(template: DraftTree, kids, depths, block: DraftBlock, head, warp: Warp, generator, k: int,
+def _draw_head(tokens: list, keep: list, kids, depths, block: DraftBlock, head, warp: Warp, generator, k: int,
                head_depths: int, offset: int = 0, root_state: Tensor | None = None):
     """Depth by depth along the sampled path: one head ``logits``, one draw and one ``advance`` call per depth,
     for the children at depths ``<= head_depths``; deeper children, all at once, from the drafter's ``q`` at
     their depth (over the whole vocabulary: ``k == V``).
 
-    Returns tokens and keep (host lists), the proposals ``[b, R, P]`` (one row per parent node, in the order
-    they were drawn: a depth's parents padded to the batch's most), the support (``None`` when ``P == V``) and
-    ``row_of`` (host ``[b][n]``: each parent's row, ``PAD`` elsewhere).
+    Places the draws in ``tokens`` and ``keep`` (host lists ``[b][n]``); returns the proposals ``[b, R, P]`` (one
+    row per parent node, in the order they were drawn: a depth's parents padded to the batch's most), the support
+    (``None`` when ``P == V``), ``row_of`` (host ``[b][n]``: each parent's row, ``PAD`` elsewhere) and the head's
+    states with their flags.
     """
-    b, n = template.tokens.shape
+    b, n = len(tokens), len(tokens[0])
     vocab = block.logits.shape[-1]
     device = block.logits.device
     if k < vocab:
@@ -324,8 +330,6 @@ def _draw_head(template: DraftTree, kids, depths, block: DraftBlock, head, warp:
         cand = None
     cand_host = cand.tolist() if cand is not None else None               # None: a candidate index is its token
     vocab_logits = getattr(head, "vocab_logits", None) if k == vocab else None
-    tokens = template.tokens.tolist()
-    keep = [[u < c for u in range(n)] for c in template.num_nodes.tolist()]
     row_of = [[PAD] * n for _ in range(b)]
     blocks: list[Tensor] = []             # proposal rows, [b, m, P] per depth (then the drafter's)
     slot_depth: list[int] = []            # the block depth (0-based) each row's candidates come from
@@ -356,9 +360,7 @@ def _draw_head(template: DraftTree, kids, depths, block: DraftBlock, head, warp:
         blocks.append(q)
         slot_depth += [offset + d - 1] * m
         most = max(len(kids[r][u]) for r in range(b) for u in parents[r])
-        drawn = _draw_without_replacement(q, min(most, k), generator).tolist()    # [b, m, most] candidate indices
-        # one child a parent: any proposal has a token of positive mass, nothing is cut (perf: no pass over q)
-        positive = (q > 0).sum(-1).tolist() if most > 1 else [[1] * m] * b
+        drawn, positive = _draws(q, min(most, k), generator)    # [b, m, most] candidate indices, [b, m]
         child_parent, child_token, children = [], [], []
         for r in range(b):
             for j, u in enumerate(parents[r]):
@@ -371,14 +373,18 @@ def _draw_head(template: DraftTree, kids, depths, block: DraftBlock, head, warp:
         c = max(len(x) for x in children)
         if c == 0 or d == head_depths:            # no child has children of its own (a state is for its children)
             break
-        at = torch.tensor([x + [0] * (c - len(x)) for x in child_parent], dtype=torch.int64, device=device)
-        drawn_tokens = torch.tensor([x + [0] * (c - len(x)) for x in child_token], dtype=torch.int64, device=device)
+        pairs = torch.tensor([[x + [0] * (c - len(x)) for x in child_parent],
+                              [x + [0] * (c - len(x)) for x in child_token]], dtype=torch.int64, device=device)
+        at = pairs[0]
         new = head.advance(block, offset + d,
                            torch.gather(parent_states, 1, at[:, :, None].expand(-1, -1, states.shape[-1])),
-                           drawn_tokens)                                              # [b, c, S]
+                           pairs[1])                                                  # [b, c, S]
         for r in range(b):
             if children[r]:
-                states[r, children[r]] = new[r, : len(children[r])]
+                if children[r] == list(range(children[r][0], children[r][0] + len(children[r]))):
+                    states[r, children[r][0]: children[r][-1] + 1] = new[r, : len(children[r])]     # a slice: cheaper
+                else:
+                    states[r, children[r]] = new[r, : len(children[r])]
                 for c in children[r]:
                     stated[r][c] = True
     if k == vocab:
@@ -386,12 +392,11 @@ def _draw_head(template: DraftTree, kids, depths, block: DraftBlock, head, warp:
         m = max(len(x) for x in deeper)
         if m:
             pairs = [(r, u) for r in range(b) for u in deeper[r]]
-            rows = torch.tensor([r for r, _ in pairs], dtype=torch.int64, device=device)
-            at = torch.tensor([depths[r][u] + offset for r, u in pairs], dtype=torch.int64, device=device)
-            q = proposal_probs(warp, block.logits.detach()[rows, at])                       # [pairs, V]
+            rows = torch.tensor([[r for r, _ in pairs], [depths[r][u] + offset for r, u in pairs]], dtype=torch.int64,
+                                device=device)
+            q = proposal_probs(warp, block.logits.detach()[rows[0], rows[1]])               # [pairs, V]
             most = max(len(kids[r][u]) for r, u in pairs)
-            drawn = _draw_without_replacement(q, min(most, vocab), generator).tolist()
-            positive = (q > 0).sum(-1).tolist() if most > 1 else [1] * len(pairs)
+            drawn, positive = _draws(q, min(most, vocab), generator)
             first = [0] * b                       # each row's pairs, then padding: a [b, m, V] block of rows
             for r, u in pairs:
                 row_of[r][u] = len(slot_depth) + first[r]
@@ -414,10 +419,10 @@ def _draw_head(template: DraftTree, kids, depths, block: DraftBlock, head, warp:
     probs = torch.cat(blocks, dim=1) if blocks else torch.zeros(b, 0, width, dtype=torch.float32, device=device)
     states_out = (states, torch.tensor(stated, dtype=torch.bool, device=device))
     if cand is None:
-        return tokens, keep, probs, None, row_of, states_out
+        return probs, None, row_of, states_out
     support = cand[:, torch.tensor(slot_depth, dtype=torch.int64, device=device)] if slot_depth else \
         torch.zeros(b, 0, k, dtype=torch.int64, device=device)
-    return tokens, keep, probs, support, row_of, states_out
+    return probs, support, row_of, states_out
 
 
 def accept_step(r: np.ndarray, s: np.ndarray, x: int) -> tuple[float, np.ndarray, np.ndarray]:
@@ -480,37 +485,42 @@ def verify_rejection(sampled: SampledTree, target_logits: Tensor, warp: Warp,
     if not target_logits.is_floating_point():
         raise ValueError(f"target_logits: expected a floating dtype, got {target_logits.dtype}")
     vocab = target_logits.shape[-1]
-    kids = _children(tree)
-    tokens = tree.tokens.tolist()
+    # one host read of the tree's integers (parents, tokens, proposal rows, node counts): the walk runs on the host
+    ints = torch.cat([tree.parents, tree.tokens, sampled.row_of.to(tree.device), tree.num_nodes[:, None]], dim=1)
+    host = ints.tolist()
     device = generator.device if generator is not None else torch.device("cpu")
-    # host read on purpose: the walk runs on the host; every coin it may use, in one draw
+    # every coin the walk may use, in one draw
     coins = torch.rand((b, n), generator=generator, dtype=torch.float64, device=device).cpu().numpy()
-    paths, bonus = [], []
+    probs = sampled.probs.cpu().numpy()                                 # float32 [b, R, P] proposals
+    support = None if sampled.support is None else sampled.support.cpu().numpy()
+    outcomes = []                         # per row: the accepted nodes (root first), the committed tokens
     for row in range(b):
+        parents, tokens, row_of = host[row][:n], host[row][n: 2 * n], host[row][2 * n: 3 * n]
+        kids: list[list[int]] = [[] for _ in range(n)]
+        for i in range(1, host[row][3 * n]):
+            kids[parents[i]].append(i)
         u, path, used = 0, [0], 0
         while True:
-            p = warp.logits(target_logits[row, u]).double().softmax(-1).cpu().numpy()
-            r, nxt = p, None
-            if kids[row][u]:
-                s = sampled.proposal(row, u, vocab)
-                for child in kids[row][u]:
+            # the target's distribution at the visited node only (float64, host): a softmax over V is the walk's cost
+            r = warp.logits(target_logits[row, u]).softmax(-1, dtype=torch.float64).cpu().numpy()
+            nxt = None
+            if kids[u]:
+                s = _proposal(probs, support, row, row_of[u], vocab)
+                for child in kids[u]:
                     # accept_step, its residuals computed only on a rejection (perf: 3 of its 4 passes over V)
                     used += 1
-                    if coins[row, used - 1] < _accept_probability(r, s, tokens[row][child]):
+                    if coins[row, used - 1] < _accept_probability(r, s, tokens[child]):
                         nxt = child
                         break
-                    r, s = _after_rejection(r, s, tokens[row][child])
+                    r, s = _after_rejection(r, s, tokens[child])
             if nxt is None:               # a leaf, or every child rejected: the bonus ~ the residual
-                bonus.append(draw_index(r, coins[row, used]))
+                outcomes.append((path, [tokens[i] for i in path[1:]] + [draw_index(r, coins[row, used])]))
                 break
             path.append(nxt)
             u = nxt
-        paths.append(path)
-    accepted = [path + [PAD] * (n - len(path)) for path in paths]
-    committed = [[tokens[row][i] for i in paths[row][1:]] + [bonus[row]] for row in range(b)]
-    committed = [c + [PAD] * (n - len(c)) for c in committed]
-    out = torch.tensor([accepted, committed], dtype=torch.int64, device=tree.device)
-    lengths = torch.tensor([len(p) - 1 for p in paths], dtype=torch.int64, device=tree.device)
-    picks = torch.full((b, n), PAD, dtype=torch.int64, device=tree.device)
-    return VerifyResult(accepted=out[0], accepted_length=lengths, bonus=torch.tensor(bonus, device=tree.device),
-                        tokens=out[1], picks=picks)
+    # the outcome in one tensor: accepted nodes, committed tokens, the accepted length, the bonus, the picks (none)
+    out = [path + [PAD] * (n - len(path)) + committed + [PAD] * (n - len(committed)) + [len(path) - 1, committed[-1]]
+           + [PAD] * n for path, committed in outcomes]
+    out = torch.tensor(out, dtype=torch.int64, device=tree.device)
+    return VerifyResult(accepted=out[:, :n], accepted_length=out[:, 2 * n], bonus=out[:, 2 * n + 1],
+                        tokens=out[:, n: 2 * n], picks=out[:, 2 * n + 2:])

@@ -78,8 +78,14 @@ class GeneratorSampler:
         flat = probs.reshape(-1, probs.shape[-1])
         if self.generator is not None and self.generator.device != flat.device:
             raise ValueError(f"generator: on {self.generator.device}, logits on {flat.device}")
-        out = torch.multinomial(flat, 1, generator=self.generator)
-        return out.reshape(probs.shape[:-1])
+        # one uniform per row by the inverse CDF (float64): the first token whose cumulative mass exceeds u * total,
+        # a point kept below the total, so never a token of mass 0 (perf: torch.multinomial took ~4x as long on a
+        # row of 4,098 on the CPU: every AR step at T>0 draws once)
+        u = torch.rand((flat.shape[0], 1), generator=self.generator, dtype=torch.float64, device=flat.device)
+        cdf = flat.cumsum(-1, dtype=torch.float64)
+        total = cdf[:, -1:]
+        point = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
+        return torch.searchsorted(cdf, point, right=True).reshape(probs.shape[:-1])
 
 
 def _mul32(x: Tensor, c: int) -> Tensor:
