@@ -12,9 +12,10 @@ used as is, :class:`OneRow`), ``generate_batch`` admits every prompt, ``dartree.
 prompts as rows finish, and the AR baselines are an engine without a drafter (``draft`` and ``build``
 are skipped and ``verify`` is one causal step per row).  How a decode verifies is chosen once, when
 the engine is made (:attr:`Engine.verifier`): ``"greedy"`` at T=0; at T>0 ``"match"`` (exact
-target-sample matching: keyed draws give output equal to AR token for token) or ``"rejection"`` (trees
+target-sample matching: keyed draws give output equal to AR token for token), ``"rejection"`` (trees
 sampled from the head's or the drafter's distribution, recursive rejection sampling: AR's law,
-:mod:`dartree.verify.rejection`).  Under ``"rejection"`` a Sequoia builder's tree is its static shape, and
+:mod:`dartree.verify.rejection`) or ``"traversal"`` (the same trees, Traversal Verification,
+:mod:`dartree.verify.traversal`).  Under either a Sequoia builder's tree is its static shape, and
 with a head and one live row ``step`` may skip ``draft``: the kept block serves the round, the head proposing
 from its state after the tokens committed since (block reuse, ``SequoiaConfig.reuse_depths``,
 docs/verification.md).  The target owns its
@@ -39,8 +40,9 @@ from dartree.builders import SequoiaConfig, checked_tree
 from dartree.fast.sequoia import shape_tree
 from dartree.models.target import HFTarget, TargetOutput
 from dartree.rounds import (
+    ALL_VERIFIERS,
+    SAMPLED_VERIFIERS,
     STOP_REASONS,
-    VERIFIERS,
     Clock,
     GenerationResult,
     Request,
@@ -64,6 +66,7 @@ from dartree.verify.accept import (
 )
 from dartree.verify.rejection import HEAD_DEPTHS, SampledTree, sample_tree, verify_rejection
 from dartree.verify.sampling import GeneratorSampler, KeyedSampler, sample_checked
+from dartree.verify.traversal import verify_traversal
 from dartree.verify.warp import Warp
 
 __all__ = ["Engine", "OneRow", "Verified"]
@@ -145,9 +148,9 @@ class Engine:
         # walk draws only at the nodes it visits, and while walks are short the LM head runs only there too
         # (WalkRows; scores_rows_apart: probed once per target); a custom sampler draws at every node
         self.verifier = "greedy" if sampler is None else verifier
-        if self.verifier not in ("greedy", *VERIFIERS):
-            raise ValueError(f"verifier: expected one of {VERIFIERS} at T>0, got {verifier!r}")
-        rejection = self.verifier == "rejection"
+        if self.verifier not in ("greedy", *ALL_VERIFIERS):
+            raise ValueError(f"verifier: expected one of {ALL_VERIFIERS} at T>0, got {verifier!r}")
+        rejection = self.verifier in SAMPLED_VERIFIERS          # sampled trees: rejection or traversal
         self.generator = getattr(sampler, "generator", None) if rejection else None
         # under rejection only a tree's shape is kept: a Sequoia builder's is static, so its tokens (candidates,
         # and for corrected-sequoia a head call and a sort per depth) are skipped (perf: the builder stage of
@@ -257,7 +260,7 @@ class Engine:
         else:
             tree = checked_tree(self.builder, self.builder.build(block, head), block)
         tree = fit_tree(tree, block.gamma - offset, target.lengths, target.length, target)
-        if self.verifier == "rejection":
+        if self.verifier in SAMPLED_VERIFIERS:
             # the builder's shape, tokens drawn from its head's warped distribution over the whole vocabulary
             # along the sampled path at depths <= self.head_depths (builders with a head), else from the drafter's
             carry = self._carried(block, offset) if offset else None
@@ -420,7 +423,8 @@ class Engine:
         return verify_sampled(tree, self.warp.logits(scored.logits.to(tree.device)), 1.0, self.sampler, prefix)
 
     def _rejection(self, sampled: SampledTree, scored: TargetOutput, prefix, rows=None) -> VerifyResult:
-        return verify_rejection(sampled, scored.logits.to(sampled.tree.device), self.warp, self.generator)
+        verify = verify_traversal if self.verifier == "traversal" else verify_rejection
+        return verify(sampled, scored.logits.to(sampled.tree.device), self.warp, self.generator)
 
     # ---------------------------------------------------------------------------------- output
     def run(self) -> None:

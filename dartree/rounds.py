@@ -343,6 +343,12 @@ def _check_prompt(target: HFTarget, input_ids: object, max_new_tokens: int) -> T
 #: the acceptance rules at T>0: exact target-sample matching of deterministic trees, and recursive rejection
 #: sampling of sampled trees (:mod:`dartree.verify.rejection`); T=0 is always "greedy"
 VERIFIERS = ("match", "rejection")
+#: every acceptance rule a decode takes at T>0: VERIFIERS and Traversal Verification of sampled trees
+#: (:mod:`dartree.verify.traversal`), which eval/tune.py does not rank yet (it draws keyed samples for every verifier
+#: but "rejection")
+ALL_VERIFIERS = (*VERIFIERS, "traversal")
+#: the verifiers of trees sampled with a torch.Generator's draws: lossless in law, not token for token
+SAMPLED_VERIFIERS = ("rejection", "traversal")
 #: the T>0 default with a torch.Generator's draws, chosen by measurement (docs/results.md, "Sampled trees from the
 #: correction head, the default verifier"): on the zoo at T=1 rejection's tau is 1.4-1.6x matching's at the same
 #: budget and every demo method decodes 1.2-1.4x faster with it; at T=0.5 and 0.7 with top-p 0.95 ddtree is
@@ -373,9 +379,9 @@ def check_options(target: HFTarget, max_new_tokens: object, temperature: object 
 
     ``top_k`` / ``top_p`` / ``min_p`` (HF ``generate``'s semantics, :class:`~dartree.verify.warp.Warp`) shape the
     target's distribution at T>0 for AR and both verifiers alike; at T=0 (greedy) they are checked and unused.
-    ``verifier``: one of :data:`VERIFIERS`, or ``None``: :data:`DEFAULT_VERIFIER` with a ``GeneratorSampler``
+    ``verifier``: one of :data:`ALL_VERIFIERS`, or ``None``: :data:`DEFAULT_VERIFIER` with a ``GeneratorSampler``
     (or none), ``"match"`` with a ``KeyedSampler`` or a custom sampler; at T=0 decoding is greedy whatever it
-    says.  ``"rejection"`` draws from a ``torch.Generator``: ``sampler`` must be ``None`` or a
+    says.  ``"rejection"`` and ``"traversal"`` draw from a ``torch.Generator``: ``sampler`` must be ``None`` or a
     :class:`GeneratorSampler` (a ``KeyedSampler``'s keyed draws are for ``"match"``).
     """
     max_new_tokens = index_arg("max_new_tokens", max_new_tokens)
@@ -385,8 +391,8 @@ def check_options(target: HFTarget, max_new_tokens: object, temperature: object 
     if sampler is not None and not callable(getattr(sampler, "sample", None)):   # checked at T=0 too: a typo
         raise ValueError(f"sampler: expected None, a GeneratorSampler, a KeyedSampler or any object with "
                          f"sample(logits, positions), got {type(sampler).__name__}")
-    if verifier is not None and verifier not in VERIFIERS:
-        raise ValueError(f"verifier: expected None (the default, {DEFAULT_VERIFIER!r}) or one of {VERIFIERS}, "
+    if verifier is not None and verifier not in ALL_VERIFIERS:
+        raise ValueError(f"verifier: expected None (the default, {DEFAULT_VERIFIER!r}) or one of {ALL_VERIFIERS}, "
                          f"got {verifier!r}")
     warp = Warp(temperature if temperature > 0 else 1.0, top_k, top_p, min_p)     # checked at T=0 too
     if temperature == 0:
@@ -396,8 +402,8 @@ def check_options(target: HFTarget, max_new_tokens: object, temperature: object 
             sampler = GeneratorSampler()
         if verifier is None:          # keyed (or custom) draws verify by matching; a torch.Generator: the default
             verifier = DEFAULT_VERIFIER if type(sampler) is GeneratorSampler else "match"
-        if verifier == "rejection" and type(sampler) is not GeneratorSampler:
-            raise ValueError(f"sampler: verifier 'rejection' draws from a torch.Generator; pass a GeneratorSampler "
+        if verifier in SAMPLED_VERIFIERS and type(sampler) is not GeneratorSampler:
+            raise ValueError(f"sampler: verifier {verifier!r} draws from a torch.Generator; pass a GeneratorSampler "
                              f"(or None), got {type(sampler).__name__} (keyed draws: use verifier='match')")
     return Options(max_new_tokens, temperature, sampler, stop_tokens(stop_token_ids, target.vocab_size), warp,
                    verifier)

@@ -32,7 +32,7 @@ from dartree.eval.peers import PEER_PREFIX, PEERS, PeerResult, make_peer, peer_u
 from dartree.eval.simulate import reference
 from dartree.eval.tune import DEFAULT_BUDGETS, DEFAULT_MIN_SPEEDUP, DEFAULT_WIDTHS, TuneResult, tune
 from dartree.models.target import HFTarget
-from dartree.rounds import VERIFIERS
+from dartree.rounds import ALL_VERIFIERS, SAMPLED_VERIFIERS
 from dartree.verify.sampling import GeneratorSampler, KeyedSampler
 from dartree.verify.warp import Warp
 
@@ -84,8 +84,8 @@ class BenchConfig:
     min_p: float | None = None
 
     def __post_init__(self) -> None:
-        if self.verifier is not None and self.verifier not in VERIFIERS:
-            raise ValueError(f"verifier: expected None or one of {VERIFIERS}, got {self.verifier!r}")
+        if self.verifier is not None and self.verifier not in ALL_VERIFIERS:
+            raise ValueError(f"verifier: expected None or one of {ALL_VERIFIERS}, got {self.verifier!r}")
         Warp(1.0, self.top_k, self.top_p, self.min_p)         # names a bad top_k / top_p / min_p
         bad = [p for p in self.peers if p not in PEERS]
         if bad or len(set(self.peers)) != len(self.peers):
@@ -358,7 +358,7 @@ def run_bench(bundle: Bundle, config: BenchConfig, argv: Sequence[str] | None = 
         verifier = verifier_of(label, temperature if tuned_at is None else tuned_at) if temperature > 0 else "greedy"
         sampler = None
         if temperature > 0:     # keyed draws (== AR token for token), or a seeded generator per prompt (rejection)
-            sampler = KeyedSampler(config.seed) if verifier != "rejection" else GeneratorSampler(
+            sampler = KeyedSampler(config.seed) if verifier not in SAMPLED_VERIFIERS else GeneratorSampler(
                 torch.Generator(device=ids.device).manual_seed(config.seed * 1_000_003 + draw))
         decoder = None if label == AR else decoders[(label, temperature if tuned_at is None else tuned_at)]
         stops = None if stop is None else [stop]
@@ -400,7 +400,7 @@ def run_bench(bundle: Bundle, config: BenchConfig, argv: Sequence[str] | None = 
                     verifier = verifier_of(m.label, temperature)
                     # rejection is lossless in law (tested), not token for token: its tokens are not compared
                     records.append(_record(m.label, dataset, temperature, prompt_id, res, seconds,
-                                           None if verifier == "rejection" else ar_tokens, verifier))
+                                           None if verifier in SAMPLED_VERIFIERS else ar_tokens, verifier))
                     bar.set_postfix_str(f"{dataset} T={temperature:g} {m.label}", refresh=False)
                     bar.update(1)
                 if temperature != 0:

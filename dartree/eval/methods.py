@@ -3,7 +3,7 @@
 Syntax: ``NAME[:KEY=VALUE,...]`` where NAME is ``ar`` or a registry name (``dartree.builders.registered()``:
 dartree's own strategies and any registered since) and KEY is a field of that builder's config
 (``budget``, ``width``, ``topk``, ``beta``, ``normalize``), ``head`` (which correction head of the
-bundle a corrected builder uses; default ``gru``), ``verifier`` (``match`` / ``rejection``: how it
+bundle a corrected builder uses; default ``gru``), ``verifier`` (``match`` / ``rejection`` / ``traversal``: how it
 verifies at T>0; default: the run's) or ``drafter`` (a name of :data:`DRAFTERS`, e.g. ``lookup``: prompt
 lookup; default: the bundle's drafter).
 ``budget=auto`` / ``width=auto`` / ``beta=auto`` are resolved by :mod:`dartree.eval.tune` before
@@ -21,7 +21,7 @@ from typing import Any
 from dartree.builders import TreeBuilder, builder_spec, make_builder, registered
 from dartree.decode import SpeculativeDecoder
 from dartree.eval.bundles import Bundle
-from dartree.rounds import VERIFIERS
+from dartree.rounds import ALL_VERIFIERS
 
 __all__ = ["AR", "AUTO", "AUTO_FIELDS", "SEARCHED_WHEN_UNSET", "DRAFTERS", "register_drafter",
            "MethodSpec", "parse_method", "parse_methods", "BACKEND_CHOICES", "resolve_backend",
@@ -44,7 +44,7 @@ class MethodSpec:
     settings: the builder config fields set explicitly, sorted by name (values may be ``"auto"``).
     head: the bundle head a corrected builder uses (``None`` for ``ar`` and uncorrected builders).
     label: how tables name it (the text it was parsed from, normalised).
-    verifier: ``match`` or ``rejection`` at T>0 (``verifier=...`` in the text; ``None``: the run's default).
+    verifier: ``match``, ``rejection`` or ``traversal`` at T>0 (``verifier=...``; ``None``: the run's default).
     drafter: a name of :data:`DRAFTERS` (``drafter=lookup``: prompt lookup; ``None``: the bundle's drafter).
     """
 
@@ -161,8 +161,8 @@ def parse_method(text: str, defaults: dict[str, Any] | None = None) -> MethodSpe
             drafter = raw.strip()
             continue
         if key == "verifier":
-            if raw.strip() not in VERIFIERS:
-                raise ValueError(f"verifier: expected one of {VERIFIERS}, got {raw.strip()!r}")
+            if raw.strip() not in ALL_VERIFIERS:
+                raise ValueError(f"verifier: expected one of {ALL_VERIFIERS}, got {raw.strip()!r}")
             verifier = raw.strip()
             continue
         if key not in fields:

@@ -13,6 +13,7 @@ from dartree.eval.datasets import DATASETS, count_prompts
 from dartree.eval.methods import AR
 from dartree.eval.outdir import write_atomic
 from dartree.eval.tune import TuneResult
+from dartree.rounds import SAMPLED_VERIFIERS
 
 __all__ = ["markdown_table", "table1", "table2", "tuning_table", "forecast_table", "bench_markdown", "write_bench"]
 
@@ -69,7 +70,7 @@ def table1(summaries: Sequence[Summary], temperature: float) -> str:
             row += [f"{s.speedup:.2f}x", f"{s.tau:.2f}" if s.rounds else "-"]     # a peer may report no rounds
             ok, total = ok + s.lossless_prompts, total + s.prompts
             tokens, seconds = tokens + s.tokens, seconds + s.seconds
-            law = s.verifier == "rejection"          # lossless in distribution (tested), tokens not compared
+            law = s.verifier in SAMPLED_VERIFIERS    # lossless in distribution (tested), tokens not compared
         check = "in law" if law else f"{ok}/{total}"
         row += [f"{tokens / seconds:.1f}" if seconds else "-", "-" if method == AR else check]
         rows.append(row)
@@ -302,14 +303,14 @@ def bench_markdown(result: BenchResult) -> str:
                   f"chosen if it beats AR by {100 * (tr.min_speedup - 1):.0f}% or more, else plain AR: "
                   f"**auto -> {tr.choice_text}**.", "", tuning_table(tr)]
     bad = [r for r in result.records if not r.matches_ar]
-    law = sorted({r.method for r in result.records if r.verifier == "rejection"})
+    law = sorted({r.method for r in result.records if r.verifier in SAMPLED_VERIFIERS})
     matched = "every method's output equals AR's token for token on every prompt (T=0 greedy; T>0 by " \
         "target-sample matching with the run's keyed sampler)"
     if law:
-        matched += (f"; {', '.join(law)} verified by rejection sampling: lossless in distribution, not token for "
-                    "token (its tokens are not compared; the exact one-round enumeration and the seeded "
-                    "chi-square tests in tests/verify/test_rejection_distribution.py and tests/test_sampling_decode.py "
-                    "prove it)")
+        matched += (f"; {', '.join(law)} verified by rejection sampling or traversal verification: lossless in "
+                    "distribution, not token for token (its tokens are not compared; the exact one-round enumeration "
+                    "and the seeded chi-square tests in tests/verify/test_rejection_distribution.py, "
+                    "tests/verify/test_traversal.py and tests/test_sampling_decode.py prove it)")
     parts += ["", f"Lossless check: {matched}."
               if not bad else f"Lossless check FAILED on {len(bad)} runs: " + ", ".join(
                   f"{r.method}/{r.dataset}/T={r.temperature:g}/{r.prompt_id} (from token {r.first_difference})"

@@ -47,7 +47,8 @@ def test_generate_streams_text_and_prints_round_stats(capsys):
     assert out.startswith("def f(x):") and "12 tokens in" in err and "tau" in err and "verify" in err
 
 
-@pytest.mark.parametrize("flag, verifier", [([], "rejection"), (["--verifier", "match"], "match")])
+@pytest.mark.parametrize("flag, verifier", [([], "rejection"), (["--verifier", "match"], "match"),
+                                            (["--verifier", "traversal"], "traversal")])
 def test_generate_at_t_above_0_verifies_by_rejection_unless_told(capsys, flag, verifier):
     """The default verifier at T>0 (dartree.rounds.DEFAULT_VERIFIER) and --verifier, named in the summary line."""
     assert main(["generate", *TOY, "--prompt", "def f(x):", "--method", "ddtree:budget=4", "--max-new-tokens",
@@ -66,6 +67,17 @@ def test_bench_writes_tables_json_and_plot(tmp_path, capsys):
     data = json.loads((out / "results.json").read_text())
     assert [s["method"] for s in data["summaries"]] == ["ar", "chain", "dartree-pruned:budget=4,width=2"]
     assert data["meta"]["command"].startswith("dartree bench --model tiny-random")
+
+
+def test_bench_verifies_by_traversal_when_told(tmp_path, capsys):
+    """--verifier traversal reaches the bench at T>0: its rows are checked in law, not token for token."""
+    out = tmp_path / "bench"
+    assert main(["bench", *TOY, "--methods", "corrected-sequoia:budget=4", "--temperatures", "1", "--verifier",
+                 "traversal", "--num-prompts", "1", "--max-new-tokens", "8", "--max-prompt-tokens", "32",
+                 "--no-warmup", "--out", str(out)]) == 0
+    data = json.loads((out / "results.json").read_text())
+    assert [s["verifier"] for s in data["summaries"] if s["method"] != "ar"] == ["traversal"]
+    assert "verified by rejection sampling or traversal verification" in (out / "results.md").read_text()
 
 
 def test_sweep_show_tree_and_tune_write_their_files(tmp_path, capsys):
@@ -154,14 +166,14 @@ def test_the_tuning_grid_defaults_are_the_tuners():
 
 
 def test_sampling_flags_parse_and_agree_with_the_library():
-    """--verifier's choices are dartree.rounds.VERIFIERS (not imported by the parser: --help stays fast);
+    """--verifier's choices are dartree.rounds.ALL_VERIFIERS (not imported by the parser: --help stays fast);
     --top-k / --top-p / --min-p reach generate and bench; bad values are one line naming the flag."""
-    from dartree.rounds import VERIFIERS
+    from dartree.rounds import ALL_VERIFIERS
 
     for command in ("generate", "bench"):
         action = next(a for a in build_parser()._subparsers._group_actions[0].choices[command]._actions
                       if "--verifier" in a.option_strings)
-        assert tuple(action.choices) == VERIFIERS
+        assert tuple(action.choices) == ALL_VERIFIERS
         args = build_parser().parse_args([command, "--verifier", "rejection", "--top-k", "5", "--top-p", "0.9",
                                           "--min-p", "0.05"])
         assert (args.verifier, args.top_k, args.top_p, args.min_p) == ("rejection", 5, 0.9, 0.05)
