@@ -286,3 +286,14 @@ def test_result_contract_matches_rejection():
         assert (out.tokens[r, k + 1:] == -1).all() and (out.accepted[r, k + 1:] == -1).all()
     assert (out.picks == -1).all()
     assert int(out.accepted_length.max()) >= 2
+
+
+def test_a_tree_of_the_root_alone_commits_the_bonus():
+    """A row cut to its root (no inner node: nothing read in the batched softmax) beside one with a child."""
+    block = rd.DraftBlock(logits=torch.zeros(2, 2, 4), root=torch.zeros(2, dtype=torch.int64))
+    sampled = rd.sample_tree(rd.template([[-1], [-1, 0]]), block, None, Warp(1.0), torch.Generator().manual_seed(0))
+    logits = torch.full((2, 2, 4), -30.0)
+    logits[0, 0, 2] = 0.0                                          # the root's target: token 2
+    out = verify_traversal(sampled, logits, Warp(1.0), torch.Generator().manual_seed(0))
+    assert out.accepted[0].tolist() == [0, -1] and out.tokens[0].tolist() == [2, -1]
+    assert int(out.accepted_length[0]) == 0 and int(out.bonus[0]) == 2
