@@ -188,3 +188,6 @@ def test_traversal_decoding_follows_the_target_distribution():
     assert sum(r.accepted_length for row in rows for r in row.rounds) > draws // 4
     stat = _chi_square(counts, joint, draws)
     assert stat < 3 * (len(joint) - 1), stat                       # df <= 26: far past the 1e-6 quantile
+    out = serve(dec, [PROMPT, PROMPT[:2]], 1, 6, temperature=0.7, sampler=GeneratorSampler(torch.Generator()),
+                verifier="traversal", top_p=0.9)                   # served, one request in flight at a time
+    assert out.tokens == 12

@@ -140,9 +140,9 @@ def _sampling_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--min-p", type=_min_p, default=None, help="drop tokens below min-p x the top probability")
     # dartree.rounds.ALL_VERIFIERS (not imported: keeps --help fast; tests/test_cli checks they agree)
     g.add_argument("--verifier", choices=("match", "rejection", "traversal"), default=None,
-                   help="how trees are verified at T>0: 'rejection' (sampled trees, recursive rejection sampling: "
-                        "lossless in distribution; generate's default), 'traversal' (sampled trees, Traversal "
-                        "Verification: leaf to root, lossless in distribution) or 'match' (target-sample matching: "
+                   help="how trees are verified at T>0: 'traversal' (sampled trees, Traversal Verification: leaf to "
+                        "root, lossless in distribution; generate's default), 'rejection' (sampled trees, recursive "
+                        "rejection sampling: lossless in distribution) or 'match' (target-sample matching: "
                         "with the seed, equal to AR token for token; bench's default, which compares tokens); a "
                         "method's own verifier=... wins")
 

@@ -2,7 +2,9 @@
 
 Source: Weng, Hu, Chen, Liu, Mei, Qiu, Tian, Shi, "Traversal Verification for Speculative Tree Decoding"
 (arXiv 2505.12398, NeurIPS 2025).  No public implementation; this one is written from the algorithm's
-statement and the proof below (ours), and is checked by exact enumeration (tests/verify/test_traversal.py).
+description (post-order walk, sequence-level weights, Block Verification's residual at a deleted node's
+parent) and the proof below, which is ours, as is the sibling update for draws without replacement; it is
+checked by exact enumeration (tests/verify/test_traversal.py).
 
 Recursive rejection (:mod:`dartree.verify.rejection`) decides token by token from the root down: a child is
 accepted with ``min(1, p(x)/q(x))`` before its own children are looked at, and a rejected child takes its

@@ -47,9 +47,9 @@ def test_generate_streams_text_and_prints_round_stats(capsys):
     assert out.startswith("def f(x):") and "12 tokens in" in err and "tau" in err and "verify" in err
 
 
-@pytest.mark.parametrize("flag, verifier", [([], "rejection"), (["--verifier", "match"], "match"),
-                                            (["--verifier", "traversal"], "traversal")])
-def test_generate_at_t_above_0_verifies_by_rejection_unless_told(capsys, flag, verifier):
+@pytest.mark.parametrize("flag, verifier", [([], "traversal"), (["--verifier", "match"], "match"),
+                                            (["--verifier", "rejection"], "rejection")])
+def test_generate_at_t_above_0_verifies_by_traversal_unless_told(capsys, flag, verifier):
     """The default verifier at T>0 (dartree.rounds.DEFAULT_VERIFIER) and --verifier, named in the summary line."""
     assert main(["generate", *TOY, "--prompt", "def f(x):", "--method", "ddtree:budget=4", "--max-new-tokens",
                  "8", "--no-stop", "--temperature", "1", *flag]) == 0
