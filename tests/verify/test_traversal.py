@@ -216,14 +216,14 @@ def test_expected_acceptance_is_at_least_recursive_rejections():
 
 
 # ----------------------------------------------------------------------------------------------- Monte Carlo
-MC_CASES = [("V4g2", "tree", False, "T1"), ("V3g3", "deep", 1, "T0.7-topk2")]
+MC_CASES = [("V4g2", "tree", False, "T1", 3000), ("V3g3", "deep", 1, "T0.7-topk2", 1500)]
 
 
-@pytest.mark.parametrize("world,shape,head,warp", MC_CASES, ids=["-".join(map(str, c)) for c in MC_CASES])
-def test_monte_carlo_of_one_round_matches_the_target(world, shape, head, warp, monkeypatch):
+@pytest.mark.parametrize("world,shape,head,warp,draws", MC_CASES, ids=["-".join(map(str, c)) for c in MC_CASES])
+def test_monte_carlo_of_one_round_matches_the_target(world, shape, head, warp, draws, monkeypatch):
     monkeypatch.setattr(rd, "verify_rejection", verify_traversal)
     w, world = WARPS[warp], WORLDS[world]
-    stat, df = chi_square(rd.sample_rounds(world, SHAPES[shape], head, w, 1500, seed=11), target_joint(world, w))
+    stat, df = chi_square(rd.sample_rounds(world, SHAPES[shape], head, w, draws, seed=11), target_joint(world, w))
     assert within(stat, df), (stat, df)
 
 
