@@ -353,8 +353,8 @@ SAMPLED_VERIFIERS = ("rejection", "traversal")
 #: trees from the correction head, the default verifier": on the zoo at T=1 rejection's tau is 1.4-1.6x matching's
 #: at the same budget and every demo method decodes 1.2-1.4x faster with it), verified by Traversal Verification
 #: (docs/verification.md, "Traversal verification": on the same trees +3.7-5.4% tau, exact and paired, for 0.2-1.0 ms
-#: more a round; side by side, corrected-sequoia B=16 +3.1 / +7.2 / +4.8% tokens/s, B=4 -0.6 / +11.3 / +0.8%,
-#: dartree-pruned B=16 +0.0 / +1.6%, 2026-12-05)
+#: more a round; side by side in four runs, corrected-sequoia B=16 +1.9 to +7.2% tokens/s (mean +4.3%), B=4 -0.6
+#: to +11.3% (mean +3.6%), dartree-pruned B=16 +0.0 to +1.8% in three, 2026-12-05)
 DEFAULT_VERIFIER = "traversal"
 
 
