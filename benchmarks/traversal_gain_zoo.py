@@ -77,8 +77,8 @@ def expected_rejection(children, tokens, target, proposal) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--methods", nargs="+",
-                        default=["corrected-sequoia:budget=4", "corrected-sequoia:budget=16", "dartree-pruned:budget=16"])
+    parser.add_argument("--methods", nargs="+", default=["corrected-sequoia:budget=4", "corrected-sequoia:budget=16",
+                                                         "dartree-pruned:budget=16"])
     parser.add_argument("--prompts", type=int, default=8, help="prompts per set (HumanEval, stdlib)")
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--drive", choices=("rejection", "traversal"), default="rejection")
