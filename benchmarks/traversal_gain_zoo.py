@@ -28,7 +28,7 @@ from dartree.eval.methods import parse_method
 from dartree.models.target import HFTarget
 from dartree.verify import rejection
 from dartree.verify.sampling import GeneratorSampler
-from dartree.verify.traversal import after_deletion, child_weight
+from dartree.verify.traversal import after_deletion, child_weight, children_of
 
 
 def expected_traversal(children, tokens, target, proposal) -> float:
@@ -65,11 +65,11 @@ def expected_rejection(children, tokens, target, proposal) -> float:
         r, s = target(u), proposal(u)
         reach, out = 1.0, 0.0
         for c in children[u]:
-            a = rejection._accept_probability(r, s, tokens[c])
+            a, r_next, s_next = rejection.accept_step(r, s, tokens[c])
             if a > 0:
                 out += reach * a * (1.0 + visit(c))
             reach *= 1.0 - a
-            r, s = rejection._after_rejection(r, s, tokens[c])
+            r, s = r_next, s_next
         return out
 
     return visit(0)
@@ -94,7 +94,7 @@ def main() -> None:
 
     def spy(sampled, logits, warp, generator):
         tree = sampled.tree
-        kids, tokens, vocab = rejection._children(tree)[0], tree.tokens[0].tolist(), logits.shape[-1]
+        kids, tokens, vocab = children_of(tree)[0], tree.tokens[0].tolist(), logits.shape[-1]
         cache: dict[int, np.ndarray] = {}
 
         def p_at(u: int) -> np.ndarray:

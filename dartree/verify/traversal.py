@@ -68,12 +68,26 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from dartree.tree import PAD
+from dartree.tree import PAD, DraftTree
 from dartree.verify.accept import VerifyResult
-from dartree.verify.rejection import SampledTree, _children, draw_index
+from dartree.verify.rejection import SampledTree, draw_index
 from dartree.verify.warp import Warp
 
-__all__ = ["verify_traversal", "traverse", "child_weight", "after_deletion"]
+__all__ = ["verify_traversal", "traverse", "child_weight", "after_deletion", "children_of"]
+
+
+def children_of(tree: DraftTree) -> list[list[list[int]]]:
+    """Per row, per node, its children in sibling order (node index order).
+
+    Shape: ``tree`` ``[b, n]`` -> host lists ``[b][n][children]``.
+    """
+    out = []
+    for count, parents in zip(tree.num_nodes.tolist(), tree.parents.tolist(), strict=True):
+        kids: list[list[int]] = [[] for _ in parents]
+        for i in range(1, count):
+            kids[parents[i]].append(i)
+        out.append(kids)
+    return out
 
 
 def child_weight(w: float, r: np.ndarray, s: np.ndarray, x: int) -> float:
@@ -175,7 +189,7 @@ def verify_traversal(sampled: SampledTree, target_logits: Tensor, warp: Warp,
     if not target_logits.is_floating_point():
         raise ValueError(f"target_logits: expected a floating dtype, got {target_logits.dtype}")
     vocab = target_logits.shape[-1]
-    kids = _children(tree)
+    kids = children_of(tree)
     tokens = tree.tokens.tolist()
     device = generator.device if generator is not None else torch.device("cpu")
     # host read on purpose: the walk runs on the host; every coin it may use, in one draw
