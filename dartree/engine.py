@@ -14,10 +14,11 @@ prompts as rows finish, and the AR baselines are an engine without a drafter (``
 are skipped and ``verify`` is one causal step per row).
 
 The parts, chosen once when the engine is made: the verifier (:attr:`Engine.verifier`, a
-:class:`~dartree.verifiers.Verifier`: greedy, match or rejection; it owns its acceptance and its draws) and the
-draft and build stages (:attr:`Engine.drafting`, a :class:`~dartree.drafting.Drafting`: the builder or a static
-shape, block reuse).  Stage times are a :class:`~dartree.rounds.StageTimes` record.  The target owns its cache
-(:class:`~dartree.models.target.HFTarget`: rows of any lengths), so the engine uses only its public methods.
+:class:`~dartree.verifiers.Verifier`: greedy, match, rejection or traversal; it owns its acceptance and its
+draws) and the draft and build stages (:attr:`Engine.drafting`, a :class:`~dartree.drafting.Drafting`: the
+builder or a static shape, block reuse).  Stage times are a :class:`~dartree.rounds.StageTimes` record.  The
+target owns its cache (:class:`~dartree.models.target.HFTarget`: rows of any lengths), so the engine uses only its
+public methods.
 
 Each row's tokens equal what it would get alone (T=0, and T>0 with a ``KeyedSampler``, whose draw at a
 position depends on nothing else); a row's output does not depend on when it joined or on the other rows.

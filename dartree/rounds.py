@@ -369,14 +369,16 @@ def _check_prompt(target: HFTarget, input_ids: object, max_new_tokens: int) -> T
     return prompt
 
 
-#: the acceptance rules at T>0: exact target-sample matching of deterministic trees, and recursive rejection
-#: sampling of sampled trees (:mod:`dartree.verify.rejection`); T=0 is always "greedy"
-VERIFIERS = ("match", "rejection")
-#: the T>0 default with a torch.Generator's draws, chosen by measurement (docs/results.md, "Sampled trees from the
-#: correction head, the default verifier"): on the zoo at T=1 rejection's tau is 1.4-1.6x matching's at the same
-#: budget and every demo method decodes 1.2-1.4x faster with it; at T=0.5 and 0.7 with top-p 0.95 ddtree is
-#: faster with it and dartree-pruned 6-12% slower
-DEFAULT_VERIFIER = "rejection"
+#: the acceptance rules at T>0 (T=0 is always "greedy"): exact target-sample matching of deterministic trees,
+#: and two verifiers of trees sampled from known proposals, lossless in law: recursive rejection sampling
+#: (:mod:`dartree.verify.rejection`) and Traversal Verification (:mod:`dartree.verify.traversal`)
+VERIFIERS = ("match", "rejection", "traversal")
+#: the verifiers of trees sampled with a torch.Generator's draws: lossless in law, not token for token
+SAMPLED_VERIFIERS = ("rejection", "traversal")
+#: the T>0 default with a torch.Generator's draws, chosen by measurement (docs/results.md and
+#: docs/verification.md, "Traversal verification"): sampled trees accept more than matching on the zoo, and
+#: traversal accepts more than rejection on the same trees for a little more host work a round
+DEFAULT_VERIFIER = "traversal"
 
 
 @dataclass(frozen=True)
@@ -404,7 +406,7 @@ def check_options(target: HFTarget, max_new_tokens: object, temperature: object 
     target's distribution at T>0 for AR and both verifiers alike; at T=0 (greedy) they are checked and unused.
     ``verifier``: one of :data:`VERIFIERS`, or ``None``: :data:`DEFAULT_VERIFIER` with a ``GeneratorSampler``
     (or none), ``"match"`` with a ``KeyedSampler`` or a custom sampler; at T=0 decoding is greedy whatever it
-    says.  ``"rejection"`` draws from a ``torch.Generator``: ``sampler`` must be ``None`` or a
+    says.  ``"rejection"`` and ``"traversal"`` draw from a ``torch.Generator``: ``sampler`` must be ``None`` or a
     :class:`GeneratorSampler` (a ``KeyedSampler``'s keyed draws are for ``"match"``).
     """
     max_new_tokens = index_arg("max_new_tokens", max_new_tokens)
@@ -425,8 +427,8 @@ def check_options(target: HFTarget, max_new_tokens: object, temperature: object 
             sampler = GeneratorSampler()
         if verifier is None:          # keyed (or custom) draws verify by matching; a torch.Generator: the default
             verifier = DEFAULT_VERIFIER if type(sampler) is GeneratorSampler else "match"
-        if verifier == "rejection" and type(sampler) is not GeneratorSampler:
-            raise ValueError(f"sampler: verifier 'rejection' draws from a torch.Generator; pass a GeneratorSampler "
+        if verifier in SAMPLED_VERIFIERS and type(sampler) is not GeneratorSampler:
+            raise ValueError(f"sampler: verifier {verifier!r} draws from a torch.Generator; pass a GeneratorSampler "
                              f"(or None), got {type(sampler).__name__} (keyed draws: use verifier='match')")
     return Options(max_new_tokens, temperature, sampler, stop_tokens(stop_token_ids, target.vocab_size), warp,
                    verifier)

@@ -7,6 +7,8 @@ Each verifier owns its acceptance rule and its draws:
   token for token.
 - :class:`Rejection` (T>0): the tree's tokens are drawn from the proposals (:meth:`Rejection.draw`, build work),
   then recursive rejection sampling (:mod:`dartree.verify.rejection`): AR's law.
+- :class:`Traversal` (T>0): the same sampled trees, Traversal Verification (:mod:`dartree.verify.traversal`,
+  leaf to root): AR's law, at least rejection's acceptance.
 
 The engine calls, in a round: :meth:`Verifier.draw` (end of build), :meth:`Verifier.logits` (which logits the
 tree forward computes), :meth:`Verifier.accept` (after the forward) and :meth:`Verifier.record` (at commit); the
@@ -34,9 +36,10 @@ from dartree.verify.accept import (
 )
 from dartree.verify.rejection import SampledTree, sample_tree, verify_rejection
 from dartree.verify.sampling import GeneratorSampler, KeyedSampler, Sampler, sample_checked
+from dartree.verify.traversal import verify_traversal
 from dartree.verify.warp import Warp
 
-__all__ = ["Verifier", "Greedy", "Match", "Rejection", "make_verifier"]
+__all__ = ["Verifier", "Greedy", "Match", "Rejection", "Traversal", "make_verifier"]
 
 #: (rows, nodes) -> the target's logits at those nodes (the LM head run on demand, or a read of all logits)
 NodeRows = Callable[[list[int], list[int]], Tensor]
@@ -142,6 +145,16 @@ class Rejection(Match):
         return verify_rejection(drafted, scored.logits.to(drafted.tree.device), self.warp, self.generator)
 
 
+class Traversal(Rejection):
+    """T>0, Traversal Verification (Weng et al. 2025) of the trees :class:`Rejection` draws: sequence-level
+    acceptance from the leaves to the root, the same law and at least as many accepted tokens on a tree."""
+
+    name = "traversal"
+
+    def accept(self, drafted, scored, prefix, rows=None) -> VerifyResult:
+        return verify_traversal(drafted, scored.logits.to(drafted.tree.device), self.warp, self.generator)
+
+
 def make_verifier(options: Request | None, target: HFTarget, speculative: bool = True) -> Verifier:
     """The decode's verifier from its checked options (``None`` or no sampler: :class:`Greedy`).
 
@@ -157,6 +170,8 @@ def make_verifier(options: Request | None, target: HFTarget, speculative: bool =
     warp = options.warp or Warp(options.temperature)
     if options.verifier == "rejection":
         return Rejection(sampler, warp)
+    if options.verifier == "traversal":
+        return Traversal(sampler, warp)
     if options.verifier == "match":
         return Match(sampler, warp, WalkRows(walks and speculative and target.scores_rows_apart), walks)
     raise ValueError(f"verifier: expected one of {VERIFIERS} at T>0, got {options.verifier!r}")

@@ -167,3 +167,27 @@ def test_bad_options_are_named(kwargs, field):
         with pytest.raises(ValueError, match=field):
             generate_ar(model, PROMPT, 4, **args)
     assert drafter.context.shape == (1, 0)                      # nothing was started
+
+
+def test_traversal_decoding_follows_the_target_distribution():
+    """Traversal Verification end to end: 240 rows decoded together (independent draws: each row's coins are its
+    own) by corrected-sequoia with a head; seeded chi-square of 3-token outputs against the target's exact joint
+    (top-k 3: 27 outcomes), and the rounds accept sampled drafts.  A sanity check of the wiring: the law itself is
+    proved by tests/verify/test_traversal.py (exact), whose biased variants this smaller sample does not resolve."""
+    model = model_for("llama", "sdpa")
+    joint = _exact_joint(model, Warp(1.0, top_k=3), 3)
+    builder = dartree.make_builder("corrected-sequoia", budget=6, topk=3, acceptance=(0.5, 0.2))
+    dec = SpeculativeDecoder(model, OracleDrafter(model, 2, demote=0.5, seed=4), builder, PathHashHead())
+    draws = 240
+    rows = dec.generate_batch([PROMPT] * draws, 3, temperature=1.0, sampler=GeneratorSampler(
+        torch.Generator().manual_seed(7)), top_k=3, verifier="traversal")
+    counts: dict[tuple[int, ...], int] = {}
+    for row in rows:
+        key = tuple(row.tokens[0].tolist())
+        counts[key] = counts.get(key, 0) + 1
+    assert sum(r.accepted_length for row in rows for r in row.rounds) > draws // 4
+    stat = _chi_square(counts, joint, draws)
+    assert stat < 3 * (len(joint) - 1), stat                       # df <= 26: far past the 1e-6 quantile
+    out = serve(dec, [PROMPT, PROMPT[:2]], 1, 6, temperature=0.7, sampler=GeneratorSampler(torch.Generator()),
+                verifier="traversal", top_p=0.9)                   # served, one request in flight at a time
+    assert out.tokens == 12

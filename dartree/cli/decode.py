@@ -35,7 +35,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from dartree.eval.methods import make_decoder, parse_method
     from dartree.eval.streaming import stream_generate
     from dartree.eval.tune_cache import check_cached, resolve_unset
-    from dartree.rounds import DEFAULT_VERIFIER
+    from dartree.rounds import DEFAULT_VERIFIER, SAMPLED_VERIFIERS
     from dartree.verify.sampling import GeneratorSampler, KeyedSampler
 
     if (args.prompt is None) == (args.prompt_file is None):
@@ -67,7 +67,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     verifier = None if method.is_ar else method.verifier or args.verifier or DEFAULT_VERIFIER
     sampler = None
     if args.temperature > 0:          # keyed draws (== AR with the seed), or a seeded generator for rejection
-        sampler = KeyedSampler(args.seed) if verifier != "rejection" else \
+        sampler = KeyedSampler(args.seed) if verifier not in SAMPLED_VERIFIERS else \
             GeneratorSampler(torch.Generator().manual_seed(args.seed))
     warps = {"top_k": args.top_k, "top_p": args.top_p, "min_p": args.min_p}
     options = {**warps, "verifier": verifier if args.temperature > 0 else None}

@@ -168,11 +168,12 @@ def _sampling_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--top-p", type=_top_p, default=None, help="keep the smallest set of mass >= top-p (nucleus)")
     g.add_argument("--min-p", type=_min_p, default=None, help="drop tokens below min-p x the top probability")
     # dartree.rounds.VERIFIERS (not imported: keeps --help fast; tests/test_cli checks they agree)
-    g.add_argument("--verifier", choices=("match", "rejection"), default=None,
-                   help="how trees are verified at T>0: 'rejection' (sampled trees, recursive rejection sampling: "
-                        "lossless in distribution; the default, bench included, which then tests the tokens against "
-                        "the target's law) or 'match' (target-sample matching: with the seed, equal to AR token for "
-                        "token, which bench checks); a method's own verifier=... wins")
+    g.add_argument("--verifier", choices=("match", "rejection", "traversal"), default=None,
+                   help="how trees are verified at T>0: 'traversal' (sampled trees, Traversal Verification: leaf to "
+                        "root, lossless in distribution; the default, bench included, which then tests the tokens "
+                        "against the target's law), 'rejection' (the same trees, recursive rejection sampling: "
+                        "lossless in distribution) or 'match' (target-sample matching: with the seed, equal to AR "
+                        "token for token, which bench checks); a method's own verifier=... wins")
 
 
 def _beta(text: str) -> float:

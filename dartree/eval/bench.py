@@ -40,7 +40,7 @@ from dartree.eval.peers import PEER_PREFIX, PEERS, PeerResult, make_peer, peer_u
 from dartree.eval.simulate import reference
 from dartree.eval.tune import DEFAULT_BUDGETS, DEFAULT_MIN_SPEEDUP, DEFAULT_WIDTHS, TuneResult, tune
 from dartree.models.target import HFTarget
-from dartree.rounds import DEFAULT_VERIFIER, VERIFIERS
+from dartree.rounds import DEFAULT_VERIFIER, SAMPLED_VERIFIERS, VERIFIERS
 from dartree.verify.sampling import GeneratorSampler, KeyedSampler
 from dartree.verify.warp import Warp
 
@@ -167,7 +167,7 @@ class Summary:
     lossless_prompts: int
     acceptance: tuple[float, ...]         # Pr(L >= t) for t = 1..gamma
     verifier: str = "greedy"              # how its rows were verified ("rejection": in law, not compared)
-    law: str = ""                         # rejection rows: the distribution check (LawCheck.text) of its row
+    law: str = ""                         # sampled rows: the distribution check (LawCheck.text) of its row
 
 
 @dataclass(frozen=True)
@@ -235,7 +235,7 @@ def summarize(records: Sequence[RunRecord], methods: Sequence[MethodSpec], backe
     """Pool records per (method, dataset, temperature); speedup against AR of the same cell.
 
     ``resolved``: what a method ran as at a temperature (its ``auto`` settings tuned; possibly plain AR).
-    ``law``: the distribution checks of rejection rows (their text goes into the row's summaries).
+    ``law``: the distribution checks of sampled rows (their text goes into the row's summaries).
     """
     law_text = {(c.method, c.temperature): c.text for c in law}
     cells: dict[tuple[str, str, float], list[RunRecord]] = {}
@@ -385,7 +385,7 @@ def run_bench(bundle: Bundle, config: BenchConfig, argv: Sequence[str] | None = 
         verifier = verifier_of(label, temperature if tuned_at is None else tuned_at) if temperature > 0 else "greedy"
         sampler = None
         if temperature > 0:     # keyed draws (== AR token for token), or a seeded generator per prompt (rejection)
-            sampler = KeyedSampler(config.seed) if verifier != "rejection" else GeneratorSampler(
+            sampler = KeyedSampler(config.seed) if verifier not in SAMPLED_VERIFIERS else GeneratorSampler(
                 torch.Generator(device=ids.device).manual_seed(config.seed * 1_000_003 + draw))
         decoder = None if label == AR else decoders[(label, temperature if tuned_at is None else tuned_at)]
         stops = None if stop is None else [stop]
@@ -429,8 +429,8 @@ def run_bench(bundle: Bundle, config: BenchConfig, argv: Sequence[str] | None = 
                     # rejection is lossless in law, not token for token: its tokens are not compared with AR's,
                     # they are tested against the target's law at their prefixes (untimed, after the decode)
                     records.append(_record(m.label, dataset, temperature, prompt_id, res, seconds,
-                                           None if verifier == "rejection" else ar_tokens, verifier))
-                    if verifier == "rejection":
+                                           None if verifier in SAMPLED_VERIFIERS else ar_tokens, verifier))
+                    if verifier in SAMPLED_VERIFIERS:
                         law.add(m.label, temperature, res.sequence, ids.shape[1] + 1)
                     bar.set_postfix_str(f"{dataset} T={temperature:g} {m.label}", refresh=False)
                     bar.update(1)
@@ -447,7 +447,7 @@ def run_bench(bundle: Bundle, config: BenchConfig, argv: Sequence[str] | None = 
     # start, which a bug in the first draw of a round (or of a decode) moves most
     cells = law.cells()
     if cells and config.law_draws and progress:
-        log(f"law check: {config.law_draws} one-round decodes per prompt of {len(cells)} rejection rows (untimed)")
+        log(f"law check: {config.law_draws} one-round decodes per prompt of {len(cells)} sampled rows (untimed)")
     for label, temperature in cells:
         for dataset in config.datasets:
             for draw, (_, ids_list) in enumerate(prompts[dataset]):
@@ -466,7 +466,7 @@ def run_bench(bundle: Bundle, config: BenchConfig, argv: Sequence[str] | None = 
 
 
 class _LawSamples:
-    """PIT values of the tokens of rejection rows, per (method, temperature) (:mod:`dartree.eval.lawcheck`)."""
+    """PIT values of the tokens of sampled rows, per (method, temperature) (:mod:`dartree.eval.lawcheck`)."""
 
     def __init__(self, model: torch.nn.Module, config: BenchConfig) -> None:
         self.model, self.config = model, config

@@ -43,7 +43,7 @@ from dartree.eval.tune import (
     score_at_concurrency,
 )
 from dartree.models.target import HFTarget
-from dartree.rounds import DEFAULT_VERIFIER
+from dartree.rounds import DEFAULT_VERIFIER, SAMPLED_VERIFIERS
 from dartree.serve import ServeResult, serve
 from dartree.verify.sampling import GeneratorSampler, KeyedSampler
 
@@ -67,12 +67,12 @@ class ConcurrencyRow:
     steps: int                     # batched rounds
     lossless_prompts: int
     settings: str = ""             # the settings chosen for an 'auto' method at this C
-    verifier: str = "greedy"       # greedy (T=0), match, rejection (tokens not comparable with AR's), '-' (AR)
+    verifier: str = "greedy"       # greedy (T=0), match, rejection, traversal (sampled: not compared), '-' (AR)
 
     @property
     def token_checked(self) -> bool:
-        """Whether the row's tokens are compared with AR's (greedy and match; rejection has the law only)."""
-        return self.verifier != "rejection"
+        """Whether the row's tokens are compared with AR's (greedy and match; sampled trees have the law only)."""
+        return self.verifier not in SAMPLED_VERIFIERS
 
 
 def check_methods(methods: Sequence[MethodSpec]) -> None:
@@ -153,7 +153,7 @@ def run_concurrency(
         rule = verifier_of(spec)
         sampler = None
         if temperature > 0:     # keyed draws (== AR token for token), or a seeded generator (rejection)
-            sampler = GeneratorSampler(torch.Generator().manual_seed(seed)) if rule == "rejection" else \
+            sampler = GeneratorSampler(torch.Generator().manual_seed(seed)) if rule in SAMPLED_VERIFIERS else \
                 KeyedSampler(seed)
         return serve(engine, ps, c, max_new, temperature, sampler, None if stop is None else [stop], on_finish,
                      verifier=rule, **warps)

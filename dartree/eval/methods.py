@@ -5,7 +5,7 @@ at T>0 the verifier: :func:`dartree.eval.tune.tune_auto`; it takes only ``verifi
 or a registry name (``dartree.builders.registered()``:
 dartree's own strategies and any registered since) and KEY is a field of that builder's config
 (``budget``, ``width``, ``topk``, ``beta``, ``normalize``), ``head`` (which correction head of the
-bundle a corrected builder uses; default ``gru``), ``verifier`` (``match`` / ``rejection``: how it
+bundle a corrected builder uses; default ``gru``), ``verifier`` (``match`` / ``rejection`` / ``traversal``: how it
 verifies at T>0; default: the run's) or ``drafter`` (a name of :data:`DRAFTERS`, e.g. ``lookup``: prompt
 lookup; default: the bundle's drafter).
 ``budget=auto`` / ``width=auto`` / ``beta=auto`` are resolved by :mod:`dartree.eval.tune` before
@@ -46,7 +46,7 @@ class MethodSpec:
     settings: the builder config fields set explicitly, sorted by name (values may be ``"auto"``).
     head: the bundle head a corrected builder uses (``None`` for ``ar`` and uncorrected builders).
     label: how tables name it (the text it was parsed from, normalised).
-    verifier: ``match`` or ``rejection`` at T>0 (``verifier=...`` in the text; ``None``: the run's default).
+    verifier: ``match``, ``rejection`` or ``traversal`` at T>0 (``verifier=...``; ``None``: the run's default).
     drafter: a name of :data:`DRAFTERS` (``drafter=lookup``: prompt lookup; ``None``: the bundle's drafter).
     """
 

@@ -21,6 +21,7 @@ from dartree.eval.costmodel import ConfigStats, VerifyCost
 from dartree.eval.methods import MethodSpec, make_decoder, resolve_backend
 from dartree.eval.simulate import Reference, ReplayBlocks, simulate
 from dartree.models.target import HFTarget
+from dartree.rounds import SAMPLED_VERIFIERS
 from dartree.tree import DraftTree
 from dartree.verify.sampling import GeneratorSampler, KeyedSampler
 
@@ -48,7 +49,7 @@ class Measurement:
     per_label: tuple[tuple[str, int, float], ...] = ()
     beta: float | None = None
     per_prompt: tuple[tuple[str, int, float], ...] = ()
-    verifier: str | None = None       # how it verified at T>0 ("match" / "rejection"; None: greedy or AR)
+    verifier: str | None = None       # how it verified at T>0 ("match" / "rejection" / "traversal"; None: greedy or AR)
     builder: str = ""                 # the registry name when ``auto`` searched several ("" otherwise)
 
     @property
@@ -271,7 +272,7 @@ def measure_specs(bundle: Bundle, specs: Sequence[tuple[MethodSpec, str | None, 
         for j in order:
             sampler = None
             if temperature > 0:
-                sampler = KeyedSampler(seed) if keys[j][3] != "rejection" else GeneratorSampler(
+                sampler = KeyedSampler(seed) if keys[j][3] not in SAMPLED_VERIFIERS else GeneratorSampler(
                     torch.Generator(device=ids.device).manual_seed(seed * 1_000_003 + i))
             start = time.perf_counter()
             result = runners[j](ids, ref.new_tokens, temperature, sampler)
@@ -308,7 +309,7 @@ def screen_decodes(bundle: Bundle, methods: Sequence[MethodSpec], refs: Sequence
         rounds = []
         for i, ref in enumerate(refs):
             ids = ref.sequence[:, : ref.prompt_len]
-            sampler = KeyedSampler(seed) if verifier != "rejection" else GeneratorSampler(
+            sampler = KeyedSampler(seed) if verifier not in SAMPLED_VERIFIERS else GeneratorSampler(
                 torch.Generator(device=ids.device).manual_seed(seed * 1_000_003 + 7 + i))
             rounds.extend(decoder.generate(ids, ref.new_tokens, temperature, sampler, verifier=verifier,
                                            **(warps or {})).rounds)

@@ -13,6 +13,7 @@ from dartree.eval.datasets import DATASETS, count_prompts
 from dartree.eval.methods import AR, AUTO
 from dartree.eval.outdir import write_atomic
 from dartree.eval.tune import TuneResult
+from dartree.rounds import SAMPLED_VERIFIERS
 
 __all__ = ["markdown_table", "table1", "table2", "tuning_table", "forecast_table", "bench_markdown", "write_bench"]
 
@@ -72,8 +73,8 @@ def table1(summaries: Sequence[Summary], temperature: float) -> str:
             ok, total = ok + s.lossless_prompts, total + s.prompts
             tokens, seconds = tokens + s.tokens, seconds + s.seconds
             verifier, law = s.verifier, s.law or law
-        # what was checked: tokens equal to AR's (greedy; keyed draws for match), or the law test of rejection rows
-        check = (law or "in law: not tested") if verifier == "rejection" else \
+        # what was checked: tokens equal to AR's (greedy; keyed draws for match), or the law test of sampled rows
+        check = (law or "in law: not tested") if verifier in SAMPLED_VERIFIERS else \
             f"{ok}/{total} = AR" + (" (keyed)" if verifier == "match" else "")
         row += [f"{tokens / seconds:.1f}" if seconds else "-", "-" if method == AR else check]
         rows.append(row)
@@ -314,18 +315,19 @@ def bench_markdown(result: BenchResult) -> str:
                   f"chosen if it beats AR by {100 * (tr.min_speedup - 1):.0f}% or more, else plain AR: "
                   f"**auto -> {tr.choice_text}**.", "", tuning_table(tr)]
     bad = [r for r in result.records if not r.matches_ar]
-    law = sorted({r.method for r in result.records if r.verifier == "rejection"})
+    law = sorted({r.method for r in result.records if r.verifier in SAMPLED_VERIFIERS})
     matched = ("every compared output" if law else "every method's output") + " equals AR's token for token on " \
         "every prompt (T=0 greedy; T>0 target-sample matching with the run's keyed sampler)"
     failed = [c for c in result.law_checks if not c.passed]
     if law:
-        matched += (f"; {', '.join(law)} verified by rejection sampling (lossless in law, not token for token): "
+        matched += (f"; {', '.join(law)} verified on sampled trees (rejection or traversal: lossless in law, "
+                    "not token for token): "
                     "tested on this run instead, every token its rounds committed plus the first verified token of "
                     f"{result.config.law_draws} extra one-round decodes per prompt, against the target's exact warped "
                     "law at its prefix (randomized PIT, chi-square over 10 bins, false-alarm rate "
                     f"{result.law_checks[0].alpha:g} per method and temperature): "
                     + ", ".join(f"{c.method} T={c.temperature:g} {c.text}" for c in result.law_checks)
-                    if result.law_checks else "; rejection rows: not tested")
+                    if result.law_checks else "; sampled rows: not tested")
     if bad:
         parts += ["", f"Lossless check FAILED on {len(bad)} runs: " + ", ".join(
             f"{r.method}/{r.dataset}/T={r.temperature:g}/{r.prompt_id} (from token {r.first_difference})"

@@ -99,7 +99,7 @@ from dartree.eval.probes import (
 )
 from dartree.eval.simulate import Reference
 from dartree.models.target import HFTarget
-from dartree.rounds import VERIFIERS
+from dartree.rounds import DEFAULT_VERIFIER, SAMPLED_VERIFIERS
 
 __all__ = ["VerifyCost", "ConfigStats", "Candidate", "Measurement", "TuneResult", "measure_verify_cost",
            "replay_stats", "replay_settings", "score_candidates", "score_at_concurrency", "pick_best", "choose",
@@ -431,10 +431,12 @@ def _check_common(refs: Sequence[Reference], finalists: object, screen_prompts: 
 
 
 def _verifiers(method: MethodSpec, temperature: float) -> tuple[str | None, ...]:
-    """The verifiers a setting is ranked under: none at T=0; at T>0 the method's own, else every one."""
+    """The verifiers a setting is ranked under: none at T=0; at T>0 the method's own, else matching and the
+    default sampled verifier (traversal accepts at least as often as rejection on the same trees:
+    docs/verification.md)."""
     if temperature == 0:
         return (None,)
-    return (method.verifier,) if method.verifier else VERIFIERS
+    return (method.verifier,) if method.verifier else ("match", DEFAULT_VERIFIER)
 
 
 def _screen(refs: Sequence[Reference], labels: Sequence[str] | None, count: int) -> list[Reference]:
@@ -476,7 +478,7 @@ def _rank(bundle: Bundle, method: MethodSpec, refs: Sequence[Reference], backend
     out: list[Candidate] = []
     overhead_s = 0.0
     chosen_beta: dict[tuple[int, int | None], float | None] = {(b, w): beta_grid[0] for b, w, _ in grid}
-    if any(v != "rejection" for v in verifiers):          # greedy (T=0) or matching: replays price every setting
+    if any(v not in SAMPLED_VERIFIERS for v in verifiers):   # greedy (T=0) or matching: replays price every setting
         probe = concrete(method, min(budget_grid), width_grid[0] if width_grid[0] is None else min(width_grid),
                          beta_grid[0])
         overhead_s = measure_overhead(bundle, probe, refs[0], backend, temperature, seed, warps)
@@ -496,18 +498,18 @@ def _rank(bundle: Bundle, method: MethodSpec, refs: Sequence[Reference], backend
         draft_s = statistics.median(st.draft_s for st in stats.values())
         stats = {key: dataclasses.replace(st, draft_s=draft_s) for key, st in stats.items()}
         for v in verifiers:
-            if v != "rejection":
+            if v not in SAMPLED_VERIFIERS:
                 out += [dataclasses.replace(c, beta=chosen_beta[(c.budget, c.width)], builder=method.builder,
                                             verifier=v) for c in score_candidates(stats, verify_cost, overhead_s)]
-    if "rejection" in verifiers:                           # rejection: real decodes on the screen prompts
+    for v in (v for v in verifiers if v in SAMPLED_VERIFIERS):   # sampled trees: real decodes on the screen prompts
         keys = list(dict.fromkeys((b, w) for b, w, _ in grid))
         if progress is not None:
-            progress(f"{method.builder}: decoding {len(keys)} settings with rejection on {len(screen)} prompts")
+            progress(f"{method.builder}: decoding {len(keys)} settings with {v} on {len(screen)} prompts")
         decoded = screen_decodes(bundle, [concrete(method, b, w, chosen_beta[(b, w)]) for b, w in keys], screen,
-                                 backend, temperature, seed, "rejection", warps=warps)
+                                 backend, temperature, seed, v, warps=warps)
         stats = dict(zip(keys, decoded, strict=True))
         out += [dataclasses.replace(c, beta=chosen_beta[(c.budget, c.width)], builder=method.builder,
-                                    verifier="rejection") for c in score_candidates(stats, verify_cost, overhead_s)]
+                                    verifier=v) for c in score_candidates(stats, verify_cost, overhead_s)]
     return out, overhead_s
 
 

@@ -13,6 +13,7 @@ from dartree.verify.cache import cache_length, compact_tail, gather_cache, keep_
 from dartree.verify.inputs import ATTENTION_IMPLEMENTATIONS, TreeInputBuffer, TreeInputs, tree_inputs
 from dartree.verify.rejection import SampledTree, sample_tree, verify_rejection
 from dartree.verify.sampling import GeneratorSampler, KeyedSampler, Sampler, hash32
+from dartree.verify.traversal import verify_traversal
 from dartree.verify.warp import Warp
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "verify_greedy",
     "verify_rejection",
     "verify_sampled",
+    "verify_traversal",
     "walk_greedy",
     "walk_greedy_logits",
     "walk_sampled",

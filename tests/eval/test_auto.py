@@ -36,16 +36,16 @@ def fake(monkeypatch):
     def replay(bundle, methods, refs, backend, progress=None):
         return [_stats(1.2, m.config["budget"], False) for m in methods]
 
-    def screen(bundle, methods, refs, backend, temperature, seed=0, verifier="rejection", progress=None,
+    def screen(bundle, methods, refs, backend, temperature, seed=0, verifier="traversal", progress=None,
                warps=None):
-        assert verifier == "rejection" and temperature == 1.0
+        assert verifier == "traversal" and temperature == 1.0
         return [_stats(REJECTION_TAU[(m.builder, m.config["budget"])], m.config["budget"], True) for m in methods]
 
     def decode(bundle, specs, refs, backend, temperature=0.0, seed=0, labels=None, builders=False, warps=None):
         state["specs"] = [(m.builder, m.config["budget"], v) for m, v, _ in specs]
         out = [Measurement(None, None, 100, 100 / state["ar_rate"], 100, (("x", 100, 100 / state["ar_rate"]),))]
         for m, v, beta in specs:
-            tau = REJECTION_TAU[(m.builder, m.config["budget"])] if v == "rejection" else 1.2
+            tau = REJECTION_TAU[(m.builder, m.config["budget"])] if v == "traversal" else 1.2
             rate = state["scale"] * tau
             out.append(Measurement(m.config["budget"], m.config.get("width"), 100, 100 / rate, 40,
                                    (("x", 100, 100 / rate),), beta, (), v, m.builder))
@@ -62,23 +62,23 @@ def _refs(bundle):
     return [reference(bundle, encode(bundle.tokenizer, "def f(x):\n"), 6, temperature=1.0, seed=1)]
 
 
-def test_auto_picks_the_method_by_acceptance_measured_under_rejection(bundle, fake):
-    """Matching's replays say every setting accepts 1.2 a round; rejection's screen says corrected-sequoia B=4
-    accepts 2.4: it is ranked first under rejection, decoded for real (with rejection) beside the best under
-    matching, chosen, and ``auto`` resolves to it with the GRU head and the rejection verifier."""
+def test_auto_picks_the_method_by_acceptance_measured_under_the_sampled_verifier(bundle, fake):
+    """Matching's replays say every setting accepts 1.2 a round; the default sampled verifier's (traversal) screen says corrected-sequoia B=4
+    accepts 2.4: it is ranked first under it, decoded for real (with traversal) beside the best under
+    matching, chosen, and ``auto`` resolves to it with the GRU head and the traversal verifier."""
     result = tune(bundle, parse_method("auto"), _refs(bundle), "ref", budgets=(4, 16), verify_cost=COST,
                   temperature=1.0, seed=1)
     assert {c.builder for c in result.candidates} == set(AUTO_BUILDERS)
     by = {(c.builder, c.budget, c.verifier): c.tau for c in result.candidates}
-    assert by[("corrected-sequoia", 4, "rejection")] == 2.4 and by[("corrected-sequoia", 4, "match")] == 1.2
-    assert ("corrected-sequoia", 4, "rejection") in fake["specs"]
-    assert {v for _, _, v in fake["specs"]} == {"match", "rejection"}        # the best of each verifier decoded
+    assert by[("corrected-sequoia", 4, "traversal")] == 2.4 and by[("corrected-sequoia", 4, "match")] == 1.2
+    assert ("corrected-sequoia", 4, "traversal") in fake["specs"]
+    assert {v for _, _, v in fake["specs"]} == {"match", "traversal"}        # the best of each verifier decoded
     assert len(fake["specs"]) == tune_mod.DEFAULT_AUTO_FINALISTS
     assert not result.use_ar and (result.best.builder, result.best.budget) == ("corrected-sequoia", 4)
-    assert result.verifier == "rejection" and result.choice_text == "corrected-sequoia B=4 rejection"
+    assert result.verifier == "traversal" and result.choice_text == "corrected-sequoia B=4 traversal"
     spec = result.resolve(parse_method("auto"))
     assert (spec.builder, spec.config, spec.head, spec.verifier, spec.label) == (
-        "corrected-sequoia", {"budget": 4}, "gru", "rejection", "auto")
+        "corrected-sequoia", {"budget": 4}, "gru", "traversal", "auto")
     fixed = tune(bundle, parse_method("auto:verifier=match"), _refs(bundle), "ref", budgets=(4,), verify_cost=COST,
                  temperature=1.0, seed=1)
     assert {c.verifier for c in fixed.candidates} == {"match"} and fixed.verifier == "match"
@@ -118,7 +118,7 @@ def test_auto_in_the_bench_and_its_errors(bundle, loads, capsys):
     assert f"| auto -> {cell.builder} B=2" in table1(res.summaries, 1.0)
     with pytest.raises(ValueError, match=r"'auto' takes only verifier=, head= and drafter="):
         parse_method("auto:budget=4")
-    with pytest.raises(ValueError, match=r"verifier: expected one of \('match', 'rejection'\)"):
+    with pytest.raises(ValueError, match=r"verifier: expected one of \('match', 'rejection', 'traversal'\)"):
         parse_method("auto:verifier=exact")
     toy = ["--model", "tiny-random", "--threads", "1"]
     line = fails(["generate", *toy, "--method", "auto", "--temperature", "1", "--prompt", "x"], capsys)

@@ -29,7 +29,7 @@ def test_t1_rows_verify_with_the_librarys_default_and_pass_the_law_check(bundle)
     res = run_bench(bundle, _config(["chain", "ddtree:budget=4,verifier=match"]), log=lambda s: None,
                     progress=False)
     rows = {r.method: r.verifier for r in res.records}
-    assert rows == {"ar": "greedy", "chain": "rejection", "ddtree:budget=4,verifier=match": "match"}
+    assert rows == {"ar": "greedy", "chain": "traversal", "ddtree:budget=4,verifier=match": "match"}
     (check,) = res.law_checks
     assert (check.method, check.temperature) == ("chain", 1.0)
     assert check.tokens == 7 + 12 and check.passed and check.alpha == ALPHA   # 8 new tokens but the prefill's

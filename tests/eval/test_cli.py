@@ -48,8 +48,9 @@ def test_generate_streams_text_and_prints_round_stats(capsys):
     assert out.startswith("def f(x):") and "12 tokens in" in err and "tau" in err and "verify" in err
 
 
-@pytest.mark.parametrize("flag, verifier", [([], "rejection"), (["--verifier", "match"], "match")])
-def test_generate_at_t_above_0_verifies_by_rejection_unless_told(capsys, flag, verifier):
+@pytest.mark.parametrize("flag, verifier", [([], "traversal"), (["--verifier", "match"], "match"),
+                                            (["--verifier", "rejection"], "rejection")])
+def test_generate_at_t_above_0_verifies_by_traversal_unless_told(capsys, flag, verifier):
     """The default verifier at T>0 (dartree.rounds.DEFAULT_VERIFIER) and --verifier, named in the summary line."""
     assert main(["generate", *TOY, "--prompt", "def f(x):", "--method", "ddtree:budget=4", "--max-new-tokens",
                  "8", "--no-stop", "--temperature", "1", *flag]) == 0
@@ -67,6 +68,18 @@ def test_bench_writes_tables_json_and_plot(tmp_path, capsys):
     data = json.loads((out / "results.json").read_text())
     assert [s["method"] for s in data["summaries"]] == ["ar", "chain", "dartree-pruned:budget=4,width=2"]
     assert data["meta"]["command"].startswith("dartree bench --model tiny-random")
+
+
+def test_bench_verifies_by_traversal_when_told(tmp_path, capsys):
+    """--verifier traversal reaches the bench at T>0: its rows are law-checked on the run, not token for token."""
+    out = tmp_path / "bench"
+    assert main(["bench", *TOY, "--methods", "corrected-sequoia:budget=4", "--temperatures", "1", "--verifier",
+                 "traversal", "--num-prompts", "1", "--max-new-tokens", "8", "--max-prompt-tokens", "32",
+                 "--no-warmup", "--out", str(out)]) == 0
+    data = json.loads((out / "results.json").read_text())
+    assert [s["verifier"] for s in data["summaries"] if s["method"] != "ar"] == ["traversal"]
+    text = (out / "results.md").read_text()
+    assert "verified on sampled trees (rejection or traversal" in text and "T=1 in law" in text
 
 
 def test_sweep_show_tree_and_tune_write_their_files(tmp_path, capsys):

@@ -166,11 +166,11 @@ def test_tune_at_t1_ranks_both_verifiers(bundle):
     cost = measure_verify_cost(bundle.target, (), prefix_len=16, sizes=(1, 4, 9), repeats=1)
     result = tune(bundle, parse_method("ddtree:budget=auto"), refs, "ref", budgets=(2, 6), verify_cost=cost,
                   temperature=1.0, seed=3, finalists=2, min_speedup=0.0)
-    assert {(c.budget, c.verifier) for c in result.candidates} == {(2, "match"), (2, "rejection"), (6, "match"),
-                                                                    (6, "rejection")}
+    assert {(c.budget, c.verifier) for c in result.candidates} == {(2, "match"), (2, "traversal"), (6, "match"),
+                                                                    (6, "traversal")}
     trees = [m for m in result.measured if not m.is_ar]
-    assert sorted(m.verifier for m in trees) == ["match", "rejection"]
-    assert result.verifier in ("match", "rejection") and not result.use_ar
+    assert sorted(m.verifier for m in trees) == ["match", "traversal"]
+    assert result.verifier in ("match", "traversal") and not result.use_ar
     chosen = result.chosen
     assert chosen.verifier == result.verifier
     assert chosen.tokens_per_s == max(m.tokens_per_s for m in trees)

@@ -1,0 +1,240 @@
+"""Traversal Verification: sampled draft trees verified leaf to root, sequence by sequence; lossless at T>0.
+
+Source: Weng, Hu, Chen, Liu, Mei, Qiu, Tian, Shi, "Traversal Verification for Speculative Tree Decoding"
+(arXiv 2505.12398, NeurIPS 2025).  No public implementation; this one is written from the algorithm's
+description (post-order walk, sequence-level weights, Block Verification's residual at a deleted node's
+parent) and the proof below, which is ours, as is the sibling update for draws without replacement; it is
+checked by exact enumeration (tests/verify/test_traversal.py).
+
+Recursive rejection (:mod:`dartree.verify.rejection`) decides token by token from the root down: a child is
+accepted with ``min(1, p(x)/q(x))`` before its own children are looked at, and a rejected child takes its
+whole subtree with it.  Traversal Verification decides on *sequences*: every node carries a weight, the
+probability with which the path from the root to it may be accepted, and the tree is walked in post-order
+(the first leaf first); a leaf's path is accepted with its weight, a rejected leaf is deleted and its parent
+updated, and a parent whose children are all deleted is a leaf in turn.  On a chain it is Block
+Verification (Sun et al. 2024, arXiv 2403.10444), optimal among verifiers of one draft; a child whose own
+ratio ``p/q`` is small can be rescued by a likely continuation (the parent's shortfall is carried down).
+
+**The algorithm.**  At a node ``u`` with weight ``w`` (the root: ``w = 1``), target ``r`` (the warped target
+distribution at ``u``; its residual after a deleted child) and proposal ``s`` (the distribution ``u``'s
+children were drawn from; without the deleted children) and children ``x_1..x_m`` in sibling order::
+
+    visit(u, w):
+        r, s = p_u, q_u
+        for i in 1..m:
+            w_i = min(1, w * r(x_i) / s(x_i))                       (the child's weight)
+            if visit(x_i, w_i) accepted a path: return it          (u's path continues through x_i)
+            A = sum(max(w * r - s, 0))                              (x_i's subtree was deleted)
+            r = norm(max(w * r - s, 0));  s = norm(s with x_i removed);  w = A / (1 - w + A)
+        accept u's path with probability w (the root: 1), the bonus ~ r;  else u is deleted
+
+The committed tokens are the accepted path's, then the bonus.  The update of ``r`` and ``w`` is Block
+Verification's residual and its ``h``; ``s`` drops ``x_i`` because our siblings are drawn *without
+replacement* (:func:`~dartree.verify.rejection.sample_tree`): the next sibling's law given ``x_i`` is
+``s`` without ``x_i``.  With i.i.d. siblings ``s`` would stay as it is; the proof covers both, the code
+implements the draw dartree makes.
+
+**Why it is exact** (induction on the subtree; a leaf is the case ``m = 0``).  Claim: started at ``u`` with
+weight ``w``, target ``r`` and proposal ``s``, with ``u``'s children drawn from ``s`` (without replacement)
+and their subtrees drawn below them, ``visit`` accepts a path in ``u``'s subtree with probability ``w``, its
+next token after ``u`` is distributed as ``r``, and the rest of the committed sequence has the target's law
+given that token.  A leaf: accepted with ``w``, bonus ``~ r``.  A node with children: the first child is
+``x ~ s``; by induction its subtree accepts with ``min(1, w r(x)/s(x))`` and then continues with the
+target's law, so it commits the next token ``v`` through ``x`` with probability ``min(s(v), w r(v))``
+(total ``w - A``) and deletes ``x`` with probability ``1 - w + A``.  What is left to commit is
+``max(w r - s, 0)`` (mass ``A``), and the rest of the walk, given that ``x`` was deleted, is the same
+problem at ``u`` with weight ``w' = A / (1 - w + A)``, target ``norm(max(w r - s, 0))`` and the next
+siblings drawn from ``s`` without ``x`` (their law given ``x``): by induction (fewer children) it commits
+``v`` with ``w' r'(v)`` *whatever* ``x`` was, so overall ``min(s(v), w r(v)) + (1 - w + A) w' r'(v) =
+min(s(v), w r(v)) + max(w r(v) - s(v), 0) = w r(v)``, and everything is deleted with ``(1 - w + A)(1 - w') =
+1 - w``.  At the root ``w = 1``: the first committed token has law ``p_root``, and each later one the
+target's given the tokens before it.  What this needs of the tree: as recursive rejection (the number of
+children is fixed before they are drawn; a child's subtree may depend on its slot and the draws above it).
+
+Randomness: a ``torch.Generator`` on any device (uniforms ``[b, n]`` in one draw: one per leaf tested, in
+walk order, then one for the bonus by the inverse CDF, :func:`~dartree.verify.rejection.draw_index`; at
+most ``n - 1`` leaves are tested, the root is never).  :func:`traverse`, the walk of one row, takes its
+coin as an argument, so the exact test enumerates the walk's own decisions.  The walk runs on the host in
+float64 (the target's distributions at the nodes with children and the proposals in one host read each).
+
+Shape: ``tree`` tensors ``[b, n]``; target logits ``[b, n, V]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from dartree.tree import PAD, DraftTree
+from dartree.verify.accept import VerifyResult
+from dartree.verify.rejection import SampledTree, draw_index
+from dartree.verify.warp import Warp
+
+__all__ = ["verify_traversal", "traverse", "child_weight", "after_deletion", "children_of"]
+
+
+def children_of(tree: DraftTree) -> list[list[list[int]]]:
+    """Per row, per node, its children in sibling order (node index order).
+
+    Shape: ``tree`` ``[b, n]`` -> host lists ``[b][n][children]``.
+    """
+    out = []
+    for count, parents in zip(tree.num_nodes.tolist(), tree.parents.tolist(), strict=True):
+        kids: list[list[int]] = [[] for _ in parents]
+        for i in range(1, count):
+            kids[parents[i]].append(i)
+        out.append(kids)
+    return out
+
+
+def child_weight(w: float, r: np.ndarray, s: np.ndarray, x: int) -> float:
+    """The weight of a child with token ``x`` under a node of weight ``w``: ``min(1, w r(x) / s(x))``.
+
+    Shape: ``r``, ``s``: float64 ``[V]`` (host).
+    """
+    return 1.0 if s[x] <= 0 else min(1.0, w * r[x] / s[x])
+
+
+def after_deletion(w: float, r: np.ndarray, s: np.ndarray, x: int) -> tuple[float, np.ndarray, np.ndarray]:
+    """The node's weight, target and proposal after its child ``x`` (and that child's subtree) was deleted:
+    ``A / (1 - w + A)``, ``norm(max(w r - s, 0))`` and ``s`` without ``x`` (module docstring).
+
+    Shape: ``r``, ``s``: float64 ``[V]`` (host).
+    """
+    rest = w * r                                    # perf: in place, 4 passes over V for the residual
+    rest -= s
+    np.maximum(rest, 0.0, out=rest)
+    mass = float(rest.sum())
+    left = 1.0 - w + mass
+    # left == 0 (w == 1 and r == s) only when deleting had probability 0; mass == 0: the weight is 0 and r unused
+    w_next = min(1.0, mass / left) if left > 0 else w
+    if mass > 0:
+        rest /= mass
+    total = 1.0 - s[x]                              # s sums to 1 (float64)
+    s_next = s / total if total > 0 else s.copy()
+    s_next[x] = 0.0
+    return w_next, (rest if mass > 0 else r), s_next
+
+
+def traverse(children: Sequence[Sequence[int]], tokens: Sequence[int], target: Callable[[int], np.ndarray],
+             proposal: Callable[[int], np.ndarray], coin: Callable[[float], bool]) -> tuple[list[int], np.ndarray]:
+    """One tree's Traversal Verification (module docstring): the accepted path (node indices, the root ``0``
+    first) and the distribution its bonus is drawn from.
+
+    ``children[u]``: node ``u``'s children in sibling order; ``tokens[u]``: node ``u``'s token; ``target(u)``:
+    the warped target distribution at ``u`` (float64 ``[V]``); ``proposal(u)``: the distribution ``u``'s
+    children were drawn from; ``coin(a)``: ``True`` with probability ``a`` (one call per leaf tested).
+    """
+
+    def visit(u: int, w: float) -> list[int] | None:
+        nonlocal bonus
+        if w <= 0:                  # a weight-0 subtree: every weight below is 0, all of it is deleted (perf)
+            return None
+        r = None
+        if children[u]:
+            r, s = target(u), proposal(u)
+            for c in children[u]:
+                x = tokens[c]
+                path = visit(c, child_weight(w, r, s, x))
+                if path is not None:
+                    return [u, *path]
+                w, r, s = after_deletion(w, r, s, x)
+        if u != 0 and not coin(w):
+            return None
+        bonus = target(u) if r is None else r
+        return [u]
+
+    bonus: np.ndarray | None = None
+    path = visit(0, 1.0)
+    assert path is not None and bonus is not None          # the root is always accepted
+    return path, bonus
+
+
+def _distributions(warp: Warp, logits: Tensor) -> np.ndarray:
+    """The warped softmax, float64 on the host: computed in float32 and renormalised in float64 (perf: a float64
+    softmax over [6, 4098] took 2.8x as long on the zoo's CPU; the float32 one is the model's own precision).
+
+    Shape: float ``[..., V]`` -> float64 ``[..., V]``.
+    """
+    p = warp.logits(logits.float()).softmax(-1).cpu().numpy().astype(np.float64)
+    p /= p.sum(-1, keepdims=True)
+    return p
+
+
+def verify_traversal(sampled: SampledTree, target_logits: Tensor, warp: Warp,
+                     generator: torch.Generator | None = None) -> VerifyResult:
+    """Traversal Verification of ``sampled.tree`` (module docstring); the committed tokens have the
+    distribution of the target's (warped) sampling.  The contract of
+    :func:`~dartree.verify.rejection.verify_rejection`: the same arguments and result.
+
+    ``generator``: on any device (``None``: torch's global generator); each row's coins are drawn at once, as
+    uniforms ``[b, n]``.  The returned ``picks`` are all ``PAD`` (no token is sampled at a node).
+
+    Shape:
+        target_logits: float ``[b, n, V]`` the target's next-token logits at each node (unwarped).
+        returns: a :class:`~dartree.verify.accept.VerifyResult`, as :func:`~dartree.verify.accept.verify_sampled`'s.
+    """
+    if not isinstance(sampled, SampledTree):
+        raise ValueError(f"sampled: expected a SampledTree (from sample_tree), got {type(sampled).__name__}")
+    if not isinstance(warp, Warp):
+        raise ValueError(f"warp: expected a dartree.verify.warp.Warp, got {type(warp).__name__}")
+    tree = sampled.tree
+    b, n = tree.tokens.shape
+    if not isinstance(target_logits, Tensor) or target_logits.dim() != 3 or tuple(target_logits.shape[:2]) != (b, n):
+        got = tuple(target_logits.shape) if isinstance(target_logits, Tensor) else type(target_logits).__name__
+        raise ValueError(f"target_logits: expected shape [{b}, {n}, V], got {got}")
+    if not target_logits.is_floating_point():
+        raise ValueError(f"target_logits: expected a floating dtype, got {target_logits.dtype}")
+    vocab = target_logits.shape[-1]
+    kids = children_of(tree)
+    tokens = tree.tokens.tolist()
+    device = generator.device if generator is not None else torch.device("cpu")
+    # host read on purpose: the walk runs on the host; every coin it may use, in one draw
+    coins = torch.rand((b, n), generator=generator, dtype=torch.float64, device=device).cpu().numpy()
+    # one host read of the target's distributions at every node with children and of the proposals (perf: the walk
+    # visits most of them; on the zoo at B=16, 0.4 ms a round less than a read per visited node); a leaf's only
+    # when its path is accepted (its bonus)
+    inner = [(row, u) for row in range(b) for u in range(n) if kids[row][u]]
+    at = {pair: i for i, pair in enumerate(inner)}
+    rows = torch.tensor([r for r, _ in inner], dtype=torch.int64, device=target_logits.device)
+    nodes = torch.tensor([u for _, u in inner], dtype=torch.int64, device=target_logits.device)
+    probs = _distributions(warp, target_logits[rows, nodes])                                # [inner, V]
+    proposals = sampled.probs.double().cpu().numpy()                                        # [b, R, P]
+    support = None if sampled.support is None else sampled.support.cpu().numpy()
+    row_of = sampled.row_of.tolist()
+    paths, bonus = [], []
+    for row in range(b):
+        used = 0
+
+        def coin(a: float, row: int = row) -> bool:
+            nonlocal used
+            used += 1
+            return bool(coins[row, used - 1] < a)
+
+        def target(u: int, row: int = row) -> np.ndarray:
+            i = at.get((row, u))
+            return probs[i] if i is not None else _distributions(warp, target_logits[row, u])
+
+        def proposal(u: int, row: int = row) -> np.ndarray:
+            q = proposals[row, row_of[row][u]]
+            q = q / q.sum()                                 # float32 proposals, renormalised in float64
+            if support is None:
+                return q
+            full = np.zeros(vocab)
+            full[support[row, row_of[row][u]]] = q
+            return full
+
+        path, residual = traverse(kids[row], tokens[row], target, proposal, coin)
+        bonus.append(draw_index(residual, coins[row, used]))
+        paths.append(path)
+    accepted = [path + [PAD] * (n - len(path)) for path in paths]
+    committed = [[tokens[row][i] for i in paths[row][1:]] + [bonus[row]] for row in range(b)]
+    committed = [c + [PAD] * (n - len(c)) for c in committed]
+    out = torch.tensor([accepted, committed], dtype=torch.int64, device=tree.device)
+    lengths = torch.tensor([len(p) - 1 for p in paths], dtype=torch.int64, device=tree.device)
+    picks = torch.full((b, n), PAD, dtype=torch.int64, device=tree.device)
+    return VerifyResult(accepted=out[0], accepted_length=lengths, bonus=torch.tensor(bonus, device=tree.device),
+                        tokens=out[1], picks=picks)
