@@ -231,7 +231,8 @@ def render(meta: dict[str, Any], done: list[tuple[Step, Outcome, float]]) -> tup
     """The report as markdown and as json, from what has run so far."""
     head = (f"# GPU check ({meta['date_utc']})\n\n"
             f"`{meta['command']}`: device `{meta['device']}`, {meta['mode']} run, total budget "
-            f"{meta['budget_s']:.0f} s (step budgets x{meta['budget_scale']:g}), {meta['elapsed_s']:.0f} s so far; python {meta['python']} "
+            f"{meta['budget_s']:.0f} s (step budgets x{meta['budget_scale']:g}), {meta['elapsed_s']:.0f} s so far; "
+            f"python {meta['python']} "
             f"({meta['executable']}).\n\n")
     summary = _table(["step", "status", "seconds", "budget s"],
                      [[step.title, outcome.status, f"{outcome.seconds:.0f}", f"{budget:.0f}"]
@@ -245,7 +246,7 @@ def render(meta: dict[str, Any], done: list[tuple[Step, Outcome, float]]) -> tup
 
 
 def _write(out: Path, meta: dict[str, Any], done: list) -> None:
-    from dartree.eval.outdir import write_atomic     # the report is whole or the earlier one stays
+    from dartree.eval.outdir import write_atomic  # the report is whole or the earlier one stays
 
     md, js = render(meta, done)
     write_atomic(out / REPORT_MD, md)

