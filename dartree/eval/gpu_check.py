@@ -90,6 +90,7 @@ class Check:
         self.cost_models = cost_models
         self.lossless_model = lossless_model
         self.compile = compile
+        self.partial_file: Path | None = None   # where :meth:`checkpoint` keeps what is done (isolated steps)
         self.notes: list[str] = []        # what a step left out near its budget (status "partial")
         self.problems: list[str] = []     # what a step found wrong without raising (status "failed")
 
@@ -116,6 +117,11 @@ class Check:
         if what:
             self.notes.append(f"left out near the step's time budget: {what}")
         return True
+
+    def checkpoint(self, text: str) -> None:
+        """Keep ``text`` (the step's tables so far): a step killed at its budget reports it."""
+        if self.partial_file is not None:
+            self.partial_file.write_text(text)
 
     def fail(self, problem: str) -> None:
         """Record something wrong (a lossless mismatch, say): the step ends "failed", its text kept."""
@@ -167,6 +173,10 @@ def _child_command(step: str, options: list[str], result: Path, limit: float) ->
             "--time-limit", f"{limit:.1f}"]
 
 
+def _partial_file(result: Path) -> Path:
+    return result.with_name(result.name + ".partial.md")
+
+
 def _source_root() -> str:
     return str(Path(__file__).resolve().parents[2])
 
@@ -211,8 +221,10 @@ def run_isolated(step: Step, options: list[str], timeout: float,
         seconds = time.monotonic() - start
         last = "\n".join(tail)
         if timed_out:
-            return Outcome("timed out", f"stopped after {timeout:.0f} s (its budget); the last lines it printed:\n\n"
-                                        f"```\n{last}\n```", seconds)
+            done = _partial_file(result)
+            kept = f"What it had finished:\n\n{done.read_text()}\n\n" if done.is_file() else ""
+            return Outcome("timed out", f"stopped after {timeout:.0f} s (its budget).  {kept}The last lines it "
+                                        f"printed:\n\n```\n{last}\n```", seconds)
         if not result.is_file():
             return Outcome("failed", f"the step's process exited with status {proc.returncode} and no result "
                                      f"(a crash); the last lines it printed:\n\n```\n{last}\n```", seconds)
@@ -329,7 +341,9 @@ def main(argv: list[str] | None = None) -> int:
     _check_args(p, args)
     if args.child:                        # one step, in its own process: the result as json
         step = next(s for s in steps() if s.name == args.child)
-        outcome = run_inline(step, _check_for(args))
+        check = _check_for(args)
+        check.partial_file = _partial_file(args.result)
+        outcome = run_inline(step, check)
         args.result.write_text(json.dumps(asdict(outcome), default=str))
         return 0
     mode = "quick" if args.quick else "full"

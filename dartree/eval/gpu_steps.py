@@ -460,10 +460,12 @@ def step_speed(c: Check) -> tuple[str, dict]:
                              peers=("hf-generate",) if temperature == 0 else (), **common)
         summaries += run_bench(bundle, config, log=print, progress=False).summaries
         first = first or time.monotonic() - start
+        c.checkpoint(_speed_table(c, summaries, {}, auto))
     if not c.out_of_time(1.5 * first + 15, "the tuned (auto) method"):
         config = BenchConfig(methods=parse_methods([auto], {"budget": 16}),
                              temperatures=tuple(sorted({s.temperature for s in summaries}) or (0.0,)), **common)
         summaries += [s for s in run_bench(bundle, config, log=print, progress=False).summaries if s.method != AR]
+    c.checkpoint(_speed_table(c, summaries, {}, auto))
     prompt = load_prompts(datasets[-1], 1)[0]
     ids = torch.tensor(encode(bundle.tokenizer, prompt.text)[-256:], dtype=torch.int64, device=c.device)
     launches: dict[tuple[str, float], tuple[float, float]] = {}
@@ -480,6 +482,21 @@ def step_speed(c: Check) -> tuple[str, dict]:
         else:
             spec = parse_method(s.method, {"budget": 16})
         launches[key] = _profile_method(c, bundle, s.method, spec, ids, s.temperature, 32 if c.cuda else 16)
+    text = _speed_table(c, summaries, launches, auto)
+    if notes:
+        text += "\n\n" + "\n".join(f"- {n}" for n in notes)
+    for s in summaries:
+        if s.lossless_prompts != s.prompts and s.verifier != "rejection":
+            c.fail(f"{s.method} T={s.temperature:g}: {s.prompts - s.lossless_prompts} prompt(s) differ from AR")
+    import dataclasses
+
+    return text, {"summaries": [dataclasses.asdict(s) for s in summaries],
+                  "launches": {f"{k[0]} T={k[1]:g}": v for k, v in launches.items()}}
+
+
+def _speed_table(c: Check, summaries: list, launches: dict, auto: str) -> str:
+    from dartree.eval.methods import AR
+
     rows = []
     for s in summaries:
         lr = launches.get((s.method, s.temperature))
@@ -496,15 +513,7 @@ def step_speed(c: Check) -> tuple[str, dict]:
     text += ("\n\nhost ms/round: the round minus the model forwards (drafter, head, target, drafter context); "
              "launches: CUDA kernel launches per round of one decode (32 tokens; 16 on the CPU) under torch.profiler; "
              "HF generate and AR: a round is one token.")
-    if notes:
-        text += "\n\n" + "\n".join(f"- {n}" for n in notes)
-    for s in summaries:
-        if s.lossless_prompts != s.prompts and s.verifier != "rejection":
-            c.fail(f"{s.method} T={s.temperature:g}: {s.prompts - s.lossless_prompts} prompt(s) differ from AR")
-    import dataclasses
-
-    return text, {"summaries": [dataclasses.asdict(s) for s in summaries],
-                  "launches": {f"{k[0]} T={k[1]:g}": v for k, v in launches.items()}}
+    return text
 
 
 def step_verify_cost(c: Check) -> tuple[str, dict]:
@@ -527,11 +536,16 @@ def step_verify_cost(c: Check) -> tuple[str, dict]:
         curves[shape] = list(cost.seconds)
         del model
         _free(c)
+        c.checkpoint(_cost_table(curves, params, sizes, prefix, c.quick))
+    return _cost_table(curves, params, sizes, prefix, c.quick), {"sizes": sizes, "prefix": prefix, "seconds": curves}
+
+
+def _cost_table(curves: dict, params: dict, sizes: tuple, prefix: int, quick: bool) -> str:
     rows = [[n, *[f"{curves[s][i] * 1e3:.2f} ms ({curves[s][i] / curves[s][0]:.2f}x)" for s in curves]]
             for i, n in enumerate(sizes)]
-    head = (f"Prefix {prefix} random tokens, bf16, sdpa, median of {3 if c.quick else 5}; n counts the root.  "
+    head = (f"Prefix {prefix} random tokens, bf16, sdpa, median of {3 if quick else 5}; n counts the root.  "
             + ", ".join(f"`{s}` = {params[s]} parameters" for s in curves) + ".")
-    return head + "\n\n" + _table(["n nodes", *curves], rows), {"sizes": sizes, "prefix": prefix, "seconds": curves}
+    return head + "\n\n" + _table(["n nodes", *curves], rows)
 
 
 def _tree_inputs(n: int, prefix: int, device: torch.device, gamma: int = 15):
@@ -583,7 +597,16 @@ def _graph_row(c: Check, model, n: int, prefix: int, repeats: int) -> list:
     pos, mask = _tree_inputs(n, prefix, c.device)
     slots = torch.arange(prefix, prefix + n, device=c.device)
 
+    def rewind():
+        # transformers 5.17's StaticCache writes at its own running length (a tensor per layer), not at
+        # cache_position: set it back to the prefix, so that every forward writes the same slots (in the graph too)
+        for layer in getattr(cache, "layers", ()):
+            length = getattr(layer, "cumulative_length", None)
+            if isinstance(length, torch.Tensor):
+                length.fill_(prefix)
+
     def forward():
+        rewind()
         return model(input_ids=ids, position_ids=pos, attention_mask=mask, cache_position=slots, use_cache=True,
                      **kw).logits
 
@@ -640,12 +663,15 @@ def step_graphs(c: Check) -> tuple[str, dict]:
             if c.out_of_time(3, f"{label} at n={n} and later sizes"):
                 break
             rows.append([label, *_graph_row(c, model, n, prefix, repeats)])
+            c.checkpoint(_table(_GRAPH_HEADER, rows))
         del model
         _free(c)
     text = (f"Prefix {prefix}; median of {repeats}.  A graph pays when replay is >= 1.1x faster than eager: then "
             "the tree forward is launch-bound at that size, and capturing one graph per tree size would pay.\n\n")
-    return text + _table(["model", "n", "eager ms", "launches", "aten calls", "graph replay ms", "eager / graph",
-                          "check"], rows), {"rows": rows}
+    return text + _table(_GRAPH_HEADER, rows), {"rows": rows}
+
+
+_GRAPH_HEADER = ["model", "n", "eager ms", "launches", "aten calls", "graph replay ms", "eager / graph", "check"]
 
 
 def step_kernels(c: Check) -> tuple[str, dict]:

@@ -73,8 +73,11 @@ def _python(code: str):
 
 def test_isolated_step_overrunning_its_budget_is_killed_and_recorded() -> None:
     step = _steps(lambda c: "never")[0]
-    out = gpu_check.run_isolated(step, [], 1.5, _python("import time; print('started', flush=True); time.sleep(30)"))
+    code = ("import time; open(r'RESULT.partial.md', 'w').write('| first table |'); print('started', flush=True); "
+            "time.sleep(30)")
+    out = gpu_check.run_isolated(step, [], 1.5, _python(code))
     assert out.status == "timed out" and "started" in out.text and out.seconds < 10
+    assert "What it had finished:\n\n| first table |" in out.text
 
 
 def test_isolated_step_that_crashes_is_recorded_with_its_output() -> None:
