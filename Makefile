@@ -45,10 +45,10 @@ gpu-check: $(if $(filter command line,$(origin PY)),,setup)
 GPU_VENV ?= .venv-gpu
 GPU_PYTHON ?= $(shell for p in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12; do \
 	$$p -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null && echo $$p && break; done)
-# numpy: the image has 2.5.2, which removed int() of a 1-element array; triton 3.6's interpreter takes a kernel's
-# runtime loop bound that way (`range(0, V, BLOCK_V)`: TypeError), so the rehearsal, which interprets the kernels,
-# keeps 2.4.6.  The device compiles the kernels and never meets it.
-GPU_PINS := torch==2.11.0 triton==3.6.0 transformers==5.17.0 numpy==2.4.6 tokenizers==0.23.2 safetensors==0.8.0 \
+# numpy: the image has 2.5.2; numpy 2.4 removed int() of a 1-element array, and triton 3.6's interpreter takes a
+# kernel's runtime loop bound that way (`range(0, V, BLOCK_V)`: TypeError), so the rehearsal, which interprets the
+# kernels, keeps 2.3.5.  The device compiles the kernels and never meets it.
+GPU_PINS := torch==2.11.0 triton==3.6.0 transformers==5.17.0 numpy==2.3.5 tokenizers==0.23.2 safetensors==0.8.0 \
 	huggingface_hub==1.33.0 tqdm pytest hypothesis pytest-benchmark
 
 $(GPU_VENV)/.installed:
