@@ -118,7 +118,8 @@ def random_model(shape: str, device: torch.device | str, dtype: torch.dtype = to
 
 
 def _params(model) -> str:
-    return f"{sum(p.numel() for p in model.parameters()) / 1e9:.2f}B"
+    n = sum(p.numel() for p in model.parameters())
+    return f"{n / 1e9:.2f}B" if n >= 1e8 else f"{n / 1e6:.2f}M"
 
 
 def count_launches(c: Check, fn) -> tuple[int, int, Any]:
