@@ -145,8 +145,8 @@ class Step:
 #: the steps in order, filled by :func:`steps` on first use (:mod:`dartree.eval.gpu_steps` imports this module)
 STEPS: list[Step] = []
 #: the names ``--steps`` takes (the order they run in)
-STEP_NAMES: tuple[str, ...] = ("env", "tests", "parity", "lossless_zoo", "lossless_random", "speed", "verify_cost",
-                               "graphs", "kernels", "bf16_divergence")
+STEP_NAMES: tuple[str, ...] = ("env", "native", "tests", "parity", "lossless_zoo", "lossless_random", "speed",
+                               "verify_cost", "graphs", "kernels", "bf16_divergence")
 
 
 # ------------------------------------------------------------------------------------------ running
@@ -390,7 +390,8 @@ def steps() -> list[Step]:
 
     STEPS[:] = [
         Step("env", "Device and versions", s.step_env, 20, 20),
-        Step("tests", "Test suite (kernels, verification)", s.step_tests, 110, 45),
+        Step("native", "Compiled host loops (dartree._native), built offline", s.step_native, 30, 30),
+        Step("tests", "Test suite (kernels, verification)", s.step_tests, 100, 45),
         Step("parity", "Parity: fast (Triton, torch twins, host) == ref, every builder", s.step_parity, 45, 30),
         Step("lossless_zoo", "Lossless greedy on the zoo (fp32) vs HF generate", s.step_lossless_zoo, 30, 20),
         Step("lossless_random", "Lossless greedy on a random-weight ~1B model (fp32 exact, bf16 counted)",

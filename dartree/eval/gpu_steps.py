@@ -30,7 +30,8 @@ import torch
 
 from dartree.eval.gpu_check import Check, Skip
 
-__all__ = ["MODEL_SHAPES", "random_model", "count_launches", "explain_divergence", "step_env", "step_tests",
+__all__ = ["MODEL_SHAPES", "random_model", "count_launches", "explain_divergence", "step_env", "step_native",
+           "step_tests",
            "step_parity", "step_lossless_zoo", "step_lossless_random", "step_speed", "step_verify_cost",
            "step_graphs", "step_kernels", "step_bf16_divergence"]
 
@@ -244,6 +245,30 @@ def step_env(c: Check) -> tuple[str, dict]:
     else:
         info["device"] = f"cpu ({platform.processor() or platform.machine()})"
     return _table(["what", "value"], [[k, v] for k, v in info.items()]), info
+
+
+def step_native(c: Check) -> str:
+    """Build ``dartree._native`` (the compiled host loops, ``setup.py``) in place when this python has none:
+    offline, with the machine's C compiler.  The device image runs from the source tree, where the module of
+    another python (or none) lies; tests/fast checks the compiled loops, and the CPU paths use them."""
+    from dartree import native
+
+    if native.available():
+        return "dartree._native is built for this python: nothing to do"
+    root = Path(__file__).resolve().parents[2]
+    cmd = [sys.executable, "setup.py", "-q", "build_ext", "--inplace"]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=root, timeout=max(5.0, c.time_left() - 3))
+    except subprocess.TimeoutExpired:
+        c.out_of_time(what="the build of dartree._native (the numpy host loops run instead)")
+        return f"`{' '.join(cmd[1:])}` stopped at the budget"
+    check = subprocess.run([sys.executable, "-c", "from dartree import native; print(native.available())"],
+                           capture_output=True, text=True, cwd=root)
+    if proc.returncode != 0 or check.stdout.strip() != "True":
+        c.fail("dartree._native could not be built here: the numpy host loops run, and tests/fast's tests of the "
+               "compiled loops fail")
+        return f"`{' '.join(cmd[1:])}`:\n\n```\n{(proc.stdout + proc.stderr)[-2000:]}\n```"
+    return f"`{' '.join(cmd[1:])}`: built; the later steps (their own processes) use it"
 
 
 def step_tests(c: Check) -> str:

@@ -101,7 +101,7 @@ def test_child_options_drop_steps_and_inline() -> None:
 
 @pytest.mark.parametrize(("argv", "names"), [
     (["--device", "tpu"], "--device: must be cuda, cuda:N or cpu"),
-    (["--device", "cpu", "--steps", "nope"], "--steps: unknown ['nope']; allowed: env, tests"),
+    (["--device", "cpu", "--steps", "nope"], "--steps: unknown ['nope']; allowed: env, native, tests"),
     (["--device", "cpu", "--cost-models", "gpt-5"], "allowed: llama-1b, qwen3-0.6b"),
     (["--device", "cpu", "--budget-s", "0"], "--budget-s: must be a number of seconds > 0"),
 ])
