@@ -1,7 +1,7 @@
 """The steps of the GPU check (:mod:`dartree.eval.gpu_check`), one small function each.
 
-Each takes a :class:`~dartree.eval.gpu_check.Check` and returns markdown, or ``(markdown, numbers)``;
-it raises :class:`~dartree.eval.gpu_check.Skip` when it cannot run on this device, records what it
+Each takes a :class:`~dartree.eval.gpu_common.Check` and returns markdown, or ``(markdown, numbers)``;
+it raises :class:`~dartree.eval.gpu_common.Skip` when it cannot run on this device, records what it
 finds wrong with ``check.fail`` (the step ends "failed" with its tables kept), and stops its loops near
 its budget with ``check.out_of_time(...)`` (the step ends "partial" and says what it left out).
 
@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from dartree.eval.gpu_check import Check, Skip
+from dartree.eval.gpu_common import Check, Skip
 
 __all__ = ["MODEL_SHAPES", "random_model", "count_launches", "explain_divergence", "step_env", "step_native",
            "step_tests",

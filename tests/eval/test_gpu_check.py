@@ -126,7 +126,8 @@ def test_registered_steps_match_their_names() -> None:
 
 
 def _make(*args: str) -> str:
-    return subprocess.run(["make", "-n", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    return subprocess.run(["make", "--no-print-directory", "-n", *args], cwd=ROOT, capture_output=True, text=True,
+                          check=True).stdout
 
 
 def test_make_gpu_check_with_py_given_runs_no_venv_or_pip_step() -> None:
