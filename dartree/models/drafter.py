@@ -744,9 +744,10 @@ class DFlashDrafter(nn.Module):
         head = self.lm_head_weight
         if head.dtype != dtype:
             # perf: a drafter cast to another dtype than the target whose LM head it shares (e.g. bf16 beside
-            # an fp32 target) casts that head once, not every block: per block the cast (0.8 ms on the zoo)
-            # and, the cast being a new tensor, a fresh K-major copy of it (2.4 ms) made bf16 rounds 33%
-            # slower than fp32 ones (measured 2026-12-02); rebuilt when the head is replaced or edited
+            # an fp32 target) casts that head once, not every block: a cast per block, plus the fresh K-major
+            # copy that each new tensor needs, made the reduced-precision rounds slower than fp32 ones
+            # (figures: docs/results.md, "Measurements behind design choices in the code"); rebuilt when
+            # the head is replaced or edited
             head = derived(self, f"_lm_head_{dtype}", [head], lambda w=head: w.to(dtype))
         logits = _matmul(hidden.reshape(-1, hidden.shape[-1]), head)
         return DraftBlock(logits=logits.view(b, self.gamma, -1), root=root, hidden=hidden)
