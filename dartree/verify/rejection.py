@@ -109,9 +109,9 @@ def _draw_without_replacement(q: Tensor, m: int, generator: torch.Generator | No
     ``log q + G`` is the sequential draw order).  Tokens of mass 0 come last (the caller uses only as many
     draws as ``q`` has tokens of positive mass).
 
-    perf (CPU, one thread): a chain's 15 single draws over 4,098 tokens take 0.17 ms by the inverse CDF (with
-    the guard against a token of mass 0), 1.0 ms as float64 Gumbel keys, 1.8 ms with ``torch.multinomial``;
-    4 draws each as float32 Gumbel keys take 0.5 ms.
+    perf: on the CPU a single draw by the inverse CDF is several times cheaper than by Gumbel keys or
+    ``torch.multinomial``, hence the two ways (figures: docs/results.md, "Measurements behind design choices
+    in the code").
 
     Shape: ``q`` float ``[..., V]`` -> int64 ``[..., m]``.
     """
