@@ -211,7 +211,8 @@ def lean_forward(model: nn.Module, kmajor: bool | None = None, joint: bool = Tru
 
 
 class LeanForward:
-    """The forward of a supported HF causal LM (docs/verification.md, "The lean forward"); check with :func:`lean_forward`.
+    """The forward of a supported HF causal LM (docs/verification.md, "The lean forward"); check with
+    :func:`lean_forward`.
 
     Args:
         model: the HF model (its weights are read at every call: edits and reloads are seen).

@@ -71,9 +71,10 @@ def check_builder(builder: TreeBuilder | str, config: dict[str, Any] | None = No
                   seed: int = 0, decode: bool = True, temperature: float = 0.0, draws: int = 2000,
                   alpha: float = 1e-6) -> None:
     """Check ``builder`` (a registered name, or a configured :class:`TreeBuilder`) against the contract in
-    docs/extending.md ("Check it the way dartree checks its own"); ``config``: settings for a name (default ``budget=8``, ``topk=4`` where the config
-    has them); ``decode=False`` skips the decodes (they need transformers' Llama); ``temperature > 0`` adds the
-    law checks at that temperature (``draws`` decodes, false-alarm rate ``alpha``, seeded by ``seed``)."""
+    docs/extending.md ("Check it the way dartree checks its own"); ``config``: settings for a name (default
+    ``budget=8``, ``topk=4`` where the config has them); ``decode=False`` skips the decodes (they need
+    transformers' Llama); ``temperature > 0`` adds the law checks at that temperature (``draws`` decodes,
+    false-alarm rate ``alpha``, seeded by ``seed``)."""
     from dartree.testing.heads import PathHashHead
 
     if isinstance(temperature, bool) or not isinstance(temperature, int | float) or not 0 <= temperature < math.inf:

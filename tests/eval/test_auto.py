@@ -63,9 +63,10 @@ def _refs(bundle):
 
 
 def test_auto_picks_the_method_by_acceptance_measured_under_the_sampled_verifier(bundle, fake):
-    """Matching's replays say every setting accepts 1.2 a round; the default sampled verifier's (traversal) screen says corrected-sequoia B=4
-    accepts 2.4: it is ranked first under it, decoded for real (with traversal) beside the best under
-    matching, chosen, and ``auto`` resolves to it with the GRU head and the traversal verifier."""
+    """Matching's replays say every setting accepts 1.2 a round; the default sampled verifier's (traversal)
+    screen says corrected-sequoia B=4 accepts 2.4: it is ranked first under it, decoded for real (with
+    traversal) beside the best under matching, chosen, and ``auto`` resolves to it with the GRU head and the
+    traversal verifier."""
     result = tune(bundle, parse_method("auto"), _refs(bundle), "ref", budgets=(4, 16), verify_cost=COST,
                   temperature=1.0, seed=1)
     assert {c.builder for c in result.candidates} == set(AUTO_BUILDERS)
