@@ -145,15 +145,14 @@ class SequoiaConfig:
         ``min(topk, len(acceptance))`` children.
     normalize: ``"vocab"`` or ``"candidates"``.
     head_depths: the depths below a round's root at which the head proposes under the rejection verifier
-        (``None``: every depth; the drafter's marginals below); ignored without a head.  Default 3: on the zoo
-        at T=1 with reused blocks (B=12, 16 + 16 prompts x 64 tokens, one thread, 2026-12-04) tau 2.29 / 2.32 at
-        3 / every depth, 0.96x / 0.95x AR; fresh blocks alone (B=16) gave tau 2.30 / 2.31 / 2.34 at 2 / 3 / every
-        depth, 0.74x / 0.73x / 0.69x AR: a deeper head call costs about what its acceptance gives back.
+        (``None``: every depth; the drafter's marginals below); ignored without a head.  Default 3: a deeper
+        head call costs about what its acceptance gives back, so the depths past 3 do not pay (measured on the
+        zoo: docs/results.md, "Measurements behind design choices in the code").
     reuse_depths: under the rejection verifier with a head and one live row, a drafted block serves the next
         rounds too while at least this many of its depths are left below the round's root (the head proposes
         along the committed path, the block's hidden states stay valid: ``docs/verification.md``); ``0``: draft
-        every round.  Default 2: on the zoo at T=1 (B=10, 16 + 16 prompts x 64 tokens, one thread,
-        2026-12-04) 1.02x / 1.00x / 0.96x AR at 2 / 3 / 4 in one run, 0.99x / 0.98x at 2 / 4 in another.
+        every round.  Default 2: the fastest of the values tried on the zoo at T=1, by a small margin
+        (docs/results.md, "Measurements behind design choices in the code").
     """
 
     budget: int = 16

@@ -1,50 +1,12 @@
 """The speculative decoding loop, the autoregressive baseline, and the drafter protocol.
 
-Drafter protocol
-----------------
-A drafter is any object with::
-
-    target_layer_ids: tuple[int, ...]     # target decoder layers whose hidden states it conditions on
-    reset() -> None                       # a new prompt: forget all context
-    append_context(hidden_states, tokens) -> None
-    draft(root) -> DraftBlock
-
-The decoder drives it in this order, for every prompt::
-
-    drafter.reset()
-    drafter.append_context(h, prompt)                   # the prefilled prompt
-    root = the first new token                          # from the prefill's last logits
-    repeat:
-        block = drafter.draft(root)                     # root = last committed token, [b]
-        ... build, verify ...
-        drafter.append_context(h, [root, accepted...])  # exactly the tokens the target just cached
-
-* ``tokens`` is int64 ``[b, m]``: the tokens that entered the target's KV cache since the last call,
-  in order.  The drafter's context is therefore always the target's cache: the committed sequence
-  minus its last token, which is the next ``root``.  Context positions are implicit: the first
-  ``append_context`` token is at absolute position 0, and ``root`` sits at position
-  ``len(context)``.
-* ``hidden_states`` is float ``[b, m, len(target_layer_ids) * H]``: the target's hidden states of
-  ``tokens`` at ``target_layer_ids`` (decoder layer i = HF's ``hidden_states[i + 1]``), concatenated
-  in that order; ``None`` when ``target_layer_ids`` is empty.
-* Rejected positions are never reported: only committed tokens are ever appended, so a drafter
-  keeps nothing from a round's block except what ``append_context`` later confirms.  Anything it
-  computes inside ``draft`` (e.g. KV of the block's mask positions) is scratch and must be dropped
-  (or cropped) before the next ``append_context``.
-* ``draft`` returns a :class:`~dartree.block.DraftBlock` whose ``root`` equals the ``root`` given
-  (checked every round: a block built on another root is rejected with a ``ValueError``).
-
-Decoding
---------
-``SpeculativeDecoder(target, drafter, builder, head=None).generate(...)`` decodes one prompt.  The
-prefill runs the whole prompt and scores its last position only (as the references do); that
-gives the first new token, which is the first round's root, so ``1 + sum(r.committed for r in
-rounds) == len(tokens)``.  Every round is one drafter call, one build, one target forward.
-:mod:`dartree.engine` is the one round, batch-first: ``generate`` is a batch of one,
-``generate_batch`` and :mod:`dartree.serve` run it on many rows, :func:`generate_ar` without a drafter.
-Stopping: at ``max_new_tokens`` (an accepted path is truncated exactly there) or at
-the first stop token (included).  Per round we record the accepted length, the tree size and the
-wall time of each stage (:class:`RoundStats`); ``tau`` is the mean committed per round.
+Entry points: :class:`SpeculativeDecoder` (``.generate`` decodes one prompt: a prefill, then rounds of one
+drafter call, one build and one target forward; :mod:`dartree.engine` is the round itself, batch-first),
+:func:`generate_ar` (the same contract without a drafter), :class:`Drafter` (the protocol a drafter
+implements), :class:`RoundStats` and :class:`GenerationResult`.  The drafter protocol in full (the order of
+calls, what ``append_context`` receives, what a drafter may keep) and the decoding contract (prefill,
+stopping, per-round statistics): docs/verification.md, "Drafter protocol" and "`generate` and
+`generate_ar`".
 """
 
 from __future__ import annotations

@@ -18,11 +18,10 @@ The shape depends only on ``(budget, gamma, acceptance)``: the same for every ro
 once and cached.  Scores are float32 sums of ``log P_r`` along the path, and nodes come in the total
 order of every builder (higher score first, then rank path; :func:`dartree.tree.rank_path_key`).
 
-Measured on the zoo at T=1 (2026-12-04, ``dartree-pruned`` B=16 with rejection, 8 + 8 prompts x 64 tokens):
-the builders' own shapes put 8-16 children on the root, whose siblings past the first are accepted in 9% to
-0% of the rounds that reach the root (18% to 0% of the times they are tested), while the first child of an
-accepted node is accepted about half of the time at every depth; so a deep first-child chain with a few
-siblings near the root accepts more.
+Why this shape at T>0: the other builders' shapes put many children on the root, but under rejection a
+sibling past the first is rarely accepted while the first child of an accepted node is accepted about half
+of the time at every depth, so a deep first-child chain with a few siblings near the root accepts more
+(figures: docs/results.md, "Measurements behind design choices in the code").
 """
 
 from __future__ import annotations
@@ -43,9 +42,9 @@ __all__ = ["DEFAULT_ACCEPTANCE", "RankShape", "rank_shape", "check_acceptance", 
            "acceptance_from_walks", "MIN_TESTS"]
 
 #: ``P_r``, the probability that the ``r``-th drawn child is the accepted one: the accepted-rank histogram of
-#: rejection walks on the zoo at T=1 (``dartree-pruned`` B=16 trees, the GRU head's proposals at depth 1; 233
-#: visited nodes; 2026-12-04), smoothed to be non-increasing.  Its sum, 0.76, is a node's chance that one of
-#: its first 8 children is accepted.
+#: rejection walks on the zoo at T=1, smoothed to be non-increasing (how it was measured: docs/results.md,
+#: "Measurements behind design choices in the code").  Its sum, 0.76, is a node's chance that one of its
+#: first 8 children is accepted.
 DEFAULT_ACCEPTANCE: tuple[float, ...] = (0.48, 0.09, 0.055, 0.04, 0.03, 0.025, 0.02, 0.015)
 
 

@@ -50,14 +50,14 @@ PRESETS: dict[str, dict[str, Any]] = {
                             "corrected-sequoia:budget=4", "auto"],
         "datasets": ["humaneval", "stdlib"],
         "temperatures": [0.0],
-        # 8 + 8 prompts a dataset: tau per prompt ranges 2.2-12.6 on the zoo, and with 4 + 6 the four
-        # evaluation prompts of stdlib averaged tau 9.7 against 5.7 on the six calibration prompts, so the
-        # tuner's forecast speedup missed by -34% to -51% in every run; with 8 + 8 it missed by -3% / +6%
-        # (2026-12-01 22:48, dartree-pruned B=16); the demo takes about 3 min instead of 1.5-2.
-        # 16 calibration prompts a dataset: the rounds 8 of them take moved the forecast by -23% / +24%
-        # against the 8 evaluation prompts (HumanEval / stdlib), 16 by -10% / +5% (B=16 W=8, a perfect cost model;
-        # benchmarks/forecast_proxies.py prints these errors); the tuner replays every setting
-        # from blocks drafted once per prompt (ReplayBlocks): the demo took 93-108 s, 118-123 s with 8 before
+        # 8 + 8 prompts a dataset: tau varies several-fold from prompt to prompt on the zoo, so a few
+        # evaluation prompts can average far from the calibration prompts and the tuner's forecast speedup
+        # missed widely with fewer; 8 + 8 keeps it close, at the price of a longer demo.
+        # 16 calibration prompts a dataset: the rounds of 8 calibration prompts alone move the forecast at
+        # least twice as far from the evaluation prompts as those of 16 (benchmarks/forecast_proxies.py
+        # prints these errors); the tuner replays every setting from blocks drafted once per prompt
+        # (ReplayBlocks), which keeps the demo's time down.  Figures for both: docs/results.md,
+        # "Measurements behind design choices in the code".
         "num_prompts": 8,
         "calibration_prompts": 16,
         "max_new_tokens": 64,
@@ -66,7 +66,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         # HF `generate` beside dartree's AR: the baseline every HF user has (dartree's AR is faster)
         "peers": ["hf-generate"],
         # One thread: two threads on a 2-core machine that anything else is using oversubscribe
-        # OpenMP and make every timing several times slower (measured: AR 8 ms -> 23 ms per token).
+        # OpenMP and make every timing several times slower (docs/results.md, "Measurements behind
+        # design choices in the code").
         "threads": 1,
     },
     # The full Table 1 grid of the paper on the zoo: both temperatures, three datasets, every builder.

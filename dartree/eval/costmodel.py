@@ -1,7 +1,7 @@
 """The tuner's cost model: a round's seconds from measured parts, and the ranking of settings by it.
 
 ``round_s = draft_s + build_s + verify_s(tree) + overhead_s`` and ``tokens_per_s = tau / round_s``
-(:mod:`dartree.eval.tune`'s docstring says where each term is measured); :class:`VerifyCost` is the
+(docs/internals.md, "The budget tuner", says where each term is measured); :class:`VerifyCost` is the
 measured verify time by tree size, :class:`Candidate` one setting scored.
 """
 
@@ -185,9 +185,9 @@ def pick_finalists(candidates: Sequence[Candidate], count: int,
 
     ``groups``: the group keys tried in turn (e.g. the verifier, then the builder); the budget is always
     the last.  Why one per budget: the model's error is mostly per tree size (its verify cost is one probe
-    per size), so one noisy probe moves every width of a budget together.  At 23:14 UTC 2026-12-01 a
-    probe that timed 65 nodes at 1.9x one (3.3x at 21:13) ranked three B=64 settings first; the real
-    decodes then only compared them, and the run measured the tuned method at 0.96x ``ddtree`` B=16.
+    per size), so one noisy probe moves every width of a budget together: the finalists could otherwise all
+    share one mispriced budget, and the real decodes would only compare them with each other (an instance
+    is in docs/results.md, "Measurements behind design choices in the code").
     Why one per verifier first at T>0: matching's tau comes from replays priced by the cost model, rejection's
     from real decodes timed whole; the two estimates are not ranked against each other, only measured.
     """

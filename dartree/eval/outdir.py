@@ -5,41 +5,10 @@ Each command that writes results owns a set of file names in its ``--out`` folde
 :func:`tune_files`).  Files of other kinds are never touched: sweeps of different parameters, a
 bench and its ``sweeps/`` sub-folder, or a user's notes share a folder safely.
 
-A command opens its folder with :func:`open_run` before any model loads and writes every file of
-its run through the returned :class:`RunFolder`; nothing appears in ``--out`` until
-:meth:`RunFolder.commit`.  The design, step by step:
-
-1. **Lock.**  ``open_run`` creates the folder if needed and takes an exclusive, non-blocking
-   ``flock`` on the folder itself (a descriptor of the directory: no lock file is left behind).
-   A second run on the same folder fails at once with a ``ValueError`` naming the folder.  The
-   lock is held until the run commits or gives up; the kernel releases it if the process dies.
-2. **Recovery.**  Under the lock, a journal left by a commit that was killed (``kill -9``, power
-   loss) is rolled back, restoring the earlier run, and staging folders of runs that died are removed.
-3. **Checks.**  The folder must be writable, no run file name may be a folder, and files of the
-   command's kind from an earlier run need ``force=True`` (a run never replaces another silently).
-4. **Staging.**  Files are written into ``--out/.dartree-staging-XXXXXXXX/new/`` (``mkdtemp``:
-   private, in the same file system as their final place).  An interrupt (Ctrl-C) or a write error
-   (disk full) here removes the staging folder; ``--out`` is untouched and holds no partial file.
-5. **Commit.**  SIGINT, SIGTERM and SIGHUP are held back for the few renames that follow (recorded by
-   Python handlers, whichever thread the kernel delivered them to, and delivered again once the commit
-   is done and its staging folder removed):
-
-   a. every staged file and the staging folder are flushed to disk (``fsync``);
-   b. the journal ``--out/.dartree-journal.json`` is written (temporary file, ``fsync``,
-      ``os.replace``): the staging folder, the earlier run's file names and the new ones;
-   c. every file of the earlier run (replaced or stale alike) is renamed into the staging
-      folder's ``earlier/``;
-   d. every new file is renamed into ``--out``;
-   e. ``--out`` is flushed and the journal removed: **the commit point**;
-   f. the staging folder, now holding the earlier run, is removed.
-
-   If a step of b-e fails (an ``OSError``, an interrupt that got through), every rename is undone
-   in reverse before the error propagates, so ``--out`` holds the earlier run again; if the process
-   dies there, the journal makes the next run in the folder (step 2) undo them.  Before the commit
-   point ``--out`` holds the earlier run, after it the new one: never a mix of the two.
-
-Every change is a ``rename`` of a directory entry, never a write through an existing name, so a
-symlink in ``--out`` is replaced (or moved aside) itself and its target is never written.
+Entry points: :func:`open_run` (lock, recover, check; before any model loads) returns a :class:`RunFolder`
+that stages every file of the run, and :meth:`RunFolder.commit` replaces the earlier run of that kind in
+one step; :func:`write_atomic` writes a single file.  The design step by step (lock, recovery, checks,
+staging, the journalled commit and what an interrupt leaves): docs/internals.md, "Run folders".
 """
 
 from __future__ import annotations
@@ -247,7 +216,7 @@ class RunFolder:
     """An open, locked run folder: write files with :meth:`write` (or at :meth:`path`), then :meth:`commit`.
 
     Use it as a context manager: leaving the block without a commit (an error, Ctrl-C) removes what
-    was staged and leaves ``out`` as it was; leaving it releases the lock.  See the module docstring.
+    was staged and leaves ``out`` as it was; leaving it releases the lock.  See docs/internals.md, "Run folders".
     """
 
     def __init__(self, out: Path, patterns: Sequence[str], force: bool, lock_fd: int, restored: Sequence[str],
@@ -292,7 +261,7 @@ class RunFolder:
         return self.out / name
 
     def commit(self) -> tuple[Path, ...]:
-        """Replace the earlier run of this kind with the staged files (step 5 of the module docstring)."""
+        """Replace the earlier run of this kind with the staged files (step 5 of docs/internals.md, "Run folders")."""
         self._check_open()
         new_dir = self.staged
         names = sorted(p.name for p in new_dir.iterdir())
@@ -411,7 +380,7 @@ def _lock(out: Path) -> int:
 
 
 def open_run(out: Path, patterns: Sequence[str], force: bool = False) -> RunFolder:
-    """Open ``out`` for a run of the kind ``patterns``: steps 1-3 of the module docstring.
+    """Open ``out`` for a run of the kind ``patterns``: steps 1-3 of docs/internals.md, "Run folders".
 
     Creates ``out`` (and its parents) when missing; a run that commits nothing removes the folders it
     created, so that a failed or interrupted run leaves the file system as it found it.  Raises

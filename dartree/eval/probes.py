@@ -124,8 +124,8 @@ def measure_verify_cost(model: torch.nn.Module, layer_ids: Sequence[int] = (), p
     trees = [_synthetic_tree(n, gamma, target.device, rows) for n in sizes]
     times: dict[tuple[int, str], list[float]] = {(n, way): [] for n in sizes for way in ways}
     # interleaved, every size and way in each repetition: a machine whose load drifts during the probe
-    # charges every size alike (sizes one after another moved 65 nodes from 3.3x to 1.9x one node's time
-    # between two runs of `make demo` on a shared machine, 2026-12-01)
+    # charges every size alike (timed one after another, the sizes' relative costs moved far between two
+    # runs on a shared machine; docs/results.md, "Measurements behind design choices in the code")
     for _ in range(repeats + 1):                           # the first repetition warms up and is dropped
         for n, tree in zip(sizes, trees, strict=True):
             for way in ways:

@@ -94,7 +94,8 @@ class ReplayBlocks:
 
     perf (both devices): the budget tuner replays some 60 settings (budgets x widths x betas) on each
     calibration reference, and a replay drafting its own blocks ran the drafter once per round of every
-    setting: 4,701 drafts for 4 references, 34.6 of the tuning's 54.3 s (cProfile, the zoo, 2026-12-02).
+    setting, which made drafting most of the tuning's time (figures: docs/results.md, "Measurements behind
+    design choices in the code").
     A round's block depends only on the reference up to its root, so one pass drafts a block at every
     position a round can start from (``prompt_len .. end - 2``: at most ``new_tokens - 1`` drafts), and
     the settings' replays only build and accept.

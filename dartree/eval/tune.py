@@ -2,67 +2,15 @@
 or plain AR when no tree pays here.
 
 A bigger tree is accepted further (tau grows with B) but costs more to verify, and how much more
-depends on the hardware: on a GPU a forward of 64 tree nodes costs about as much as one of 1 node,
-on a CPU it costs far more.  The tuner therefore measures both sides on the running machine, in two
-steps: a cost model ranks every setting cheaply, then the best-ranked few are decoded for real.
+depends on the hardware, so the tuner measures both sides on the running machine: a cost model
+(:mod:`dartree.eval.costmodel`) ranks every setting cheaply from a verify-cost probe, replayed acceptance
+and a per-round overhead; the best-ranked few are then decoded for real beside AR, the fastest measured
+is chosen, and its measured rate is the forecast, with a prediction interval.
 
-1. verify cost ``t_v(n)``: wall time of building the tree inputs and running the target's tree
-   forward for trees of ``n`` nodes after a prefix of typical length (:func:`measure_verify_cost`);
-2. acceptance: tau and the tree sizes of every (B, W) on the grid, plus the draft and build time per
-   round, by replaying rounds on the calibration prompts (:mod:`dartree.eval.simulate`), whose
-   references are made at the temperature being tuned for (with ``beta=auto``, each (B, W) is
-   replayed at every beta of :data:`DEFAULT_BETAS` and keeps the one of highest tau); every setting's
-   replay of a prompt reads the drafter blocks drafted once for that prompt
-   (:class:`~dartree.eval.simulate.ReplayBlocks`: 13.5 s instead of 54.3 s for the demo's 60 settings
-   on 4 prompts, cProfile, 2026-12-02);
-3. a per-round overhead (the acceptance walk, sampling included at T>0, and the commit: KV-cache
-   compaction and the drafter's context update), measured from one real decode;
-
-and scores each candidate with the cost model (the expected tokens per second)::
-
-    round_s(B, W)    = draft_s + build_s(B, W) + mean over rounds of v(tree_size + 1, tau(B, W)) + overhead_s
-    v(n, tau)        = t_v(n)                                     (every node scored in the forward)
-                     | t_root(n) + (tau - 1) * row_s              (when walk_pays(n, tau), on the CPU)
-
-(``draft_s``: the drafter's forward, the same for every setting, pooled over all replays: the median;
-``v``: :meth:`VerifyCost.round_s`, the choice single-request decoding makes (:class:`dartree.rounds.WalkRows`):
-on the CPU the forward may score the root only and the walk then runs one LM-head row, ``row_s``
-(about 0.2 ms on the zoo), per accepted node; that pays only for short walks)
-    tokens_per_s     = tau(B, W) / round_s(B, W)
-
-4. the ``finalists`` best-ranked settings (the best of each budget first: :func:`pick_finalists`) and
-   AR are then decoded for real on every calibration prompt, interleaved, timed as the benchmark times
-   them (:func:`measure_settings`).  The fastest measured setting is chosen and its measured rate is
-   the **forecast**; when it does not beat AR's rate by ``min_speedup``, ``budget=auto`` resolves to
-   plain AR (:func:`choose`).
-5. how sure the forecast is: a prediction interval for the rate (and the speedup over AR) that a run
-   decoding ``n`` other prompts should measure (:meth:`TuneResult.forecast_interval`,
-   :func:`ratio_prediction`), from the spread of the chosen setting's per-prompt times.  It covers both
-   samples, the calibration prompts and the evaluated ones: on the zoo tau per prompt ranges 2-13, so
-   8 evaluation prompts of a dataset measure a rate about 20% from the dataset's (the sums of 8
-   prompts' rounds were 65-116 over four blocks of HumanEval, 77-124 of stdlib; 2026-12-02), and no
-   number of calibration prompts forecasts such a run within 15% every time.  With 48 + 48 HumanEval
-   prompts the forecast was within 4% (``results/tuner/run_forecast.sh``).  How many it takes: with a
-   perfect cost model and an idle machine, n + n prompts drawn at random agree within 15% in 51% /
-   68% / 83% of draws for n = 8 / 16 / 32 on HumanEval and 33% / 46% for n = 8 / 16 on stdlib, which
-   has 33 prompts (``benchmarks/prompt_spread.py``, 2026-12-02); :meth:`TuneResult.prompts_for` says
-   it per run, from the calibration prompts' own spread.  For ``make demo``'s split (the first 8
-   prompts evaluated, calibration after them) the rounds alone put a perfect cost model's forecast at
-   -23% / +24% (HumanEval / stdlib) with 8 calibration prompts and -10% / +5% with 16, which the demo
-   now uses (``benchmarks/forecast_proxies.py``).  Nothing read from a prompt before decoding it
-   predicts its tau on the zoo: the drafter's tau replayed over the prompt's own last 64 tokens
-   correlates +0.09 / -0.44 with the decode's, the target's top-1 accuracy on them +0.07 / -0.56; the
-   tau of the first 16 new tokens does (+0.88 / +0.95), so the spread is the continuation's.
-
-Why step 4: the cost model alone forecast 166 tok/s for the B=32 W=8 it chose in ``make demo``
-(2026-12-01 04:57) and the run measured 96.  Measured causes, in order: tau on 2 calibration
-prompts (8.0) against 5.3 / 6.6 on the evaluation prompts (per-prompt tau ranges 2.4-12.8 on this
-zoo, so a couple of prompts cannot pin it); a round 16% longer than modelled (the synthetic tree
-forward 24.3 ms vs 30.0 ms in decoding, accept + commit 1.7 vs 2.8 ms); the prefill (5-8% of the
-call) outside the model; and, at T=1, greedy references (tau 8 instead of 1.5).  Real decodes of the
-finalists carry every term at the chosen size, whatever the decoding loop, the head or the builder
-cost today.  Ties go to the smaller budget, then the smaller width, so the choice is deterministic
-for a given set of measurements.
+Entry points: :func:`tune` (one builder's budget and width), :func:`tune_auto` (``auto``: builders x
+budgets x verifiers), :func:`choose`, :class:`TuneResult`.  The steps, where each cost term is measured,
+the cost model's formula, how sure the forecast is and why the finalists are decoded for real:
+docs/internals.md, "The budget tuner".
 """
 
 from __future__ import annotations
@@ -115,8 +63,8 @@ DEFAULT_BUDGETS: tuple[int, ...] = (4, 8, 16, 32, 64)
 #: 16 and lost to the untuned B=16 W=12 on a dataset).
 DEFAULT_WIDTHS: tuple[int, ...] = (4, 8, 12, 16)
 #: Depth penalties tried when ``beta=auto`` (explicitly: an unset beta keeps the builder's default).
-#: On the zoo, B=16, the best of them accepted 2-3% more than -0.2 (32 held-out prompts, 2026-12-01, the
-#: head before run 4).
+#: The grid includes the builders' default (-0.2), and on the zoo its best beta accepted a little more than
+#: the default alone (figures: docs/results.md, "Measurements behind design choices in the code").
 DEFAULT_BETAS: tuple[float, ...] = (0.0, -0.1, -0.2)
 #: Settings the cost model ranks best that are then decoded for real on the calibration prompts.
 DEFAULT_FINALISTS = 3
@@ -493,8 +441,9 @@ def _rank(bundle: Bundle, method: MethodSpec, refs: Sequence[Reference], backend
             if key not in best_tau or replayed.tau > best_tau[key]:
                 best_tau[key], stats[key], chosen_beta[key] = replayed.tau, replayed, beta
         # the drafter's forward is the same work whatever the setting: one pooled time (the median over the
-        # replays), so that load moving between replays does not rank the settings (it moved 3.0-5.7 ms
-        # between the settings of one `make demo` tuning on a shared machine, 18:41 UTC 2026-12-01)
+        # replays), so that load moving between replays does not rank the settings (on a shared machine it
+        # nearly doubled the drafter's time between the settings of one tuning; figures:
+        # docs/results.md, "Measurements behind design choices in the code")
         draft_s = statistics.median(st.draft_s for st in stats.values())
         stats = {key: dataclasses.replace(st, draft_s=draft_s) for key, st in stats.items()}
         for v in verifiers:

@@ -1,57 +1,11 @@
 """DFlash-style block-parallel drafter.
 
-The drafter protocol (``dartree.decode.Drafter``; what ``SpeculativeDecoder`` calls)
------------------------------------------------------------------------------------
-A drafter keeps its own cache of *context features*: one entry per token in the target's KV
-cache, built from the target's hidden states at ``drafter.target_layer_ids``.  Its length always
-equals the target's committed cache length (``HFTarget.length``): every committed token except
-the last one, which is the root of the next tree.  One decoding session::
-
-    drafter.bind(target_model)                        # share embedding + LM head (load_drafter / zoo do it)
-    target = HFTarget(target_model, layer_ids=drafter.target_layer_ids)
-    drafter.reset()                                   # new prompt
-    out = target.prefill(prompt, logits="last")
-    drafter.append_context(out.hidden, prompt)        # hidden [b, m, len(target_layer_ids) * H]
-    root = out.logits[:, -1].argmax(-1)               # the first new token (greedy)
-    loop:
-        block = drafter.draft(root)                   # DraftBlock: logits [b, gamma, V], hidden [b, gamma, H], root
-        ... build tree, verify, target.commit(accepted, count) ...
-        drafter.append_context(hidden of the committed slots, their tokens)   # root first
-        root = bonus token
-
-``append_context`` costs O(new tokens) per round (keys/values of the new context features are
-computed once per draft layer and cached); ``draft`` attends to the cached context and keeps
-nothing (the block's keys/values are scratch), so a round's cost does not grow with a re-encoding
-of the whole context.  One drafter forward per round, as DFlash's reference loop runs: the hidden
-states ``append_context`` receives are only checked and held; the next ``draft`` computes their
-keys/values in the same pass over the layers as the block's (the same ops in the same order as an
-eager append: bit-identical blocks).  Anything that reads the context (``crop``, ``_ctx``) computes
-a held append first.  ``crop(length)`` drops context entries past ``length``;
-``context_length`` reports the current length.  An empty context is allowed (one-token prompt).
-
-Block layout (``DFlashConfig.shift_label``): the block input is always ``[root, mask, ..., mask]``
-(``block_size`` slots at positions ``context_length ..``; the root is the last committed token).
-Which output slot proposes which depth depends on how the checkpoint was trained:
-
-* ``shift_label=False`` (z-lab DFlash, Domino without ``shift_label``, this project's zoo): slot
-  ``k`` predicts the token at its own position, so slot 0 (the root) is dropped, depth ``d`` is
-  slot ``d`` and ``gamma = block_size - 1``;
-* ``shift_label=True`` (Domino with ``shift_label``, every DeepSpec DSpark checkpoint): slot ``k``
-  predicts the token one position after it, so depth ``d`` is slot ``d - 1`` and
-  ``gamma = block_size``.
-
-Either way the returned :class:`DraftBlock` is layout-free: ``logits[:, d - 1]`` is the marginal
-of the token at depth ``d`` (position ``context_length + d``) and ``hidden[:, d - 1]`` the
-final-normed draft hidden state ``H_d`` whose LM-head projection gives those logits.
-
-Architecture (DFlash, arXiv 2602.06036): context features = concat of the target's hidden states
-after layers ``target_layer_ids`` -> ``fc`` (no bias) -> RMSNorm (``hidden_norm``); each draft
-layer is a Qwen3-style decoder layer whose attention queries come from the block and whose keys /
-values are ``k_proj`` / ``v_proj`` of [context features; block] (per-head ``q_norm`` / ``k_norm``,
-RoPE at absolute positions, built by transformers' own initialisation for ``rope_parameters``);
-attention is non-causal (every block slot sees the whole context and the whole block).  Token
-embeddings and the LM head are the target's.  Weight names match the
-released z-lab checkpoints (``layers.{i}.self_attn.q_proj.weight``, ``fc.weight``, ...).
+A drafter that drafts a whole block of tokens in one forward, conditioned on the target's hidden states at
+``target_layer_ids`` (DFlash, arXiv 2602.06036); its token embeddings and LM head are the target's, and its
+weight names match the released z-lab checkpoints.  Entry points: :class:`DFlashDrafter` (``bind``,
+``reset``, ``append_context``, ``draft``, ``crop``), :class:`DFlashConfig`, :func:`dflash_target_layer_ids`.
+A decoding session, the context cache and its cost, the block layout (``shift_label``) and the
+architecture: docs/internals.md, "The DFlash drafter".
 """
 
 from __future__ import annotations
@@ -120,7 +74,7 @@ class DFlashConfig:
     rope_theta: float = 10000.0
     num_target_layers: int | None = None
     extra: dict = field(default_factory=dict)
-    # ---- layout and rotary embedding (see the module docstring)
+    # ---- layout and rotary embedding (docs/internals.md, "The DFlash drafter")
     shift_label: bool = False
     rope_parameters: dict | None = None       # transformers' rope dict (rope_type, factor, ...); None = default
     max_position_embeddings: int = 32768      # read by the scaled rope types (Qwen3Config's default)
@@ -455,7 +409,7 @@ class DFlashLayer(nn.Module):
 
 
 class DFlashDrafter(nn.Module):
-    """Block-parallel drafter conditioned on target hidden states (see the module docstring).
+    """Block-parallel drafter conditioned on target hidden states (docs/internals.md, "The DFlash drafter").
 
     Args:
         config: the drafter's shape.
@@ -744,9 +698,10 @@ class DFlashDrafter(nn.Module):
         head = self.lm_head_weight
         if head.dtype != dtype:
             # perf: a drafter cast to another dtype than the target whose LM head it shares (e.g. bf16 beside
-            # an fp32 target) casts that head once, not every block: per block the cast (0.8 ms on the zoo)
-            # and, the cast being a new tensor, a fresh K-major copy of it (2.4 ms) made bf16 rounds 33%
-            # slower than fp32 ones (measured 2026-12-02); rebuilt when the head is replaced or edited
+            # an fp32 target) casts that head once, not every block: a cast per block, plus the fresh K-major
+            # copy that each new tensor needs, made the reduced-precision rounds slower than fp32 ones
+            # (figures: docs/results.md, "Measurements behind design choices in the code"); rebuilt when
+            # the head is replaced or edited
             head = derived(self, f"_lm_head_{dtype}", [head], lambda w=head: w.to(dtype))
         logits = _matmul(hidden.reshape(-1, hidden.shape[-1]), head)
         return DraftBlock(logits=logits.view(b, self.gamma, -1), root=root, hidden=hidden)

@@ -1,31 +1,12 @@
 """perf: a Llama-family HF causal LM's forward without its module machinery, same numbers.
 
-``HFTarget`` runs the target once per round, and on the CPU a small model's forward is as much
-Python and dispatch as arithmetic: on the zoo target (6 layers, width 256, one thread) an AR step
-through HF's forward is ~4 ms of which the matmuls are a small part, and 16 tree nodes ~8.4 ms.
-:class:`LeanForward` runs the same computation from the same weights, caches, rotary module and
-(eager) attention function, op for op as ``modeling_llama`` / ``modeling_qwen2`` /
-``modeling_qwen3`` write it, minus what a decoding loop does not use: module calls, decorators,
-output-recording hooks, output dataclasses, dtype casts that are no-ops, and the hidden states of
-layers nobody reads.  With ``joint`` (sdpa), q and k are normed and rotated as one tensor and sdpa
-runs grouped-query attention itself instead of HF's per-head copies of the keys and values;
-a ``DynamicLayer`` is appended in place (:func:`_append`).  Its matmuls go through
-:func:`dartree.models.kmajor.linear` (bit for bit ``F.linear``; faster on the CPU).  Measured
-interleaved after 200 cached tokens: 1.47x HF's forward for an AR step, 1.46x for 16 nodes
-(``docs/results.md``; ``benchmarks/peers_side_by_side.py`` measures whole decodes).
-
-Supported: ``model_type`` in :data:`MODEL_TYPES` whose modules have the standard layout (checked
-attribute by attribute), full attention in every layer, ``eager`` or ``sdpa``.  :func:`lean_forward`
-returns the reason when a model is not, and :class:`HFTarget` then calls the model itself.  Whether
-the lean forward equals the model's is not assumed: ``HFTarget`` compares the two on a probe (a
-prefill, a tree-masked forward, an AR step and a causal extend on the target's own kind of cache;
-every hidden state and logit, ``torch.equal``) before it uses it, and retries without ``grouped``, then
-without ``joint``.
-
-Which path this serves: both.  On the CPU it removes dispatch and Python time and the slow
-transposed-operand matmuls; on accelerators it issues fewer kernels than HF (no key/value copies)
-with less host time between launches (a launch-bound small-batch decode should gain the same way;
-not measured: no GPU was lent).
+On the CPU a small model's forward is as much Python and dispatch as arithmetic, and ``HFTarget`` runs the
+target once per round.  :class:`LeanForward` runs the same computation from the same weights, caches,
+rotary module and attention function, op for op as HF's ``modeling_*`` write it, minus what a decoding
+loop does not use.  :func:`lean_forward` returns one, or the reason a model is not supported
+(:data:`MODEL_TYPES`, the standard module layout, full attention, ``eager`` or ``sdpa``); ``HFTarget``
+uses it only after a probe shows it equal to the model's own forward bit for bit.  Details, the probe
+and what it serves on CPUs and accelerators: docs/verification.md, "HFTarget" ("The lean forward").
 """
 
 from __future__ import annotations
@@ -230,7 +211,8 @@ def lean_forward(model: nn.Module, kmajor: bool | None = None, joint: bool = Tru
 
 
 class LeanForward:
-    """The forward of a supported HF causal LM (see the module docstring); check with :func:`lean_forward`.
+    """The forward of a supported HF causal LM (docs/verification.md, "The lean forward"); check with
+    :func:`lean_forward`.
 
     Args:
         model: the HF model (its weights are read at every call: edits and reloads are seen).

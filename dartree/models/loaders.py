@@ -1,45 +1,12 @@
 """Read and write drafter checkpoints in the released formats, from a local directory only.
 
-A checkpoint is a directory with ``config.json`` and one or more ``*.safetensors`` files.  Each
-format is read as its authors' code reads it (sources and the full key table: ``docs/checkpoints.md``):
-
-- **DFlash** (z-lab ``dflash/model.py``): a Qwen3 config plus ``dflash_config = {mask_token_id,
-  target_layer_ids}`` and ``block_size``; weights ``layers.{i}.*``, ``fc.weight``,
-  ``hidden_norm.weight``, ``norm.weight``.  Slot 0 of the block is the root and is dropped:
-  depth ``d`` is slot ``d``, ``gamma = block_size - 1``.
-- **Domino** (``code/dflash.py`` of the Domino release): DFlash plus ``dflash_config.projector_type``
-  ``"domino"`` (or ``"causal_v5"``), ``gru_hidden_dim``, ``emb_dim``, ``pure_draft_prefix_len``
-  (default 0), ``use_bias_norm``, ``use_bias_gate`` and ``shift_label`` (default false; true:
-  every slot is a proposal, depth ``d`` is slot ``d - 1``, ``gamma = block_size``).  Extra
-  weights ``prefix_gru.*``, ``embed_proj.{0,2}.*`` (bias-free in the release), ``bias_norm.weight``,
-  ``bias_gate.*``; loaded as ``drafter.heads["gru"]``.
-- **DSpark** (DeepSpec ``deepspec/modeling/dspark``): the draft fields at the top level
-  (``block_size``, ``mask_token_id``, ``target_layer_ids``, ``num_anchors``, ``markov_rank``,
-  ``markov_head_type``, ``enable_confidence_head``); ``architectures`` names ``Qwen3DSparkModel``;
-  every slot is a proposal (depth ``d`` is slot ``d - 1``).  Extra weights ``embed_tokens.weight``,
-  ``lm_head.weight``, ``markov_head.markov_w{1,2}.weight`` (vanilla head; none when
-  ``markov_rank`` is 0: DeepSpec's "DFlash"), ``confidence_head.proj.*``.
-
-Which format a directory is in is decided by one rule (anything ambiguous is rejected): DeepSpec
-when ``architectures`` names a DSpark model (DeepSpec always writes ``Qwen3DSparkModel``); Domino
-when ``dflash_config.projector_type`` is set; DFlash otherwise.  The DeepSpec-only keys
-``num_anchors`` / ``markov_rank`` never switch the layout: with a DFlash ``architectures`` they are
-ignored with a warning (as z-lab ignores them), with no architectures to decide they are refused.
-A draft key may sit in ``dflash_config`` or at the top level; when both hold different values the
-config is rejected (``shift_label`` too: true in either place of a DFlash config is refused; Domino
-reads it from ``dflash_config`` only, so a top-level-only true is refused as well).
-
-``target_layer_ids`` may hold -1 in every format: the embedding output, HF's ``hidden_states[0]``
-(DFlash and Domino read ``hidden_states[layer + 1]``; the evenly spaced fallback yields -1 for a
-2-layer target, e.g. ``[1, -1]``).
-
-Head-only directories (the bundled zoo ships its heads this way so the backbone is stored once)
-have ``config.json`` with ``"head_type": "gru" | "markov"`` and the same weight names as above.
-
-Every weight in the files must be consumed and every parameter found, every weight floating point
-(integer tensors are not cast); unsupported features
-(sliding-window layers, causal draft attention, attention biases, DFlash2, scaled logits) are
-refused; every problem is a ``ValueError`` naming the file and the key.  Nothing is downloaded.
+A checkpoint is a directory with ``config.json`` and one or more ``*.safetensors`` files, in the DFlash
+(z-lab), Domino or DSpark (DeepSpec) format, each read as its authors' code reads it; the format is
+decided by one rule and anything ambiguous or unsupported is a ``ValueError`` naming the file and the key.
+Nothing is downloaded.  Entry points: :func:`load_drafter`, :func:`load_head` (this project's head-only
+directories), :func:`load_target`, and the writers (``save_drafter``, ``save_gru_head``,
+``save_markov_head``).  The formats, the detection rule, every config key and tensor, what is refused and
+the sources: docs/checkpoints.md.
 """
 
 from __future__ import annotations
@@ -204,7 +171,7 @@ _DEEPSPEC_KEYS = ("num_anchors", "markov_rank")
 
 
 def _format(config: CheckpointConfig) -> str:
-    """``"dspark"``, ``"domino"`` or ``"dflash"`` (see the module docstring).
+    """``"dspark"``, ``"domino"`` or ``"dflash"`` (the rule: docs/checkpoints.md, "Supported formats").
 
     ``architectures`` decides between DeepSpec and z-lab / Domino, as it decides which class the
     authors' code instantiates (DeepSpec always writes ``Qwen3DSparkModel``; z-lab and Domino
@@ -425,7 +392,7 @@ def _check_consumed(weights: dict[str, Tensor], path: Path) -> None:
 
 
 def load_drafter(path: str | Path, target: nn.Module | None = None) -> DFlashDrafter:
-    """Load a DFlash, Domino or DSpark drafter from a local directory (see the module docstring).
+    """Load a DFlash, Domino or DSpark drafter from a local directory (formats: docs/checkpoints.md).
 
     Args:
         path: directory with ``config.json`` and ``*.safetensors``.

@@ -1,32 +1,11 @@
 """HFTarget: any Hugging Face causal LM as a speculative-decoding target.
 
-The wrapper owns the target's KV cache and keeps one invariant between calls: the cache holds the
-committed tokens *except the last one* (the root of the next tree, which is scored by the next
-forward).  A round is
-
-    inputs = target.tree_inputs(tree)        # ids, positions, mask for the current cache
-    out = target.forward_tree(inputs)        # appends the n tree slots to the cache (pending)
-    ...verify...
-    target.commit(result.accepted, count)    # keep prefix + root + count-1 accepted nodes
-
-and ``extend`` appends tokens with ordinary causal attention (prefill and the AR baseline).
-
-Hidden states of ``layer_ids`` (0-based decoder layers; layer i is HF's ``hidden_states[i + 1]``,
-which for the last layer is the final-normed state) are returned with every forward, concatenated
-along the feature axis in ``layer_ids`` order: drafters condition on them.
-
-Supported attention implementations: ``eager`` (additive float tree mask) and ``sdpa`` (bool).
-Caches: ``"dynamic"`` (``DynamicCache``) or ``"static"`` (``StaticCache`` of ``max_cache_len``).
-Rows of different lengths share the cache, right-padded (:attr:`HFTarget.lengths`): row ``r`` holds its
-committed slots in columns ``[0, lengths[r])``; a forward of ``n`` new slots per row is written at columns
-``[length, length + n)`` with per-row positions and masks, and ``commit`` moves each row's kept slots to
-the end of its own prefix (rows of one length take the in-place single-row path).  ``keep_rows`` drops
-finished rows, ``add_rows`` prefills new ones beside the live rows (continuous batching).
-
-perf: a Llama-family model (``dartree.models.lean.MODEL_TYPES``) runs through
-:class:`dartree.models.lean.LeanForward`, the same computation without HF's module machinery
-(~0.6x the time of the model's own forward on the zoo, CPU), once a probe has shown that the two
-give the same logits and hidden states bit for bit; ``forward="hf"`` always calls the model.
+:class:`HFTarget` owns the target's KV cache, with one invariant between calls: the cache holds the
+committed tokens *except the last one* (the root of the next tree).  A round is ``tree_inputs`` ->
+``forward_tree`` (the tree slots pending) -> verify -> ``commit``; ``extend`` appends tokens causally
+(prefill, the AR baseline).  Every forward returns the hidden states of ``layer_ids`` that drafters
+condition on.  Attention implementations, caches, rows of different lengths, continuous batching and
+the lean forward: docs/verification.md, "HFTarget".
 """
 
 from __future__ import annotations

@@ -5,30 +5,11 @@
     def test_my_builder():                      # pytest: one line
         check_builder("my-builder")             # a registered name, or a TreeBuilder
 
-Checked on ``examples`` seeded random blocks (ties included, awkward vocabularies, batch 1-3), with dartree's
-deterministic test head where the builder needs one:
-
-* the tree is valid (:meth:`DraftTree.validate`: root, parents before children, depths, distinct siblings,
-  prefix-closed by construction, scores never rising along a path) and decodable
-  (:func:`dartree.tree.check_decodable`), with at most ``1 + budget`` nodes when the config has a budget;
-* the build is deterministic (the same block twice gives the same tree);
-* ``fast == ref`` node for node (canonical forms) when the strategy has both backends;
-* decoding with it is lossless: on a tiny random Llama with a drafter that proposes the target's own
-  continuation with noise, the output equals greedy AR token for token;
-* with ``temperature > 0``, decoding with it and the ``rejection`` verifier (its tree's shape, the tokens drawn
-  from the drafter's or the head's distribution: what a benchmark's "in law" rests on) has the target's law, on
-  a tiny 6-token Llama with an overconfident drafter (:class:`~dartree.testing.drafter.SharpDrafter`):
-
-  - **exactly**: one round on the builder's own tree, every draw and acceptance outcome enumerated
-    (:func:`dartree.testing.law.round_law`), equals the target's joint law (to 1e-9);
-  - **statistically**: ``draws`` seeded decodes of 3 tokens (the rounds' real code, rows of ``generate_batch``)
-    against the target's exact law by Pearson's chi-square at the false-alarm rate ``alpha`` (default 1e-6:
-    a correct builder fails one call in a million seeds; a given seed always gives the same answer).  With the
-    default 2,000 draws a verifier accepting 5% too often is caught with power ~0.9 (its chi-square divergence on
-    this model is ~0.028 per decode, :func:`dartree.testing.law.power`), and exactly by the enumeration.
-
-A failure raises ``AssertionError`` naming the check, the builder and the seed and what differed; an exception
-raised by the builder itself becomes one too (the original chained as its cause).
+:func:`check_builder` checks, on seeded random blocks, that the trees are valid, decodable and within
+budget, that the build is deterministic, that ``fast == ref`` where both backends exist, that decoding is
+lossless at T=0 and, with ``temperature > 0``, that sampled decoding has the target's law (exactly and by
+a seeded chi-square).  A failure raises ``AssertionError`` naming the check, the builder and the seed.
+Each check in detail: docs/extending.md, "Check it the way dartree checks its own".
 """
 
 from __future__ import annotations
@@ -90,9 +71,10 @@ def check_builder(builder: TreeBuilder | str, config: dict[str, Any] | None = No
                   seed: int = 0, decode: bool = True, temperature: float = 0.0, draws: int = 2000,
                   alpha: float = 1e-6) -> None:
     """Check ``builder`` (a registered name, or a configured :class:`TreeBuilder`) against the contract in
-    the module docstring; ``config``: settings for a name (default ``budget=8``, ``topk=4`` where the config
-    has them); ``decode=False`` skips the decodes (they need transformers' Llama); ``temperature > 0`` adds the
-    law checks at that temperature (``draws`` decodes, false-alarm rate ``alpha``, seeded by ``seed``)."""
+    docs/extending.md ("Check it the way dartree checks its own"); ``config``: settings for a name (default
+    ``budget=8``, ``topk=4`` where the config has them); ``decode=False`` skips the decodes (they need
+    transformers' Llama); ``temperature > 0`` adds the law checks at that temperature (``draws`` decodes,
+    false-alarm rate ``alpha``, seeded by ``seed``)."""
     from dartree.testing.heads import PathHashHead
 
     if isinstance(temperature, bool) or not isinstance(temperature, int | float) or not 0 <= temperature < math.inf:

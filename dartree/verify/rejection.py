@@ -1,56 +1,16 @@
 """Sampled draft trees verified by recursive rejection sampling: lossless in distribution at T>0.
 
-Target-sample matching (:func:`~dartree.verify.accept.verify_sampled`) accepts a deterministic child only
-with the target's probability of it.  Here the children are *sampled* from the proposal ``q`` at their
-parent and verified by recursive rejection sampling without replacement (SpecInfer's multi-step
-speculative sampling, with the without-replacement residual of Recursive Speculative Decoding, Jeon et
-al. 2024): one draft is then accepted with probability ``1 - TV(p, q)``, and more siblings accept more.
+The children of a draft tree are *sampled* without replacement from the proposal ``q`` at their parent
+(the builder's shape kept, its tokens re-drawn) and verified by recursive rejection sampling without
+replacement (SpecInfer's multi-step speculative sampling with the without-replacement residual of
+Recursive Speculative Decoding, Jeon et al. 2024): one draft is accepted with probability
+``1 - TV(p, q)``, and more siblings accept more.  The proposal comes from the drafter or, along the
+sampled path, from a correction head (:data:`HEAD_DEPTHS`).
 
-**The tree.**  :func:`sample_tree` keeps the builder's tree *shape* (its parents and the order of each
-node's children) and re-draws its tokens: node ``u``'s ``m`` children become the first ``m`` draws
-without replacement from ``q_u`` (Gumbel-top-m on ``log q_u``, which is a sequential draw without
-replacement), in sibling order.  ``q_u`` is the warped softmax of the block's logits at the children's
-depth over the vocabulary (builders without a head), or of the correction head's logits over the whole
-vocabulary evaluated along the *sampled* path (builders with one; one batched head call per depth, the
-head's optional ``vocab_logits`` when it has one), the head for the first ``head_depths`` depths and the
-drafter below.  The drafter's ``q`` at depth ``d`` is a marginal over the paths to ``d``, the head's is
-conditioned on the sampled path: on the zoo at T=1, along the target's own samples, ``1 - TV(p, q)`` at
-depths 1..4 is 0.45 / 0.32 / 0.29 / 0.28 for the drafter and 0.45 / 0.50 / 0.49 / 0.50 for the GRU head
-(0.33 / 0.31 / 0.28 / 0.28 if the head may only propose the drafter's top 64 tokens: p's mass outside them
-is lost); measured 2026-12-04 with a script over 12 prompts' sampled continuations (docs/verification.md).
-The builder's shape is a function of the block (and head) alone, never of a draw; a node with fewer tokens
-of positive ``q_u`` than children keeps only that many (a function of ``q_u``: of the draws above ``u``,
-never of ``u``'s children).  So every builder is supported, user builders included.
-
-**The verifier.**  At an accepted node with target ``p`` (the :class:`~dartree.verify.warp.Warp`ed
-distribution) and children ``x_1..x_m`` drawn without replacement from ``q``::
-
-    r, s = p, q
-    for i in 1..m:
-        accept x_i with probability min(1, r(x_i) / s(x_i))          -> continue at x_i
-        r = norm(max(r - s, 0));  s = norm(s with x_i removed)        (rejected)
-    bonus ~ r                                                        (all rejected; a leaf: bonus ~ p)
-
-Exactness, by induction from the last sibling: a stage that proposes ``x ~ s`` and outputs ``x`` with
-probability ``min(1, r(x)/s(x))``, else the output of a later stage that is distributed as
-``norm(max(r - s, 0))`` whatever ``x`` was, outputs ``min(s, r)(v) + (1 - sum min(s, r)) *
-norm(max(r - s, 0))(v) = r(v)``.  The later stage's proposal ``s`` minus ``x`` is the law of the next
-draw given the earlier ones (without replacement), and its target ``norm(max(r - s, 0))`` does not
-depend on ``x``: so each stage is exact for its ``r``, and the first one outputs ``p``.  An accepted
-child's own children were drawn from ``q`` at that child independently of everything above, so the
-committed sequence has the target's joint law token by token.  What this needs of the shape: node ``u``'s
-number of children ``m`` is fixed before they are drawn (a function of the block, the head and the draws
-above ``u``; the cut above is one of ``q_u``), never of the children's own values; the subtree below the
-``i``-th child may depend on ``i`` (given the first committed token, the rest is the target's law whichever
-slot committed it).  Applying ``min(1, p/q)`` to *deterministic* top-k children instead is biased
-(tested: the exact enumeration and the Monte Carlo checks catch it).
-
-Randomness: a ``torch.Generator`` (the decode's ``GeneratorSampler``'s) on any device; draws are not keyed, so
-the output equals AR in distribution, not token for token (tested by exact enumeration and seeded
-statistics).  The verifier takes all its coins in one draw (uniforms ``[b, n]``: one per sibling tested, in
-walk order, then one for the bonus by the inverse CDF, :func:`draw_index`), and the exact test enumerates
-the acceptance outcomes with the verifier's own :func:`accept_step`.  The walk runs on the host in float64
-over the nodes it visits (CPU-oriented; on an accelerator, one transfer of each visited node's logits).
+Entry points: :func:`sample_tree` (draw a tree's tokens), :func:`verify_rejection` (accept a sampled tree),
+:class:`SampledTree`, :func:`proposal_probs`, :func:`accept_step`, :func:`draw_index`.  The proposals, the
+verifier's step, why it is exact and what that needs of the tree's shape, the randomness and the tests:
+docs/verification.md, "Sampled trees verified by rejection sampling".
 
 Shape: ``tree`` tensors ``[b, n]``; target logits ``[b, n, V]``.
 """
@@ -72,11 +32,10 @@ from dartree.verify.warp import Warp
 __all__ = ["SampledTree", "sample_tree", "verify_rejection", "accept_step", "draw_index", "proposal_probs",
            "HEAD_DEPTHS", "NUCLEUS_CANDIDATES"]
 
-#: the depths a correction head proposes at in a decode (the drafter below).  Measured 2026-12-04 on the zoo at
-#: T=1 (dartree-pruned B=16, 16 prompts x 128 tokens, one thread): tau 2.01 with the drafter's proposals, 2.24
-#: with the head's at depths <= 2, 2.20 / 2.23 / 2.22 at <= 3 / 4 / every depth, while each depth costs one
-#: head call and a draw (head time 0.98 ms a round at 2, 1.51 ms at every depth): the sampled path reaches
-#: depth 3 too rarely for the head's proposal there to pay.
+#: the depths a correction head proposes at in a decode (the drafter below).  Each depth costs one head call
+#: and a draw, and the sampled path reaches depth 3 too rarely for the head's proposal there to pay: deeper
+#: head depths gave no more tau than 2 (figures: docs/results.md, "Measurements behind design choices in the
+#: code").
 HEAD_DEPTHS = 2
 
 
@@ -129,10 +88,9 @@ def proposal_probs(warp: Warp, logits: Tensor) -> Tensor:
 
     Any proposal keeps the verifier exact, provided the stored ``q`` is the one the draws came from (it is:
     this function's output is both); filtering the proposal as the target is filtered only keeps drafts the
-    target cannot accept out of the tree.  transformers' exact top-p needs a sort of the vocabulary per row
-    (a row of 4,098: 0.14 ms with the softmax, 3 rows 0.32 ms) where a top-256 takes 0.04 / 0.08 ms: at T=0.5
-    with top-p 0.95 the build stage of a sampled ``dartree-pruned`` B=16 tree went from 3.37 to 2.96 ms a round
-    and ``ddtree``'s from 1.90 to 1.78 (``dartree bench``, 4 + 4 prompts, 2026-12-04, one thread, the zoo).
+    target cannot accept out of the tree.  transformers' exact top-p needs a sort of the vocabulary per row,
+    where a top-``NUCLEUS_CANDIDATES`` is several times cheaper, which shortens the build stage of sampled
+    trees under top-p (figures: docs/results.md, "Measurements behind design choices in the code").
 
     Shape: float ``[..., V]`` -> float32 ``[..., V]``.
     """
@@ -151,9 +109,9 @@ def _draw_without_replacement(q: Tensor, m: int, generator: torch.Generator | No
     ``log q + G`` is the sequential draw order).  Tokens of mass 0 come last (the caller uses only as many
     draws as ``q`` has tokens of positive mass).
 
-    perf (CPU, one thread): a chain's 15 single draws over 4,098 tokens take 0.17 ms by the inverse CDF (with
-    the guard against a token of mass 0), 1.0 ms as float64 Gumbel keys, 1.8 ms with ``torch.multinomial``;
-    4 draws each as float32 Gumbel keys take 0.5 ms.
+    perf: on the CPU a single draw by the inverse CDF is several times cheaper than by Gumbel keys or
+    ``torch.multinomial``, hence the two ways (figures: docs/results.md, "Measurements behind design choices
+    in the code").
 
     Shape: ``q`` float ``[..., V]`` -> int64 ``[..., m]``.
     """

@@ -1,61 +1,15 @@
 """Traversal Verification: sampled draft trees verified leaf to root, sequence by sequence; lossless at T>0.
 
-Source: Weng, Hu, Chen, Liu, Mei, Qiu, Tian, Shi, "Traversal Verification for Speculative Tree Decoding"
-(arXiv 2505.12398, NeurIPS 2025).  No public implementation; this one is written from the algorithm's
-description (post-order walk, sequence-level weights, Block Verification's residual at a deleted node's
-parent) and the proof below, which is ours, as is the sibling update for draws without replacement; it is
-checked by exact enumeration (tests/verify/test_traversal.py).
+Source: Weng et al., "Traversal Verification for Speculative Tree Decoding" (arXiv 2505.12398, NeurIPS
+2025); no public implementation, this one is written from the algorithm's description, with our own proof
+and our sibling update for draws without replacement, checked by exact enumeration
+(tests/verify/test_traversal.py).  The trees are :func:`~dartree.verify.rejection.sample_tree`'s; every
+node carries the probability with which its path may be accepted, the tree is walked in post-order, and a
+rejected leaf is deleted and its parent updated (Block Verification's residual).
 
-Recursive rejection (:mod:`dartree.verify.rejection`) decides token by token from the root down: a child is
-accepted with ``min(1, p(x)/q(x))`` before its own children are looked at, and a rejected child takes its
-whole subtree with it.  Traversal Verification decides on *sequences*: every node carries a weight, the
-probability with which the path from the root to it may be accepted, and the tree is walked in post-order
-(the first leaf first); a leaf's path is accepted with its weight, a rejected leaf is deleted and its parent
-updated, and a parent whose children are all deleted is a leaf in turn.  On a chain it is Block
-Verification (Sun et al. 2024, arXiv 2403.10444), optimal among verifiers of one draft; a child whose own
-ratio ``p/q`` is small can be rescued by a likely continuation (the parent's shortfall is carried down).
-
-**The algorithm.**  At a node ``u`` with weight ``w`` (the root: ``w = 1``), target ``r`` (the warped target
-distribution at ``u``; its residual after a deleted child) and proposal ``s`` (the distribution ``u``'s
-children were drawn from; without the deleted children) and children ``x_1..x_m`` in sibling order::
-
-    visit(u, w):
-        r, s = p_u, q_u
-        for i in 1..m:
-            w_i = min(1, w * r(x_i) / s(x_i))                       (the child's weight)
-            if visit(x_i, w_i) accepted a path: return it          (u's path continues through x_i)
-            A = sum(max(w * r - s, 0))                              (x_i's subtree was deleted)
-            r = norm(max(w * r - s, 0));  s = norm(s with x_i removed);  w = A / (1 - w + A)
-        accept u's path with probability w (the root: 1), the bonus ~ r;  else u is deleted
-
-The committed tokens are the accepted path's, then the bonus.  The update of ``r`` and ``w`` is Block
-Verification's residual and its ``h``; ``s`` drops ``x_i`` because our siblings are drawn *without
-replacement* (:func:`~dartree.verify.rejection.sample_tree`): the next sibling's law given ``x_i`` is
-``s`` without ``x_i``.  With i.i.d. siblings ``s`` would stay as it is; the proof covers both, the code
-implements the draw dartree makes.
-
-**Why it is exact** (induction on the subtree; a leaf is the case ``m = 0``).  Claim: started at ``u`` with
-weight ``w``, target ``r`` and proposal ``s``, with ``u``'s children drawn from ``s`` (without replacement)
-and their subtrees drawn below them, ``visit`` accepts a path in ``u``'s subtree with probability ``w``, its
-next token after ``u`` is distributed as ``r``, and the rest of the committed sequence has the target's law
-given that token.  A leaf: accepted with ``w``, bonus ``~ r``.  A node with children: the first child is
-``x ~ s``; by induction its subtree accepts with ``min(1, w r(x)/s(x))`` and then continues with the
-target's law, so it commits the next token ``v`` through ``x`` with probability ``min(s(v), w r(v))``
-(total ``w - A``) and deletes ``x`` with probability ``1 - w + A``.  What is left to commit is
-``max(w r - s, 0)`` (mass ``A``), and the rest of the walk, given that ``x`` was deleted, is the same
-problem at ``u`` with weight ``w' = A / (1 - w + A)``, target ``norm(max(w r - s, 0))`` and the next
-siblings drawn from ``s`` without ``x`` (their law given ``x``): by induction (fewer children) it commits
-``v`` with ``w' r'(v)`` *whatever* ``x`` was, so overall ``min(s(v), w r(v)) + (1 - w + A) w' r'(v) =
-min(s(v), w r(v)) + max(w r(v) - s(v), 0) = w r(v)``, and everything is deleted with ``(1 - w + A)(1 - w') =
-1 - w``.  At the root ``w = 1``: the first committed token has law ``p_root``, and each later one the
-target's given the tokens before it.  What this needs of the tree: as recursive rejection (the number of
-children is fixed before they are drawn; a child's subtree may depend on its slot and the draws above it).
-
-Randomness: a ``torch.Generator`` on any device (uniforms ``[b, n]`` in one draw: one per leaf tested, in
-walk order, then one for the bonus by the inverse CDF, :func:`~dartree.verify.rejection.draw_index`; at
-most ``n - 1`` leaves are tested, the root is never).  :func:`traverse`, the walk of one row, takes its
-coin as an argument, so the exact test enumerates the walk's own decisions.  The walk runs on the host in
-float64 (the target's distributions at the nodes with children and the proposals in one host read each).
+Entry points: :func:`verify_traversal` (accept a sampled tree), :func:`traverse` (the walk of one row, its
+coins given), :func:`child_weight`, :func:`after_deletion`, :func:`children_of`.  The algorithm, why it is
+exact, the randomness, the tests and measurements: docs/verification.md, "Traversal verification".
 
 Shape: ``tree`` tensors ``[b, n]``; target logits ``[b, n, V]``.
 """
