@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from dartree.builders import TreeBuilder
 from dartree.engine import Engine
 from dartree.models.target import HFTarget
-from dartree.protocols import CorrectionHead, Drafter, Sampler, check_drafter
+from dartree.protocols import CorrectionHead, Drafter, Sampler, check_drafter, check_head
 from dartree.rounds import (
     ROUND_STAGES,
     STOP_REASONS,
@@ -30,7 +30,7 @@ from dartree.rounds import (
     check_request,
     check_requests,
 )
-from dartree.timing import check_head, timed_head
+from dartree.timing import timed_head
 
 __all__ = ["Drafter", "RoundStats", "GenerationResult", "SpeculativeDecoder", "generate_ar", "STOP_REASONS",
            "ROUND_STAGES"]

@@ -15,7 +15,8 @@ from torch import Tensor
 from dartree.block import DraftBlock
 
 __all__ = ["Drafter", "BatchDrafter", "CorrectionHead", "Sampler", "DRAFTER_MEMBERS", "BATCH_DRAFTER_MEMBERS",
-           "OPTIONAL_HEAD_METHODS", "check_drafter", "is_batch_drafter", "check_sampler", "head_method"]
+           "HEAD_METHODS", "OPTIONAL_HEAD_METHODS", "check_head", "check_drafter", "is_batch_drafter",
+           "check_sampler", "head_method"]
 
 
 @runtime_checkable
@@ -128,6 +129,23 @@ DRAFTER_MEMBERS = ("reset", "append_context", "draft", "target_layer_ids")
 BATCH_DRAFTER_MEMBERS = ("start", "append_rows", "draft_rows", "keep_rows", "target_layer_ids")
 #: the optional methods of a :class:`CorrectionHead` (its docstring says what each must equal)
 OPTIONAL_HEAD_METHODS = ("advance_logits", "vocab_logits", "prepare_block")
+
+
+#: the methods every :class:`CorrectionHead` must have, checked by :func:`check_head`
+HEAD_METHODS = ("initial_state", "logits", "advance")
+
+
+def check_head(head: Any) -> None:
+    """Raise ``ValueError`` naming the methods ``head`` lacks (see :class:`CorrectionHead`)."""
+    missing = [m for m in HEAD_METHODS if not callable(getattr(head, m, None))]
+    if missing:
+        raise ValueError(f"head: {type(head).__name__} is missing {missing}; a correction head needs "
+                         f"initial_state(block), logits(block, depth, states, candidates) and "
+                         f"advance(block, depth, states, tokens) (dartree.protocols.CorrectionHead)")
+    for optional in OPTIONAL_HEAD_METHODS:
+        method = getattr(head, optional, None)
+        if method is not None and not callable(method):
+            raise ValueError(f"head: {type(head).__name__}.{optional} is not callable")
 
 
 def check_drafter(drafter: Any, name: str = "drafter") -> None:

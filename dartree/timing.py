@@ -1,7 +1,7 @@
 """The correction head as the decoder sees it: protocol checked at the boundary, time inside its calls.
 
-:func:`check_head` is called when a :class:`~dartree.decode.SpeculativeDecoder` is built, so that a
-head missing a method fails there with a message naming it, not deep inside a builder.
+:func:`dartree.protocols.check_head` is called when a :class:`~dartree.decode.SpeculativeDecoder` is built, so
+that a head missing a method fails there with a message naming it, not deep inside a builder.
 :class:`TimedHead` wraps the head for the decoding loop: it forwards every call, adds the wall time
 spent inside head calls to ``seconds`` (the ``head`` column of the stage tables; the rest of the
 build is the builder's own work), and checks what each call returns where it enters the builder
@@ -10,7 +10,7 @@ shape, a state width that does not change between calls, floating logits; at ``i
 also the head's parameters' device and ``block.hidden``'s width against ``head.hidden_size``).
 These read only metadata (no host sync): about 1-2 us a call.  The optional fused
 method ``advance_logits`` is exposed only when the wrapped head has it, because builders detect it
-with ``getattr(head, "advance_logits", None)``; ``prepare_block`` is always there and returns ``None``
+with ``head_method(head, "advance_logits")``; ``prepare_block`` is always there and returns ``None``
 when the head has none, and the calls of what it prepares are timed and counted alike, and checked
 unless the head is exactly a class decorated with :func:`trusted_head` (dartree's own ``GRUHead``,
 ``MarkovHead``; perf).  Any other head is handed a copy of ``states`` (about 1 us a call on the CPU,
@@ -34,26 +34,10 @@ import torch
 from torch import Tensor, nn
 
 from dartree.block import DraftBlock
+from dartree.protocols import check_head, head_method
 
-__all__ = ["HEAD_METHODS", "check_head", "check_head_device", "check_steps", "TimedHead", "timed_head",
+__all__ = ["check_head_device", "check_steps", "TimedHead", "timed_head",
            "checked_head", "trusted_head"]
-
-#: Methods every correction head must have (``dartree.block.CorrectionHead``).
-HEAD_METHODS = ("initial_state", "logits", "advance")
-
-
-def check_head(head: Any) -> None:
-    """Raise ``ValueError`` naming the methods ``head`` lacks (see ``dartree.block.CorrectionHead``)."""
-    missing = [m for m in HEAD_METHODS if not callable(getattr(head, m, None))]
-    if missing:
-        raise ValueError(f"head: {type(head).__name__} is missing {missing}; a correction head needs "
-                         f"initial_state(block), logits(block, depth, states, candidates) and "
-                         f"advance(block, depth, states, tokens) (dartree.block.CorrectionHead)")
-    for optional in ("advance_logits", "prepare_block"):
-        method = getattr(head, optional, None)
-        if method is not None and not callable(method):
-            raise ValueError(f"head: {type(head).__name__}.{optional} is not callable")
-
 
 def check_head_device(head: Any, device: torch.device | str) -> None:
     """Raise ``ValueError`` if ``head`` is a module whose parameters are not on ``device``."""
@@ -157,7 +141,7 @@ class TimedHead:
         """The head's optional ``prepare_block`` (timed, not counted as a call), its result wrapped so
         that each of its calls is timed, counted and checked; ``None`` when the head has none or
         declines (the builder then makes the protocol calls)."""
-        prepare = getattr(self.head, "prepare_block", None)
+        prepare = head_method(self.head, "prepare_block")
         if prepare is None:
             return None
         self._check_block(block)          # the fast builders prepare before they ask for the initial state
@@ -226,12 +210,12 @@ class TimedHead:
 
 def check_steps(steps: Any) -> Any:
     """``steps`` (what a head's ``prepare_block`` returned), after checking it has callable ``logits``
-    and ``advance_logits`` (:class:`dartree.block.CorrectionHead`)."""
+    and ``advance_logits`` (:class:`dartree.protocols.CorrectionHead`)."""
     missing = [m for m in ("logits", "advance_logits") if not callable(getattr(steps, m, None))]
     if missing:
         raise ValueError(f"head.prepare_block: returned {type(steps).__name__}, which lacks {missing}; it must "
                          f"return None or an object with logits(depth, states) and "
-                         f"advance_logits(depth, states, tokens) (dartree.block.CorrectionHead)")
+                         f"advance_logits(depth, states, tokens) (dartree.protocols.CorrectionHead)")
     return steps
 
 
@@ -281,7 +265,7 @@ class _TimedFusedHead(TimedHead):
 
 def timed_head(head: Any, device: torch.device | str = "cpu", sync: bool = True) -> TimedHead:
     """``head`` wrapped in a :class:`TimedHead` (with ``advance_logits`` iff ``head`` has it)."""
-    cls = _TimedFusedHead if getattr(head, "advance_logits", None) is not None else TimedHead
+    cls = _TimedFusedHead if head_method(head, "advance_logits") is not None else TimedHead
     return cls(head, device, sync)
 
 

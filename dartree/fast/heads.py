@@ -16,7 +16,7 @@ from torch import Tensor
 
 from dartree.block import DraftBlock
 from dartree.fast import checks
-from dartree.protocols import CorrectionHead
+from dartree.protocols import CorrectionHead, head_method
 from dartree.timing import TimedHead, check_steps
 
 __all__ = ["HeadSteps", "head_initial", "head_logits", "head_advance", "head_advance_logits", "fused"]
@@ -49,8 +49,8 @@ def head_advance(head: CorrectionHead, block: DraftBlock, depth: int, states: Te
 
 
 def fused(head: CorrectionHead):
-    """The head's optional ``advance_logits`` method, or None (see :class:`dartree.block.CorrectionHead`)."""
-    return getattr(head, "advance_logits", None)
+    """The head's optional ``advance_logits`` method, or None (:class:`dartree.protocols.CorrectionHead`)."""
+    return head_method(head, "advance_logits")
 
 
 def head_advance_logits(head: CorrectionHead, block: DraftBlock, depth: int, states: Tensor, tokens: Tensor,
@@ -98,7 +98,7 @@ class HeadSteps:
 
     def __init__(self, head: CorrectionHead, block: DraftBlock, candidates: Tensor) -> None:
         self.head, self.block, self.candidates = head, block, candidates
-        prepare = getattr(head, "prepare_block", None)
+        prepare = head_method(head, "prepare_block")
         steps = None if prepare is None else prepare(block, candidates)
         self.steps = None if steps is None else check_steps(steps)
         # perf: a TimedHead (the decoder's proxy) has checked what its prepared calls return

@@ -1,6 +1,6 @@
 """Correction heads: GRU (Domino) and Markov (DSpark), for many branches at once.
 
-Both implement :class:`dartree.block.CorrectionHead` (and its optional fused ``advance_logits`` and
+Both implement :class:`dartree.protocols.CorrectionHead` (and its optional fused ``advance_logits`` and
 ``prepare_block``).  Inside a builder they only score the ``K`` candidate tokens of a depth: the base
 logits are gathered from the block and the correction gathers only the ``K`` rows of its output
 projection, so no full-vocabulary product is computed per branch.  Formulas, weight names and the
@@ -424,7 +424,7 @@ class GRUHead(nn.Module):
         return new, self._logits(block, depth + 1, new, candidates)
 
     def prepare_block(self, block: DraftBlock, candidates: Tensor) -> _GRUSteps | None:
-        """The protocol's optional per-build preparation (:class:`dartree.block.CorrectionHead`): every
+        """The protocol's optional per-build preparation (:class:`dartree.protocols.CorrectionHead`): every
         depth's base logits and ``fc1`` hidden half computed once, the weights resolved once (:meth:`_plan`),
         and each depth's candidate rows of the output projection gathered when it is first scored; ``None``
         (use the protocol calls) where autograd tracks the weights or the gate table does not apply.

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from dartree.block import DraftBlock
+from dartree.protocols import head_method
 from dartree.scoring import candidates as top_candidates
 from dartree.tree import PAD, DraftTree
 from dartree.verify.accept import VerifyResult
@@ -287,7 +288,7 @@ def _draw_head(tokens: list, keep: list, kids, depths, block: DraftBlock, head, 
     else:                                                                 # the whole vocabulary, in token order
         cand = None
     cand_host = cand.tolist() if cand is not None else None               # None: a candidate index is its token
-    vocab_logits = getattr(head, "vocab_logits", None) if k == vocab else None
+    vocab_logits = head_method(head, "vocab_logits") if k == vocab else None
     row_of = [[PAD] * n for _ in range(b)]
     blocks: list[Tensor] = []             # proposal rows, [b, m, P] per depth (then the drafter's)
     slot_depth: list[int] = []            # the block depth (0-based) each row's candidates come from
