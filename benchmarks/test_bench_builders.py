@@ -110,7 +110,7 @@ def test_ddtree_and_mask(benchmark, provider: str, vocab: int) -> None:
 @pytest.mark.parametrize("budget", [16, 64])
 def test_check_decodable(benchmark, budget: int) -> None:
     """The decoder's check of a tree from a strategy registered from outside (once per round; about
-    50-60 us on one thread against a 10-20 ms round; was a timed unit test in tests/test_tree_contract.py)."""
+    50-60 us on one thread against a 10-20 ms round; was a timed unit test in tests/test_builders.py)."""
     blk = DraftBlock(logits=torch.randn(1, 16, 1000), root=torch.tensor([5]))
     tree = make_builder("ddtree", budget=budget, topk=8).build(blk)
     benchmark(check_decodable, tree, blk)

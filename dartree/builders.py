@@ -183,7 +183,7 @@ class BuilderSpec:
     does not run :func:`dartree.tree.check_decodable` on them (perf: ~0.1-0.3 ms of a CPU round, and
     one host sync per round on accelerators).  It is honoured only for the build functions (and config
     class) of the strategies built into dartree, property-tested on both backends in
-    ``tests/test_tree_contract.py``: a spec with functions of its own (a copy of a built-in spec with
+    ``tests/test_builders.py``: a spec with functions of its own (a copy of a built-in spec with
     ``dataclasses.replace`` included) is checked on every tree whatever it says.
 
     :func:`register_builder` checks every field: ``name`` is what a method spec starts with

@@ -1,6 +1,6 @@
-"""Batched decoding with ragged acceptance: every row equals its single-request run (T=0 and T=1 with
-a keyed sampler), for ragged prompts, rows stopping at different rounds, every builder on both
-backends; the batched cache equals a fresh prefill of each row after every commit."""
+"""Batched decoding (generate_batch, generate_ar_batch) with ragged acceptance: every row equals its
+single-request run (T=0 and T=1 with a keyed sampler), for ragged prompts, rows stopping at different rounds,
+every builder on both backends; the batched cache equals a fresh prefill of each row after every commit."""
 
 from __future__ import annotations
 
@@ -235,29 +235,6 @@ def test_ragged_cache_equals_fresh_prefill_after_each_commit(arch, attn, cache):
     ragged.add_rows([torch.tensor([5, 6]), torch.tensor([], dtype=torch.int64)])
     seqs = [[5, 6], []]
     check()
-
-
-@pytest.mark.parametrize("kind", ["ar", "oracle", "dflash"])
-def test_serve_rows_equal_alone(kind):
-    """Continuous batching: 5 requests, 2 in flight, freed slots take the next prompt; each equals its run alone."""
-    prompts = [*PROMPTS, torch.tensor([1, 2, 3])]
-    sampler = KeyedSampler(8)
-    if kind == "dflash":
-        model = make_target()
-        drafter = make_drafter(model)
-    else:
-        model = model_for("llama", "sdpa")
-        drafter = OracleDrafter(model, GAMMA, demote=0.3, seed=2, temperature=1.0, sampler=sampler)
-    builder, head = builder_and_head("ddtree")
-    dec = SpeculativeDecoder(model, drafter, builder, head)
-    finished = []
-    out = serve(model if kind == "ar" else dec, prompts, 2, 9, temperature=1.0, sampler=sampler,
-                stop_token_ids=None, on_finish=lambda i, r: finished.append(i))
-    assert sorted(finished) == list(range(5)) and out.tokens == 5 * 9 and out.tokens_per_s > 0
-    for prompt, row in zip(prompts, out.results, strict=True):
-        alone = generate_ar(model, prompt, 9, temperature=1.0, sampler=sampler)
-        assert row.tokens.tolist() == alone.tokens.tolist()
-    assert out.steps >= 9 * 5 / 2 / (GAMMA + 1)
 
 
 def test_rows_of_drafters_keep_their_own_state():

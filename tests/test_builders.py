@@ -1,4 +1,5 @@
-"""check_decodable: the contract the decoder checks on every tree a builder hands it."""
+"""The builders' contract (dartree.builders.checked_tree, dartree.tree.check_decodable): what the decoder checks
+on every tree a builder hands it."""
 
 from __future__ import annotations
 
