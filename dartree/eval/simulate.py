@@ -15,6 +15,10 @@ drafted once, in one left-to-right pass, and every replay of that reference read
 and accepted lengths are those real decoding produces, up to floating-point differences between
 the target's tree forward and its causal forward in the hidden states handed to the drafter; one
 difference by construction: the last round's accepted length cannot run past the reference's end.
+
+Why a replay and not the engine: the engine's verify stage is the target's tree forward, which a replay
+exists to skip; what remains of a round (draft, build, accept against known picks) is :func:`simulate`,
+the harness's only round loop.
 """
 
 from __future__ import annotations
