@@ -65,8 +65,7 @@ class RoundStats:
     (``drafter.draft``), ``build`` (the tree builder, head calls included), ``mask`` (tree inputs),
     ``verify`` (target forward + acceptance walk) and ``commit`` (KV compaction, drafter context
     update, bookkeeping) are disjoint and sum to the round.  ``head_s`` is the part of ``build_s``
-    spent inside correction-head calls (with the bundled GRU head's compiled build on the CPU: inside
-    its GRU steps, as the C call measures them), ``target_s`` the part of ``verify_s`` spent in the target's
+    spent inside correction-head calls, ``target_s`` the part of ``verify_s`` spent in the target's
     forward, ``context_s`` the part of ``commit_s`` spent in ``drafter.append_context`` (a DFlash
     drafter only holds the new context there: its keys and values are computed inside the next
     ``draft``, which ``draft_s`` then includes).  ``head_calls``: correction-head method calls in the

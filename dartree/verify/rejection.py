@@ -30,8 +30,8 @@ from dartree.tree import PAD, DraftTree
 from dartree.verify.accept import VerifyResult
 from dartree.verify.warp import Warp
 
-__all__ = ["SampledTree", "sample_tree", "verify_rejection", "accept_step", "draw_index", "proposal_probs",
-           "HEAD_DEPTHS", "NUCLEUS_CANDIDATES"]
+__all__ = ["SampledTree", "sample_tree", "verify_rejection", "check_verify_args", "accept_step", "draw_index",
+           "proposal_probs", "HEAD_DEPTHS", "NUCLEUS_CANDIDATES"]
 
 #: the depths a correction head proposes at in a decode (the drafter below).  Each depth costs one head call
 #: and a draw, and the sampled path reaches depth 3 too rarely for the head's proposal there to pay: deeper
@@ -419,6 +419,22 @@ def draw_index(p: np.ndarray, u: float) -> int:
     return min(i, int(np.flatnonzero(p > 0)[-1]))
 
 
+def check_verify_args(sampled: SampledTree, target_logits: Tensor, warp: Warp) -> None:
+    """``ValueError`` naming the argument of a sampled tree's verifier (:func:`verify_rejection`,
+    :func:`~dartree.verify.traversal.verify_traversal`) that is not what it takes."""
+    if not isinstance(sampled, SampledTree):
+        raise ValueError(f"sampled: expected a SampledTree (from sample_tree), got {type(sampled).__name__}")
+    if not isinstance(warp, Warp):
+        raise ValueError(f"warp: expected a dartree.verify.warp.Warp, got {type(warp).__name__}")
+    tree = sampled.tree
+    b, n = tree.tokens.shape
+    if not isinstance(target_logits, Tensor) or target_logits.dim() != 3 or tuple(target_logits.shape[:2]) != (b, n):
+        got = tuple(target_logits.shape) if isinstance(target_logits, Tensor) else type(target_logits).__name__
+        raise ValueError(f"target_logits: expected shape [{b}, {n}, V], got {got}")
+    if not target_logits.is_floating_point():
+        raise ValueError(f"target_logits: expected a floating dtype, got {target_logits.dtype}")
+
+
 def verify_rejection(sampled: SampledTree, target_logits: Tensor, warp: Warp,
                      generator: torch.Generator | None = None) -> VerifyResult:
     """Recursive rejection sampling down ``sampled.tree`` (module docstring); the committed tokens have the
@@ -432,17 +448,9 @@ def verify_rejection(sampled: SampledTree, target_logits: Tensor, warp: Warp,
         target_logits: float ``[b, n, V]`` the target's next-token logits at each node (unwarped).
         returns: a :class:`~dartree.verify.accept.VerifyResult`, as :func:`~dartree.verify.accept.verify_sampled`'s.
     """
-    if not isinstance(sampled, SampledTree):
-        raise ValueError(f"sampled: expected a SampledTree (from sample_tree), got {type(sampled).__name__}")
-    if not isinstance(warp, Warp):
-        raise ValueError(f"warp: expected a dartree.verify.warp.Warp, got {type(warp).__name__}")
+    check_verify_args(sampled, target_logits, warp)
     tree = sampled.tree
     b, n = tree.tokens.shape
-    if not isinstance(target_logits, Tensor) or target_logits.dim() != 3 or tuple(target_logits.shape[:2]) != (b, n):
-        got = tuple(target_logits.shape) if isinstance(target_logits, Tensor) else type(target_logits).__name__
-        raise ValueError(f"target_logits: expected shape [{b}, {n}, V], got {got}")
-    if not target_logits.is_floating_point():
-        raise ValueError(f"target_logits: expected a floating dtype, got {target_logits.dtype}")
     vocab = target_logits.shape[-1]
     # one host read of the tree's integers (parents, tokens, proposal rows, node counts): the walk runs on the host
     ints = torch.cat([tree.parents, tree.tokens, sampled.row_of.to(tree.device), tree.num_nodes[:, None]], dim=1)

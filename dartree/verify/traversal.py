@@ -24,7 +24,7 @@ from torch import Tensor
 
 from dartree.tree import PAD, DraftTree
 from dartree.verify.accept import VerifyResult
-from dartree.verify.rejection import SampledTree, draw_index
+from dartree.verify.rejection import SampledTree, check_verify_args, draw_index
 from dartree.verify.warp import Warp
 
 __all__ = ["verify_traversal", "traverse", "child_weight", "after_deletion", "children_of"]
@@ -131,17 +131,9 @@ def verify_traversal(sampled: SampledTree, target_logits: Tensor, warp: Warp,
         target_logits: float ``[b, n, V]`` the target's next-token logits at each node (unwarped).
         returns: a :class:`~dartree.verify.accept.VerifyResult`, as :func:`~dartree.verify.accept.verify_sampled`'s.
     """
-    if not isinstance(sampled, SampledTree):
-        raise ValueError(f"sampled: expected a SampledTree (from sample_tree), got {type(sampled).__name__}")
-    if not isinstance(warp, Warp):
-        raise ValueError(f"warp: expected a dartree.verify.warp.Warp, got {type(warp).__name__}")
+    check_verify_args(sampled, target_logits, warp)
     tree = sampled.tree
     b, n = tree.tokens.shape
-    if not isinstance(target_logits, Tensor) or target_logits.dim() != 3 or tuple(target_logits.shape[:2]) != (b, n):
-        got = tuple(target_logits.shape) if isinstance(target_logits, Tensor) else type(target_logits).__name__
-        raise ValueError(f"target_logits: expected shape [{b}, {n}, V], got {got}")
-    if not target_logits.is_floating_point():
-        raise ValueError(f"target_logits: expected a floating dtype, got {target_logits.dtype}")
     vocab = target_logits.shape[-1]
     kids = children_of(tree)
     tokens = tree.tokens.tolist()
