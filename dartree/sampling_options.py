@@ -94,7 +94,6 @@ class Sampling:
 
     def __post_init__(self) -> None:
         temperature = check_temperature(self.temperature)
-        warp = Warp(temperature if temperature > 0 else 1.0, self.top_k, self.top_p, self.min_p)   # checked at T=0 too
         sampler, verifier = self.sampler, self.verifier
         if sampler is not None and not callable(getattr(sampler, "sample", None)):   # checked at T=0 too: a typo
             raise ValueError(f"sampler: expected None, a GeneratorSampler, a KeyedSampler or any object with "
@@ -102,6 +101,7 @@ class Sampling:
         if verifier is not None and verifier not in VERIFIERS:
             raise ValueError(f"verifier: expected None (the default, {DEFAULT_VERIFIER!r}) or one of {VERIFIERS}, "
                              f"got {verifier!r}")
+        warp = Warp(temperature if temperature > 0 else 1.0, self.top_k, self.top_p, self.min_p)   # checked at T=0 too
         if temperature > 0 and verifier in SAMPLED_VERIFIERS and sampler is not None \
                 and type(sampler) is not GeneratorSampler:
             raise ValueError(f"sampler: verifier {verifier!r} draws from a torch.Generator; pass a GeneratorSampler "
