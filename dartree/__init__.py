@@ -19,18 +19,19 @@ _EXPORTS = {
     "generate_ar": "dartree.decode",
     "best_first_select": "dartree.select", "top_b_select": "dartree.select",
     "DraftTree": "dartree.tree",
-    "GeneratorSampler": "dartree.verify", "KeyedSampler": "dartree.verify",
+    "GeneratorSampler": "dartree.verify", "KeyedSampler": "dartree.verify", "Sampling": "dartree.sampling_options",
 }
 
 __all__ = ["BUILDERS", "CorrectionHead", "DraftBlock", "DraftTree", "GenerationResult", "GeneratorSampler",
-           "KeyedSampler", "RoundStats", "SpeculativeDecoder", "TreeBuilder", "best_first_select", "generate_ar",
-           "make_builder", "register_builder", "top_b_select"]
+           "KeyedSampler", "RoundStats", "Sampling", "SpeculativeDecoder", "TreeBuilder", "best_first_select",
+           "generate_ar", "make_builder", "register_builder", "top_b_select"]
 
 if TYPE_CHECKING:
     from dartree.block import DraftBlock
     from dartree.builders import BUILDERS, TreeBuilder, make_builder, register_builder
     from dartree.decode import GenerationResult, RoundStats, SpeculativeDecoder, generate_ar
     from dartree.protocols import CorrectionHead
+    from dartree.sampling_options import Sampling
     from dartree.select import best_first_select, top_b_select
     from dartree.tree import DraftTree
     from dartree.verify import GeneratorSampler, KeyedSampler

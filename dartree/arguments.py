@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 import torch
 
-__all__ = ["plain_scalar"]
+__all__ = ["index_arg", "plain_scalar"]
 
 
 def plain_scalar(value: object) -> object:
@@ -16,3 +18,13 @@ def plain_scalar(value: object) -> object:
     if isinstance(value, np.generic) and not isinstance(value, np.bool_):
         return value.item()
     return value
+
+
+def index_arg(name: str, value: object) -> int:
+    """``operator.index(value)`` (Python, numpy and 0-d integer tensor integers), never a bool."""
+    if isinstance(value, bool) or (isinstance(value, torch.Tensor) and value.dtype == torch.bool):
+        raise ValueError(f"{name}: expected an integer, got {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name}: expected an integer, got {type(value).__name__} {value!r}") from None

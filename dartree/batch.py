@@ -20,6 +20,7 @@ from dartree.decode import SpeculativeDecoder
 from dartree.engine import Engine
 from dartree.models.target import HFTarget
 from dartree.rounds import GenerationResult, as_target, check_requests
+from dartree.sampling_options import Sampling
 from dartree.verify.sampling import Sampler
 
 __all__ = ["generate_batch", "generate_ar_batch"]
@@ -28,7 +29,8 @@ __all__ = ["generate_batch", "generate_ar_batch"]
 def generate_batch(decoder: SpeculativeDecoder, prompts: Sequence[Tensor], max_new_tokens: int,
                    temperature: float = 0.0, sampler: Sampler | None = None,
                    stop_token_ids: Iterable[int] | None = None, **options) -> list[GenerationResult]:
-    """:meth:`SpeculativeDecoder.generate_batch` as a function (``options``: its keyword-only arguments)."""
+    """:meth:`SpeculativeDecoder.generate_batch` as a function (``options``: its keyword-only arguments,
+    ``sampling=`` among them)."""
     return decoder.generate_batch(prompts, max_new_tokens, temperature, sampler, stop_token_ids, **options)
 
 
@@ -44,17 +46,19 @@ def generate_ar_batch(
     top_k: int | None = None,
     top_p: float | None = None,
     min_p: float | None = None,
+    sampling: Sampling | None = None,
 ) -> list[GenerationResult]:
     """Batched autoregressive baseline: one causal step for every live row per forward.
 
     Same contract as :func:`dartree.decode.generate_ar` for each prompt (ragged lengths; rows leave
     the batch when they finish); the token at absolute position p is drawn by
     ``sampler.sample(logits / temperature, p)``, so each row equals ``generate_ar`` on that prompt.
+    ``sampling``: a :class:`~dartree.Sampling` instead of the sampling keywords, as in ``generate_ar``.
     """
     if not isinstance(target, HFTarget):
         target = as_target(target, ())
     reqs = check_requests(target, prompts, max_new_tokens, temperature, sampler, stop_token_ids,
-                          top_k=top_k, top_p=top_p, min_p=min_p)
+                          top_k=top_k, top_p=top_p, min_p=min_p, sampling=sampling)
     engine = Engine(target, options=reqs[0])
     engine.admit(reqs)
     engine.run()

@@ -30,6 +30,7 @@ from dartree.rounds import (
     check_request,
     check_requests,
 )
+from dartree.sampling_options import Sampling
 from dartree.timing import timed_head
 
 __all__ = ["Drafter", "RoundStats", "GenerationResult", "SpeculativeDecoder", "generate_ar", "STOP_REASONS",
@@ -96,6 +97,7 @@ class SpeculativeDecoder:
         top_p: float | None = None,
         min_p: float | None = None,
         verifier: str | None = None,
+        sampling: Sampling | None = None,
     ) -> GenerationResult:
         """Decode ``max_new_tokens`` tokens (fewer if a stop token is committed) after ``input_ids``.
 
@@ -106,12 +108,15 @@ class SpeculativeDecoder:
         ``on_round(stats, tokens)``, if given, is called with the first token after the prefill
         (``stats`` is ``None``: no round drafted it), then after every round with that round's
         statistics and the tokens it committed (for streaming): every token is reported once.
+        ``sampling``: a :class:`~dartree.Sampling` holding ``temperature``, ``sampler``, ``stop_token_ids``,
+        ``top_k``, ``top_p``, ``min_p`` and ``verifier`` at once, instead of those keywords (not with them:
+        ``ValueError``).
 
         Shape:
             input_ids: integer ``[L]`` or ``[1, L]``, ``L >= 1``.
         """
         req = check_request(self.target, input_ids, max_new_tokens, temperature, sampler, stop_token_ids,
-                            top_k=top_k, top_p=top_p, min_p=min_p, verifier=verifier)
+                            top_k=top_k, top_p=top_p, min_p=min_p, verifier=verifier, sampling=sampling)
         engine = self.engine(req, single=True)
         engine.admit([req])
         if on_round is not None:
@@ -138,6 +143,7 @@ class SpeculativeDecoder:
         top_p: float | None = None,
         min_p: float | None = None,
         verifier: str | None = None,
+        sampling: Sampling | None = None,
     ) -> list[GenerationResult]:
         """Decode several prompts of any lengths together, all live rows per round; one result per prompt.
 
@@ -146,7 +152,7 @@ class SpeculativeDecoder:
         that prompt alone (T=0, and T>0 with a ``KeyedSampler``).
         """
         reqs = check_requests(self.target, prompts, max_new_tokens, temperature, sampler, stop_token_ids,
-                              top_k=top_k, top_p=top_p, min_p=min_p, verifier=verifier)
+                              top_k=top_k, top_p=top_p, min_p=min_p, verifier=verifier, sampling=sampling)
         engine = self.engine(reqs[0])
         engine.admit(reqs)
         engine.run()
@@ -165,6 +171,7 @@ def generate_ar(
     top_k: int | None = None,
     top_p: float | None = None,
     min_p: float | None = None,
+    sampling: Sampling | None = None,
 ) -> GenerationResult:
     """Autoregressive baseline with the same contract as :meth:`SpeculativeDecoder.generate`.
 
@@ -174,12 +181,12 @@ def generate_ar(
     p)`` (temperature, then top-k / top-p / min-p: :class:`~dartree.verify.warp.Warp`), exactly as
     speculative verification draws it.  Each step is reported as a
     round (committed 1, tree size 0, its forward time under ``verify_s`` and ``target_s``, the argmax
-    or sample in ``accept_s``).
+    or sample in ``accept_s``).  ``sampling``: as in ``generate`` (its ``verifier`` unused: AR verifies nothing).
     """
     if not isinstance(target, HFTarget):
         target = as_target(target, ())
     req = check_request(target, input_ids, max_new_tokens, temperature, sampler, stop_token_ids,
-                        top_k=top_k, top_p=top_p, min_p=min_p)
+                        top_k=top_k, top_p=top_p, min_p=min_p, sampling=sampling)
     engine = Engine(target, options=req, single=True)
     engine.admit([req])
     engine.run()

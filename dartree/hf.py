@@ -4,7 +4,7 @@ builder=)``.
 transformers 5.x hands a callable ``custom_generate`` the prepared loop arguments (``generate`` validates the
 ``GenerationConfig``, sets ``max_length`` from ``max_new_tokens``, prepares the logits processors, stopping
 criteria) and the keyword arguments the callable declares beyond ``_sample``'s: here ``drafter``, ``builder``,
-``head``, ``verifier``, ``sampler`` and ``stream``. The decode is dartree's own
+``head``, ``verifier``, ``sampler``, ``sampling`` and ``stream``. The decode is dartree's own
 (:meth:`dartree.SpeculativeDecoder.generate`; several prompts: ``generate_batch`` on the unpadded rows), so
 its output is what ``model.generate`` returns: greedy equal to HF's greedy token for token; with
 ``do_sample=True`` the warpers HF hands over (temperature, top-k, top-p, min-p: the config's, HF's defaults
@@ -26,6 +26,7 @@ Shape: ``input_ids`` int64 ``[b, L]`` (left-padded when ``b > 1``) -> sequences 
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -40,7 +41,7 @@ from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengt
 
 from dartree.decode import SpeculativeDecoder
 from dartree.models.target import HFTarget
-from dartree.verify.sampling import GeneratorSampler
+from dartree.sampling_options import Sampling, sampling_of
 
 __all__ = ["generate"]
 
@@ -129,14 +130,17 @@ def _warp_options(logits_processor) -> dict[str, Any]:
 
 def generate(model, input_ids: Tensor, logits_processor=None, stopping_criteria=None, generation_config=None,
              synced_gpus: bool = False, streamer=None, *, drafter=None, builder=None, head=None,
-             verifier: str | None = None, sampler=None, stream=None, **model_kwargs: Any):
+             verifier: str | None = None, sampler=None, stream=None, sampling: Sampling | None = None,
+             **model_kwargs: Any):
     """HF ``custom_generate`` entry point (see the module docstring); ``drafter`` and ``builder`` are required.
 
     ``sampler``: a ``GeneratorSampler`` / ``KeyedSampler`` for ``do_sample=True`` (default: a
     ``GeneratorSampler`` on torch's global generator, as HF samples).  ``stream``: a streamer (``put`` /
     ``end``, e.g. ``TextStreamer``) fed the prompt, then each round's tokens.  Pass it as ``stream=``:
     transformers 5.x keeps only a callable's own keywords for it (``_extract_generation_mode_kwargs``), so
-    ``streamer=`` never reaches this function (HF puts the prompt into it and nothing more).
+    ``streamer=`` never reaches this function (HF puts the prompt into it and nothing more).  ``sampling``: a
+    :class:`dartree.Sampling` that defines the distribution instead of HF's ``do_sample`` and warpers (not with
+    them, nor with ``sampler=`` / ``verifier=``: ``ValueError``); HF's ``eos_token_id`` stays a stop token.
     """
     streamer = streamer if streamer is not None else stream
     if streamer is not None:
@@ -153,29 +157,34 @@ def generate(model, input_ids: Tensor, logits_processor=None, stopping_criteria=
         raise ValueError(f"max_new_tokens: the prompt ({length} tokens) leaves no room under max_length "
                          f"{generation_config.max_length}; allowed: >= 1 new token")
     eos = generation_config._eos_token_tensor
-    stop = [] if eos is None else [int(t) for t in eos.reshape(-1).tolist()]
+    stop = frozenset() if eos is None else frozenset(int(t) for t in eos.reshape(-1).tolist())
     pad = generation_config._pad_token_tensor
-    options: dict[str, Any] = {}
-    temperature = 0.0
-    if generation_config.do_sample:        # the warpers HF would apply, read from the list it hands over
-        options = _warp_options(logits_processor)
-        temperature = options.pop("temperature")
-        options["verifier"] = verifier
-        sampler = sampler or GeneratorSampler()
+    if sampling is not None:               # the distribution from one place: dartree's object, not HF's warpers
+        warpers = [type(p).__name__ for p in logits_processor or [] if isinstance(p, _WARPERS)]
+        if generation_config.do_sample or warpers:
+            raise ValueError(f"sampling: given together with do_sample=True or HF warpers ({warpers}); pass the "
+                             f"distribution either as sampling=dartree.Sampling(...) or as HF's do_sample / "
+                             f"temperature / top_k / top_p / min_p, not both")
+        sampling = sampling_of(sampling, sampler=sampler, verifier=verifier)
+        sampling = replace(sampling, stop_token_ids=sampling.stop_token_ids | stop)    # eos_token_id stops too
+    elif generation_config.do_sample:      # the warpers HF would apply, read from the list it hands over
+        sampling = Sampling(**_warp_options(logits_processor), sampler=sampler, verifier=verifier, stop_token_ids=stop)
+    else:
+        sampling = Sampling(stop_token_ids=stop)
     decoder = _decoder(model, drafter, builder, head)
     mask = model_kwargs.get("attention_mask")
     if b == 1 and (mask is None or bool(mask.all())):
         on_round = None
         if streamer is not None:
             on_round = lambda stats, tokens: streamer.put(torch.tensor(tokens, dtype=torch.int64))  # noqa: E731
-        out = decoder.generate(input_ids[0], new, temperature, sampler, stop, on_round=on_round, **options)
+        out = decoder.generate(input_ids[0], new, on_round=on_round, sampling=sampling)
         rows = [out.tokens[0]]
     else:
         if streamer is not None:
             raise ValueError("streamer: supported for a batch of one prompt (as HF's own streamers)")
         keep = torch.ones_like(input_ids, dtype=torch.bool) if mask is None else mask.bool()
         prompts = [input_ids[r][keep[r]] for r in range(b)]
-        rows = [r.tokens[0] for r in decoder.generate_batch(prompts, new, temperature, sampler, stop, **options)]
+        rows = [r.tokens[0] for r in decoder.generate_batch(prompts, new, sampling=sampling)]
     if streamer is not None:
         streamer.end()
     width = max(r.shape[0] for r in rows)

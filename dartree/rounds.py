@@ -13,7 +13,6 @@ the first token (:func:`first_tokens`) and the truncation (:func:`truncate`).
 
 from __future__ import annotations
 
-import operator
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -22,17 +21,25 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
+from dartree.arguments import index_arg
 from dartree.block import DraftBlock
 from dartree.models.target import HFTarget
+from dartree.sampling_options import (
+    DEFAULT_VERIFIER,
+    SAMPLED_VERIFIERS,
+    VERIFIERS,
+    Sampling,
+    sampling_of,
+    stop_tokens,
+)
 from dartree.tree import DraftTree
-from dartree.verify.sampling import GeneratorSampler, Sampler, check_temperature, sample_checked
+from dartree.verify.sampling import GeneratorSampler, Sampler, sample_checked
 from dartree.verify.warp import Warp
 
 __all__ = ["RoundStats", "StageTimes", "GenerationResult", "STOP_REASONS", "ROUND_STAGES", "Request", "Clock",
            "TimedRows", "ROWS_PER_PASS", "WalkRows", "scored_rows", "walk_pays",
            "as_target", "check_options", "check_request", "check_requests", "Options", "VERIFIERS", "DEFAULT_VERIFIER",
-           "check_block", "fit_tree", "first_tokens", "truncate",
-           "index_arg", "stop_tokens"]
+           "SAMPLED_VERIFIERS", "check_block", "fit_tree", "first_tokens", "truncate", "index_arg", "stop_tokens"]
 
 STOP_REASONS = ("max_new_tokens", "stop_token")
 #: Disjoint per-round stages, in round order; they sum to ``RoundStats.total_s``.
@@ -291,50 +298,6 @@ class Request:
     verifier: str = "greedy"          # the acceptance rule (VERIFIERS; "greedy" at temperature 0)
 
 
-def index_arg(name: str, value: object) -> int:
-    """``operator.index(value)`` (Python, numpy and 0-d integer tensor integers), never a bool."""
-    if isinstance(value, bool) or (isinstance(value, Tensor) and value.dtype == torch.bool):
-        raise ValueError(f"{name}: expected an integer, got {value!r}")
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise ValueError(f"{name}: expected an integer, got {type(value).__name__} {value!r}") from None
-
-
-def stop_tokens(stop_token_ids: object, vocab_size: int) -> frozenset[int]:
-    """Stop tokens from an int, a numpy / tensor integer or array, or an iterable of integers.
-
-    An iterator (e.g. a generator) is read once here: callers normalise once per call and share the
-    result between rows, so no row sees an exhausted iterator.
-    """
-    if stop_token_ids is None:
-        return frozenset()
-    if isinstance(stop_token_ids, Tensor):
-        if stop_token_ids.is_floating_point() or stop_token_ids.is_complex() or stop_token_ids.dtype == torch.bool:
-            raise ValueError(f"stop_token_ids: expected integer tokens, got a {stop_token_ids.dtype} tensor")
-        stop_token_ids = stop_token_ids.reshape(-1).tolist()
-    elif hasattr(stop_token_ids, "tolist") and hasattr(stop_token_ids, "ndim"):    # a numpy array or scalar
-        stop_token_ids = [stop_token_ids.tolist()] if stop_token_ids.ndim == 0 else stop_token_ids.ravel().tolist()
-    elif hasattr(stop_token_ids, "__index__") or isinstance(stop_token_ids, str | bytes):
-        stop_token_ids = [stop_token_ids]
-    try:
-        items = list(stop_token_ids)
-    except TypeError:
-        raise ValueError(f"stop_token_ids: expected an integer or an iterable of integers, "
-                         f"got {type(stop_token_ids).__name__}") from None
-    stop, bad = set(), []
-    for t in items:
-        try:
-            value = index_arg("stop_token_ids", t)
-        except ValueError:
-            bad.append(t)
-            continue
-        (stop.add(value) if 0 <= value < vocab_size else bad.append(t))
-    if bad:
-        raise ValueError(f"stop_token_ids: each must be an integer in [0, {vocab_size}), got {sorted(map(repr, bad))}")
-    return frozenset(stop)
-
-
 def _check_prompt(target: HFTarget, input_ids: object, max_new_tokens: int) -> Tensor:
     if not isinstance(input_ids, Tensor) or input_ids.is_floating_point() or input_ids.is_complex() \
             or input_ids.dtype == torch.bool:
@@ -368,18 +331,6 @@ def _check_prompt(target: HFTarget, input_ids: object, max_new_tokens: int) -> T
     return prompt
 
 
-#: the acceptance rules at T>0 (T=0 is always "greedy"): exact target-sample matching of deterministic trees,
-#: and two verifiers of trees sampled from known proposals, lossless in law: recursive rejection sampling
-#: (:mod:`dartree.verify.rejection`) and Traversal Verification (:mod:`dartree.verify.traversal`)
-VERIFIERS = ("match", "rejection", "traversal")
-#: the verifiers of trees sampled with a torch.Generator's draws: lossless in law, not token for token
-SAMPLED_VERIFIERS = ("rejection", "traversal")
-#: the T>0 default with a torch.Generator's draws, chosen by measurement (docs/results.md and
-#: docs/verification.md, "Traversal verification"): sampled trees accept more than matching on the zoo, and
-#: traversal accepts more than rejection on the same trees for a little more host work a round
-DEFAULT_VERIFIER = "traversal"
-
-
 @dataclass(frozen=True)
 class Options:
     """A decode's options, checked and shared by all its requests."""
@@ -396,49 +347,36 @@ class Options:
                        self.verifier)
 
 
-def check_options(target: HFTarget, max_new_tokens: object, temperature: object = 0.0, sampler: object = None,
-                  stop_token_ids: object = None, top_k: object = None, top_p: object = None, min_p: object = None,
-                  verifier: object = None) -> Options:
-    """The options of a decode, checked (every argument named in its error) and normalised.
+def check_options(target: HFTarget, max_new_tokens: object, sampling: Sampling | None = None,
+                  **keywords: object) -> Options:
+    """The options of a decode, checked (every argument named in its error) and normalised: ``sampling``, or
+    the individual keywords (:class:`~dartree.sampling_options.Sampling`'s fields), never both
+    (:func:`~dartree.sampling_options.sampling_of`); here the stop tokens meet the target's vocabulary.
 
-    ``top_k`` / ``top_p`` / ``min_p`` (HF ``generate``'s semantics, :class:`~dartree.verify.warp.Warp`) shape the
-    target's distribution at T>0 for AR and both verifiers alike; at T=0 (greedy) they are checked and unused.
-    ``verifier``: one of :data:`VERIFIERS`, or ``None``: :data:`DEFAULT_VERIFIER` with a ``GeneratorSampler``
-    (or none), ``"match"`` with a ``KeyedSampler`` or a custom sampler; at T=0 decoding is greedy whatever it
-    says.  ``"rejection"`` and ``"traversal"`` draw from a ``torch.Generator``: ``sampler`` must be ``None`` or a
-    :class:`GeneratorSampler` (a ``KeyedSampler``'s keyed draws are for ``"match"``).
+    At T>0 a missing sampler is a fresh ``GeneratorSampler()`` (torch's global generator), and a missing
+    verifier is :data:`DEFAULT_VERIFIER` with it, ``"match"`` with a ``KeyedSampler`` or a custom sampler; at
+    T=0 decoding is greedy: no sampler, no warp, verifier ``"greedy"``.
     """
     max_new_tokens = index_arg("max_new_tokens", max_new_tokens)
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens: expected an int >= 1, got {max_new_tokens!r}")
-    temperature = check_temperature(temperature)
-    if sampler is not None and not callable(getattr(sampler, "sample", None)):   # checked at T=0 too: a typo
-        raise ValueError(f"sampler: expected None, a GeneratorSampler, a KeyedSampler or any object with "
-                         f"sample(logits, positions), got {type(sampler).__name__}")
-    if verifier is not None and verifier not in VERIFIERS:
-        raise ValueError(f"verifier: expected None (the default, {DEFAULT_VERIFIER!r}) or one of {VERIFIERS}, "
-                         f"got {verifier!r}")
-    warp = Warp(temperature if temperature > 0 else 1.0, top_k, top_p, min_p)     # checked at T=0 too
-    if temperature == 0:
-        sampler, warp, verifier = None, None, "greedy"             # greedy: sampler, warp and verifier unused
-    else:
-        if sampler is None:
-            sampler = GeneratorSampler()
-        if verifier is None:          # keyed (or custom) draws verify by matching; a torch.Generator: the default
-            verifier = DEFAULT_VERIFIER if type(sampler) is GeneratorSampler else "match"
-        if verifier in SAMPLED_VERIFIERS and type(sampler) is not GeneratorSampler:
-            raise ValueError(f"sampler: verifier {verifier!r} draws from a torch.Generator; pass a GeneratorSampler "
-                             f"(or None), got {type(sampler).__name__} (keyed draws: use verifier='match')")
-    return Options(max_new_tokens, temperature, sampler, stop_tokens(stop_token_ids, target.vocab_size), warp,
-                   verifier)
+    sampling = sampling_of(sampling, **keywords)
+    stop = stop_tokens(sampling.stop_token_ids, target.vocab_size)
+    if sampling.temperature == 0:
+        return Options(max_new_tokens, 0.0, None, stop, None, "greedy")
+    sampler = GeneratorSampler() if sampling.sampler is None else sampling.sampler
+    # keyed (or custom) draws verify by matching; a torch.Generator: the default
+    verifier = sampling.verifier or (DEFAULT_VERIFIER if type(sampler) is GeneratorSampler else "match")
+    return Options(max_new_tokens, sampling.temperature, sampler, stop, sampling.warp, verifier)
 
 
 def check_request(target: HFTarget, input_ids: Tensor, max_new_tokens: int, temperature: float = 0.0,
                   sampler: Sampler | None = None, stop_token_ids: Iterable[int] | None = None,
                   **options) -> Request:
     """One request, checked (every argument named in its error) and normalised; ``options``: ``top_k``,
-    ``top_p``, ``min_p``, ``verifier`` (:func:`check_options`)."""
-    opts = check_options(target, max_new_tokens, temperature, sampler, stop_token_ids, **options)
+    ``top_p``, ``min_p``, ``verifier``, or ``sampling`` instead of all the sampling keywords (:func:`check_options`)."""
+    opts = check_options(target, max_new_tokens, temperature=temperature, sampler=sampler,
+                         stop_token_ids=stop_token_ids, **options)
     return opts.request(_check_prompt(target, input_ids, opts.max_new_tokens))
 
 
@@ -449,7 +387,8 @@ def check_requests(target: HFTarget, prompts: Sequence[Tensor], max_new_tokens: 
     one default sampler is shared by every row); a bad prompt is named by its index."""
     if isinstance(prompts, Tensor) or not isinstance(prompts, Sequence) or len(prompts) == 0:
         raise ValueError("prompts: expected a non-empty sequence of 1-D integer tensors (one per request)")
-    opts = check_options(target, max_new_tokens, temperature, sampler, stop_token_ids, **options)
+    opts = check_options(target, max_new_tokens, temperature=temperature, sampler=sampler,
+                         stop_token_ids=stop_token_ids, **options)
     reqs = []
     for i, p in enumerate(prompts):
         try:

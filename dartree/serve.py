@@ -21,6 +21,7 @@ from dartree.decode import SpeculativeDecoder
 from dartree.engine import Engine
 from dartree.models.target import HFTarget
 from dartree.rounds import GenerationResult, as_target, check_requests
+from dartree.sampling_options import Sampling
 from dartree.verify.sampling import Sampler
 
 __all__ = ["ServeResult", "serve"]
@@ -59,19 +60,21 @@ def serve(
     top_p: float | None = None,
     min_p: float | None = None,
     verifier: str | None = None,
+    sampling: Sampling | None = None,
 ) -> ServeResult:
     """Decode ``prompts`` with at most ``concurrency`` in flight; see the module docstring.
 
     ``decoder``: a :class:`SpeculativeDecoder` (speculative rounds) or an ``HFTarget`` / causal LM
     (the batched AR baseline).  ``on_finish(index, result)`` is called as each request completes
-    (for a progress bar).
+    (for a progress bar).  ``sampling``: a :class:`~dartree.Sampling` instead of the sampling keywords, as in
+    :meth:`SpeculativeDecoder.generate`.
     """
     if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
         raise ValueError(f"concurrency: expected an int >= 1, got {concurrency!r}")
     target = decoder.target if isinstance(decoder, SpeculativeDecoder) else \
         decoder if isinstance(decoder, HFTarget) else as_target(decoder, ())
     reqs = check_requests(target, prompts, max_new_tokens, temperature, sampler, stop_token_ids,
-                          top_k=top_k, top_p=top_p, min_p=min_p, verifier=verifier)
+                          top_k=top_k, top_p=top_p, min_p=min_p, verifier=verifier, sampling=sampling)
     batch = decoder.engine(reqs[0]) if isinstance(decoder, SpeculativeDecoder) else Engine(target, options=reqs[0])
     start = time.perf_counter()
     nxt, steps = 0, 0
