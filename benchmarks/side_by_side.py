@@ -15,9 +15,12 @@ that every variant's tokens are equal (at T=0 also equal to AR's)::
 ``off=MODULE+MODULE`` makes ``dartree.native.lib()`` return ``None`` inside those modules only
 (``structure``, ``scoring``, ``fast.host``, ``fast.host_builders``, ``verify.accept``, ``verify.cache``):
 their numpy versions run, the other modules keep the compiled loops.  Methods are ``dartree bench``'s
-(``NAME[:KEY=VALUE,...]``, budget 16 unless set; ``@T1`` samples at temperature 1 with a ``KeyedSampler``).
+(``NAME[:KEY=VALUE,...]``, budget 16 unless set; ``@T1`` samples at temperature 1 with a ``KeyedSampler``,
+``@S1`` at temperature 1 with a ``GeneratorSampler`` seeded afresh for every decode: the default verifier,
+traversal, on sampled trees; equal tokens across variants then mean the same draws).
 Reported per method and variant: tokens/s and the median over prompts of the median paired time ratio
-against the first variant (first / this: above 1, this variant is faster).
+against the first variant (first / this: above 1, this variant is faster), then each speculative
+method's time per round by stage (ms, summed over the timed decodes).
 """
 
 from __future__ import annotations
@@ -45,7 +48,10 @@ def worker(methods: list[str], prompts_per_set: int, new_tokens: int, off: list[
     from dartree.eval.bundles import encode, load_bundle
     from dartree.eval.datasets import load_prompts
     from dartree.eval.methods import make_decoder, parse_method
-    from dartree.verify.sampling import KeyedSampler
+    from dartree.verify.sampling import GeneratorSampler, KeyedSampler
+
+    def sampler(keyed: bool):
+        return KeyedSampler(7) if keyed else GeneratorSampler(torch.Generator().manual_seed(7))
 
     torch.set_num_threads(1)
     for name in off:                       # those modules run their numpy loops
@@ -56,7 +62,8 @@ def worker(methods: list[str], prompts_per_set: int, new_tokens: int, off: list[
                for s in SETS for p in load_prompts(s, prompts_per_set)]
     runs = []
     for text in methods:
-        spec, _, temp = text.partition("@T")
+        keyed = "@S" not in text
+        spec, _, temp = text.partition("@T" if keyed else "@S")
         temperature = float(temp or 0)
         method = parse_method(spec, {"budget": 16})
         if method.is_ar:
@@ -64,19 +71,20 @@ def worker(methods: list[str], prompts_per_set: int, new_tokens: int, off: list[
             from dartree.models.target import HFTarget
 
             target = HFTarget(bundle.target, layer_ids=tuple(bundle.drafter.target_layer_ids))
-            runs.append(lambda p, g=target, t=temperature: generate_ar(g, p, new_tokens, t, KeyedSampler(7)))
+            runs.append(lambda p, g=target, t=temperature, k=keyed: generate_ar(g, p, new_tokens, t, sampler(k)))
         else:
             decoder = make_decoder(bundle, method, "fast")
-            runs.append(lambda p, d=decoder, t=temperature: d.generate(p, new_tokens, t, KeyedSampler(7)))
+            runs.append(lambda p, d=decoder, t=temperature, k=keyed: d.generate(p, new_tokens, t, sampler(k)))
     loops = "off" if not native.enabled() else f"on except in {'+'.join(off)}" if off else "on"
     print(json.dumps({"ready": len(prompts), "loops": loops}), flush=True)
     with torch.inference_mode():
         for line in sys.stdin:
             m, i = map(int, line.split())
             start = time.perf_counter()
-            tokens = runs[m](prompts[i]).tokens
+            out = runs[m](prompts[i])
             seconds = time.perf_counter() - start
-            print(json.dumps({"seconds": seconds, "tokens": tokens.reshape(-1).tolist()}), flush=True)
+            print(json.dumps({"seconds": seconds, "tokens": out.tokens.reshape(-1).tolist(),
+                              "rounds": len(out.rounds), "stages": out.stage_breakdown()}), flush=True)
 
 
 def start(spec: str, argv: list[str]) -> tuple[str, subprocess.Popen]:
@@ -125,6 +133,8 @@ def main() -> None:
     info = {n: json.loads(p.stdout.readline()) for n, p in workers.items()}
     count = info[names[0]]["ready"]
     times = {(m, n, i): [] for m in range(len(methods)) for n in names for i in range(count)}
+    stages = {(m, n): {} for m in range(len(methods)) for n in names}     # stage -> seconds, and "rounds"
+
     ar: dict[int, list[int]] = {}                 # AR's tokens per prompt (when "ar" is the first method)
     for rep in range(args.reps + 1):              # repetition 0 warms up and checks the outputs
         order = names if rep % 2 else names[::-1]
@@ -135,11 +145,15 @@ def main() -> None:
                     raise SystemExit(f"{method}: prompt {i}: the variants' outputs differ")
                 if m == 0 and method == "ar":
                     ar[i] = outs[names[0]]["tokens"]
-                elif "@T" not in method and i in ar and outs[names[0]]["tokens"] != ar[i]:
+                elif "@" not in method and i in ar and outs[names[0]]["tokens"] != ar[i]:
                     raise SystemExit(f"{method}: prompt {i}: differs from AR")
                 if rep:
                     for n in names:
                         times[(m, n, i)].append(outs[n]["seconds"])
+                        row = stages[(m, n)]
+                        row["rounds"] = row.get("rounds", 0) + outs[n]["rounds"]
+                        for k, v in outs[n]["stages"].items():
+                            row[k] = row.get(k, 0.0) + v
     for p in workers.values():
         p.stdin.close()
         p.wait()
@@ -156,6 +170,17 @@ def main() -> None:
                                                                           strict=True)) for i in range(count))
                   for n in names[1:]]
         print(f"{method:<28}" + "".join(f"{r:>16.1f}" for r in rates) + "".join(f"{r:>16.3f}" for r in ratios))
+    print("ms per round by stage (prefill excluded; outside = all but target)")
+    for m, method in enumerate(methods):
+        for n in names:
+            row = dict(stages[(m, n)])
+            rounds = row.pop("rounds", 0)
+            row.pop("prefill", None)
+            if not rounds or "draft" not in row:
+                continue
+            outside = sum(v for k, v in row.items() if k != "target")
+            print(f"{method:<28} {n:<8} " + " ".join(f"{k}={v / rounds * 1e3:.3f}" for k, v in row.items())
+                  + f"  outside={outside / rounds * 1e3:.3f}  rounds={rounds}")
 
 
 if __name__ == "__main__":
