@@ -302,8 +302,9 @@ def _draw_head(tokens: list, keep: list, kids, depths, block: DraftBlock, head, 
         m = max(len(p) for p in parents)
         if m == 0:
             break
-        if b == 1 and parents[0] == list(range(m)):
-            parent_states = states[:, :m]
+        first = parents[0][0] if parents[0] else 0
+        if b == 1 and parents[0] == list(range(first, first + m)):     # perf: a slice, no index tensor and gather
+            parent_states = states[:, first: first + m]
         else:
             index = torch.tensor([p + [0] * (m - len(p)) for p in parents], dtype=torch.int64, device=device)
             parent_states = torch.gather(states, 1, index[:, :, None].expand(-1, -1, states.shape[-1]))
@@ -332,12 +333,16 @@ def _draw_head(tokens: list, keep: list, kids, depths, block: DraftBlock, head, 
         c = max(len(x) for x in children)
         if c == 0 or d == head_depths:            # no child has children of its own (a state is for its children)
             break
-        pairs = torch.tensor([[x + [0] * (c - len(x)) for x in child_parent],
-                              [x + [0] * (c - len(x)) for x in child_token]], dtype=torch.int64, device=device)
-        at = pairs[0]
-        new = head.advance(block, offset + d,
-                           torch.gather(parent_states, 1, at[:, :, None].expand(-1, -1, states.shape[-1])),
-                           pairs[1])                                                  # [b, c, S]
+        if b == 1 and child_parent[0] == list(range(m)):       # perf: each parent has one child with children
+            new = head.advance(block, offset + d, parent_states,
+                               torch.tensor(child_token, dtype=torch.int64, device=device))          # [b, c, S]
+        else:
+            pairs = torch.tensor([[x + [0] * (c - len(x)) for x in child_parent],
+                                  [x + [0] * (c - len(x)) for x in child_token]], dtype=torch.int64, device=device)
+            at = pairs[0]
+            new = head.advance(block, offset + d,
+                               torch.gather(parent_states, 1, at[:, :, None].expand(-1, -1, states.shape[-1])),
+                               pairs[1])                                              # [b, c, S]
         for r in range(b):
             if children[r]:
                 if children[r] == list(range(children[r][0], children[r][0] + len(children[r]))):
@@ -375,7 +380,8 @@ def _draw_head(tokens: list, keep: list, kids, depths, block: DraftBlock, head, 
                 if keep[r][u]:                                   # not cut above (parents come first)
                     _place(tokens[r], keep[r], kids[r], u, row, count)
     width = k if k < vocab else vocab
-    probs = torch.cat(blocks, dim=1) if blocks else torch.zeros(b, 0, width, dtype=torch.float32, device=device)
+    probs = (blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=1)) if blocks else \
+        torch.zeros(b, 0, width, dtype=torch.float32, device=device)
     states_out = (states, torch.tensor(stated, dtype=torch.bool, device=device))
     if cand is None:
         return probs, None, row_of, states_out

@@ -113,7 +113,7 @@ def _distributions(warp: Warp, logits: Tensor) -> np.ndarray:
 
     Shape: float ``[..., V]`` -> float64 ``[..., V]``.
     """
-    p = warp.logits(logits.float()).softmax(-1).cpu().numpy().astype(np.float64)
+    p = warp.probs(logits.float()).cpu().numpy().astype(np.float64)
     p /= p.sum(-1, keepdims=True)
     return p
 
@@ -145,10 +145,14 @@ def verify_traversal(sampled: SampledTree, target_logits: Tensor, warp: Warp,
     # when its path is accepted (its bonus)
     inner = [(row, u) for row in range(b) for u in range(n) if kids[row][u]]
     at = {pair: i for i, pair in enumerate(inner)}
-    rows = torch.tensor([r for r, _ in inner], dtype=torch.int64, device=target_logits.device)
-    nodes = torch.tensor([u for _, u in inner], dtype=torch.int64, device=target_logits.device)
-    probs = _distributions(warp, target_logits[rows, nodes])                                # [inner, V]
-    proposals = sampled.probs.double().cpu().numpy()                                        # [b, R, P]
+    if b == 1 and [u for _, u in inner] == list(range(len(inner))):     # perf: a slice, no gather of [inner, V]
+        probs = _distributions(warp, target_logits[0, : len(inner)])                        # [inner, V]
+    else:
+        rows = torch.tensor([r for r, _ in inner], dtype=torch.int64, device=target_logits.device)
+        nodes = torch.tensor([u for _, u in inner], dtype=torch.int64, device=target_logits.device)
+        probs = _distributions(warp, target_logits[rows, nodes])                            # [inner, V]
+    # float32 [b, R, P] on the host; a visited row is widened to float64 (exact) when its proposal is read
+    proposals = sampled.probs.cpu().numpy()
     support = None if sampled.support is None else sampled.support.cpu().numpy()
     row_of = sampled.row_of.tolist()
     paths, bonus = [], []
@@ -165,8 +169,8 @@ def verify_traversal(sampled: SampledTree, target_logits: Tensor, warp: Warp,
             return probs[i] if i is not None else _distributions(warp, target_logits[row, u])
 
         def proposal(u: int, row: int = row) -> np.ndarray:
-            q = proposals[row, row_of[row][u]]
-            q = q / q.sum()                                 # float32 proposals, renormalised in float64
+            q = proposals[row, row_of[row][u]].astype(np.float64)
+            q /= q.sum()                                    # float32 proposals, renormalised in float64
             if support is None:
                 return q
             full = np.zeros(vocab)

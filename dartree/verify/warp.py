@@ -79,7 +79,12 @@ class Warp:
         return scores
 
     def probs(self, x: Tensor) -> Tensor:
-        """The warped distribution: ``softmax(self.logits(x))``."""
+        """The warped distribution: ``softmax(self.logits(x))``.
+
+        perf: at temperature 1 without filters the softmax of ``x.float()`` itself (``x / 1.0`` is ``x`` bit for
+        bit: one pass over the vocabulary and one tensor less per proposal row)."""
+        if self.temperature == 1.0 and not self.filters:
+            return x.float().softmax(dim=-1)
         return self.logits(x).softmax(dim=-1)
 
 
