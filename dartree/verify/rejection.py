@@ -137,9 +137,14 @@ def _draws(q: Tensor, m: int, generator: torch.Generator | None) -> tuple[list, 
     Shape: ``q`` float ``[..., V]`` -> ``[...][m]`` tokens (or candidate indices), ``[...]`` counts.
     """
     drawn = _draw_without_replacement(q, m, generator)
-    if m == 1:      # one draw: any proposal has a token of positive mass (perf: no gather)
-        return drawn.tolist(), torch.ones(q.shape[:-1], dtype=torch.int64).tolist()
+    if m == 1:      # one draw: any proposal has a token of positive mass (perf: no gather, no tensor of ones)
+        return drawn.tolist(), _ones(q.shape[:-1])
     return drawn.tolist(), (q.gather(-1, drawn.to(q.device)) > 0).sum(-1).tolist()
+
+
+def _ones(shape: tuple[int, ...]) -> list:
+    """Nested host lists of 1 of ``shape`` (``torch.ones(shape).tolist()``)."""
+    return 1 if not shape else [_ones(shape[1:]) for _ in range(shape[0])]
 
 
 def sample_tree(template: DraftTree, block: DraftBlock, head=None, warp: Warp | None = None,
@@ -295,7 +300,7 @@ def _draw_head(tokens: list, keep: list, kids, depths, block: DraftBlock, head, 
     if root_state is None:
         root_state = head.initial_state(block)                             # [b, S]
     states = root_state.new_zeros((b, n, root_state.shape[-1]))
-    states[:, 0] = root_state
+    states.select(1, 0).copy_(root_state)      # perf: select/narrow/copy_ cost less than indexing's parsing
     stated = [[u == 0 for u in range(n)] for _ in range(b)]     # the nodes whose state is made (for children)
     for d in range(1, head_depths + 1):
         parents = [[u for u in range(n) if keep[r][u] and depths[r][u] == d - 1 and kids[r][u]] for r in range(b)]
@@ -304,7 +309,7 @@ def _draw_head(tokens: list, keep: list, kids, depths, block: DraftBlock, head, 
             break
         first = parents[0][0] if parents[0] else 0
         if b == 1 and parents[0] == list(range(first, first + m)):     # perf: a slice, no index tensor and gather
-            parent_states = states[:, first: first + m]
+            parent_states = states.narrow(1, first, m)
         else:
             index = torch.tensor([p + [0] * (m - len(p)) for p in parents], dtype=torch.int64, device=device)
             parent_states = torch.gather(states, 1, index[:, :, None].expand(-1, -1, states.shape[-1]))
@@ -346,7 +351,8 @@ def _draw_head(tokens: list, keep: list, kids, depths, block: DraftBlock, head, 
         for r in range(b):
             if children[r]:
                 if children[r] == list(range(children[r][0], children[r][0] + len(children[r]))):
-                    states[r, children[r][0]: children[r][-1] + 1] = new[r, : len(children[r])]     # a slice: cheaper
+                    states.select(0, r).narrow(0, children[r][0], len(children[r])).copy_(
+                        new.select(0, r).narrow(0, 0, len(children[r])))                    # a slice: cheaper
                 else:
                     states[r, children[r]] = new[r, : len(children[r])]
                 for c in children[r]:
@@ -422,7 +428,9 @@ def draw_index(p: np.ndarray, u: float) -> int:
     """
     cdf = np.cumsum(p)
     i = int(np.searchsorted(cdf, u * cdf[-1], side="right"))
-    return min(i, int(np.flatnonzero(p > 0)[-1]))
+    if i < cdf.shape[0]:        # cdf[i] > u * total >= cdf[i - 1] (or 0): p[i] > 0, so no token of mass 0 (perf)
+        return i
+    return int(np.flatnonzero(p > 0)[-1])      # u * total rounded up to the total
 
 
 def check_verify_args(sampled: SampledTree, target_logits: Tensor, warp: Warp) -> None:
