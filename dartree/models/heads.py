@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from dartree.block import DraftBlock
 from dartree.models.drafter import RMSNorm
-from dartree.models.kmajor import derived, exact_from, kmajor_copy, kmajor_product, linear
+from dartree.models.kmajor import derived, exact_from, kmajor_copy, kmajor_product, linear, tensor_version
 from dartree.timing import trusted_head
 
 __all__ = ["GRUHead", "MarkovHead"]
@@ -384,6 +384,9 @@ class GRUHead(nn.Module):
         base = block.logits[:, depth - 1, None, :].float()                         # [b, 1, V]
         if depth <= self.prefix_len:
             return base.expand(-1, states.shape[1], -1).contiguous()
+        plan = self._plan() if states.device.type == "cpu" and not torch.is_grad_enabled() else None
+        if plan is not None and plan.fc2_t is not None and states.dtype == plan.w_s.dtype:
+            return self._plan_vocab_logits(plan, block, depth, states, base)
         # perf: this depth's fc1 term alone (not the block's every depth), and fc2 from its K-major copy on
         # the CPU (docs/results.md); a proposal needs no bit-equality with ``logits``
         fc1, fc2 = self.embed_proj[0], self.embed_proj[2]
@@ -396,6 +399,37 @@ class GRUHead(nn.Module):
             correction = kmajor_product(mid, fc2.weight, fc2.bias)
         else:
             correction = F.linear(mid, fc2.weight, fc2.bias)
+        if gate is not None:
+            correction = gate * correction
+        return correction.float().add_(base)
+
+    def _plan_vocab_logits(self, plan: _Plan, block: DraftBlock, depth: int, states: Tensor, base: Tensor) -> Tensor:
+        """:meth:`vocab_logits` on the CPU without autograd, bit for bit the same ops, the weights' views and copies
+        from the plan (perf: a sampled round makes about three of these calls, and the lookups were a fifth of one),
+        a depth's fc1 term kept for the block's later rounds (block reuse asks for the same depths again)."""
+        hidden = block.hidden
+        key = (hidden, hidden.data_ptr(), tensor_version(hidden))
+        held = plan.parts
+        if held.get("block") is None or held["block"][0] is not hidden or held["block"][1:] != key[1:]:
+            held.clear()
+            held["block"] = key                 # a strong reference: no other tensor can take its id meanwhile
+        found = held.get(depth)
+        if found is None:
+            h = hidden[:, depth - 1, None].to(plan.fc1_h.dtype)                      # [b, 1, H]
+            found = (F.linear(h, plan.fc1_h, plan.fc1_b), self._gate(h))
+            if self.bias_gate is None:          # a gate's weights are not the plan's: computed every call
+                held[depth] = found
+        part, gate = found
+        normed = self._normed(states)
+        if normed.numel() >= plan.s_from * self.gru_hidden_dim and normed.dtype == plan.w_s.dtype:
+            mid = normed @ plan.s_copy                                               # = kmajor.linear(normed, w_s)
+        else:
+            mid = F.linear(normed, plan.w_s)
+        mid = F.silu(mid.add_(part))
+        wt = plan.fc2_t                                                              # = kmajor_product(mid, fc2...)
+        flat = mid.reshape(-1, wt.shape[0])
+        correction = (flat @ wt if plan.fc2_b is None else torch.addmm(plan.fc2_b, flat, wt)).view(
+            *mid.shape[:-1], wt.shape[1])
         if gate is not None:
             correction = gate * correction
         return correction.float().add_(base)
@@ -451,7 +485,8 @@ ROOT_CACHE_LIMIT = 4096
 class _Plan:
     """:meth:`GRUHead._plan`: the weight-derived tensors of a build, and the root states per token."""
 
-    __slots__ = ("table", "w_s", "rows_table", "w_hh_t", "hh_from", "hh_copy", "s_from", "s_copy", "roots")
+    __slots__ = ("table", "w_s", "rows_table", "w_hh_t", "hh_from", "hh_copy", "s_from", "s_copy", "roots",
+                 "fc1_h", "fc1_b", "fc2_t", "fc2_b", "parts")
 
     @classmethod
     def of(cls, head: GRUHead) -> _Plan | None:
@@ -467,6 +502,13 @@ class _Plan:
         plan.hh_from, plan.hh_copy = _kmajor_from(w_hh, head.bias)
         plan.s_from, plan.s_copy = _kmajor_from(plan.w_s, False)
         plan.roots = {}
+        # vocab_logits: fc1's hidden half (the view F.linear was given), fc2's K-major copy (CPU), the biases, and
+        # the fc1 terms of the block last asked for, per depth
+        fc1, fc2 = head.embed_proj[0], head.embed_proj[2]
+        plan.fc1_h, plan.fc1_b = fc1.weight[:, : head.hidden_size], fc1.bias
+        plan.fc2_t = kmajor_copy(fc2.weight) if fc2.weight.device.type == "cpu" else None
+        plan.fc2_b = fc2.bias
+        plan.parts = {}
         return plan
 
 
