@@ -167,6 +167,31 @@ def test_vocab_logits_are_the_logits_of_every_token(tiny_heads, which):
             head.vocab_logits(block, GAMMA + 1, states)
 
 
+@pytest.mark.parametrize("which", ["gru", "gru-bias-free", "gru-norm-gate"])
+@pytest.mark.parametrize("mode", ["no_grad", "inference"])
+def test_vocab_logits_from_the_plan_are_the_plain_path_bit_for_bit(tiny_heads, which, mode, monkeypatch):
+    """The CPU fast path of ``vocab_logits`` (the plan's weights, a depth's fc1 term kept per block) gives the
+    plain path's bits, for repeated depths, a sub-block, another block and the block edited in place."""
+    head = _variants(tiny_heads)[which]
+    block, other = make_block(4), make_block(5)
+    states, _ = branch_inputs(head, block, m=3)
+    context = torch.no_grad if mode == "no_grad" else torch.inference_mode
+    with context():
+        assert head._plan() is not None                 # the fast path is the one tested
+        asked = [(block, d) for d in (1, 2, 3, 2, GAMMA, 3)] + [(block.rows(torch.tensor([1])), 2), (other, 3)]
+        fast = [head.vocab_logits(b, d, states[: b.batch_size]) for b, d in asked]
+        block.hidden.mul_(2.0)
+        fast.append(head.vocab_logits(block, 3, states))
+        with monkeypatch.context() as patch:
+            patch.setattr(head, "_plan", lambda: None)
+            block.hidden.div_(2.0)
+            plain = [head.vocab_logits(b, d, states[: b.batch_size]) for b, d in asked]
+            block.hidden.mul_(2.0)
+            plain.append(head.vocab_logits(block, 3, states))
+    for got, want in zip(fast, plain, strict=True):
+        assert torch.equal(got, want)
+
+
 def test_depth_terms_follow_the_block_and_in_place_edits(tiny_heads):
     """The per-depth cache never serves a stale value: another block, or the same one edited in place."""
     head = _variants(tiny_heads)["gru-norm-gate"]

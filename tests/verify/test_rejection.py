@@ -222,6 +222,22 @@ def test_draw_index_never_picks_a_token_of_mass_0():
     assert draw_index(np.array([0.0, 1e-300, 0.0]), 0.999) == 1
 
 
+def test_draw_index_sums_as_numpy_does():
+    """draw_index takes torch's cumulative sum for numpy's (perf): the same float64 sums, so the same token."""
+    rng = np.random.default_rng(3)
+    for trial in range(200):
+        p = rng.random(int(rng.integers(1, 5000))) ** rng.uniform(1, 30)
+        if trial % 2:
+            p[rng.random(p.shape[0]) < 0.6] = 0.0
+        assert np.array_equal(torch.from_numpy(p).cumsum(0).numpy(), np.cumsum(p))
+        for u in rng.random(5):
+            cdf = np.cumsum(p)
+            want = min(int(np.searchsorted(cdf, u * cdf[-1], side="right")), int(np.flatnonzero(p > 0)[-1])) \
+                if p.any() else None
+            if want is not None:
+                assert draw_index(p, float(u)) == want
+
+
 def batch_tree_and_logits(seed: int):
     """Three rows of different sizes (a ddtree, padding) and random target logits for their nodes."""
     block = block_of(3, seed=seed)
