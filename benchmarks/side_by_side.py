@@ -114,14 +114,15 @@ def ask(proc: subprocess.Popen, m: int, i: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--variant", action="append", default=[], help="NAME=PATH[:KEY=VALUE...] (twice or more)")
-    parser.add_argument("--methods", default=DEFAULT_METHODS)
+    parser.add_argument("--methods", default=DEFAULT_METHODS, help="comma-separated, or ;-separated")
     parser.add_argument("--prompts", type=int, default=4, help="prompts per set (HumanEval, stdlib, packages)")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--off", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    methods = args.methods.split(",")
+    # methods are separated by ";" where one has a config of several fields (``chain:budget=4,topk=2;ar``)
+    methods = args.methods.split(";" if ";" in args.methods else ",")
     common = ["--methods", args.methods, "--prompts", str(args.prompts), "--new-tokens", str(args.new_tokens)]
     if args.worker:
         worker(methods, args.prompts, args.new_tokens, [m for m in args.off.split(",") if m])
