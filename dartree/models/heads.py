@@ -162,8 +162,16 @@ class GRUHead(nn.Module):
         Shape:
             tokens: int64 ``[...]``; states: ``[..., G]`` -> ``[..., G]``.
         """
-        g = self.prefix_gru
         flat_h = states.reshape(-1, states.shape[-1])
+        if not torch.is_grad_enabled():
+            # perf: the gate table and W_hh^T (or its K-major copy) from the plan, one lookup for the three (the
+            # same tensors _gate_table and _recurrent_weight_t give: the plan holds theirs, rebuilt with the weights)
+            plan = self._plan()
+            if plan is not None and plan.table.dtype == states.dtype:
+                w_hh_t = plan.hh_copy if flat_h.shape[0] >= plan.hh_from else plan.w_hh_t
+                return self._cell(tokens.reshape(-1), flat_h, plan.table, w_hh_t,
+                                  self._step_buffers(flat_h, plan.table)).view(states.shape)
+        g = self.prefix_gru
         table = self._gate_table(states.dtype)
         if table is None or torch.is_grad_enabled() and states.requires_grad:
             x = F.embedding(tokens, self.embedding_weight).to(states.dtype)
