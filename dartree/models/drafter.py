@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from dartree.block import DraftBlock
 from dartree.models.kmajor import KMAJOR_LIMIT_BYTES, derived, linear, tensor_version
+from dartree.models.pointwise import rms_norm, rotate_signed, signed_sin
 
 __all__ = ["DFlashConfig", "DFlashDrafter", "dflash_target_layer_ids", "MAX_BLOCK_SIZE", "tensor_version"]
 
@@ -202,7 +203,7 @@ class RotaryEmbedding(nn.Module):
         self.rope_type = params["rope_type"]
         self._scaled: nn.Module | None = None
         self._inv_freq: Tensor | None = None
-        self._table: tuple[Tensor, Tensor] | None = None       # perf: see table()
+        self._table: tuple[Tensor, Tensor, Tensor] | None = None       # perf: see table()
         if self.rope_type == "default":
             dim = config.head_dim
             self._inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
@@ -216,23 +217,25 @@ class RotaryEmbedding(nn.Module):
                              rope_parameters=dict(params))
             object.__setattr__(self, "_scaled", Qwen3RotaryEmbedding(hf))   # not a child: never cast
 
-    def table(self, start: int, count: int, like: Tensor) -> tuple[Tensor, Tensor]:
+    def table(self, start: int, count: int, like: Tensor, signed: bool = False) -> tuple[Tensor, Tensor]:
         """cos and sin of positions ``start .. start + count - 1``, both ``[1, 1, count, head_dim]`` in
-        ``like``'s dtype and device; equal to :meth:`forward` of those positions.
+        ``like``'s dtype and device; equal to :meth:`forward` of those positions (``signed``: the sin as
+        :func:`dartree.models.pointwise.signed_sin` makes it, for ``rotate_signed``).
 
         perf: the default rope reads a cached table of positions ``0 .. capacity`` (grown by doubling;
         every entry is computed by the same elementwise ops as :meth:`forward`, so it is bit-identical);
         the scaled types (``dynamic`` may depend on the largest position seen) call :meth:`forward`.
         """
         if self._scaled is not None:
-            return self.forward(like, torch.arange(start, start + count, device=like.device))
+            cos, sin = self.forward(like, torch.arange(start, start + count, device=like.device))
+            return (cos, signed_sin(sin)) if signed else (cos, sin)
         end = start + count
         cache = self._table
         if cache is None or cache[0].shape[2] < end or cache[0].device != like.device or cache[0].dtype != like.dtype:
             cap = max(end, 256, 2 * (cache[0].shape[2] if cache is not None else 0))
             cos, sin = self.forward(like, torch.arange(cap, device=like.device))
-            cache = self._table = (cos, sin)
-        return cache[0][:, :, start:end], cache[1][:, :, start:end]
+            cache = self._table = (cos, sin, signed_sin(sin))
+        return cache[0][:, :, start:end], cache[2 if signed else 1][:, :, start:end]
 
     def forward(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
         """cos and sin, both ``[b or 1, 1, t, head_dim]`` in ``x``'s dtype.  Shape: positions ``[b, t]`` or ``[t]``."""
@@ -267,16 +270,18 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + rotated * sin
 
 
-def _rotate_heads(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """:func:`rotate` of ``x.transpose(1, 2)`` (``x`` ``[b, t, heads, head_dim]``, tables ``[1, 1, t, head_dim]``)."""
-    return rotate(x.transpose(1, 2), cos, sin)
+def _rotate_heads(x: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
+    """:func:`rotate` of ``x.transpose(1, 2)`` (``x`` ``[b, t, heads, head_dim]``, tables ``[1, 1, t, head_dim]``),
+    from the signed sin (perf: :func:`dartree.models.pointwise.rotate_signed`, the same bits in fewer ops)."""
+    return rotate_signed(x.transpose(1, 2), cos, sin_signed)
 
 
 def _rms(norm: RMSNorm, x: Tensor) -> Tensor:
-    """perf: ``norm(x)`` without the module call (``F.rms_norm`` directly in fp32, as its forward)."""
+    """perf: ``norm(x)`` without the module call (``F.rms_norm``'s bits in fp32, as its forward, in fewer
+    ops on the CPU: :func:`dartree.models.pointwise.rms_norm`)."""
     w = norm.weight
     if x.dtype == torch.float32 and w.dtype == torch.float32:
-        return F.rms_norm(x, w.shape, w, norm.eps)
+        return rms_norm(x, w, norm.eps)
     return norm(x)
 
 
@@ -369,7 +374,8 @@ class DFlashLayer(nn.Module):
     # ---- perf: the decoding paths of DFlashDrafter.append_context and .draft (same math as forward)
     def store_context(self, x: Tensor, cos: Tensor, sin: Tensor, k_buf: Tensor, v_buf: Tensor, start: int) -> None:
         """Write :meth:`DFlashAttention.key_values` of context features ``x`` into ``k_buf/v_buf[:, :, start:]``
-        (one k/v matmul).  Shape: x ``[b, t, H]``; cos/sin ``[1, 1, t, hd]``; buffers ``[b, kv, >= start + t, hd]``."""
+        (one k/v matmul).  Shape: x ``[b, t, H]``; cos/sin ``[1, 1, t, hd]`` (sin signed: ``table(..., signed=True)``);
+        buffers ``[b, kv, >= start + t, hd]``."""
         a = self.self_attn
         b, t, _ = x.shape
         nkv = a.num_kv_heads * a.head_dim
@@ -387,7 +393,8 @@ class DFlashLayer(nn.Module):
         q/k/v and gate/up are one matmul each (:func:`_fused_weight`); the rotary tables are the block's.
 
         Shape:
-            x ``[b, t, H]``; cos/sin ``[1, 1, t, hd]``; k_buf/v_buf ``[b, kv, >= start + t, hd]``.
+            x ``[b, t, H]``; cos/sin ``[1, 1, t, hd]`` (sin signed: ``table(..., signed=True)``);
+            k_buf/v_buf ``[b, kv, >= start + t, hd]``.
         """
         a = self.self_attn
         b, t, _ = x.shape
@@ -618,7 +625,7 @@ class DFlashDrafter(nn.Module):
         # k/v matmul per layer and the cached rotary table
         n, (b, m, _) = self._length, feats.shape
         kv = self._reserve(b, n + m, feats)
-        cos, sin = self.layers[0].self_attn.rotary.table(n, m, feats)
+        cos, sin = self.layers[0].self_attn.rotary.table(n, m, feats, signed=True)
         for layer, (k_buf, v_buf) in zip(self.layers, kv, strict=True):
             layer.store_context(feats, cos, sin, k_buf, v_buf, n)
         self._length += m
@@ -686,7 +693,7 @@ class DFlashDrafter(nn.Module):
         if x.dtype != dtype:
             x = x.to(dtype)
         kv = self._reserve(b, n + m + size, x)
-        cos, sin = self.layers[0].self_attn.rotary.table(n, m + size, x)
+        cos, sin = self.layers[0].self_attn.rotary.table(n, m + size, x, signed=True)
         if m:
             ctx_cos, ctx_sin, cos, sin = cos[:, :, :m], sin[:, :, :m], cos[:, :, m:], sin[:, :, m:]
         for layer, (k_buf, v_buf) in zip(self.layers, kv, strict=True):

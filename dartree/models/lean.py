@@ -22,6 +22,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from dartree.models.hf_compat import cache_kwargs
 from dartree.models.kmajor import derived, exact_from, kmajor_allowed, kmajor_product, tensor_version
+from dartree.models.pointwise import rms_norm, rotate, rotate_signed, signed_sin
 
 __all__ = ["LeanForward", "MODEL_TYPES", "lean_forward"]
 
@@ -34,26 +35,18 @@ _ACTS = {"SiLUActivation", "SiLU"}
 def _rms(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """HF's ``*RMSNorm.forward``, op for op (its fp32 casts skipped where they are no-ops).
 
-    perf (CPU): in float32, ``torch.rms_norm`` (one op for HF's five: ``x * rsqrt(mean(x ** 2) + eps)``;
-    a per-head weight multiplied after, a product that commutes bit for bit), whose bits equal HF's here
-    (tested; ``HFTarget`` also checks the lean forward against the model's before it uses it): about
-    5 us of 25 a norm on one thread, 13-19 norms a forward.  Accelerators keep HF's ops: the fused
-    kernel's bits were not compared there (no GPU was lent), and a probe failing on them would cost the
-    whole lean forward."""
+    perf (CPU): in float32, torch's ``rms_norm`` arithmetic in six ops (:func:`dartree.models.pointwise.rms_norm`:
+    HF's five ops ``x * rsqrt(mean(x ** 2) + eps)``, then the weight; a per-head weight multiplied after,
+    a product that commutes bit for bit), whose bits equal HF's here (tested; ``HFTarget`` also checks
+    the lean forward against the model's before it uses it): 13-19 norms a forward.  Accelerators keep
+    HF's ops: the fused kernel's bits were not compared there (no GPU was lent), and a probe failing on
+    them would cost the whole lean forward."""
     dtype = x.dtype
     if dtype == torch.float32 and x.device.type == "cpu":
-        if weight.dim() == 1:
-            return torch.rms_norm(x, (x.shape[-1],), weight, eps)
-        return torch.rms_norm(x, (x.shape[-1],), None, eps) * weight        # q and k's per-head weights
+        return rms_norm(x, weight, eps)
     h = x if dtype == torch.float32 else x.to(torch.float32)
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return weight * (h if dtype == torch.float32 else h.to(dtype))
-
-
-def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """``x * cos + rotate_half(x) * sin`` as HF's ``apply_rotary_pos_emb`` computes it."""
-    half = x.shape[-1] // 2
-    return (x * cos) + (torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin)
 
 
 def _append(cache, index: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
@@ -248,23 +241,29 @@ class LeanForward:
         self._rope: tuple | None = None
 
     def _rotary(self, h: Tensor, position_ids: Tensor) -> tuple[Tensor, Tensor]:
-        """``base.rotary_emb(h, position_ids)``, bit for bit; perf (CPU, the default RoPE): rows of a cos / sin
-        table made by that module for positions ``0..P-1`` (grown by half when a position passes it),
-        gathered per call: 40 -> 20 us on one thread.  Each entry is elementwise in its position
-        (``position * inv_freq``, then cos / sin and the scaling), so a row of the table is the module's
-        output at that position (tested); the table is rebuilt when ``inv_freq`` is replaced or edited."""
+        """``base.rotary_emb(h, position_ids)``, bit for bit (:meth:`_rotary_rows`)."""
+        return self._rotary_rows(h, position_ids, False)[:2]
+
+    def _rotary_rows(self, h: Tensor, position_ids: Tensor, signed: bool) -> tuple[Tensor, Tensor, bool]:
+        """``(*base.rotary_emb(h, position_ids), False)``, bit for bit, or with ``signed`` where the table
+        applies ``(cos, signed_sin(sin), True)`` (:func:`dartree.models.pointwise.rotate_signed`'s tables);
+        perf (CPU, the default RoPE): rows of a cos / sin table made by that module for positions ``0..P-1``
+        (grown by half when a position passes it), gathered per call: 40 -> 20 us on one thread.  Each entry
+        is elementwise in its position (``position * inv_freq``, then cos / sin and the scaling), so a row
+        of the table is the module's output at that position (tested); the table is rebuilt when
+        ``inv_freq`` is replaced or edited."""
         rotary = self._base.rotary_emb
         inv = rotary._buffers.get("inv_freq") if self._rope_table else None
         if inv is None or h.device.type != "cpu":
-            return rotary(h, position_ids)
+            return (*rotary(h, position_ids), False)
         need = int(position_ids.max()) + 1
         cached = self._rope
         if cached is None or cached[0] is not inv or cached[1] != tensor_version(inv) or cached[2] != h.dtype \
                 or cached[3].shape[0] < need:
             size = max(need, 256, 0 if cached is None else cached[3].shape[0] * 3 // 2)
             cos, sin = rotary(h[:, :1], torch.arange(size, device=h.device)[None])     # [1, P, D] each
-            cached = self._rope = (inv, tensor_version(inv), h.dtype, cos[0], sin[0])
-        return cached[3][position_ids], cached[4][position_ids]
+            cached = self._rope = (inv, tensor_version(inv), h.dtype, cos[0], sin[0], signed_sin(sin[0]))
+        return cached[3][position_ids], cached[5 if signed else 4][position_ids], signed
 
     def __call__(
         self,
@@ -293,8 +292,9 @@ class LeanForward:
         if attention_mask is None:
             attention_mask = create_causal_mask(config=config, inputs_embeds=h, attention_mask=None,
                                                 position_ids=position_ids, **cache_kwargs(create_causal_mask, cache))
-        rows_cos, rows_sin = self._rotary(h, position_ids)                  # [b, m, d]: one row per position
+        rows_cos, rows_sin, signed = self._rotary_rows(h, position_ids, True)  # [b, m, d]: one row per position
         cos, sin = rows_cos.unsqueeze(1), rows_sin.unsqueeze(1)
+        turn = rotate_signed if signed else rotate
         b, m = input_ids.shape
         count = len(self._layers)
         wanted = set(hidden_ids)
@@ -312,7 +312,7 @@ class LeanForward:
                 qk = torch.cat((q, k), dim=2)                                   # [b, m, hq + hk, d]
                 if layer.q_norm is not None:
                     qk = _rms(qk, layer.qk_norm_weight(hq, qk.shape[2] - hq), layer.q_norm.variance_epsilon)
-                qk = _rotate(qk.transpose(1, 2), cos, sin)
+                qk = turn(qk.transpose(1, 2), cos, sin)
                 k, v = _append(cache, layer.index, qk[:, hq:], v)
                 if self._grouped:
                     out = _sdpa(qk[:, :hq], k, v, attention_mask, a.scaling, layer.groups)
@@ -322,8 +322,8 @@ class LeanForward:
                 if layer.q_norm is not None:
                     q = _rms(q, layer.q_norm.weight, layer.q_norm.variance_epsilon)
                     k = _rms(k, layer.k_norm.weight, layer.k_norm.variance_epsilon)
-                q = _rotate(q.transpose(1, 2), cos, sin)
-                k = _rotate(k.transpose(1, 2), cos, sin)
+                q = turn(q.transpose(1, 2), cos, sin)
+                k = turn(k.transpose(1, 2), cos, sin)
                 k, v = _append(cache, layer.index, k, v)
                 out, _ = attention(a, q, k, v, attention_mask, dropout=0.0, scaling=a.scaling)
             h = h + layer.o(out.reshape(b, m, -1))

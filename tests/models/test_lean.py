@@ -131,14 +131,18 @@ def test_probe_refuses_a_lean_forward_that_differs(monkeypatch):
         half = x.shape[-1] // 2
         return (x * cos) + (torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin) * (1 + 2 ** -20)
 
-    monkeypatch.setattr(lean_module, "_rotate", rotate_off)
+    def rotate_signed_off(x, cos, sin_signed):
+        return (x * cos) + x.roll(x.shape[-1] // 2, -1) * sin_signed * (1 + 2 ** -20)
+
+    monkeypatch.setattr(lean_module, "rotate", rotate_off)
+    monkeypatch.setattr(lean_module, "rotate_signed", rotate_signed_off)
     model = model_of("llama", seed=3)
     target = HFTarget(model)
     assert target.forward_path == "hf" and "differ" in target.forward_note
 
 
 def test_probe_falls_back_step_by_step_where_the_bits_differ(monkeypatch):
-    real_sdpa, real_rotate = lean_module._sdpa, lean_module._rotate
+    real_sdpa, real_rotate = lean_module._sdpa, lean_module.rotate_signed
 
     def sdpa_off(q, k, v, mask, scaling, groups):
         return real_sdpa(q, k, v, mask, scaling, groups) * (1 + 2 ** -20)
@@ -147,11 +151,11 @@ def test_probe_falls_back_step_by_step_where_the_bits_differ(monkeypatch):
     target = HFTarget(model_of("qwen3", seed=5))              # grouped sdpa off: HF's attention function
     assert target.forward_path == "lean" and target._lean.joint and not target._lean._grouped
 
-    def rotate_joint_off(x, cos, sin):                        # only the joint q/k rotation (6 heads) is off
-        out = real_rotate(x, cos, sin)
+    def rotate_joint_off(x, cos, sin_signed):                 # only the joint q/k rotation (6 heads) is off
+        out = real_rotate(x, cos, sin_signed)
         return out * (1 + 2 ** -20) if x.shape[1] == 6 else out
 
-    monkeypatch.setattr(lean_module, "_rotate", rotate_joint_off)
+    monkeypatch.setattr(lean_module, "rotate_signed", rotate_joint_off)       # the CPU's (signed-sin) rotation
     target = HFTarget(model_of("qwen3", seed=6))
     assert target.forward_path == "lean" and not target._lean.joint
 
