@@ -2,7 +2,8 @@
 
 :class:`Drafter` (one request) and :class:`BatchDrafter` (rows of a batch) propose blocks,
 :class:`CorrectionHead` re-scores a branch's candidates, :class:`Sampler` draws the target's tokens at T>0.
-Every entry point checks a user's object here (:func:`check_drafter`, :func:`check_sampler`), and an optional
+Every entry point checks a user's object here (:func:`check_drafter`, :func:`check_sampler`), a head's calls check
+their arguments here (:func:`check_depth`, :func:`check_states`, ...), and an optional
 head method is looked up by :func:`head_method` alone, so what a protocol asks for is written once.
 """
 
@@ -10,13 +11,15 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
+import torch
 from torch import Tensor
 
 from dartree.block import DraftBlock
 
 __all__ = ["Drafter", "BatchDrafter", "CorrectionHead", "Sampler", "DRAFTER_MEMBERS", "BATCH_DRAFTER_MEMBERS",
            "HEAD_METHODS", "OPTIONAL_HEAD_METHODS", "check_head", "check_drafter", "is_batch_drafter",
-           "check_sampler", "head_method"]
+           "check_sampler", "head_method", "check_depth", "check_states", "check_tokens",
+           "check_candidates"]
 
 
 @runtime_checkable
@@ -174,3 +177,40 @@ def head_method(head: Any, method: str) -> Any:
     if method not in OPTIONAL_HEAD_METHODS:
         raise ValueError(f"method: expected one of {OPTIONAL_HEAD_METHODS}, got {method!r}")
     return getattr(head, method, None)
+
+
+# ---------------------------------------------------------------- a head call's arguments (any head may use them)
+def check_depth(depth: int, last: int, fused: bool = False) -> None:
+    """A head call's ``depth``: an int in ``[1, last]`` (``fused``: ``advance_logits``, which scores ``depth + 1``)."""
+    if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= last:
+        note = " (advance_logits scores depth + 1)" if fused else ""
+        raise ValueError(f"depth: expected an int in [1, {last}]{note}, got {depth!r}")
+
+
+def check_states(block: DraftBlock, states: Tensor, width: int) -> None:
+    """A head call's ``states``: ``[b, m, width]`` for ``block``'s batch ``b``."""
+    if not isinstance(states, Tensor) or states.dim() != 3 or states.shape[0] != block.batch_size \
+            or states.shape[2] != width:
+        got = tuple(states.shape) if isinstance(states, Tensor) else type(states).__name__
+        raise ValueError(f"states: expected [{block.batch_size}, m, {width}], got {got}")
+
+
+def check_tokens(block: DraftBlock, tokens: Tensor, name: str, m: int | None = None) -> None:
+    """A head call's int64 ``[b, m]`` argument ``name`` (``tokens`` or ``candidates``)."""
+    ok = isinstance(tokens, Tensor) and tokens.dtype == torch.int64 and tokens.dim() == 2 \
+        and tokens.shape[0] == block.batch_size and (m is None or tokens.shape[1] == m)
+    if not ok:
+        got = f"{tokens.dtype} {tuple(tokens.shape)}" if isinstance(tokens, Tensor) else type(tokens).__name__
+        want = f"[{block.batch_size}, {'m' if m is None else m}]"
+        raise ValueError(f"{name}: expected an int64 tensor {want}, got {got}")
+
+
+def check_candidates(block: DraftBlock, candidates: Tensor) -> None:
+    """``prepare_block``'s candidates: int64 ``[b, gamma, K]`` on ``block``'s device."""
+    ok = isinstance(candidates, Tensor) and candidates.dtype == torch.int64 and candidates.dim() == 3 \
+        and candidates.shape[:2] == (block.batch_size, block.gamma) and candidates.device == block.device
+    if not ok:
+        got = f"{candidates.dtype} {tuple(candidates.shape)}" if isinstance(candidates, Tensor) \
+            else type(candidates).__name__
+        raise ValueError(f"candidates: expected an int64 tensor [{block.batch_size}, {block.gamma}, K] on "
+                         f"{block.device}, got {got}")

@@ -18,46 +18,15 @@ from torch import Tensor, nn
 from dartree.block import DraftBlock
 from dartree.models.drafter import RMSNorm
 from dartree.models.kmajor import derived, exact_from, kmajor_copy, kmajor_product, linear, tensor_version
+from dartree.protocols import check_candidates, check_depth, check_states, check_tokens
 from dartree.timing import trusted_head
 
 __all__ = ["GRUHead", "MarkovHead"]
 
 
-def _check_depth(depth: int, last: int, fused: bool = False) -> None:
-    if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= last:
-        note = " (advance_logits scores depth + 1)" if fused else ""
-        raise ValueError(f"depth: expected an int in [1, {last}]{note}, got {depth!r}")
-
-
-def _check_states(block: DraftBlock, states: Tensor, width: int) -> None:
-    if not isinstance(states, Tensor) or states.dim() != 3 or states.shape[0] != block.batch_size \
-            or states.shape[2] != width:
-        got = tuple(states.shape) if isinstance(states, Tensor) else type(states).__name__
-        raise ValueError(f"states: expected [{block.batch_size}, m, {width}], got {got}")
-
-
-def _check_tokens(block: DraftBlock, tokens: Tensor, name: str, m: int | None = None) -> None:
-    ok = isinstance(tokens, Tensor) and tokens.dtype == torch.int64 and tokens.dim() == 2 \
-        and tokens.shape[0] == block.batch_size and (m is None or tokens.shape[1] == m)
-    if not ok:
-        got = f"{tokens.dtype} {tuple(tokens.shape)}" if isinstance(tokens, Tensor) else type(tokens).__name__
-        want = f"[{block.batch_size}, {'m' if m is None else m}]"
-        raise ValueError(f"{name}: expected an int64 tensor {want}, got {got}")
-
-
 def _check_hidden(block: DraftBlock) -> None:
     if block.hidden is None:
         raise ValueError("block: the GRU head needs block.hidden (the drafter's H_d); got None")
-
-
-def _check_candidates(block: DraftBlock, candidates: Tensor) -> None:
-    ok = isinstance(candidates, Tensor) and candidates.dtype == torch.int64 and candidates.dim() == 3 \
-        and candidates.shape[:2] == (block.batch_size, block.gamma) and candidates.device == block.device
-    if not ok:
-        got = f"{candidates.dtype} {tuple(candidates.shape)}" if isinstance(candidates, Tensor) \
-            else type(candidates).__name__
-        raise ValueError(f"candidates: expected an int64 tensor [{block.batch_size}, {block.gamma}, K] on "
-                         f"{block.device}, got {got}")
 
 
 def _candidate_base(block: DraftBlock, candidates: Tensor) -> Tensor:
@@ -163,23 +132,16 @@ class GRUHead(nn.Module):
             tokens: int64 ``[...]``; states: ``[..., G]`` -> ``[..., G]``.
         """
         flat_h = states.reshape(-1, states.shape[-1])
-        if not torch.is_grad_enabled():
-            # perf: the gate table and W_hh^T (or its K-major copy) from the plan, one lookup for the three (the
-            # same tensors _gate_table and _recurrent_weight_t give: the plan holds theirs, rebuilt with the weights)
-            plan = self._plan()
-            if plan is not None and plan.table.dtype == states.dtype:
-                w_hh_t = plan.hh_copy if flat_h.shape[0] >= plan.hh_from else plan.w_hh_t
-                return self._cell(tokens.reshape(-1), flat_h, plan.table, w_hh_t,
-                                  self._step_buffers(flat_h, plan.table)).view(states.shape)
+        # the gate table and W_hh^T (or its K-major copy) from the weights' plan, unless autograd tracks the step
+        plan = None if torch.is_grad_enabled() and states.requires_grad else self._plan()
+        if plan is not None and plan.table.dtype == states.dtype:
+            return self._cell(tokens.reshape(-1), flat_h, plan.table, plan.w_hh(flat_h.shape[0]),
+                              self._step_buffers(flat_h, plan.table)).view(states.shape)
         g = self.prefix_gru
-        table = self._gate_table(states.dtype)
-        if table is None or torch.is_grad_enabled() and states.requires_grad:
-            x = F.embedding(tokens, self.embedding_weight).to(states.dtype)
-            h = torch._VF.gru_cell(x.reshape(-1, x.shape[-1]), flat_h, g.weight_ih_l0, g.weight_hh_l0,
-                                   g.bias_ih_l0 if self.bias else None, g.bias_hh_l0 if self.bias else None)
-            return h.view(states.shape)
-        return self._cell(tokens.reshape(-1), flat_h, table, self._recurrent_weight_t(flat_h.shape[0]),
-                          self._step_buffers(flat_h, table)).view(states.shape)
+        x = F.embedding(tokens, self.embedding_weight).to(states.dtype)
+        h = torch._VF.gru_cell(x.reshape(-1, x.shape[-1]), flat_h, g.weight_ih_l0, g.weight_hh_l0,
+                               g.bias_ih_l0 if self.bias else None, g.bias_hh_l0 if self.bias else None)
+        return h.view(states.shape)
 
     def _cell(self, tokens: Tensor, flat_h: Tensor, table: Tensor, w_hh_t: Tensor,
               buffers: tuple[Tensor, ...]) -> Tensor:
@@ -198,13 +160,6 @@ class GRUHead(nn.Module):
         gh_rz.add_(gi_rz).sigmoid_()                                                # r, z
         new = gh_n.mul_(r).add_(gi_n).tanh_()                                       # n = tanh(gi_n + r * gh_n)
         return torch.sub(flat_h, new).mul_(z).add_(new)                             # n + z * (h - n)
-
-    def _recurrent_weight_t(self, rows: int) -> Tensor:
-        """``W_hh`` transposed (a view, as ``F.linear`` passes it); perf: on the CPU a K-major copy once ``rows``
-        is enough for it to give the same bits (:mod:`dartree.models.kmajor`)."""
-        w = self.prefix_gru.weight_hh_l0
-        start = exact_from(w.shape[1], w.shape[0], w.dtype, self.bias) if w.device.type == "cpu" else None
-        return kmajor_copy(w) if start is not None and rows >= start else w.t()
 
     def _step_buffers(self, flat_h: Tensor, table: Tensor) -> tuple[Tensor, ...]:
         """perf: the GRU step's intermediates ``gi, gh [N, 3G]`` and their gate views, allocated once per
@@ -372,9 +327,9 @@ class GRUHead(nn.Module):
         Shape:
             states ``[b, m, G]``, candidates int64 ``[b, K]`` -> float32 ``[b, m, K]``.
         """
-        _check_depth(depth, block.gamma)
-        _check_states(block, states, self.gru_hidden_dim)
-        _check_tokens(block, candidates, "candidates")
+        check_depth(depth, block.gamma)
+        check_states(block, states, self.gru_hidden_dim)
+        check_tokens(block, candidates, "candidates")
         _check_hidden(block)
         return self._logits(block, depth, states, candidates)
 
@@ -386,8 +341,8 @@ class GRUHead(nn.Module):
         Shape:
             states ``[b, m, G]`` -> float32 ``[b, m, V]``.
         """
-        _check_depth(depth, block.gamma)
-        _check_states(block, states, self.gru_hidden_dim)
+        check_depth(depth, block.gamma)
+        check_states(block, states, self.gru_hidden_dim)
         _check_hidden(block)
         base = block.logits[:, depth - 1, None, :].float()                         # [b, 1, V]
         if depth <= self.prefix_len:
@@ -395,18 +350,16 @@ class GRUHead(nn.Module):
         plan = self._plan() if states.device.type == "cpu" and not torch.is_grad_enabled() else None
         if plan is not None and plan.fc2_t is not None and states.dtype == plan.w_s.dtype:
             return self._plan_vocab_logits(plan, block, depth, states, base)
-        # perf: this depth's fc1 term alone (not the block's every depth), and fc2 from its K-major copy on
-        # the CPU (docs/results.md); a proposal needs no bit-equality with ``logits``
+        # this depth's fc1 term alone (not the block's every depth), and fc2 from its K-major copy on the CPU (the
+        # plan's path gives the same bits); a proposal needs no bit-equality with ``logits``
         fc1, fc2 = self.embed_proj[0], self.embed_proj[2]
         h = block.hidden[:, depth - 1, None].to(fc1.weight.dtype)                # [b, 1, H]
         part = F.linear(h, fc1.weight[:, : self.hidden_size], fc1.bias)
         gate = self._gate(h)
         w_s, _ = self._projection_tables()
         mid = F.silu(linear(self._normed(states), w_s).add_(part))
-        if mid.device.type == "cpu" and not torch.is_grad_enabled():
-            correction = kmajor_product(mid, fc2.weight, fc2.bias)
-        else:
-            correction = F.linear(mid, fc2.weight, fc2.bias)
+        grad = torch.is_grad_enabled()
+        correction = (kmajor_product if mid.device.type == "cpu" and not grad else F.linear)(mid, fc2.weight, fc2.bias)
         if gate is not None:
             correction = gate * correction
         return correction.float().add_(base)
@@ -428,12 +381,7 @@ class GRUHead(nn.Module):
             if self.bias_gate is None:          # a gate's weights are not the plan's: computed every call
                 held[depth] = found
         part, gate = found
-        normed = self._normed(states)
-        if normed.numel() >= plan.s_from * self.gru_hidden_dim and normed.dtype == plan.w_s.dtype:
-            mid = normed @ plan.s_copy                                               # = kmajor.linear(normed, w_s)
-        else:
-            mid = F.linear(normed, plan.w_s)
-        mid = F.silu(mid.add_(part))
+        mid = F.silu(plan.state_half(self._normed(states)).add_(part))
         wt = plan.fc2_t                                                              # = kmajor_product(mid, fc2...)
         flat = mid.reshape(-1, wt.shape[0])
         correction = (flat @ wt if plan.fc2_b is None else torch.addmm(plan.fc2_b, flat, wt)).view(
@@ -444,9 +392,9 @@ class GRUHead(nn.Module):
 
     def advance(self, block: DraftBlock, depth: int, states: Tensor, tokens: Tensor) -> Tensor:
         """States after appending ``tokens`` at ``depth``.  Shape: states ``[b, m, G]``, tokens ``[b, m]``."""
-        _check_depth(depth, block.gamma)
-        _check_states(block, states, self.gru_hidden_dim)
-        _check_tokens(block, tokens, "tokens", states.shape[1])
+        check_depth(depth, block.gamma)
+        check_states(block, states, self.gru_hidden_dim)
+        check_tokens(block, tokens, "tokens", states.shape[1])
         return self.gru_step(tokens, states)
 
     def advance_logits(self, block: DraftBlock, depth: int, states: Tensor, tokens: Tensor,
@@ -457,10 +405,10 @@ class GRUHead(nn.Module):
             states ``[b, m, G]``, tokens int64 ``[b, m]``, candidates int64 ``[b, K]``
             -> (states ``[b, m, G]``, float32 ``[b, m, K]``).
         """
-        _check_depth(depth, block.gamma - 1, True)
-        _check_states(block, states, self.gru_hidden_dim)
-        _check_tokens(block, tokens, "tokens", states.shape[1])
-        _check_tokens(block, candidates, "candidates")
+        check_depth(depth, block.gamma - 1, True)
+        check_states(block, states, self.gru_hidden_dim)
+        check_tokens(block, tokens, "tokens", states.shape[1])
+        check_tokens(block, candidates, "candidates")
         _check_hidden(block)
         new = self.gru_step(tokens, states)
         return new, self._logits(block, depth + 1, new, candidates)
@@ -473,7 +421,7 @@ class GRUHead(nn.Module):
 
         Shape: candidates int64 ``[b, gamma, K]`` (``C_d`` at ``[:, d - 1]``).
         """
-        _check_candidates(block, candidates)
+        check_candidates(block, candidates)
         _check_hidden(block)
         plan = self._plan()
         return None if plan is None else _GRUSteps(self, block, candidates, plan)
@@ -519,6 +467,16 @@ class _Plan:
         plan.parts = {}
         return plan
 
+    def w_hh(self, rows: int) -> Tensor:
+        """``W_hh^T`` for a step of ``rows`` states: its K-major copy where that gives ``F.linear``'s bits."""
+        return self.hh_copy if rows >= self.hh_from else self.w_hh_t
+
+    def state_half(self, normed: Tensor) -> Tensor:
+        """fc1's state half of ``normed [.., G]`` (= ``kmajor.linear(normed, w_s)``, from the plan's copy)."""
+        if normed.numel() >= self.s_from * normed.shape[-1] and normed.dtype == self.w_s.dtype:
+            return normed @ self.s_copy
+        return F.linear(normed, self.w_s)
+
 
 class _GRUSteps:
     """:meth:`GRUHead.prepare_block`'s result, for one build: ``logits`` / ``advance_logits`` without
@@ -526,8 +484,7 @@ class _GRUSteps:
     call runs the GRU cell (9 ops into reused buffers) and the correction (5 ops) and nothing else."""
 
     def __init__(self, head: GRUHead, block: DraftBlock, candidates: Tensor, plan: _Plan) -> None:
-        self.head, self.table, self.w_hh_t, self.w_s = head, plan.table, plan.w_hh_t, plan.w_s
-        self.hh_from, self.hh_copy, self.s_from, self.s_copy = plan.hh_from, plan.hh_copy, plan.s_from, plan.s_copy
+        self.head, self.plan, self.table = head, plan, plan.table
         self.gamma, self.size = block.gamma, head.gru_hidden_dim
         # every depth's base logits and fc1 hidden half ([b, gamma, K], [b, gamma, E]; views per depth made
         # on first use: unbind is one op); a depth's output rows gathered when it is first scored
@@ -548,19 +505,18 @@ class _GRUSteps:
 
     def logits(self, depth: int, states: Tensor) -> Tensor:
         """``head.logits(block, depth, states, candidates[:, depth - 1])``."""
-        _check_depth(depth, self.gamma)
+        check_depth(depth, self.gamma)
         return self._logits(depth, states)
 
     def advance_logits(self, depth: int, states: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
         """``head.advance_logits(block, depth, states, tokens, candidates[:, depth])``."""
-        _check_depth(depth, self.gamma - 1)
+        check_depth(depth, self.gamma - 1)
         flat_h = states.reshape(-1, self.size)
         n = flat_h.shape[0]
         buffers = self.buffers.get(n)
         if buffers is None:
             buffers = self.buffers[n] = self.head._step_buffers(flat_h, self.table)
-        w_hh_t = self.hh_copy if n >= self.hh_from else self.w_hh_t
-        new = self.head._cell(tokens.reshape(-1), flat_h, self.table, w_hh_t, buffers).view(states.shape)
+        new = self.head._cell(tokens.reshape(-1), flat_h, self.table, self.plan.w_hh(n), buffers).view(states.shape)
         return new, self._logits(depth + 1, new)
 
     def _logits(self, depth: int, states: Tensor) -> Tensor:
@@ -569,11 +525,7 @@ class _GRUSteps:
             return self.base_all[:, depth - 1 : depth].expand(-1, states.shape[1], -1).contiguous()
         base_views, part_views, gate_views = self.views()
         base = base_views[depth - 1]                                             # [b, 1, K]
-        normed = head._normed(states)
-        if normed.numel() >= self.s_from * self.size and normed.dtype == self.w_s.dtype:
-            mid = normed @ self.s_copy                                           # = kmajor.linear(normed, w_s)
-        else:
-            mid = F.linear(normed, self.w_s)
+        mid = self.plan.state_half(head._normed(states))
         rows = self.rows[depth - 1]
         if rows is None:
             found = F.embedding(self.candidates[:, depth - 1], self.rows_table)  # [b, K, E (+ 1)]
@@ -636,14 +588,14 @@ class MarkovHead(nn.Module):
 
         Shape: candidates int64 ``[b, gamma, K]`` (``C_d`` at ``[:, d - 1]``).
         """
-        _check_candidates(block, candidates)
+        check_candidates(block, candidates)
         return _MarkovSteps(self, block, candidates)
 
     def logits(self, block: DraftBlock, depth: int, states: Tensor, candidates: Tensor) -> Tensor:
         """Shape: states ``[b, m, 1]``, candidates int64 ``[b, K]`` -> float32 ``[b, m, K]``."""
-        _check_depth(depth, block.gamma)
-        _check_states(block, states, 1)
-        _check_tokens(block, candidates, "candidates")
+        check_depth(depth, block.gamma)
+        check_states(block, states, 1)
+        check_tokens(block, candidates, "candidates")
         return self._logits(block, depth, states[..., 0].to(torch.int64), candidates)
 
     def vocab_logits(self, block: DraftBlock, depth: int, states: Tensor) -> Tensor:
@@ -651,16 +603,16 @@ class MarkovHead(nn.Module):
 
         Shape: states ``[b, m, 1]`` -> float32 ``[b, m, V]``.
         """
-        _check_depth(depth, block.gamma)
-        _check_states(block, states, 1)
+        check_depth(depth, block.gamma)
+        check_states(block, states, 1)
         bias = F.linear(F.embedding(states[..., 0].to(torch.int64), self.markov_w1.weight), self.markov_w2.weight)
         return bias.float().add_(block.logits[:, depth - 1, None, :].float())
 
     def advance(self, block: DraftBlock, depth: int, states: Tensor, tokens: Tensor) -> Tensor:
         """Shape: states ``[b, m, 1]``, tokens int64 ``[b, m]`` -> ``[b, m, 1]``."""
-        _check_depth(depth, block.gamma)
-        _check_states(block, states, 1)
-        _check_tokens(block, tokens, "tokens", states.shape[1])
+        check_depth(depth, block.gamma)
+        check_states(block, states, 1)
+        check_tokens(block, tokens, "tokens", states.shape[1])
         return tokens.to(torch.float32)[..., None]
 
     def advance_logits(self, block: DraftBlock, depth: int, states: Tensor, tokens: Tensor,
@@ -672,10 +624,10 @@ class MarkovHead(nn.Module):
             states ``[b, m, 1]``, tokens int64 ``[b, m]``, candidates int64 ``[b, K]``
             -> (states ``[b, m, 1]``, float32 ``[b, m, K]``).
         """
-        _check_depth(depth, block.gamma - 1, True)
-        _check_states(block, states, 1)
-        _check_tokens(block, tokens, "tokens", states.shape[1])
-        _check_tokens(block, candidates, "candidates")
+        check_depth(depth, block.gamma - 1, True)
+        check_states(block, states, 1)
+        check_tokens(block, tokens, "tokens", states.shape[1])
+        check_tokens(block, candidates, "candidates")
         return tokens.to(torch.float32)[..., None], self._logits(block, depth + 1, tokens, candidates)
 
 
@@ -689,10 +641,10 @@ class _MarkovSteps:
 
     def logits(self, depth: int, states: Tensor) -> Tensor:
         """``head.logits(block, depth, states, candidates[:, depth - 1])``."""
-        _check_depth(depth, self.gamma)
+        check_depth(depth, self.gamma)
         return self.head._biased(states[..., 0].to(torch.int64), self.rows_t[depth - 1], self.base[depth - 1])
 
     def advance_logits(self, depth: int, states: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
         """``head.advance_logits(block, depth, states, tokens, candidates[:, depth])``."""
-        _check_depth(depth, self.gamma - 1)
+        check_depth(depth, self.gamma - 1)
         return tokens.to(torch.float32)[..., None], self.head._biased(tokens, self.rows_t[depth], self.base[depth])
