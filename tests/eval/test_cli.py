@@ -111,7 +111,7 @@ def test_demo_preset_compares_the_six_methods_and_the_tuned_budget_at_greedy():
 
 
 def test_presets_at_t_above_0_run_the_methods_that_pay_there():
-    """--temperatures above 0 alone: the sampled list (corrected-sequoia B=4 and auto); T=0 keeps the demo's six
+    """--temperatures above 0 alone: the sampled list (corrected-sequoia at B=16 and B=4, and auto); T=0 keeps the demo's six
     methods in their order; a mixed grid runs both lists once each; every listed method parses."""
     from dartree.cli import PRESETS
     from dartree.cli.parser import BENCH_DEFAULTS, methods_for
@@ -121,6 +121,7 @@ def test_presets_at_t_above_0_run_the_methods_that_pay_there():
     assert methods_for(demo, [0.0]) == demo["methods"]
     sampled = methods_for(demo, [1.0])
     assert "corrected-sequoia:budget=4" in sampled and "auto" in sampled and sampled == demo["sampled_methods"]
+    assert "corrected-sequoia" in sampled                   # at the table's budget, as every other tree
     mixed = methods_for(PRESETS["paper"], [0.0, 1.0])
     assert mixed[: len(PRESETS["paper"]["methods"])] == PRESETS["paper"]["methods"] and "auto" in mixed
     for preset in (*PRESETS.values(), BENCH_DEFAULTS):
