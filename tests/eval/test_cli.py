@@ -111,8 +111,8 @@ def test_demo_preset_compares_the_six_methods_and_the_tuned_budget_at_greedy():
 
 
 def test_presets_at_t_above_0_run_the_methods_that_pay_there():
-    """--temperatures above 0 alone: the sampled list (corrected-sequoia at B=16 and B=4, and auto); T=0 keeps the demo's six
-    methods in their order; a mixed grid runs both lists once each; every listed method parses."""
+    """--temperatures above 0 alone: the sampled list (corrected-sequoia at B=16 and B=4, and auto); T=0 keeps the
+    demo's six methods in their order; a mixed grid runs both lists once each; every listed method parses."""
     from dartree.cli import PRESETS
     from dartree.cli.parser import BENCH_DEFAULTS, methods_for
     from dartree.eval.methods import parse_methods
