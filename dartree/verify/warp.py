@@ -100,15 +100,15 @@ def _hf_top_p_drop(scores: Tensor, top_p: float) -> Tensor:
 def _top_p_drop(scores: Tensor, top_p: float) -> Tensor:
     """:func:`_hf_top_p_drop`, bit for bit.
 
-    perf (CPU): ``torch.sort`` of one row of 4,098 logits takes 0.05 ms here, but of several rows about 0.25 ms
-    a row (3.6 ms for a block's 15 rows); numpy's sort of the values 0.05 ms a row.  The mask needs only the
-    sorted *values* (equal whatever sorts them: the same softmax and cumulative sum, so the same count ``j`` of
-    dropped tokens) and the order of the tokens tied at the boundary: a row whose ``j``-th and ``j+1``-th
-    smallest values differ drops exactly the tokens below the ``j+1``-th; a row with a tie straddling the
-    boundary takes torch's sort (its tie order).  One row, or on an accelerator: torch's sort.
+    perf (CPU): numpy sorts the values faster than ``torch.sort`` sorts values and indices, several rows and
+    one row alike (docs/results.md).  The mask needs only the sorted *values* (equal whatever sorts them: the
+    same softmax and cumulative sum, so the same count ``j`` of dropped tokens) and the order of the tokens
+    tied at the boundary: a row whose ``j``-th and ``j+1``-th smallest values differ drops exactly the tokens
+    below the ``j+1``-th; a row with a tie straddling the boundary takes torch's sort (its tie order).  On an
+    accelerator: torch's sort.
     """
     flat = scores.reshape(-1, scores.shape[-1])
-    if scores.device.type != "cpu" or flat.shape[0] < 2:
+    if scores.device.type != "cpu":
         return _hf_top_p_drop(scores, top_p)
     ordered = torch.from_numpy(np.sort(flat.detach().numpy(), axis=-1))
     cut = ordered.softmax(dim=-1).cumsum(dim=-1) <= (1 - top_p)

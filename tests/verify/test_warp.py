@@ -68,6 +68,8 @@ def test_top_p_mask_equals_the_sorting_one_with_ties_at_the_boundary(top_p):
     rows.append(x)
     for scores in rows:
         assert torch.equal(_top_p_drop(scores, top_p), _hf_top_p_drop(scores, top_p))
+        for r in (0, 5):                                        # one row alone (AR's draw, one node)
+            assert torch.equal(_top_p_drop(scores[r : r + 1], top_p), _hf_top_p_drop(scores[r : r + 1], top_p))
         assert torch.equal(_top_p_drop(scores.reshape(2, -1, scores.shape[-1]), top_p),
                            _hf_top_p_drop(scores, top_p).reshape(2, -1, scores.shape[-1]))
 
