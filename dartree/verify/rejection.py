@@ -136,10 +136,37 @@ def _draws(q: Tensor, m: int, generator: torch.Generator | None) -> tuple[list, 
 
     Shape: ``q`` float ``[..., V]`` -> ``[...][m]`` tokens (or candidate indices), ``[...]`` counts.
     """
+    one_row = q.device.type == "cpu" and q.numel() == q.shape[-1]
+    if m == 1 and one_row:
+        return _nested([_inverse_cdf_host(q, generator)], q.dim() - 1), _ones(q.shape[:-1])
     drawn = _draw_without_replacement(q, m, generator)
     if m == 1:      # one draw: any proposal has a token of positive mass (perf: no gather, no tensor of ones)
         return drawn.tolist(), _ones(q.shape[:-1])
+    if one_row:     # perf: the masses of the m draws read on the host (no gather, compare and sum ops)
+        row, mass = drawn.reshape(-1).tolist(), q.reshape(-1).numpy()
+        return _nested(row, q.dim() - 1), _nested(sum(1 for x in row if mass[x] > 0), q.dim() - 1)
     return drawn.tolist(), (q.gather(-1, drawn.to(q.device)) > 0).sum(-1).tolist()
+
+
+def _inverse_cdf_host(q: Tensor, generator: torch.Generator | None) -> int:
+    """:func:`_draw_without_replacement`'s one draw from one CPU row, bit for bit: the same uniform and cumulative
+    sums, the point and the search on the host (perf: four small ops fewer; the product, ``nextafter`` and the
+    right-side search are the same IEEE operations in numpy).
+
+    Shape: ``q`` float ``[1, ..., 1, V]`` on the CPU -> the token.
+    """
+    u = torch.rand((*q.shape[:-1], 1), generator=generator, dtype=torch.float64, device=q.device)
+    cdf = q.reshape(-1).cumsum(0, dtype=torch.float64).numpy()
+    total = cdf[-1]
+    point = min(u.item() * total, np.nextafter(total, 0.0))      # host read: a CPU tensor, no device sync
+    return int(cdf.searchsorted(point, side="right"))
+
+
+def _nested(x, depth: int):
+    """``x`` inside ``depth`` one-element lists (a one-row draw in the nesting of ``tolist``)."""
+    for _ in range(depth):
+        x = [x]
+    return x
 
 
 def _ones(shape: tuple[int, ...]) -> list:

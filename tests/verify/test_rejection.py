@@ -192,6 +192,26 @@ def test_a_node_keeps_no_more_children_than_its_proposal_has_tokens(head):
                                                atol=1e-7)
 
 
+@pytest.mark.parametrize("shape", [(1, 1, 111), (1, 111), (111,), (1, 1, 4098)])
+@pytest.mark.parametrize("m", [1, 2, 3])
+def test_one_row_draws_on_the_host_are_the_tensor_draws(shape, m):
+    """``_draws`` of one CPU row (the point and the search, or the masses, read on the host) gives the tokens,
+    counts and generator state of ``_draw_without_replacement`` plus the gather of the masses, bit for bit."""
+    torch.manual_seed(0)
+    for trial in range(300):
+        q = (torch.randn(shape) * 6).softmax(-1)
+        if trial % 3 == 0:
+            q[..., : shape[-1] // 2] = 0                  # tokens of mass 0, first in the cumulative sums
+        if trial % 5 == 0:
+            q.zero_()
+            q[..., -1] = 1.0                              # all the mass on the last token: u * total may round up
+        seeds = [torch.Generator().manual_seed(trial) for _ in range(2)]
+        drawn = rejection._draw_without_replacement(q, m, seeds[0])
+        want = drawn.tolist(), (q.gather(-1, drawn) > 0).sum(-1).tolist()
+        assert rejection._draws(q, m, seeds[1]) == want
+        assert torch.equal(seeds[0].get_state(), seeds[1].get_state())
+
+
 @pytest.mark.parametrize("m", [1, 2, 3])
 def test_draws_without_replacement_have_the_sequential_law(m):
     """The first m draws (one: inverse CDF; more: Gumbel-top-m) against the exact sequential law; a token of
