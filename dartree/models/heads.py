@@ -66,6 +66,12 @@ def _candidate_base(block: DraftBlock, candidates: Tensor) -> Tensor:
     return torch.gather(logits if logits.dtype == torch.float32 else logits.float(), 2, candidates)
 
 
+def _float(x: Tensor) -> Tensor:
+    """``x.float()`` (perf: without the call's dispatch when ``x`` is float32 already: a sampled round's three
+    vocabulary proposals run from a cold cache, where every op costs several times its warm time)."""
+    return x if x.dtype == torch.float32 else x.float()
+
+
 def _base_candidates(block: DraftBlock, depth: int, candidates: Tensor) -> Tensor:
     """float32 ``[b, K]``: base logits of ``candidates`` at ``depth``."""
     logits = block.logits[:, depth - 1]
@@ -389,7 +395,7 @@ class GRUHead(nn.Module):
         _check_depth(depth, block.gamma)
         _check_states(block, states, self.gru_hidden_dim)
         _check_hidden(block)
-        base = block.logits[:, depth - 1, None, :].float()                         # [b, 1, V]
+        base = _float(block.logits.narrow(1, depth - 1, 1))                        # [b, 1, V]
         if depth <= self.prefix_len:
             return base.expand(-1, states.shape[1], -1).contiguous()
         plan = self._plan() if states.device.type == "cpu" and not torch.is_grad_enabled() else None
@@ -423,7 +429,8 @@ class GRUHead(nn.Module):
             held["block"] = key                 # a strong reference: no other tensor can take its id meanwhile
         found = held.get(depth)
         if found is None:
-            h = hidden[:, depth - 1, None].to(plan.fc1_h.dtype)                      # [b, 1, H]
+            h = hidden.narrow(1, depth - 1, 1)                                       # [b, 1, H]
+            h = h if h.dtype == plan.fc1_h.dtype else h.to(plan.fc1_h.dtype)
             found = (F.linear(h, plan.fc1_h, plan.fc1_b), self._gate(h))
             if self.bias_gate is None:          # a gate's weights are not the plan's: computed every call
                 held[depth] = found
@@ -440,7 +447,7 @@ class GRUHead(nn.Module):
             *mid.shape[:-1], wt.shape[1])
         if gate is not None:
             correction = gate * correction
-        return correction.float().add_(base)
+        return _float(correction).add_(base)
 
     def advance(self, block: DraftBlock, depth: int, states: Tensor, tokens: Tensor) -> Tensor:
         """States after appending ``tokens`` at ``depth``.  Shape: states ``[b, m, G]``, tokens ``[b, m]``."""
