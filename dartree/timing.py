@@ -192,7 +192,7 @@ class TimedHead:
     def _vocab_logits(self, block: Any, depth: int, states: Tensor) -> Tensor:
         """The head's optional ``vocab_logits``, timed and checked (``vocab_logits`` when the head has one)."""
         out = self._call("vocab_logits", self._own_block(block), depth, self._own(states))
-        return _logits("vocab_logits", out, block, states, block.logits[:, 0])
+        return _logits("vocab_logits", out, block, states, block.logits)      # its last dimension: V
 
     def advance(self, block: Any, depth: int, states: Tensor, tokens: Tensor) -> Tensor:
         out = self._call("advance", self._own_block(block), depth, self._own(states), self._own(tokens))
