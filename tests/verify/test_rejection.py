@@ -24,6 +24,7 @@ from dartree.testing.heads import PathHashHead
 from dartree.tree import PAD
 from dartree.verify import SampledTree, Warp, rejection, sample_tree, verify_greedy, verify_rejection
 from dartree.verify.rejection import draw_index
+from dartree.verify.traversal import children_of
 from tests.verify.helpers import make_tree, one_thread  # noqa: F401 (autouse fixture)
 
 V, GAMMA = 37, 3
@@ -53,6 +54,13 @@ def check_sampled(sampled: SampledTree, template, block: DraftBlock) -> None:
         has_kids = set(tree.parents[r, 1: int(tree.num_nodes[r])].tolist())
         for u in range(tree.max_nodes):
             assert (int(sampled.row_of[r, u]) != PAD) == (u in has_kids)
+    made = sampled.host_lists()             # sample_tree's host lists, when kept, are the tree's own
+    if made is not None:
+        assert made.children == children_of(tree) and made.tokens == tree.tokens.tolist()
+        assert made.row_of == sampled.row_of.tolist()
+        assert made.stated == (None if sampled.stated is None else sampled.stated.tolist())
+    assert dataclasses.replace(sampled, row_of=sampled.row_of.clone()).host_lists() is None
+    assert dataclasses.replace(sampled, tree=dataclasses.replace(tree)).host_lists() is None
 
 
 @pytest.mark.parametrize("name", BUILDERS)
