@@ -94,7 +94,8 @@ class BlockReuse:
         if sampled is None or sampled.states is None:
             return
         path = [u for u in accepted if u != PAD]
-        stated = sampled.stated[0].tolist()       # one host read a round (a host list on the CPU already)
+        made = sampled.host_lists()
+        stated = sampled.stated[0].tolist() if made is None else made.stated[0]     # perf: no host read when made
         for j in range(min(len(path) - 1, kept), -1, -1):      # node path[j]'s state: after j committed tokens
             if before + j > self.folded and stated[path[j]]:
                 self.carry, self.folded = sampled.states[0, path[j]][None].clone(), before + j

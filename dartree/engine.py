@@ -258,7 +258,9 @@ class Engine:
             index = torch.tensor(counts, dtype=torch.int64, device=roots.device)[:, None] - 1
             nxt = torch.gather(result.tokens.to(roots.device), 1, index)[:, 0]
         if drafter is not None:
-            if verified.hidden is not None:
+            if verified.hidden is not None and b == 1 and host[0][n: n + c] == list(range(c)):
+                hidden = verified.hidden.narrow(1, 0, c)        # perf: the path is the first c nodes: a slice
+            elif verified.hidden is not None:
                 accepted = result.accepted[:, :c].clamp(min=0).to(verified.hidden.device)
                 width = verified.hidden.shape[-1]
                 hidden = torch.gather(verified.hidden, 1, accepted[:, :, None].expand(-1, -1, width))

@@ -13,9 +13,10 @@ method ``advance_logits`` is exposed only when the wrapped head has it, because 
 with ``head_method(head, "advance_logits")``; ``prepare_block`` is always there and returns ``None``
 when the head has none, and the calls of what it prepares are timed and counted alike, and checked
 unless the head is exactly a class decorated with :func:`trusted_head` (dartree's own ``GRUHead``,
-``MarkovHead``; perf).  Any other head is handed a copy of ``states`` (about 1 us a call on the CPU,
-one copy kernel on CUDA): a head that edits its argument in place then changes only its copy, where it
-used to change the states the builder keeps for other branches, and with them the tree.
+``MarkovHead``; perf; so are their ``vocab_logits`` and ``advance``, the calls of a sampled round).  Any
+other head is handed a copy of ``states`` (about 1 us a call on the CPU, one copy kernel on CUDA): a head
+that edits its argument in place then changes only its copy, where it used to change the states the builder
+keeps for other branches, and with them the tree.
 
 On CUDA each head call is bracketed by ``torch.cuda.synchronize`` so that its time is charged to
 the head and not to whatever synchronises next; on the CPU timing costs two ``perf_counter`` calls.
@@ -192,10 +193,14 @@ class TimedHead:
     def _vocab_logits(self, block: Any, depth: int, states: Tensor) -> Tensor:
         """The head's optional ``vocab_logits``, timed and checked (``vocab_logits`` when the head has one)."""
         out = self._call("vocab_logits", self._own_block(block), depth, self._own(states))
-        return _logits("vocab_logits", out, block, states, block.logits[:, 0])
+        if self._trusted:           # perf: a sampled round's proposals (dartree's own heads: shapes tested)
+            return out
+        return _logits("vocab_logits", out, block, states, block.logits)      # its last dimension: V
 
     def advance(self, block: Any, depth: int, states: Tensor, tokens: Tensor) -> Tensor:
         out = self._call("advance", self._own_block(block), depth, self._own(states), self._own(tokens))
+        if self._trusted:           # perf: as vocab_logits
+            return out
         return _state("advance", out, block, tuple(tokens.shape), self._width)
 
     def __getattr__(self, name: str) -> Any:      # other attributes of the head (not its methods above)
@@ -247,8 +252,8 @@ _TRUSTED: set[type] = set()
 
 def trusted_head(cls: type) -> type:
     """Class decorator of dartree's own heads (``GRUHead``, ``MarkovHead``): the proxy skips the output checks of
-    their prepared calls and hands them its own tensors (perf: their shapes are tested, and they edit nothing in
-    place).  Exactly the decorated class: a subclass is user code and is checked."""
+    their prepared calls, ``vocab_logits`` and ``advance`` and hands them its own tensors (perf: their shapes are
+    tested, and they edit nothing in place).  Exactly the decorated class: a subclass is user code and is checked."""
     _TRUSTED.add(cls)
     return cls
 

@@ -232,3 +232,19 @@ def test_the_carried_head_state_is_the_state_after_the_committed_tokens():
             assert torch.equal(reuse.carried(block, len(since)), want)
             checked += 1
     assert checked >= 3
+
+
+def test_a_one_row_shape_is_the_row_of_a_batch():
+    """``shape_tree`` of one row (its tensors made once per shape) equals that row of a two-row call."""
+    from dartree.builders import SequoiaConfig
+    from dartree.fast.sequoia import shape_tree
+
+    config = SequoiaConfig(budget=6)
+    for gamma in (1, 3, 8):
+        one = DraftBlock(logits=torch.zeros(1, 8, 11), root=torch.tensor([4]))
+        two = DraftBlock(logits=torch.zeros(2, 8, 11), root=torch.tensor([4, 9]))
+        for roots in (None, torch.tensor([7])):
+            got = shape_tree(one, config, gamma, roots)
+            want = shape_tree(two, config, gamma, None if roots is None else torch.tensor([7, 2]))
+            for name in ("tokens", "parents", "depths", "scores", "ranks", "num_nodes"):
+                assert torch.equal(getattr(got, name), getattr(want, name)[:1]), (gamma, name)

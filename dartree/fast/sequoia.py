@@ -48,6 +48,18 @@ def _layout(shape: RankShape, device: torch.device) -> tuple[Tensor, Tensor, Ten
     return parents, depths, ranks, scores, levels
 
 
+@functools.lru_cache(maxsize=64)
+def _one_row(shape: RankShape, device: torch.device) -> tuple[Tensor, ...]:
+    """perf: a one-row :func:`shape_tree`'s parents, depths, scores and ranks (the views of :func:`_layout`'s
+    tensors that ``expand(1, -1).contiguous()`` gives), its node count and its drafted slots' ``PAD`` tokens, made
+    once: a sampled round asks for the shape every round (a dozen small ops fewer)."""
+    parents, depths, ranks, scores, _ = _layout(shape, device)
+    n = shape.num_nodes
+    return (parents[None], depths[None], scores[None], ranks[None],
+            torch.full((1,), n, dtype=torch.int64, device=device),
+            torch.full((1, n - 1), PAD, dtype=torch.int64, device=device))
+
+
 def _build(block: DraftBlock, head: CorrectionHead | None, config) -> DraftTree:
     b, device = block.batch_size, block.device
     shape = rank_shape(config.budget, block.gamma, config.acceptance[: config.topk])
@@ -102,6 +114,11 @@ def shape_tree(block: DraftBlock, config, gamma: int | None = None, roots: Tenso
     """
     b, device = block.batch_size, block.device
     shape = rank_shape(config.budget, block.gamma if gamma is None else gamma, config.acceptance[: config.topk])
+    if b == 1:
+        parents, depths, scores, ranks, count, drafted = _one_row(shape, device)
+        root = (block.root if roots is None else roots)[:, None]
+        tokens = torch.cat([root if root.dtype == torch.int64 else root.long(), drafted], dim=1)
+        return DraftTree(tokens=tokens, parents=parents, depths=depths, scores=scores, ranks=ranks, num_nodes=count)
     parents, depths, ranks, scores, _ = _layout(shape, device)
     n = shape.num_nodes
     tokens = torch.full((b, n), PAD, dtype=torch.int64, device=device)

@@ -29,16 +29,19 @@ def _check_hidden(block: DraftBlock) -> None:
         raise ValueError("block: the GRU head needs block.hidden (the drafter's H_d); got None")
 
 
+def _float(x: Tensor) -> Tensor:
+    """``x.float()`` (perf: no dispatch when already float32; a sampled round's ops run from a cold cache)."""
+    return x if x.dtype == torch.float32 else x.float()
+
+
 def _candidate_base(block: DraftBlock, candidates: Tensor) -> Tensor:
     """float32 ``[b, gamma, K]``: base logits of every depth's ``candidates [b, gamma, K]``."""
-    logits = block.logits
-    return torch.gather(logits if logits.dtype == torch.float32 else logits.float(), 2, candidates)
+    return torch.gather(_float(block.logits), 2, candidates)
 
 
 def _base_candidates(block: DraftBlock, depth: int, candidates: Tensor) -> Tensor:
     """float32 ``[b, K]``: base logits of ``candidates`` at ``depth``."""
-    logits = block.logits[:, depth - 1]
-    return torch.gather(logits if logits.dtype == torch.float32 else logits.float(), 1, candidates)
+    return torch.gather(_float(block.logits[:, depth - 1]), 1, candidates)
 
 
 #: perf: the GRU's input gates are read from a [V, 3G] table when it has at most this many entries
@@ -303,9 +306,7 @@ class GRUHead(nn.Module):
             correction.add_(bias)
         if gate is not None:
             correction = gate * correction      # not in place: autograd may need the product
-        if correction.dtype != torch.float32:
-            correction = correction.float()
-        return correction.add_(base)            # = base + correction (fp addition commutes bit for bit)
+        return _float(correction).add_(base)     # = base + correction (fp addition commutes bit for bit)
 
     def _projection_tables(self) -> tuple[Tensor, Tensor]:
         """perf: fc1's state half as a contiguous ``[E, G]`` matrix and fc2's rows ``[V, E]`` (with the
@@ -344,7 +345,7 @@ class GRUHead(nn.Module):
         check_depth(depth, block.gamma)
         check_states(block, states, self.gru_hidden_dim)
         _check_hidden(block)
-        base = block.logits[:, depth - 1, None, :].float()                         # [b, 1, V]
+        base = _float(block.logits.narrow(1, depth - 1, 1))                        # [b, 1, V]
         if depth <= self.prefix_len:
             return base.expand(-1, states.shape[1], -1).contiguous()
         plan = self._plan() if states.device.type == "cpu" and not torch.is_grad_enabled() else None
@@ -376,7 +377,8 @@ class GRUHead(nn.Module):
             held["block"] = key                 # a strong reference: no other tensor can take its id meanwhile
         found = held.get(depth)
         if found is None:
-            h = hidden[:, depth - 1, None].to(plan.fc1_h.dtype)                      # [b, 1, H]
+            h = hidden.narrow(1, depth - 1, 1)                                       # [b, 1, H]
+            h = h if h.dtype == plan.fc1_h.dtype else h.to(plan.fc1_h.dtype)
             found = (F.linear(h, plan.fc1_h, plan.fc1_b), self._gate(h))
             if self.bias_gate is None:          # a gate's weights are not the plan's: computed every call
                 held[depth] = found
@@ -388,7 +390,7 @@ class GRUHead(nn.Module):
             *mid.shape[:-1], wt.shape[1])
         if gate is not None:
             correction = gate * correction
-        return correction.float().add_(base)
+        return _float(correction).add_(base)
 
     def advance(self, block: DraftBlock, depth: int, states: Tensor, tokens: Tensor) -> Tensor:
         """States after appending ``tokens`` at ``depth``.  Shape: states ``[b, m, G]``, tokens ``[b, m]``."""
@@ -578,9 +580,7 @@ class MarkovHead(nn.Module):
         Shape: previous int64 ``[b, m]``, rows_t ``[b, r, K]``, base ``[b, 1, K]`` -> float32 ``[b, m, K]``.
         """
         bias = torch.bmm(F.embedding(previous, self.markov_w1.weight), rows_t)    # [b, m, K]
-        if bias.dtype != torch.float32:
-            bias = bias.float()
-        return bias.add_(base)                  # = base + bias, bit for bit
+        return _float(bias).add_(base)          # = base + bias, bit for bit
 
     def prepare_block(self, block: DraftBlock, candidates: Tensor) -> _MarkovSteps:
         """The protocol's optional per-build preparation (see :meth:`GRUHead.prepare_block`): every depth's

@@ -87,12 +87,18 @@ def derived(owner: object, slot: str, sources: list[Tensor | None], build):
     identity, storage address and version counter; a strong reference is kept, so a new tensor can
     never alias a cached one).  Never registered: state_dicts and checkpoints are unchanged.
     """
-    key = [None if w is None else (w, w.data_ptr(), tensor_version(w)) for w in sources]
     cache = owner.__dict__.get(slot)
-    if cache is not None and len(cache[0]) == len(key) and all(
-            (a is None and b is None) or (a is not None and b is not None and a[0] is b[0] and a[1] == b[1]
-                                          and a[2] == b[2]) for a, b in zip(cache[0], key, strict=True)):
-        return cache[1]
+    if cache is not None and len(cache[0]) == len(sources):
+        # perf: compared in place, no key built for a hit (a build looks up several derived tensors a call)
+        for held, w in zip(cache[0], sources, strict=True):
+            if held is None:
+                if w is not None:
+                    break
+            elif held[0] is not w or held[1] != w.data_ptr() or held[2] != tensor_version(w):
+                break
+        else:
+            return cache[1]
+    key = [None if w is None else (w, w.data_ptr(), tensor_version(w)) for w in sources]
     with torch.no_grad():
         value = build()
     owner.__dict__[slot] = (key, value)

@@ -17,7 +17,8 @@ Shape: ``tree`` tensors ``[b, n]``; target logits ``[b, n, V]``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -30,14 +31,25 @@ from dartree.tree import PAD, DraftTree
 from dartree.verify.accept import VerifyResult
 from dartree.verify.warp import Warp
 
-__all__ = ["SampledTree", "sample_tree", "verify_rejection", "check_verify_args", "accept_step", "draw_index",
-           "proposal_probs", "HEAD_DEPTHS", "NUCLEUS_CANDIDATES"]
+__all__ = ["SampledTree", "HostLists", "sample_tree", "verify_rejection", "check_verify_args", "accept_step",
+           "draw_index", "proposal_probs", "HEAD_DEPTHS", "NUCLEUS_CANDIDATES"]
 
 #: the depths a correction head proposes at in a decode (the drafter below).  Each depth costs one head call
 #: and a draw, and the sampled path reaches depth 3 too rarely for the head's proposal there to pay: deeper
 #: head depths gave no more tau than 2 (figures: docs/results.md, "Measurements behind design choices in the
 #: code").
 HEAD_DEPTHS = 2
+
+
+class HostLists(NamedTuple):
+    """:func:`sample_tree`'s host lists of the tree it made (``[b][n]`` each): the children of every node in sibling
+    order, the tokens, each node's proposal row (``PAD`` where none) and the ``stated`` flags (``None`` without a
+    head)."""
+
+    children: list
+    tokens: list
+    row_of: list
+    stated: list | None
 
 
 @dataclass(frozen=True)
@@ -60,6 +72,16 @@ class SampledTree:
     support: Tensor | None = None
     states: Tensor | None = None
     stated: Tensor | None = None
+    #: perf: (tree, row_of, :class:`HostLists`) from :func:`sample_tree`, so that a verifier's walk and block reuse
+    #: read no tensor back; used only while ``tree`` and ``row_of`` are still the objects they describe
+    made: tuple | None = field(default=None, compare=False, repr=False)
+
+    def host_lists(self) -> HostLists | None:
+        """The host lists :func:`sample_tree` made of this tree, or ``None`` (not made, or the tree was replaced)."""
+        made = self.made
+        if made is None or made[0] is not self.tree or made[1] is not self.row_of:
+            return None
+        return made[2]
 
     def proposal(self, row: int, node: int, vocab: int) -> np.ndarray:
         """Node ``node``'s proposal over the whole vocabulary (float64, host)."""
@@ -136,10 +158,37 @@ def _draws(q: Tensor, m: int, generator: torch.Generator | None) -> tuple[list, 
 
     Shape: ``q`` float ``[..., V]`` -> ``[...][m]`` tokens (or candidate indices), ``[...]`` counts.
     """
+    one_row = q.device.type == "cpu" and q.numel() == q.shape[-1]
+    if m == 1 and one_row:
+        return _nested([_inverse_cdf_host(q, generator)], q.dim() - 1), _ones(q.shape[:-1])
     drawn = _draw_without_replacement(q, m, generator)
     if m == 1:      # one draw: any proposal has a token of positive mass (perf: no gather, no tensor of ones)
         return drawn.tolist(), _ones(q.shape[:-1])
+    if one_row:     # perf: the masses of the m draws read on the host (no gather, compare and sum ops)
+        row, mass = drawn.reshape(-1).tolist(), q.reshape(-1).numpy()
+        return _nested(row, q.dim() - 1), _nested(sum(1 for x in row if mass[x] > 0), q.dim() - 1)
     return drawn.tolist(), (q.gather(-1, drawn.to(q.device)) > 0).sum(-1).tolist()
+
+
+def _inverse_cdf_host(q: Tensor, generator: torch.Generator | None) -> int:
+    """:func:`_draw_without_replacement`'s one draw from one CPU row, bit for bit: the same uniform and cumulative
+    sums, the point and the search on the host (perf: four small ops fewer; the product, ``nextafter`` and the
+    right-side search are the same IEEE operations in numpy).
+
+    Shape: ``q`` float ``[1, ..., 1, V]`` on the CPU -> the token.
+    """
+    u = torch.rand((*q.shape[:-1], 1), generator=generator, dtype=torch.float64, device=q.device)
+    cdf = q.reshape(-1).cumsum(0, dtype=torch.float64).numpy()
+    total = cdf[-1]
+    point = min(u.item() * total, np.nextafter(total, 0.0))      # host read: a CPU tensor, no device sync
+    return int(cdf.searchsorted(point, side="right"))
+
+
+def _nested(x, depth: int):
+    """``x`` inside ``depth`` one-element lists (a one-row draw in the nesting of ``tolist``)."""
+    for _ in range(depth):
+        x = [x]
+    return x
 
 
 def _ones(shape: tuple[int, ...]) -> list:
@@ -209,7 +258,7 @@ def sample_tree(template: DraftTree, block: DraftBlock, head=None, warp: Warp | 
     deepest = max(depths[r][u] for r, c in enumerate(counts) for u in range(c))
     if deepest + offset > gamma:
         raise ValueError(f"template: a node deeper than the block's gamma={gamma} (offset {offset})")
-    states = stated = None
+    states = stated = stated_host = None
     if head is None:
         # q at each depth that has parents (perf: a filter's sort is per row): [b, D, V]
         probs = proposal_probs(warp, logits[:, offset: offset + max(1, deepest)])
@@ -217,18 +266,18 @@ def sample_tree(template: DraftTree, block: DraftBlock, head=None, warp: Warp | 
         _draw_vocab(tokens, keep, kids, depths, probs, generator)
         support = None
     else:
-        probs, support, rows, (states, stated) = _draw_head(
+        probs, support, rows, (states, stated, stated_host) = _draw_head(
             tokens, keep, kids, depths, block, head, warp, generator, vocab if topk is None else min(vocab, topk),
             gamma if head_depths is None else min(gamma, head_depths), offset, root_state)
     # nodes without (kept) children point nowhere; tokens and rows in one tensor
-    row_of = [[rows[r][u] if kids[r][u] and keep[r][u] else PAD for u in range(n)] for r in range(b)]
-    both = torch.tensor([tokens, row_of], dtype=torch.int64, device=logits.device)
+    row_host = [[rows[r][u] if kids[r][u] and keep[r][u] else PAD for u in range(n)] for r in range(b)]
+    both = torch.tensor([tokens, row_host], dtype=torch.int64, device=logits.device)
     tree = DraftTree(tokens=both[0], parents=template.parents, depths=template.depths, scores=template.scores,
                      ranks=template.ranks, num_nodes=template.num_nodes)
     row_of = both[1]
-    sampled = SampledTree(tree, probs, row_of, support, states, stated)
     if all(all(k) for k in keep):
-        return sampled
+        made = (tree, row_of, HostLists(kids, tokens, row_host, stated_host))
+        return SampledTree(tree, probs, row_of, support, states, stated, made)
     mask = torch.tensor(keep, dtype=torch.bool, device=logits.device)
     # a cut is prefix-closed (a dropped node's children are dropped); node indices change, so do the rows
     order = [[u for u in range(template.max_nodes) if keep[r][u]] for r in range(b)]
@@ -283,7 +332,7 @@ def _draw_head(tokens: list, keep: list, kids, depths, block: DraftBlock, head, 
     Places the draws in ``tokens`` and ``keep`` (host lists ``[b][n]``); returns the proposals ``[b, R, P]`` (one
     row per parent node, in the order they were drawn: a depth's parents padded to the batch's most), the support
     (``None`` when ``P == V``), ``row_of`` (host ``[b][n]``: each parent's row, ``PAD`` elsewhere) and the head's
-    states with their flags.
+    states with their flags (a tensor and the host lists).
     """
     b, n = len(tokens), len(tokens[0])
     vocab = block.logits.shape[-1]
@@ -388,7 +437,7 @@ def _draw_head(tokens: list, keep: list, kids, depths, block: DraftBlock, head, 
     width = k if k < vocab else vocab
     probs = (blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=1)) if blocks else \
         torch.zeros(b, 0, width, dtype=torch.float32, device=device)
-    states_out = (states, torch.tensor(stated, dtype=torch.bool, device=device))
+    states_out = (states, torch.tensor(stated, dtype=torch.bool, device=device), stated)
     if cand is None:
         return probs, None, row_of, states_out
     support = cand[:, torch.tensor(slot_depth, dtype=torch.int64, device=device)] if slot_depth else \

@@ -58,8 +58,11 @@ def after_deletion(w: float, r: np.ndarray, s: np.ndarray, x: int) -> tuple[floa
 
     Shape: ``r``, ``s``: float64 ``[V]`` (host).
     """
-    rest = w * r                                    # perf: in place, 4 passes over V for the residual
-    rest -= s
+    if w == 1.0:
+        rest = r - s                                # 1.0 * r is r bit for bit (perf: one pass fewer)
+    else:
+        rest = w * r                                # perf: in place, 4 passes over V for the residual
+        rest -= s
     np.maximum(rest, 0.0, out=rest)
     mass = float(rest.sum())
     left = 1.0 - w + mass
@@ -135,8 +138,9 @@ def verify_traversal(sampled: SampledTree, target_logits: Tensor, warp: Warp,
     tree = sampled.tree
     b, n = tree.tokens.shape
     vocab = target_logits.shape[-1]
-    kids = children_of(tree)
-    tokens = tree.tokens.tolist()
+    made = sampled.host_lists()            # perf: sample_tree's own lists of this tree, when it made them
+    kids = children_of(tree) if made is None else made.children
+    tokens = tree.tokens.tolist() if made is None else made.tokens
     device = generator.device if generator is not None else torch.device("cpu")
     # host read on purpose: the walk runs on the host; every coin it may use, in one draw
     coins = torch.rand((b, n), generator=generator, dtype=torch.float64, device=device).cpu().numpy()
@@ -145,16 +149,28 @@ def verify_traversal(sampled: SampledTree, target_logits: Tensor, warp: Warp,
     # when its path is accepted (its bonus)
     inner = [(row, u) for row in range(b) for u in range(n) if kids[row][u]]
     at = {pair: i for i, pair in enumerate(inner)}
+    # float32 [b, R, P] on the host; a visited row is widened to float64 (exact) when its proposal is read
+    proposals = sampled.probs.cpu().numpy()
+    support = None if sampled.support is None else sampled.support.cpu().numpy()
+    widened = None                        # [R, V] float64 every proposal row renormalised, when made at once
     if b == 1 and [u for _, u in inner] == list(range(len(inner))):     # perf: a slice, no gather of [inner, V]
-        probs = _distributions(warp, target_logits[0, : len(inner)])                        # [inner, V]
+        if support is None:
+            # perf: one row (a Sequoia shape): the inner nodes' targets and every proposal row widened and
+            # renormalised together (numpy's row sums are its 1-D sums: the same bits as one row at a time), so a
+            # visited node's proposal is a view, not three passes over the vocabulary
+            k = len(inner)
+            wide = np.empty((k + proposals.shape[1], vocab))
+            wide[:k] = warp.probs(target_logits[0, :k]).cpu().numpy()
+            wide[k:] = proposals[0]
+            wide /= wide.sum(-1, keepdims=True)
+            probs, widened = wide[:k], wide[k:]
+        else:
+            probs = _distributions(warp, target_logits[0, : len(inner)])                    # [inner, V]
     else:
         rows = torch.tensor([r for r, _ in inner], dtype=torch.int64, device=target_logits.device)
         nodes = torch.tensor([u for _, u in inner], dtype=torch.int64, device=target_logits.device)
         probs = _distributions(warp, target_logits[rows, nodes])                            # [inner, V]
-    # float32 [b, R, P] on the host; a visited row is widened to float64 (exact) when its proposal is read
-    proposals = sampled.probs.cpu().numpy()
-    support = None if sampled.support is None else sampled.support.cpu().numpy()
-    row_of = sampled.row_of.tolist()
+    row_of = sampled.row_of.tolist() if made is None else made.row_of
     paths, bonus = [], []
     for row in range(b):
         used = 0
@@ -169,6 +185,8 @@ def verify_traversal(sampled: SampledTree, target_logits: Tensor, warp: Warp,
             return probs[i] if i is not None else _distributions(warp, target_logits[row, u])
 
         def proposal(u: int, row: int = row) -> np.ndarray:
+            if widened is not None:
+                return widened[row_of[row][u]]              # never written: the walk makes new arrays
             q = proposals[row, row_of[row][u]].astype(np.float64)
             q /= q.sum()                                    # float32 proposals, renormalised in float64
             if support is None:

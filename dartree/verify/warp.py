@@ -84,7 +84,7 @@ class Warp:
         perf: at temperature 1 without filters the softmax of ``x.float()`` itself (``x / 1.0`` is ``x`` bit for
         bit: one pass over the vocabulary and one tensor less per proposal row)."""
         if self.temperature == 1.0 and not self.filters:
-            return x.float().softmax(dim=-1)
+            return (x if x.dtype == torch.float32 else x.float()).softmax(dim=-1)
         return self.logits(x).softmax(dim=-1)
 
 

@@ -24,6 +24,7 @@ from dartree.testing.heads import PathHashHead
 from dartree.tree import PAD
 from dartree.verify import SampledTree, Warp, rejection, sample_tree, verify_greedy, verify_rejection
 from dartree.verify.rejection import draw_index
+from dartree.verify.traversal import children_of
 from tests.verify.helpers import make_tree, one_thread  # noqa: F401 (autouse fixture)
 
 V, GAMMA = 37, 3
@@ -53,6 +54,13 @@ def check_sampled(sampled: SampledTree, template, block: DraftBlock) -> None:
         has_kids = set(tree.parents[r, 1: int(tree.num_nodes[r])].tolist())
         for u in range(tree.max_nodes):
             assert (int(sampled.row_of[r, u]) != PAD) == (u in has_kids)
+    made = sampled.host_lists()             # sample_tree's host lists, when kept, are the tree's own
+    if made is not None:
+        assert made.children == children_of(tree) and made.tokens == tree.tokens.tolist()
+        assert made.row_of == sampled.row_of.tolist()
+        assert made.stated == (None if sampled.stated is None else sampled.stated.tolist())
+    assert dataclasses.replace(sampled, row_of=sampled.row_of.clone()).host_lists() is None
+    assert dataclasses.replace(sampled, tree=dataclasses.replace(tree)).host_lists() is None
 
 
 @pytest.mark.parametrize("name", BUILDERS)
@@ -190,6 +198,26 @@ def test_a_node_keeps_no_more_children_than_its_proposal_has_tokens(head):
                 if not head:
                     np.testing.assert_allclose(q, warp.probs(block.logits[r, int(tree.depths[r, u])]).double().numpy(),
                                                atol=1e-7)
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 111), (1, 111), (111,), (1, 1, 4098)])
+@pytest.mark.parametrize("m", [1, 2, 3])
+def test_one_row_draws_on_the_host_are_the_tensor_draws(shape, m):
+    """``_draws`` of one CPU row (the point and the search, or the masses, read on the host) gives the tokens,
+    counts and generator state of ``_draw_without_replacement`` plus the gather of the masses, bit for bit."""
+    torch.manual_seed(0)
+    for trial in range(300):
+        q = (torch.randn(shape) * 6).softmax(-1)
+        if trial % 3 == 0:
+            q[..., : shape[-1] // 2] = 0                  # tokens of mass 0, first in the cumulative sums
+        if trial % 5 == 0:
+            q.zero_()
+            q[..., -1] = 1.0                              # all the mass on the last token: u * total may round up
+        seeds = [torch.Generator().manual_seed(trial) for _ in range(2)]
+        drawn = rejection._draw_without_replacement(q, m, seeds[0])
+        want = drawn.tolist(), (q.gather(-1, drawn) > 0).sum(-1).tolist()
+        assert rejection._draws(q, m, seeds[1]) == want
+        assert torch.equal(seeds[0].get_state(), seeds[1].get_state())
 
 
 @pytest.mark.parametrize("m", [1, 2, 3])

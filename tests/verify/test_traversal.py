@@ -297,3 +297,37 @@ def test_a_tree_of_the_root_alone_commits_the_bonus():
     out = verify_traversal(sampled, logits, Warp(1.0), torch.Generator().manual_seed(0))
     assert out.accepted[0].tolist() == [0, -1] and out.tokens[0].tolist() == [2, -1]
     assert int(out.accepted_length[0]) == 0 and int(out.bonus[0]) == 2
+
+
+@pytest.mark.parametrize("vocab", [5, 111])
+def test_one_row_read_at_once_is_the_row_in_a_batch(vocab, monkeypatch):
+    """A one-row Sequoia-shaped tree (its inner nodes first: targets and proposals widened at once) gives the bits
+    of the same row verified in a batch of two (read node by node): the distributions the walk reads and its
+    outcome, for many draws and targets."""
+    seen: list[list[np.ndarray]] = []
+    walk = traversal.traverse
+
+    def recording(children, tokens, target, proposal, coin):
+        read = seen[-1]
+        return walk(children, tokens, lambda u: read.append(target(u)) or read[-1],
+                    lambda u: read.append(proposal(u)) or read[-1], coin)
+
+    monkeypatch.setattr(traversal, "traverse", recording)
+    torch.manual_seed(0)
+    for seed in range(60):
+        block = rd.DraftBlock(logits=torch.randn(1, 3, vocab) * 3, root=torch.zeros(1, dtype=torch.int64))
+        one = rd.sample_tree(rd.template([[-1, 0, 1, 2, 0]]), block, None, Warp(1.0),
+                             torch.Generator().manual_seed(seed))
+        tree = one.tree
+        two = SampledTree(replace(tree, **{f: torch.cat([getattr(tree, f)] * 2) for f in
+                                            ("tokens", "parents", "depths", "scores", "ranks", "num_nodes")}),
+                          torch.cat([one.probs] * 2), torch.cat([one.row_of] * 2))
+        logits = torch.randn(1, 5, vocab) * (1 + seed % 4)
+        seen.append([])
+        got = verify_traversal(one, logits, Warp(1.0), torch.Generator().manual_seed(seed))
+        seen.append([])
+        want = verify_traversal(two, torch.cat([logits] * 2), Warp(1.0), torch.Generator().manual_seed(seed))
+        mine, batch = seen[-2], seen[-1][: len(seen[-2])]                  # the batch's row 0 is walked first
+        assert len(mine) >= 2 and all(np.array_equal(a, b) for a, b in zip(mine, batch, strict=True)), seed
+        for field in ("accepted", "tokens", "accepted_length", "bonus"):
+            assert torch.equal(getattr(got, field)[0], getattr(want, field)[0]), (seed, field)
