@@ -129,10 +129,6 @@ def verify_traversal(sampled: SampledTree, target_logits: Tensor, warp: Warp,
 
     ``generator``: on any device (``None``: torch's global generator); each row's coins are drawn at once, as
     uniforms ``[b, n]``.  The returned ``picks`` are all ``PAD`` (no token is sampled at a node).
-
-    Shape:
-        target_logits: float ``[b, n, V]`` the target's next-token logits at each node (unwarped).
-        returns: a :class:`~dartree.verify.accept.VerifyResult`, as :func:`~dartree.verify.accept.verify_sampled`'s.
     """
     check_verify_args(sampled, target_logits, warp)
     tree = sampled.tree
