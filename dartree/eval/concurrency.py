@@ -33,15 +33,9 @@ import torch
 from dartree.eval.bundles import Bundle, encode, stop_token_id
 from dartree.eval.datasets import load_prompts
 from dartree.eval.methods import AR, MethodSpec, make_decoder, resolve_backend
+from dartree.eval.probes import probe_verify_cost
 from dartree.eval.simulate import reference
-from dartree.eval.tune import (
-    DEFAULT_WIDTHS,
-    VerifyCost,
-    measure_verify_cost,
-    pick_best,
-    replay_stats,
-    score_at_concurrency,
-)
+from dartree.eval.tune import DEFAULT_WIDTHS, VerifyCost, pick_best, replay_stats, score_at_concurrency
 from dartree.models.target import HFTarget
 from dartree.rounds import DEFAULT_VERIFIER, SAMPLED_VERIFIERS
 from dartree.serve import ServeResult, serve
@@ -175,13 +169,10 @@ def run_concurrency(
                                                                                                  backend)
                                 for cand in cands}
         if c not in verify_costs:        # the batched target forward over c trees of n nodes
-            largest = max(tune_budgets) + 1
-            sizes = sorted({1, 2, 4, 8, 16, 32, 64, 128, largest} & set(range(1, largest + 1)) | {largest})
             greedy_cpu = temperature == 0 and HFTarget(bundle.target).scores_rows_apart
             prefix = int(sum(x.shape[0] for x in calibration) / len(calibration)) + calibration_new // 2
-            verify_costs[c] = measure_verify_cost(bundle.target, bundle.drafter.target_layer_ids, prefix, sizes,
-                                                  int(getattr(bundle.drafter, "gamma", 15)), repeats=3, rows=c,
-                                                  logits="root" if greedy_cpu else "all")
+            verify_costs[c] = probe_verify_cost(bundle, prefix, max(tune_budgets), repeats=3, rows=c,
+                                                logits="root" if greedy_cpu else "all")
         # the batch's drafter forward and commit: one short batched run of the smallest candidate
         probe = min(cands, key=lambda x: (x.config["budget"], x.config.get("width") or 0))
         served = run(make_decoder(bundle, probe, backend), probe, calibration[:c], c, calibration_new)

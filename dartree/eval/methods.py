@@ -23,11 +23,11 @@ from typing import Any
 from dartree.builders import TreeBuilder, builder_spec, make_builder, registered
 from dartree.decode import SpeculativeDecoder
 from dartree.eval.bundles import Bundle
-from dartree.rounds import VERIFIERS
+from dartree.rounds import SAMPLED_VERIFIERS, VERIFIERS
 
 __all__ = ["AR", "AUTO", "AUTO_FIELDS", "SEARCHED_WHEN_UNSET", "DRAFTERS", "register_drafter",
            "MethodSpec", "parse_method", "parse_methods", "BACKEND_CHOICES", "resolve_backend",
-           "make_method_builder", "make_decoder"]
+           "make_method_builder", "make_decoder", "sampler_for"]
 
 AR = "ar"
 AUTO = "auto"
@@ -277,3 +277,15 @@ def make_decoder(bundle: Bundle, method: MethodSpec, backend: str, builder: Any 
         head = bundle.heads[method.head]
     drafter = bundle.drafter if method.drafter is None else DRAFTERS[method.drafter](bundle)
     return SpeculativeDecoder(bundle.target, drafter, builder, head)
+
+
+def sampler_for(verifier: str | None, seed: int, stream: int, device):
+    """The sampler a T>0 decode verified by ``verifier`` draws with: keyed draws for ``match`` (and AR), equal
+    token for token to AR's with the same seed; a generator seeded per ``stream`` for sampled trees."""
+    import torch
+
+    from dartree.verify.sampling import GeneratorSampler, KeyedSampler
+
+    if verifier in SAMPLED_VERIFIERS:
+        return GeneratorSampler(torch.Generator(device=device).manual_seed(seed * 1_000_003 + stream))
+    return KeyedSampler(seed)

@@ -1,9 +1,6 @@
 """The tuner's measurements on the running machine: the verify-cost probe, the per-round overhead, replays of
-settings on calibration references (acceptance under matching), and real decodes of settings beside AR.
-
-Each is one concern of :mod:`dartree.eval.tune`'s driver; :func:`screen_decodes` measures acceptance under the
-rejection verifier, which no replay can (a rejection round's path is a draw, not the reference's).
-"""
+settings on calibration references, real decodes beside AR, and :func:`screen_decodes` (acceptance under a
+sampled verifier, which no replay gives: its path is a draw)."""
 
 from __future__ import annotations
 
@@ -18,27 +15,22 @@ from dartree.builders import make_builder
 from dartree.decode import GenerationResult, generate_ar
 from dartree.eval.bundles import Bundle
 from dartree.eval.costmodel import ConfigStats, VerifyCost
-from dartree.eval.methods import MethodSpec, make_decoder, resolve_backend
+from dartree.eval.methods import MethodSpec, make_decoder, resolve_backend, sampler_for
 from dartree.eval.simulate import Reference, ReplayBlocks, simulate
 from dartree.models.target import HFTarget
-from dartree.rounds import SAMPLED_VERIFIERS
 from dartree.tree import DraftTree
-from dartree.verify.sampling import GeneratorSampler, KeyedSampler
+from dartree.verify.sampling import KeyedSampler
 
-__all__ = ["Measurement", "measure_verify_cost", "measure_overhead", "replay_stats", "replay_settings",
-           "measure_settings", "measure_specs", "screen_decodes", "concrete"]
+__all__ = ["Measurement", "measure_verify_cost", "probe_verify_cost", "measure_overhead", "replay_stats",
+           "replay_settings", "measure_specs", "screen_decodes", "concrete"]
 
 
 @dataclass(frozen=True)
 class Measurement:
-    """Real decodes of one setting on the calibration prompts, timed as the benchmark times them
-    (the whole ``generate`` call, prefill included), interleaved with AR.
+    """Real decodes of one setting (``budget=None``: AR) on the calibration prompts, timed whole.
 
-    budget / width: the setting (``budget=None``: plain AR).  per_label: ``(label, tokens, seconds)``
-    per calibration set (the dataset a reference came from), in first-seen order.  beta: the depth
-    penalty decoded with when the tuner searched it, else ``None``.  per_prompt: ``(label, tokens,
-    seconds)`` of every calibration prompt in the order of the references (the same order in every
-    measurement of one tuning), for the forecast's prediction interval (:meth:`TuneResult.forecast_interval`).
+    per_label / per_prompt: ``(label, tokens, seconds)`` per calibration set / per prompt (in the order of
+    the references).  beta: the depth penalty decoded with when the tuner searched it, else ``None``.
     """
 
     budget: int | None
@@ -95,15 +87,12 @@ def _synthetic_tree(nodes: int, gamma: int, device: torch.device, rows: int = 1)
 def measure_verify_cost(model: torch.nn.Module, layer_ids: Sequence[int] = (), prefix_len: int = 256,
                         sizes: Sequence[int] = (1, 2, 4, 8, 16, 32, 64, 128), gamma: int = 15,
                         repeats: int = 5, rows: int = 1, logits: str = "all") -> VerifyCost:
-    """Median seconds of tree inputs + tree forward for each tree size in ``sizes`` (root included).
+    """Median seconds of tree inputs + tree forward for each tree size in ``sizes`` (root included),
+    after a random prefix of ``prefix_len`` tokens.
 
-    ``rows > 1`` times one batched forward of ``rows`` trees of that size (an :class:`HFTarget`
-    with ``rows`` prefixes): the verify cost of a round at concurrency ``rows``.  ``logits="root"``
-    runs the LM head on the roots only, as the batched greedy round on the CPU does (the walk scores
-    the accepted nodes afterwards), and times one such row (``row_s``); ``"walk"`` (one request) times
-    the forward both ways, every node in ``seconds`` and the root only in ``root_seconds``, interleaved,
-    plus ``row_s``: the two ways single-request decoding chooses between (:class:`dartree.rounds.WalkRows`).
-    The prefix is random tokens (attention cost depends on its length, not on its content).
+    ``rows > 1``: one batched forward of ``rows`` trees (a round at concurrency ``rows``).  ``logits="root"``
+    scores the roots only and times one LM-head row (``row_s``); ``"walk"`` times both ways, every node in
+    ``seconds`` and the root only in ``root_seconds``, plus ``row_s`` (:class:`dartree.rounds.WalkRows`).
     """
     sizes = tuple(sorted(set(int(s) for s in sizes)))
     if not sizes or sizes[0] < 1:
@@ -123,9 +112,8 @@ def measure_verify_cost(model: torch.nn.Module, layer_ids: Sequence[int] = (), p
     final = None
     trees = [_synthetic_tree(n, gamma, target.device, rows) for n in sizes]
     times: dict[tuple[int, str], list[float]] = {(n, way): [] for n in sizes for way in ways}
-    # interleaved, every size and way in each repetition: a machine whose load drifts during the probe
-    # charges every size alike (timed one after another, the sizes' relative costs moved far between two
-    # runs on a shared machine; docs/results.md, "Measurements behind design choices in the code")
+    # interleaved, every size and way in each repetition: load drifting during the probe charges every size
+    # alike (docs/results.md, "Measurements behind design choices in the code")
     for _ in range(repeats + 1):                           # the first repetition warms up and is dropped
         for n, tree in zip(sizes, trees, strict=True):
             for way in ways:
@@ -154,14 +142,21 @@ def measure_verify_cost(model: torch.nn.Module, layer_ids: Sequence[int] = (), p
     return VerifyCost(sizes, tuple(seconds[logits]), prefix_len, row_s)
 
 
+def probe_verify_cost(bundle: Bundle, prefix_len: int, largest_budget: int, **kwargs) -> VerifyCost:
+    """:func:`measure_verify_cost` of ``bundle``'s target for trees up to ``largest_budget`` draft nodes (on the
+    CPU both ways, every node and the root only, as single-request decoding chooses between them)."""
+    largest = largest_budget + 1
+    sizes = sorted({n for n in (1, 2, 4, 8, 16, 32, 64, 128, 256) if n < largest} | {largest})
+    kwargs.setdefault("logits", "walk" if HFTarget(bundle.target).scores_rows_apart else "all")
+    return measure_verify_cost(bundle.target, bundle.drafter.target_layer_ids, prefix_len, sizes,
+                               int(getattr(bundle.drafter, "gamma", 15)), **kwargs)
+
+
 @torch.no_grad()
 def measure_overhead(bundle: Bundle, method: MethodSpec, ref: Reference, backend: str, temperature: float = 0.0,
                      seed: int = 0, warps: dict | None = None) -> float:
-    """Mean seconds per round outside draft, build and the verify probe, from one real decode.
-
-    That is the acceptance walk (``verify_s - target_s``: at T>0 it samples at every node) plus the
-    commit (KV compaction, the drafter's context update): the stages the replay does not run.
-    """
+    """Mean seconds per round of the acceptance walk and the commit (the stages a replay does not run),
+    from one real decode."""
     sampler = KeyedSampler(seed) if temperature > 0 else None
     decoded = make_decoder(bundle, method, backend).generate(ref.sequence[:, : ref.prompt_len],
                                                              max(1, min(ref.new_tokens, 32)), temperature, sampler,
@@ -177,13 +172,8 @@ def replay_stats(bundle: Bundle, method: MethodSpec, refs: Iterable[Reference], 
 
 def replay_settings(bundle: Bundle, methods: Sequence[MethodSpec], refs: Iterable[Reference], backend: str,
                     progress: Callable[[str], None] | None = None) -> list[ConfigStats]:
-    """Replay every method of ``methods`` (concrete settings) on every reference; pooled per-round
-    statistics per method, in order.
-
-    perf (both devices): one reference at a time, its drafter blocks drafted once
-    (:class:`~dartree.eval.simulate.ReplayBlocks`) and read by every method's replay, which then only
-    builds and accepts.  The values equal :func:`replay_stats` of each method alone.
-    """
+    """Replay every method of ``methods`` (concrete settings) on every reference; pooled per-round statistics
+    per method, in order.  perf: each reference's drafter blocks are drafted once (:class:`ReplayBlocks`)."""
     made = [(make_builder(m.builder, resolve_backend(m.builder, backend), **m.config),
              bundle.heads[m.head] if m.head is not None else None) for m in methods]
     rounds: list[list] = [[] for _ in methods]
@@ -197,36 +187,21 @@ def replay_settings(bundle: Bundle, methods: Sequence[MethodSpec], refs: Iterabl
     return [_pooled(r) for r in rounds]
 
 
-def _pooled(rounds: Sequence) -> ConfigStats:
+def _pooled(rounds: Sequence, decoded: bool = False) -> ConfigStats:
+    """Per-round means of replayed rounds, or of decoded ones (their verify and overhead times measured)."""
     n = max(1, len(rounds))
+
+    def mean(*stages: str) -> float:
+        return sum(getattr(r, s) for r in rounds for s in stages) / n
+
     return ConfigStats(
-        tau=sum(r.committed for r in rounds) / n,
-        mean_tree_size=sum(r.tree_size for r in rounds) / n,
-        draft_s=sum(r.draft_s for r in rounds) / n,
-        build_s=sum(r.build_s for r in rounds) / n,
-        rounds=len(rounds),
-        tree_sizes=tuple(r.tree_size for r in rounds),
+        tau=mean("committed"), mean_tree_size=mean("tree_size"),
+        draft_s=mean("draft_s", "context_s") if decoded else mean("draft_s"),
+        build_s=mean("head_s", "builder_s") if decoded else mean("build_s"),
+        rounds=len(rounds), tree_sizes=tuple(r.tree_size for r in rounds),
         accepted_lengths=tuple(r.accepted_length for r in rounds),
-    )
-
-
-@torch.no_grad()
-def measure_settings(bundle: Bundle, method: MethodSpec, settings: Sequence[tuple[int, int | None]],
-                     refs: Sequence[Reference], backend: str, temperature: float = 0.0, seed: int = 0,
-                     labels: Sequence[str] | None = None,
-                     betas: Sequence[float | None] | None = None,
-                     verifiers: Sequence[str | None] = (None,)) -> tuple[Measurement, ...]:
-    """Decode every reference's prompt for real with AR and with each ``(budget, width)`` of ``method``
-    (and its ``betas[i]`` when given and not ``None``), at T>0 with every verifier of ``verifiers``
-    (:func:`measure_specs`).  Returns AR's measurement first, then one per setting and verifier, in that order.
-    """
-    betas = [None] * len(settings) if betas is None else list(betas)
-    if len(betas) != len(settings):
-        raise ValueError(f"betas: need one per setting ({len(settings)}), got {len(betas)}")
-    verifiers = tuple(verifiers) if temperature > 0 else (None,)
-    specs = [(concrete(method, budget, width, beta), verifier, beta)
-             for (budget, width), beta in zip(settings, betas, strict=True) for verifier in verifiers]
-    return measure_specs(bundle, specs, refs, backend, temperature, seed, labels)
+        verify_s=mean("mask_s", "target_s") if decoded else None,
+        overhead_s=mean("accept_s", "kv_s") if decoded else None)
 
 
 @torch.no_grad()
@@ -234,15 +209,10 @@ def measure_specs(bundle: Bundle, specs: Sequence[tuple[MethodSpec, str | None, 
                   refs: Sequence[Reference], backend: str, temperature: float = 0.0, seed: int = 0,
                   labels: Sequence[str] | None = None, builders: bool = False,
                   warps: dict | None = None) -> tuple[Measurement, ...]:
-    """Decode every reference's prompt for real with AR and with each ``(method, verifier, searched beta)``.
-
-    Timed as :func:`dartree.eval.bench.run_bench` times (the whole call, prefill included), after one
-    untimed warm-up each; per prompt AR and the settings run one after the other, the order rotated
-    from prompt to prompt so that load drifting over the run penalises none of them more.  At T>0
-    ``match`` (and ``None``) draw with the same :class:`~dartree.KeyedSampler` seed as the references,
-    ``rejection`` from a generator seeded per prompt.  ``builders``: record each method's builder in its
-    measurement (``auto`` compares several).  ``warps``: the target-side warpers (``top_k`` / ``top_p`` /
-    ``min_p``) of AR and every spec alike.  Returns AR's measurement first, then one per spec, in order.
+    """Decode every reference's prompt for real with AR and with each ``(method, verifier, searched beta)``,
+    timed whole after one untimed warm-up, the order rotated from prompt to prompt so that drifting load
+    penalises none more.  ``builders``: record each builder (``auto`` compares several).  Returns AR's
+    measurement first, then one per spec, in order.
     """
     warps = warps or {}
     labels = list(labels) if labels is not None else [r.label for r in refs]
@@ -270,10 +240,7 @@ def measure_specs(bundle: Bundle, specs: Sequence[tuple[MethodSpec, str | None, 
         order = list(range(len(keys)))
         order = order[i % len(order):] + order[: i % len(order)]
         for j in order:
-            sampler = None
-            if temperature > 0:
-                sampler = KeyedSampler(seed) if keys[j][3] not in SAMPLED_VERIFIERS else GeneratorSampler(
-                    torch.Generator(device=ids.device).manual_seed(seed * 1_000_003 + i))
+            sampler = sampler_for(keys[j][3], seed, i, ids.device) if temperature > 0 else None
             start = time.perf_counter()
             result = runners[j](ids, ref.new_tokens, temperature, sampler)
             seconds = time.perf_counter() - start
@@ -297,10 +264,7 @@ def screen_decodes(bundle: Bundle, methods: Sequence[MethodSpec], refs: Sequence
                    temperature: float, seed: int = 0, verifier: str = "rejection",
                    progress: Callable[[str], None] | None = None, warps: dict | None = None) -> list[ConfigStats]:
     """Acceptance and per-round times of every method (concrete settings) under ``verifier``, from real
-    decodes of every reference's prompt (``ref.new_tokens`` each; rejection draws from a generator seeded
-    per prompt): what the tuner ranks rejection's settings by (a rejection round's path is a draw, so no
-    replay of a reference gives its tau).  Per method, pooled over the references, in order.
-    """
+    decodes of every reference's prompt, pooled per method, in order."""
     out = []
     for k, method in enumerate(methods):
         if progress is not None and k % 5 == 0:
@@ -309,21 +273,10 @@ def screen_decodes(bundle: Bundle, methods: Sequence[MethodSpec], refs: Sequence
         rounds = []
         for i, ref in enumerate(refs):
             ids = ref.sequence[:, : ref.prompt_len]
-            sampler = KeyedSampler(seed) if verifier not in SAMPLED_VERIFIERS else GeneratorSampler(
-                torch.Generator(device=ids.device).manual_seed(seed * 1_000_003 + 7 + i))
+            sampler = sampler_for(verifier, seed, 7 + i, ids.device)
             rounds.extend(decoder.generate(ids, ref.new_tokens, temperature, sampler, verifier=verifier,
                                            **(warps or {})).rounds)
-        n = max(1, len(rounds))
-        out.append(ConfigStats(
-            tau=sum(r.committed for r in rounds) / n,
-            mean_tree_size=sum(r.tree_size for r in rounds) / n,
-            draft_s=sum(r.draft_s + r.context_s for r in rounds) / n,
-            build_s=sum(r.head_s + r.builder_s for r in rounds) / n,
-            rounds=len(rounds),
-            tree_sizes=tuple(r.tree_size for r in rounds),
-            accepted_lengths=tuple(r.accepted_length for r in rounds),
-            verify_s=sum(r.mask_s + r.target_s for r in rounds) / n,
-            overhead_s=sum(r.accept_s + r.kv_s for r in rounds) / n))
+        out.append(_pooled(rounds, decoded=True))
     return out
 
 

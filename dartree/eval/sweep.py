@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 from dartree.eval.bundles import Bundle
 from dartree.eval.methods import MethodSpec
+from dartree.eval.probes import probe_verify_cost
 from dartree.eval.report import markdown_table
 from dartree.eval.simulate import Reference
-from dartree.eval.tune import VerifyCost, measure_overhead, measure_verify_cost, replay_stats, score_candidates
-from dartree.models.target import HFTarget
+from dartree.eval.tune import VerifyCost, measure_overhead, replay_stats, score_candidates
 
 __all__ = ["SWEEP_PARAMS", "DEFAULT_VALUES", "SweepPoint", "SweepResult", "check_sweep_values", "run_sweep",
            "sweep_table"]
@@ -103,12 +103,8 @@ def run_sweep(
             raise ValueError(f"methods: {m.label!r} has 'auto' settings; give numbers for a sweep")
     if verify_cost is None:
         largest = max((int(v) if param == "budget" else int(m.config.get("budget", 64))) for v in values
-                      for m in methods) + 1
-        sizes = sorted({n for n in (1, 2, 4, 8, 16, 32, 64, 128, 256) if n < largest} | {largest})
-        prefix_len = int(sum(r.sequence.shape[1] for r in refs) / len(refs))
-        verify_cost = measure_verify_cost(bundle.target, bundle.drafter.target_layer_ids, prefix_len, sizes,
-                                          int(getattr(bundle.drafter, "gamma", 15)),
-                                          logits="walk" if HFTarget(bundle.target).scores_rows_apart else "all")
+                      for m in methods)
+        verify_cost = probe_verify_cost(bundle, int(sum(r.sequence.shape[1] for r in refs) / len(refs)), largest)
     overhead_s = measure_overhead(bundle, methods[0], refs[0], backend)
     ar_rate = sum(r.new_tokens for r in refs) / sum(r.ar_seconds for r in refs)
     points = []

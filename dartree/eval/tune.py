@@ -1,16 +1,9 @@
 """Adaptive budget (the paper's Appendix B): pick the tree budget B and width W for *this* machine,
-or plain AR when no tree pays here.
+or plain AR when no tree pays here: a cost model (:mod:`dartree.eval.costmodel`) ranks every setting, the
+best-ranked few are decoded for real beside AR and the fastest measured is chosen.
 
-A bigger tree is accepted further (tau grows with B) but costs more to verify, and how much more
-depends on the hardware, so the tuner measures both sides on the running machine: a cost model
-(:mod:`dartree.eval.costmodel`) ranks every setting cheaply from a verify-cost probe, replayed acceptance
-and a per-round overhead; the best-ranked few are then decoded for real beside AR, the fastest measured
-is chosen, and its measured rate is the forecast, with a prediction interval.
-
-Entry points: :func:`tune` (one builder's budget and width), :func:`tune_auto` (``auto``: builders x
-budgets x verifiers), :func:`choose`, :class:`TuneResult`.  The steps, where each cost term is measured,
-the cost model's formula, how sure the forecast is and why the finalists are decoded for real:
-docs/internals.md, "The budget tuner".
+Entry points: :func:`tune`, :func:`tune_auto` (``auto``: builders x budgets x verifiers), :func:`choose`,
+:class:`TuneResult`.  The steps and the cost model: docs/internals.md, "The budget tuner".
 """
 
 from __future__ import annotations
@@ -38,20 +31,18 @@ from dartree.eval.probes import (
     Measurement,
     concrete,
     measure_overhead,
-    measure_settings,
     measure_specs,
     measure_verify_cost,
+    probe_verify_cost,
     replay_settings,
     replay_stats,
     screen_decodes,
 )
 from dartree.eval.simulate import Reference
-from dartree.models.target import HFTarget
 from dartree.rounds import DEFAULT_VERIFIER, SAMPLED_VERIFIERS
 
 __all__ = ["VerifyCost", "ConfigStats", "Candidate", "Measurement", "TuneResult", "measure_verify_cost",
            "replay_stats", "replay_settings", "score_candidates", "score_at_concurrency", "pick_best", "choose",
-           "measure_settings",
            "tune", "tune_auto", "AUTO_BUILDERS", "DEFAULT_AUTO_FINALISTS", "DEFAULT_SCREEN_PROMPTS",
            "measure_overhead", "setting_text", "pick_finalists", "DEFAULT_BUDGETS", "DEFAULT_WIDTHS",
            "DEFAULT_BETAS", "DEFAULT_FINALISTS", "DEFAULT_MIN_SPEEDUP", "Interval", "ratio_prediction",
@@ -86,11 +77,8 @@ DEFAULT_SCREEN_PROMPTS = 4
 class TuneResult:
     """The tuner's measurements and choice for one method at one temperature.
 
-    candidates: every setting scored by the cost model (the ranking).  measured: plain AR, then the
-    ``finalists`` best-ranked settings decoded for real on the calibration prompts (empty when the
-    tuner ran without real decodes).  best: the chosen tree (the fastest measured finalist; the cost
-    model's best without measurements).  use_ar: no tree is forecast to beat AR by ``min_speedup``,
-    so ``budget=auto`` resolves to plain AR.  ar_tokens_per_s: AR's measured rate on the same prompts.
+    candidates: every setting scored by the cost model.  measured: AR, then the finalists decoded for real
+    (empty without real decodes).  best: the chosen tree.  use_ar: no tree beat AR by ``min_speedup``.
     """
 
     method: str
@@ -108,8 +96,7 @@ class TuneResult:
     verifier: str | None = None       # the chosen tree's verifier at T>0 (the faster measured one)
 
     def settings(self) -> dict[str, int | float]:
-        """The chosen tree's config fields (``budget``, ``width`` when the builder has one, ``beta`` when
-        it was searched)."""
+        """The chosen tree's config fields (``budget``, and ``width`` / ``beta`` where it has them)."""
         out: dict[str, int | float] = {"budget": self.best.budget}
         if self.best.width is not None:
             out["width"] = self.best.width
@@ -119,9 +106,8 @@ class TuneResult:
 
     def measurement(self, budget: int | None, width: int | None = None,
                     verifier: str | None = None, builder: str | None = None) -> Measurement | None:
-        """The real-decode measurement of a setting (``budget=None``: AR), if the tuner took one: with
-        ``verifier``, that verifier's; without, the fastest of the verifiers measured; with ``builder``, that
-        builder's (``auto`` measures several)."""
+        """The real-decode measurement of a setting (``budget=None``: AR), if taken; the fastest of its
+        verifiers unless ``verifier`` names one, of ``builder`` when given."""
         found = [m for m in self.measured if (m.budget, m.width) == (budget, width)
                  and (verifier is None or m.verifier == verifier)
                  and (builder is None or budget is None or m.builder == builder)]
@@ -136,7 +122,7 @@ class TuneResult:
 
     @property
     def forecast_tokens_per_s(self) -> float:
-        """What the run should measure for the resolved method: the chosen setting's calibration rate."""
+        """The chosen setting's calibration rate."""
         m = self.chosen
         if m is not None:
             return m.tokens_per_s
@@ -149,17 +135,10 @@ class TuneResult:
 
     def forecast_interval(self, label: str | None, prompts: int, level: float = 0.9
                           ) -> tuple[Interval | None, Interval | None]:
-        """Prediction intervals ``(tokens/s, speedup over AR)`` for the resolved method decoding
-        ``prompts`` other prompts of calibration set ``label`` (``None``: all sets pooled), drawn like
-        the calibration prompts (:func:`ratio_prediction` over the chosen setting's per-prompt times,
-        paired with AR's on the same prompts for the speedup).
-
-        What they cover: which prompts are drawn (tau per prompt ranges 2-13 on the zoo), in the
-        calibration sample and in the evaluation one.  What they do not: the machine's speed moving
-        between the two phases, which moves tokens/s but not the speedup (both over AR timed in the same
-        window).  ``None`` where it cannot be given: no per-prompt times (an older result or no real
-        decodes), fewer than 2 prompts of the set, or the speedup of a choice of AR (AR against itself).
-        """
+        """Prediction intervals ``(tokens/s, speedup over AR)`` for decoding ``prompts`` other prompts of
+        calibration set ``label`` (``None``: all pooled), by :func:`ratio_prediction` over the chosen
+        setting's per-prompt times (paired with AR's for the speedup).  ``None`` without per-prompt times,
+        with fewer than 2 prompts, or for the speedup of a choice of AR (docs/internals.md, step 5)."""
         m, ar = self.chosen, self.measurement(None)
         if m is None or ar is None or len(m.per_prompt) != len(ar.per_prompt):
             return None, None
@@ -175,10 +154,8 @@ class TuneResult:
         return rate, speedup
 
     def prompts_for(self, label: str | None, tolerance: float = 0.15, level: float = 0.9) -> int | None:
-        """Prompts of calibration set ``label`` (``None``: all pooled) that calibration and evaluation would
-        each need for the tokens/s interval of :meth:`forecast_interval` to be within ``tolerance``, at
-        the spread the chosen setting showed (:func:`ratio_units_for`); ``None`` where that has no
-        interval (the same cases as :meth:`forecast_interval`'s)."""
+        """Prompts each side would need for :meth:`forecast_interval`'s tokens/s interval to be within
+        ``tolerance`` (:func:`ratio_units_for`); ``None`` where there is no interval."""
         if self.forecast_interval(label, 1)[0] is None:
             return None
         rows = [(t, sec) for lab, t, sec in self.chosen.per_prompt if label is None or lab == label]
@@ -186,8 +163,7 @@ class TuneResult:
 
     @property
     def choice_text(self) -> str:
-        """``ar``, or ``B=.. W=..`` of the chosen tree (its builder first when ``auto`` chose it), then its
-        verifier at T>0."""
+        """``ar``, or ``[builder] B=.. W=.. [verifier]`` of the chosen tree."""
         if self.use_ar:
             return "ar"
         text = setting_text(self.best.budget, self.best.width, self.best.beta)
@@ -196,28 +172,20 @@ class TuneResult:
         return text + (f" {self.verifier}" if self.verifier is not None else "")
 
     def resolve(self, method: MethodSpec) -> MethodSpec:
-        """``method`` with its ``auto`` fields replaced by the choice (and at T>0 the chosen verifier):
-        plain AR (label kept) when ``use_ar``; for ``auto``, the chosen builder with its settings."""
+        """``method`` with its ``auto`` fields replaced by the choice (plain AR, label kept, when ``use_ar``)."""
         if self.use_ar:
             return MethodSpec(AR, label=method.label)
         if method.is_auto:
-            head = (method.head or "gru") if builder_spec(self.best.builder).needs_head else None
-            return MethodSpec(self.best.builder, tuple(sorted(self.settings().items())), head, method.label,
-                              self.verifier or method.verifier, method.drafter)
+            member = _auto_member(self.best.builder, method)
+            return dataclasses.replace(member, settings=tuple(sorted(self.settings().items())), label=method.label,
+                                       verifier=self.verifier or method.verifier)
         return dataclasses.replace(method.with_settings(**self.settings()), verifier=self.verifier or method.verifier)
 
 
 def choose(candidates: Sequence[Candidate], ar_tokens_per_s: float, measured: Sequence[Measurement] = (),
            min_speedup: float = 1.0) -> tuple[Candidate, bool]:
-    """The chosen tree and whether plain AR is used instead: ``(best, use_ar)``.
-
-    With ``measured`` (real decodes of some candidates), the best is the fastest measured candidate
-    (ties to the smaller budget, then width) and its forecast is that measurement (a candidate ranked
-    under a verifier is matched with that verifier's measurement; one ranked without, at T=0 or by an
-    older caller, with the fastest of its setting's); without, the cost model's best (:func:`pick_best`).
-    ``use_ar`` when that forecast is below ``min_speedup`` times ``ar_tokens_per_s``: ``auto`` never picks a
-    tree that is not measured to beat AR.
-    """
+    """``(best, use_ar)``: the fastest measured candidate (ties to the smaller budget, then width; without
+    ``measured``, :func:`pick_best`), and whether its rate is below ``min_speedup`` times AR's."""
     if not candidates:
         raise ValueError("candidates: need at least one candidate")
     if isinstance(min_speedup, bool) or not min_speedup >= 0:
@@ -258,35 +226,17 @@ def tune(
     screen_prompts: int = DEFAULT_SCREEN_PROMPTS,
     warps: dict | None = None,
 ) -> TuneResult:
-    """Choose ``budget`` (and ``width`` when ``method``'s builder has one) for this machine, or plain AR;
-    for the method ``auto``, the builder too (:func:`tune_auto`, over ``builders``).
+    """Choose ``budget`` (and ``width``) of ``method`` for this machine, or plain AR; for ``auto`` the
+    builder too (:func:`tune_auto`).  docs/internals.md, "The budget tuner", gives the steps.
 
-    Fields of ``method`` already set to a number stay fixed; those set to ``"auto"`` (or unset) are
-    searched over ``budgets`` / ``widths``.  ``beta`` is searched over ``betas`` only when set to
-    ``"auto"``: each (budget, width) is replayed with every beta and keeps the one with the highest
-    replayed tau (ties: the first of ``betas``).  Beta changes what is accepted; what it changes in a
-    round's cost (the bound stops a head step earlier or later) is below the timing noise, and
-    choosing by the replay's measured times would make the choice depend on that noise.  The ranking,
-    the real decodes and the choice are then per (budget, width) as without it.  ``refs`` are calibration references
-    (:func:`dartree.eval.simulate.reference`) made at ``temperature`` with ``seed`` (at T>0 the replay
-    accepts against the sampled continuation), disjoint from the prompts the result is reported on;
-    ``labels`` name the set (dataset) of each, for per-set forecasts.  ``warps``: the target-side warpers
-    (``top_k`` / ``top_p`` / ``min_p``) the references were made with, which every decode then uses.
-
-    At T>0 settings are ranked under each verifier the method may use (its own ``verifier=``, else both):
-    under ``match`` by the replay and the cost model; under ``rejection`` by real decodes with that verifier
-    on ``screen_prompts`` of the references (spread over their sets), acceptance and round time measured
-    (a rejection round's path is a draw, which no replay of a reference gives).
-
-    The ``finalists`` best-ranked (default :data:`DEFAULT_FINALISTS`, the best of each verifier and of
-    each budget first) are then decoded for real on every calibration prompt, interleaved with AR
-    (:func:`dartree.eval.probes.measure_specs`), and the fastest measured one is chosen: its measured rate
-    is the forecast, every cost term measured at the chosen size (prefill, head, sampling and all).  When
-    that forecast is below ``min_speedup`` times AR's measured rate, the result says ``use_ar``.
-    ``finalists=0`` skips the real decodes (choice and forecast from the ranking alone, against the
-    references' AR timing).  On the CPU the verify probe times the forward both ways, on every node and on
-    the root only, and one LM-head row (:attr:`HFTarget.scores_rows_apart`), for the choice decoding makes
-    between them (:class:`dartree.rounds.WalkRows`).
+    Fields set to a number stay fixed; those ``"auto"`` (or unset) are searched over ``budgets`` /
+    ``widths``; ``beta`` over ``betas`` only when ``"auto"`` (each (budget, width) keeps the beta of highest
+    replayed tau: its effect on a round's cost is below the timing noise).  ``refs``: calibration references
+    (:func:`dartree.eval.simulate.reference`) made at ``temperature`` with ``seed`` and ``warps``, ``labels``
+    their sets.  At T>0 settings are ranked under each verifier the method may use: ``match`` by replay,
+    a sampled verifier by real decodes on ``screen_prompts`` references (its path is a draw).  The
+    ``finalists`` best-ranked are decoded for real beside AR and the fastest is chosen (``finalists=0``:
+    the ranking alone, against the references' AR timing).
     """
     if method.is_auto:
         return tune_auto(bundle, method, refs, backend, budgets, verify_cost, progress, temperature, seed,
@@ -305,9 +255,8 @@ def tune(
     width_grid: tuple[int | None, ...] = (None,)
     if has_width:
         width_grid = tuple(widths) if config.get("width", AUTO) == AUTO else (config["width"],)
-    for name, grid in (("budgets", budget_grid), ("widths", width_grid if has_width else (1,))):
-        if not grid or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in grid):
-            raise ValueError(f"{name}: need integers >= 1, got {grid}")
+    _check_sizes("budgets", budget_grid)
+    _check_sizes("widths", width_grid if has_width else (1,))
     beta_grid: tuple[float | None, ...] = (None,)
     if config.get("beta") == AUTO:
         beta_grid = tuple(betas)
@@ -328,15 +277,8 @@ def tune_auto(bundle: Bundle, method: MethodSpec, refs: Sequence[Reference], bac
               finalists: int = DEFAULT_AUTO_FINALISTS, min_speedup: float = DEFAULT_MIN_SPEEDUP,
               labels: Sequence[str] | None = None, builders: Sequence[str] = AUTO_BUILDERS,
               screen_prompts: int = DEFAULT_SCREEN_PROMPTS, warps: dict | None = None) -> TuneResult:
-    """``auto``: the method for this machine, temperature and warpers: builders x budgets x verifiers.
-
-    Every builder of ``builders`` (their widths and betas at the builders' defaults) is ranked at every budget
-    of ``budgets`` under every verifier the method may use (at T>0 ``match`` and ``rejection`` unless
-    ``auto:verifier=...`` fixes one), each by acceptance measured under that verifier (:func:`tune`); the
-    ``finalists`` best (the best of each verifier first, then of each builder and verifier, then of each
-    budget) are decoded for real beside AR on every calibration prompt and the fastest measured is chosen,
-    or plain AR when it does not beat AR by ``min_speedup`` (so never a method measured below AR).
-    """
+    """``auto``: every builder of ``builders`` (width and beta at their defaults) ranked at every budget
+    under every verifier the method may use, then decoded and chosen as :func:`tune` does."""
     if not method.is_auto:
         raise ValueError(f"method: tune_auto searches the method 'auto', got {method.label!r}")
     _check_common(refs, finalists, screen_prompts)
@@ -344,9 +286,7 @@ def tune_auto(bundle: Bundle, method: MethodSpec, refs: Sequence[Reference], bac
     bad = [b for b in builders if b not in known or "budget" not in MethodSpec(b).fields()]
     if not builders or bad:
         raise ValueError(f"builders: need registered builders with a budget, got {list(builders)} (bad: {bad})")
-    budget_grid = tuple(budgets)
-    if not budget_grid or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in budget_grid):
-        raise ValueError(f"budgets: need integers >= 1, got {budget_grid}")
+    budget_grid = _check_sizes("budgets", tuple(budgets))
     verify_cost = verify_cost or _probe_verify_cost(bundle, refs, max(budget_grid))
     verifiers = _verifiers(method, temperature)
     screen = _screen(refs, labels, screen_prompts)
@@ -357,16 +297,21 @@ def tune_auto(bundle: Bundle, method: MethodSpec, refs: Sequence[Reference], bac
         found, overheads[name] = _rank(bundle, spec, refs, backend, budget_grid, (None,), (None,), verify_cost,
                                        temperature, seed, verifiers, screen, progress, warps)
         candidates += found
-    result = _decide(bundle, method, tuple(candidates), verify_cost, overheads, refs, backend, temperature, seed,
-                     finalists, min_speedup, labels, progress,
-                     (lambda c: c.verifier, lambda c: (c.builder, c.verifier)), warps)
-    return result
+    return _decide(bundle, method, tuple(candidates), verify_cost, overheads, refs, backend, temperature, seed,
+                   finalists, min_speedup, labels, progress,
+                   (lambda c: c.verifier, lambda c: (c.builder, c.verifier)), warps)
 
 
 def _auto_member(builder: str, method: MethodSpec) -> MethodSpec:
-    """The member ``builder`` of ``auto``'s search: its budget searched, the head ``auto`` names (default gru)."""
+    """The member ``builder`` of ``auto``'s search: its budget searched, ``auto``'s head (default gru)."""
     head = (method.head or "gru") if builder_spec(builder).needs_head else None
     return MethodSpec(builder, (("budget", AUTO),), head, builder, method.verifier, method.drafter)
+
+
+def _check_sizes(name: str, grid: tuple) -> tuple:
+    if not grid or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in grid):
+        raise ValueError(f"{name}: need integers >= 1, got {grid}")
+    return grid
 
 
 def _check_common(refs: Sequence[Reference], finalists: object, screen_prompts: object) -> None:
@@ -380,8 +325,7 @@ def _check_common(refs: Sequence[Reference], finalists: object, screen_prompts: 
 
 def _verifiers(method: MethodSpec, temperature: float) -> tuple[str | None, ...]:
     """The verifiers a setting is ranked under: none at T=0; at T>0 the method's own, else matching and the
-    default sampled verifier (traversal accepts at least as often as rejection on the same trees:
-    docs/verification.md)."""
+    default sampled verifier."""
     if temperature == 0:
         return (None,)
     return (method.verifier,) if method.verifier else ("match", DEFAULT_VERIFIER)
@@ -404,15 +348,8 @@ def _screen(refs: Sequence[Reference], labels: Sequence[str] | None, count: int)
 
 
 def _probe_verify_cost(bundle: Bundle, refs: Sequence[Reference], largest_budget: int) -> VerifyCost:
-    """The verify-cost probe at the references' mean length, for trees up to ``largest_budget`` draft nodes."""
-    gamma = int(getattr(bundle.drafter, "gamma", 15))
-    prefix_len = int(sum(r.sequence.shape[1] for r in refs) / len(refs))
-    largest = largest_budget + 1
-    sizes = sorted({1, 2, 4, 8, 16, 32, 64, 128, largest} & set(range(1, largest + 1)) | {largest})
-    # the decoder may walk lazily at T=0 and with the keyed sampler the tuner decodes with at T>0
-    lazy = HFTarget(bundle.target).scores_rows_apart
-    return measure_verify_cost(bundle.target, bundle.drafter.target_layer_ids, prefix_len, sizes, gamma,
-                               logits="walk" if lazy else "all")
+    """The verify-cost probe at the references' mean length."""
+    return probe_verify_cost(bundle, int(sum(r.sequence.shape[1] for r in refs) / len(refs)), largest_budget)
 
 
 def _rank(bundle: Bundle, method: MethodSpec, refs: Sequence[Reference], backend: str,
@@ -420,8 +357,7 @@ def _rank(bundle: Bundle, method: MethodSpec, refs: Sequence[Reference], backend
           verify_cost: VerifyCost, temperature: float, seed: int, verifiers: tuple[str | None, ...],
           screen: Sequence[Reference], progress: Callable[[str], None] | None,
           warps: dict | None = None) -> tuple[list[Candidate], float]:
-    """Every (budget, width) of ``method`` scored under every verifier of ``verifiers``, and the per-round
-    overhead the cost model charged the replayed ones."""
+    """Every (budget, width) of ``method`` scored under every verifier, and the per-round overhead charged."""
     grid = [(budget, width, beta) for budget in budget_grid for width in width_grid for beta in beta_grid]
     out: list[Candidate] = []
     overhead_s = 0.0
@@ -440,10 +376,8 @@ def _rank(bundle: Bundle, method: MethodSpec, refs: Sequence[Reference], backend
             key = (budget, width)
             if key not in best_tau or replayed.tau > best_tau[key]:
                 best_tau[key], stats[key], chosen_beta[key] = replayed.tau, replayed, beta
-        # the drafter's forward is the same work whatever the setting: one pooled time (the median over the
-        # replays), so that load moving between replays does not rank the settings (on a shared machine it
-        # nearly doubled the drafter's time between the settings of one tuning; figures:
-        # docs/results.md, "Measurements behind design choices in the code")
+        # the drafter's forward is the same work whatever the setting: one pooled (median) time, so that load
+        # moving between replays does not rank the settings (docs/results.md, "Measurements behind design choices")
         draft_s = statistics.median(st.draft_s for st in stats.values())
         stats = {key: dataclasses.replace(st, draft_s=draft_s) for key, st in stats.items()}
         for v in verifiers:
