@@ -1,21 +1,12 @@
 """The benchmark: methods x datasets x temperatures on one bundle, AR measured in the same run.
 
-For every (dataset, temperature, prompt) the AR baseline runs first, then every method, one after
-the other (interleaved, so that a machine whose load drifts penalises every method alike).  At T>0 a
-method verifies with its own ``verifier=``, else the run's ``--verifier``, else the library's default
-(:data:`dartree.rounds.DEFAULT_VERIFIER`, rejection), as ``generate`` does.  What is checked, per row:
-
-* T=0 (greedy) and T>0 with ``match``: the output equals AR's token for token (at T>0 both draw with
-  the same :class:`~dartree.KeyedSampler` seed);
-* T>0 with ``rejection`` (lossless in law, not token for token): a distribution check on the run
-  (:mod:`dartree.eval.lawcheck`): every token the method's rounds committed on the run's prompts, plus
-  the verifier's first token of ``law_draws`` extra one-round decodes per prompt (untimed), is tested
-  against the target's exact warped law at its prefix; false-alarm rate :data:`~dartree.eval.lawcheck.ALPHA`
-  per (method, temperature).
-
-Speedup is tokens per second over AR's tokens per second (wall time of the whole ``generate``
-call, prefill included); tau is committed tokens per round.  Nothing here catches an exception:
-a failing method stops the benchmark.
+For every (dataset, temperature, prompt) AR runs first, then every method (interleaved, so that drifting
+load penalises every method alike).  At T>0 a method verifies with its own ``verifier=``, else the run's,
+else :data:`dartree.rounds.DEFAULT_VERIFIER`.  Checked per row: at T=0 and with ``match`` the output equals
+AR's token for token (the same keyed seed); with a sampled verifier (lossless in law) every committed token,
+plus the first of ``law_draws`` extra one-round decodes per prompt, is tested against the target's warped
+law (:mod:`dartree.eval.lawcheck`).  Speedup is tokens/s over AR's (whole ``generate`` calls); tau is
+committed tokens per round.  Nothing here catches an exception: a failing method stops the benchmark.
 """
 
 from __future__ import annotations
@@ -35,22 +26,18 @@ from dartree.decode import ROUND_STAGES, GenerationResult, generate_ar
 from dartree.eval.bundles import Bundle, encode, stop_token_id
 from dartree.eval.datasets import load_prompts
 from dartree.eval.lawcheck import LawCheck, law_check, pit_values
-from dartree.eval.methods import AR, MethodSpec, make_decoder, resolve_backend
+from dartree.eval.methods import AR, MethodSpec, make_decoder, resolve_backend, sampler_for
 from dartree.eval.peers import PEER_PREFIX, PEERS, PeerResult, make_peer, peer_unavailable
 from dartree.eval.simulate import reference
 from dartree.eval.tune import DEFAULT_BUDGETS, DEFAULT_MIN_SPEEDUP, DEFAULT_WIDTHS, TuneResult, tune
 from dartree.models.target import HFTarget
 from dartree.rounds import DEFAULT_VERIFIER, SAMPLED_VERIFIERS, VERIFIERS
-from dartree.verify.sampling import GeneratorSampler, KeyedSampler
 from dartree.verify.warp import Warp
 
 __all__ = ["BenchConfig", "RunRecord", "Summary", "BenchResult", "run_bench", "summarize", "STAGES",
            "MODEL_STAGES", "acceptance_curve", "run_meta"]
 
-#: Disjoint per-round stages (``dartree.decode.ROUND_STAGES``): draft (drafter forward), head (inside
-#: correction-head calls), builder (the rest of the tree build), mask (tree inputs), target (target
-#: forward), accept (acceptance walk), context (drafter forward over the committed tokens), kv (KV
-#: compaction and bookkeeping).
+#: Disjoint per-round stages (``dartree.decode.ROUND_STAGES``).
 STAGES: tuple[str, ...] = ROUND_STAGES
 #: The stages that are model forwards; ``overhead`` is the round minus these.
 MODEL_STAGES: tuple[str, ...] = ("draft", "head", "target", "context")
@@ -58,16 +45,12 @@ MODEL_STAGES: tuple[str, ...] = ("draft", "head", "target", "context")
 
 @dataclass(frozen=True)
 class BenchConfig:
-    """What to run.  ``methods`` need not include ``ar``: AR always runs (it is the reference).
+    """What to run.  AR always runs (it is the reference).
 
-    max_prompt_tokens: prompts are cut to their last this-many tokens.
-    calibration_prompts: prompts of every dataset (after its evaluation prompts) on which methods
-    with ``budget=auto`` / ``width=auto`` are tuned, at each temperature of the run.
-    tune_min_speedup: ``auto`` picks a tree only if it is forecast to beat AR by this factor, else AR
-    (:func:`dartree.eval.tune.choose`; 0 never picks AR).
-    peers: peer decoders (:data:`dartree.eval.peers.PEERS`) timed on the same prompts, right after
-    the methods, at T=0 (they decode greedily); rows ``peer:NAME``.  A peer that cannot run here
-    (e.g. the ``dflash`` package is absent) is skipped with its reason logged.
+    calibration_prompts: prompts of every dataset (after its evaluation prompts) on which ``auto`` fields
+    are tuned.  tune_min_speedup: ``auto`` picks a tree only if it beats AR by this factor
+    (:func:`dartree.eval.tune.choose`).  peers: peer decoders (:data:`dartree.eval.peers.PEERS`) timed at
+    T=0 on the same prompts, rows ``peer:NAME``; one that cannot run here is skipped with its reason.
     """
 
     methods: tuple[MethodSpec, ...]
@@ -204,14 +187,17 @@ def acceptance_curve(accepted_lengths: Sequence[int], gamma: int) -> tuple[float
     return tuple(sum(1 for a in accepted_lengths if a >= t) / n for t in range(1, gamma + 1))
 
 
+def _first_difference(tokens: torch.Tensor, ar_tokens: torch.Tensor) -> int:
+    """Index of the first token of ``tokens`` that differs from AR's (-1: none)."""
+    mine, ref = tokens[0].cpu().tolist(), ar_tokens[0].tolist()
+    return next((i for i, (a, b) in enumerate(zip(mine, ref, strict=False)) if a != b),
+                -1 if len(mine) == len(ref) else min(len(mine), len(ref)))
+
+
 def _record(method: str, dataset: str, temperature: float, prompt_id: str, result: GenerationResult,
             seconds: float, ar_tokens: torch.Tensor | None, verifier: str = "greedy") -> RunRecord:
     stage = tuple(sum(getattr(r, f"{s}_s") for r in result.rounds) for s in STAGES)   # disjoint, sum = round
-    first = -1
-    if ar_tokens is not None:
-        mine, ref = result.tokens[0].cpu().tolist(), ar_tokens[0].tolist()
-        first = next((i for i, (a, b) in enumerate(zip(mine, ref, strict=False)) if a != b),
-                     -1 if len(mine) == len(ref) else min(len(mine), len(ref)))
+    first = -1 if ar_tokens is None else _first_difference(result.tokens, ar_tokens)
     return RunRecord(method, dataset, temperature, prompt_id, result.prompt.shape[1], result.tokens.shape[1], seconds,
                      result.prefill_s, tuple(r.accepted_length for r in result.rounds),
                      tuple(r.committed for r in result.rounds), tuple(r.tree_size for r in result.rounds), stage,
@@ -220,11 +206,9 @@ def _record(method: str, dataset: str, temperature: float, prompt_id: str, resul
 
 def _peer_record(label: str, dataset: str, prompt_id: str, prompt_tokens: int, result: PeerResult, seconds: float,
                  ar_tokens: torch.Tensor) -> RunRecord:
-    mine, ref = result.tokens[0].cpu().tolist(), ar_tokens[0].tolist()
-    first = next((i for i, (a, b) in enumerate(zip(mine, ref, strict=False)) if a != b),
-                 -1 if len(mine) == len(ref) else min(len(mine), len(ref)))
+    first = _first_difference(result.tokens, ar_tokens)
     committed = result.committed or ()
-    return RunRecord(label, dataset, 0.0, prompt_id, prompt_tokens, len(mine), seconds, 0.0,
+    return RunRecord(label, dataset, 0.0, prompt_id, prompt_tokens, result.tokens.shape[1], seconds, 0.0,
                      tuple(c - 1 for c in committed), committed, (0,) * len(committed), (0.0,) * len(STAGES),
                      first == -1, first)
 
@@ -232,11 +216,8 @@ def _peer_record(label: str, dataset: str, prompt_id: str, prompt_tokens: int, r
 def summarize(records: Sequence[RunRecord], methods: Sequence[MethodSpec], backend: str, gamma: int,
               resolved: dict[tuple[str, float], MethodSpec] | None = None,
               law: Sequence[LawCheck] = ()) -> tuple[Summary, ...]:
-    """Pool records per (method, dataset, temperature); speedup against AR of the same cell.
-
-    ``resolved``: what a method ran as at a temperature (its ``auto`` settings tuned; possibly plain AR).
-    ``law``: the distribution checks of sampled rows (their text goes into the row's summaries).
-    """
+    """Pool records per (method, dataset, temperature); speedup against AR of the same cell.  ``resolved``:
+    what a method ran as at a temperature; ``law``: the distribution checks of sampled rows."""
     law_text = {(c.method, c.temperature): c.text for c in law}
     cells: dict[tuple[str, str, float], list[RunRecord]] = {}
     for r in records:
@@ -248,8 +229,8 @@ def summarize(records: Sequence[RunRecord], methods: Sequence[MethodSpec], backe
         seconds = sum(r.seconds for r in rs)
         rounds = sum(r.rounds for r in rs)
         ar = cells[(AR, dataset, temperature)]
+        ar_rate = sum(r.new_tokens for r in ar) / sum(r.seconds for r in ar)
         if label.startswith(PEER_PREFIX):      # a peer's loop: no stage split; tau where it reports rounds
-            ar_rate = sum(r.new_tokens for r in ar) / sum(r.seconds for r in ar)
             tau = sum(sum(r.committed) for r in rs) / rounds if rounds else 0.0
             out.append(Summary(
                 method=label, builder="peer", settings={}, backend="-", dataset=dataset, temperature=temperature,
@@ -258,7 +239,6 @@ def summarize(records: Sequence[RunRecord], methods: Sequence[MethodSpec], backe
                 stage_ms=dict.fromkeys(STAGES, 0.0), round_ms=0.0, overhead_ms=0.0,
                 lossless_prompts=sum(r.matches_ar for r in rs), acceptance=()))
             continue
-        ar_rate = sum(r.new_tokens for r in ar) / sum(r.seconds for r in ar)
         rate = tokens / seconds
         stage_ms = {s: 1000.0 * sum(r.stage_s[i] for r in rs) / rounds for i, s in enumerate(STAGES)}
         accepted = [a for r in rs for a in r.accepted_lengths]
@@ -306,11 +286,8 @@ def run_meta(bundle: Bundle, argv: Sequence[str] | None) -> dict[str, Any]:
 
 def _tune_auto(bundle: Bundle, config: BenchConfig, log: Callable[[str], None] | None
                ) -> tuple[dict[tuple[str, float], MethodSpec], list[TuneResult]]:
-    """What every method runs as at each temperature, and the tuning behind each ``auto`` method.
-
-    Calibration: ``config.calibration_prompts`` prompts of every dataset, after its evaluation
-    prompts, with references made at that temperature (keyed sampler with the run's seed at T>0).
-    """
+    """What every method runs as at each temperature, and the tuning behind each ``auto`` method
+    (calibrated on the prompts of every dataset after its evaluation prompts)."""
     resolved = {(m.label, t): m for m in config.methods for t in config.temperatures}
     tuning: list[TuneResult] = []
     auto = [m for m in config.methods if m.auto_fields]
@@ -373,8 +350,7 @@ def run_bench(bundle: Bundle, config: BenchConfig, argv: Sequence[str] | None = 
     warps = {"top_k": config.top_k, "top_p": config.top_p, "min_p": config.min_p}
 
     def verifier_of(label: str, temperature: float) -> str:
-        """How ``label`` verifies at ``temperature``: greedy at T=0; at T>0 its own, the run's, or the library's
-        default (AR draws with the keyed sampler: what ``match`` rows are compared with)."""
+        """How ``label`` verifies at ``temperature`` (AR draws with the keyed sampler, like ``match``)."""
         spec = None if label == AR else resolved[(label, temperature)]
         if temperature == 0:
             return "greedy"
@@ -383,10 +359,7 @@ def run_bench(bundle: Bundle, config: BenchConfig, argv: Sequence[str] | None = 
     def run(label: str, ids: torch.Tensor, max_new: int, temperature: float,
             tuned_at: float | None = None, draw: int = 0) -> GenerationResult:
         verifier = verifier_of(label, temperature if tuned_at is None else tuned_at) if temperature > 0 else "greedy"
-        sampler = None
-        if temperature > 0:     # keyed draws (== AR token for token), or a seeded generator per prompt (rejection)
-            sampler = KeyedSampler(config.seed) if verifier not in SAMPLED_VERIFIERS else GeneratorSampler(
-                torch.Generator(device=ids.device).manual_seed(config.seed * 1_000_003 + draw))
+        sampler = sampler_for(verifier, config.seed, draw, ids.device) if temperature > 0 else None
         decoder = None if label == AR else decoders[(label, temperature if tuned_at is None else tuned_at)]
         stops = None if stop is None else [stop]
         if decoder is None:
