@@ -2,16 +2,10 @@
 that pays here without tuning on every call.
 
 One JSON file, ``tune.json`` in the user's cache folder (``$DARTREE_CACHE_DIR``, else
-``$XDG_CACHE_HOME/dartree``, else ``~/.cache/dartree``; never inside the package), maps a key to
-the choice of one :func:`dartree.eval.tune.tune` run.  The key is everything the choice depends on:
-
-* the model: a SHA-256 over every weight of the target, the drafter and the heads (names, dtypes,
-  shapes and bytes), so retrained weights never reuse an old choice;
-* the machine: the device (and its name: the CUDA device, or the CPU model) and the torch threads;
-* the method: builder, head and the settings that were not searched; the temperature.
-
-Writes are atomic (a temporary file in the same folder, then ``os.replace``): a reader sees the old
-file or the new one, never half of one.  Two writers at once may lose one entry, never the file.
+``$XDG_CACHE_HOME/dartree``, else ``~/.cache/dartree``), maps a key to the choice of one tuning.  The key
+is everything the choice depends on: the model (a SHA-256 over every weight), the machine (device, its
+name, torch threads), the method's fixed settings, the temperature and warpers.  Writes are atomic and
+serialised by a ``flock`` on the folder.
 """
 
 from __future__ import annotations
@@ -20,7 +14,6 @@ import hashlib
 import json
 import os
 import platform
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -29,7 +22,7 @@ import torch
 
 from dartree.eval.bundles import Bundle
 from dartree.eval.methods import AUTO, AUTO_FIELDS, SEARCHED_WHEN_UNSET, MethodSpec
-from dartree.eval.outdir import file_mode
+from dartree.eval.outdir import write_atomic
 
 __all__ = ["CACHE_FILE", "DEVICE_DEFAULT_BUDGET", "cache_dir", "model_hash", "machine", "cache_key", "lookup", "store",
            "store_or_warn", "entry_of", "tune_hint", "check_cached", "resolve_unset"]
@@ -90,12 +83,9 @@ def machine(device: torch.device | str) -> dict[str, Any]:
 
 def cache_key(bundle: Bundle, method: MethodSpec, temperature: float, digest: str | None = None,
               warps: dict | None = None) -> str:
-    """The key of ``method`` tuned for ``bundle`` on this machine at ``temperature`` (a JSON string).
-
-    The searched fields (``budget`` / ``width`` unset or ``auto``) are left out, so ``dartree-pruned``
-    and ``dartree-pruned:budget=auto,width=auto`` share a key; ``beta=auto`` stays in it (a tuning that
-    searched beta is another entry).  ``digest``: a precomputed :func:`model_hash`.
-    """
+    """The key of ``method`` tuned for ``bundle`` on this machine at ``temperature`` (a JSON string).  The
+    searched fields (``budget`` / ``width`` unset or ``auto``) are left out; ``beta=auto`` stays in it.
+    ``digest``: a precomputed :func:`model_hash`."""
     fixed = {k: v for k, v in method.config.items() if not (k in SEARCHED_WHEN_UNSET and v == AUTO)}
     device = next(bundle.target.parameters()).device
     key = {"v": _VERSION, "model": digest or model_hash(bundle), **machine(device), "builder": method.builder,
@@ -125,11 +115,8 @@ def lookup(key: str, folder: Path | None = None) -> dict[str, Any] | None:
 
 
 def store(key: str, entry: dict[str, Any], folder: Path | None = None) -> Path:
-    """Add (or replace) ``key`` in the cache file, atomically; returns the file's path.
-
-    The read, update and replace run under an exclusive ``flock`` on the cache folder, so that two
-    runs storing at once (benches into different ``--out`` folders, say) each keep the other's entry.
-    """
+    """Add (or replace) ``key`` in the cache file, atomically, under an exclusive ``flock`` on the folder (two
+    runs storing at once each keep the other's entry); returns the file's path."""
     import fcntl
 
     folder = folder or cache_dir()
@@ -140,25 +127,14 @@ def store(key: str, entry: dict[str, Any], folder: Path | None = None) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)         # blocking: a store takes milliseconds
         data = _read(path)
         data[key] = entry
-        fd, tmp = tempfile.mkstemp(prefix=".tune-", suffix=".json", dir=folder)
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(data, f, indent=1, sort_keys=True)
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(tmp, file_mode())           # mkstemp makes it 0600: the mode open() would give it
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_atomic(path, json.dumps(data, indent=1, sort_keys=True))
     finally:
         os.close(lock)                           # releases the flock
     return path
 
 
 def store_or_warn(key: str, entry: dict[str, Any], log, folder: Path | None = None) -> Path | None:
-    """:func:`store`, or ``None`` after one line through ``log`` when the cache cannot be written (a
-    read-only home, a file where the folder should be): the tuning is then only not cached."""
+    """:func:`store`, or ``None`` after one line through ``log`` when the cache cannot be written."""
     try:
         return store(key, entry, folder)
     except OSError as e:
@@ -177,10 +153,8 @@ def entry_of(result: Any) -> dict[str, Any]:
             "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
 
 
-#: ``generate``'s budget when the method leaves it unset and nothing is cached for this machine,
-#: measured per device type: on one CPU thread B=16 beats the builders' B=64 default for every tree
-#: method of the zoo (docs/results.md, results/demo vs results/zoo-b64); on a GPU a forward of 64
-#: tree nodes costs about as much as one of 1 node, so the paper's B=64 stays.
+#: ``generate``'s budget when the method leaves it unset and nothing is cached for this machine: on one CPU
+#: thread B=16 beats B=64 for every tree method of the zoo (docs/results.md); on a GPU the paper's B=64 stays.
 DEVICE_DEFAULT_BUDGET: dict[str, int] = {"cpu": 16, "cuda": 64}
 
 
@@ -195,6 +169,20 @@ def tune_hint(method: MethodSpec, temperature: float, threads: int | None = None
     return (f"dartree tune --method {text} --temperature {temperature:g} --threads {threads} --num-prompts 8")
 
 
+def _device(bundle: Bundle) -> torch.device:
+    return next(bundle.target.parameters()).device
+
+
+def _cached(entry: dict[str, Any], method: MethodSpec, what: str) -> tuple[str, tuple[MethodSpec, str] | None]:
+    """Where ``entry`` came from, and the resolution when it chose plain AR."""
+    from dartree.eval.methods import AR
+
+    when = f"tuned {entry.get('date_utc', '?')}, cache {cache_dir() / CACHE_FILE}"
+    if entry["settings"] != "ar":
+        return when, None
+    return when, (MethodSpec(AR, label=method.label), f"auto -> ar for this machine ({when}): no {what} beat AR")
+
+
 def _no_tuning(method: MethodSpec, temperature: float, where: str, threads: int | None = None) -> ValueError:
     threads = threads or torch.get_num_threads()
     what = "method auto" if method.is_auto else "budget=auto"
@@ -206,9 +194,8 @@ def _no_tuning(method: MethodSpec, temperature: float, where: str, threads: int 
 
 
 def check_cached(method: MethodSpec, temperature: float, threads: int | None = None) -> None:
-    """Before any model loads: ``ValueError`` when ``method`` asks for ``auto`` and no entry of its
-    builder is cached at all (the full check, :func:`resolve_unset`, needs the model's hash).
-    ``threads``: the torch threads the command will use (for the message)."""
+    """Before any model loads: ``ValueError`` when ``method`` asks for ``auto`` and no entry of its builder is
+    cached at all (the full check needs the model's hash).  ``threads``: for the message."""
     if not method.auto_fields:
         return
     for key in _read(cache_dir() / CACHE_FILE):
@@ -224,14 +211,10 @@ def resolve_unset(bundle: Bundle, method: MethodSpec, temperature: float,
                   warps: dict | None = None) -> tuple[MethodSpec, str]:
     """What ``generate`` decodes for ``method``, and a note saying where the settings came from.
 
-    ``budget`` / ``width`` set to ``auto``: the choice cached for this model and machine (a tree, or
-    plain AR, label kept), else ``ValueError`` with the command that tunes and caches it.  Left unset
-    (the default ``--method dartree-pruned``): the cached choice when there is one (with beta unset too,
-    a tuning that also searched beta, ``beta=auto``, when the plain one is not cached), else
+    ``auto`` fields: the choice cached for this model and machine, else ``ValueError`` with the command that
+    tunes it.  Unset ones: the cached choice (with beta unset too, also one that searched beta), else
     :data:`DEVICE_DEFAULT_BUDGET`.  Numbers given stay as they are.
     """
-    from dartree.eval.methods import AR
-
     if method.is_auto:
         return _resolve_auto(bundle, method, temperature, warps)
     if method.is_ar or "budget" not in method.fields():
@@ -250,16 +233,16 @@ def resolve_unset(bundle: Bundle, method: MethodSpec, temperature: float,
         if entry is not None:
             searched = [*searched, "beta"]
     if entry is not None:
-        when = f"tuned {entry.get('date_utc', '?')}, cache {cache_dir() / CACHE_FILE}"
-        if entry["settings"] == "ar":
-            return MethodSpec(AR, label=method.label), f"auto -> ar for this machine ({when}): no tree beat AR"
+        when, ar = _cached(entry, method, "tree")
+        if ar is not None:
+            return ar
         chosen = {k: float(v) if k == "beta" else int(v) for k, v in entry["settings"].items() if k in searched}
         rest = {k: v for k, v in method.config.items() if v != AUTO}
         text = " ".join(f"{k}={v}" for k, v in chosen.items())
         return method.with_settings(**chosen, **rest), f"{text} tuned for this machine ({when})"
     if explicit:
-        raise _no_tuning(method, temperature, machine(next(bundle.target.parameters()).device)["device"])
-    device = next(bundle.target.parameters()).device.type
+        raise _no_tuning(method, temperature, _device(bundle).type)
+    device = _device(bundle).type
     budget = DEVICE_DEFAULT_BUDGET.get(device, 64)
     return (method.with_settings(budget=budget),
             f"budget={budget}: the measured default on {device}; `{tune_hint(method, temperature)}` tunes this machine")
@@ -267,18 +250,16 @@ def resolve_unset(bundle: Bundle, method: MethodSpec, temperature: float,
 
 def _resolve_auto(bundle: Bundle, method: MethodSpec, temperature: float,
                   warps: dict | None = None) -> tuple[MethodSpec, str]:
-    """The method ``auto`` as cached for this model, machine and temperature (by ``dartree tune --method auto`` or a
-    bench with ``auto``): the builder, its settings and verifier, or plain AR; ``ValueError`` with the command that
-    tunes it when nothing is cached."""
+    """The method ``auto`` as cached for this model, machine and temperature: the builder, its settings and
+    verifier, or plain AR; ``ValueError`` with the command that tunes it when nothing is cached."""
     from dartree.builders import builder_spec, registered
-    from dartree.eval.methods import AR
 
     entry = lookup(cache_key(bundle, method, temperature, warps=warps))
     if entry is None:
-        raise _no_tuning(method, temperature, machine(next(bundle.target.parameters()).device)["device"])
-    when = f"tuned {entry.get('date_utc', '?')}, cache {cache_dir() / CACHE_FILE}"
-    if entry["settings"] == "ar":
-        return MethodSpec(AR, label=method.label), f"auto -> ar for this machine ({when}): no method beat AR"
+        raise _no_tuning(method, temperature, _device(bundle).type)
+    when, ar = _cached(entry, method, "method")
+    if ar is not None:
+        return ar
     builder = entry.get("builder")
     if builder not in registered() or not isinstance(entry["settings"], dict):
         raise ValueError(f"method auto: the cached choice names builder {builder!r}, which is not registered here; "
