@@ -1,14 +1,9 @@
 """Run folders: where a command writes its results, complete or not at all, one writer at a time.
 
-Each command that writes results owns a set of file names in its ``--out`` folder (its *kind*:
-:data:`BENCH_FILES`, :data:`CONCURRENCY_FILES`, :func:`sweep_files`, :data:`TREE_FILES`,
-:func:`tune_files`).  Files of other kinds are never touched: sweeps of different parameters, a
-bench and its ``sweeps/`` sub-folder, or a user's notes share a folder safely.
-
-Entry points: :func:`open_run` (lock, recover, check; before any model loads) returns a :class:`RunFolder`
-that stages every file of the run, and :meth:`RunFolder.commit` replaces the earlier run of that kind in
-one step; :func:`write_atomic` writes a single file.  The design step by step (lock, recovery, checks,
-staging, the journalled commit and what an interrupt leaves): docs/internals.md, "Run folders".
+Each command owns a set of file names in its ``--out`` folder (its *kind*: :data:`BENCH_FILES`, ...);
+files of other kinds are never touched.  :func:`open_run` (lock, recover, check) returns a :class:`RunFolder`
+that stages every file of the run, and :meth:`RunFolder.commit` replaces the earlier run of that kind in one
+step; :func:`write_atomic` writes a single file.  The design step by step: docs/internals.md, "Run folders".
 """
 
 from __future__ import annotations
@@ -23,7 +18,7 @@ import signal
 import tempfile
 import threading
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -55,8 +50,7 @@ def _matches(name: str, patterns: Sequence[str]) -> bool:
 
 
 def run_files(out: Path, patterns: Sequence[str]) -> list[Path]:
-    """The entries of ``out`` of this kind that are not folders: files and symlinks (sorted; empty when
-    ``out`` does not exist)."""
+    """The files and symlinks of this kind in ``out``, sorted (empty when ``out`` does not exist)."""
     if not out.is_dir():
         return []
     return sorted(p for p in out.iterdir() if _matches(p.name, patterns) and (p.is_symlink() or not p.is_dir()))
@@ -80,8 +74,8 @@ def _fsync(path: Path, directory: bool = False) -> None:
 
 
 def file_mode() -> int:
-    """The mode ``open()`` gives a new file here: ``0o666`` less the process's umask (read from
-    ``/proc`` where it can be, so that the umask is never changed, even for a moment)."""
+    """The mode ``open()`` gives a new file here: ``0o666`` less the umask (read from ``/proc`` where it can
+    be, so that the umask is never changed, even for a moment)."""
     try:
         with open("/proc/self/status") as f:
             mask = next(int(line.split()[1], 8) for line in f if line.startswith("Umask:"))
@@ -92,9 +86,8 @@ def file_mode() -> int:
 
 
 def write_atomic(path: Path, data: bytes | str) -> Path:
-    """Write ``data`` to ``path`` complete or not at all: a temporary file beside it, ``fsync``, then
-    ``os.replace`` (a symlink at ``path`` is replaced itself, its target is not written).  Returns ``path``.
-    The file gets the mode a file made with ``open()`` would have (:func:`file_mode`), not ``mkstemp``'s 0600."""
+    """Write ``data`` to ``path`` complete or not at all: a temporary file beside it (mode :func:`file_mode`),
+    ``fsync``, then ``os.replace`` (a symlink at ``path`` is replaced, not written through).  Returns ``path``."""
     raw = data.encode() if isinstance(data, str) else data
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -105,19 +98,10 @@ def write_atomic(path: Path, data: bytes | str) -> Path:
         os.chmod(tmp, file_mode())
         os.replace(tmp, path)
     except BaseException:
-        with _quiet():
+        with suppress(OSError):        # a second failure must not hide the error being raised
             os.unlink(tmp)
         raise
     return path
-
-
-@contextmanager
-def _quiet() -> Iterator[None]:
-    """Best-effort cleanup: a missing file or a second failure must not hide the error being raised."""
-    try:
-        yield
-    except OSError:
-        pass
 
 
 #: the signals a commit holds back (those present on this platform)
@@ -127,14 +111,10 @@ HELD_SIGNALS: tuple[signal.Signals, ...] = tuple(getattr(signal, n) for n in ("S
 
 @contextmanager
 def _signals_held() -> Iterator[None]:
-    """Hold back SIGINT/SIGTERM/SIGHUP so that a commit's renames are not cut short: each is recorded by
-    a Python handler for the block and delivered again, to the handler it had before, when the block ends.
-
-    A Python handler, not a signal mask: a mask holds a signal back from the calling thread only, and
-    the kernel then delivers a process-wide ``kill`` to another thread (tqdm's monitor thread, say),
-    where the default action of SIGTERM ends the process between two renames.  Python runs its handlers
-    in the main thread whichever thread the signal reached.  Outside the main thread (where handlers
-    cannot be set) and for a handler installed from C, nothing is held.
+    """Hold back SIGINT/SIGTERM/SIGHUP so that a commit's renames are not cut short: each is recorded and
+    delivered again, to its earlier handler, when the block ends.  A Python handler, not a signal mask: a
+    mask holds a signal back from the calling thread only, and the kernel may deliver a ``kill`` to another
+    (tqdm's monitor thread).  Outside the main thread and for a handler installed from C, nothing is held.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -175,10 +155,7 @@ def _read_journal(out: Path) -> dict[str, Any] | None:
 
 def _undo(out: Path, journal: dict[str, Any]) -> list[str]:
     """Undo the renames of a commit (c and d), whatever step it reached; returns the earlier files restored.
-
-    Idempotent: every step is a rename decided by where the file is now, so an undo that is itself
-    interrupted is finished by the next one.
-    """
+    Idempotent: each rename is decided by where the file is now."""
     staging = out / journal["staging"]
     new, earlier = staging / "new", staging / "earlier"
     if not staging.is_dir():       # nothing was moved out of a staging folder that is gone
@@ -206,7 +183,7 @@ def _recover(out: Path) -> list[str]:
         if p.name.startswith(STAGING_PREFIX) and _is_folder(p):
             shutil.rmtree(p, ignore_errors=True)
         elif p.name.startswith(f".{JOURNAL}.") and p.name.endswith(".tmp") and not _is_folder(p):
-            with _quiet():      # write_atomic's temporary journal, of a run killed while writing it
+            with suppress(OSError):     # write_atomic's temporary journal, of a run killed while writing it
                 os.unlink(p)
     return restored
 
@@ -214,10 +191,7 @@ def _recover(out: Path) -> list[str]:
 # ---------------------------------------------------------------------------------------- run folder
 class RunFolder:
     """An open, locked run folder: write files with :meth:`write` (or at :meth:`path`), then :meth:`commit`.
-
-    Use it as a context manager: leaving the block without a commit (an error, Ctrl-C) removes what
-    was staged and leaves ``out`` as it was; leaving it releases the lock.  See docs/internals.md, "Run folders".
-    """
+    As a context manager, leaving the block without a commit removes what was staged; leaving it unlocks."""
 
     def __init__(self, out: Path, patterns: Sequence[str], force: bool, lock_fd: int, restored: Sequence[str],
                  created: Sequence[Path] = ()):
@@ -234,7 +208,7 @@ class RunFolder:
 
     @property
     def staged(self) -> Path:
-        """The folder this run's files are written into until the commit (for functions that write into a folder)."""
+        """The folder this run's files are written into until the commit."""
         return self._staging / "new"
 
     def earlier(self) -> list[Path]:
@@ -310,8 +284,7 @@ class RunFolder:
             shutil.rmtree(self._staging, ignore_errors=True)
 
     def close(self) -> None:
-        """Remove what was staged and not committed; release the lock (idempotent).  Signals are held
-        meanwhile (a second Ctrl-C left a half-removed staging folder and the folders the run made)."""
+        """Remove what was staged and not committed; release the lock (idempotent; signals held meanwhile)."""
         if self._lock_fd is None:
             return
         with _signals_held():
@@ -330,8 +303,7 @@ class RunFolder:
 
 
 def _missing_folders(out: Path) -> list[Path]:
-    """``out`` and those of its parents that do not exist yet, deepest first (``..`` kept as written:
-    the kernel resolves it against the folders before it, which must then exist)."""
+    """``out`` and those of its parents that do not exist yet, deepest first (``..`` kept as written)."""
     missing = []
     for p in (out, *out.parents):
         if os.path.lexists(p):
@@ -341,10 +313,8 @@ def _missing_folders(out: Path) -> list[Path]:
 
 
 def _make_folders(out: Path, created: list[Path]) -> None:
-    """Create ``out`` and its missing parents, shallowest first, and put in ``created`` (deepest first)
-    each folder this call made, as it makes it.  Not in it: a ``..`` entry (``a/..`` is a folder that
-    exists once ``a`` does: listed, its removal failed and left ``a``), and a folder another process made
-    meanwhile (a run that then lost the lock to that process removed the folder the other was writing to)."""
+    """Create ``out`` and its missing parents, and put in ``created`` (deepest first) each folder this call
+    made, as it makes it: not a ``..`` entry, nor a folder another process made meanwhile."""
     for p in reversed(_missing_folders(out.absolute())):
         try:
             os.mkdir(p)
@@ -382,11 +352,9 @@ def _lock(out: Path) -> int:
 def open_run(out: Path, patterns: Sequence[str], force: bool = False) -> RunFolder:
     """Open ``out`` for a run of the kind ``patterns``: steps 1-3 of docs/internals.md, "Run folders".
 
-    Creates ``out`` (and its parents) when missing; a run that commits nothing removes the folders it
-    created, so that a failed or interrupted run leaves the file system as it found it.  Raises
-    ``ValueError`` naming the folder when it cannot be created or written, when it is a file, when
-    another run holds it, when a name of this kind is a folder, or when it holds an earlier run of this
-    kind and ``force`` is false.
+    Creates ``out`` (and its parents) when missing; a run that commits nothing removes them.  ``ValueError``
+    naming the folder when it cannot be created or written, is a file, another run holds it, a name of this
+    kind is a folder, or it holds an earlier run of this kind and ``force`` is false.
     """
     out = Path(out)
     if os.path.lexists(out) and not out.is_dir():
@@ -412,16 +380,12 @@ def open_run(out: Path, patterns: Sequence[str], force: bool = False) -> RunFold
         if earlier and not force:
             raise ValueError(f"--out: {out} already holds results of an earlier run ({_names(earlier)}); pass "
                              f"--force to replace them, or pick another --out")
-        run = RunFolder(out, patterns, force, fd, restored, created)
-    except OSError as e:
+        return RunFolder(out, patterns, force, fd, restored, created)
+    except BaseException as e:
         if fd is not None:
             os.close(fd)
         _remove_empty(created)
-        raise ValueError(f"--out: cannot write to {out}: {e.strerror or e}; pick a writable folder") from None
-    except BaseException:
-        if fd is not None:
-            os.close(fd)
-        _remove_empty(created)
+        if isinstance(e, OSError):
+            raise ValueError(f"--out: cannot write to {out}: {e.strerror or e}; pick a writable folder") from None
         raise
-    return run
 
