@@ -21,11 +21,8 @@ class VerifyCost:
     """Measured seconds of one tree verification (inputs + target forward) by tree size.
 
     sizes: tree nodes, root included, strictly increasing; seconds: median wall time at each size.
-    row_s: seconds of the LM head on one node, which the walk runs once per accepted node when the
-    forward scored the root only (``logits="root"``); 0 when every node was scored in the forward.
-    root_seconds: with ``row_s``, the forward's time at each size when it scores the root only
-    (``measure_verify_cost(..., logits="walk")``: ``seconds`` then score every node); empty when the
-    decoder never walks lazily here.  :meth:`round_s` picks between the two as the decoder does.
+    row_s: seconds of the LM head on one node (the walk's, when the forward scored the root only).
+    root_seconds: the forward's time scoring the root only (empty when the decoder never walks lazily).
     """
 
     sizes: tuple[int, ...]
@@ -53,10 +50,8 @@ class VerifyCost:
         return _interpolate(self.sizes, self.seconds, nodes)
 
     def round_s(self, nodes: float, committed: float) -> float:
-        """Seconds of a round's verification of a tree of ``nodes`` nodes when ``committed`` tokens are
-        committed a round, as the decoder scores it (:class:`dartree.rounds.WalkRows`): the forward on
-        the root only plus one LM-head row per accepted node while that pays (:func:`dartree.rounds.walk_pays`),
-        else the forward on every node."""
+        """Seconds of a round's verification of ``nodes`` nodes committing ``committed`` tokens, scored as
+        the decoder scores it (:class:`dartree.rounds.WalkRows`)."""
         rows = max(0.0, committed - 1) * self.row_s
         if not self.root_seconds:           # one way measured: ``row_s`` is 0 unless it scored the root only
             return self.at(nodes) + rows
@@ -76,12 +71,8 @@ def _interpolate(xs: Sequence[int], ys: Sequence[float], x: float) -> float:
 
 @dataclass(frozen=True)
 class ConfigStats:
-    """Replayed (or decoded) rounds of one configuration over the calibration prompts.
-
-    ``verify_s`` / ``overhead_s``: measured per round when the rounds were real decodes
-    (:func:`dartree.eval.probes.screen_decodes`: the rejection verifier's acceptance cannot be replayed); then
-    :func:`score_candidates` takes the round as measured instead of pricing the tree with the verify probe.
-    """
+    """Replayed (or decoded) rounds of one configuration over the calibration prompts; ``verify_s`` /
+    ``overhead_s`` are measured when the rounds were real decodes, and then priced as measured."""
 
     tau: float
     mean_tree_size: float
@@ -96,11 +87,8 @@ class ConfigStats:
 
 @dataclass(frozen=True)
 class Candidate:
-    """One (budget, width) scored by the cost model; ``width`` is ``None`` for builders without one.
-
-    ``beta``: the depth penalty this (budget, width) was replayed with when the tuner searched it
-    (``beta=auto``: the one of :data:`DEFAULT_BETAS` of highest replayed tau here), else ``None``.
-    """
+    """One (budget, width) scored by the cost model; ``width`` is ``None`` for builders without one,
+    ``beta`` the depth penalty kept when the tuner searched it."""
 
     budget: int
     width: int | None
@@ -136,22 +124,14 @@ def score_candidates(stats: dict[tuple[int, int | None], ConfigStats], cost: Ver
 
 def score_at_concurrency(stats: dict[tuple[int, int | None], ConfigStats], cost: VerifyCost, rows: int,
                          draft_s: float, commit_s: float, build_scale: float | None = None) -> tuple[Candidate, ...]:
-    """The cost model of a batched round with ``rows`` requests in flight, for every (budget, width).
-
-    ``stats`` are single-request replays (tau and tree sizes do not depend on the batch), ``cost``
-    the verify cost measured at batch ``rows`` (``measure_verify_cost(..., rows=rows)``), ``draft_s``
-    and ``commit_s`` one batched round's drafter forward and commit measured at that batch::
+    """The cost model of a batched round with ``rows`` requests in flight, for every (budget, width)::
 
         round_s       = draft_s + build_scale * build_s(B, W) + E[t_v(q + 1)] + commit_s
         tokens_per_s  = rows * tau(B, W) / round_s          (all requests together)
 
-    where ``t_v(q + 1)`` is averaged over ``q``, the largest of ``rows`` independent draws from the
-    replayed tree sizes (the batched forward is as wide as its largest tree; ``rows = 1`` gives
-    :func:`score_candidates`' mean over the sizes).
-    ``build_scale`` is what building ``rows`` trees costs in single builds: ``rows`` (the default) for
-    builders that work row by row; batched head calls make it smaller, so callers measure it (the
-    batched build time of one candidate over its single-request build time).  ``cost.row_s`` (the
-    single-request walk's LM-head rows) is not added here: a batched probe scores every node.
+    ``stats``: single-request replays; ``cost``: the verify cost at batch ``rows``; ``q``: the largest of
+    ``rows`` draws from the replayed tree sizes (a batched forward is as wide as its largest tree);
+    ``build_scale``: building ``rows`` trees in single builds (default ``rows``; batched heads make it less).
     """
     if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
         raise ValueError(f"rows: must be an integer >= 1, got {rows!r}")
@@ -180,16 +160,10 @@ def pick_best(candidates: Sequence[Candidate]) -> Candidate:
 
 def pick_finalists(candidates: Sequence[Candidate], count: int,
                    groups: Sequence[Callable[[Candidate], object]] = ()) -> list[Candidate]:
-    """The ``count`` settings to decode for real: in the cost model's order (forecast tokens/s, then
-    budget, then width), the best of each group first, then the next best of any.
-
-    ``groups``: the group keys tried in turn (e.g. the verifier, then the builder); the budget is always
-    the last.  Why one per budget: the model's error is mostly per tree size (its verify cost is one probe
-    per size), so one noisy probe moves every width of a budget together: the finalists could otherwise all
-    share one mispriced budget, and the real decodes would only compare them with each other (an instance
-    is in docs/results.md, "Measurements behind design choices in the code").
-    Why one per verifier first at T>0: matching's tau comes from replays priced by the cost model, rejection's
-    from real decodes timed whole; the two estimates are not ranked against each other, only measured.
+    """The ``count`` settings to decode for real: in the cost model's order, the best of each group first
+    (``groups`` in turn, e.g. the verifier, then the builder; the budget always last), then the next best.
+    One per budget because the model's error is mostly per tree size (one probe per size); one per verifier
+    because replayed and decoded estimates are not comparable, only measurable (docs/results.md).
     """
     def order(c: Candidate) -> tuple:
         return (-c.tokens_per_s, c.budget, c.width or 0, c.builder, c.verifier or "")

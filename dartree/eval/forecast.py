@@ -59,16 +59,10 @@ def _t_quantile(p: float, df: int) -> float:
 
 def ratio_prediction(num: Sequence[float], den: Sequence[float], new_units: int, level: float = 0.9
                      ) -> Interval | None:
-    """The ratio ``sum(num) / sum(den)`` over ``n`` sampled units (prompts), and the interval that holds
-    the same ratio over ``new_units`` other units drawn alike with probability ``level``: ``None`` for
-    fewer than 2 units.
-
-    A prediction interval for a ratio estimator (delta method): with residuals ``e_i = num_i - R den_i``
-    of sample variance ``s^2``, the new sample's ratio differs from ``R`` by about the difference of the
-    two samples' mean residuals over the mean ``den``, of variance ``s^2 (1/n + 1/new_units) / mean(den)^2``;
-    the half-width is Student's t quantile (``n - 1`` degrees of freedom) times its square root.  Both
-    samples' spread is in it: a forecast for a few evaluation prompts cannot be surer than those
-    prompts are alike, however many prompts it was calibrated on.
+    """The ratio ``R = sum(num) / sum(den)`` over ``n`` sampled units (prompts), and the interval that holds
+    the same ratio over ``new_units`` other units drawn alike with probability ``level`` (``None`` for fewer
+    than 2 units).  Delta method: with ``s^2`` the sample variance of the residuals ``num_i - R den_i``, the
+    half-width is ``t(n - 1) * sqrt(s^2 (1/n + 1/new_units)) / mean(den)``: both samples' spread is in it.
     """
     if isinstance(new_units, bool) or not isinstance(new_units, int) or new_units < 1:
         raise ValueError(f"new_units: must be an integer >= 1, got {new_units!r}")
@@ -82,9 +76,8 @@ def ratio_prediction(num: Sequence[float], den: Sequence[float], new_units: int,
 
 def _ratio_spread(num: Sequence[float], den: Sequence[float], level: float
                   ) -> tuple[int, float, float, float] | None:
-    """``(n, R, s^2, mean(den))`` of a ratio estimator's sample (``s^2``: the sample variance of the
-    residuals ``num_i - R den_i``), after checking the arguments; ``None`` for fewer than 2 units or no
-    positive ``den`` total."""
+    """``(n, R, s^2, mean(den))`` of a ratio estimator's sample, after checking the arguments; ``None`` for
+    fewer than 2 units or no positive ``den`` total."""
     n = len(num)
     if n != len(den):
         raise ValueError(f"den: need one per num ({n}), got {len(den)}")
@@ -98,13 +91,9 @@ def _ratio_spread(num: Sequence[float], den: Sequence[float], level: float
 
 
 def ratio_units_for(num: Sequence[float], den: Sequence[float], tolerance: float, level: float = 0.9) -> int | None:
-    """How many units (prompts) each side needs, calibration and evaluation alike, for the 90% (``level``)
-    prediction interval of :func:`ratio_prediction` to be within ``tolerance`` of the ratio (relative),
-    at the spread the sample ``num`` / ``den`` shows: the smallest ``n`` with
-    ``t(n - 1) * s * sqrt(2 / n) / mean(den) <= tolerance * R``, the half-width :func:`ratio_prediction`
-    gives ``n`` units for ``n`` others (``t(n - 1)`` its quantile at ``n - 1`` degrees of freedom; ``s``
-    and ``R`` as this sample shows them).  ``None`` for fewer than 2 units; 2 when the sample shows no
-    spread.
+    """How many units each side (calibration and evaluation) needs for :func:`ratio_prediction`'s interval to
+    be within ``tolerance`` of the ratio, at this sample's spread: the smallest ``n`` with
+    ``t(n - 1) * s * sqrt(2 / n) / mean(den) <= tolerance * R``.  ``None`` for fewer than 2 units.
     """
     if isinstance(tolerance, bool) or not isinstance(tolerance, int | float) or not tolerance > 0:
         raise ValueError(f"tolerance: must be a number > 0, got {tolerance!r}")

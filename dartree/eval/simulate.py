@@ -1,24 +1,13 @@
 """Replay speculative rounds against a known continuation, without running the target on any tree.
 
-Speculative decoding is lossless: with greedy decoding (or a :class:`~dartree.KeyedSampler` at T>0)
-it commits exactly the tokens that :func:`~dartree.generate_ar` produces.  So once that reference
-continuation is known, a round is fully determined by the drafter and the builder: the target's pick
-at a tree node of depth d on the reference path *is* reference token d+1, and the accepted path is
-the longest root path of the tree that spells a prefix of the reference.  :func:`simulate` walks the
-rounds that way: draft, build, accept against the reference, append the committed tokens' hidden
-states (taken from one causal forward of the whole reference sequence) to the drafter, repeat.
-
-That makes acceptance of many tree configurations cheap (sweeps, the budget tuner, tree pictures):
-one AR decode per prompt, then per configuration only the drafter and the builder run; with
-:class:`ReplayBlocks` only the builder: the drafter's block at every root position of a reference is
-drafted once, in one left-to-right pass, and every replay of that reference reads it.  The trees
-and accepted lengths are those real decoding produces, up to floating-point differences between
-the target's tree forward and its causal forward in the hidden states handed to the drafter; one
-difference by construction: the last round's accepted length cannot run past the reference's end.
-
-Why a replay and not the engine: the engine's verify stage is the target's tree forward, which a replay
-exists to skip; what remains of a round (draft, build, accept against known picks) is :func:`simulate`,
-the harness's only round loop.
+Greedy decoding (or a :class:`~dartree.KeyedSampler` at T>0) commits exactly :func:`~dartree.generate_ar`'s
+tokens, so once that reference is known a round is determined by the drafter and the builder: the target's
+pick at a node of depth d on the reference path is reference token d+1.  :func:`simulate` walks the rounds
+that way (draft, build, accept against the reference, append the committed tokens' hidden states from one
+causal forward), which makes acceptance of many configurations cheap (sweeps, the tuner, tree pictures);
+with :class:`ReplayBlocks` the drafter runs once per reference.  Trees and accepted lengths are real
+decoding's up to floating-point differences in the hidden states, and the last round cannot run past the
+reference's end.  A replay, not the engine: the engine's verify stage is the tree forward a replay skips.
 """
 
 from __future__ import annotations
@@ -96,29 +85,12 @@ class Simulation:
 class ReplayBlocks:
     """The drafter's block at every root position of one reference, drafted once for all its replays.
 
-    perf (both devices): the budget tuner replays some 60 settings (budgets x widths x betas) on each
-    calibration reference, and a replay drafting its own blocks ran the drafter once per round of every
-    setting, which made drafting most of the tuning's time (figures: docs/results.md, "Measurements behind
-    design choices in the code").
-    A round's block depends only on the reference up to its root, so one pass drafts a block at every
-    position a round can start from (``prompt_len .. end - 2``: at most ``new_tokens - 1`` drafts), and
-    the settings' replays only build and accept.
-
-    The pass appends the context one position at a time (the prompt first, then one token a draft), so
-    every block is the same whichever replays read it and in whatever order: a pure function of the
-    reference and the position.  A replay that drafts its own blocks appends the context in the chunks its
-    rounds commit; the drafter's matmuls give other last bits on other row counts, so the two ways agree
-    up to floating-point differences, like a replay and real decoding (the module docstring).
-    ``seconds[p]`` is the draft's wall time at position ``p``; a held context append computed inside the
-    draft (the DFlash drafter's) is one row here and a round's commit (tau rows) in decoding.
-
-    That holds for a drafter whose block is a function of its context and root, as the DFlash drafter's
-    is; one with state of its own (the toy ``OracleDrafter`` draws its noise from one stream, draft after
-    draft) gets other draws here than drafting round by round, the same for every replay.
-
-    Memory: ``new_tokens - 1`` blocks on the drafter's device (on the zoo 63 x 250 KB of logits; with a
-    151,936-token vocabulary in float32, 63 x 9.1 MB = 574 MB); keep one reference's at a time, as
-    :func:`dartree.eval.tune.replay_settings` does.
+    perf: the tuner replays some 60 settings per reference, and drafting per replay was most of its time
+    (docs/results.md).  A round's block depends only on the reference up to its root, so one pass appends
+    the context one position at a time and drafts a block at every position a round can start from: every
+    block is a pure function of the reference and the position (equal to per-round drafting up to
+    floating-point differences, for a drafter without state of its own).  ``seconds[p]``: the draft's wall
+    time.  Memory: ``new_tokens - 1`` blocks of logits on the drafter's device; keep one reference's at a time.
     """
 
     def __init__(self, drafter, ref: Reference) -> None:
@@ -158,12 +130,8 @@ def _sync(device: torch.device) -> None:
 @torch.no_grad()
 def reference(bundle: Bundle, prompt: list[int], max_new_tokens: int, temperature: float = 0.0,
               seed: int = 0, label: str = "", warps: dict | None = None) -> Reference:
-    """The target's continuation of ``prompt`` (greedy, or keyed sampling with ``seed`` at T>0, under the
-    target-side warpers ``warps``: ``top_k`` / ``top_p`` / ``min_p``, as decoding takes them).
-
-    At T>0 a replay of the reference is exact for decoding with ``KeyedSampler(seed)``: on the
-    reference path the target's sample at every node is the reference's token.
-    """
+    """The target's continuation of ``prompt`` (greedy, or keyed sampling with ``seed`` at T>0 under the
+    warpers ``warps``); a replay of it is exact for decoding with ``KeyedSampler(seed)``."""
     target = HFTarget(bundle.target, layer_ids=tuple(bundle.drafter.target_layer_ids))
     ids = torch.tensor([prompt], dtype=torch.int64, device=target.device)
     sampler = KeyedSampler(seed) if temperature > 0 else None
@@ -181,11 +149,8 @@ def reference(bundle: Bundle, prompt: list[int], max_new_tokens: int, temperatur
 def simulate(bundle: Bundle, builder, head: CorrectionHead | None, ref: Reference, record: bool = False,
              blocks: ReplayBlocks | None = None) -> Simulation:
     """Replay the rounds of decoding ``ref`` with ``builder`` (and ``head``); see the module docstring.
-
-    ``record`` keeps every round's tree (on the CPU) and its accepted node indices.  ``blocks`` (made from
-    ``ref``) gives the drafter's blocks, drafted once for every replay of ``ref``; without it the replay
-    drafts round by round.  A round's ``draft_s`` is then that block's draft time.
-    """
+    ``record`` keeps every round's tree (on the CPU) and accepted nodes; ``blocks`` (made from ``ref``) gives
+    the drafter's blocks, else the replay drafts round by round."""
     drafter = bundle.drafter
     seq = ref.sequence
     device = seq.device
