@@ -1,28 +1,11 @@
 """A distribution check of sampled decodes on the benchmark's own prompts: are the tokens drawn from the
-target's warped law?
+target's warped law?  (Sampled-tree verifiers are lossless in law, not token for token.)
 
-Rejection verification is lossless in law, not token for token, so its output cannot be compared with
-AR's.  What it promises can still be checked on every run: each new token, given the tokens before it,
-is distributed as the target's warped distribution ``p(. | prefix)`` (temperature and top-k / top-p /
-min-p, as AR samples).  The randomized probability integral transform turns that into one uniform
-number per token: with the vocabulary ordered by ``p`` (descending, ties by token id) and ``F(t-)`` the
-mass ordered before token ``t``,
-
-    u = F(t-) + V * p(t),        V ~ Uniform(0, 1) drawn independently (seeded)
-
-is exactly Uniform(0, 1) for a token drawn from ``p``, and the ``u`` of successive tokens of one decode
-are independent (the Rosenblatt transform), however peaked or flat ``p`` is and whatever token came
-before.  :class:`LawCheck` pools the ``u`` of every tested token and tests them for uniformity with a
-chi-square over :data:`BINS` equal bins (``BINS - 1`` degrees of freedom); a token of probability 0
-under the warped law (outside top-p, say) fails the check by itself.  ``p`` comes from one causal forward
-of the target over prompt + output (the teacher-forced law the decode should have followed).
-
-The false-alarm rate is :data:`ALPHA` per check (a lossless decoder fails one check in 1,000); a law
-that puts its mass on likelier tokens than ``p`` (a sharpened temperature, an argmax draw, ``min(1, p/q)``
-on deterministic children) piles ``u`` into the low bins, a flattened one into the high bins.
-
-The first new token of a decode comes from the prefill (the target's own draw), not from a verifier,
-so it is not tested: the tested tokens are those the rounds committed.
+Each tested token becomes ``u = F(t-) + V * p(t)`` (the randomized probability integral transform under the
+target's warped law at its prefix, from one teacher-forced forward; ``V ~ Uniform(0, 1)``, seeded), exactly
+Uniform(0, 1) and independent token to token for a lossless decoder; :class:`LawCheck` tests the pooled
+``u`` with a chi-square over :data:`BINS` bins at false-alarm rate :data:`ALPHA`.  A token of probability 0
+fails it alone.  The derivation: docs/verification.md, "The law check".
 """
 
 from __future__ import annotations
