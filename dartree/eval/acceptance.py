@@ -21,14 +21,9 @@ __all__ = ["measure_acceptance"]
 
 def measure_acceptance(decoder, prompts: Sequence, max_new_tokens: int = 64, temperature: float = 1.0,
                        sampler=None, min_tests: int = MIN_TESTS, ranks: int = 8, **warp) -> tuple[float, ...]:
-    """The accepted-rank histogram ``P_r`` of ``decoder``'s rejection decodes of ``prompts``: the ``acceptance``
-    of a Sequoia builder for this target, drafter and head at this temperature and warp (``top_k``, ``top_p``,
-    ``min_p``).  Sequoia measures it once per model pair and workload; this is that measurement.
-
-    ``decoder``: a :class:`~dartree.decode.SpeculativeDecoder` whose trees give nodes ``ranks`` children or more
-    (a probe: e.g. ``make_builder("corrected-sequoia", budget=32, acceptance=(0.12,) * 8)``, whose root has
-    8 children).  The rounds are the decoder's own (the stages of :class:`~dartree.engine.Engine`); each
-    visited node with children adds one walk to :func:`acceptance_from_walks`.
+    """The accepted-rank histogram ``P_r`` of ``decoder``'s rejection decodes of ``prompts`` (Sequoia's
+    ``acceptance`` for this model pair, temperature and warp).  ``decoder``'s trees should give nodes ``ranks``
+    children or more (e.g. ``corrected-sequoia`` with ``acceptance=(0.12,) * 8``).
 
     Shape: prompts: integer ``[L]`` or ``[1, L]`` tensors.
     """

@@ -1,10 +1,7 @@
 """Model bundles for the harness: a target, its tokenizer, a drafter and correction heads.
 
-``load_bundle(name)`` returns the bundled zoo model ``name`` (``dartree.models.zoo.load``) or, for
-``"tiny-random"``, a seconds-to-build toy: a random 2-layer Qwen3 target over bytes, the
-:class:`~dartree.testing.OracleDrafter` (the target's own continuation with noise) and the
-deterministic test heads of :mod:`dartree.testing`.  The toy exists so that every command runs
-(and is tested) without trained weights; its numbers mean nothing.
+``load_bundle(name)`` returns the zoo model ``name`` or, for ``"tiny-random"``, a seconds-to-build toy (a random
+Qwen3 over bytes, an oracle drafter, test heads) so that every command runs without trained weights.
 """
 
 from __future__ import annotations
@@ -125,15 +122,9 @@ def _local_tokenizer(path: Path):
 
 def local_bundle(target_dir: str | Path, drafter_dir: str | Path, tokenizer: str | Path | None = None,
                  attn_implementation: str = "sdpa") -> Bundle:
-    """A bundle from local directories: a HF causal-LM target, a released drafter and a tokenizer.
-
-    The target loads in float32 with ``local_files_only`` (nothing is downloaded) by
-    :func:`dartree.models.loaders.load_target` (a missing, unexpected or mis-shaped tensor is an
-    error, not a randomly initialised layer); the drafter with
-    :func:`dartree.models.load_drafter` (DFlash, Domino or DSpark, bound to the target), and its heads
-    (Domino's ``"gru"``, DSpark's ``"markov"``) become the bundle's heads.  ``tokenizer`` defaults to
-    ``target_dir``.
-    """
+    """A bundle from local directories: a HF causal-LM target (:func:`dartree.models.loaders.load_target`,
+    nothing downloaded), a released drafter (:func:`dartree.models.load_drafter`; its heads become the
+    bundle's) and a tokenizer (default: ``target_dir``)."""
     from dartree.models import load_drafter
     from dartree.models.loaders import load_target
 
@@ -142,6 +133,6 @@ def local_bundle(target_dir: str | Path, drafter_dir: str | Path, tokenizer: str
         if not (path / "config.json").is_file():
             raise ValueError(f"{name}: {path} is not a checkpoint directory (no config.json)")
     tok = _local_tokenizer(Path(tokenizer) if tokenizer is not None else target_dir)
-    target = load_target(target_dir, attn_implementation)    # missing / unexpected tensors are errors
+    target = load_target(target_dir, attn_implementation)
     drafter = load_drafter(drafter_dir, target=target)
     return Bundle(f"{target_dir.name}+{drafter_dir.name}", target, tok, drafter, dict(drafter.heads))

@@ -1,10 +1,5 @@
-"""Checks of a command's inputs against files and the loaded model, run before anything is decoded.
-
-Each check raises ``ValueError`` naming the option and the allowed values, so that a mistake is
-reported in one line (``dartree: error: ...``) before minutes of benchmarking, not as a traceback
-in the middle of it.  Checks that need no model (prompt files, dataset sizes) run before the model
-loads; the others (:func:`check_methods_fit`, :func:`check_positions`) right after.
-"""
+"""Checks of a command's inputs against files and the loaded model, run before anything is decoded: each
+raises ``ValueError`` naming the option and the allowed values (one line, not a traceback mid-benchmark)."""
 
 from __future__ import annotations
 
@@ -80,10 +75,8 @@ def check_methods_fit(bundle: Bundle, methods: Iterable[MethodSpec], topk_values
 
 def check_positions(bundle: Bundle, prompt_lengths: Iterable[int], max_new_tokens: int,
                     prompt_option: str = "") -> None:
-    """Each prompt plus ``max_new_tokens`` fits the target's maximum positions.
-
-    ``prompt_option`` names the option that shortens prompts, for the message (e.g. ``--max-prompt-tokens``).
-    """
+    """Each prompt plus ``max_new_tokens`` fits the target's maximum positions (``prompt_option``: the option
+    that shortens prompts, for the message)."""
     limit = max_positions(bundle)
     if limit is None:
         return

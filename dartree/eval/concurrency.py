@@ -1,21 +1,12 @@
 """Serving benchmark: aggregate throughput with C requests in flight (the paper's Table 4 setting).
 
-For every concurrency C (in the order given) the batched AR baseline serves the prompts first, then
-every method, one after the other, each with :func:`dartree.serve.serve` (a finished request's slot
-takes the next prompt).  Throughput is all completion tokens over the wall time of the whole run
-(prefills included); speedup is over batched AR at the same C.  Every request's tokens are compared
-with AR's (the lossless check: T=0 greedy, T>0 ``match`` with the same keyed sampler; ``rejection`` rows, whose
-tokens differ from AR's by design, say so instead of a count).
-
-``budget=auto`` / ``width=auto`` are tuned *per concurrency* with a cost model
-(:func:`dartree.eval.tune.score_at_concurrency`): tau and tree sizes of every candidate setting
-(``tune_budgets`` x ``tune_widths``) come from replaying it once on calibration prompts (the prompts
-of the dataset after the evaluation prompts; acceptance does not depend on the batch); at each C the
-verify cost of a batched forward over C trees of n nodes is measured for a grid of n, and one short
-batched run of the smallest candidate measures the round's drafter forward and commit at that C.
-The candidate with the best modelled throughput is served on the evaluation prompts; the row reports
-the chosen settings.  A tree that pays at C=1 may not at C=8, where the target's forward over C
-trees is compute-bound: that is what the per-C choice adapts to.
+For every concurrency C batched AR serves the prompts first, then every method (:func:`dartree.serve.serve`);
+throughput is all tokens over the whole run's wall time, speedup over batched AR at the same C, and every
+request's tokens are compared with AR's (sampled-tree rows say ``law`` instead).  ``budget=auto`` /
+``width=auto`` are tuned per C with :func:`dartree.eval.tune.score_at_concurrency`: replayed acceptance
+(once, on the prompts after the evaluation prompts), the batched verify cost at C, and one short batched
+run for the drafter and commit times.  A tree that pays at C=1 may not at C=8, where the forward is
+compute-bound.
 """
 
 from __future__ import annotations
@@ -106,14 +97,8 @@ def run_concurrency(
     min_p: float | None = None,
     verifier: str | None = None,
 ) -> list[ConcurrencyRow]:
-    """Serve ``num_prompts`` prompts of ``dataset`` at every concurrency in ``levels`` (see module docstring).
-
-    ``top_k`` / ``top_p`` / ``min_p``: the target's warpers at ``temperature > 0`` (AR's and every method's);
-    ``verifier``: the run's acceptance rule at ``temperature > 0`` (a method's own ``verifier=`` wins; ``None``:
-    the library's default).  Rows verified by ``match`` draw with a keyed sampler and are compared with AR token
-    for token; ``rejection`` rows draw from a seeded generator: their tokens differ from AR's by design (their
-    law is the target's), so their ``lossless`` column reads ``law``, not a count.
-    """
+    """Serve ``num_prompts`` prompts of ``dataset`` at every concurrency in ``levels`` (see module docstring),
+    at T>0 under the warpers and ``verifier`` (a method's own ``verifier=`` wins)."""
     from tqdm import tqdm
 
     if not levels or any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in levels):

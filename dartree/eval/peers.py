@@ -1,22 +1,7 @@
-"""Peer decoders: the code a user compares dartree against first, on the same models and prompts.
-
-A *peer* is a decoding loop that dartree does not own:
-
-* ``hf-generate``: transformers' own greedy ``generate`` (the AR baseline every HF user has);
-* ``hf-prompt-lookup``: ``generate(prompt_lookup_num_tokens=N)``, HF's n-gram speculative decoding
-  (needs no drafter: it proposes continuations of n-grams found in the prompt);
-* ``dflash``: z-lab's released DFlash loop (``dflash_generate`` of the PyPI package ``dflash``,
-  MIT), on the bundle's drafter exported with :func:`dartree.models.writers.save_drafter` and
-  loaded by ``dflash.DFlashDraftModel.from_pretrained``: the authors' code on dartree's weights.
-
-``dflash`` is an optional extra of the benchmarks, never of the library: install it with
-``pip install --no-deps dflash==0.1.0`` (it needs only torch and transformers at run time; its
-pinned extras would replace both).  :func:`peer_unavailable` says why a peer cannot run.
-
-Every peer decodes greedily (T=0) and returns a :class:`PeerResult`: the new tokens only,
-``int64 [1, m]`` (the harness compares them with dartree's AR output token for token), and the
-tokens each of its rounds committed where the peer reports them (``dflash``: its acceptance
-lengths, so tau is comparable; HF reports none).
+"""Peer decoders, the decoding loops dartree does not own, timed on the same models and prompts: ``hf-generate``
+(transformers' greedy ``generate``), ``hf-prompt-lookup`` (its n-gram speculative decoding) and ``dflash`` (z-lab's
+``dflash_generate`` on the bundle's drafter exported in their layout; an optional extra:
+``pip install --no-deps dflash==0.1.0``).  Every peer decodes greedily and returns a :class:`PeerResult`.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """Figures: acceptance by position (Figure 5), sweeps (Figures 4, 6), trees (Figures 8-11), depths (Figure 7).
 
-Every function writes one PNG with matplotlib's object API (no pyplot state, no display needed) and
-returns its path; a figure is rendered in memory and written complete or not at all (no half-written PNG
-under its name when drawing is interrupted or the disk is full).
+Every function writes one PNG with matplotlib's object API (no pyplot state) and returns its path; a figure
+is rendered in memory and written complete or not at all.
 """
 
 from __future__ import annotations

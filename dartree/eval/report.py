@@ -42,11 +42,7 @@ def _settings(s: Summary) -> str:
 
 
 def _methods(summaries: Sequence[Summary]) -> list[str]:
-    seen: list[str] = []
-    for s in summaries:
-        if s.method not in seen:
-            seen.append(s.method)
-    return seen
+    return list(dict.fromkeys(s.method for s in summaries))
 
 
 def table1(summaries: Sequence[Summary], temperature: float) -> str:
@@ -82,10 +78,8 @@ def table1(summaries: Sequence[Summary], temperature: float) -> str:
 
 
 def table2(summaries: Sequence[Summary], temperature: float) -> str:
-    """Rows: methods; mean ms per round of each disjoint stage, pooled over datasets (Table 2).
-
-    ``overhead`` = round - (draft + head + target + context): everything that is not a model forward.
-    """
+    """Rows: methods; mean ms per round of each disjoint stage, pooled over datasets (Table 2); ``overhead`` =
+    round - (draft + head + target + context)."""
     rows = []
     for method in _methods([s for s in summaries if s.temperature == temperature]):
         group = [s for s in summaries if s.method == method and s.temperature == temperature]
@@ -106,10 +100,8 @@ def table2(summaries: Sequence[Summary], temperature: float) -> str:
 
 
 def accelerator_forecast(summaries: Sequence[Summary], temperature: float) -> str:
-    """Per method: the speedup the measured acceptance would give where a verify of the whole tree costs one AR
-    step (the GPU regime of the paper), every other stage as measured here.  A forecast from the cost model,
-    not a measurement: ``tau * ar_round / (round - target + ar_target)`` with ``round`` and ``target`` the
-    method's mean ms per round and ``ar_round`` / ``ar_target`` AR's per step, pooled over datasets."""
+    """Per method: the speedup forecast where a tree verify costs one AR step (the paper's GPU regime), every
+    other stage as measured: ``tau * ar_round / (round - target + ar_target)``, pooled over datasets."""
     rows = []
     group = [s for s in summaries if s.temperature == temperature and s.rounds]
     ar = [s for s in group if s.method == AR]
@@ -137,13 +129,8 @@ def accelerator_forecast(summaries: Sequence[Summary], temperature: float) -> st
 
 
 def tuning_table(result: TuneResult) -> str:
-    """Every (B, W) the tuner scored, the choice marked (Table 4); with ``beta=auto`` a beta column (the
-    depth penalty each (B, W) kept).
-
-    ``model`` columns: the cost model's estimate (it ranks); ``measured`` columns: real decodes of the
-    finalists and AR on the calibration prompts (the choice and its forecast; at T>0 the faster verifier's,
-    the verifiers named); ``-`` where not measured.
-    """
+    """Every setting the tuner scored, the choice marked (Table 4): the cost model's columns (the ranking),
+    then the real decodes of the finalists and AR (``-`` where not measured)."""
     ar = result.ar_tokens_per_s
     betas = any(c.beta is not None for c in result.candidates)     # beta=auto: the beta each setting kept
     builders = result.builder == AUTO                                # auto: several builders
@@ -173,8 +160,7 @@ def tuning_table(result: TuneResult) -> str:
 
 
 def _verifiers(result: TuneResult, c, best) -> str:
-    """At T>0, which verifier the measured rate is (the setting's fastest) and the other's rate, e.g.
-    `` (rejection; match 120.3)``; nothing where one verifier was measured."""
+    """At T>0 the verifier of the measured rate and the others' rates, e.g. `` (rejection; match 120.3)``."""
     other = [m for m in result.measured if (m.budget, m.width) == (c.budget, c.width) and m is not best]
     if best.verifier is None or not other:
         return ""
@@ -183,15 +169,9 @@ def _verifiers(result: TuneResult, c, best) -> str:
 
 def forecast_table(result: BenchResult) -> str:
     """Per tuned method and temperature: the tuner's forecast (calibration prompts) beside what the run
-    measured (evaluation prompts), per dataset and pooled; error = forecast / measured - 1.
-
-    The speedup columns and AR's rate at calibration vs evaluation show how much of an error is the
-    machine's load drifting between the two (both speedups are over AR timed in the same window).  The
-    90% intervals (:meth:`TuneResult.forecast_interval`) are where the measurement on this many
-    evaluation prompts should fall given how much the calibration prompts differed from each other;
-    ``in 90%``: whether it did (tokens/s, speedup).  ``prompts for +-15%``: how many prompts calibration
-    and evaluation would each need for that tokens/s interval to be within 15% (:meth:`TuneResult.prompts_for`).
-    """
+    measured (evaluation prompts), per dataset and pooled, with the 90% intervals of
+    :meth:`TuneResult.forecast_interval` and :meth:`TuneResult.prompts_for` (the speedup columns take out AR's
+    drift between the two)."""
     rows = []
     for tr in result.tuning:
         temp = [s for s in result.summaries if s.temperature == tr.temperature]
@@ -341,12 +321,7 @@ def bench_markdown(result: BenchResult) -> str:
 
 
 def write_bench(result: BenchResult, out: Path) -> dict[str, Path]:
-    """Write ``results.md`` and ``results.json`` into ``out``, each complete or not at all
-    (:func:`dartree.eval.outdir.write_atomic`); returns their paths.
-
-    The command line writes into a :class:`~dartree.eval.outdir.RunFolder`'s staging folder, so that
-    the two files and the plots replace an earlier run together.
-    """
+    """Write ``results.md`` and ``results.json`` into ``out``, each complete or not at all; returns their paths."""
     out.mkdir(parents=True, exist_ok=True)
     paths = {"markdown": out / "results.md", "json": out / "results.json"}
     text = json.dumps(result.to_json(), indent=1, default=str)      # serialised first: a failure writes nothing
