@@ -1,15 +1,6 @@
-"""The ``dartree`` command line: generate, bench, sweep, show-tree, tune.
-
-    dartree generate --prompt "def fib(n):" --method dartree-pruned:budget=32,width=8
-    dartree bench --preset demo                 # AR + six methods on the bundled zoo, tables + plots
-    dartree sweep --param budget --methods ddtree dartree-pruned
-    dartree show-tree --method dartree-pruned --round 3
-    dartree tune --method dartree-pruned        # adaptive budget for this machine (Appendix B)
-
-Methods are ``ar`` or ``BUILDER[:KEY=VALUE,...]`` (see :mod:`dartree.eval.methods`); ``--budget``,
-``--width``, ``--topk`` and ``--beta`` set those fields for every method that has them and does not
-set them itself.  ``--model tiny-random`` runs any command on a toy model in seconds.
-"""
+"""The ``dartree`` command line: generate, bench, sweep, show-tree, tune (examples:
+:data:`dartree.cli.parser.DESCRIPTION`, ``dartree --help``), and how it ends: a user error is one line and
+status 2, Ctrl-C 130, SIGTERM / SIGHUP 128 + the signal, each after the run's cleanup."""
 
 from __future__ import annotations
 
@@ -33,7 +24,7 @@ COMMANDS = {"generate": cmd_generate, "bench": cmd_bench, "sweep": cmd_sweep, "s
 
 class Terminated(BaseException):
     """SIGTERM or SIGHUP, raised in the main thread like Ctrl-C's ``KeyboardInterrupt``, so that every
-    ``with`` block on the way out cleans up (a run folder removes what it staged: ``--out`` untouched)."""
+    ``with`` block on the way out cleans up."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signum)
@@ -42,8 +33,8 @@ class Terminated(BaseException):
 
 @contextmanager
 def _termination_raises() -> Iterator[None]:
-    """SIGTERM and SIGHUP raise :class:`Terminated` inside the block, where their action is the default
-    (which ends the process without running any cleanup); a handler someone else installed is kept."""
+    """SIGTERM and SIGHUP raise :class:`Terminated` inside the block where their action is the default
+    (which ends the process without cleanup); a handler someone else installed is kept."""
     previous = {}
     if threading.current_thread() is threading.main_thread():
         for name in ("SIGTERM", "SIGHUP"):
@@ -58,8 +49,7 @@ def _termination_raises() -> Iterator[None]:
 
 
 def _after_commit(e: BaseException) -> str:
-    """The note for a signal that arrived while a run's results were being committed: it is delivered
-    once the commit is done, so the folder holds the new run (the table and the tune cache are skipped)."""
+    """The note for a signal that arrived during a commit (delivered once the folder holds the new run)."""
     out = getattr(e, "dartree_committed", None)
     return "" if out is None else f" after the run's results were written to {out}"
 
@@ -69,17 +59,14 @@ def _raise_terminated(signum: int, frame: object) -> None:
 
 
 #: modules each command needs before it starts, imported by :func:`_import_stack` (a Ctrl-C during an import
-#: can leave a library half-initialized: numpy then recurses, an extension raises ``ImportError:
-#: initialization failed``, and a library that catches ImportError carries on without it)
+#: can leave a library half-initialized)
 STACK = ("torch", "dartree.decode")
 COMMAND_STACK = {"generate": STACK, **{name: (*STACK, "dartree.eval.plots") for name in COMMANDS if name != "generate"}}
 
 
 def _import_stack(command: str) -> None:
     """Import the command's libraries (:data:`COMMAND_STACK`) where Ctrl-C ends the process at once with one
-    line: nothing has been written yet, and an interrupt inside a library's import would not be a
-    ``KeyboardInterrupt`` by the time it came out (or would not come out at all).  Only where Ctrl-C has
-    Python's behaviour (:func:`_interrupts_recorded`'s handler or Python's own); otherwise it is left alone."""
+    line (nothing is written yet); only where Ctrl-C has Python's behaviour, else it is left alone."""
     from importlib import import_module
 
     def exit_now(signum: int, frame: object) -> None:
@@ -98,8 +85,7 @@ def _import_stack(command: str) -> None:
 
 
 class _Recorder:
-    """SIGINT handler of :func:`_interrupts_recorded`: raises ``KeyboardInterrupt`` as Python's own does, and
-    counts the interrupts."""
+    """SIGINT handler: raises ``KeyboardInterrupt`` as Python's own does, and counts the interrupts."""
 
     def __init__(self) -> None:
         self.received = 0
@@ -111,9 +97,8 @@ class _Recorder:
 
 @contextmanager
 def _interrupts_recorded() -> Iterator[_Recorder]:
-    """Ctrl-C raises ``KeyboardInterrupt`` as with Python's own handler, and is recorded, so that an interrupt
-    a library turns into another error (a lazy import inside a command) is still reported as one line;
-    a handler someone else installed (or SIGINT ignored) is kept."""
+    """Ctrl-C raises ``KeyboardInterrupt`` and is recorded, so that one a library turns into another error is
+    still reported as one line; a handler someone else installed (or SIGINT ignored) is kept."""
     recorder = _Recorder()
     held = (threading.current_thread() is threading.main_thread()
             and signal.getsignal(signal.SIGINT) is signal.default_int_handler)
@@ -130,9 +115,8 @@ PLUGIN_GROUP = "dartree.plugins"
 
 
 def load_plugins(modules: Sequence[str]) -> None:
-    """Import every ``dartree.plugins`` entry point of the installed packages, then ``modules`` (``--plugin``):
-    each registers builders (or anything else) when imported.  A module that cannot be imported is one
-    :class:`UsageError` naming it."""
+    """Import every ``dartree.plugins`` entry point of the installed packages, then ``modules`` (``--plugin``);
+    one that cannot be imported is a :class:`UsageError` naming it."""
     from importlib import import_module
     from importlib.metadata import entry_points
 
@@ -149,15 +133,8 @@ def load_plugins(modules: Sequence[str]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``dartree`` console script; returns the exit status.
-
-    A user error (bad option, file, folder or setting) exits with status 2 and one line on stderr,
-    ``dartree: error: ...`` (argparse's own errors add the usage line); any other exception is a bug
-    and propagates with its traceback.  A closed stdout (a pipe whose reader ended) exits quietly with status
-    141.  Ctrl-C, at any moment, exits with status 130, SIGTERM / SIGHUP with 128 + the
-    signal's number, each with one line, after the run's cleanup (an ``--out`` folder is left as it was, or, for
-    a signal that arrived during the commit, holds the new run: the line says so).
-    """
+    """Entry point of the ``dartree`` console script; returns the exit status (module docstring).  Any
+    exception other than a user error is a bug and keeps its traceback; a closed stdout exits 141."""
     with _interrupts_recorded() as interrupts:
         try:
             return _run(argv)
@@ -171,8 +148,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _plugin_builder_in(tb) -> str | None:
-    """The name of the registered non-built-in builder whose :meth:`~dartree.builders.TreeBuilder.build` raised
-    (its function, or the check of the tree it returned), if a frame of ``tb`` runs one."""
+    """The name of the plugin builder whose :meth:`~dartree.builders.TreeBuilder.build` raised, if a frame of
+    ``tb`` runs one."""
     from dartree.builders import BUILDERS, TreeBuilder
 
     while tb is not None:
@@ -189,7 +166,7 @@ def _run(argv: Sequence[str] | None) -> int:
     try:
         parser = build_parser()
         args = parser.parse_args(join_negative_values(list(sys.argv[1:] if argv is None else argv)))
-        args.argv = list(argv) if argv is not None else None
+        args.argv = ["dartree", *(sys.argv[1:] if argv is None else argv)]     # as the results files record it
         _import_stack(args.command)                      # here, not at import: --help stays instant
         import torch
 

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 from dartree.cli.errors import UsageError, user_input
-from dartree.cli.helpers import check_fit, check_grid, load, log, prepare_out, setting_defaults, written
-from dartree.cli.parser import BENCH_DEFAULTS, PRESETS
+from dartree.cli.helpers import bench_preset, check_fit, check_grid, check_lengths, load, log, prepare_out, written
 from dartree.eval.outdir import CONCURRENCY_FILES
 
 __all__ = ["cmd_bench_concurrency", "CONCURRENCY_FILES"]
@@ -17,8 +15,6 @@ __all__ = ["cmd_bench_concurrency", "CONCURRENCY_FILES"]
 
 def cmd_bench_concurrency(args: argparse.Namespace) -> int:
     from dartree.eval.bench import run_meta
-    from dartree.eval.bundles import encode
-    from dartree.eval.checks import check_positions
     from dartree.eval.concurrency import (
         check_methods,
         concurrency_markdown,
@@ -29,13 +25,7 @@ def cmd_bench_concurrency(args: argparse.Namespace) -> int:
     from dartree.eval.datasets import load_prompts
     from dartree.eval.methods import parse_methods
 
-    preset = dict(BENCH_DEFAULTS if args.preset is None else PRESETS[args.preset])
-    for key in ("methods", "datasets", "temperatures", "max_new_tokens", "budget", "out"):
-        if getattr(args, key) is not None:
-            preset[key] = getattr(args, key)
-    defaults = setting_defaults(args)
-    if "budget" not in defaults and preset["budget"] is not None:
-        defaults["budget"] = preset["budget"]
+    preset, defaults = bench_preset(args, ("methods", "datasets", "temperatures", "max_new_tokens", "budget", "out"))
     levels = list(dict.fromkeys(args.concurrency))
     num_prompts = args.num_prompts if args.num_prompts is not None else 2 * max(levels)
     dataset, temperature = preset["datasets"][0], float(preset["temperatures"][0])
@@ -53,14 +43,10 @@ def cmd_bench_concurrency(args: argparse.Namespace) -> int:
             check_grid(m, args.tune_budgets, args.tune_widths, "--tune-budgets", "--tune-widths")
     out = Path(preset["out"])
     with prepare_out(args, out, CONCURRENCY_FILES) as run:
-        if args.threads is None:
-            args.threads = preset["threads"]
         bundle = load(args)
         timed = [m for m in methods if not m.is_ar]
         check_fit(bundle, timed)        # heads, topk: before anything is served
-        with user_input():
-            check_positions(bundle, [min(len(encode(bundle.tokenizer, p.text)), args.max_prompt_tokens)
-                                     for p in prompts], preset["max_new_tokens"], "--max-prompt-tokens")
+        check_lengths(bundle, [p.text for p in prompts], args.max_prompt_tokens, preset["max_new_tokens"])
         rows = run_concurrency(bundle, timed, levels, dataset=dataset,
                                num_prompts=num_prompts, max_new_tokens=preset["max_new_tokens"],
                                temperature=temperature, seed=args.seed, backend=args.backend,
@@ -68,8 +54,7 @@ def cmd_bench_concurrency(args: argparse.Namespace) -> int:
                                warmup=not args.no_warmup, tune_budgets=tuple(args.tune_budgets),
                                tune_widths=tuple(args.tune_widths), log=log, top_k=args.top_k, top_p=args.top_p,
                                min_p=args.min_p, verifier=args.verifier)
-        argv = ["dartree", *sys.argv[1:]] if args.argv is None else ["dartree", *args.argv]
-        meta = run_meta(bundle, argv)
+        meta = run_meta(bundle, args.argv)
         meta.update(dataset=dataset, temperature=temperature, prompts=num_prompts,
                     max_new_tokens=preset["max_new_tokens"])
         if temperature > 0:         # the warpers and the run's verifier, as they were passed to every row

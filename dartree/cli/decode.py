@@ -11,17 +11,20 @@ from pathlib import Path
 
 from dartree.cli.errors import UsageError, user_input
 from dartree.cli.helpers import (
+    bench_preset,
     check_fit,
     check_grid,
+    check_lengths,
     load,
     log,
     prepare_out,
     prompt_ids,
     round_summary,
     setting_defaults,
+    warps_of,
     written,
 )
-from dartree.cli.parser import BENCH_DEFAULTS, PRESETS, methods_for
+from dartree.cli.parser import methods_for
 
 __all__ = ["cmd_generate", "cmd_bench"]
 
@@ -54,8 +57,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
                          "give at least one character")
     bundle = load(args)
     with user_input():          # budget / width unset or auto: this machine's tuned choice, or the device's default
-        method, note = resolve_unset(bundle, method, args.temperature,
-                                     {"top_k": args.top_k, "top_p": args.top_p, "min_p": args.min_p})
+        method, note = resolve_unset(bundle, method, args.temperature, warps_of(args))
     if note:
         log(f"{method.label}: {note}")
     check_fit(bundle, [method])
@@ -69,8 +71,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.temperature > 0:          # keyed draws (== AR with the seed), or a seeded generator for rejection
         sampler = KeyedSampler(args.seed) if verifier not in SAMPLED_VERIFIERS else \
             GeneratorSampler(torch.Generator().manual_seed(args.seed))
-    warps = {"top_k": args.top_k, "top_p": args.top_p, "min_p": args.min_p}
-    options = {**warps, "verifier": verifier if args.temperature > 0 else None}
+    options = {**warps_of(args), "verifier": verifier if args.temperature > 0 else None}
     out = sys.stdout
     out.write(text)
     out.flush()
@@ -89,7 +90,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     start = time.perf_counter()
     if method.is_ar:
-        result = generate_ar(bundle.target, ids, args.max_new_tokens, args.temperature, sampler, stops, **warps)
+        result = generate_ar(bundle.target, ids, args.max_new_tokens, args.temperature, sampler, stops,
+                             **warps_of(args))
         show(result.tokens[0].tolist())
     else:
         decoder = make_decoder(bundle, method, args.backend)
@@ -119,17 +121,6 @@ def tuning_plot_names(tuning) -> list[str]:
              for t in tuning]
     return [f"tuning_{stem}" + (f"_T{t.temperature:g}" if stems.count(stem) > 1 else "") + ".png"
             for stem, t in zip(stems, tuning, strict=True)]
-
-
-def _check_bench(bundle, config, texts: list[str]) -> None:
-    """Check what bench will decode against the model before it runs: heads, topk, positions."""
-    from dartree.eval.bundles import encode
-    from dartree.eval.checks import check_positions
-
-    check_fit(bundle, config.methods)
-    lengths = [min(len(encode(bundle.tokenizer, t)), config.max_prompt_tokens) for t in texts]
-    with user_input():
-        check_positions(bundle, lengths, config.max_new_tokens, "--max-prompt-tokens")
 
 
 def _cache_tuning(bundle, config, result) -> None:
@@ -179,15 +170,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from dartree.eval.plots import plot_acceptance, plot_tuning
     from dartree.eval.report import bench_markdown, write_bench
 
-    preset = dict(BENCH_DEFAULTS if args.preset is None else PRESETS[args.preset])
-    for key in ("methods", "datasets", "temperatures", "num_prompts", "max_new_tokens", "budget", "out"):
-        if getattr(args, key) is not None:
-            preset[key] = getattr(args, key)
+    preset, defaults = bench_preset(args, ("methods", "datasets", "temperatures", "num_prompts", "max_new_tokens",
+                                           "budget", "out"))
     if args.methods is None:                # at T>0 the preset's methods that pay there
         preset["methods"] = methods_for(preset, [float(t) for t in preset["temperatures"]])
-    defaults = setting_defaults(args)
-    if "budget" not in defaults and preset["budget"] is not None:
-        defaults["budget"] = preset["budget"]
     with user_input():
         methods = parse_methods([m for m in preset["methods"] if m != "ar"] or ["ar"], defaults)
         config = BenchConfig(
@@ -216,13 +202,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
             check_grid(m, config.tune_budgets, config.tune_widths, "--tune-budgets", "--tune-widths")
     out = Path(preset["out"])
     with prepare_out(args, out, BENCH_FILES) as run:
-        if args.threads is None:
-            args.threads = preset["threads"]
         bundle = load(args)
-        _check_bench(bundle, config, [p.text for p in prompts])
-        argv = ["dartree", *sys.argv[1:]] if args.argv is None else ["dartree", *args.argv]
+        check_fit(bundle, config.methods)
+        check_lengths(bundle, [p.text for p in prompts], config.max_prompt_tokens, config.max_new_tokens)
         start = time.perf_counter()
-        result = run_bench(bundle, config, argv=argv, log=log)
+        result = run_bench(bundle, config, argv=args.argv, log=log)
         with written(run):          # the files replace an earlier run together, once all are written
             write_bench(result, run.staged)
             plot_acceptance(result.summaries, run.path("acceptance.png"))

@@ -12,8 +12,8 @@ from typing import Any
 
 from dartree.cli.errors import UsageError, user_input
 
-__all__ = ["log", "setting_defaults", "load", "prepare_out", "written", "prompt_ids", "dataset_prompts",
-           "references", "check_fit", "check_grid", "round_summary"]
+__all__ = ["log", "setting_defaults", "warps_of", "bench_preset", "load", "prepare_out", "written", "prompt_ids",
+           "dataset_prompts", "references", "check_fit", "check_grid", "check_lengths", "round_summary"]
 
 
 def log(msg: str) -> None:
@@ -22,6 +22,26 @@ def log(msg: str) -> None:
 
 def setting_defaults(args: argparse.Namespace) -> dict[str, Any]:
     return {k: getattr(args, k) for k in ("budget", "width", "topk", "beta") if getattr(args, k, None) is not None}
+
+
+def warps_of(args: argparse.Namespace) -> dict[str, Any]:
+    """The target-side warpers of the command line."""
+    return {"top_k": args.top_k, "top_p": args.top_p, "min_p": args.min_p}
+
+
+def bench_preset(args: argparse.Namespace, keys: Sequence[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``bench``'s preset (or defaults) with the options of ``keys`` given on the command line, and the
+    setting defaults (the preset's budget unless --budget); sets --threads to the preset's when unset."""
+    from dartree.cli.parser import BENCH_DEFAULTS, PRESETS
+
+    preset = dict(BENCH_DEFAULTS if args.preset is None else PRESETS[args.preset])
+    preset.update({key: getattr(args, key) for key in keys if getattr(args, key) is not None})
+    defaults = setting_defaults(args)
+    if "budget" not in defaults and preset["budget"] is not None:
+        defaults["budget"] = preset["budget"]
+    if args.threads is None:
+        args.threads = preset["threads"]
+    return preset, defaults
 
 
 def load(args: argparse.Namespace):
@@ -69,8 +89,7 @@ def load(args: argparse.Namespace):
 
 
 def prepare_out(args: argparse.Namespace, out: Path, kind: Sequence[str]):
-    """Open --out before any model loads (:func:`dartree.eval.outdir.open_run`): locked against other runs,
-    writable, and no earlier results of this ``kind`` unless --force.  Returns the
+    """Open --out before any model loads (:func:`dartree.eval.outdir.open_run`); returns the
     :class:`~dartree.eval.outdir.RunFolder` (a context manager) the command writes through."""
     from dartree.eval.outdir import open_run
 
@@ -134,9 +153,8 @@ def references(bundle, args: argparse.Namespace, texts: Sequence[str], warps: di
 
 def check_grid(method, budgets: Sequence[int], widths: Sequence[int], budget_option: str, width_option: str,
                fields: Sequence[str] | None = None) -> None:
-    """Every setting a tuner would try for ``method`` (its ``fields``, default its ``auto`` ones, over
-    ``budgets`` x ``widths``) is a valid builder config: checked before any model loads, named by the
-    option that gave it."""
+    """Every setting a tuner would try for ``method`` (its ``fields``, default its ``auto`` ones) is a valid
+    builder config: checked before any model loads, named by the option that gave it."""
     from itertools import product
 
     from dartree.eval.methods import make_method_builder
@@ -159,6 +177,16 @@ def check_grid(method, budgets: Sequence[int], widths: Sequence[int], budget_opt
             field = str(e).split(":")[0]
             option = {"budget": budget_option, "width": width_option}.get(field, f"{budget_option}/{width_option}")
             raise UsageError(f"{option}: {e}") from e
+
+
+def check_lengths(bundle, texts: Sequence[str], max_prompt_tokens: int, max_new_tokens: int) -> None:
+    """Every prompt of ``texts`` (cut to ``max_prompt_tokens``) plus ``max_new_tokens`` fits the target."""
+    from dartree.eval.bundles import encode
+    from dartree.eval.checks import check_positions
+
+    with user_input():
+        check_positions(bundle, [min(len(encode(bundle.tokenizer, t)), max_prompt_tokens) for t in texts],
+                        max_new_tokens, "--max-prompt-tokens")
 
 
 def check_fit(bundle, methods, topk_values: Sequence[int] = ()) -> None:

@@ -17,6 +17,7 @@ from dartree.cli.helpers import (
     prepare_out,
     references,
     setting_defaults,
+    warps_of,
     written,
 )
 
@@ -126,21 +127,21 @@ def cmd_tune(args: argparse.Namespace) -> int:
                              "picks the builder too)")
     if not method.is_auto:
         _check_tunable(args, method)
-    warps = {"top_k": args.top_k, "top_p": args.top_p, "min_p": args.min_p}
+    warp = warps_of(args)
     prompts = dataset_prompts(args)
     with prepare_out(args, args.out, tune_files(method.builder)) as run:
         bundle = load(args)
         check_fit(bundle, [method])
-        refs = references(bundle, args, [p.text for p in prompts], warps)
+        refs = references(bundle, args, [p.text for p in prompts], warp)
         result = tune(bundle, method, refs, args.backend, args.budgets, args.widths, progress=log,
-                      temperature=args.temperature, seed=args.seed, warps=warps)
+                      temperature=args.temperature, seed=args.seed, warps=warp)
         table = tuning_table(result)
         with written(run):          # the three files replace an earlier tuning of this builder together
             run.write(f"tune_{method.builder}.md", f"# Adaptive budget for {method.label} on {bundle.name}\n\n"
                                                    f"{table}\n")
             run.write(f"tune_{method.builder}.json", json.dumps(asdict(result), indent=1))
             plot_tuning(result, run.path(f"tune_{method.builder}.png"))
-    cached = store_or_warn(cache_key(bundle, method, args.temperature, warps=warps), entry_of(result), log)
+    cached = store_or_warn(cache_key(bundle, method, args.temperature, warps=warp), entry_of(result), log)
     print(table)
     chosen = "plain AR (no tree is forecast to beat it)" if result.use_ar else " ".join(
         f"--{k} {v}" for k, v in result.settings().items())
