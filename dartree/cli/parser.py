@@ -42,23 +42,16 @@ PRESETS: dict[str, dict[str, Any]] = {
     "demo": {
         "methods": ["chain", "ddtree", "corrected-chain", "dartree-fixed", "dartree-pruned",
                     "dartree-pruned:budget=auto,width=auto,beta=auto"],
-        # --temperatures above 0 (and no --methods): the methods that pay there.  corrected-sequoia's sampled
-        # rank-optimal shape is the tree that pays at T=1 on the zoo: at the table's budget like every other tree
-        # (the most tokens a round) and at B=4 (the fastest on one CPU thread, where a tree's forward grows
-        # with its nodes), and `auto` picks builder, budget and verifier at the run's temperature (it searches
-        # dartree-pruned too, so the T=0 list's tuned dartree-pruned is left out: a second tuning would double the run)
+        # --temperatures above 0 (and no --methods): the methods that pay there (corrected-sequoia's sampled shape
+        # pays at T=1 on the zoo, B=4 fastest on one CPU thread); `auto` searches dartree-pruned too, so the T=0
+        # list's tuned dartree-pruned is left out (a second tuning would double the run)
         "sampled_methods": ["chain", "ddtree", "corrected-chain", "dartree-fixed", "dartree-pruned",
                             "corrected-sequoia", "corrected-sequoia:budget=4", "auto"],
         "datasets": ["humaneval", "stdlib"],
         "temperatures": [0.0],
-        # 8 + 8 prompts a dataset: tau varies several-fold from prompt to prompt on the zoo, so a few
-        # evaluation prompts can average far from the calibration prompts and the tuner's forecast speedup
-        # missed widely with fewer; 8 + 8 keeps it close, at the price of a longer demo.
-        # 16 calibration prompts a dataset: the rounds of 8 calibration prompts alone move the forecast at
-        # least twice as far from the evaluation prompts as those of 16 (benchmarks/forecast_proxies.py
-        # prints these errors); the tuner replays every setting from blocks drafted once per prompt
-        # (ReplayBlocks), which keeps the demo's time down.  Figures for both: docs/results.md,
-        # "Measurements behind design choices in the code".
+        # 8 evaluation + 16 calibration prompts a dataset: tau varies several-fold from prompt to prompt on the
+        # zoo, and fewer moved the tuner's forecast far from the evaluation (docs/results.md, "Measurements
+        # behind design choices in the code"; benchmarks/forecast_proxies.py).
         "num_prompts": 8,
         "calibration_prompts": 16,
         "max_new_tokens": 64,
@@ -66,9 +59,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "out": "runs/demo",
         # HF `generate` beside dartree's AR: the baseline every HF user has (dartree's AR is faster)
         "peers": ["hf-generate"],
-        # One thread: two threads on a 2-core machine that anything else is using oversubscribe
-        # OpenMP and make every timing several times slower (docs/results.md, "Measurements behind
-        # design choices in the code").
+        # One thread: two on a busy 2-core machine oversubscribe OpenMP (docs/results.md, "Measurements
+        # behind design choices in the code").
         "threads": 1,
     },
     # The full Table 1 grid of the paper on the zoo: both temperatures, three datasets, every builder.
@@ -156,19 +148,20 @@ def _temperature(text: str) -> float:
                    f"0 (greedy) or a finite number >= {MIN_TEMPERATURE:g} and <= {MAX_TEMPERATURE:g}") + 0.0  # -0: 0.0
 
 
-def _top_p(text: str) -> float:
-    return _parsed(text, float, lambda v: 0 <= v <= 1, "a number with 0 <= top-p <= 1 (0: the top token)") + 0.0
+def _fraction(name: str, note: str = ""):
+    def parse(text: str) -> float:
+        return _parsed(text, float, lambda v: 0 <= v <= 1, f"a number with 0 <= {name} <= 1{note}") + 0.0
 
-
-def _min_p(text: str) -> float:
-    return _parsed(text, float, lambda v: 0 <= v <= 1, "a number with 0 <= min-p <= 1") + 0.0
+    return parse
 
 
 def _sampling_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("sampling at T>0 (HF generate's warpers, for AR and every method alike)")
     g.add_argument("--top-k", type=_positive_int, default=None, help="keep the k most likely tokens")
-    g.add_argument("--top-p", type=_top_p, default=None, help="keep the smallest set of mass >= top-p (nucleus)")
-    g.add_argument("--min-p", type=_min_p, default=None, help="drop tokens below min-p x the top probability")
+    g.add_argument("--top-p", type=_fraction("top-p", " (0: the top token)"), default=None,
+                   help="keep the smallest set of mass >= top-p (nucleus)")
+    g.add_argument("--min-p", type=_fraction("min-p"), default=None,
+                   help="drop tokens below min-p x the top probability")
     # dartree.rounds.VERIFIERS (not imported: keeps --help fast; tests/test_cli checks they agree)
     g.add_argument("--verifier", choices=("match", "rejection", "traversal"), default=None,
                    help="how trees are verified at T>0: 'traversal' (sampled trees, Traversal Verification: leaf to "
@@ -215,8 +208,6 @@ def _folder(text: str) -> Path:
 
 
 def _device(text: str) -> str:
-    import re
-
     if not re.fullmatch(r"cpu|cuda(:\d+)?", text):
         raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:N, got {text!r}")
     return text
