@@ -1,15 +1,10 @@
 """Methods as the harness names them: ``ar`` or a builder with its settings, parsed from text.
 
 Syntax: ``NAME[:KEY=VALUE,...]`` where NAME is ``ar``, ``auto`` (the tuner picks the builder, its budget and
-at T>0 the verifier: :func:`dartree.eval.tune.tune_auto`; it takes only ``verifier=`` / ``head=`` / ``drafter=``)
-or a registry name (``dartree.builders.registered()``:
-dartree's own strategies and any registered since) and KEY is a field of that builder's config
-(``budget``, ``width``, ``topk``, ``beta``, ``normalize``), ``head`` (which correction head of the
-bundle a corrected builder uses; default ``gru``), ``verifier`` (``match`` / ``rejection`` / ``traversal``: how it
-verifies at T>0; default: the run's) or ``drafter`` (a name of :data:`DRAFTERS`, e.g. ``lookup``: prompt
-lookup; default: the bundle's drafter).
-``budget=auto`` / ``width=auto`` / ``beta=auto`` are resolved by :mod:`dartree.eval.tune` before
-decoding (an unset budget or width may be searched too; an unset beta keeps the builder's default).
+at T>0 the verifier; it takes only ``verifier=`` / ``head=`` / ``drafter=``) or a registered builder, and KEY
+is a field of that builder's config, ``head`` (default ``gru``), ``verifier`` (``match`` / ``rejection`` /
+``traversal``; default: the run's) or ``drafter`` (a name of :data:`DRAFTERS`; default: the bundle's).
+``budget=auto`` / ``width=auto`` / ``beta=auto`` are resolved by :mod:`dartree.eval.tune` before decoding.
 
     parse_method("dartree-pruned:budget=32,width=8,head=markov")
 """
@@ -116,17 +111,20 @@ def _value(key: str, text: str, kind: Any = str) -> Any:
         return AUTO
     if key not in _INT_FIELDS and key != "beta":
         return _typed(key, text, kind)
-    if key in _INT_FIELDS:
-        try:
-            return int(text)
-        except ValueError:
-            raise ValueError(f"{key}: expected an integer or 'auto', got {text!r}") from None
-    if key == "beta":
-        try:
-            return float(text)
-        except ValueError:
-            raise ValueError(f"beta: expected a number <= 0 or 'auto', got {text!r}") from None
-    return text
+    try:
+        return int(text) if key in _INT_FIELDS else float(text)
+    except ValueError:
+        expected = "an integer" if key in _INT_FIELDS else "a number <= 0"
+        raise ValueError(f"{key}: expected {expected} or 'auto', got {text!r}") from None
+
+
+def _option(key: str, raw: str) -> str:
+    """A method's ``verifier=`` or ``drafter=``, checked."""
+    allowed = VERIFIERS if key == "verifier" else tuple(DRAFTERS)
+    if raw not in allowed:
+        more = " (dartree.eval.methods.register_drafter adds more)" if key == "drafter" else ""
+        raise ValueError(f"{key}: expected one of {allowed}{more}, got {raw!r}")
+    return raw
 
 
 def parse_method(text: str, defaults: dict[str, Any] | None = None) -> MethodSpec:
@@ -151,8 +149,7 @@ def parse_method(text: str, defaults: dict[str, Any] | None = None) -> MethodSpe
     kinds = {f.name: f.type for f in dataclasses.fields(spec.config_cls)}
     settings: dict[str, Any] = {}
     head: str | None = "gru" if spec.needs_head else None
-    verifier: str | None = None
-    drafter: str | None = None
+    options: dict[str, str] = {}
     items: list[str] = []                          # KEY=VALUE as given, spaces stripped: the label
     seen: set[str] = set()
     for item in filter(None, (s.strip() for s in rest.split(","))):
@@ -169,16 +166,8 @@ def parse_method(text: str, defaults: dict[str, Any] | None = None) -> MethodSpe
                 raise ValueError(f"head: builder {name!r} uses no correction head")
             head = raw.strip()
             continue
-        if key == "drafter":
-            if raw.strip() not in DRAFTERS:
-                raise ValueError(f"drafter: expected one of {tuple(DRAFTERS)} (dartree.eval.methods.register_drafter "
-                                 f"adds more), got {raw.strip()!r}")
-            drafter = raw.strip()
-            continue
-        if key == "verifier":
-            if raw.strip() not in VERIFIERS:
-                raise ValueError(f"verifier: expected one of {VERIFIERS}, got {raw.strip()!r}")
-            verifier = raw.strip()
+        if key in ("verifier", "drafter"):
+            options[key] = _option(key, raw.strip())
             continue
         if key not in fields:
             allowed_keys = ((*fields, "head") if spec.needs_head else fields) + ("verifier", "drafter")
@@ -188,7 +177,8 @@ def parse_method(text: str, defaults: dict[str, Any] | None = None) -> MethodSpe
     for key, value in (defaults or {}).items():
         if key in fields and key not in settings and value is not None:
             settings[key] = value
-    method = MethodSpec(name, tuple(sorted(settings.items())), head, label, verifier, drafter)
+    method = MethodSpec(name, tuple(sorted(settings.items())), head, label, options.get("verifier"),
+                        options.get("drafter"))
     concrete = {k: v for k, v in settings.items() if v != AUTO}
     make_builder(name, "ref", **concrete)          # validates every concrete value now
     return method
@@ -206,11 +196,7 @@ def _parse_auto(text: str, rest: str) -> MethodSpec:
                              f"and its settings), got {item!r} in {text!r}")
         if key in settings:
             raise ValueError(f"{key}: set twice in {text!r}; give each setting once")
-        if key == "verifier" and raw not in VERIFIERS:
-            raise ValueError(f"verifier: expected one of {VERIFIERS}, got {raw!r}")
-        if key == "drafter" and raw not in DRAFTERS:
-            raise ValueError(f"drafter: expected one of {tuple(DRAFTERS)}, got {raw!r}")
-        settings[key] = raw
+        settings[key] = raw if key == "head" else _option(key, raw)
     label = AUTO + (":" + ",".join(f"{k}={v}" for k, v in settings.items()) if settings else "")
     return MethodSpec(AUTO, (), settings.get("head"), label, settings.get("verifier"), settings.get("drafter"))
 
