@@ -2,8 +2,8 @@
 or plain AR when no tree pays here: a cost model (:mod:`dartree.eval.costmodel`) ranks every setting, the
 best-ranked few are decoded for real beside AR and the fastest measured is chosen.
 
-Entry points: :func:`tune`, :func:`tune_auto` (``auto``: builders x budgets x verifiers), :func:`choose`,
-:class:`TuneResult`.  The steps and the cost model: docs/internals.md, "The budget tuner".
+Entry points: :func:`tune` (for ``auto``: builders x budgets x verifiers), :func:`choose`, :class:`TuneResult`.
+The steps and the cost model: docs/internals.md, "The budget tuner".
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from dartree.rounds import DEFAULT_VERIFIER, SAMPLED_VERIFIERS
 
 __all__ = ["VerifyCost", "ConfigStats", "Candidate", "Measurement", "TuneResult", "measure_verify_cost",
            "replay_stats", "replay_settings", "score_candidates", "score_at_concurrency", "pick_best", "choose",
-           "tune", "tune_auto", "AUTO_BUILDERS", "DEFAULT_AUTO_FINALISTS", "DEFAULT_SCREEN_PROMPTS",
+           "tune", "AUTO_BUILDERS", "DEFAULT_AUTO_FINALISTS", "DEFAULT_SCREEN_PROMPTS",
            "measure_overhead", "setting_text", "pick_finalists", "DEFAULT_BUDGETS", "DEFAULT_WIDTHS",
            "DEFAULT_BETAS", "DEFAULT_FINALISTS", "DEFAULT_MIN_SPEEDUP", "Interval", "ratio_prediction",
            "ratio_units_for", "t_quantile"]
@@ -227,7 +227,7 @@ def tune(
     warps: dict | None = None,
 ) -> TuneResult:
     """Choose ``budget`` (and ``width``) of ``method`` for this machine, or plain AR; for ``auto`` the
-    builder too (:func:`tune_auto`).  docs/internals.md, "The budget tuner", gives the steps.
+    builder too (each of ``builders``).  docs/internals.md, "The budget tuner", gives the steps.
 
     Fields set to a number stay fixed; those ``"auto"`` (or unset) are searched over ``budgets`` /
     ``widths``; ``beta`` over ``betas`` only when ``"auto"`` (each (budget, width) keeps the beta of highest
@@ -238,20 +238,42 @@ def tune(
     ``finalists`` best-ranked are decoded for real beside AR and the fastest is chosen (``finalists=0``:
     the ranking alone, against the references' AR timing).
     """
-    if method.is_auto:
-        return tune_auto(bundle, method, refs, backend, budgets, verify_cost, progress, temperature, seed,
-                         DEFAULT_AUTO_FINALISTS if finalists is None else finalists, min_speedup, labels, builders,
-                         screen_prompts, warps)
-    finalists = DEFAULT_FINALISTS if finalists is None else finalists
-    if method.is_ar:
-        raise ValueError("method: 'ar' has no budget to tune")
-    fields = method.fields()
-    if "budget" not in fields:
-        raise ValueError(f"method: {method.builder!r} has no budget to tune (fields: {fields})")
+    if not method.is_auto:
+        if method.is_ar:
+            raise ValueError("method: 'ar' has no budget to tune")
+        if "budget" not in method.fields():
+            raise ValueError(f"method: {method.builder!r} has no budget to tune (fields: {method.fields()})")
+    finalists = (DEFAULT_AUTO_FINALISTS if method.is_auto else DEFAULT_FINALISTS) if finalists is None else finalists
     _check_common(refs, finalists, screen_prompts)
-    config = method.config
+    groups: tuple[Callable[[Candidate], object], ...] = (lambda c: c.verifier,)
+    if method.is_auto:         # every builder at every budget, its width and beta at their defaults
+        known = registered()
+        bad = [b for b in builders if b not in known or "budget" not in MethodSpec(b).fields()]
+        if not builders or bad:
+            raise ValueError(f"builders: need registered builders with a budget, got {list(builders)} (bad: {bad})")
+        budget_grid = _check_sizes("budgets", tuple(budgets))
+        grids = [(_auto_member(b, method), budget_grid, (None,), (None,)) for b in builders]
+        groups += (lambda c: (c.builder, c.verifier),)
+    else:
+        grids = [(method, *_grids(method, budgets, widths, betas))]
+    verify_cost = verify_cost or _probe_verify_cost(bundle, refs, max(max(g[1]) for g in grids))
+    verifiers = _verifiers(method, temperature)
+    screen = _screen(refs, labels, screen_prompts)
+    candidates: list[Candidate] = []
+    overheads: dict[str, float] = {}
+    for spec, budget_grid, width_grid, beta_grid in grids:
+        found, overheads[spec.builder] = _rank(bundle, spec, refs, backend, budget_grid, width_grid, beta_grid,
+                                               verify_cost, temperature, seed, verifiers, screen, progress, warps)
+        candidates += found
+    return _decide(bundle, method, tuple(candidates), verify_cost, overheads, refs, backend, temperature, seed,
+                   finalists, min_speedup, labels, progress, groups, warps)
+
+
+def _grids(method: MethodSpec, budgets: Sequence[int], widths: Sequence[int], betas: Sequence[float]
+           ) -> tuple[tuple[int, ...], tuple[int | None, ...], tuple[float | None, ...]]:
+    """The budgets, widths and betas searched for ``method``: its ``auto`` (or unset) fields over the grids."""
+    config, has_width = method.config, "width" in method.fields()
     budget_grid = tuple(budgets) if config.get("budget", AUTO) == AUTO else (config["budget"],)
-    has_width = "width" in fields
     width_grid: tuple[int | None, ...] = (None,)
     if has_width:
         width_grid = tuple(widths) if config.get("width", AUTO) == AUTO else (config["width"],)
@@ -263,43 +285,7 @@ def tune(
         if not beta_grid or any(isinstance(v, bool) or not isinstance(v, int | float) or not v <= 0
                                 for v in beta_grid):
             raise ValueError(f"betas: need numbers <= 0 (depth penalties), got {beta_grid}")
-    verify_cost = verify_cost or _probe_verify_cost(bundle, refs, max(budget_grid))
-    verifiers = _verifiers(method, temperature)
-    candidates, overhead_s = _rank(bundle, method, refs, backend, budget_grid, width_grid, beta_grid, verify_cost,
-                                   temperature, seed, verifiers, _screen(refs, labels, screen_prompts), progress, warps)
-    return _decide(bundle, method, candidates, verify_cost, {method.builder: overhead_s}, refs, backend, temperature,
-                   seed, finalists, min_speedup, labels, progress, (lambda c: c.verifier,), warps)
-
-
-def tune_auto(bundle: Bundle, method: MethodSpec, refs: Sequence[Reference], backend: str = "auto",
-              budgets: Sequence[int] = DEFAULT_BUDGETS, verify_cost: VerifyCost | None = None,
-              progress: Callable[[str], None] | None = None, temperature: float = 0.0, seed: int = 0,
-              finalists: int = DEFAULT_AUTO_FINALISTS, min_speedup: float = DEFAULT_MIN_SPEEDUP,
-              labels: Sequence[str] | None = None, builders: Sequence[str] = AUTO_BUILDERS,
-              screen_prompts: int = DEFAULT_SCREEN_PROMPTS, warps: dict | None = None) -> TuneResult:
-    """``auto``: every builder of ``builders`` (width and beta at their defaults) ranked at every budget
-    under every verifier the method may use, then decoded and chosen as :func:`tune` does."""
-    if not method.is_auto:
-        raise ValueError(f"method: tune_auto searches the method 'auto', got {method.label!r}")
-    _check_common(refs, finalists, screen_prompts)
-    known = registered()
-    bad = [b for b in builders if b not in known or "budget" not in MethodSpec(b).fields()]
-    if not builders or bad:
-        raise ValueError(f"builders: need registered builders with a budget, got {list(builders)} (bad: {bad})")
-    budget_grid = _check_sizes("budgets", tuple(budgets))
-    verify_cost = verify_cost or _probe_verify_cost(bundle, refs, max(budget_grid))
-    verifiers = _verifiers(method, temperature)
-    screen = _screen(refs, labels, screen_prompts)
-    candidates: list[Candidate] = []
-    overheads: dict[str, float] = {}
-    for name in builders:
-        spec = _auto_member(name, method)
-        found, overheads[name] = _rank(bundle, spec, refs, backend, budget_grid, (None,), (None,), verify_cost,
-                                       temperature, seed, verifiers, screen, progress, warps)
-        candidates += found
-    return _decide(bundle, method, tuple(candidates), verify_cost, overheads, refs, backend, temperature, seed,
-                   finalists, min_speedup, labels, progress,
-                   (lambda c: c.verifier, lambda c: (c.builder, c.verifier)), warps)
+    return budget_grid, width_grid, beta_grid
 
 
 def _auto_member(builder: str, method: MethodSpec) -> MethodSpec:
