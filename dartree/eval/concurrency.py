@@ -182,8 +182,8 @@ def run_concurrency(
                file=sys.stderr)
     for c in levels:
         ar = None
-        for label in (AR, *(m.label for m in timed)):
-            spec = next((m for m in timed if m.label == label), None)
+        for spec in (None, *timed):
+            label = AR if spec is None else spec.label
             chosen = ""
             if spec is None:
                 engine = bundle.target
@@ -203,8 +203,7 @@ def run_concurrency(
             same = sum(a.tokens.tolist() == b.tokens.tolist() for a, b in zip(ar.results, out.results, strict=True))
             rounds = sum(r.num_rounds for r in out.results)
             rows.append(ConcurrencyRow(
-                method=label, backend="-" if label == AR else resolve_backend(
-                    next(m for m in timed if m.label == label).builder, backend),
+                method=label, backend="-" if spec is None else resolve_backend(spec.builder, backend),
                 concurrency=c, prompts=len(prompts), tokens=out.tokens, seconds=out.seconds,
                 tokens_per_s=out.tokens_per_s, speedup=out.tokens_per_s / ar.tokens_per_s,
                 tau=out.tokens / max(1, rounds), steps=out.steps, lossless_prompts=same, settings=chosen,
