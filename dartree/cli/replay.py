@@ -36,13 +36,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                              else ["ddtree", "dartree-fixed", "dartree-pruned"])
     values = args.values if args.values is not None else list(DEFAULT_VALUES[args.param])
     with user_input():
-        check_sweep_values(args.param, values)
         methods = parse_methods(names, setting_defaults(args))
+        check_sweep_values(args.param, values, methods)
         for m in methods:
-            if m.is_ar or args.param not in m.fields():
-                raise ValueError(f"methods: {m.label!r} has no setting {args.param!r}")
-            if m.auto_fields:
-                raise ValueError(f"methods: {m.label!r}: 'auto' settings cannot be swept; give numbers")
             for v in values:                            # every point's builder config is valid
                 make_method_builder(m.with_settings(**{args.param: v if args.param == "beta" else int(v)}), "ref")
     prompts = dataset_prompts(args)

@@ -62,9 +62,9 @@ class SweepResult:
         return out
 
 
-def check_sweep_values(param: str, values: Sequence[float]) -> None:
-    """``ValueError`` unless ``values`` are valid for ``param``: at least one, all distinct; ``beta`` finite
-    and <= 0 (a depth penalty), the others integers >= 1."""
+def check_sweep_values(param: str, values: Sequence[float], methods: Sequence[MethodSpec] = ()) -> None:
+    """``ValueError`` unless ``values`` are valid for ``param`` (at least one, all distinct; ``beta`` finite
+    and <= 0, the others integers >= 1) and every method of ``methods`` has the setting, as a number."""
     if param not in SWEEP_PARAMS:
         raise ValueError(f"param: must be one of {SWEEP_PARAMS}, got {param!r}")
     if not values:
@@ -79,6 +79,11 @@ def check_sweep_values(param: str, values: Sequence[float]) -> None:
     repeated = sorted({v for v in values if list(values).count(v) > 1})
     if repeated:
         raise ValueError(f"values: each value must appear once, repeated: {', '.join(f'{v:g}' for v in repeated)}")
+    for m in methods:
+        if m.is_ar or param not in m.fields():
+            raise ValueError(f"methods: {m.label!r} has no setting {param!r}; sweep it on a builder that has one")
+        if m.auto_fields:
+            raise ValueError(f"methods: {m.label!r} has 'auto' settings; give numbers for a sweep")
 
 
 def run_sweep(
@@ -92,15 +97,10 @@ def run_sweep(
     progress: Callable[[str], None] | None = None,
 ) -> SweepResult:
     """Sweep ``param`` over ``values`` for every method that has that setting."""
-    check_sweep_values(param, values)
+    check_sweep_values(param, values, methods)
     if not refs:
         raise ValueError("refs: need at least one calibration reference")
     cast = float if param == "beta" else int
-    for m in methods:
-        if m.is_ar or param not in m.fields():
-            raise ValueError(f"methods: {m.label!r} has no setting {param!r}; sweep it on a builder that has one")
-        if m.auto_fields:
-            raise ValueError(f"methods: {m.label!r} has 'auto' settings; give numbers for a sweep")
     if verify_cost is None:
         largest = max((int(v) if param == "budget" else int(m.config.get("budget", 64))) for v in values
                       for m in methods)
