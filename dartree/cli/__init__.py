@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
@@ -15,6 +14,7 @@ from dartree.cli.decode import cmd_bench, cmd_generate
 from dartree.cli.errors import UsageError
 from dartree.cli.parser import PRESETS, build_parser, join_negative_values
 from dartree.cli.replay import cmd_show_tree, cmd_sweep, cmd_tune
+from dartree.eval.outdir import signal_handlers
 
 __all__ = ["main", "build_parser", "load_plugins", "PLUGIN_GROUP", "PRESETS", "UsageError"]
 
@@ -35,17 +35,9 @@ class Terminated(BaseException):
 def _termination_raises() -> Iterator[None]:
     """SIGTERM and SIGHUP raise :class:`Terminated` inside the block where their action is the default
     (which ends the process without cleanup); a handler someone else installed is kept."""
-    previous = {}
-    if threading.current_thread() is threading.main_thread():
-        for name in ("SIGTERM", "SIGHUP"):
-            sig = getattr(signal, name, None)
-            if sig is not None and signal.getsignal(sig) is signal.SIG_DFL:
-                previous[sig] = signal.signal(sig, _raise_terminated)
-    try:
+    sigs = [getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)]
+    with signal_handlers({sig: _raise_terminated for sig in sigs if signal.getsignal(sig) is signal.SIG_DFL}):
         yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 def _after_commit(e: BaseException) -> str:
@@ -73,15 +65,11 @@ def _import_stack(command: str) -> None:
         print("dartree: interrupted", file=sys.stderr, flush=True)
         os._exit(130)
 
-    current = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
+    current = signal.getsignal(signal.SIGINT)
     held = current is signal.default_int_handler or isinstance(current, _Recorder)
-    previous = signal.signal(signal.SIGINT, exit_now) if held else None
-    try:
+    with signal_handlers({signal.SIGINT: exit_now} if held else {}):
         for name in COMMAND_STACK[command]:
             import_module(name)
-    finally:
-        if held:
-            signal.signal(signal.SIGINT, previous)
 
 
 class _Recorder:
@@ -100,14 +88,9 @@ def _interrupts_recorded() -> Iterator[_Recorder]:
     """Ctrl-C raises ``KeyboardInterrupt`` and is recorded, so that one a library turns into another error is
     still reported as one line; a handler someone else installed (or SIGINT ignored) is kept."""
     recorder = _Recorder()
-    held = (threading.current_thread() is threading.main_thread()
-            and signal.getsignal(signal.SIGINT) is signal.default_int_handler)
-    previous = signal.signal(signal.SIGINT, recorder) if held else None
-    try:
+    held = signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with signal_handlers({signal.SIGINT: recorder} if held else {}):
         yield recorder
-    finally:
-        if held:
-            signal.signal(signal.SIGINT, previous)
 
 
 #: the entry-point group an installed package declares its dartree plugin module under

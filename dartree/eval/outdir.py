@@ -24,7 +24,7 @@ from typing import Any
 
 __all__ = ["BENCH_FILES", "CONCURRENCY_FILES", "TREE_FILES", "sweep_files", "tune_files", "run_files",
            "open_run", "RunFolder", "write_atomic", "JOURNAL", "STAGING_PREFIX", "HELD_SIGNALS",
-           "file_mode"]
+           "file_mode", "signal_handlers"]
 
 BENCH_FILES: tuple[str, ...] = ("results.md", "results.json", "acceptance.png", "tuning_*.png")
 CONCURRENCY_FILES: tuple[str, ...] = ("concurrency.md", "concurrency.json", "concurrency.png")
@@ -116,22 +116,28 @@ def _signals_held() -> Iterator[None]:
     mask holds a signal back from the calling thread only, and the kernel may deliver a ``kill`` to another
     (tqdm's monitor thread).  Outside the main thread and for a handler installed from C, nothing is held.
     """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
     pending: list[int] = []
-    previous: dict[int, Any] = {}
-    for sig in HELD_SIGNALS:
-        handler = signal.getsignal(sig)
-        if handler is not None:                  # None: a handler set from C, which Python cannot restore
-            previous[sig] = signal.signal(sig, lambda signum, frame: pending.append(signum))
+    try:                                         # None: a handler set from C, which Python cannot restore
+        with signal_handlers({sig: lambda signum, frame: pending.append(signum) for sig in HELD_SIGNALS
+                              if signal.getsignal(sig) is not None}):
+            yield
+    finally:
+        for sig in dict.fromkeys(pending):       # once each, in order of arrival
+            signal.raise_signal(sig)
+
+
+@contextmanager
+def signal_handlers(handlers: dict[int, Any]) -> Iterator[None]:
+    """Install ``handlers`` (signal -> handler) for the block and restore the earlier ones after it; outside
+    the main thread, where Python cannot set handlers, nothing is installed."""
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {sig: signal.signal(sig, handler) for sig, handler in handlers.items()}
     try:
         yield
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        for sig in dict.fromkeys(pending):       # once each, in order of arrival
-            signal.raise_signal(sig)
 
 
 # ------------------------------------------------------------------------------------------- journal
