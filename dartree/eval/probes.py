@@ -218,44 +218,36 @@ def measure_specs(bundle: Bundle, specs: Sequence[tuple[MethodSpec, str | None, 
     labels = list(labels) if labels is not None else [r.label for r in refs]
     if len(labels) != len(refs):
         raise ValueError(f"labels: need one per reference ({len(refs)}), got {len(labels)}")
-    keys: list[tuple[str, int | None, int | None, str | None]] = [("", None, None, None)]
-    runners: list[Callable[..., GenerationResult]] = [
-        lambda ids, n, t, smp: generate_ar(bundle.target, ids, n, t, smp, **(warps if t > 0 else {}))]
-    key_betas: list[float | None] = [None]
+    # per run: (builder, budget, width, verifier), the searched beta, and how it decodes
+    runs: list[tuple[tuple, float | None, Callable[..., GenerationResult]]] = [(("", None, None, None), None, (
+        lambda ids, n, t, smp: generate_ar(bundle.target, ids, n, t, smp, **(warps if t > 0 else {}))))]
     for spec, verifier, beta in specs:
         decoder = make_decoder(bundle, spec, backend)
-        config = spec.config
-        keys.append((spec.builder if builders else "", config.get("budget"), config.get("width"),
-                     verifier if temperature > 0 else None))
-        key_betas.append(beta)
-        runners.append(lambda ids, n, t, smp, d=decoder, v=verifier: d.generate(
-            ids, n, t, smp, verifier=v if t > 0 else None, **(warps if t > 0 else {})))
+        key = (spec.builder if builders else "", spec.config.get("budget"), spec.config.get("width"),
+               verifier if temperature > 0 else None)
+        runs.append((key, beta, lambda ids, n, t, smp, d=decoder, v=verifier: d.generate(
+            ids, n, t, smp, verifier=v if t > 0 else None, **(warps if t > 0 else {}))))
     first = refs[0].sequence[:, : refs[0].prompt_len]
-    for run in runners:                      # first calls allocate caches and pick kernels: untimed
+    for _, _, run in runs:                   # first calls allocate caches and pick kernels: untimed
         run(first, max(1, min(8, refs[0].new_tokens)), 0.0, None)
-    totals: list[dict[str, list]] = [{} for _ in keys]          # per spec: label -> [tokens, seconds, rounds]
-    per_prompt: list[list[tuple[str, int, float]]] = [[] for _ in keys]
+    rows: list[list[tuple[str, int, float, int]]] = [[] for _ in runs]     # per run: (label, tokens, s, rounds)
     for i, (ref, label) in enumerate(zip(refs, labels, strict=True)):
         ids = ref.sequence[:, : ref.prompt_len]
-        order = list(range(len(keys)))
-        order = order[i % len(order):] + order[: i % len(order)]
-        for j in order:
-            sampler = sampler_for(keys[j][3], seed, i, ids.device) if temperature > 0 else None
+        for j in [*range(i % len(runs), len(runs)), *range(i % len(runs))]:
+            sampler = sampler_for(runs[j][0][3], seed, i, ids.device) if temperature > 0 else None
             start = time.perf_counter()
-            result = runners[j](ids, ref.new_tokens, temperature, sampler)
-            seconds = time.perf_counter() - start
-            cell = totals[j].setdefault(label, [0, 0.0, 0])
-            cell[0] += result.tokens.shape[1]
-            cell[1] += seconds
-            cell[2] += max(1, result.num_rounds)
-            per_prompt[j].append((label, result.tokens.shape[1], seconds))
+            result = runs[j][2](ids, ref.new_tokens, temperature, sampler)
+            rows[j].append((label, result.tokens.shape[1], time.perf_counter() - start, max(1, result.num_rounds)))
     out = []
-    for j, (key, beta) in enumerate(zip(keys, key_betas, strict=True)):
-        cells = totals[j]
-        out.append(Measurement(key[1], key[2], sum(c[0] for c in cells.values()), sum(c[1] for c in cells.values()),
-                               sum(c[2] for c in cells.values()),
-                               tuple((label, c[0], c[1]) for label, c in cells.items()), beta,
-                               tuple(per_prompt[j]), key[3], key[0]))
+    for ((builder, budget, width, verifier), beta, _), done in zip(runs, rows, strict=True):
+        per_label: dict[str, tuple[int, float]] = {}
+        for label, tokens, seconds, _ in done:
+            t, s = per_label.get(label, (0, 0.0))
+            per_label[label] = (t + tokens, s + seconds)
+        out.append(Measurement(budget, width, sum(t for t, _ in per_label.values()),
+                               sum(s for _, s in per_label.values()), sum(r[3] for r in done),
+                               tuple((label, t, s) for label, (t, s) in per_label.items()), beta,
+                               tuple(r[:3] for r in done), verifier, builder))
     return tuple(out)
 
 

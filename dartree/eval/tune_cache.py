@@ -40,15 +40,11 @@ def cache_dir() -> Path:
     return Path(base) / "dartree"
 
 
-def _modules(bundle: Bundle) -> list[tuple[str, Any]]:
-    return [("target", bundle.target), ("drafter", bundle.drafter),
-            *((f"head.{k}", v) for k, v in sorted(bundle.heads.items()))]
-
-
 def model_hash(bundle: Bundle) -> str:
     """SHA-256 (hex) over every weight of the bundle's modules: the identity of the model files."""
     digest = hashlib.sha256()
-    for prefix, module in _modules(bundle):
+    for prefix, module in [("target", bundle.target), ("drafter", bundle.drafter),
+                           *((f"head.{k}", v) for k, v in sorted(bundle.heads.items()))]:
         digest.update(f"{prefix}:{type(module).__name__};".encode())
         if not isinstance(module, torch.nn.Module):
             continue
@@ -87,8 +83,7 @@ def cache_key(bundle: Bundle, method: MethodSpec, temperature: float, digest: st
     searched fields (``budget`` / ``width`` unset or ``auto``) are left out; ``beta=auto`` stays in it.
     ``digest``: a precomputed :func:`model_hash`."""
     fixed = {k: v for k, v in method.config.items() if not (k in SEARCHED_WHEN_UNSET and v == AUTO)}
-    device = next(bundle.target.parameters()).device
-    key = {"v": _VERSION, "model": digest or model_hash(bundle), **machine(device), "builder": method.builder,
+    key = {"v": _VERSION, "model": digest or model_hash(bundle), **machine(_device(bundle)), "builder": method.builder,
            "head": method.head, "settings": dict(sorted(fixed.items())), "temperature": float(temperature)}
     if method.is_auto and method.verifier:          # auto:verifier=... searched one verifier only
         key["verifier"] = method.verifier
