@@ -230,32 +230,22 @@ def summarize(records: Sequence[RunRecord], methods: Sequence[MethodSpec], backe
         rounds = sum(r.rounds for r in rs)
         ar = cells[(AR, dataset, temperature)]
         ar_rate = sum(r.new_tokens for r in ar) / sum(r.seconds for r in ar)
-        if label.startswith(PEER_PREFIX):      # a peer's loop: no stage split; tau where it reports rounds
-            tau = sum(sum(r.committed) for r in rs) / rounds if rounds else 0.0
-            out.append(Summary(
-                method=label, builder="peer", settings={}, backend="-", dataset=dataset, temperature=temperature,
-                prompts=len(rs), tokens=tokens, seconds=seconds, tokens_per_s=tokens / seconds,
-                speedup=tokens / seconds / ar_rate, tau=tau, rounds=rounds, mean_tree_size=0.0,
-                stage_ms=dict.fromkeys(STAGES, 0.0), round_ms=0.0, overhead_ms=0.0,
-                lossless_prompts=sum(r.matches_ar for r in rs), acceptance=()))
-            continue
-        rate = tokens / seconds
-        stage_ms = {s: 1000.0 * sum(r.stage_s[i] for r in rs) / rounds for i, s in enumerate(STAGES)}
-        accepted = [a for r in rs for a in r.accepted_lengths]
-        spec = (resolved or {}).get((label, temperature), by_label[label])
+        rate, n = tokens / seconds, max(1, rounds)     # a peer's loop: no stages, tau only where it reports rounds
+        spec = None if label.startswith(PEER_PREFIX) else (resolved or {}).get((label, temperature), by_label[label])
+        stage_ms = {s: 1000.0 * sum(r.stage_s[i] for r in rs) / n for i, s in enumerate(STAGES)}
         out.append(Summary(
-            method=label, builder=spec.builder, settings=spec.config,
-            backend="-" if spec.is_ar else resolve_backend(spec.builder, backend),
+            method=label, builder="peer" if spec is None else spec.builder,
+            settings={} if spec is None else spec.config,
+            backend="-" if spec is None or spec.is_ar else resolve_backend(spec.builder, backend),
             dataset=dataset, temperature=temperature, prompts=len(rs), tokens=tokens, seconds=seconds,
-            tokens_per_s=rate, speedup=rate / ar_rate, tau=sum(sum(r.committed) for r in rs) / rounds,
-            rounds=rounds, mean_tree_size=sum(sum(r.tree_sizes) for r in rs) / rounds, stage_ms=stage_ms,
+            tokens_per_s=rate, speedup=rate / ar_rate, tau=sum(sum(r.committed) for r in rs) / n,
+            rounds=rounds, mean_tree_size=sum(sum(r.tree_sizes) for r in rs) / n, stage_ms=stage_ms,
             round_ms=sum(stage_ms.values()),
             overhead_ms=sum(stage_ms.values()) - sum(stage_ms[st] for st in MODEL_STAGES),
             lossless_prompts=sum(r.matches_ar for r in rs),
-            acceptance=acceptance_curve(accepted, gamma) if not spec.is_ar else (),
-            verifier=rs[0].verifier,
-            law=law_text.get((label, temperature), ""),
-        ))
+            acceptance=() if spec is None or spec.is_ar else
+            acceptance_curve([a for r in rs for a in r.accepted_lengths], gamma),
+            verifier=rs[0].verifier, law=law_text.get((label, temperature), "")))
     return tuple(out)
 
 
