@@ -45,6 +45,11 @@ def _methods(summaries: Sequence[Summary]) -> list[str]:
     return list(dict.fromkeys(s.method for s in summaries))
 
 
+def _per_round(group: Sequence[Summary], value) -> float:
+    """``value`` of the summaries pooled over their rounds."""
+    return sum(value(s) * s.rounds for s in group) / sum(s.rounds for s in group)
+
+
 def table1(summaries: Sequence[Summary], temperature: float) -> str:
     """Rows: methods; per dataset: speedup over AR and tau; then lossless prompts (Table 1)."""
     cells = {(s.method, s.dataset): s for s in summaries if s.temperature == temperature}
@@ -85,12 +90,10 @@ def table2(summaries: Sequence[Summary], temperature: float) -> str:
         group = [s for s in summaries if s.method == method and s.temperature == temperature]
         if group[0].builder == "peer":        # a peer's loop is timed whole: no stages
             continue
-        rounds = sum(s.rounds for s in group)
-        ms = {st: sum(s.stage_ms[st] * s.rounds for s in group) / rounds for st in STAGES}
+        ms = {st: _per_round(group, lambda s, st=st: s.stage_ms[st]) for st in STAGES}
         total = sum(ms.values())
         overhead = total - sum(ms[st] for st in MODEL_STAGES)
-        tree = sum(s.mean_tree_size * s.rounds for s in group) / rounds
-        tau = sum(s.tau * s.rounds for s in group) / rounds
+        tree, tau = _per_round(group, lambda s: s.mean_tree_size), _per_round(group, lambda s: s.tau)
         rows.append([method, *(f"{ms[st]:.2f}" for st in STAGES), f"{total:.2f}", f"{overhead:.2f}",
                      f"{100 * overhead / total:.0f}%" if total > 0 else "-", f"{tree:.1f}", f"{tau:.2f}",
                      f"{total / tau:.2f}"])
@@ -107,18 +110,15 @@ def accelerator_forecast(summaries: Sequence[Summary], temperature: float) -> st
     ar = [s for s in group if s.method == AR]
     if not ar:
         return ""
-    ar_round = sum(s.round_ms * s.rounds for s in ar) / sum(s.rounds for s in ar)
-    ar_target = sum(s.stage_ms["target"] * s.rounds for s in ar) / sum(s.rounds for s in ar)
+    ar_round, ar_target = _per_round(ar, lambda s: s.round_ms), _per_round(ar, lambda s: s.stage_ms["target"])
     for method in _methods(group):
         if method == AR:
             continue
         rs = [s for s in group if s.method == method]
-        n = sum(s.rounds for s in rs)
-        if not n or rs[0].builder == AR:
+        if rs[0].builder == AR:
             continue
-        tau = sum(s.tau * s.rounds for s in rs) / n
-        round_ms = sum(s.round_ms * s.rounds for s in rs) / n
-        target = sum(s.stage_ms["target"] * s.rounds for s in rs) / n
+        tau, round_ms = _per_round(rs, lambda s: s.tau), _per_round(rs, lambda s: s.round_ms)
+        target = _per_round(rs, lambda s: s.stage_ms["target"])
         measured = sum(s.tokens for s in rs) / sum(s.seconds for s in rs) / (
             sum(s.tokens / s.speedup for s in rs) / sum(s.seconds for s in rs))
         forecast = tau * ar_round / (round_ms - target + ar_target)

@@ -9,6 +9,7 @@ The steps and the cost model: docs/internals.md, "The budget tuner".
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -244,6 +245,7 @@ def tune(
         if "budget" not in method.fields():
             raise ValueError(f"method: {method.builder!r} has no budget to tune (fields: {method.fields()})")
     finalists = (DEFAULT_AUTO_FINALISTS if method.is_auto else DEFAULT_FINALISTS) if finalists is None else finalists
+    progress = progress or (lambda text: None)
     _check_common(refs, finalists, screen_prompts)
     groups: tuple[Callable[[Candidate], object], ...] = (lambda c: c.verifier,)
     if method.is_auto:         # every builder at every budget, its width and beta at their defaults
@@ -323,14 +325,7 @@ def _screen(refs: Sequence[Reference], labels: Sequence[str] | None, count: int)
     groups: dict[str, list[Reference]] = {}
     for ref, label in zip(refs, labels, strict=True):
         groups.setdefault(label, []).append(ref)
-    out: list[Reference] = []
-    depth = 0
-    while len(out) < min(count, len(refs)):
-        for group in groups.values():
-            if depth < len(group) and len(out) < count:
-                out.append(group[depth])
-        depth += 1
-    return out
+    return [r for tier in itertools.zip_longest(*groups.values()) for r in tier if r is not None][:count]
 
 
 def _probe_verify_cost(bundle: Bundle, refs: Sequence[Reference], largest_budget: int) -> VerifyCost:
@@ -341,19 +336,18 @@ def _probe_verify_cost(bundle: Bundle, refs: Sequence[Reference], largest_budget
 def _rank(bundle: Bundle, method: MethodSpec, refs: Sequence[Reference], backend: str,
           budget_grid: tuple[int, ...], width_grid: tuple[int | None, ...], beta_grid: tuple[float | None, ...],
           verify_cost: VerifyCost, temperature: float, seed: int, verifiers: tuple[str | None, ...],
-          screen: Sequence[Reference], progress: Callable[[str], None] | None,
+          screen: Sequence[Reference], progress: Callable[[str], None],
           warps: dict | None = None) -> tuple[list[Candidate], float]:
     """Every (budget, width) of ``method`` scored under every verifier, and the per-round overhead charged."""
     grid = [(budget, width, beta) for budget in budget_grid for width in width_grid for beta in beta_grid]
-    out: list[Candidate] = []
+    scored: list[tuple[str | None, dict[tuple[int, int | None], ConfigStats]]] = []     # (verifier, stats)
     overhead_s = 0.0
     chosen_beta: dict[tuple[int, int | None], float | None] = {(b, w): beta_grid[0] for b, w, _ in grid}
     if any(v not in SAMPLED_VERIFIERS for v in verifiers):   # greedy (T=0) or matching: replays price every setting
         probe = concrete(method, min(budget_grid), width_grid[0] if width_grid[0] is None else min(width_grid),
                          beta_grid[0])
         overhead_s = measure_overhead(bundle, probe, refs[0], backend, temperature, seed, warps)
-        if progress is not None:
-            progress(f"{method.builder}: replaying {len(grid)} settings on {len(refs)} calibration prompts")
+        progress(f"{method.builder}: replaying {len(grid)} settings on {len(refs)} calibration prompts")
         replays = replay_settings(bundle, [concrete(method, *g) for g in grid], refs, backend, progress)
         stats: dict[tuple[int, int | None], ConfigStats] = {}
         best_tau: dict[tuple[int, int | None], float] = {}
@@ -366,34 +360,28 @@ def _rank(bundle: Bundle, method: MethodSpec, refs: Sequence[Reference], backend
         # moving between replays does not rank the settings (docs/results.md, "Measurements behind design choices")
         draft_s = statistics.median(st.draft_s for st in stats.values())
         stats = {key: dataclasses.replace(st, draft_s=draft_s) for key, st in stats.items()}
-        for v in verifiers:
-            if v not in SAMPLED_VERIFIERS:
-                out += [dataclasses.replace(c, beta=chosen_beta[(c.budget, c.width)], builder=method.builder,
-                                            verifier=v) for c in score_candidates(stats, verify_cost, overhead_s)]
+        scored += [(v, stats) for v in verifiers if v not in SAMPLED_VERIFIERS]
     for v in (v for v in verifiers if v in SAMPLED_VERIFIERS):   # sampled trees: real decodes on the screen prompts
         keys = list(dict.fromkeys((b, w) for b, w, _ in grid))
-        if progress is not None:
-            progress(f"{method.builder}: decoding {len(keys)} settings with {v} on {len(screen)} prompts")
+        progress(f"{method.builder}: decoding {len(keys)} settings with {v} on {len(screen)} prompts")
         decoded = screen_decodes(bundle, [concrete(method, b, w, chosen_beta[(b, w)]) for b, w in keys], screen,
                                  backend, temperature, seed, v, warps=warps)
-        stats = dict(zip(keys, decoded, strict=True))
-        out += [dataclasses.replace(c, beta=chosen_beta[(c.budget, c.width)], builder=method.builder,
-                                    verifier=v) for c in score_candidates(stats, verify_cost, overhead_s)]
-    return out, overhead_s
+        scored.append((v, dict(zip(keys, decoded, strict=True))))
+    return [dataclasses.replace(c, beta=chosen_beta[(c.budget, c.width)], builder=method.builder, verifier=v)
+            for v, stats in scored for c in score_candidates(stats, verify_cost, overhead_s)], overhead_s
 
 
 def _decide(bundle: Bundle, method: MethodSpec, candidates: tuple[Candidate, ...], verify_cost: VerifyCost,
             overheads: dict[str, float], refs: Sequence[Reference], backend: str, temperature: float, seed: int,
             finalists: int, min_speedup: float, labels: Sequence[str] | None,
-            progress: Callable[[str], None] | None, groups: Sequence[Callable[[Candidate], object]],
+            progress: Callable[[str], None], groups: Sequence[Callable[[Candidate], object]],
             warps: dict | None = None) -> TuneResult:
     """Decode the best-ranked candidates for real beside AR, choose, and say what was measured."""
     measured: tuple[Measurement, ...] = ()
     if finalists:
         ranked = pick_finalists(candidates, finalists, groups)
-        if progress is not None:
-            progress(f"{method.label}: decoding AR and " + ", ".join(_candidate_text(c, method) for c in ranked)
-                     + f" for real on {len(refs)} calibration prompts")
+        progress(f"{method.label}: decoding AR and " + ", ".join(_candidate_text(c, method) for c in ranked)
+                 + f" for real on {len(refs)} calibration prompts")
         specs = [(_candidate_spec(c, method), c.verifier, c.beta) for c in ranked]
         measured = measure_specs(bundle, specs, refs, backend, temperature, seed, labels, builders=True, warps=warps)
         ar_rate = measured[0].tokens_per_s
