@@ -36,7 +36,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from dartree.eval.bundles import decode, stop_token_id
     from dartree.eval.checks import check_positions, read_prompt_file
     from dartree.eval.methods import make_decoder, parse_method
-    from dartree.eval.streaming import stream_generate
     from dartree.eval.tune_cache import check_cached, resolve_unset
     from dartree.rounds import DEFAULT_VERIFIER, SAMPLED_VERIFIERS
     from dartree.verify.sampling import GeneratorSampler, KeyedSampler
@@ -94,13 +93,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
                              **warps_of(args))
         show(result.tokens[0].tolist())
     else:
-        decoder = make_decoder(bundle, method, args.backend)
+        result = make_decoder(bundle, method, args.backend).generate(
+            ids, args.max_new_tokens, args.temperature, sampler, stops,
+            on_round=None if args.no_stream else lambda stats, tokens: show(tokens), **options)
         if args.no_stream:
-            result = decoder.generate(ids, args.max_new_tokens, args.temperature, sampler, stops, **options)
             show(result.tokens[0].tolist())
-        else:
-            result = stream_generate(decoder, ids, args.max_new_tokens, show, args.temperature, sampler, stops,
-                                     **options)
     seconds = time.perf_counter() - start
     show([], final=True)
     out.write("\n")

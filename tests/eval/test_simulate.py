@@ -4,7 +4,6 @@ import torch
 from dartree.eval.bundles import encode, load_bundle
 from dartree.eval.methods import make_decoder, make_method_builder, parse_method
 from dartree.eval.simulate import ReplayBlocks, reference, simulate
-from dartree.eval.streaming import stream_generate
 from dartree.eval.trees import depth_counts, recorded_rounds
 from dartree.eval.tune import replay_settings, replay_stats
 from dartree.verify.sampling import KeyedSampler
@@ -36,15 +35,6 @@ def test_recorded_trees_and_depth_counts(bundle):
         assert path == ref.sequence[0, r.position + 1: r.position + 1 + r.accepted_length].tolist()
     counts = depth_counts(rounds, 6)
     assert len(counts) == 6 and abs(sum(counts) - sum(r.tree_size for r in rounds) / len(rounds)) < 1e-9
-
-
-def test_streaming_reports_every_token_once_per_round(bundle):
-    ids = torch.tensor([encode(bundle.tokenizer, "x = 1\n")])
-    chunks: list[list[int]] = []
-    decoder = make_decoder(bundle, parse_method("ddtree:budget=6"), "ref")
-    result = stream_generate(decoder, ids, 17, chunks.append)
-    assert sum(chunks, []) == result.tokens[0].tolist()
-    assert [len(c) for c in chunks] == [1] + [r.committed for r in result.rounds]   # prefill token, then rounds
 
 
 @pytest.fixture(scope="module")
