@@ -199,12 +199,11 @@ class RunFolder:
     """An open, locked run folder: write files with :meth:`write` (or at :meth:`path`), then :meth:`commit`.
     As a context manager, leaving the block without a commit removes what was staged; leaving it unlocks."""
 
-    def __init__(self, out: Path, patterns: Sequence[str], force: bool, lock_fd: int, restored: Sequence[str],
+    def __init__(self, out: Path, patterns: Sequence[str], lock_fd: int, restored: Sequence[str],
                  created: Sequence[Path] = ()):
         self.out = out
         self._created = tuple(created)        # folders open_run made (deepest first): removed if nothing is committed
         self.patterns = tuple(patterns)
-        self.force = force
         self.restored = tuple(restored)       # files of an earlier run restored by recovery (step 2)
         self._lock_fd: int | None = lock_fd
         self._staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=out))
@@ -261,33 +260,30 @@ class RunFolder:
         (self._staging / "earlier").mkdir()
         journal = {"staging": self._staging.name, "earlier": earlier, "new": names}
         try:
-            self._commit(journal, earlier, names, new_dir)
+            with _signals_held():
+                write_atomic(self.out / JOURNAL, json.dumps(journal))
+                try:
+                    for n in earlier:
+                        os.replace(self.out / n, self._staging / "earlier" / n)
+                    for n in names:
+                        os.replace(new_dir / n, self.out / n)
+                    _fsync(self.out, directory=True)
+                except BaseException:
+                    try:
+                        _undo(self.out, journal)
+                        os.unlink(self.out / JOURNAL)
+                    except OSError:     # journal and staging stay: the next run in this folder finishes the undo
+                        self._keep_staging = True
+                    raise
+                os.unlink(self.out / JOURNAL)          # the commit point
+                # still inside: a signal held back is delivered only once the run is committed and cleaned up
+                self.committed = tuple(self.out / n for n in names)
+                shutil.rmtree(self._staging, ignore_errors=True)
         except BaseException as e:   # a signal held back during the commit is delivered once it is done
             if self.committed is not None:
                 e.dartree_committed = str(self.out)   # the CLI says the results were written all the same
             raise
         return self.committed
-
-    def _commit(self, journal: dict, earlier: list[str], names: list[str], new_dir: Path) -> None:
-        with _signals_held():
-            write_atomic(self.out / JOURNAL, json.dumps(journal))
-            try:
-                for n in earlier:
-                    os.replace(self.out / n, self._staging / "earlier" / n)
-                for n in names:
-                    os.replace(new_dir / n, self.out / n)
-                _fsync(self.out, directory=True)
-            except BaseException:
-                try:
-                    _undo(self.out, journal)
-                    os.unlink(self.out / JOURNAL)
-                except OSError:     # journal and staging folder stay: the next run in this folder finishes the undo
-                    self._keep_staging = True
-                raise
-            os.unlink(self.out / JOURNAL)          # the commit point
-            # still inside: a signal held back is delivered only once the run is committed and cleaned up
-            self.committed = tuple(self.out / n for n in names)
-            shutil.rmtree(self._staging, ignore_errors=True)
 
     def close(self) -> None:
         """Remove what was staged and not committed; release the lock (idempotent; signals held meanwhile)."""
@@ -386,7 +382,7 @@ def open_run(out: Path, patterns: Sequence[str], force: bool = False) -> RunFold
         if earlier and not force:
             raise ValueError(f"--out: {out} already holds results of an earlier run ({_names(earlier)}); pass "
                              f"--force to replace them, or pick another --out")
-        return RunFolder(out, patterns, force, fd, restored, created)
+        return RunFolder(out, patterns, fd, restored, created)
     except BaseException as e:
         if fd is not None:
             os.close(fd)
