@@ -17,7 +17,7 @@ from torch import Tensor
 
 from dartree.eval.bundles import Bundle
 
-__all__ = ["PEERS", "PEER_PREFIX", "PeerResult", "PeerDecoder", "peer_unavailable", "make_peer", "export_for_dflash"]
+__all__ = ["PEERS", "PEER_PREFIX", "PeerResult", "PeerDecoder", "peer_unavailable", "make_peer"]
 
 #: Peer names, in the order the tables show them.
 PEERS: tuple[str, ...] = ("hf-generate", "hf-prompt-lookup", "dflash")
@@ -55,21 +55,6 @@ def peer_unavailable(name: str, bundle: Bundle | None = None) -> str | None:
     return None
 
 
-def export_for_dflash(bundle: Bundle, folder: str | Path):
-    """``bundle.drafter`` written in z-lab's DFlash layout and loaded back by ``dflash.DFlashDraftModel``.
-
-    The loaded model is in eval mode, in the drafter's dtype, on the target's device.
-    """
-    from dflash import DFlashDraftModel
-
-    from dartree.models.writers import save_drafter
-
-    path = save_drafter(bundle.drafter, Path(folder) / "dflash-drafter")
-    param = next(bundle.target.parameters())
-    model = DFlashDraftModel.from_pretrained(str(path), dtype=bundle.drafter.fc.weight.dtype)
-    return model.to(param.device).eval()
-
-
 def make_peer(name: str, bundle: Bundle, prompt_lookup_tokens: int = PROMPT_LOOKUP_TOKENS) -> PeerDecoder:
     """A greedy decoder of peer ``name`` on ``bundle``'s target (and drafter, for ``dflash``)."""
     reason = peer_unavailable(name, bundle)
@@ -92,12 +77,16 @@ def make_peer(name: str, bundle: Bundle, prompt_lookup_tokens: int = PROMPT_LOOK
 
         return hf
 
+    from dflash import DFlashDraftModel
     from dflash.model import dflash_generate
 
-    with tempfile.TemporaryDirectory(prefix="dartree-dflash-") as tmp:
-        model = export_for_dflash(bundle, tmp)
+    from dartree.models.writers import save_drafter
 
-    cuda = next(target.parameters()).device.type == "cuda"
+    device = next(target.parameters()).device
+    with tempfile.TemporaryDirectory(prefix="dartree-dflash-") as tmp:     # the drafter in z-lab's layout, loaded back
+        path = save_drafter(bundle.drafter, Path(tmp) / "dflash-drafter")
+        model = DFlashDraftModel.from_pretrained(str(path), dtype=bundle.drafter.fc.weight.dtype).to(device).eval()
+    cuda = device.type == "cuda"
 
     def dflash(input_ids: Tensor, max_new_tokens: int) -> PeerResult:
         # return_stats gives its acceptance lengths (tokens per round after the prefill's first one), but
