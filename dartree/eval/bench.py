@@ -249,7 +249,7 @@ def summarize(records: Sequence[RunRecord], methods: Sequence[MethodSpec], backe
     return tuple(out)
 
 
-def _timed(fn: Callable[[], GenerationResult]) -> tuple[GenerationResult, float]:
+def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
     start = time.perf_counter()
     result = fn()
     return result, time.perf_counter() - start
@@ -315,10 +315,10 @@ def run_bench(bundle: Bundle, config: BenchConfig, argv: Sequence[str] | None = 
     gamma = int(getattr(bundle.drafter, "gamma", 0)) or 16
     stop = stop_token_id(bundle) if config.stop_at_eos else None
     limit = config.max_prompt_tokens
-    prompts = {d: [(p.id, encode(bundle.tokenizer, p.text)[-limit:])
+    device = next(bundle.target.parameters()).device
+    prompts = {d: [(p.id, torch.tensor([encode(bundle.tokenizer, p.text)[-limit:]], dtype=torch.int64, device=device))
                    for p in load_prompts(d, config.num_prompts, prompt_chars=config.prompt_chars)]
                for d in config.datasets}
-    device = next(bundle.target.parameters()).device
 
     # Resolve budget=auto / width=auto at each temperature on calibration prompts of every dataset,
     # disjoint from the evaluation prompts: a tree, or plain AR when none is forecast to beat it.
@@ -332,7 +332,6 @@ def run_bench(bundle: Bundle, config: BenchConfig, argv: Sequence[str] | None = 
             f"= {t.forecast_tokens_per_s / t.ar_tokens_per_s:.2f}x AR, measured on {t.calibration_prompts} "
             "calibration prompts" + spread + ("; no tree is forecast to beat AR)" if t.use_ar else ")"))
     timed = [m for m in config.methods if not (m.is_ar and m.label == AR)]
-    ar_spec = MethodSpec(AR, label=AR)
     decoders = {(m.label, t): None if resolved[(m.label, t)].is_ar
                 else make_decoder(bundle, resolved[(m.label, t)], config.backend)
                 for m in timed for t in config.temperatures}
@@ -366,7 +365,7 @@ def run_bench(bundle: Bundle, config: BenchConfig, argv: Sequence[str] | None = 
             log(f"peer {name}: skipped: {reason}")
 
     if config.warmup:                          # first calls allocate caches and pick kernels: untimed
-        first = torch.tensor([next(iter(prompts.values()))[0][1]], dtype=torch.int64, device=device)
+        first = next(iter(prompts.values()))[0][1]
         run(AR, first, min(8, config.max_new_tokens), 0.0)
         for label, tuned_at in decoders:
             run(label, first, min(8, config.max_new_tokens), 0.0, tuned_at)
@@ -379,8 +378,7 @@ def run_bench(bundle: Bundle, config: BenchConfig, argv: Sequence[str] | None = 
     bar = tqdm(total=total, desc="bench", disable=not progress, file=sys.stderr)
     for dataset in config.datasets:
         for temperature in config.temperatures:
-            for draw, (prompt_id, ids_list) in enumerate(prompts[dataset]):
-                ids = torch.tensor([ids_list], dtype=torch.int64, device=device)
+            for draw, (prompt_id, ids) in enumerate(prompts[dataset]):
                 ar, seconds = _timed(lambda: run(AR, ids, config.max_new_tokens, temperature))  # noqa: B023
                 ar_tokens = ar.tokens.cpu()
                 records.append(_record(AR, dataset, temperature, prompt_id, ar, seconds, None))
@@ -400,9 +398,7 @@ def run_bench(bundle: Bundle, config: BenchConfig, argv: Sequence[str] | None = 
                 if temperature != 0:
                     continue
                 for label, peer in peers.items():
-                    start = time.perf_counter()
-                    out = peer(ids, config.max_new_tokens)
-                    seconds = time.perf_counter() - start
+                    out, seconds = _timed(lambda: peer(ids, config.max_new_tokens))  # noqa: B023
                     records.append(_peer_record(label, dataset, prompt_id, ids.shape[1], out, seconds, ar_tokens))
                     bar.update(1)
     bar.close()
@@ -413,8 +409,7 @@ def run_bench(bundle: Bundle, config: BenchConfig, argv: Sequence[str] | None = 
         log(f"law check: {config.law_draws} one-round decodes per prompt of {len(cells)} sampled rows (untimed)")
     for label, temperature in cells:
         for dataset in config.datasets:
-            for draw, (_, ids_list) in enumerate(prompts[dataset]):
-                ids = torch.tensor([ids_list], dtype=torch.int64, device=device)
+            for draw, (_, ids) in enumerate(prompts[dataset]):
                 for extra in range(config.law_draws):
                     res = run(label, ids, 2, temperature, draw=(1 + extra) * 7919 + draw)
                     law.add(label, temperature, res.sequence, ids.shape[1] + 1)
@@ -423,7 +418,7 @@ def run_bench(bundle: Bundle, config: BenchConfig, argv: Sequence[str] | None = 
         if progress:
             log(f"law check T={c.temperature:g} {c.method}: {c.text} (chi-square {c.statistic:.1f}, df {c.df}; "
                 f"false-alarm rate {c.alpha:g})")
-    summaries = summarize(records, (ar_spec, *config.methods), config.backend, gamma, resolved, checks)
+    summaries = summarize(records, (MethodSpec(AR, label=AR), *config.methods), config.backend, gamma, resolved, checks)
     return BenchResult(config=config, meta=run_meta(bundle, argv), records=tuple(records), summaries=summaries,
                        tuning=tuple(tuning), law_checks=checks)
 
