@@ -25,8 +25,6 @@ __all__ = ["cmd_sweep", "cmd_show_tree", "cmd_tune"]
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from dataclasses import asdict
-
     from dartree.eval.methods import make_method_builder, parse_methods
     from dartree.eval.outdir import sweep_files
     from dartree.eval.plots import plot_sweep
@@ -51,7 +49,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         with written(run):          # the three files replace an earlier sweep of this parameter together
             run.write(f"sweep_{args.param}.md",
                       f"# Sweep of {args.param} on {bundle.name}, {args.dataset}, T={args.temperature:g}\n\n{table}\n")
-            run.write(f"sweep_{args.param}.json", json.dumps(asdict(result), indent=1))
+            run.write(f"sweep_{args.param}.json", json.dumps(dataclasses.asdict(result), indent=1))
             plot_sweep(args.param, result.series(), run.path(f"sweep_{args.param}.png"))
     print(table)
     log(f"wrote {', '.join(map(str, run.committed))}")
@@ -103,8 +101,6 @@ def cmd_show_tree(args: argparse.Namespace) -> int:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from dataclasses import asdict
-
     from dartree.eval.methods import parse_method
     from dartree.eval.outdir import tune_files
     from dartree.eval.plots import plot_tuning
@@ -135,7 +131,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         with written(run):          # the three files replace an earlier tuning of this builder together
             run.write(f"tune_{method.builder}.md", f"# Adaptive budget for {method.label} on {bundle.name}\n\n"
                                                    f"{table}\n")
-            run.write(f"tune_{method.builder}.json", json.dumps(asdict(result), indent=1))
+            run.write(f"tune_{method.builder}.json", json.dumps(dataclasses.asdict(result), indent=1))
             plot_tuning(result, run.path(f"tune_{method.builder}.png"))
     cached = store_or_warn(cache_key(bundle, method, args.temperature, warps=warp), entry_of(result), log)
     print(table)
