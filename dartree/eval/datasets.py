@@ -86,10 +86,6 @@ def _held_out_stdlib() -> tuple[tuple[str, Path], ...]:
     return tuple((rel, path) for rel, path in stdlib_files() if is_validation(rel))
 
 
-def _stdlib(limit: int | None, prompt_chars: int) -> list[Prompt]:
-    return _code_files(list(_held_out_stdlib()), "stdlib", limit, prompt_chars)
-
-
 def _packages(limit: int | None, prompt_chars: int) -> list[Prompt]:
     import tqdm
 
@@ -114,8 +110,9 @@ def load_prompts(name: str, num_prompts: int, *, offset: int = 0, prompt_chars: 
     return tuple(prompts[offset:limit])
 
 
+@functools.cache
 def count_prompts(name: str, *, prompt_chars: int = 600) -> int:
-    """How many prompts dataset ``name`` has (what :func:`load_prompts` can give with that ``prompt_chars``)."""
+    """How many prompts dataset ``name`` has with that ``prompt_chars`` (once per process: it reads every file)."""
     if name not in DATASETS:
         raise ValueError(f"name: the dataset must be one of {DATASETS}, got {name!r}")
     if isinstance(prompt_chars, bool) or not isinstance(prompt_chars, int) or prompt_chars < 16:
@@ -127,5 +124,5 @@ def _load(name: str, limit: int | None, prompt_chars: int) -> list[Prompt]:
     if name == "humaneval":
         return _humaneval(limit)
     if name == "stdlib":
-        return _stdlib(limit, prompt_chars)
+        return _code_files(list(_held_out_stdlib()), "stdlib", limit, prompt_chars)
     return _packages(limit, prompt_chars)

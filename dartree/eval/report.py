@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -220,16 +219,10 @@ def _need(prompts: int | None, dataset: str, prompt_chars: int) -> str:
     if prompts is None:
         return "-"
     if dataset in DATASETS:
-        available = _dataset_size(dataset, prompt_chars)
+        available = count_prompts(dataset, prompt_chars=prompt_chars)
         if 2 * prompts > available:
             return f"{prompts} ({dataset} has {available})"
     return str(prompts)
-
-
-@functools.cache
-def _dataset_size(dataset: str, prompt_chars: int) -> int:
-    """:func:`count_prompts`, once per process (it reads every file of a code dataset)."""
-    return count_prompts(dataset, prompt_chars=prompt_chars)
 
 
 def _native_note(meta: dict) -> str:
