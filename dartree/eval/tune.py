@@ -258,7 +258,8 @@ def tune(
         groups += (lambda c: (c.builder, c.verifier),)
     else:
         grids = [(method, *_grids(method, budgets, widths, betas))]
-    verify_cost = verify_cost or _probe_verify_cost(bundle, refs, max(max(g[1]) for g in grids))
+    verify_cost = verify_cost or probe_verify_cost(bundle, int(sum(r.sequence.shape[1] for r in refs) / len(refs)),
+                                                   max(max(g[1]) for g in grids))   # at the references' mean length
     verifiers = _verifiers(method, temperature)
     screen = _screen(refs, labels, screen_prompts)
     candidates: list[Candidate] = []
@@ -326,11 +327,6 @@ def _screen(refs: Sequence[Reference], labels: Sequence[str] | None, count: int)
     for ref, label in zip(refs, labels, strict=True):
         groups.setdefault(label, []).append(ref)
     return [r for tier in itertools.zip_longest(*groups.values()) for r in tier if r is not None][:count]
-
-
-def _probe_verify_cost(bundle: Bundle, refs: Sequence[Reference], largest_budget: int) -> VerifyCost:
-    """The verify-cost probe at the references' mean length."""
-    return probe_verify_cost(bundle, int(sum(r.sequence.shape[1] for r in refs) / len(refs)), largest_budget)
 
 
 def _rank(bundle: Bundle, method: MethodSpec, refs: Sequence[Reference], backend: str,
