@@ -168,16 +168,6 @@ def _device(bundle: Bundle) -> torch.device:
     return next(bundle.target.parameters()).device
 
 
-def _cached(entry: dict[str, Any], method: MethodSpec, what: str) -> tuple[str, tuple[MethodSpec, str] | None]:
-    """Where ``entry`` came from, and the resolution when it chose plain AR."""
-    from dartree.eval.methods import AR
-
-    when = f"tuned {entry.get('date_utc', '?')}, cache {cache_dir() / CACHE_FILE}"
-    if entry["settings"] != "ar":
-        return when, None
-    return when, (MethodSpec(AR, label=method.label), f"auto -> ar for this machine ({when}): no {what} beat AR")
-
-
 def _no_tuning(method: MethodSpec, temperature: float, where: str, threads: int | None = None) -> ValueError:
     threads = threads or torch.get_num_threads()
     what = "method auto" if method.is_auto else "budget=auto"
@@ -206,56 +196,43 @@ def resolve_unset(bundle: Bundle, method: MethodSpec, temperature: float,
                   warps: dict | None = None) -> tuple[MethodSpec, str]:
     """What ``generate`` decodes for ``method``, and a note saying where the settings came from.
 
-    ``auto`` fields: the choice cached for this model and machine, else ``ValueError`` with the command that
-    tunes it.  Unset ones: the cached choice (with beta unset too, also one that searched beta), else
-    :data:`DEVICE_DEFAULT_BUDGET`.  Numbers given stay as they are.
+    ``auto`` fields (or the method ``auto``): the choice cached for this model and machine, else ``ValueError``
+    with the command that tunes it.  Unset ones: the cached choice (with beta unset too, also one that searched
+    beta), else :data:`DEVICE_DEFAULT_BUDGET`.  Numbers given stay as they are.
     """
-    if method.is_auto:
-        return _resolve_auto(bundle, method, temperature, warps)
-    if method.is_ar or "budget" not in method.fields():
-        return method, ""
-    config = method.config
+    from dartree.builders import builder_spec, registered
+    from dartree.eval.methods import AR
+
+    config, explicit = method.config, bool(method.auto_fields)
     searched = [k for k in AUTO_FIELDS if k in method.fields()
                 and (config.get(k) == AUTO or (k in SEARCHED_WHEN_UNSET and k not in config))]
-    explicit = bool(method.auto_fields)
-    if not searched or (not explicit and "budget" in method.config):
+    if not method.is_auto and ("budget" not in method.fields() or not searched
+                               or (not explicit and "budget" in config)):
         return method, ""                       # the user's numbers (an unset width keeps its default)
     entry = lookup(cache_key(bundle, method, temperature, warps=warps))
     if entry is None and not explicit and "beta" in method.fields() and "beta" not in config:
         # the default `--method dartree-pruned` also takes a tuning that searched beta (make demo's): the
         # tree that pays here, its beta included
         entry = lookup(cache_key(bundle, method.with_settings(beta=AUTO), temperature, warps=warps))
-        if entry is not None:
-            searched = [*searched, "beta"]
-    if entry is not None:
-        when, ar = _cached(entry, method, "tree")
-        if ar is not None:
-            return ar
+        searched += ["beta"]
+    if entry is None:
+        device = _device(bundle).type
+        if explicit:
+            raise _no_tuning(method, temperature, device)
+        budget = DEVICE_DEFAULT_BUDGET.get(device, 64)
+        return (method.with_settings(budget=budget),
+                f"budget={budget}: the measured default on {device}; `{tune_hint(method, temperature)}` tunes this "
+                "machine")
+    when = f"tuned {entry.get('date_utc', '?')}, cache {cache_dir() / CACHE_FILE}"
+    if entry["settings"] == "ar":
+        return MethodSpec(AR, label=method.label), (f"auto -> ar for this machine ({when}): no "
+                                                    f"{'method' if method.is_auto else 'tree'} beat AR")
+    if not method.is_auto:
         chosen = {k: float(v) if k == "beta" else int(v) for k, v in entry["settings"].items() if k in searched}
         rest = {k: v for k, v in method.config.items() if v != AUTO}
         text = " ".join(f"{k}={v}" for k, v in chosen.items())
         return method.with_settings(**chosen, **rest), f"{text} tuned for this machine ({when})"
-    if explicit:
-        raise _no_tuning(method, temperature, _device(bundle).type)
-    device = _device(bundle).type
-    budget = DEVICE_DEFAULT_BUDGET.get(device, 64)
-    return (method.with_settings(budget=budget),
-            f"budget={budget}: the measured default on {device}; `{tune_hint(method, temperature)}` tunes this machine")
-
-
-def _resolve_auto(bundle: Bundle, method: MethodSpec, temperature: float,
-                  warps: dict | None = None) -> tuple[MethodSpec, str]:
-    """The method ``auto`` as cached for this model, machine and temperature: the builder, its settings and
-    verifier, or plain AR; ``ValueError`` with the command that tunes it when nothing is cached."""
-    from dartree.builders import builder_spec, registered
-
-    entry = lookup(cache_key(bundle, method, temperature, warps=warps))
-    if entry is None:
-        raise _no_tuning(method, temperature, _device(bundle).type)
-    when, ar = _cached(entry, method, "method")
-    if ar is not None:
-        return ar
-    builder = entry.get("builder")
+    builder = entry.get("builder")           # the method auto: the builder, its settings and verifier
     if builder not in registered() or not isinstance(entry["settings"], dict):
         raise ValueError(f"method auto: the cached choice names builder {builder!r}, which is not registered here; "
                          f"run `{tune_hint(method, temperature)}` again")
