@@ -246,7 +246,12 @@ def tune(
             raise ValueError(f"method: {method.builder!r} has no budget to tune (fields: {method.fields()})")
     finalists = (DEFAULT_AUTO_FINALISTS if method.is_auto else DEFAULT_FINALISTS) if finalists is None else finalists
     progress = progress or (lambda text: None)
-    _check_common(refs, finalists, screen_prompts)
+    if not refs:
+        raise ValueError("refs: need at least one calibration reference")
+    if isinstance(finalists, bool) or not isinstance(finalists, int) or finalists < 0:
+        raise ValueError(f"finalists: must be an integer >= 0, got {finalists!r}")
+    if isinstance(screen_prompts, bool) or not isinstance(screen_prompts, int) or screen_prompts < 1:
+        raise ValueError(f"screen_prompts: must be an integer >= 1, got {screen_prompts!r}")
     groups: tuple[Callable[[Candidate], object], ...] = (lambda c: c.verifier,)
     if method.is_auto:         # every builder at every budget, its width and beta at their defaults
         known = registered()
@@ -301,15 +306,6 @@ def _check_sizes(name: str, grid: tuple) -> tuple:
     if not grid or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in grid):
         raise ValueError(f"{name}: need integers >= 1, got {grid}")
     return grid
-
-
-def _check_common(refs: Sequence[Reference], finalists: object, screen_prompts: object) -> None:
-    if not refs:
-        raise ValueError("refs: need at least one calibration reference")
-    if isinstance(finalists, bool) or not isinstance(finalists, int) or finalists < 0:
-        raise ValueError(f"finalists: must be an integer >= 0, got {finalists!r}")
-    if isinstance(screen_prompts, bool) or not isinstance(screen_prompts, int) or screen_prompts < 1:
-        raise ValueError(f"screen_prompts: must be an integer >= 1, got {screen_prompts!r}")
 
 
 def _verifiers(method: MethodSpec, temperature: float) -> tuple[str | None, ...]:
@@ -376,9 +372,12 @@ def _decide(bundle: Bundle, method: MethodSpec, candidates: tuple[Candidate, ...
     measured: tuple[Measurement, ...] = ()
     if finalists:
         ranked = pick_finalists(candidates, finalists, groups)
-        progress(f"{method.label}: decoding AR and " + ", ".join(_candidate_text(c, method) for c in ranked)
+        texts = [setting_text(c.budget, c.width, c.beta) + (f" {c.verifier}" if c.verifier else "") for c in ranked]
+        progress(f"{method.label}: decoding AR and " + ", ".join(f"{c.builder} {t}" if method.is_auto else t
+                                                                 for c, t in zip(ranked, texts, strict=True))
                  + f" for real on {len(refs)} calibration prompts")
-        specs = [(_candidate_spec(c, method), c.verifier, c.beta) for c in ranked]
+        specs = [(concrete(_auto_member(c.builder, method) if method.is_auto else method, c.budget, c.width, c.beta),
+                  c.verifier, c.beta) for c in ranked]
         measured = measure_specs(bundle, specs, refs, backend, temperature, seed, labels, builders=True, warps=warps)
         ar_rate = measured[0].tokens_per_s
     else:
@@ -388,14 +387,3 @@ def _decide(bundle: Bundle, method: MethodSpec, candidates: tuple[Candidate, ...
     return TuneResult(method.label, AUTO if method.is_auto else method.builder, candidates, best, verify_cost,
                       overheads.get(best.builder, 0.0), ar_rate, measured, use_ar, temperature, min_speedup, len(refs),
                       best.verifier if temperature > 0 else None)
-
-
-def _candidate_spec(c: Candidate, method: MethodSpec) -> MethodSpec:
-    """The concrete method a candidate decodes as (for ``auto``, its builder's)."""
-    base = _auto_member(c.builder, method) if method.is_auto else method
-    return concrete(base, c.budget, c.width, c.beta)
-
-
-def _candidate_text(c: Candidate, method: MethodSpec) -> str:
-    text = setting_text(c.budget, c.width, c.beta) + (f" {c.verifier}" if c.verifier else "")
-    return f"{c.builder} {text}" if method.is_auto else text
