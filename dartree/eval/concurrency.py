@@ -249,12 +249,9 @@ def plot_concurrency(rows: Sequence[ConcurrencyRow], path: Path) -> Path:
     for method in dict.fromkeys(r.method for r in rows):
         mine = sorted((r.concurrency, r.speedup) for r in rows if r.method == method)
         ax.plot([c for c, _ in mine], [s for _, s in mine], marker="o", markersize=4, label=method)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("concurrency C (requests in flight)")
-    ax.set_ylabel("speedup over batched AR")
-    ax.axhline(1.0, color="grey", linewidth=0.8)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    from dartree.eval.plots import save_png
+    from dartree.eval.plots import label_axes, save_png
 
+    ax.set_xscale("log", base=2)
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    label_axes(ax, "concurrency C (requests in flight)", "speedup over batched AR")
     return save_png(fig, path)

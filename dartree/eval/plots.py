@@ -18,7 +18,7 @@ from dartree.eval.tune import TuneResult, setting_text
 from dartree.tree import DraftTree
 
 __all__ = ["plot_acceptance", "plot_sweep", "plot_tree", "plot_depth_distribution", "plot_tuning", "token_label",
-           "save_png"]
+           "save_png", "label_axes"]
 
 
 def save_png(fig: Figure, path: Path) -> Path:
@@ -27,6 +27,14 @@ def save_png(fig: Figure, path: Path) -> Path:
     fig.savefig(png, format="png", dpi=120, bbox_inches="tight")
     path.parent.mkdir(parents=True, exist_ok=True)
     return write_atomic(path, png.getvalue())
+
+
+def label_axes(ax, xlabel: str, ylabel: str, legend: bool = True, **grid) -> None:
+    """Axis labels, a light grid and (``legend``) a small legend: what every figure here draws."""
+    ax.set(xlabel=xlabel, ylabel=ylabel)
+    ax.grid(alpha=0.3, **grid)
+    if legend:
+        ax.legend(fontsize=7)
 
 
 def plot_acceptance(summaries: Sequence[Summary], path: Path) -> Path:
@@ -41,12 +49,8 @@ def plot_acceptance(summaries: Sequence[Summary], path: Path) -> Path:
             if s.temperature == t and s.dataset == d and s.acceptance:
                 ax.plot(range(1, len(s.acceptance) + 1), s.acceptance, marker="o", markersize=3,
                         label=f"{s.method} (tau {s.tau:.2f})")
-        ax.set_title(f"{d}, T={t:g}")
-        ax.set_xlabel("position t")
-        ax.set_ylabel("Pr(L >= t)")
-        ax.set_ylim(0, 1.02)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.set(title=f"{d}, T={t:g}", ylim=(0, 1.02))
+        label_axes(ax, "position t", "Pr(L >= t)")
     return save_png(fig, path)
 
 
@@ -59,10 +63,7 @@ def plot_sweep(param: str, series: Mapping[str, Sequence[tuple[float, float, flo
         left.plot(xs, [p[1] for p in points], marker="o", label=method)
         right.plot(xs, [p[2] for p in points], marker="o", label=method)
     for ax, ylabel in ((left, "tau (tokens per round)"), (right, "expected speedup over AR")):
-        ax.set_xlabel(param)
-        ax.set_ylabel(ylabel)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        label_axes(ax, param, ylabel)
         if param in ("budget", "width", "topk") and all(p[0] > 0 for pts in series.values() for p in pts):
             ax.set_xscale("log", base=2)
     right.axhline(1.0, color="gray", lw=0.8, ls="--")
@@ -138,10 +139,7 @@ def plot_depth_distribution(depth_counts: Mapping[str, Sequence[float]], path: P
         counts = depth_counts[method]
         xs = [d + 1 + (k - (len(methods) - 1) / 2) * width for d in range(len(counts))]
         ax.bar(xs, counts, width=width, label=method)
-    ax.set_xlabel("depth")
-    ax.set_ylabel("nodes per tree (mean)")
-    ax.grid(alpha=0.3, axis="y")
-    ax.legend(fontsize=7)
+    label_axes(ax, "depth", "nodes per tree (mean)", axis="y")
     return save_png(fig, path)
 
 
@@ -151,10 +149,8 @@ def plot_tuning(result: TuneResult, path: Path) -> Path:
     left, right = fig.subplots(1, 2)
     cost = result.verify_cost
     left.plot(cost.sizes, [1000 * s for s in cost.seconds], marker="o")
-    left.set_xlabel("tree nodes n (root included)")
-    left.set_ylabel("verify ms (inputs + target forward)")
+    label_axes(left, "tree nodes n (root included)", "verify ms (inputs + target forward)", legend=False)
     left.set_title(f"verify cost on this machine (prefix {cost.prefix_len})", fontsize=9)
-    left.grid(alpha=0.3)
     # one line per (builder, verifier, width): auto compares builders, T>0 ranks under each verifier
     series = list(dict.fromkeys((c.builder, c.verifier, c.width) for c in result.candidates))
     for builder, verifier, w in series:
@@ -167,9 +163,6 @@ def plot_tuning(result: TuneResult, path: Path) -> Path:
                   label=f"chosen {setting_text(best.budget, best.width, best.beta)}")
     right.axhline(result.ar_tokens_per_s, color="gray", ls="--", lw=0.8, label="AR")
     right.set_xscale("log", base=2)
-    right.set_xlabel("budget B")
-    right.set_ylabel("expected tokens / s")
     right.set_title(f"cost model for {result.method}", fontsize=9)
-    right.grid(alpha=0.3)
-    right.legend(fontsize=7)
+    label_axes(right, "budget B", "expected tokens / s")
     return save_png(fig, path)
