@@ -373,7 +373,18 @@ def run_bench(bundle: Bundle, config: BenchConfig, argv: Sequence[str] | None = 
             peer(first, min(8, config.max_new_tokens))
 
     records: list[RunRecord] = []
-    law = _LawSamples(bundle.target, config)
+    # PIT values of the tokens of sampled rows and their impossible tokens, per (method, temperature)
+    pit: dict[tuple[str, float], tuple[list[float], list[int]]] = {}
+    jitter = torch.Generator().manual_seed(config.seed * 1_000_003 + 12_345)
+
+    def law_add(label: str, temperature: float, sequence: torch.Tensor, first: int) -> None:
+        """Test ``sequence[0, first:]``: the tokens after the first new one (which the prefill drew)."""
+        warp = Warp(temperature, config.top_k, config.top_p, config.min_p)
+        u, bad = pit_values(bundle.target, sequence, min(first, sequence.shape[1]), warp, jitter)
+        cell = pit.setdefault((label, temperature), ([], []))
+        cell[0].extend(u)
+        cell[1].append(bad)
+
     total = len(config.datasets) * config.num_prompts * (len(config.temperatures) * (1 + len(timed)) + len(peers))
     bar = tqdm(total=total, desc="bench", disable=not progress, file=sys.stderr)
     for dataset in config.datasets:
@@ -392,7 +403,7 @@ def run_bench(bundle: Bundle, config: BenchConfig, argv: Sequence[str] | None = 
                     records.append(_record(m.label, dataset, temperature, prompt_id, res, seconds,
                                            None if verifier in SAMPLED_VERIFIERS else ar_tokens, verifier))
                     if verifier in SAMPLED_VERIFIERS:
-                        law.add(m.label, temperature, res.sequence, ids.shape[1] + 1)
+                        law_add(m.label, temperature, res.sequence, ids.shape[1] + 1)
                     bar.set_postfix_str(f"{dataset} T={temperature:g} {m.label}", refresh=False)
                     bar.update(1)
                 if temperature != 0:
@@ -404,7 +415,7 @@ def run_bench(bundle: Bundle, config: BenchConfig, argv: Sequence[str] | None = 
     bar.close()
     # the verifier's first token of extra one-round decodes per prompt (untimed): a law check of every round's
     # start, which a bug in the first draw of a round (or of a decode) moves most
-    cells = law.cells()
+    cells = list(pit)
     if cells and config.law_draws and progress:
         log(f"law check: {config.law_draws} one-round decodes per prompt of {len(cells)} sampled rows (untimed)")
     for label, temperature in cells:
@@ -412,8 +423,8 @@ def run_bench(bundle: Bundle, config: BenchConfig, argv: Sequence[str] | None = 
             for draw, (_, ids) in enumerate(prompts[dataset]):
                 for extra in range(config.law_draws):
                     res = run(label, ids, 2, temperature, draw=(1 + extra) * 7919 + draw)
-                    law.add(label, temperature, res.sequence, ids.shape[1] + 1)
-    checks = law.checks()
+                    law_add(label, temperature, res.sequence, ids.shape[1] + 1)
+    checks = tuple(law_check(label, t, u, sum(bad)) for (label, t), (u, bad) in pit.items())
     for c in checks:
         if progress:
             log(f"law check T={c.temperature:g} {c.method}: {c.text} (chi-square {c.statistic:.1f}, df {c.df}; "
@@ -422,26 +433,3 @@ def run_bench(bundle: Bundle, config: BenchConfig, argv: Sequence[str] | None = 
     return BenchResult(config=config, meta=run_meta(bundle, argv), records=tuple(records), summaries=summaries,
                        tuning=tuple(tuning), law_checks=checks)
 
-
-class _LawSamples:
-    """PIT values of the tokens of sampled rows, per (method, temperature) (:mod:`dartree.eval.lawcheck`)."""
-
-    def __init__(self, model: torch.nn.Module, config: BenchConfig) -> None:
-        self.model, self.config = model, config
-        self.generator = torch.Generator().manual_seed(config.seed * 1_000_003 + 12_345)
-        self.u: dict[tuple[str, float], list[float]] = {}
-        self.impossible: dict[tuple[str, float], int] = {}
-
-    def add(self, label: str, temperature: float, sequence: torch.Tensor, first: int) -> None:
-        """Test ``sequence[0, first:]``: the tokens after the first new one (which the prefill drew)."""
-        c = self.config
-        warp = Warp(temperature, c.top_k, c.top_p, c.min_p)
-        u, bad = pit_values(self.model, sequence, min(first, sequence.shape[1]), warp, self.generator)
-        self.u.setdefault((label, temperature), []).extend(u)
-        self.impossible[(label, temperature)] = self.impossible.get((label, temperature), 0) + bad
-
-    def cells(self) -> list[tuple[str, float]]:
-        return list(self.u)
-
-    def checks(self) -> tuple[LawCheck, ...]:
-        return tuple(law_check(label, t, u, self.impossible[(label, t)]) for (label, t), u in self.u.items())
