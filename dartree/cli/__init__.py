@@ -7,8 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 
 from dartree.cli.decode import cmd_bench, cmd_generate
 from dartree.cli.errors import UsageError
@@ -29,15 +28,6 @@ class Terminated(BaseException):
     def __init__(self, signum: int) -> None:
         super().__init__(signum)
         self.signum = signum
-
-
-@contextmanager
-def _termination_raises() -> Iterator[None]:
-    """SIGTERM and SIGHUP raise :class:`Terminated` inside the block where their action is the default
-    (which ends the process without cleanup); a handler someone else installed is kept."""
-    sigs = [getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)]
-    with signal_handlers({sig: _raise_terminated for sig in sigs if signal.getsignal(sig) is signal.SIG_DFL}):
-        yield
 
 
 def _after_commit(e: BaseException) -> str:
@@ -83,16 +73,6 @@ class _Recorder:
         raise KeyboardInterrupt
 
 
-@contextmanager
-def _interrupts_recorded() -> Iterator[_Recorder]:
-    """Ctrl-C raises ``KeyboardInterrupt`` and is recorded, so that one a library turns into another error is
-    still reported as one line; a handler someone else installed (or SIGINT ignored) is kept."""
-    recorder = _Recorder()
-    held = signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    with signal_handlers({signal.SIGINT: recorder} if held else {}):
-        yield recorder
-
-
 #: the entry-point group an installed package declares its dartree plugin module under
 PLUGIN_GROUP = "dartree.plugins"
 
@@ -118,7 +98,11 @@ def load_plugins(modules: Sequence[str]) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``dartree`` console script; returns the exit status (module docstring).  Any
     exception other than a user error is a bug and keeps its traceback; a closed stdout exits 141."""
-    with _interrupts_recorded() as interrupts:
+    # Ctrl-C is recorded, so that one a library turns into another error is still one line (a handler someone
+    # else installed, or SIGINT ignored, is kept)
+    interrupts = _Recorder()
+    with signal_handlers({signal.SIGINT: interrupts} if signal.getsignal(signal.SIGINT) is signal.default_int_handler
+                         else {}):
         try:
             return _run(argv)
         except (BrokenPipeError, UsageError, KeyboardInterrupt, Terminated, SystemExit):
@@ -155,7 +139,11 @@ def _run(argv: Sequence[str] | None) -> int:
 
         load_plugins(args.plugin)
 
-        with _termination_raises(), torch.no_grad():   # inference only: no autograd graph through heads or drafters
+        # SIGTERM and SIGHUP raise Terminated where their action is the default (which ends the process without
+        # cleanup); no_grad: inference only, no autograd graph through heads or drafters
+        terminating = [getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)]
+        with signal_handlers({sig: _raise_terminated for sig in terminating
+                              if signal.getsignal(sig) is signal.SIG_DFL}), torch.no_grad():
             return COMMANDS[args.command](args)
     except BrokenPipeError:
         # the reader went away (`dartree generate ... | head -c 20`): end quietly, as a pipeline expects; stdout
