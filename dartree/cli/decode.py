@@ -127,13 +127,12 @@ def _cache_tuning(bundle, config, result) -> None:
 
     if not result.tuning:
         return
-    digest = model_hash(bundle)
-    by_label = {m.label: m for m in config.methods}
+    digest, by_label = model_hash(bundle), {m.label: m for m in config.methods}
+    warps = {"top_k": config.top_k, "top_p": config.top_p, "min_p": config.min_p}
     for t in result.tuning:
         method = by_label[t.method]
-        if t.temperature > 0 and not method.verifier and config.verifier:     # tuned under the run's --verifier
-            method = dataclasses.replace(method, verifier=config.verifier) if method.is_auto else method
-        warps = {"top_k": config.top_k, "top_p": config.top_p, "min_p": config.min_p}
+        if method.is_auto and t.temperature > 0 and not method.verifier and config.verifier:   # the run's --verifier
+            method = dataclasses.replace(method, verifier=config.verifier)
         path = store_or_warn(cache_key(bundle, method, t.temperature, digest, warps), entry_of(t), log)
     if path is not None:
         log(f"tuning cached for `dartree generate` in {path}")

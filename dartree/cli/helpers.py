@@ -47,44 +47,40 @@ def bench_preset(args: argparse.Namespace, keys: Sequence[str]) -> tuple[dict[st
 def load(args: argparse.Namespace):
     import torch
 
-    from dartree.eval.bundles import load_bundle
+    from dartree.cli.parser import DEFAULT_MODEL
+    from dartree.eval.bundles import load_bundle, local_bundle
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     start = time.perf_counter()
-    device = getattr(args, "device", "cpu")
+    device, target, drafter = args.device, args.target, args.drafter
     if device.startswith("cuda"):
         index = int(device.split(":")[1]) if ":" in device else 0
         if not torch.cuda.is_available() or index >= torch.cuda.device_count():
             raise UsageError(f"--device: {device} is not available here (torch sees {torch.cuda.device_count()} "
                              "CUDA devices); use --device cpu")
-    local = (getattr(args, "target", None), getattr(args, "drafter", None))
-    if (local[0] is None) != (local[1] is None):
+    if (target is None) != (drafter is None):
         raise UsageError("--target and --drafter: give both (a local target and its drafter) or neither")
-    if local[0] is None and getattr(args, "tokenizer", None) is not None:
+    if target is None and args.tokenizer is not None:
         raise UsageError("--tokenizer: only used with --target and --drafter")
-    if local[0] is not None and getattr(args, "model", None) is not None:
+    if target is not None and args.model is not None:
         raise UsageError(f"--model {args.model} and --target/--drafter: give one of them (a bundled model, or local "
                          "checkpoint directories)")
     with user_input():              # an unknown --model, unreadable weights: named in one line
-        if local[0] is not None:
-            from dartree.eval.bundles import local_bundle
-
+        if target is None:
+            bundle = load_bundle(args.model or DEFAULT_MODEL)
+        else:
             try:
-                bundle = local_bundle(local[0], local[1], args.tokenizer)
+                bundle = local_bundle(target, drafter, args.tokenizer)
             except (OSError, RuntimeError) as e:   # unreadable files; weights that disagree with their config
                 reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
-                raise UsageError(f"--target {local[0]} / --drafter {local[1]}: cannot load the checkpoints: "
+                raise UsageError(f"--target {target} / --drafter {drafter}: cannot load the checkpoints: "
                                  f"{reason}") from e
-        else:
-            from dartree.cli.parser import DEFAULT_MODEL
-
-            bundle = load_bundle(args.model or DEFAULT_MODEL)
     if device != "cpu":
         bundle.to(device)
-    log(f"model {bundle.name} loaded in {time.perf_counter() - start:.1f} s" + (f" (on {device})" if device != "cpu"
-                                                                               else ""))
+    log(f"model {bundle.name} loaded in {time.perf_counter() - start:.1f} s" + ("" if device == "cpu" else
+                                                                               f" (on {device})"))
     return bundle
 
 
