@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
@@ -19,7 +20,6 @@ def cmd_bench_concurrency(args: argparse.Namespace) -> int:
         check_methods,
         concurrency_markdown,
         plot_concurrency,
-        rows_json,
         run_concurrency,
     )
     from dartree.eval.datasets import load_prompts
@@ -62,7 +62,8 @@ def cmd_bench_concurrency(args: argparse.Namespace) -> int:
         text = concurrency_markdown(rows, meta)
         with written(run):          # the three files replace an earlier run together, once all are written
             run.write("concurrency.md", text)
-            run.write("concurrency.json", json.dumps({"meta": meta, "rows": rows_json(rows)}, indent=1))
+            rows_json = [dataclasses.asdict(r) for r in rows]
+            run.write("concurrency.json", json.dumps({"meta": meta, "rows": rows_json}, indent=1))
             plot_concurrency(rows, run.path("concurrency.png"))
     print(text)
     log(f"wrote {', '.join(map(str, run.committed))}")

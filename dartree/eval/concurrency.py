@@ -11,7 +11,6 @@ compute-bound.
 
 from __future__ import annotations
 
-import dataclasses
 import statistics
 import sys
 from collections.abc import Callable, Sequence
@@ -32,8 +31,7 @@ from dartree.rounds import DEFAULT_VERIFIER, SAMPLED_VERIFIERS
 from dartree.serve import ServeResult, serve
 from dartree.verify.sampling import GeneratorSampler, KeyedSampler
 
-__all__ = ["ConcurrencyRow", "check_methods", "run_concurrency", "concurrency_markdown", "plot_concurrency",
-           "rows_json"]
+__all__ = ["ConcurrencyRow", "check_methods", "run_concurrency", "concurrency_markdown", "plot_concurrency"]
 
 
 @dataclass(frozen=True)
@@ -234,10 +232,6 @@ def concurrency_markdown(rows: Sequence[ConcurrencyRow], meta: dict[str, Any] | 
         lines.append(f"| {r.method} | {r.concurrency} | {r.tokens_per_s:.1f} | {r.speedup:.2f}x | {r.tau:.2f} | "
                      f"{r.steps} | {checked} | {r.settings or '-'} |")
     return "\n".join(lines) + "\n"
-
-
-def rows_json(rows: Sequence[ConcurrencyRow]) -> list[dict[str, Any]]:
-    return [dataclasses.asdict(r) for r in rows]
 
 
 def plot_concurrency(rows: Sequence[ConcurrencyRow], path: Path) -> Path:
