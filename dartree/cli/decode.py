@@ -138,20 +138,6 @@ def _cache_tuning(bundle, config, result) -> None:
         log(f"tuning cached for `dartree generate` in {path}")
 
 
-def _peers(names: list[str] | None) -> tuple[str, ...]:
-    """``--peers``: absent -> none; given without names -> every peer; else the names, checked."""
-    from dartree.eval.peers import PEERS
-
-    if names is None:
-        return ()
-    if not names:
-        return PEERS
-    bad = [n for n in names if n not in PEERS]
-    if bad:
-        raise UsageError(f"--peers: each must be one of {', '.join(PEERS)}, got {', '.join(bad)}")
-    return tuple(dict.fromkeys(names))
-
-
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.concurrency and args.peers is not None:
         raise UsageError("--peers: the peers run one request at a time; drop --concurrency to compare them")
@@ -163,6 +149,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from dartree.eval.datasets import load_prompts
     from dartree.eval.methods import parse_methods
     from dartree.eval.outdir import BENCH_FILES
+    from dartree.eval.peers import PEERS
     from dartree.eval.plots import plot_acceptance, plot_tuning
     from dartree.eval.report import bench_markdown, write_bench
 
@@ -170,6 +157,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
                                            "budget", "out"))
     if args.methods is None:                # at T>0 the preset's methods that pay there
         preset["methods"] = methods_for(preset, [float(t) for t in preset["temperatures"]])
+    # the preset's peers unless --peers says otherwise (they decode the full length: not with --stop-at-eos);
+    # --peers alone: every peer (BenchConfig checks the names)
+    peers = args.peers if args.peers is not None else None if args.stop_at_eos else preset.get("peers")
     with user_input():
         methods = parse_methods([m for m in preset["methods"] if m != "ar"] or ["ar"], defaults)
         config = BenchConfig(
@@ -180,8 +170,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             warmup=not args.no_warmup, stop_at_eos=args.stop_at_eos,
             calibration_prompts=args.calibration_prompts or preset.get("calibration_prompts", 4),
             tune_budgets=tuple(args.tune_budgets), tune_widths=tuple(args.tune_widths),
-            # the preset's peers unless --peers says otherwise (they decode the full length: not with --stop-at-eos)
-            peers=_peers(args.peers if args.peers is not None else None if args.stop_at_eos else preset.get("peers")),
+            peers=() if peers is None else tuple(dict.fromkeys(peers)) or PEERS,
             verifier=args.verifier, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, law_draws=args.law_draws)
         # Enough prompts in every dataset (and calibration prompts for budget=auto)?
         prompts = [p for d in config.datasets for p in load_prompts(d, config.num_prompts,
