@@ -117,8 +117,14 @@ def cmd_tune(args: argparse.Namespace) -> int:
         elif method.is_ar or "budget" not in method.fields():
             raise ValueError(f"method: {method.label!r} has no budget to tune (or give --method auto: the tuner "
                              "picks the builder too)")
-    if not method.is_auto:
-        _check_tunable(args, method)
+        else:                    # something is left to search, and every setting of the grid is valid
+            searched = [k for k in ("budget", "width") if k in method.fields()
+                        and method.config.get(k, "auto") == "auto"]
+            searched += ["beta"] if method.config.get("beta") == "auto" else []     # beta: only when asked
+            if not searched:     # every tunable setting is fixed: --budgets / --widths would be ignored
+                raise ValueError(f"method: {method.label!r} (with --budget/--width) fixes every setting tune "
+                                 "searches; leave budget (or width) unset or 'auto'")
+            check_grid(method, args.budgets, args.widths, "--budgets", "--widths", searched)
     warp = warps_of(args)
     prompts = dataset_prompts(args)
     with prepare_out(args, args.out, tune_files(method.builder)) as run:
@@ -151,14 +157,3 @@ def cmd_tune(args: argparse.Namespace) -> int:
         log(f"cached for `dartree generate` (this model, machine, threads and temperature) in {cached}")
     log(f"wrote {', '.join(map(str, run.committed))}")
     return 0
-
-
-def _check_tunable(args: argparse.Namespace, method) -> None:
-    """``tune`` of one builder: something is left to search, and every setting of the grid is valid."""
-    with user_input():
-        searched = [k for k in ("budget", "width") if k in method.fields() and method.config.get(k, "auto") == "auto"]
-        searched += ["beta"] if method.config.get("beta") == "auto" else []     # beta: only when asked
-        if not searched:         # every tunable setting is fixed: --budgets / --widths would be ignored
-            raise ValueError(f"method: {method.label!r} (with --budget/--width) fixes every setting tune searches; "
-                             "leave budget (or width) unset or 'auto'")
-        check_grid(method, args.budgets, args.widths, "--budgets", "--widths", searched)
