@@ -16,7 +16,7 @@ from dartree.decode import GenerationResult, generate_ar
 from dartree.eval.bundles import Bundle
 from dartree.eval.costmodel import ConfigStats, VerifyCost
 from dartree.eval.methods import MethodSpec, make_decoder, resolve_backend, sampler_for
-from dartree.eval.simulate import Reference, ReplayBlocks, simulate
+from dartree.eval.simulate import Reference, ReplayBlocks, device_sync, simulate, timed
 from dartree.models.target import HFTarget
 from dartree.tree import DraftTree
 from dartree.verify.sampling import KeyedSampler
@@ -58,11 +58,6 @@ class Measurement:
 
     def label_tokens_per_s(self) -> dict[str, float]:
         return {label: t / s if s > 0 else float("inf") for label, t, s in self.per_label}
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)   # timing needs the device idle at the boundary
 
 
 def _synthetic_tree(nodes: int, gamma: int, device: torch.device, rows: int = 1) -> DraftTree:
@@ -117,25 +112,19 @@ def measure_verify_cost(model: torch.nn.Module, layer_ids: Sequence[int] = (), p
     for _ in range(repeats + 1):                           # the first repetition warms up and is dropped
         for n, tree in zip(sizes, trees, strict=True):
             for way in ways:
-                _sync(target.device)
-                start = time.perf_counter()
-                out = target.forward_tree(target.tree_inputs(tree), logits=way)
+                device_sync(target.device)
+                out, seconds = timed(target.device, lambda: target.forward_tree(target.tree_inputs(tree),  # noqa: B023
+                                                                                 logits=way))  # noqa: B023
                 final = out.final if out.final is not None else final
-                _sync(target.device)
-                times[(n, way)].append(time.perf_counter() - start)
+                times[(n, way)].append(seconds)
                 target.rollback()
     seconds = {way: [statistics.median(times[(n, way)][1:]) for n in sizes] for way in ways}
     row_s = 0.0
     if logits != "all" and final is not None:           # the walk's rows: one LM-head row per accepted node
         row = final[:, 0]
-        times = []
-        for _ in range(repeats + 1):
-            _sync(target.device)
-            start = time.perf_counter()
-            target.head_logits(row)
-            _sync(target.device)
-            times.append(time.perf_counter() - start)
-        row_s = statistics.median(times[1:])
+        device_sync(target.device)
+        row_s = statistics.median([timed(target.device, lambda: target.head_logits(row))[1]
+                                   for _ in range(repeats + 1)][1:])
     target.reset()
     if logits == "walk":
         return VerifyCost(sizes, tuple(seconds["all"]), prefix_len, row_s, tuple(seconds["root"]))

@@ -108,10 +108,7 @@ class ReplayBlocks:
             for p in range(start, end - 1):
                 if p > start:
                     drafter.append_context(None if hidden is None else hidden[:, p - 1: p], seq[:, p - 1: p])
-                t0 = time.perf_counter()
-                self.blocks[p] = drafter.draft(seq[:, p])
-                _sync(device)
-                self.seconds[p] = time.perf_counter() - t0
+                self.blocks[p], self.seconds[p] = timed(device, lambda p=p: drafter.draft(seq[:, p]))
             drafter.reset()
 
     def block(self, p: int) -> tuple[DraftBlock, float]:
@@ -122,9 +119,17 @@ class ReplayBlocks:
         return self.blocks[p], self.seconds[p]
 
 
-def _sync(device: torch.device) -> None:
+def device_sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)   # stage timing needs the device idle at the boundary
+
+
+def timed(device: torch.device, fn):
+    """``fn()`` and its wall seconds, up to the device's last kernel."""
+    start = time.perf_counter()
+    out = fn()
+    device_sync(device)
+    return out, time.perf_counter() - start
 
 
 @torch.no_grad()
@@ -166,17 +171,8 @@ def simulate(bundle: Bundle, builder, head: CorrectionHead | None, ref: Referenc
     rounds: list[SimulatedRound] = []
     gamma = 0
     while p < end - 1:
-        if blocks is None:
-            t0 = time.perf_counter()
-            block = drafter.draft(seq[:, p])
-            _sync(device)
-            draft_s = time.perf_counter() - t0
-        else:
-            block, draft_s = blocks.block(p)
-        t1 = time.perf_counter()
-        tree = builder.build(block, head)
-        _sync(device)
-        t2 = time.perf_counter()
+        block, draft_s = timed(device, lambda: drafter.draft(seq[:, p])) if blocks is None else blocks.block(p)  # noqa: B023
+        tree, build_s = timed(device, lambda: builder.build(block, head))  # noqa: B023
         gamma = block.gamma
         # The target's pick at a node of depth d is reference token p + 1 + d (PAD past the end).
         truth = torch.full((gamma + 1,), PAD, dtype=torch.int64, device=device)
@@ -190,7 +186,7 @@ def simulate(bundle: Bundle, builder, head: CorrectionHead | None, ref: Referenc
         size = int(tree.num_nodes[0]) - 1
         kept = tuple(int(i) for i in result.accepted[0, : accepted_length + 1]) if record else ()
         bonus = int(truth[accepted_length]) if record else PAD
-        rounds.append(SimulatedRound(accepted_length, count, size, draft_s, t2 - t1,
+        rounds.append(SimulatedRound(accepted_length, count, size, draft_s, build_s,
                                      tree.to("cpu") if record else None, kept, p, bonus))
         p += count
     return Simulation(tuple(rounds), gamma)
