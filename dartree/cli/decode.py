@@ -35,10 +35,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from dartree.decode import generate_ar
     from dartree.eval.bundles import decode, stop_token_id
     from dartree.eval.checks import check_positions, read_prompt_file
-    from dartree.eval.methods import make_decoder, parse_method
+    from dartree.eval.methods import make_decoder, parse_method, sampler_for
     from dartree.eval.tune_cache import check_cached, resolve_unset
-    from dartree.rounds import DEFAULT_VERIFIER, SAMPLED_VERIFIERS
-    from dartree.verify.sampling import GeneratorSampler, KeyedSampler
+    from dartree.rounds import DEFAULT_VERIFIER
 
     if (args.prompt is None) == (args.prompt_file is None):
         raise UsageError("generate: give exactly one of --prompt and --prompt-file")
@@ -66,10 +65,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     stop = None if args.no_stop else stop_token_id(bundle)
     stops = None if stop is None else [stop]
     verifier = None if method.is_ar else method.verifier or args.verifier or DEFAULT_VERIFIER
-    sampler = None
-    if args.temperature > 0:          # keyed draws (== AR with the seed), or a seeded generator for rejection
-        sampler = KeyedSampler(args.seed) if verifier not in SAMPLED_VERIFIERS else \
-            GeneratorSampler(torch.Generator().manual_seed(args.seed))
+    sampler = sampler_for(verifier, args.seed) if args.temperature > 0 else None
     options = {**warps_of(args), "verifier": verifier if args.temperature > 0 else None}
     out = sys.stdout
     out.write(text)

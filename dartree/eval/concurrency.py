@@ -22,14 +22,13 @@ import torch
 
 from dartree.eval.bundles import Bundle, encode, stop_token_id
 from dartree.eval.datasets import load_prompts
-from dartree.eval.methods import AR, MethodSpec, make_decoder, resolve_backend
+from dartree.eval.methods import AR, MethodSpec, make_decoder, resolve_backend, sampler_for
 from dartree.eval.probes import probe_verify_cost
 from dartree.eval.simulate import reference
 from dartree.eval.tune import DEFAULT_WIDTHS, VerifyCost, pick_best, replay_stats, score_at_concurrency
 from dartree.models.target import HFTarget
 from dartree.rounds import DEFAULT_VERIFIER, SAMPLED_VERIFIERS
 from dartree.serve import ServeResult, serve
-from dartree.verify.sampling import GeneratorSampler, KeyedSampler
 
 __all__ = ["ConcurrencyRow", "check_methods", "run_concurrency", "concurrency_markdown", "plot_concurrency"]
 
@@ -128,10 +127,7 @@ def run_concurrency(
     def run(engine, spec: MethodSpec | None, ps: Sequence[torch.Tensor], c: int, max_new: int,
             on_finish=None) -> ServeResult:
         rule = verifier_of(spec)
-        sampler = None
-        if temperature > 0:     # keyed draws (== AR token for token), or a seeded generator (rejection)
-            sampler = GeneratorSampler(torch.Generator().manual_seed(seed)) if rule in SAMPLED_VERIFIERS else \
-                KeyedSampler(seed)
+        sampler = sampler_for(rule, seed) if temperature > 0 else None
         return serve(engine, ps, c, max_new, temperature, sampler, None if stop is None else [stop], on_finish,
                      verifier=rule, **warps)
 

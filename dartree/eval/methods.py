@@ -265,13 +265,15 @@ def make_decoder(bundle: Bundle, method: MethodSpec, backend: str, builder: Any 
     return SpeculativeDecoder(bundle.target, drafter, builder, head)
 
 
-def sampler_for(verifier: str | None, seed: int, stream: int, device):
+def sampler_for(verifier: str | None, seed: int, stream: int | None = None, device="cpu"):
     """The sampler a T>0 decode verified by ``verifier`` draws with: keyed draws for ``match`` (and AR), equal
-    token for token to AR's with the same seed; a generator seeded per ``stream`` for sampled trees."""
+    token for token to AR's with the same seed; for sampled trees a generator seeded with ``seed``, or per
+    ``stream`` when given."""
     import torch
 
     from dartree.verify.sampling import GeneratorSampler, KeyedSampler
 
     if verifier in SAMPLED_VERIFIERS:
-        return GeneratorSampler(torch.Generator(device=device).manual_seed(seed * 1_000_003 + stream))
+        return GeneratorSampler(torch.Generator(device=device).manual_seed(
+            seed if stream is None else seed * 1_000_003 + stream))
     return KeyedSampler(seed)
