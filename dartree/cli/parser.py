@@ -105,12 +105,8 @@ def methods_for(preset: dict[str, Any], temperatures: list[float]) -> list[str]:
 
 # ---------------------------------------------------------------------------------------------- parsing
 def _budget(text: str) -> int | str:
-    if text == "auto":
-        return text
-    try:
-        return _positive_int(text)
-    except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1 or 'auto', got {text!r}") from None
+    return _parsed(text, lambda t: t if t == "auto" else int(t), lambda v: v == "auto" or v >= 1,
+                   "an integer >= 1 or 'auto'")
 
 
 def _parsed(text: str, cast, ok, expected: str):
