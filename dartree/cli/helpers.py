@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -201,9 +202,7 @@ def round_summary(result) -> str:
     per = {k: 1000 * v / n for k, v in stages.items() if k != "prefill"}
     total = sum(per.values())
     tokens = result.tokens.shape[1]
-    hist: dict[int, int] = {}
-    for r in rounds:
-        hist[r.accepted_length] = hist.get(r.accepted_length, 0) + 1
+    hist = Counter(r.accepted_length for r in rounds)
     lines = [f"{tokens} tokens in {n} rounds: tau {result.tau:.2f} tokens/round, mean tree size "
              f"{sum(r.tree_size for r in rounds) / n:.1f}, prefill {1000 * result.prefill_s:.1f} ms",
              "per round: " + ", ".join(f"{k} {v:.2f} ms" for k, v in per.items()) + f" = {total:.2f} ms "
