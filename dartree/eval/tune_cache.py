@@ -15,6 +15,7 @@ import json
 import os
 import platform
 import time
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -57,13 +58,8 @@ def model_hash(bundle: Bundle) -> str:
 
 def _cpu_model() -> str:
     """The CPU's model name on Linux (``/proc/cpuinfo``), else ``""``."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
+    with suppress(OSError), open("/proc/cpuinfo") as f:
+        return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
     return ""
 
 
