@@ -225,22 +225,14 @@ def _need(prompts: int | None, dataset: str, prompt_chars: int) -> str:
     return str(prompts)
 
 
-def _native_note(meta: dict) -> str:
-    """How the fast backend's host loops ran (older result files do not record it)."""
-    if "native_host_loops" not in meta:
-        return ""
-    note = ", compiled host loops" if meta["native_host_loops"] else ", numpy host loops (dartree._native not built)"
-    if "target_forward" in meta:
-        note += ", lean target forward" if meta["target_forward"] == "lean" else ", the target's own forward"
-    return note
-
-
 def bench_markdown(result: BenchResult) -> str:
     """The whole benchmark report: Table 1 and Table 2 per temperature, tuning tables, lossless line."""
     meta = result.meta
+    native = ", compiled host loops" if meta["native_host_loops"] else ", numpy host loops (dartree._native not built)"
+    native += ", lean target forward" if meta["target_forward"] == "lean" else ", the target's own forward"
     parts = [f"# dartree bench: {meta['model']}", "",
              f"{meta['date_utc']}; {meta['machine']}, torch {meta['torch']}, {meta['torch_threads']} threads, "
-             f"device {meta['device']}{_native_note(meta)}; {result.config.num_prompts} prompts per dataset, "
+             f"device {meta['device']}{native}; {result.config.num_prompts} prompts per dataset, "
              f"{result.config.max_new_tokens} new tokens each."]
     if meta.get("command"):
         parts += ["", f"Command: `{meta['command']}`"]
