@@ -98,12 +98,8 @@ class TuneResult:
 
     def settings(self) -> dict[str, int | float]:
         """The chosen tree's config fields (``budget``, and ``width`` / ``beta`` where it has them)."""
-        out: dict[str, int | float] = {"budget": self.best.budget}
-        if self.best.width is not None:
-            out["width"] = self.best.width
-        if self.best.beta is not None:
-            out["beta"] = self.best.beta
-        return out
+        best = self.best
+        return {k: v for k, v in (("budget", best.budget), ("width", best.width), ("beta", best.beta)) if v is not None}
 
     def measurement(self, budget: int | None, width: int | None = None,
                     verifier: str | None = None, builder: str | None = None) -> Measurement | None:
