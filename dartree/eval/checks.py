@@ -44,12 +44,9 @@ def max_positions(bundle: Bundle) -> int | None:
 
 
 def _topk(method: MethodSpec) -> int | None:
-    if "topk" in method.config:
-        return int(method.config["topk"])
-    for f in dataclasses.fields(builder_spec(method.builder).config_cls):
-        if f.name == "topk":
-            return int(f.default)
-    return None
+    defaults = {f.name: f.default for f in dataclasses.fields(builder_spec(method.builder).config_cls)}
+    topk = method.config.get("topk", defaults.get("topk"))
+    return None if topk is None else int(topk)
 
 
 def check_methods_fit(bundle: Bundle, methods: Iterable[MethodSpec], topk_values: Sequence[int] = ()) -> None:
