@@ -62,8 +62,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     ids = torch.tensor([prompt_ids(bundle, text, 1 << 30)], dtype=torch.int64)
     with user_input():
         check_positions(bundle, [ids.shape[1]], args.max_new_tokens)
-    stop = None if args.no_stop else stop_token_id(bundle)
-    stops = None if stop is None else [stop]
+    stops = None if args.no_stop or stop_token_id(bundle) is None else [stop_token_id(bundle)]
     verifier = None if method.is_ar else method.verifier or args.verifier or DEFAULT_VERIFIER
     sampler = sampler_for(verifier, args.seed) if args.temperature > 0 else None
     options = {**warps_of(args), "verifier": verifier if args.temperature > 0 else None}

@@ -314,6 +314,7 @@ def run_bench(bundle: Bundle, config: BenchConfig, argv: Sequence[str] | None = 
 
     gamma = int(getattr(bundle.drafter, "gamma", 0)) or 16
     stop = stop_token_id(bundle) if config.stop_at_eos else None
+    stops = None if stop is None else [stop]
     limit = config.max_prompt_tokens
     device = next(bundle.target.parameters()).device
     prompts = {d: [(p.id, torch.tensor([encode(bundle.tokenizer, p.text)[-limit:]], dtype=torch.int64, device=device))
@@ -350,7 +351,6 @@ def run_bench(bundle: Bundle, config: BenchConfig, argv: Sequence[str] | None = 
         verifier = verifier_of(label, temperature if tuned_at is None else tuned_at) if temperature > 0 else "greedy"
         sampler = sampler_for(verifier, config.seed, draw, ids.device) if temperature > 0 else None
         decoder = None if label == AR else decoders[(label, temperature if tuned_at is None else tuned_at)]
-        stops = None if stop is None else [stop]
         if decoder is None:
             return generate_ar(bundle.target, ids, max_new, temperature, sampler, stop_token_ids=stops, **warps)
         return decoder.generate(ids, max_new, temperature, sampler, stop_token_ids=stops,

@@ -191,8 +191,7 @@ def run_concurrency(
                 engine = decoders[label]
             bar.set_postfix_str(f"C={c} {label}", refresh=False)
             out = run(engine, spec, prompts, c, max_new_tokens, on_finish=lambda _i, _r: bar.update(1))
-            if ar is None:
-                ar = out
+            ar = ar or out
             rule = verifier_of(spec)
             same = sum(a.tokens.tolist() == b.tokens.tolist() for a, b in zip(ar.results, out.results, strict=True))
             rounds = sum(r.num_rounds for r in out.results)
