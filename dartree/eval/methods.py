@@ -256,11 +256,9 @@ def make_decoder(bundle: Bundle, method: MethodSpec, backend: str, builder: Any 
     """A :class:`SpeculativeDecoder` for ``method`` on ``bundle`` (``builder`` overrides the built one; the
     method's ``drafter=`` replaces the bundle's drafter)."""
     builder = builder if builder is not None else make_method_builder(method, backend)
-    head = None
-    if method.head is not None:
-        if method.head not in bundle.heads:
-            raise ValueError(f"head: bundle {bundle.name!r} has heads {sorted(bundle.heads)}, got {method.head!r}")
-        head = bundle.heads[method.head]
+    if method.head is not None and method.head not in bundle.heads:
+        raise ValueError(f"head: bundle {bundle.name!r} has heads {sorted(bundle.heads)}, got {method.head!r}")
+    head = None if method.head is None else bundle.heads[method.head]
     drafter = bundle.drafter if method.drafter is None else DRAFTERS[method.drafter](bundle)
     return SpeculativeDecoder(bundle.target, drafter, builder, head)
 
