@@ -51,9 +51,8 @@ def _matches(name: str, patterns: Sequence[str]) -> bool:
 
 def run_files(out: Path, patterns: Sequence[str]) -> list[Path]:
     """The files and symlinks of this kind in ``out``, sorted (empty when ``out`` does not exist)."""
-    if not out.is_dir():
-        return []
-    return sorted(p for p in out.iterdir() if _matches(p.name, patterns) and (p.is_symlink() or not p.is_dir()))
+    return sorted(p for p in out.iterdir() if _matches(p.name, patterns) and (p.is_symlink() or not p.is_dir())) \
+        if out.is_dir() else []
 
 
 def _names(paths: Sequence[Path], limit: int = 4) -> str:

@@ -307,9 +307,7 @@ def _check_sizes(name: str, grid: tuple) -> tuple:
 def _verifiers(method: MethodSpec, temperature: float) -> tuple[str | None, ...]:
     """The verifiers a setting is ranked under: none at T=0; at T>0 the method's own, else matching and the
     default sampled verifier."""
-    if temperature == 0:
-        return (None,)
-    return (method.verifier,) if method.verifier else ("match", DEFAULT_VERIFIER)
+    return (None,) if temperature == 0 else (method.verifier,) if method.verifier else ("match", DEFAULT_VERIFIER)
 
 
 def _screen(refs: Sequence[Reference], labels: Sequence[str] | None, count: int) -> list[Reference]:
