@@ -26,31 +26,16 @@ __all__ = ["chain", "ddtree", "corrected_chain", "corrected_chain_ddtree", "sequ
            "dartree_pruned", "sequoia", "corrected_sequoia"]
 
 
-def chain(block: DraftBlock, head: None, config) -> DraftTree:
-    """DFlash: the argmax of the base logits at every depth (gamma draft nodes)."""
-    return ops.builders(block.logits).chain(block, head, config)
+def _dispatched(name: str):
+    """The strategy ``name`` of the builder module :func:`dartree.fast.ops.builders` picks for the block's
+    logits (one module-level function per strategy: the registry trusts these by identity)."""
+    def build(block: DraftBlock, head: CorrectionHead | None, config) -> DraftTree:
+        return getattr(ops.builders(block.logits), name)(block, head, config)
+
+    build.__name__ = build.__qualname__ = name
+    return build
 
 
-def corrected_chain(block: DraftBlock, head: CorrectionHead, config) -> DraftTree:
-    """Domino: a greedy chain, each depth re-scored by the head along the chain's own path."""
-    return ops.builders(block.logits).corrected_chain(block, head, config)
-
-
-def ddtree(block: DraftBlock, head: None, config) -> DraftTree:
-    """DDTree: the top-B prefixes of the candidate trie under the base marginals."""
-    return ops.builders(block.logits).ddtree(block, head, config)
-
-
-def corrected_chain_ddtree(block: DraftBlock, head: CorrectionHead, config) -> DraftTree:
-    """Head run along the corrected greedy chain; the DDTree top-B over those per-depth distributions."""
-    return ops.builders(block.logits).corrected_chain_ddtree(block, head, config)
-
-
-def dartree_fixed(block: DraftBlock, head: CorrectionHead, config) -> DraftTree:
-    """DARTree (fixed): depth-wise batched expansion with quota ceil(remaining budget / remaining depths)."""
-    return ops.builders(block.logits).dartree_fixed(block, head, config)
-
-
-def dartree_pruned(block: DraftBlock, head: CorrectionHead, config) -> DraftTree:
-    """DARTree (pruned): a supertree of width W per depth, then one global top-B by s_beta."""
-    return ops.builders(block.logits).dartree_pruned(block, head, config)
+chain, corrected_chain, ddtree, corrected_chain_ddtree, dartree_fixed, dartree_pruned = (
+    _dispatched(name) for name in ("chain", "corrected_chain", "ddtree", "corrected_chain_ddtree", "dartree_fixed",
+                                   "dartree_pruned"))

@@ -37,10 +37,6 @@ class Expansion:
     def depths_saved(self) -> int:
         return self.full_depths - self.depths
 
-    @property
-    def branches_saved(self) -> int:
-        return self.full_branches - self.branches
-
 
 _local = threading.local()
 

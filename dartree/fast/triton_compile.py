@@ -39,8 +39,6 @@ from dartree.fast.triton_kernels import Launch, record_launches
 __all__ = ["ARCHS", "Compiled", "compile_launch", "compile_all", "largest_launches", "distinct", "main"]
 
 ARCHS: tuple[int, ...] = (80, 89, 90)
-# Shared memory per block available to a kernel (opt-in maximum), bytes: sm_80 (A100), sm_89 (L40/4090), sm_90 (H100).
-SHARED_LIMIT: dict[int, int] = {80: 163 * 1024, 89: 99 * 1024, 90: 227 * 1024}
 
 
 @dataclass(frozen=True)

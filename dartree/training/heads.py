@@ -32,7 +32,7 @@ from dartree.training.drafter import (
 )
 from dartree.training.target import load_target
 
-__all__ = ["head_batch", "head_losses", "eval_heads", "stage_heads", "nn_init_zero", "gru_name"]
+__all__ = ["head_batch", "gru_logits", "eval_heads", "stage_heads", "nn_init_zero", "gru_name"]
 
 
 def head_batch(drafter, model, x: torch.Tensor, anchors: torch.Tensor, sampled: bool):
@@ -53,17 +53,6 @@ def gru_logits(gru, h, base, previous) -> torch.Tensor:
     states, _ = gru.prefix_gru(F.embedding(previous, gru.embedding_weight))  # [N, gamma, G]
     p = gru.prefix_len
     return gru.full_logits(base[:, p:], h[:, p:], states[:, p:])
-
-
-def head_logits(gru, markov, h, base, previous) -> tuple[torch.Tensor, torch.Tensor]:
-    """The GRU head's logits at depths > its prefix (``[N, gamma - p, V]``) and the Markov head's at
-    every depth (``[N, gamma, V]``), teacher-forced along ``previous``."""
-    return gru_logits(gru, h, base, previous), markov.full_logits(base, previous)
-
-
-def head_losses(gru, markov, h, base, y, previous) -> tuple[torch.Tensor, torch.Tensor]:
-    gl, ml = head_logits(gru, markov, h, base, previous)
-    return block_loss(gl, y[:, gru.prefix_len:]).mean(), block_loss(ml, y).mean()
 
 
 def gru_name(config: dict, several: bool) -> str:
