@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from dartree.arguments import check_int
 from dartree.block import DraftBlock
 
 __all__ = ["PromptLookupDrafter"]
@@ -35,8 +36,7 @@ class PromptLookupDrafter:
                  hit: float = 0.9) -> None:
         for name, value, low in (("vocab_size", vocab_size, 2), ("gamma", gamma, 1), ("max_ngram", max_ngram, 1),
                                  ("min_ngram", min_ngram, 1)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{name}: expected an int >= {low}, got {value!r}")
+            check_int(name, value, low)
         if min_ngram > max_ngram:
             raise ValueError(f"min_ngram: {min_ngram} exceeds max_ngram {max_ngram}; allowed: <= max_ngram")
         if isinstance(hit, bool) or not isinstance(hit, int | float) or not 0 < hit < 1:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from dartree.arguments import check_int
 from dartree.decode import SpeculativeDecoder
 from dartree.engine import Engine
 from dartree.models.target import HFTarget
@@ -69,8 +70,7 @@ def serve(
     (for a progress bar).  ``sampling``: a :class:`~dartree.Sampling` instead of the sampling keywords, as in
     :meth:`SpeculativeDecoder.generate`.
     """
-    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-        raise ValueError(f"concurrency: expected an int >= 1, got {concurrency!r}")
+    check_int("concurrency", concurrency)
     target = decoder.target if isinstance(decoder, SpeculativeDecoder) else \
         decoder if isinstance(decoder, HFTarget) else as_target(decoder, ())
     reqs = check_requests(target, prompts, max_new_tokens, temperature, sampler, stop_token_ids,

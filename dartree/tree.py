@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from dartree.arguments import check_int
 from dartree.block import DraftBlock, check_not_meta
 from dartree.structure import PAD, TreeStructure, ancestor_mask, tree_structure
 
@@ -80,8 +81,7 @@ class DraftTree:
         cheap :func:`check_decodable` on every tree instead.
         """
         for name, value in (("gamma", gamma), ("budget", budget), ("vocab_size", vocab_size)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"{name}: expected an int >= 1 or None, got {value!r}")
+            check_int(name, value, optional=True)
         fields = {"tokens": self.tokens, "parents": self.parents, "depths": self.depths, "ranks": self.ranks}
         for name, t in fields.items():
             if not isinstance(t, Tensor) or t.dtype != torch.int64 or t.dim() != 2:
@@ -373,8 +373,7 @@ def check_decodable(tree: DraftTree, block: DraftBlock, budget: int | None = Non
             raise ValueError(f"builder: tree.{name} must be an int64 tensor of shape {list(want)}, got {got}")
         if t.device != block.device:
             raise ValueError(f"builder: tree.{name} is on {t.device}, the block on {block.device}")
-    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
-        raise ValueError(f"budget: expected an int >= 1 or None, got {budget!r}")
+    check_int("budget", budget, optional=True)
     check_not_meta("block.root", block.root)
     limit = tree.max_nodes if budget is None else min(tree.max_nodes, 1 + budget)
     root, vocab, gamma = block.root, block.vocab_size, block.gamma

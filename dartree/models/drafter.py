@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from dartree.arguments import check_int
 from dartree.block import DraftBlock
 from dartree.models.kmajor import KMAJOR_LIMIT_BYTES, derived, linear, tensor_version
 from dartree.models.pointwise import rms_norm, rotate_signed, signed_sin
@@ -43,9 +44,8 @@ def dflash_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> li
     layer outside ``[-1, num_target_layers)`` is refused (a 1-layer target with several draft layers:
     ``-2`` would wrap around to the last hidden state in the references).
     """
-    for name, value in (("num_target_layers", num_target_layers), ("num_draft_layers", num_draft_layers)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
+    check_int("num_target_layers", num_target_layers)
+    check_int("num_draft_layers", num_draft_layers)
     if num_draft_layers == 1:
         return [num_target_layers // 2]
     start, end = 1, num_target_layers - 3
@@ -83,25 +83,17 @@ class DFlashConfig:
     def __post_init__(self) -> None:
         for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                      "intermediate_size", "vocab_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
+            check_int(name, getattr(self, name))
         if not isinstance(self.shift_label, bool):
             raise ValueError(f"shift_label: expected a bool, got {self.shift_label!r}")
-        if isinstance(self.block_size, bool) or not isinstance(self.block_size, int) \
-                or not 2 <= self.block_size <= MAX_BLOCK_SIZE:
-            raise ValueError(f"block_size: expected an int in [2, {MAX_BLOCK_SIZE}] (root + at least one mask "
-                             f"slot; the released drafters use 7 to 16), got {self.block_size!r}")
+        check_int("block_size", self.block_size, 2, MAX_BLOCK_SIZE)       # the root + at least one mask slot
         for name, top in (("rms_norm_eps", 1.0), ("rope_theta", math.inf)):   # an epsilon >= 1 flattens every norm
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < top:
                 raise ValueError(f"{name}: expected a finite number > 0, got {value!r}" if top == math.inf else
                                  f"{name}: expected a number in (0, 1) (RMSNorm's epsilon, typically 1e-6), "
                                  f"got {value!r}")
-        if self.num_target_layers is not None and (isinstance(self.num_target_layers, bool)
-                                                   or not isinstance(self.num_target_layers, int)
-                                                   or self.num_target_layers < 1):
-            raise ValueError(f"num_target_layers: expected an int >= 1 or None, got {self.num_target_layers!r}")
+        check_int("num_target_layers", self.num_target_layers, optional=True)
         if isinstance(self.mask_token_id, bool) or not isinstance(self.mask_token_id, int):
             raise ValueError(f"mask_token_id: expected an int in [0, {self.vocab_size}), got {self.mask_token_id!r}")
         if self.head_dim is not None and (isinstance(self.head_dim, bool) or not isinstance(self.head_dim, int)
@@ -139,9 +131,7 @@ class DFlashConfig:
     def _check_rope(self) -> None:
         from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-        if isinstance(self.max_position_embeddings, bool) or not isinstance(self.max_position_embeddings, int) \
-                or self.max_position_embeddings < 1:
-            raise ValueError(f"max_position_embeddings: expected an int >= 1, got {self.max_position_embeddings!r}")
+        check_int("max_position_embeddings", self.max_position_embeddings)
         self.rope_theta = float(self.rope_theta)
         if self.rope_parameters is None:
             return
@@ -550,8 +540,7 @@ class DFlashDrafter(nn.Module):
     def crop(self, length: int) -> None:
         """Keep only the first ``length`` context entries."""
         self._flush()
-        if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= self._length:
-            raise ValueError(f"length: expected an int in [0, {self._length}], got {length!r}")
+        check_int("length", length, 0, self._length)
         self._length = length          # the buffers keep their slots; later appends overwrite them
 
     def context_features(self, hidden_states: Tensor) -> Tensor:

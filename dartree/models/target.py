@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 from transformers.cache_utils import Cache, DynamicCache, StaticCache
 
+from dartree.arguments import check_int
 from dartree.models.hf_compat import cache_kwargs
 from dartree.models.lean import LeanForward, lean_forward
 from dartree.tree import DraftTree
@@ -188,8 +189,7 @@ class HFTarget:
         if cache == "static":
             if max_cache_len is None:
                 max_cache_len = self.max_positions
-            if isinstance(max_cache_len, bool) or not isinstance(max_cache_len, int) or max_cache_len < 1:
-                raise ValueError(f"max_cache_len: expected an int >= 1 for a static cache, got {max_cache_len!r}")
+            check_int("max_cache_len", max_cache_len)
         elif max_cache_len is not None:
             raise ValueError("max_cache_len: only meaningful with cache='static'")
         if forward not in FORWARDS:

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from dartree.arguments import check_int
 from dartree.block import DraftBlock
 from dartree.builders import TreeBuilder, builder_spec, make_builder
 from dartree.tree import check_decodable
@@ -79,8 +80,7 @@ def check_builder(builder: TreeBuilder | str, config: dict[str, Any] | None = No
 
     if isinstance(temperature, bool) or not isinstance(temperature, int | float) or not 0 <= temperature < math.inf:
         raise ValueError(f"temperature: expected a finite number >= 0, got {temperature!r}")
-    if isinstance(draws, bool) or not isinstance(draws, int) or draws < 100:
-        raise ValueError(f"draws: expected an int >= 100, got {draws!r}")
+    check_int("draws", draws, 100)
     if not isinstance(alpha, float) or not 0 < alpha < 1:
         raise ValueError(f"alpha: expected a float in (0, 1), got {alpha!r}")
 

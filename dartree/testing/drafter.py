@@ -10,6 +10,7 @@ import torch
 from torch import Tensor, nn
 from transformers.cache_utils import DynamicCache
 
+from dartree.arguments import check_int
 from dartree.block import DraftBlock
 from dartree.models.hf_compat import cache_kwargs
 from dartree.verify.sampling import KeyedSampler
@@ -60,8 +61,7 @@ class OracleDrafter:
     ) -> None:
         if not isinstance(model, nn.Module) or getattr(model, "config", None) is None:
             raise ValueError(f"model: expected a transformers causal LM, got {type(model).__name__}")
-        if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
-            raise ValueError(f"gamma: expected an int >= 1, got {gamma!r}")
+        check_int("gamma", gamma)
         for name, p in (("demote", demote), ("drop", drop)):
             if not isinstance(p, int | float) or not 0.0 <= p <= 1.0:
                 raise ValueError(f"{name}: expected a probability in [0, 1], got {p!r}")
@@ -171,8 +171,7 @@ class SharpDrafter:
     target_layer_ids: tuple[int, ...] = ()
 
     def __init__(self, model: nn.Module, gamma: int, sharpness: float = 2.0) -> None:
-        if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
-            raise ValueError(f"gamma: expected an int >= 1, got {gamma!r}")
+        check_int("gamma", gamma)
         if not isinstance(sharpness, int | float) or not sharpness > 0:
             raise ValueError(f"sharpness: expected a number > 0, got {sharpness!r}")
         self.model, self.gamma, self.sharpness = model, gamma, float(sharpness)
