@@ -1,7 +1,6 @@
-"""Drafters with per-row contexts, for batched decoding (:func:`dartree.batch.generate_batch`).
+"""Drafters with per-row contexts, for batched decoding (:meth:`dartree.decode.SpeculativeDecoder.generate_batch`).
 
-A batch drafter keeps one context per row; rows grow by different amounts every round and leave the
-batch when they finish::
+A batch drafter keeps one context per row; rows grow by different amounts and leave when they finish::
 
     start(b)                                  # b empty rows
     append_rows(hidden, tokens, counts)       # row r gains tokens[r, :counts[r]] (hidden likewise)
@@ -9,15 +8,10 @@ batch when they finish::
     keep_rows(rows)                           # the listed rows stay, in that order
     add_rows(hidden, tokens, counts)          # new rows after the current ones, with these contexts
 
-``hidden`` is ``[b, m, F]`` (or ``None`` when ``target_layer_ids`` is empty) and ``tokens``
-``[b, m]``, right-padded: entries past ``counts[r]`` are padding and must be ignored.  The
-contract per row is the single-request drafter protocol of :mod:`dartree.decode`.
-
-:func:`batch_drafter` adapts the drafters of this package: :class:`DFlashRows` runs a
-:class:`~dartree.models.drafter.DFlashDrafter` on the whole batch at once (right-padded per-row
-context keys/values, per-row positions and masks); :class:`RowsOfDrafters` runs one single-request
-drafter per row (used for :class:`~dartree.testing.OracleDrafter`, whose rows are then exactly its
-single-request runs).  Any object that already has the four methods is used as is.
+``hidden`` ``[b, m, F]`` (``None`` without ``target_layer_ids``) and ``tokens`` ``[b, m]`` are right-padded
+past ``counts[r]``.  :func:`batch_drafter` adapts this package's drafters: :class:`DFlashRows` runs a
+``DFlashDrafter`` on the whole batch; :class:`RowsOfDrafters` one single-request drafter per row (e.g.
+``OracleDrafter``).  An object that already has these methods is used as is.
 """
 
 from __future__ import annotations

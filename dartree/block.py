@@ -55,13 +55,10 @@ class DraftBlock:
         hidden: float ``[b, gamma, H]`` or ``None``; the shared representations ``H_d``.
         root:   int64 ``[b]`` the last committed token (the tree's root, not yet in the target's cache).
 
-    Construction checks ranks, dtypes, batch sizes and devices (no host-device sync), and on the CPU
-    that ``root`` lies in ``[0, V)`` (on accelerators the decoder checks that it is the root it passed,
-    which its verifier produced, and a user builder's tree root in :func:`dartree.tree.check_decodable`).
-    The logits are checked by the builders: NaN and ``+inf`` are errors, ``-inf`` masks a token.
-    ``hidden``'s width must be the head's hidden size; the decoder's head proxy checks it once per build.
-    A block on the ``meta`` device (shapes only) is accepted for tracing (tests/fast/test_no_sync.py);
-    the reference builders and the decoder's checks refuse it with one message (:func:`check_not_meta`).
+    Construction checks ranks, dtypes, batch sizes and devices without a host sync, and on the CPU that
+    ``root`` lies in ``[0, V)`` (elsewhere the decoder's own checks cover it).  The builders check the logits
+    (NaN and ``+inf`` are errors, ``-inf`` masks a token); the head proxy checks ``hidden``'s width.  A ``meta``
+    block is accepted for tracing; the reference builders and the decoder refuse it (:func:`check_not_meta`).
     """
 
     logits: Tensor

@@ -137,22 +137,16 @@ class SequoiaConfig:
     """``sequoia`` / ``corrected-sequoia``: the rank-optimal shape of :mod:`dartree.sequoia`.
 
     budget: draft nodes (root excluded), ``>= 1``; fewer only if ``gamma`` and ``len(acceptance)`` cap the shape.
-    acceptance: ``P_r``, the probability that a node's ``r``-th child is the accepted one (numbers in (0, 1),
-        non-increasing, summing to at most 1; a string ``"0.5/0.2/0.1"`` is read too); a node has at most
-        ``len(acceptance)`` children.  Default :data:`dartree.sequoia.DEFAULT_ACCEPTANCE` (measured on the zoo).
+    acceptance: ``P_r``, the probability that a node's ``r``-th child is the accepted one (in (0, 1),
+        non-increasing, summing to at most 1; ``"0.5/0.2/0.1"`` is read too).  Default: measured on the zoo.
     topk: candidates per depth, ``1 <= topk <= V``: a node's ``r``-th child is its ``r``-th best candidate (the
-        drafter's at the depth; the head's along the path for ``corrected-sequoia``), so a node has at most
-        ``min(topk, len(acceptance))`` children.
+        head's along the path for ``corrected-sequoia``).
     normalize: ``"vocab"`` or ``"candidates"``.
-    head_depths: the depths below a round's root at which the head proposes under the rejection verifier
-        (``None``: every depth; the drafter's marginals below); ignored without a head.  Default 3: a deeper
-        head call costs about what its acceptance gives back, so the depths past 3 do not pay (measured on the
-        zoo: docs/results.md, "Measurements behind design choices in the code").
-    reuse_depths: under the rejection verifier with a head and one live row, a drafted block serves the next
-        rounds too while at least this many of its depths are left below the round's root (the head proposes
-        along the committed path, the block's hidden states stay valid: ``docs/verification.md``); ``0``: draft
-        every round.  Default 2: the fastest of the values tried on the zoo at T=1, by a small margin
-        (docs/results.md, "Measurements behind design choices in the code").
+    head_depths: depths below the root at which the head proposes under the rejection verifier (``None``: all);
+        default 3: deeper head calls cost about what they give back (docs/results.md).
+    reuse_depths: with the rejection verifier, a head and one live row, a drafted block serves the next rounds
+        while at least this many of its depths are left (docs/verification.md); ``0``: draft every round.
+        Default 2: the fastest value tried on the zoo at T=1 (docs/results.md).
     """
 
     budget: int = 16

@@ -1,24 +1,17 @@
-"""dartree inside HF ``generate``: ``model.generate(ids, custom_generate=dartree.hf.generate, drafter=,
-builder=)``.
+"""dartree inside HF ``generate``: ``model.generate(ids, custom_generate=dartree.hf.generate, drafter=, builder=)``.
 
-transformers 5.x hands a callable ``custom_generate`` the prepared loop arguments (``generate`` validates the
-``GenerationConfig``, sets ``max_length`` from ``max_new_tokens``, prepares the logits processors, stopping
-criteria) and the keyword arguments the callable declares beyond ``_sample``'s: here ``drafter``, ``builder``,
-``head``, ``verifier``, ``sampler``, ``sampling`` and ``stream``. The decode is dartree's own
-(:meth:`dartree.SpeculativeDecoder.generate`; several prompts: ``generate_batch`` on the unpadded rows), so
-its output is what ``model.generate`` returns: greedy equal to HF's greedy token for token; with
-``do_sample=True`` the warpers HF hands over (temperature, top-k, top-p, min-p: the config's, HF's defaults
-included, ``top_k=50`` unless set, and a caller's ``logits_processor`` warpers, in HF's order) define the
-distribution, verified by ``verifier`` (``None``: dartree's default).
+transformers 5.x hands a callable ``custom_generate`` the prepared loop arguments (validated config,
+``max_length``, logits processors, stopping criteria) and the keywords it declares beyond ``_sample``'s:
+``drafter``, ``builder``, ``head``, ``verifier``, ``sampler``, ``sampling`` and ``stream``.  The decode is
+:meth:`dartree.SpeculativeDecoder.generate` (several prompts: ``generate_batch`` on the unpadded rows): greedy
+equals HF's greedy; with ``do_sample=True`` the warpers HF hands over (temperature, top-k, top-p, min-p, in
+HF's order, its defaults included) define the distribution.
 
-What is honoured: ``max_new_tokens`` / ``max_length``, ``eos_token_id`` (one or several; rows that end pad
-with ``pad_token_id``, as HF pads), ``do_sample`` and the warpers above, a streamer passed as ``stream=`` (its
-``put`` gets the prompt, then each round's new tokens; batch of one), ``return_dict_in_generate``
-(``sequences`` only), left-padded batches with an ``attention_mask``. Anything that changes the distribution
-in other ways (a repetition penalty, bad words, other ``logits_processor=`` entries, stop strings, beams,
-``output_scores``)
-is refused with one error naming it: tree verification would have to apply it at every node of every path,
-which this loop does not.
+Honoured: ``max_new_tokens`` / ``max_length``, ``eos_token_id`` (finished rows padded with ``pad_token_id``),
+``do_sample`` and those warpers, a streamer as ``stream=`` (batch of one), ``return_dict_in_generate``
+(``sequences`` only), left-padded batches with an ``attention_mask``.  Anything else that changes the
+distribution (repetition penalty, bad words, other processors, stop strings, beams, ``output_scores``) is
+refused by name: tree verification would have to apply it at every node of every path.
 
 Shape: ``input_ids`` int64 ``[b, L]`` (left-padded when ``b > 1``) -> sequences ``[b, L + new]``.
 """

@@ -1,28 +1,14 @@
 """The correction head as the decoder sees it: protocol checked at the boundary, time inside its calls.
 
-:func:`dartree.protocols.check_head` is called when a :class:`~dartree.decode.SpeculativeDecoder` is built, so
-that a head missing a method fails there with a message naming it, not deep inside a builder.
-:class:`TimedHead` wraps the head for the decoding loop: it forwards every call, adds the wall time
-spent inside head calls to ``seconds`` (the ``head`` column of the stage tables; the rest of the
-build is the builder's own work), and checks what each call returns where it enters the builder
-(:func:`check_state` / :func:`check_logits_out`: a tensor, on the block's device, of the documented
-shape, a state width that does not change between calls, floating logits; at ``initial_state``
-also the head's parameters' device and ``block.hidden``'s width against ``head.hidden_size``).
-These read only metadata (no host sync): about 1-2 us a call.  The optional fused
-method ``advance_logits`` is exposed only when the wrapped head has it, because builders detect it
-with ``head_method(head, "advance_logits")``; ``prepare_block`` is always there and returns ``None``
-when the head has none, and the calls of what it prepares are timed and counted alike, and checked
-unless the head is exactly a class decorated with :func:`trusted_head` (dartree's own ``GRUHead``,
-``MarkovHead``; perf; so are their ``vocab_logits`` and ``advance``, the calls of a sampled round).  Any
-other head is handed a copy of ``states`` (about 1 us a call on the CPU, one copy kernel on CUDA): a head
-that edits its argument in place then changes only its copy, where it used to change the states the builder
-keeps for other branches, and with them the tree.
-
-On CUDA each head call is bracketed by ``torch.cuda.synchronize`` so that its time is charged to
-the head and not to whatever synchronises next; on the CPU timing costs two ``perf_counter`` calls.
-:func:`checked_head` is the same proxy without the synchronisation: what
-:meth:`dartree.builders.TreeBuilder.build` wraps a head in when it is called directly (not by a
-decoder, whose head is already a :class:`TimedHead`), so that both see the same checks.
+:class:`TimedHead` wraps the head for the decoding loop: it forwards every call, adds the time spent inside
+head calls to ``seconds`` (the ``head`` stage), and checks what each call returns where it enters the builder
+(a tensor on the block's device, of the documented shape, a state width that does not change, floating
+logits), reading only metadata (no host sync).  ``advance_logits`` is exposed only when the head has it
+(builders detect it with ``head_method``); ``prepare_block`` always, returning ``None`` when the head has none.
+A head that is not exactly a :func:`trusted_head` class gets a copy of ``states``: a head that edits its
+argument in place would otherwise change the states the builder keeps for other branches, and the tree.
+On CUDA each call is bracketed by ``torch.cuda.synchronize`` so that its time is charged to the head.
+:func:`checked_head` is the same proxy without the synchronisation, for ``TreeBuilder.build`` called directly.
 """
 
 from __future__ import annotations

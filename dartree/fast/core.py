@@ -126,21 +126,15 @@ def expand(block: DraftBlock, cands: CandidateSet, widths: list[int], head: Corr
            bound: int | None = None) -> Supertree:
     """Depth-wise batched expansion: at depth d keep the best ``widths[d-1]`` children of the kept nodes.
 
-    With a head, each depth makes one fused ``advance_logits`` call for all branches of all rows (or the
-    two calls ``advance`` and ``logits`` when the head has no fused method); the root's logits are
-    one call, and the last depth's advance is never computed.  Without one, every branch of depth d
-    shares ``log_q[:, d-1]`` (default: the base log q of the candidates).  ``trace`` records the
-    ``[b, 1, K]`` log q of each depth (chains only); ``words`` builds the rank-path words that
-    :func:`assemble` needs to sort a branching supertree.
+    With a head, one fused ``advance_logits`` call per depth for all branches of all rows (or ``advance`` then
+    ``logits``); the last depth's advance is never computed.  Without one, every branch of depth d shares
+    ``log_q[:, d-1]`` (default: the base log q).  ``trace`` records each depth's ``[b, 1, K]`` log q (chains
+    only); ``words`` builds the rank-path words :func:`assemble` needs to sort a branching supertree.
 
-    ``bound`` (``dartree-pruned``'s budget; docs/builders.md, "Bound pruning"): once the rows hold that
-    many nodes, a running top-``bound`` of the scores gives each row's ``bound``-th best score; when every
-    frontier node of every row scores, plus ``beta`` (what its best child can score at most), strictly
-    below it, no deeper node can enter the tree and the expansion stops (read through
-    :class:`_StopPoll`: at once on the CPU, without a sync and up to the depths in flight late on CUDA).
-    No branch is masked: on a GPU the head call costs the same for fewer rows, so only skipped depths
-    save time; ties with the threshold are kept (the host path breaks them by rank path, see
-    :mod:`dartree.fast.host_builders`).
+    ``bound`` (``dartree-pruned``'s budget; docs/builders.md, "Bound pruning"): once the rows hold that many
+    nodes, when every frontier node of every row scores, plus ``beta``, strictly below its row's ``bound``-th
+    best score, no deeper node can enter the tree and the expansion stops (read through :class:`_StopPoll`).
+    No branch is masked (on a GPU a head call costs the same for fewer rows); ties with the threshold are kept.
 
     Shape:
         cands: :class:`CandidateSet` ``[b, gamma, K]``; log_q: float32 ``[b, gamma, K]`` or None.

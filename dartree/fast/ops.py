@@ -1,26 +1,16 @@
 """The hot operations of the fast backend, dispatched in ONE place.
 
-Every op has three implementations with identical signatures and output contracts: the host
-version (:mod:`dartree.fast.host`: numpy and a few large torch passes), the torch twin
-(:mod:`dartree.fast.twins`: tensorized, no host synchronisation) and a Triton kernel
-(:mod:`dartree.fast.triton_kernels`).  :func:`backend` picks one per tensor: CPU tensors go to
-``"host"`` (on one CPU thread a torch op costs microseconds of dispatch however small its tensor, so
-numpy over a few hundred nodes wins), CUDA tensors to ``"triton"``, every other device (e.g. ``meta``)
-to the ``"torch"`` twin; :func:`force_backend` overrides that (tests use it to run the twins and the
-kernels on CPU tensors, the kernels under ``TRITON_INTERPRET=1``).  :func:`builders` makes the same
-choice for whole builds: the host builders for ``"host"``, the tensorized builders otherwise.  The
-Triton module is imported lazily, on first use, so that ``TRITON_INTERPRET`` can be set before any
-kernel is defined.
+Every op has three implementations with one contract: host (:mod:`dartree.fast.host`, numpy), torch twin
+(:mod:`dartree.fast.twins`, no host sync) and Triton kernel (:mod:`dartree.fast.triton_kernels`, imported
+lazily so that ``TRITON_INTERPRET`` can be set first).  :func:`backend` picks per tensor: CPU -> ``"host"``
+(a torch op costs microseconds of dispatch however small its tensor), CUDA -> ``"triton"``, anything else
+(``meta``) -> ``"torch"``; :func:`force_backend` overrides it (tests run twins and kernels on CPU tensors).
+:func:`builders` makes the same choice for whole builds.
 
-Exactness: integer outputs (tokens, ranks, parents, indices, masks) are equal on every path.  Scores
-are float32 and the selection keys are built from them, so ``depth_step`` computes
-``(parent + log_q) + beta`` with the same two IEEE additions everywhere; ``rest_lse`` follows the
-exact definition of :func:`dartree.scoring.rest_logsumexp` on every path (torch ops on the twin path,
-C on the host, the same operations in the kernel, compiled without fused multiply-adds).  The
-builders take only the exact outputs of ``topk_candidates`` (tokens, gathered logits) plus
-``rest_lse``, and compute every log q with :func:`dartree.scoring.log_normalize`, the reference's
-formula, so trees are bit-identical to the reference on every path, up to the last float64 bit of
-two ``log`` implementations, which the rounding to float32 absorbs (see docs/kernels.md).
+Exactness: integer outputs are equal on every path; ``depth_step`` makes ``(parent + log_q) + beta`` with the
+same two IEEE additions everywhere, ``rest_lse`` follows :func:`dartree.scoring.rest_logsumexp` exactly, and the
+builders compute every log q with the reference's :func:`dartree.scoring.log_normalize`, so trees are
+bit-identical to the reference (docs/kernels.md).
 """
 
 from __future__ import annotations

@@ -1,20 +1,13 @@
 """Ahead-of-time compilation of the Triton kernels for CUDA targets, on any machine (no GPU needed).
 
-``triton.compile`` runs the whole pipeline (Triton IR -> LLVM -> PTX -> ``ptxas`` -> cubin) for a
-given ``GPUTarget``; ``ptxas`` ships with the ``triton`` wheel.  A :class:`~dartree.fast.triton_kernels.Launch`
-recorded by :func:`~dartree.fast.triton_kernels.record_launches` (under the CPU interpreter, or on
-``meta`` tensors without running anything) is turned into exactly the signature, constexprs and
-options that Triton's own JIT would derive on a GPU: the same binder (``create_function_from_signature``)
-and ``_pack_args`` are used, with the target's backend.
+A :class:`~dartree.fast.triton_kernels.Launch` recorded by ``record_launches`` (under the interpreter, or on
+``meta`` tensors) becomes the signature, constexprs and options Triton's JIT would derive on a GPU (its own
+binder and ``_pack_args``), compiled by ``triton.compile`` down to a cubin with the wheel's ``ptxas``.
+Under ``TRITON_INTERPRET=1`` kernels cannot be lowered, so :func:`compile_all` compiles in subprocesses
+without it, each in a fresh cache with ``always_compile`` (nothing cached can hide a failure).
 
-The kernels must be ``JITFunction`` objects: under ``TRITON_INTERPRET=1`` every ``@triton.jit``
-function, triton.language's own reduction helpers included, is an interpreter function that the
-compiler cannot lower, so :func:`compile_all` compiles in subprocesses without that variable (the
-tests use the interpreter).  Every compilation goes to a fresh temporary cache directory with
-``always_compile`` on: nothing cached can hide a failure.
-
-``python -m dartree.fast.triton_compile`` compiles the largest supported shapes for sm_80, sm_89
-and sm_90 and prints the markdown table of docs/kernels.md (compile time, shared memory).
+``python -m dartree.fast.triton_compile`` compiles the largest supported shapes for sm_80, sm_89 and sm_90
+and prints the table of docs/kernels.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,12 @@
 """perf: ``F.linear`` on the CPU from a K-major copy of the weight, where that is bit-identical.
 
-``F.linear(x, w)`` multiplies by ``w.t()``, a transposed view, and MKL's small-matrix sgemm with a
-transposed B operand is markedly slower than with a K-major ``[in, out]`` one: measured on one core
-(AVX-512, torch 2.13, 16 rows), ``[16, 256] x [256, 768]`` takes 67 us against 40 us and the LM head
-``[16, 256] x [256, 4098]`` 500 us against 313-397 us.  For few rows (1-10 here) the two layouts
-take different kernels and differ in the last bit; from some row count on they give the same bits.
-So :func:`linear` uses the copy only for calls with at least that many rows, found once per
-``(in, out, dtype, bias)`` by :func:`exact_from` (a probe of every row count up to 32 and several
-above), and ``F.linear`` below it: its output equals ``F.linear``'s bit for bit at every call, so a
-model run through it computes the same numbers as through its own modules.
-
-Which path this serves: the CPU.  On accelerators the BLAS reads a transposed operand at no cost,
-the copy would only spend memory, and :func:`linear` is ``F.linear``.  The copy doubles the memory
-of the weights it is made for; :func:`kmajor_allowed` keeps it to models whose linear weights fit in
-:data:`KMAJOR_LIMIT_BYTES`.
+``F.linear(x, w)`` multiplies by the transposed view ``w.t()``, and MKL's small-matrix sgemm is markedly
+slower with a transposed operand than with a K-major ``[in, out]`` one (docs/results.md).  For few rows the two
+layouts take different kernels and differ in the last bit; from some row count on they agree.  So
+:func:`linear` uses the copy only from that count, found once per ``(in, out, dtype, bias)`` by
+:func:`exact_from`, and ``F.linear`` below it: every call equals ``F.linear`` bit for bit.  Accelerators read a
+transposed operand at no cost, so there :func:`linear` is ``F.linear``; the copy doubles the weights' memory,
+so :func:`kmajor_allowed` keeps it to models within :data:`KMAJOR_LIMIT_BYTES`.
 """
 
 from __future__ import annotations

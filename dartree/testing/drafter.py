@@ -21,28 +21,20 @@ __all__ = ["OracleDrafter", "SharpDrafter"]
 class OracleDrafter:
     """Follows the :class:`dartree.decode.Drafter` protocol by running the target model itself.
 
-    At each ``draft(root)`` it computes the target's continuation ``c_1..c_gamma`` of
-    ``context + root`` (greedy, or with ``sampler`` at ``temperature``: a :class:`KeyedSampler`
-    makes it the exact continuation speculative sampling will draw) and returns logits that rank
-    ``c_d`` at depth d
-
-    * first, with probability ``1 - demote - drop``;
-    * second (a random wrong token first), with probability ``demote``: a chain misses it, a
-      tree with two candidates per depth can still accept it;
-    * last, with probability ``drop``: no builder with ``topk < V`` proposes it.
-
-    The other tokens get random logits.  Noise comes from a CPU generator re-seeded by ``reset``,
-    so a run is reproducible and device independent.  Batch 1 only.
+    At each ``draft(root)`` it computes the target's continuation ``c_1..c_gamma`` of ``context + root``
+    (greedy, or with a :class:`KeyedSampler` at ``temperature``: exactly what speculative sampling will draw) and
+    ranks ``c_d`` at depth d first with probability ``1 - demote - drop``, second (after a random wrong token:
+    a chain misses it, two candidates per depth still accept it) with probability ``demote``, and last with
+    probability ``drop`` (no builder with ``topk < V`` proposes it).  Other tokens get random logits from a CPU
+    generator re-seeded by ``reset`` (reproducible, device independent).  Batch 1 only.
 
     Args:
         model: the target's HF causal LM (the drafter keeps its own KV cache for it).
-        gamma: block length (draft positions per round), ``>= 1``.
+        gamma: block length, ``>= 1``.
         demote, drop: probabilities in ``[0, 1]`` with ``demote + drop <= 1``.
         seed: seed of the noise.
-        temperature, sampler: how the continuation is chosen (``temperature == 0``: greedy;
-            ``sampler`` must then be ``None`` or a ``KeyedSampler``).
-        target_layer_ids: layers whose hidden states it asks for; it records what it receives in
-            ``context_hidden`` (so that tests can check them) and otherwise ignores them.
+        temperature, sampler: how the continuation is chosen (``sampler``: ``None`` or a ``KeyedSampler``).
+        target_layer_ids: layers whose hidden states it asks for, recorded in ``context_hidden`` for tests.
         margin: logit gap between the ranked tokens and the random ones.
     """
 
@@ -151,19 +143,15 @@ class OracleDrafter:
 
 
 class SharpDrafter:
-    """A drafter for law tests: at depth ``d`` it proposes the target's own next-token logits along its greedy
-    continuation of ``context + root`` (``d - 1`` tokens), times ``sharpness``: an overconfident drafter, whose
-    proposal ``q`` puts more mass than the target's ``p`` on likely tokens and less on the tail, as trained
-    drafters do.  That is where a wrong acceptance rule shows most: the tail tokens reach the output mostly
-    through the residual of rejected drafts.
+    """A drafter for law tests: at depth ``d``, the target's own next-token logits along its greedy continuation
+    of ``context + root``, times ``sharpness``: an overconfident proposal, as trained drafters make, where a
+    wrong acceptance rule shows most (tail tokens reach the output mostly through rejected drafts' residual).
 
-    Batch-native (the :mod:`dartree.batch_drafters` protocol: every row's block from ``gamma`` batched forwards of
-    the target over the left-padded contexts, no KV cache; each context's block is kept, so a context seen before
-    costs nothing) and a single-request drafter (``reset`` / ``append_context`` / ``draft``).  Deterministic: no
-    noise of its own.
+    Batch-native (:mod:`dartree.batch_drafters`: ``gamma`` batched forwards over the left-padded contexts, no
+    KV cache, each context's block kept) and a single-request drafter.  Deterministic.
 
     Args:
-        model: the target's HF causal LM (fp32; contexts of a few dozen tokens: it recomputes them every round).
+        model: the target's HF causal LM (fp32; short contexts: it recomputes them every round).
         gamma: block length, ``>= 1``.
         sharpness: the factor on the target's logits (``> 1``: sharper than the target).
     """

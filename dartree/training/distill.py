@@ -1,17 +1,10 @@
-"""Stage 3, ``distill``: the frozen target continues real-text prompts; those continuations are the
-distillation data.
+"""Stage 3, ``distill``: the frozen target continues real-text prompts: the distillation data.
 
-The data matches use: a decoder starts right after a real prompt and runs a few dozen tokens, so each
-sequence is a real-text prompt (a window of random length ``--prompt-min`` .. ``--prompt-max`` tokens,
-from the training split of the standard library or from other installed packages' source) followed by
-``--distill-new-tokens`` tokens of the target's own continuation.  Most continuations are greedy
-(teacher forcing on them gives exactly the target's greedy labels); a fraction ``--sampled-fraction``
-is sampled at temperature 1, for the regime of sampled verification.  The drafter and heads take their
-anchors only inside the continuation (the root of a decoding round is always a committed token at or
-after the prompt's last one).
-
-The data is a list of chunks, each ``{"tokens": int32 [b, L + N], "prompt_len": L, "sampled": bool}``
-(one prompt length per chunk, so a chunk is one batched forward).
+As a decoder starts after a real prompt, each sequence is a prompt (a window of ``--prompt-min`` ..
+``--prompt-max`` tokens of the training split or of installed packages' source) followed by
+``--distill-new-tokens`` tokens of the target's continuation: greedy (teacher forcing gives exactly its
+greedy labels) or, for a ``--sampled-fraction``, sampled at temperature 1.  Anchors lie only in the
+continuation.  Chunks: ``{"tokens": int32 [b, L + N], "prompt_len": L, "sampled": bool}`` (one batched forward).
 """
 
 from __future__ import annotations
