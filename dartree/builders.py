@@ -173,17 +173,14 @@ BuildFn = Callable[[DraftBlock, "CorrectionHead | None", Any], DraftTree]
 class BuilderSpec:
     """A registry entry: how to configure a strategy and the functions of each backend.
 
-    ``trusted``: the strategy's trees meet the decoder's contract by construction, so the decoder
-    does not run :func:`dartree.tree.check_decodable` on them (perf: ~0.1-0.3 ms of a CPU round, and
-    one host sync per round on accelerators).  It is honoured only for the build functions (and config
-    class) of the strategies built into dartree, property-tested on both backends in
-    ``tests/test_builders.py``: a spec with functions of its own (a copy of a built-in spec with
-    ``dataclasses.replace`` included) is checked on every tree whatever it says.
+    ``trusted``: the strategy's trees meet the decoder's contract by construction, so the decoder skips
+    :func:`dartree.tree.check_decodable` on them (perf: one host sync per round on accelerators).  Honoured only
+    for the build functions and config classes of dartree's own strategies (property-tested on both backends);
+    any other spec, a ``dataclasses.replace`` copy included, is checked on every tree.
 
-    :func:`register_builder` checks every field: ``name`` is what a method spec starts with
-    (``NAME[:KEY=VALUE,...]``, :mod:`dartree.eval.methods`), ``ref`` (and ``fast`` unless ``None``) a
-    callable ``fn(block, head, config) -> DraftTree``, ``config_cls`` a dataclass whose fields are
-    the builder's settings (``topk``, when it has one, is checked against the block's vocabulary).
+    :func:`register_builder` checks every field: ``name`` starts a method spec (``NAME[:KEY=VALUE,...]``),
+    ``ref`` (and ``fast`` unless ``None``) is ``fn(block, head, config) -> DraftTree``, ``config_cls`` a
+    dataclass of the settings (a ``topk`` is checked against the block's vocabulary).
     """
 
     name: str
@@ -294,14 +291,10 @@ class TreeBuilder:
     def build(self, block: DraftBlock, head: CorrectionHead | None = None) -> DraftTree:
         """Build one draft tree per row of ``block``.
 
-        ``-inf`` logits mask tokens (never a candidate; a position with fewer than ``topk`` finite
-        logits is an error); NaN or ``+inf`` logits, and NaN / inf corrected logits from a head, are
-        an error on both backends.  What ``head`` returns is checked as the decoder checks it
-        (:func:`dartree.timing.checked_head`: a tensor of the documented shape on the block's
-        device, a state width that does not change, floating logits).  The tree a registered strategy
-        returns is checked as the decoder needs it (:func:`dartree.tree.check_decodable`: root, tokens in the
-        vocabulary, parents before children, depths, distinct siblings, at most ``1 + budget`` nodes when the
-        config has a ``budget``), except for dartree's own strategies, which meet it by construction.
+        ``-inf`` logits mask tokens (fewer than ``topk`` finite logits at a position is an error); NaN or ``+inf``
+        logits, and NaN / inf corrected logits, are errors on both backends.  The head's outputs are checked as the
+        decoder checks them (:func:`dartree.timing.checked_head`), and the tree of a strategy that is not
+        dartree's own as the decoder needs it (:func:`dartree.tree.check_decodable`, the config's ``budget`` included).
 
         Shape:
             block.logits ``[b, gamma, V]`` -> DraftTree with ``b`` rows.

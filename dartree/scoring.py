@@ -1,16 +1,11 @@
-"""Candidate selection and log-normalisation shared by every builder and backend.
-
-Both backends call these functions, so a node's score is the same float32 number whichever
-backend built the tree:
+"""Candidate selection and log-normalisation shared by every builder and backend, so that a node's score is
+the same float32 number whichever backend built the tree::
 
     score(child) = (score(parent) + log_q) + beta          # float32, in this order
 
-``log_q`` of a candidate with (corrected or base) logit ``z`` is ``z - logaddexp(lse(z_C), rest)``,
-where ``lse(z_C)`` is the log-sum-exp over the K candidates and ``rest`` the log-sum-exp of the base
-logits of the tokens outside the candidate set (``normalize="vocab"``), or ``-inf``
-(``normalize="candidates"``).  With ``normalize="vocab"`` and base logits this is the full
-log-softmax; with a head, tokens outside ``C_d`` keep their base logits.  ``log_q <= 0`` always, so
-scores never increase along a path.
+``log_q`` of a candidate with (corrected or base) logit ``z`` is ``z - logaddexp(lse(z_C), rest)``: the
+log-sum-exp over the K candidates, and ``rest`` the log-sum-exp of the base logits outside the candidate set
+(``normalize="vocab"``) or ``-inf`` (``"candidates"``).  ``log_q <= 0``, so scores never increase along a path.
 """
 
 from __future__ import annotations
@@ -109,22 +104,13 @@ _CHUNK = 1 << 20  # logits per chunk of rows on the CPU: the temporaries stay in
 def rest_logsumexp(logits: Tensor, tokens: Tensor, top: Tensor | None = None) -> Tensor:
     """log-sum-exp of the logits outside the candidates ``tokens``: THE vocabulary normaliser.
 
-    ``top + log(sum_{v not in C} exp(x_v - top))``, where ``top`` is the row maximum (the best
-    candidate's logit, taken from ``logits`` at ``tokens[..., 0]``: exact), defined so that a torch op
-    sequence (this function: the reference, and the twins on every device) and one C loop (the host
-    path of the fast backend, ``dartree/_native.c``) give the same bits:
-
-    - each term is :func:`exp2_f32_` of ``(x_v - top) * log2 e`` (two float32 roundings); the
-      candidates' terms are 0, so nothing cancels; a ``-inf`` logit, or a term below ``2 ** -126``,
-      contributes 0;
-    - the sum is exact: each term is rounded to a multiple of ``2 ** -s`` (:func:`rest_shift`: about
-      ``1e-14`` at V=151936, far below a float32 step of the result) and the integers are added, so
-      no summation order has to agree between implementations;
-    - ``top + log(sum)`` in float64, rounded once to float32 (``-inf`` if the sum is 0).  The float64
-      ``log`` of two libraries may differ in the last bit, which the rounding to float32 absorbs unless
-      the value lies within ~1e-16 of a float32 rounding boundary.
-
-    Rows are independent, so on the CPU they go in chunks of ~2**20 logits (no bit changes).
+    ``top + log(sum_{v not in C} exp(x_v - top))`` (``top``: the best candidate's logit), defined so that torch
+    ops (this reference, the twins) and one C loop (``dartree/_native.c``) give the same bits: each term is
+    :func:`exp2_f32_` of ``(x_v - top) * log2 e`` (candidates, ``-inf`` and terms below ``2 ** -126`` give 0); the
+    sum is exact, each term rounded to a multiple of ``2 ** -s`` (:func:`rest_shift`, far below a float32 step of
+    the result) and added as integers, so no summation order has to agree; ``top + log(sum)`` in float64, rounded
+    once to float32 (which absorbs a last-bit difference between two libraries' ``log``).  CPU rows go in chunks
+    of ~2**20 logits (rows are independent: no bit changes).
 
     Shape:
         logits: float32 ``[b, gamma, V]``; tokens: int64 ``[b, gamma, K]``; top: float32 ``[b, gamma]``
@@ -188,15 +174,10 @@ def pairwise_sum(x: Tensor) -> Tensor:
 def log_normalize(cand_logits: Tensor, rest_lse: Tensor) -> Tensor:
     """log q of K candidates: ``z - logaddexp(lse(z), rest_lse)``, identical for any batching.
 
-    Computed in float64 and rounded once to float32.  CPU tensors go through
-    :func:`log_normalize_host` (numpy: a dozen calls of ~1 us instead of torch ops of ~5 us), other
-    devices through the torch version below; the two use the same float64 formula.  On the CPU,
-    element-wise ``exp``/``log`` may run a vectorised routine on full vector lanes and a scalar one on
-    the tail, which can differ in the last bit, so a computation of the same row could round
-    differently inside a bigger batch.  In float64 those differences sit ~2**29 times below a float32
-    rounding step and vanish in the final rounding (a miss needs a float64 result within one float64
-    ulp of a float32 midpoint).  The candidate sum uses a fixed pairwise order (:func:`pairwise_sum`)
-    for the same reason.
+    In float64, rounded once to float32: CPU element-wise ``exp``/``log`` may differ in the last bit between
+    vector lanes and the scalar tail, so a row could round differently inside a bigger batch; in float64 that
+    vanishes in the final rounding.  The candidate sum has a fixed pairwise order (:func:`pairwise_sum`).  CPU
+    tensors go through :func:`log_normalize_host` (numpy: fewer, cheaper calls), others through torch.
 
     Shape:
         cand_logits: float ``[..., K]``; rest_lse: float ``[...]`` (broadcast) -> float32 ``[..., K]``.

@@ -1,14 +1,9 @@
 """What verification derives from a tree's parents: ancestor mask, positions, sibling links.
 
-This is the ground floor under :class:`dartree.tree.DraftTree` (which imports it) and under the
-dispatch of the fast backend (:mod:`dartree.fast.ops`, which adds the Triton kernel for CUDA on
-top).  Two implementations with one output contract:
-
-- :func:`tree_structure_host` (CPU tensors): numpy on the host; a draft tree has a few hundred
-  nodes, so a dozen numpy calls beat the ~40 small torch ops of the tensor version.
-- :func:`tree_structure_torch` (any device): pointer doubling in torch, no host synchronisation.
-
-:func:`tree_structure` picks the host version for CPU tensors and the torch one elsewhere.
+The ground floor under :class:`dartree.tree.DraftTree` and :mod:`dartree.fast.ops` (which adds the Triton
+kernel for CUDA).  :func:`tree_structure` runs :func:`tree_structure_host` on CPU tensors (numpy: a dozen
+calls beat ~40 small torch ops on a few hundred nodes) and :func:`tree_structure_torch` elsewhere (pointer
+doubling, no host sync); both have one output contract.
 """
 
 from __future__ import annotations

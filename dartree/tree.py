@@ -342,18 +342,13 @@ def _decodable_message(clause: str, where: Tensor, tree: DraftTree, root: Tensor
 def check_decodable(tree: DraftTree, block: DraftBlock, budget: int | None = None) -> DraftTree:
     """Check the contract the decoder relies on for a builder's tree; return ``tree``.
 
-    The decoder verifies ``tree`` against the target as it is, so a builder that breaks the
-    contract would otherwise give silently wrong output (a wrong root) or fail deep inside the
-    target (a token ``>= V``).  Checked, over the valid nodes of every row: the root is
-    ``block.root`` (parent -1, depth 0); every token is in ``[0, V)`` (``V = block.vocab_size``);
-    ``0 <= parents[i] < i``; ``depths[i] == depths[parents[i]] + 1 <= block.gamma``; siblings carry
-    distinct tokens; ``1 <= num_nodes <= n`` (and ``<= 1 + budget`` when given).  Scores, ranks
-    and padding slots are not read by the decoder and not checked (:meth:`DraftTree.validate` does).
-
-    Cost: on the CPU a dozen numpy calls on the tensors' memory (~50 us on one thread for trees of
-    17 and 65 nodes); elsewhere a dozen torch ops and ONE host synchronisation (one combined flag).
-    The messages are computed only when a clause is broken.  Raises ``ValueError`` naming the clause, the row and
-    the node.
+    The decoder verifies ``tree`` as it is, so a broken tree would give silently wrong output (a wrong root) or
+    fail deep inside the target (a token ``>= V``).  Over the valid nodes of every row: the root is
+    ``block.root`` (parent -1, depth 0); tokens in ``[0, V)``; ``0 <= parents[i] < i``;
+    ``depths[i] == depths[parents[i]] + 1 <= block.gamma``; distinct sibling tokens; ``1 <= num_nodes <= n``
+    (and ``<= 1 + budget``).  Scores, ranks and padding are not read by the decoder and not checked
+    (:meth:`DraftTree.validate` does).  On the CPU a dozen numpy calls; elsewhere torch ops and ONE host sync;
+    messages are made only on failure.  Raises ``ValueError`` naming the clause, the row and the node.
 
     Shape:
         tree: ``[b, n]`` with ``b = block.batch_size``.

@@ -1,16 +1,11 @@
 """Tensorized depth-wise search and tree assembly shared by the fast builders (all rows at once).
 
-The kept nodes of every depth are held in rank-path lexicographic order, so the tie-break key of a
-child is simply its flat index ``parent * K + rank`` (see :func:`dartree.fast.ops.depth_step`).
-The supertree (the union of every depth's kept nodes) is put into the total order at the end: its
-pre-order (children by rank) is the rank-path order with a prefix first; it is computed by stable
-sorts of mixed-radix words whose digits are each ancestor's index in its depth's lex order
-(:mod:`dartree.fast.keys`), and one top-B over the scores laid out in pre-order then breaks ties by
-pre-order position.
-
-Every depth has the same number of kept nodes in every row (it depends only on the budget, the
-width, K and the depth), so widths are Python ints, rows never need padding and nothing here
-synchronises with the device.
+Each depth's kept nodes are held in rank-path order, so a child's tie-break key is its flat index
+``parent * K + rank`` (:func:`dartree.fast.ops.depth_step`).  At the end the supertree is put in the total
+order: its pre-order (children by rank) is sorted by stable sorts of mixed-radix words
+(:mod:`dartree.fast.keys`), and one top-B over the scores in pre-order breaks ties by position.  Every
+depth keeps the same number of nodes in every row, so widths are Python ints, rows need no padding and
+nothing here synchronises with the device.
 """
 
 from __future__ import annotations
@@ -89,15 +84,10 @@ def _layout(widths: tuple[int, ...], device: torch.device) -> tuple[list[Tensor]
 
 
 class _StopPoll:
-    """Whether the bound's stop flag (a 0-d bool tensor per depth) has been seen set, read without a sync.
-
-    - CPU tensors (the kernels forced onto the CPU in tests, ``TRITON_INTERPRET=1``): read at once, free;
-    - CUDA: each flag is copied into pinned host memory with ``non_blocking=True`` behind an event; a flag
-      is read only once its event has completed (``Event.query()`` never blocks), so the stop lags the
-      device by the depths still in flight (typically one) and the build never waits on the device;
-    - any other device (e.g. ``meta``): never read, the expansion runs to the end.
-    Expanding past the stop is harmless: every later node descends from a frontier that ranks after the
-    budget-th best node, so none enters the tree (docs/builders.md, "Bound pruning").
+    """Whether the bound's stop flag (a 0-d bool tensor per depth) has been seen set, read without a sync:
+    at once on the CPU; on CUDA copied to pinned memory behind an event and read once the event completed
+    (``query()`` never blocks: the stop lags by the depths in flight); never on other devices (``meta``).
+    Expanding past the stop is harmless: no later node can enter the tree (docs/builders.md, "Bound pruning").
     """
 
     def __init__(self, device: torch.device) -> None:

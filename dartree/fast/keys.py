@@ -1,15 +1,9 @@
 """Sortable integer keys for the one total order (score descending, rank path ascending).
 
-A float32 score maps to an int32 whose signed order is the float order (``-0.0`` is folded into
-``+0.0`` first, so the two tie as they do under float comparison).  Packed with a tie-break index
-``tie`` (``0 <= tie < 2**32``, smaller is better) into one int64::
-
-    key = order32(score) << 32 | (2**32 - 1 - tie)
-
-a larger key is a better node: higher score first, then the smaller tie index.  Rank paths are
-compared through *words*: each depth contributes one digit (``1 + index``; 0 means "no node at this
-depth", so a prefix sorts before its extensions) in a mixed-radix int64 word; depths that do not fit
-in one word spill into the next, and comparing the words in order is comparing the paths.
+A float32 score maps to an int32 whose signed order is the float order (``-0.0`` folded into ``+0.0``),
+packed with a tie index ``0 <= tie < 2**32`` (smaller is better) into ``order32(score) << 32 | (2**32 - 1 -
+tie)``: a larger key is a better node.  Rank paths compare as mixed-radix int64 *words*, one digit per depth
+(``1 + index``; 0: no node, so a prefix sorts first), spilling into further words in order.
 """
 
 from __future__ import annotations

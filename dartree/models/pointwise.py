@@ -1,14 +1,10 @@
 """perf: RMSNorm and the rotate-half rotary embedding in fewer torch ops, bit for bit torch's own.
 
-On the CPU a small model's norms and rotations are dispatch-bound: ``torch.rms_norm`` runs ATen's
-composite (``pow``, ``mean`` = ``sum`` + ``div_`` by a wrapped scalar, ``add_`` of a wrapped scalar,
-``rsqrt``, two ``mul``: nine dispatched ops), and HF's ``x * cos + rotate_half(x) * sin`` five (``neg``,
-``cat``, two ``mul``, ``add``).  :func:`rms_norm` runs the same arithmetic in six (the square as ``x * x``,
-the mean and epsilon as one ``addcdiv`` from cached 0-dim tensors), :func:`rotate_signed` in three
-(the half swap as ``roll`` and the sign folded into a precomputed sin, :func:`signed_sin`).  Every
-element sees the same float32 operations in the same order, so the bits are equal (tests/models/
-test_pointwise.py compares them on random and real inputs; a fused multiply-add such as ``addcmul``
-is not used: ATen may contract it, and its bits differ).
+On the CPU a small model's norms and rotations are dispatch-bound: ``torch.rms_norm`` dispatches nine ATen
+ops and HF's ``x * cos + rotate_half(x) * sin`` five.  :func:`rms_norm` runs the same arithmetic in six (the
+square as ``x * x``, mean and epsilon as one ``addcdiv`` from cached 0-dim tensors), :func:`rotate_signed` in
+three (``roll`` and the sign folded into :func:`signed_sin`).  Every element sees the same float32 operations
+in the same order (no fused multiply-add, whose bits differ), so the bits are equal (tests/models/test_pointwise.py).
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
-"""The two search cores every reference builder shares: depth-wise selection and best-first.
+"""The two search cores every reference builder shares, written to be obviously correct: one row at a time,
+Python objects for nodes, tuples as sort keys (``tree.rank_path_key``), float32 scores from the functions
+the fast backend uses (``dartree.scoring``).
 
-Reference code is written to be obviously correct: one row at a time, Python objects for nodes,
-Python tuples as sort keys (``tree.rank_path_key``), and float32 scores computed by the same
-functions the fast backend uses (``dartree.scoring``).
-
-- :func:`depthwise` keeps, at each depth, the best ``quota(d)`` children of the nodes kept at the
-  previous depth.  ``chain`` and ``corrected-chain`` are the quota-1 case; DARTree is the batched
-  case (quota = width, or a budget schedule).
-- :func:`best_first` pops nodes from a max-heap in the total order and pushes their children;
-  ``ddtree``, ``corrected-chain-ddtree`` and ``sequential-heap`` differ only in how a popped node's
-  children are scored.
+- :func:`depthwise` keeps, at each depth, the best ``quota(d)`` children of the previous depth's kept
+  nodes (``chain`` / ``corrected-chain``: quota 1; DARTree: a width or a budget schedule).
+- :func:`best_first` pops nodes from a max-heap in the total order and pushes their children (``ddtree``,
+  ``corrected-chain-ddtree``, ``sequential-heap`` differ only in how children are scored).
 """
 
 from __future__ import annotations
