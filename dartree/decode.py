@@ -1,11 +1,9 @@
-"""The speculative decoding loop, the autoregressive baseline, and the drafter protocol.
+"""The speculative decoding loop and the autoregressive baseline.
 
-Entry points: :class:`SpeculativeDecoder` (``.generate`` decodes one prompt: a prefill, then rounds of one
-drafter call, one build and one target forward; :mod:`dartree.engine` is the round itself, batch-first),
-:func:`generate_ar` (the same contract without a drafter), :class:`Drafter` (the protocol a drafter
-implements), :class:`RoundStats` and :class:`GenerationResult`.  The drafter protocol in full (the order of
-calls, what ``append_context`` receives, what a drafter may keep) and the decoding contract (prefill,
-stopping, per-round statistics): docs/verification.md, "Drafter protocol" and "`generate` and
+:class:`SpeculativeDecoder` (``generate``: a prefill, then rounds of one draft, one build and one target
+forward; :mod:`dartree.engine` is the round itself), :func:`generate_ar` (the same contract without a
+drafter), and re-exports of :class:`Drafter`, :class:`RoundStats` and :class:`GenerationResult`.  The
+drafter protocol and the decoding contract: docs/verification.md, "Drafter protocol" and "`generate` and
 `generate_ar`".
 """
 
@@ -101,16 +99,12 @@ class SpeculativeDecoder:
     ) -> GenerationResult:
         """Decode ``max_new_tokens`` tokens (fewer if a stop token is committed) after ``input_ids``.
 
-        ``temperature == 0`` is greedy (``sampler`` unused); ``> 0`` samples with ``sampler``
-        (default: ``GeneratorSampler()`` on torch's global generator).  Output is lossless: greedy
-        equals the target's own greedy decoding; sampled output follows the target's distribution,
+        ``temperature == 0`` is greedy; ``> 0`` samples with ``sampler`` (default: ``GeneratorSampler()``).  Output
+        is lossless: greedy equals the target's greedy decoding; sampled output follows the target's distribution,
         and with a ``KeyedSampler`` equals :func:`generate_ar` with the same sampler token for token.
-        ``on_round(stats, tokens)``, if given, is called with the first token after the prefill
-        (``stats`` is ``None``: no round drafted it), then after every round with that round's
-        statistics and the tokens it committed (for streaming): every token is reported once.
-        ``sampling``: a :class:`~dartree.Sampling` holding ``temperature``, ``sampler``, ``stop_token_ids``,
-        ``top_k``, ``top_p``, ``min_p`` and ``verifier`` at once, instead of those keywords (not with them:
-        ``ValueError``).
+        ``on_round(stats, tokens)`` gets the first token after the prefill (``stats`` ``None``), then each round's
+        statistics and committed tokens (for streaming).  ``sampling``: a :class:`~dartree.Sampling` holding the
+        sampling keywords at once (not with them).
 
         Shape:
             input_ids: integer ``[L]`` or ``[1, L]``, ``L >= 1``.
@@ -175,13 +169,10 @@ def generate_ar(
 ) -> GenerationResult:
     """Autoregressive baseline with the same contract as :meth:`SpeculativeDecoder.generate`.
 
-    The prefill runs the whole prompt and scores its last position (the first new token), then one
-    token per step with ordinary causal attention, the LM head on that one position: the forwards
-    HF ``generate`` runs.  The token at absolute position p is drawn by ``sampler.sample(warped logits,
-    p)`` (temperature, then top-k / top-p / min-p: :class:`~dartree.verify.warp.Warp`), exactly as
-    speculative verification draws it.  Each step is reported as a
-    round (committed 1, tree size 0, its forward time under ``verify_s`` and ``target_s``, the argmax
-    or sample in ``accept_s``).  ``sampling``: as in ``generate`` (its ``verifier`` unused: AR verifies nothing).
+    The forwards HF ``generate`` runs: the prompt, then one token per step, the LM head on that position only.
+    The token at position p is ``sampler.sample(warped logits, p)`` (:class:`~dartree.verify.warp.Warp`), as
+    speculative verification draws it.  Each step is reported as a round (committed 1, tree size 0).
+    ``sampling``: as in ``generate`` (its ``verifier`` unused).
     """
     if not isinstance(target, HFTarget):
         target = as_target(target, ())

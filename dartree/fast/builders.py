@@ -1,16 +1,8 @@
-"""Fast builders: the registry's nine strategies, the first seven dispatched per device by :mod:`dartree.fast.ops`.
-
-Same signature, config and output as :mod:`dartree.ref.builders` (``fn(block, head, config) ->
-DraftTree``); the trees are identical (same nodes, same order, same float32 scores).  Inputs are
-validated by :class:`dartree.builders.TreeBuilder`.
-
-- CPU tensors: :mod:`dartree.fast.host_builders` (numpy and a Python heap on the host);
-- every other device, or a forced kernel backend: :mod:`dartree.fast.tensor_builders` (tensorized,
-  no host synchronisation inside a build);
-- ``sequential-heap``: :mod:`dartree.fast.heap` on every device (sequential by nature: one host
-  round trip per pop).
-- ``sequoia`` / ``corrected-sequoia``: :mod:`dartree.fast.sequoia` on every device (a static shape: one
-  gather; with a head, one head call, one sort and one advance per depth, batched over rows and nodes).
+"""Fast builders: the registry's nine strategies, each with the signature, config and trees (same nodes, order
+and float32 scores) of :mod:`dartree.ref.builders`.  The first six are dispatched by
+:func:`dartree.fast.ops.builders`: :mod:`dartree.fast.host_builders` for CPU tensors,
+:mod:`dartree.fast.tensor_builders` elsewhere; ``sequential-heap`` (:mod:`dartree.fast.heap`: one host round
+trip per pop) and the Sequoia pair (:mod:`dartree.fast.sequoia`: a static shape) run on every device.
 """
 
 from __future__ import annotations

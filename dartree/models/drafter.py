@@ -32,17 +32,13 @@ MAX_BLOCK_SIZE = 4096
 
 
 def dflash_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
-    """The reference rule for a config without ``target_layer_ids`` (z-lab ``dflash/model.py`` and
-    Domino ``code/dflash.py``, ``build_target_layer_ids``): one layer per draft layer, evenly spaced.
+    """The reference rule for a config without ``target_layer_ids`` (z-lab and Domino ``build_target_layer_ids``):
+    one layer per draft layer, evenly spaced.
 
-    One draft layer reads the middle layer ``num_target_layers // 2``; otherwise the layers are
-    ``round(1 + i * (num_target_layers - 4) / (num_draft_layers - 1))`` for ``i = 0..n-1`` (from
-    layer 1 to layer ``num_target_layers - 3``), with Python's ``round``, exactly as the references.
-    For a 2-layer target the rule runs from layer 1 down to ``-1`` (e.g. ``[1, -1]`` or
-    ``[1, 0, 0, -1]``); ``-1`` is the embedding output, HF's ``hidden_states[0]``, which is what the
-    references read (``hidden_states[layer + 1]``), so such lists are returned as they are.  Only a
-    layer outside ``[-1, num_target_layers)`` is refused (a 1-layer target with several draft layers:
-    ``-2`` would wrap around to the last hidden state in the references).
+    One draft layer reads layer ``num_target_layers // 2``; else ``round(1 + i * (num_target_layers - 4) /
+    (num_draft_layers - 1))`` for ``i = 0..n-1``, with Python's ``round``, as the references.  For a 2-layer
+    target that reaches ``-1``, the embedding output, which is what the references read
+    (``hidden_states[layer + 1]``); only a layer outside ``[-1, num_target_layers)`` is refused.
     """
     check_int("num_target_layers", num_target_layers)
     check_int("num_draft_layers", num_draft_layers)
@@ -179,12 +175,9 @@ class RMSNorm(nn.Module):
 
 
 class RotaryEmbedding(nn.Module):
-    """RoPE tables for ``config``: the default rotary embedding, or transformers' own
-    ``Qwen3RotaryEmbedding`` for every scaled ``rope_type`` it supports (linear, dynamic, yarn,
-    longrope, llama3, ...), exactly as the reference drafters build theirs from their config.
-
-    The tables stay float32 whatever ``drafter.to(dtype)`` does (they are not registered buffers);
-    they follow the device of the tensors they rotate.
+    """RoPE tables for ``config``: the default rotary embedding, or transformers' ``Qwen3RotaryEmbedding`` for every
+    scaled ``rope_type`` (as the reference drafters build theirs).  The tables stay float32 whatever
+    ``drafter.to(dtype)`` does (not registered buffers) and follow the device of what they rotate.
     """
 
     def __init__(self, config: DFlashConfig) -> None:
@@ -208,13 +201,11 @@ class RotaryEmbedding(nn.Module):
             object.__setattr__(self, "_scaled", Qwen3RotaryEmbedding(hf))   # not a child: never cast
 
     def table(self, start: int, count: int, like: Tensor, signed: bool = False) -> tuple[Tensor, Tensor]:
-        """cos and sin of positions ``start .. start + count - 1``, both ``[1, 1, count, head_dim]`` in
-        ``like``'s dtype and device; equal to :meth:`forward` of those positions (``signed``: the sin as
-        :func:`dartree.models.pointwise.signed_sin` makes it, for ``rotate_signed``).
+        """cos and sin of positions ``start .. start + count - 1``, ``[1, 1, count, head_dim]`` in ``like``'s dtype
+        and device, equal to :meth:`forward` (``signed``: the sin of :func:`dartree.models.pointwise.signed_sin`).
 
-        perf: the default rope reads a cached table of positions ``0 .. capacity`` (grown by doubling;
-        every entry is computed by the same elementwise ops as :meth:`forward`, so it is bit-identical);
-        the scaled types (``dynamic`` may depend on the largest position seen) call :meth:`forward`.
+        perf: the default rope reads a cached table (grown by doubling; the same elementwise ops as
+        :meth:`forward`, so the same bits); scaled types (``dynamic`` depends on the largest position) call it.
         """
         if self._scaled is not None:
             cos, sin = self.forward(like, torch.arange(start, start + count, device=like.device))
@@ -377,14 +368,12 @@ class DFlashLayer(nn.Module):
     def decode(self, x: Tensor, cos: Tensor, sin: Tensor, k_buf: Tensor, v_buf: Tensor, start: int) -> Tensor:
         """:meth:`forward` of one block with no mask, the context being ``k_buf/v_buf[:, :, :start]``.
 
-        The block's keys/values are written after the context into the buffers' spare slots
-        ``start .. start + t`` (scratch: the context length does not change, a later append
-        overwrites them), so attention reads one view instead of a concatenated copy of the context.
-        q/k/v and gate/up are one matmul each (:func:`_fused_weight`); the rotary tables are the block's.
+        The block's keys/values go into the buffers' spare slots ``start .. start + t`` (scratch: a later append
+        overwrites them), so attention reads one view instead of a concatenated copy; q/k/v and gate/up are one
+        matmul each (:func:`_fused_weight`).
 
         Shape:
-            x ``[b, t, H]``; cos/sin ``[1, 1, t, hd]`` (sin signed: ``table(..., signed=True)``);
-            k_buf/v_buf ``[b, kv, >= start + t, hd]``.
+            x ``[b, t, H]``; cos/sin ``[1, 1, t, hd]`` (sin signed); k_buf/v_buf ``[b, kv, >= start + t, hd]``.
         """
         a = self.self_attn
         b, t, _ = x.shape
@@ -410,14 +399,11 @@ class DFlashDrafter(nn.Module):
 
     Args:
         config: the drafter's shape.
-        target: optional HF causal LM whose input embedding and output head the drafter shares
-            (same as calling :meth:`bind`).
+        target: optional HF causal LM whose input embedding and output head it shares (as :meth:`bind`).
 
     Attributes:
-        target_layer_ids: target decoder layers (0-based) whose hidden states the drafter needs.
-        block_size: slots per block (the root + ``block_size - 1`` mask slots).
-        gamma: draft depths per round: ``block_size - 1``, or ``block_size`` with ``config.shift_label``.
-        heads: correction heads shipped with the checkpoint (filled by ``load_drafter``).
+        target_layer_ids, block_size (the root + ``block_size - 1`` mask slots), gamma (``block_size - 1``,
+        or ``block_size`` with ``config.shift_label``), heads (correction heads shipped with the checkpoint).
     """
 
     def __init__(self, config: DFlashConfig, target: nn.Module | None = None) -> None:

@@ -149,15 +149,14 @@ class HFTarget:
     """Prefill, tree forward, commit and hidden-state capture around a HF causal LM.
 
     Args:
-        model: a ``transformers`` causal LM (``*ForCausalLM``) whose ``config._attn_implementation``
-            is ``"eager"`` or ``"sdpa"``.  Put it in eval mode and on its device yourself.
-        layer_ids: decoder layers whose hidden states are captured (0-based, in ``[0, num_layers)``;
-            -1 is the embedding output, HF's ``hidden_states[0]``, as in DeepSpec checkpoints).
-        cache: ``"dynamic"`` or ``"static"``.
-        max_cache_len: capacity of a static cache (default: ``config.max_position_embeddings``).
-        forward: ``"auto"`` (the lean forward where it is supported and its probe equals the model's,
-            else the model's own), ``"lean"`` (required: an error says why it cannot be used) or
-            ``"hf"`` (always the model's own forward).  :attr:`forward_path` says which one runs.
+        model: a ``transformers`` causal LM with ``config._attn_implementation`` ``"eager"`` or ``"sdpa"``,
+            in eval mode on its device.
+        layer_ids: decoder layers whose hidden states are captured (``[0, num_layers)``; -1: the embedding
+            output, HF's ``hidden_states[0]``).
+        cache: ``"dynamic"`` or ``"static"``; max_cache_len: a static cache's capacity (default:
+            ``config.max_position_embeddings``).
+        forward: ``"auto"`` (the lean forward where its probe equals the model's, else the model's own),
+            ``"lean"`` (required: an error says why not) or ``"hf"``; :attr:`forward_path` says which runs.
     """
 
     def __init__(
@@ -327,12 +326,10 @@ class HFTarget:
 
     @property
     def scores_rows_apart(self) -> bool:
-        """Whether ``forward_tree(..., logits="root")`` + :meth:`head_logits` may replace full logits.
-
-        True on the CPU when a one-time probe shows that the model's logits are its output
-        embedding applied to the last hidden state (no soft-capping or scaling after the LM head)
-        and that it accepts ``logits_to_keep``; greedy decoding then runs the LM head only on the
-        nodes the acceptance walk visits.  On accelerators the full LM head is one cheap call.
+        """Whether ``forward_tree(..., logits="root")`` + :meth:`head_logits` may replace full logits: on the CPU, when
+        a one-time probe shows the logits are the output embedding of the last hidden state (no soft-capping or
+        scaling) and ``logits_to_keep`` is taken; greedy rounds then run the LM head only on the nodes the walk
+        visits.  On accelerators the full LM head is one cheap call.
         """
         if self._rows_apart is None:
             self._rows_apart = False
@@ -370,11 +367,9 @@ class HFTarget:
     def prefill(self, input_ids: Tensor | list[Tensor], logits: str = "all") -> TargetOutput:
         """Reset the cache and run the prompt rows causally.
 
-        ``input_ids``: int64 ``[b, m]`` (rows of one length) or a list of 1-D int64 contexts of any
-        lengths (rows right-padded in the cache; outputs padded to the longest; entries past a row's
-        length are padding).  ``logits="last"`` runs the LM head on each row's last position only (the
-        one that predicts the first new token; ``logits_to_keep``, as the references prefill), ``"all"``
-        on every position.
+        ``input_ids``: int64 ``[b, m]``, or a list of 1-D contexts of any lengths (right-padded in the cache and in
+        the outputs).  ``logits="last"`` runs the LM head on each row's last position only (``logits_to_keep``, as
+        the references prefill), ``"all"`` on every position.
 
         Shape:
             input_ids: int64 ``[b, m]`` -> logits ``[b, m, V]`` (``[b, 1, V]`` for ``"last"``).
@@ -536,15 +531,13 @@ class HFTarget:
 
     @torch.no_grad()
     def commit(self, accepted: Tensor, count: int | list[int], host_nodes: list[int] | None = None) -> None:
-        """Keep, per row, the committed prefix plus the first ``count`` (or ``count[r]``) accepted
-        pending slots, root first; rows then grow by different amounts.
+        """Keep, per row, the committed prefix plus the first ``count`` (or ``count[r]``) accepted pending slots.
 
-        ``host_nodes``: optionally ``accepted[0, :count]`` as a Python list (batch 1), when the caller
-        has it on the host: nodes already in place are then not copied (see ``compact_tail``).
+        ``host_nodes``: ``accepted[0, :count]`` as a list (batch 1), when the caller has it: nodes already in
+        place are not copied (``compact_tail``).
 
         Shape:
-            accepted: int64 ``[b, c]`` pending slot indices (``VerifyResult.accepted``; -1 past a row's
-            count is fine), ``c >= max(count)``.
+            accepted: int64 ``[b, c]`` pending slot indices (-1 past a row's count is fine), ``c >= max(count)``.
         """
         if self._pending is None:
             raise ValueError("accepted: no forward is pending")
