@@ -648,13 +648,9 @@ class DFlashDrafter(nn.Module):
         batch = self._held[0].shape[0] if self._held else self._kv[0][0].shape[0] if self._length else b
         if batch != b:
             raise ValueError(f"root: batch {b} differs from the context's batch {batch}")
-        # perf: the decoding forward (DFlashLayer.decode), equal to
-        #   block_hidden(root[:, None], arange(n, n + block_size), self._ctx)
-        # with the block ids from a reused buffer, one rotary table for every layer, the block's
-        # keys/values written into the context buffers' spare slots, and only the gamma depth slots
-        # normed and projected by the LM head (one 2-D matmul).  The held context appends enter in the
-        # same pass: per layer, their keys/values are stored (DFlashLayer.store_context) right before
-        # the block reads them.
+        # perf: block_hidden(root[:, None], arange(n, n + block_size), self._ctx) as DFlashLayer.decode, with
+        # reused block ids, one rotary table, only the gamma depth slots through the LM head, and the held
+        # context appends stored per layer (DFlashLayer.store_context) right before the block reads them
         feats = self._take_held()
         m = 0 if feats is None else feats.shape[1]
         n, size, embedding = self._length, self.block_size, self.embedding_weight
@@ -679,11 +675,8 @@ class DFlashDrafter(nn.Module):
         hidden = _rms(self.norm, x[:, self.config.first_slot:])                                      # slot -> depth
         head = self.lm_head_weight
         if head.dtype != dtype:
-            # perf: a drafter cast to another dtype than the target whose LM head it shares (e.g. bf16 beside
-            # an fp32 target) casts that head once, not every block: a cast per block, plus the fresh K-major
-            # copy that each new tensor needs, made the reduced-precision rounds slower than fp32 ones
-            # (figures: docs/results.md, "Measurements behind design choices in the code"); rebuilt when
-            # the head is replaced or edited
+            # perf: a drafter in another dtype than the target's shared LM head casts it once (rebuilt when the
+            # head is replaced or edited): a cast and a new K-major copy per block cost more (docs/results.md)
             head = derived(self, f"_lm_head_{dtype}", [head], lambda w=head: w.to(dtype))
         logits = _matmul(hidden.reshape(-1, hidden.shape[-1]), head)
         return DraftBlock(logits=logits.view(b, self.gamma, -1), root=root, hidden=hidden)
