@@ -81,8 +81,7 @@ class DraftBlock:
         if self.root.device != self.logits.device:
             raise ValueError(f"root: on {self.root.device}, but logits are on {self.logits.device}")
         if self.root.device.type == "cpu":
-            # CPU only (a read of b ints, ~1 us); elsewhere it would be a host sync per round, and the
-            # decoder's check_block compares it with the root it passed.
+            # CPU only: elsewhere a host sync per round (the decoder compares it with the root it passed)
             roots = self.root.tolist()
             if min(roots) < 0 or max(roots) >= vocab:
                 raise ValueError(f"root: expected token ids in [0, {vocab}) (the block's vocabulary), got {roots}")

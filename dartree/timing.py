@@ -94,8 +94,7 @@ class TimedHead:
         self.calls = 0                          # head method calls since the last take_calls
         self._cuda = sync and torch.device(device).type == "cuda"
         self._width: int | None = None          # the state width S of the last initial_state
-        # perf: the bundled heads' prepared calls are not re-checked (dartree's own code, its output
-        # shapes tested; about 5 us a call, 7% of a dartree-pruned B=16 build); a subclass is checked
+        # perf: dartree's own heads' calls are not re-checked (their shapes are tested); a subclass is
         self._trusted = type(head) in _TRUSTED
         self._block_source: Any = None          # the block last handed to the head, and its copy (_own_block)
         self._block_copy: Any = None

@@ -1,12 +1,9 @@
 """DraftTree: the one tree type, its validation, canonical form and derived structure.
 
-Layout (batch-first, padded): node 0 is the root, nodes ``1..num_nodes-1`` are draft tokens.
-Validity is ``arange(n) < num_nodes``; padding slots hold ``PAD`` (-1) in the integer fields and
-``-inf`` in ``scores``, and no derived quantity ever reads them.
-
-Every builder emits the draft nodes of a row sorted by the total order (score descending, ties by
-rank path, a prefix before its extensions), so parents always precede their children and two
-backends that select the same set produce identical tensors.
+Batch-first and padded: node 0 is the root, nodes ``1..num_nodes-1`` draft tokens; padding holds ``PAD``
+(-1) in the integer fields and ``-inf`` in ``scores``, and nothing derived reads it.  Builders emit a row's
+nodes in the total order (score descending, ties by rank path, a prefix first), so parents precede their
+children and two backends that select the same set produce identical tensors.
 """
 
 from __future__ import annotations
@@ -298,8 +295,7 @@ def _decodable_flags(tree: DraftTree, root: Tensor, vocab_size: int, gamma: int,
 
 
 def _decodable_host(tree: DraftTree, root: Tensor, vocab_size: int, gamma: int, limit: int) -> bool:
-    """Whether every clause of :func:`_decodable_flags` holds, in numpy for CPU tensors (a dozen numpy
-    calls: ~50 us on one thread against ~200 us for the torch ops)."""
+    """Whether every clause of :func:`_decodable_flags` holds, in numpy for CPU tensors (fewer, cheaper calls)."""
     tokens, parents, depths = tree.tokens.numpy(), tree.parents.numpy(), tree.depths.numpy()
     num = tree.num_nodes.numpy()
     slots = np.arange(tokens.shape[1])

@@ -1,22 +1,15 @@
 """Triton kernels of the fast backend; each wrapper mirrors its torch twin in :mod:`dartree.fast.twins`.
 
-Import this module only through :mod:`dartree.fast.ops` (lazily): ``TRITON_INTERPRET=1`` must be in
-the environment before the ``@triton.jit`` functions below are defined for the CPU interpreter to
-be used.  Wrappers check shapes, allocate outputs, launch (through :func:`_launch`, which
-:func:`record_launches` can observe); one program handles one row (or one position).
+Import only through :mod:`dartree.fast.ops` (lazily: ``TRITON_INTERPRET=1`` must be set before the
+``@triton.jit`` functions are defined).  Wrappers check shapes, allocate outputs and launch through
+:func:`_launch` (observable by :func:`record_launches`); one program handles one row or position.
 
-Design limits (:data:`LIMITS`, checked by :func:`supports` and by every wrapper, which raises a
-ValueError beyond them rather than truncate): the selection kernels keep a running top-k of packed
-int64 keys in registers while they stream the row in tiles, so ``topk``, ``width`` and ``budget``
-are bounded (the bitonic network grows as k log^2 k and so do registers and compile time), while the
-streamed sizes (vocabulary, ``m * K`` children, ``N`` supertree nodes) are bounded only by int32
-flat indices.  ``tree_structure`` / ``greedy_walk`` hold a whole row of nodes.
-
-Integer arguments are not specialised on their values (``do_not_specialize``) nor pointers on their
-alignment: the compiled variants depend only on the dtypes and the constexprs, which the wrappers
-derive from the sizes, so the set of specialisations is known without a GPU (calling a wrapper on
-``meta`` tensors inside ``record_launches(execute=False)`` yields its launches;
-:mod:`dartree.fast.triton_compile` compiles them ahead of time for sm_80 / sm_89 / sm_90).
+Limits (:data:`LIMITS`, checked by :func:`supports` and every wrapper, which raises rather than truncate):
+the selection kernels keep a running top-k of packed int64 keys in registers while streaming the row in
+tiles, so ``topk``, ``width`` and ``budget`` are bounded (the bitonic network, registers and compile time grow
+as k log^2 k); streamed sizes only by int32 indices.  ``tree_structure`` / ``greedy_walk`` hold a row of nodes.
+Integers are not specialised on their values nor pointers on alignment, so the compiled variants depend only
+on dtypes and constexprs, known without a GPU (:mod:`dartree.fast.triton_compile` compiles them ahead of time).
 """
 
 from __future__ import annotations

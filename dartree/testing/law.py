@@ -1,19 +1,15 @@
 """Checking a sampler's law: the target's exact law by enumeration, and Pearson's chi-square test with a stated
-false-alarm rate and a power computed from the noncentral chi-square law.
+false-alarm rate and a power from the noncentral chi-square law.
 
     law = target_law(model, prompt, 2, Warp(1.0))            # {(t1, t2): probability}, every outcome
     counts = outcome_counts(decoder, prompt, 2, 4000, warp=Warp(1.0), seed=3)
     check = chi_square(counts, law, alpha=1e-4)               # LawCheck: statistic, df, critical value
     assert check.passed, check
 
-The false-alarm rate is ``alpha`` (the chi-square approximation's, with cells expected fewer than 5 times pooled
-into one); with fixed seeds a passing test stays passing.  The power against a sampler whose law is ``p'``
-instead of ``p`` is the noncentral chi-square's: the statistic is about ``chi2(df, nc)`` with
-``nc = draws * sum((p' - p)**2 / p)`` (:func:`power`, :func:`draws_for_power`).
-
-Everything here is exact arithmetic on the host (no scipy): the chi-square survival function of an integer
-``df`` in closed form (even ``df``: a Poisson sum; odd: ``erfc`` plus a sum), the noncentral one as the
-Poisson mixture of central ones.
+The false-alarm rate is ``alpha`` (cells expected fewer than 5 times pooled into one); with fixed seeds a
+passing test stays passing.  Against a sampler of law ``p'`` the statistic is about ``chi2(df, nc)`` with
+``nc = draws * sum((p' - p)**2 / p)`` (:func:`power`, :func:`draws_for_power`).  Exact host arithmetic, no
+scipy: closed forms for integer ``df``, the noncentral law as a Poisson mixture of central ones.
 """
 
 from __future__ import annotations

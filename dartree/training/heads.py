@@ -1,11 +1,9 @@
-"""Stage 5, ``heads``: the GRU (Domino) and Markov (DSpark) correction heads, trained on the frozen
-drafter's block outputs against the same greedy labels.
+"""Stage 5, ``heads``: the GRU (Domino) and Markov (DSpark) correction heads, trained on the frozen drafter's
+block outputs against the same greedy labels.
 
-Several GRU widths can be trained side by side on the same batches (``--gru-widths 64x64,128x128``):
-the frozen target and drafter run once per step for all of them, which is most of a step's time.
-Each head has its own parameters and its own gradient clipping, so a head trains exactly as it
-would alone on those batches.  The first width is the one exported as ``gru_head/``; with more than
-one, each is also exported as ``gru_head_<G>x<E>/`` (see :mod:`dartree.training.export`).
+Several GRU widths (``--gru-widths 64x64,128x128``) train side by side on the same batches (the frozen
+models run once per step for all), each with its own parameters and clipping, so each trains as it would
+alone.  The first is exported as ``gru_head/``; with several, each also as ``gru_head_<G>x<E>/``.
 """
 
 from __future__ import annotations
