@@ -1,13 +1,10 @@
 """Stages 1 and 2 of a round, draft and build, behind one interface: :class:`Drafting`.
 
-``Drafting.draft(roots)`` gives the block the round builds on: the drafter's, or a block drafted earlier that
-still serves (:class:`BlockReuse`); ``Drafting.build(block, roots, target)`` gives the tree the target verifies:
-the builder's (checked, cut to what the model holds), or a Sequoia builder's static shape when the verifier
-redraws every token, with the verifier's draws (:meth:`dartree.verifiers.Verifier.draw`).
-
-Block reuse (a static shape, a head, one live row, ``SequoiaConfig.reuse_depths``): the next round's proposals
-come from the head along the committed path over the same block, until fewer than ``reuse_depths`` of its depths
-are left (docs/verification.md).
+``draft(roots)``: the drafter's block, or an earlier one that still serves (:class:`BlockReuse`: a static
+shape, a head and one live row; the head proposes along the committed path until fewer than
+``SequoiaConfig.reuse_depths`` depths are left, docs/verification.md).  ``build(block, roots, target)``: the
+builder's tree (checked, cut to what the model holds), or a Sequoia builder's static shape with the
+verifier's draws when the verifier redraws every token.
 """
 
 from __future__ import annotations

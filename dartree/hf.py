@@ -83,15 +83,12 @@ def _check(generation_config, logits_processor, stopping_criteria) -> None:
 
 
 def _warp_options(logits_processor) -> dict[str, Any]:
-    """The sampling options of the warpers HF hands over, applied in the list's order (transformers 5.x puts
-    a caller's ``logits_processor`` before the config's warpers).
-
-    dartree's :class:`~dartree.verify.warp.Warp` applies temperature, top-k, top-p, min-p in that order. A list
-    reduces to it when each top-k stands before any top-p / min-p (top-k commutes with a temperature; two
-    top-k keep the smaller), the temperatures stand before any top-p / min-p (several multiply), and top-p /
-    min-p appear at most once each, in that order. Any other list, or a setting a ``Warp`` cannot express
-    (``filter_value`` other than ``-inf``, ``min_tokens_to_keep`` > 1 for top-p / min-p), is refused rather
-    than sampled from another distribution.
+    """The sampling options of the warpers HF hands over, in the list's order (a caller's ``logits_processor``
+    comes before the config's).  :class:`~dartree.verify.warp.Warp` applies temperature, top-k, top-p, min-p in
+    that order; a list reduces to it when temperatures and top-k (which commute; several multiply / keep the
+    smallest) precede top-p and min-p, each at most once and in that order.  Any other list, or a setting a
+    ``Warp`` cannot express (``filter_value`` not ``-inf``, ``min_tokens_to_keep > 1`` for top-p / min-p), is
+    refused rather than sampled from another distribution.
     """
     options: dict[str, Any] = {"temperature": 1.0, "top_k": None, "top_p": None, "min_p": None}
     names = [type(p).__name__ for p in logits_processor or []]
@@ -125,15 +122,13 @@ def generate(model, input_ids: Tensor, logits_processor=None, stopping_criteria=
              synced_gpus: bool = False, streamer=None, *, drafter=None, builder=None, head=None,
              verifier: str | None = None, sampler=None, stream=None, sampling: Sampling | None = None,
              **model_kwargs: Any):
-    """HF ``custom_generate`` entry point (see the module docstring); ``drafter`` and ``builder`` are required.
+    """HF ``custom_generate`` entry point (module docstring); ``drafter`` and ``builder`` are required.
 
-    ``sampler``: a ``GeneratorSampler`` / ``KeyedSampler`` for ``do_sample=True`` (default: a
-    ``GeneratorSampler`` on torch's global generator, as HF samples).  ``stream``: a streamer (``put`` /
-    ``end``, e.g. ``TextStreamer``) fed the prompt, then each round's tokens.  Pass it as ``stream=``:
-    transformers 5.x keeps only a callable's own keywords for it (``_extract_generation_mode_kwargs``), so
-    ``streamer=`` never reaches this function (HF puts the prompt into it and nothing more).  ``sampling``: a
-    :class:`dartree.Sampling` that defines the distribution instead of HF's ``do_sample`` and warpers (not with
-    them, nor with ``sampler=`` / ``verifier=``: ``ValueError``); HF's ``eos_token_id`` stays a stop token.
+    ``sampler``: for ``do_sample=True`` (default: a ``GeneratorSampler`` on torch's global generator, as HF).
+    ``stream``: a streamer (``put`` / ``end``) fed the prompt, then each round's tokens; pass it as ``stream=``,
+    since transformers 5.x keeps only a callable's own keywords (``streamer=`` gets the prompt only).
+    ``sampling``: a :class:`dartree.Sampling` instead of HF's ``do_sample`` and warpers (not with them, nor with
+    ``sampler=`` / ``verifier=``); HF's ``eos_token_id`` stays a stop token.
     """
     streamer = streamer if streamer is not None else stream
     if streamer is not None:

@@ -153,13 +153,9 @@ def candidates(block: DraftBlock, topk: int, normalize: Normalize) -> Candidates
 def pairwise_sum(x: Tensor) -> Tensor:
     """Sum over the last dimension in a fixed pairwise order, independent of the leading shape.
 
-    ``torch.sum``/``logsumexp`` pick their reduction order from the tensor's shape (a ``[m, 4]``
-    tensor may be reduced across rows with vector lanes), so the same row can round differently
-    inside a bigger batch.  Builders compare scores exactly, so every backend sums this way: pad to
-    a power of two with zeros (exact) and add halves until one column is left.
-
-    Shape:
-        x ``[..., K]`` -> ``[...]``.
+    ``torch.sum`` picks its reduction order from the shape, so a row can round differently inside a bigger
+    batch; builders compare scores exactly, so every backend pads to a power of two with zeros (exact) and adds
+    halves.  Shape: x ``[..., K]`` -> ``[...]``.
     """
     k = x.shape[-1]
     width = 1 << (k - 1).bit_length()

@@ -42,12 +42,12 @@ def topk_candidates(logits: Tensor, topk: int, vocab_normalize: bool) -> Candida
 def depth_step(parent_scores: Tensor, log_q: Tensor, beta: float, width: int) -> DepthStep:
     """Score all children of ``m`` branches and keep the best ``width`` under the total order.
 
-    The branches must be given in rank-path lexicographic order; then a child's tie-break key is its
-    flat index ``parent * K + rank`` and the kept children are returned in that order too.
+    With the branches in rank-path order a child's tie-break key is its flat index ``parent * K + rank``; the
+    kept children come in that order too.
 
     Shape:
-        parent_scores: float32 ``[b, m]``; log_q: float32 ``[b, m, K]`` or ``[b, 1, K]`` (shared by
-        all branches); ``1 <= width <= m * K`` -> :class:`DepthStep` of ``[b, width]``.
+        parent_scores: float32 ``[b, m]``; log_q: float32 ``[b, m | 1, K]``; ``1 <= width <= m * K``
+        -> :class:`DepthStep` of ``[b, width]``.
     """
     b, m, topk = check_depth_step(parent_scores, log_q, width)
     scores = child_scores(parent_scores, log_q, beta).expand(b, m, topk).reshape(b, m * topk)

@@ -1,11 +1,8 @@
-"""DFlash-style block-parallel drafter.
-
-A drafter that drafts a whole block of tokens in one forward, conditioned on the target's hidden states at
-``target_layer_ids`` (DFlash, arXiv 2602.06036); its token embeddings and LM head are the target's, and its
-weight names match the released z-lab checkpoints.  Entry points: :class:`DFlashDrafter` (``bind``,
-``reset``, ``append_context``, ``draft``, ``crop``), :class:`DFlashConfig`, :func:`dflash_target_layer_ids`.
-A decoding session, the context cache and its cost, the block layout (``shift_label``) and the
-architecture: docs/internals.md, "The DFlash drafter".
+"""DFlash-style block-parallel drafter (DFlash, arXiv 2602.06036): a whole block of tokens in one forward,
+conditioned on the target's hidden states at ``target_layer_ids``, with the target's token embeddings and
+LM head, and the weight names of the released z-lab checkpoints.  :class:`DFlashDrafter`,
+:class:`DFlashConfig`, :func:`dflash_target_layer_ids`; the session, context cache, block layout
+(``shift_label``) and architecture: docs/internals.md, "The DFlash drafter".
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
-"""Read and write drafter checkpoints in the released formats, from a local directory only.
+"""Read and write drafter checkpoints in the released formats, from a local directory only (nothing is downloaded).
 
-A checkpoint is a directory with ``config.json`` and one or more ``*.safetensors`` files, in the DFlash
-(z-lab), Domino or DSpark (DeepSpec) format, each read as its authors' code reads it; the format is
-decided by one rule and anything ambiguous or unsupported is a ``ValueError`` naming the file and the key.
-Nothing is downloaded.  Entry points: :func:`load_drafter`, :func:`load_head` (this project's head-only
-directories), :func:`load_target`, and the writers (``save_drafter``, ``save_gru_head``,
-``save_markov_head``).  The formats, the detection rule, every config key and tensor, what is refused and
-the sources: docs/checkpoints.md.
+A checkpoint is ``config.json`` plus ``*.safetensors`` in the DFlash (z-lab), Domino or DSpark (DeepSpec)
+format, each read as its authors' code reads it; one rule decides the format, and anything ambiguous or
+unsupported is a ``ValueError`` naming the file and the key.  :func:`load_drafter`, :func:`load_head`,
+:func:`load_target` and the writers; formats, keys, refusals and sources: docs/checkpoints.md.
 """
 
 from __future__ import annotations
@@ -392,17 +389,11 @@ def _check_consumed(weights: dict[str, Tensor], path: Path) -> None:
 
 
 def load_drafter(path: str | Path, target: nn.Module | None = None) -> DFlashDrafter:
-    """Load a DFlash, Domino or DSpark drafter from a local directory (formats: docs/checkpoints.md).
+    """Load a DFlash, Domino or DSpark drafter from a local directory (``config.json`` and ``*.safetensors``).
 
-    Args:
-        path: directory with ``config.json`` and ``*.safetensors``.
-        target: optional HF causal LM to share embeddings / LM head with (``drafter.bind(target)``).
-
-    Returns:
-        a float32 :class:`DFlashDrafter` in eval mode, parameters frozen (``requires_grad_(True)``
-        to fine-tune), whose ``config.shift_label`` states the
-        block layout; its ``heads`` dict holds ``"gru"`` (Domino) or ``"markov"`` (DSpark) when
-        the checkpoint carries one (bound to ``target`` if given).
+    ``target``: optional HF causal LM to share the embeddings / LM head with (``drafter.bind``).  Returns a
+    float32 :class:`DFlashDrafter` in eval mode with frozen parameters, whose ``config.shift_label`` states the
+    block layout and whose ``heads`` hold the checkpoint's ``"gru"`` (Domino) or ``"markov"`` (DSpark) head.
     """
     path, config, weights = _read_dir(path)
     if "head_type" in config.raw:

@@ -1,11 +1,9 @@
 """HFTarget: any Hugging Face causal LM as a speculative-decoding target.
 
-:class:`HFTarget` owns the target's KV cache, with one invariant between calls: the cache holds the
-committed tokens *except the last one* (the root of the next tree).  A round is ``tree_inputs`` ->
-``forward_tree`` (the tree slots pending) -> verify -> ``commit``; ``extend`` appends tokens causally
-(prefill, the AR baseline).  Every forward returns the hidden states of ``layer_ids`` that drafters
-condition on.  Attention implementations, caches, rows of different lengths, continuous batching and
-the lean forward: docs/verification.md, "HFTarget".
+:class:`HFTarget` owns the KV cache, which between calls holds the committed tokens *except the last one*
+(the next tree's root).  A round is ``tree_inputs`` -> ``forward_tree`` (slots pending) -> verify ->
+``commit``; ``extend`` appends causally (prefill, AR).  Every forward returns the hidden states of
+``layer_ids`` that drafters condition on.  Details: docs/verification.md, "HFTarget".
 """
 
 from __future__ import annotations
@@ -117,11 +115,10 @@ class TargetOutput:
     """Target logits (and captured hidden states) at the positions of one forward.
 
     Shape:
-        logits: float ``[b, m, V]`` next-token logits at each of the m positions (``[b, 1, V]``, the
-                first position only, from ``forward_tree(..., logits="root")``).
-        hidden: float ``[b, m, len(layer_ids) * H]`` or ``None`` when ``layer_ids`` is empty.
-        final:  float ``[b, m, H]`` the final-normed hidden states (``logits="root"`` only; feed rows
-                to :meth:`HFTarget.head_logits`), else ``None``.
+        logits: float ``[b, m, V]`` next-token logits (``[b, 1, V]``: position 0 only, ``logits="root"``).
+        hidden: float ``[b, m, len(layer_ids) * H]``, or ``None`` without ``layer_ids``.
+        final:  float ``[b, m, H]`` final-normed hidden states (``logits="root"`` only: rows for
+                :meth:`HFTarget.head_logits`), else ``None``.
     """
 
     logits: Tensor
