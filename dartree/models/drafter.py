@@ -87,11 +87,8 @@ class DFlashConfig:
                                  f"{name}: expected a number in (0, 1) (RMSNorm's epsilon, typically 1e-6), "
                                  f"got {value!r}")
         check_int("num_target_layers", self.num_target_layers, optional=True)
-        if isinstance(self.mask_token_id, bool) or not isinstance(self.mask_token_id, int):
-            raise ValueError(f"mask_token_id: expected an int in [0, {self.vocab_size}), got {self.mask_token_id!r}")
-        if self.head_dim is not None and (isinstance(self.head_dim, bool) or not isinstance(self.head_dim, int)
-                                          or self.head_dim < 2):
-            raise ValueError(f"head_dim: expected an even int >= 2 or None, got {self.head_dim!r}")
+        check_int("mask_token_id", self.mask_token_id, 0, self.vocab_size - 1)
+        check_int("head_dim", self.head_dim, 2, optional=True)
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(f"num_key_value_heads: must divide num_attention_heads={self.num_attention_heads}, "
                              f"got {self.num_key_value_heads}")
@@ -109,7 +106,7 @@ class DFlashConfig:
         except TypeError:
             raise ValueError(f"target_layer_ids: expected a list of ints (decoder layers, -1 = the embedding "
                              f"output), got {ids!r}") from None
-        top = self.num_target_layers if self.num_target_layers is not None else None
+        top = self.num_target_layers
         if not self.target_layer_ids or min(self.target_layer_ids) < -1 \
                 or (top is not None and max(self.target_layer_ids) >= top):
             limit = f"< {top}" if top is not None else "(any upper bound)"
@@ -118,8 +115,6 @@ class DFlashConfig:
         if len(set(self.target_layer_ids)) != len(self.target_layer_ids):   # the same features twice: an export bug
             raise ValueError(f"target_layer_ids: expected distinct layers, got {self.target_layer_ids}")
         self._check_rope()
-        if not 0 <= self.mask_token_id < self.vocab_size:
-            raise ValueError(f"mask_token_id: expected in [0, {self.vocab_size}), got {self.mask_token_id}")
 
     def _check_rope(self) -> None:
         from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
