@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from dartree.models.hf_compat import cache_kwargs
 from dartree.training.common import log
-from dartree.training.data import load_data
+from dartree.training.data import joined_ids, load_data, random_windows
 from dartree.training.target import load_target
 
 __all__ = ["continue_prompts", "package_files", "package_tokens", "stage_distill", "load_distill",
@@ -78,24 +78,13 @@ def package_tokens(tokenizer_path: Path, limit: int) -> torch.Tensor:
     """Token ids of :func:`package_files` joined by ``<|endoftext|>``."""
     from tokenizers import Tokenizer
 
-    tok = Tokenizer.from_file(str(tokenizer_path))
-    eot = tok.token_to_id("<|endoftext|>")
     texts = []
     for path in package_files(limit):
         try:
             texts.append(path.read_text(encoding="utf-8"))
         except (UnicodeDecodeError, OSError):
             continue
-    ids: list[int] = []
-    for enc in tok.encode_batch(texts):
-        ids.extend(enc.ids)
-        ids.append(eot)
-    return torch.tensor(ids, dtype=torch.int32)
-
-
-def _windows(ids: torch.Tensor, rows: int, length: int, gen: torch.Generator) -> torch.Tensor:
-    starts = torch.randint(0, ids.numel() - length - 1, (rows,), generator=gen)
-    return torch.stack([ids[s : s + length] for s in starts.tolist()]).long()
+    return joined_ids(Tokenizer.from_file(str(tokenizer_path)), texts)
 
 
 def _chunks(model, sources: list[torch.Tensor], count: int, args: argparse.Namespace, seed: int,
@@ -109,7 +98,7 @@ def _chunks(model, sources: list[torch.Tensor], count: int, args: argparse.Names
         source = sources[rng.randrange(len(sources))]
         length = rng.randint(args.prompt_min, args.prompt_max)
         sampled = rng.random() < args.sampled_fraction
-        prompts = _windows(source, CHUNK_ROWS, length, gen)
+        prompts = random_windows(source, CHUNK_ROWS, length, gen)
         tokens = continue_prompts(model, prompts, args.distill_new_tokens, sampled=sampled, gen=gen)
         chunks.append({"tokens": tokens.to(torch.int32), "prompt_len": length, "sampled": sampled})
         made += CHUNK_ROWS
