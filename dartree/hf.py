@@ -88,8 +88,7 @@ def _warp_options(logits_processor) -> dict[str, Any]:
     that order; a list reduces to it when temperatures and top-k (which commute; several multiply / keep the
     smallest) precede top-p and min-p, each at most once and in that order.  Any other list, or a setting a
     ``Warp`` cannot express (``filter_value`` not ``-inf``, ``min_tokens_to_keep > 1`` for top-p / min-p), is
-    refused rather than sampled from another distribution.
-    """
+    refused rather than sampled from another distribution."""
     options: dict[str, Any] = {"temperature": 1.0, "top_k": None, "top_p": None, "min_p": None}
     names = [type(p).__name__ for p in logits_processor or []]
     filtered = []                                   # the top-p / min-p met so far, in order

@@ -2,8 +2,7 @@
 and float32 scores) of :mod:`dartree.ref.builders`.  The first six are dispatched by
 :func:`dartree.fast.ops.builders`: :mod:`dartree.fast.host_builders` for CPU tensors,
 :mod:`dartree.fast.tensor_builders` elsewhere; ``sequential-heap`` (:mod:`dartree.fast.heap`: one host round
-trip per pop) and the Sequoia pair (:mod:`dartree.fast.sequoia`: a static shape) run on every device.
-"""
+trip per pop) and the Sequoia pair (:mod:`dartree.fast.sequoia`: a static shape) run on every device."""
 
 from __future__ import annotations
 

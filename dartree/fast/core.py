@@ -87,8 +87,7 @@ class _StopPoll:
     """Whether the bound's stop flag (a 0-d bool tensor per depth) has been seen set, read without a sync:
     at once on the CPU; on CUDA copied to pinned memory behind an event and read once the event completed
     (``query()`` never blocks: the stop lags by the depths in flight); never on other devices (``meta``).
-    Expanding past the stop is harmless: no later node can enter the tree (docs/builders.md, "Bound pruning").
-    """
+    Expanding past the stop is harmless: no later node can enter the tree (docs/builders.md, "Bound pruning")."""
 
     def __init__(self, device: torch.device) -> None:
         self.kind = device.type

@@ -2,8 +2,7 @@
 conditioned on the target's hidden states at ``target_layer_ids``, with the target's token embeddings and
 LM head, and the weight names of the released z-lab checkpoints.  :class:`DFlashDrafter`,
 :class:`DFlashConfig`, :func:`dflash_target_layer_ids`; the session, context cache, block layout
-(``shift_label``) and architecture: docs/internals.md, "The DFlash drafter".
-"""
+(``shift_label``) and architecture: docs/internals.md, "The DFlash drafter"."""
 
 from __future__ import annotations
 
@@ -169,8 +168,7 @@ class RMSNorm(nn.Module):
 class RotaryEmbedding(nn.Module):
     """RoPE tables for ``config``: the default rotary embedding, or transformers' ``Qwen3RotaryEmbedding`` for every
     scaled ``rope_type`` (as the reference drafters build theirs).  The tables stay float32 whatever
-    ``drafter.to(dtype)`` does (not registered buffers) and follow the device of what they rotate.
-    """
+    ``drafter.to(dtype)`` does (not registered buffers) and follow the device of what they rotate."""
 
     def __init__(self, config: DFlashConfig) -> None:
         super().__init__()
@@ -244,14 +242,14 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 def _rotate_heads(x: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
-    """:func:`rotate` of ``x.transpose(1, 2)`` (``x`` ``[b, t, heads, head_dim]``, tables ``[1, 1, t, head_dim]``),
-    from the signed sin (perf: :func:`dartree.models.pointwise.rotate_signed`, the same bits in fewer ops)."""
+    """:func:`rotate` of ``x.transpose(1, 2)`` (``x`` ``[b, t, heads, head_dim]``) from the signed sin (perf:
+    :func:`dartree.models.pointwise.rotate_signed`, the same bits in fewer ops)."""
     return rotate_signed(x.transpose(1, 2), cos, sin_signed)
 
 
 def _rms(norm: RMSNorm, x: Tensor) -> Tensor:
-    """perf: ``norm(x)`` without the module call (``F.rms_norm``'s bits in fp32, as its forward, in fewer
-    ops on the CPU: :func:`dartree.models.pointwise.rms_norm`)."""
+    """perf: ``norm(x)`` without the module call (in fp32 :func:`dartree.models.pointwise.rms_norm`, the same bits
+    in fewer ops)."""
     w = norm.weight
     if x.dtype == torch.float32 and w.dtype == torch.float32:
         return rms_norm(x, w, norm.eps)
@@ -259,24 +257,20 @@ def _rms(norm: RMSNorm, x: Tensor) -> Tensor:
 
 
 def _fused_weight(module: nn.Module, names: tuple[str, ...]) -> Tensor:
-    """perf: the weights of the linears ``names`` of ``module`` concatenated along the output dim, so
-    that one matmul replaces several (each output column is the same dot product), cached by
-    :func:`derived`.  The state_dict keeps the separate weights.
-    """
+    """perf: the weights of the linears ``names`` of ``module`` concatenated along the output dim, so that one
+    matmul replaces several (each output column is the same dot product); cached by :func:`derived`."""
     ws = [getattr(module, n).weight for n in names]
     return derived(module, "_fused_" + "_".join(names), ws, lambda: torch.cat([w.detach() for w in ws]))
 
 
 def _matmul(x: Tensor, w: Tensor) -> Tensor:
-    """perf: ``F.linear(x, w)`` bit for bit, from a K-major copy on the CPU where that is exact
-    (:func:`dartree.models.kmajor.linear`; the LM head's copy is the target's); weights over 1/16 of
-    ``KMAJOR_LIMIT_BYTES`` are not copied (a copy doubles their memory)."""
+    """perf: ``F.linear(x, w)`` bit for bit, from a K-major copy where that is exact
+    (:func:`dartree.models.kmajor.linear`); weights over 1/16 of ``KMAJOR_LIMIT_BYTES`` are not copied."""
     return linear(x, w, None, w.numel() * w.element_size() <= KMAJOR_LIMIT_BYTES // 16)
 
 
 def _project(x: Tensor, module: nn.Module, names: tuple[str, ...]) -> Tensor:
-    """perf: ``x`` through the linears ``names`` of ``module`` as one matmul (:func:`_fused_weight`;
-    one name: that linear alone), via :func:`_matmul`."""
+    """perf: ``x`` through the linears ``names`` of ``module`` as one :func:`_matmul` (:func:`_fused_weight`)."""
     w = _fused_weight(module, names) if len(names) > 1 else getattr(module, names[0]).weight
     return _matmul(x, w)
 
@@ -297,11 +291,8 @@ class DFlashAttention(nn.Module):
         self.k_norm = RMSNorm(hd, config.rms_norm_eps)
 
     def key_values(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
-        """Keys (normed, rotated) and values of ``x``.
-
-        Shape:
-            x: ``[b, t, H]``; positions: ``[b, t]`` or ``[t]`` -> two ``[b, kv_heads, t, head_dim]``.
-        """
+        """Keys (normed, rotated) and values of ``x``.  Shape: x ``[b, t, H]``; positions ``[b, t]`` or ``[t]``
+        -> two ``[b, kv_heads, t, head_dim]``."""
         b, t, _ = x.shape
         k = self.k_norm(self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim)).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
@@ -347,8 +338,8 @@ class DFlashLayer(nn.Module):
     # ---- perf: the decoding paths of DFlashDrafter.append_context and .draft (same math as forward)
     def store_context(self, x: Tensor, cos: Tensor, sin: Tensor, k_buf: Tensor, v_buf: Tensor, start: int) -> None:
         """Write :meth:`DFlashAttention.key_values` of context features ``x`` into ``k_buf/v_buf[:, :, start:]``
-        (one k/v matmul).  Shape: x ``[b, t, H]``; cos/sin ``[1, 1, t, hd]`` (sin signed: ``table(..., signed=True)``);
-        buffers ``[b, kv, >= start + t, hd]``."""
+        (one k/v matmul).  Shape: x ``[b, t, H]``; cos/sin ``[1, 1, t, hd]`` (sin signed); buffers
+        ``[b, kv, >= start + t, hd]``."""
         a = self.self_attn
         b, t, _ = x.shape
         nkv = a.num_kv_heads * a.head_dim
@@ -484,7 +475,7 @@ class DFlashDrafter(nn.Module):
     # ---- context storage (perf): preallocated per-layer buffers, appended in place, grown by doubling
     @property
     def _ctx(self) -> list[tuple[Tensor, Tensor]] | None:
-        """Per-layer keys/values of the context, ``[b, kv, context_length, hd]`` views of the buffers."""
+        """Per-layer context keys/values, ``[b, kv, context_length, hd]`` views of the buffers."""
         self._flush()
         if self._kv is None:
             return None
@@ -492,8 +483,8 @@ class DFlashDrafter(nn.Module):
         return [(k[:, :, :n], v[:, :, :n]) for k, v in self._kv]
 
     def _reserve(self, b: int, end: int, like: Tensor) -> list[tuple[Tensor, Tensor]]:
-        """The buffers, grown (by doubling) to hold ``end`` entries; ``like`` gives dtype and device.
-        With an empty context, buffers of another batch, dtype or device are replaced."""
+        """The buffers, grown by doubling to hold ``end`` entries (``like``: dtype and device); with an empty
+        context, buffers of another batch, dtype or device are replaced."""
         kv = self._kv
         if kv is not None and not self._length and (kv[0][0].shape[0] != b or kv[0][0].dtype != like.dtype
                                                     or kv[0][0].device != like.device):
@@ -522,11 +513,7 @@ class DFlashDrafter(nn.Module):
         self._length = length          # the buffers keep their slots; later appends overwrite them
 
     def context_features(self, hidden_states: Tensor) -> Tensor:
-        """``hidden_norm(fc(hidden_states))``.
-
-        Shape:
-            hidden_states: ``[b, m, len(target_layer_ids) * H]`` -> ``[b, m, H]``.
-        """
+        """``hidden_norm(fc(hidden_states))``.  Shape: ``[b, m, len(target_layer_ids) * H] -> [b, m, H]``."""
         self._check_hidden(hidden_states)
         w = self.fc.weight
         x = hidden_states if hidden_states.dtype == w.dtype else hidden_states.to(w.dtype)
@@ -540,11 +527,8 @@ class DFlashDrafter(nn.Module):
                              f"{list(self.target_layer_ids)} concatenated), got {got}")
 
     def context_key_values(self, features: Tensor, positions: Tensor) -> list[tuple[Tensor, Tensor]]:
-        """Per-layer keys/values of context features.
-
-        Shape:
-            features: ``[b, m, H]``; positions: ``[b, m]`` or ``[m]`` -> per layer two ``[b, kv, m, hd]``.
-        """
+        """Per-layer keys/values of context features.  Shape: features ``[b, m, H]``; positions ``[b, m]`` or
+        ``[m]`` -> per layer two ``[b, kv, m, hd]``."""
         return [layer.self_attn.key_values(features, positions) for layer in self.layers]
 
     @torch.no_grad()
@@ -552,10 +536,8 @@ class DFlashDrafter(nn.Module):
         """Append the target's hidden states of newly cached tokens (positions ``context_length..``).
 
         Shape:
-            hidden_states: ``[b, m, len(target_layer_ids) * H]`` (``TargetOutput.hidden``), or a list
-            of ``[b, m, H]`` tensors, one per target layer in ``target_layer_ids`` order.
-            tokens: optional int64 ``[b, m]``, the tokens those states belong to (only checked: the
-            drafter conditions on hidden states, the tokens are already in them).
+            hidden_states: ``[b, m, len(target_layer_ids) * H]`` (``TargetOutput.hidden``), or one ``[b, m, H]`` per
+            target layer.  tokens: optional int64 ``[b, m]``, only checked (the hidden states already hold them).
         """
         if isinstance(hidden_states, (list, tuple)):
             if len(hidden_states) != len(self.config.target_layer_ids):
@@ -576,7 +558,7 @@ class DFlashDrafter(nn.Module):
             self._held.append(hidden_states)       # perf: computed by the next draft, in its pass (see above)
 
     def _take_held(self) -> Tensor | None:
-        """The context features of the held appends (``[b, m, H]``), or ``None``; nothing is held after."""
+        """The context features of the held appends (``[b, m, H]``) or ``None``; nothing is held after."""
         if not self._held:
             return None
         held = self._held[0] if len(self._held) == 1 else torch.cat(self._held, dim=1)
@@ -610,12 +592,11 @@ class DFlashDrafter(nn.Module):
         ctx: list[tuple[Tensor, Tensor]],
         mask: Tensor | None = None,
     ) -> Tensor:
-        """Final-normed hidden states of blocks ``[root, mask, ..., mask]``.
+        """Final-normed hidden states of blocks ``[root, mask, ..., mask]`` (the reference forward).
 
         Shape:
-            root: int64 ``[b, n]`` (n blocks per row); positions: ``[b, n * block_size]`` (block slot
-            positions); ctx: per layer keys/values ``[b, kv, c, hd]``; mask: bool
-            ``[b, 1, n * block_size, c + n * block_size]`` or ``None`` (everything visible)
+            root: int64 ``[b, n]`` (n blocks per row); positions: ``[b, n * block_size]``; ctx: per layer keys/values
+            ``[b, kv, c, hd]``; mask: bool ``[b, 1, n * block_size, c + n * block_size]`` or ``None``
             -> ``[b, n * block_size, H]``.
         """
         b, n = root.shape

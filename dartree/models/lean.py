@@ -48,8 +48,7 @@ def _append(cache, index: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
     """``cache.update(k, v, index)``; perf: a ``DynamicLayer``'s keys / values are kept as prefix views of buffers
     with spare slots, so an append writes the new slots in place instead of concatenating a copy of the whole
     cache (buffers grow by half when full).  Code that replaces the layer's tensors is noticed: the next append
-    starts new buffers from them.
-    """
+    starts new buffers from them."""
     layer = cache.layers[index]
     if type(layer) is not DynamicLayer:
         return cache.update(k, v, index)
@@ -97,8 +96,7 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scaling: float, 
 
 class _Linear:
     """One ``nn.Linear``: :func:`dartree.models.kmajor.linear` with its decisions made once (perf: a forward makes
-    dozens of these calls).  Runs without autograd, on the device and dtype it was probed on.
-    """
+    dozens of these calls).  Runs without autograd, on the device and dtype it was probed on."""
 
     __slots__ = ("module", "start", "width")
 
@@ -235,8 +233,7 @@ class LeanForward:
         """``(*base.rotary_emb(h, position_ids), False)`` bit for bit, or with ``signed`` where the table applies
         ``(cos, signed_sin(sin), True)``.  perf (CPU, default RoPE): rows of a table the module made for positions
         ``0..P-1`` (grown by half), gathered per call; each entry is elementwise in its position, so a row is the
-        module's output there (tested); rebuilt when ``inv_freq`` is replaced or edited.
-        """
+        module's output there (tested); rebuilt when ``inv_freq`` is replaced or edited."""
         rotary = self._base.rotary_emb
         inv = rotary._buffers.get("inv_freq") if self._rope_table else None
         if inv is None or h.device.type != "cpu":

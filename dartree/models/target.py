@@ -326,8 +326,7 @@ class HFTarget:
         """Whether ``forward_tree(..., logits="root")`` + :meth:`head_logits` may replace full logits: on the CPU, when
         a one-time probe shows the logits are the output embedding of the last hidden state (no soft-capping or
         scaling) and ``logits_to_keep`` is taken; greedy rounds then run the LM head only on the nodes the walk
-        visits.  On accelerators the full LM head is one cheap call.
-        """
+        visits.  On accelerators the full LM head is one cheap call."""
         if self._rows_apart is None:
             self._rows_apart = False
             if self.device.type == "cpu":
