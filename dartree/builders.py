@@ -68,8 +68,8 @@ def _check_normalize(value: Any) -> None:
 class ChainConfig:
     """Chains (``chain``, ``corrected-chain``): one node per depth, gamma draft nodes.
 
-    topk: candidates per depth (``1 <= topk <= V``); the chain picks the best of them.
-    normalize: ``"vocab"`` or ``"candidates"`` (what log q is normalised over; see dartree.scoring).
+    topk: candidates per depth (``1 <= topk <= V``); the chain picks the best.  normalize: ``"vocab"`` or
+    ``"candidates"`` (what log q is normalised over; :mod:`dartree.scoring`).
     """
 
     topk: int = 1
@@ -85,8 +85,7 @@ class TreeConfig:
     """Budgeted trees (``ddtree``, ``corrected-chain-ddtree``, ``sequential-heap``, ``dartree-fixed``).
 
     budget: draft nodes (root excluded), ``>= 1``; a tree is smaller only if the candidate trie is.
-    topk: candidates per depth, ``1 <= topk <= V``.
-    normalize: ``"vocab"`` or ``"candidates"``.
+    topk: candidates per depth, ``1 <= topk <= V``.  normalize: ``"vocab"`` or ``"candidates"``.
     """
 
     budget: int = 64
@@ -103,11 +102,9 @@ class TreeConfig:
 class PrunedConfig:
     """``dartree-pruned``: a supertree of ``width`` nodes per depth, then the global top-``budget``.
 
-    beta: depth penalty added to every node's score, ``<= 0`` (prefix closure needs it; see Lemma 1).
-    bound: exact bound pruning in the fast backend (docs/builders.md, "Bound pruning"): once ``budget``
-        nodes exist, a branch that ranks after the ``budget``-th best of them is not expanded, and the
-        expansion stops when no branch is left.  The tree is identical node for node either way; the
-        reference always runs Algorithm 1 literally and ignores the field.
+    beta: depth penalty added to every node's score, ``<= 0`` (prefix closure needs it; Lemma 1).
+    bound: exact bound pruning in the fast backend (docs/builders.md, "Bound pruning"): stop expanding once no
+        branch can enter the top-``budget``; the tree is the same node for node (the reference ignores it).
     """
 
     budget: int = 64
@@ -277,10 +274,9 @@ class TreeBuilder:
 
     @property
     def trusted(self) -> bool:
-        """Whether its trees meet the decoder's contract by construction: :attr:`BuilderSpec.trusted`,
-        honoured for dartree's own strategy functions called by :meth:`TreeBuilder.build` itself (a
-        subclass that overrides ``build`` can return any tree: its trees are checked).  Read at every
-        call: a spec or function replaced after construction is not trusted either."""
+        """Whether its trees meet the decoder's contract by construction: :attr:`BuilderSpec.trusted`, honoured
+        for dartree's own functions called by :meth:`TreeBuilder.build` itself (a subclass overriding ``build`` is
+        checked), read at every call (a spec or function replaced later is not trusted either)."""
         spec = self.spec
         return (type(self).build is TreeBuilder.build and isinstance(spec, BuilderSpec) and spec.trusted is True
                 and (self._fn, spec.config_cls) in _BUILT_IN)
@@ -341,12 +337,9 @@ class TreeBuilder:
 
 
 def checked_tree(builder: object, tree: DraftTree, block: DraftBlock) -> DraftTree:
-    """``tree``, checked by :func:`dartree.tree.check_decodable` unless ``builder`` is a
-    :class:`TreeBuilder` of a trusted strategy (:attr:`TreeBuilder.trusted`: the strategies built
-    into dartree), whose trees meet the contract by construction, or whose ``build`` is
-    :meth:`TreeBuilder.build` (it checks the trees of every other strategy, the budget included).  The
-    decoders call this on every tree a builder hands them: a builder with a ``build`` of its own is checked here,
-    against its config's ``budget`` when it has one."""
+    """``tree``, checked by :func:`dartree.tree.check_decodable` (against the config's ``budget``) unless
+    ``builder`` is a :class:`TreeBuilder` whose ``build`` is :meth:`TreeBuilder.build` (which checked it already,
+    or trusts dartree's own strategies).  The decoders call this on every tree a builder hands them."""
     if isinstance(builder, TreeBuilder) and type(builder).build is TreeBuilder.build:
         return tree                # TreeBuilder.build checked it already (or it is dartree's own, trusted)
     budget = getattr(getattr(builder, "config", None), "budget", None)
@@ -366,10 +359,8 @@ def shape_of(builder: object) -> Callable[[DraftBlock, int, torch.Tensor], Draft
 
 
 def make_builder(name: str, backend: str = "ref", **config: Any) -> TreeBuilder:
-    """A :class:`TreeBuilder` for registry entry ``name`` on ``backend`` (``"ref"`` or ``"fast"``).
-
-    ``config`` holds the fields of the entry's config dataclass; unknown fields are an error.
-    """
+    """A :class:`TreeBuilder` for registry entry ``name`` on ``backend`` (``"ref"`` or ``"fast"``); ``config``
+    holds fields of the entry's config dataclass (unknown fields are an error)."""
     spec = builder_spec(name)
     if backend not in BACKENDS:
         raise ValueError(f"backend: must be one of {BACKENDS}, got {backend!r}")

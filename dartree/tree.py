@@ -22,10 +22,7 @@ __all__ = ["DraftTree", "PAD", "check_decodable", "rank_path_key"]
 
 
 def rank_path_key(score: float, rank_path: tuple[int, ...]) -> tuple[float, tuple[int, ...]]:
-    """Sort key of the total order: higher score first, then rank path lexicographically.
-
-    Python compares tuples so that a prefix sorts before its extensions, exactly as required.
-    """
+    """Sort key of the total order: higher score first, then rank path (a tuple: a prefix sorts first)."""
     return (-score, rank_path)
 
 
@@ -72,10 +69,8 @@ class DraftTree:
                  vocab_size: int | None = None) -> DraftTree:
         """Check every structural invariant; raise ``ValueError`` naming the first one broken.
 
-        ``gamma``, ``budget`` and ``vocab_size`` (tokens, root included, in ``[0, vocab_size)``) are
-        checked when given.  Returns ``self`` so that it can be chained.  This synchronises with the
-        device and loops in Python; it is meant for tests and debugging.  The decoder runs the
-        cheap :func:`check_decodable` on every tree instead.
+        ``gamma``, ``budget`` and ``vocab_size`` (tokens in ``[0, vocab_size)``) are checked when given; returns
+        ``self``.  Host syncs and Python loops: for tests and debugging (the decoder runs :func:`check_decodable`).
         """
         for name, value in (("gamma", gamma), ("budget", budget), ("vocab_size", vocab_size)):
             check_int(name, value, optional=True)
@@ -143,19 +138,12 @@ class DraftTree:
 
     # ---------------------------------------------------------------------------- derived data
     def structure(self, prefix_len: int | Tensor = 0) -> TreeStructure:
-        """Ancestor mask, positions and first-child / next-sibling links in one pass.
-
-        Computed by :func:`dartree.structure.tree_structure` (numpy on the host for CPU tensors, torch
-        without host synchronisation elsewhere); :func:`dartree.fast.ops.tree_structure` adds the
-        Triton kernel for CUDA on top.
-        """
+        """Ancestor mask, positions and first-child / next-sibling links in one pass
+        (:func:`dartree.structure.tree_structure`; :func:`dartree.fast.ops.tree_structure` adds the CUDA kernel)."""
         return tree_structure(self.parents, self.num_nodes, prefix_len)
 
     def ancestor_mask(self) -> Tensor:
-        """bool ``[b, n, n]``: ``mask[r, i, j]`` iff node j is node i or one of its ancestors.
-
-        Padding rows and columns are all False.
-        """
+        """bool ``[b, n, n]``: ``mask[r, i, j]`` iff node j is node i or an ancestor (padding all False)."""
         return ancestor_mask(self.parents, self.num_nodes)
 
     def positions(self, prefix_len: int | Tensor) -> Tensor:
@@ -166,10 +154,7 @@ class DraftTree:
         return prefix + self.depths.clamp(min=0)
 
     def links(self) -> tuple[Tensor, Tensor]:
-        """first-child and next-sibling links, int64 ``[b, n]`` each, -1 where none.
-
-        Children are linked in node-index order (which is the total order).
-        """
+        """First-child and next-sibling links, int64 ``[b, n]`` each, -1 where none (children in node order)."""
         s = self.structure()
         return s.first_child, s.next_sibling
 
@@ -192,11 +177,8 @@ class DraftTree:
         return [tuple(rk[j] for j in p) for p in self.node_paths(row)]
 
     def canonical(self) -> list[dict[tuple[int, ...], float]]:
-        """Per row: map from each node's token path (root excluded; root: ``()``) to its score.
-
-        Two trees are the same tree iff their canonical forms are equal; parity tests compare
-        these (paths exactly, scores exactly or with a stated tolerance).
-        """
+        """Per row: each node's token path (root: ``()``) -> its score.  Two trees are the same tree iff
+        their canonical forms are equal (parity tests compare these)."""
         out = []
         for r in range(self.batch_size):
             sc = self.scores[r].tolist()
@@ -222,10 +204,8 @@ class DraftTree:
         return "\n".join(lines)
 
     def select(self, keep: Tensor) -> DraftTree:
-        """The sub-tree of the nodes where ``keep`` (bool ``[b, n]``) is True, order preserved.
-
-        ``keep`` must include the root and be prefix-closed (every kept node's parent kept).
-        """
+        """The sub-tree of the nodes where ``keep`` (bool ``[b, n]``) is True, order preserved; ``keep`` must
+        include the root and be prefix-closed."""
         keep = keep & self.valid()
         if not bool(keep[:, 0].all()):
             raise ValueError("keep: must keep the root of every row")
