@@ -47,14 +47,10 @@ class Candidates:
 
 
 def check_candidate_logits(values: Tensor) -> None:
-    """Reject a position whose K-th candidate logit is ``-inf`` (fewer than K finite logits).
-
-    ``-inf`` is how a caller masks tokens out of the vocabulary: such a token is never a candidate
-    unless K exceeds the finite logits of its position, and that is the one case refused (a node with
-    log q = -inf would sit in the tree).  One host synchronisation (the reference only).
-
-    Shape: values float32 ``[b, gamma, K]`` (sorted descending).
-    """
+    """Reject a position whose K-th candidate logit is ``-inf`` (fewer than K finite logits): ``-inf`` masks a
+    token, which is never a candidate unless K exceeds the finite logits, the one case refused (a node with
+    log q = -inf would sit in the tree).  One host sync (the reference only).  Shape: values float32
+    ``[b, gamma, K]`` (sorted descending)."""
     short = values[..., -1] == float("-inf")
     if bool(short.any()):
         r, d = (int(v) for v in short.nonzero()[0])
@@ -76,14 +72,10 @@ EXP2_POLY = (0.00021865784947294742, 0.0012391331838443875, 0.009684186428785324
 
 
 def exp2_f32_(y: Tensor) -> Tensor:
-    """``2 ** y`` in place for float32 ``y <= 0``, defined operation by operation so that any IEEE float32
-    implementation (torch on any device, the C host loop of ``dartree/_native.c``) gets the same bits.
-
-    ``y`` clamped at -127, ``n = floor(y)``, ``f = y - n`` (exact), ``2 ** f`` by :data:`EXP2_POLY` in
-    Horner form (one float32 multiply, then one add, per coefficient: never a fused multiply-add), times
-    ``2 ** n`` built from its exponent bits (exact; ``n = -127`` builds 0, so every ``y < -126`` and
-    ``-inf`` gives 0).  Relative error < 1e-7.  Returns ``y``, overwritten.
-    """
+    """``2 ** y`` in place for float32 ``y <= 0``, defined op by op so that any IEEE float32 implementation (torch,
+    the C loop of ``dartree/_native.c``) gets the same bits: ``y`` clamped at -127, ``n = floor(y)``,
+    ``f = y - n`` (exact), ``2 ** f`` by :data:`EXP2_POLY` in Horner form (a multiply, then an add: never a fused
+    multiply-add), times ``2 ** n`` from its exponent bits (``n = -127`` builds 0).  Relative error < 1e-7."""
     n = torch.floor(y.clamp_(min=-127.0))
     f = y.sub_(n)
     p = torch.mul(f, EXP2_POLY[0]).add_(EXP2_POLY[1])
@@ -130,11 +122,8 @@ def rest_logsumexp(logits: Tensor, tokens: Tensor, top: Tensor | None = None) ->
 
 
 def candidates(block: DraftBlock, topk: int, normalize: Normalize) -> Candidates:
-    """Select ``C_d`` for every depth of every row, in the one total order of candidates.
-
-    The reference selection: a stable sort of the whole vocabulary (obviously correct); the
-    normaliser is :func:`rest_logsumexp`, shared with the fast backend.
-    """
+    """Select ``C_d`` for every depth of every row, in the one total order of candidates: the reference's
+    stable sort of the whole vocabulary; the normaliser is :func:`rest_logsumexp`, shared with the fast backend."""
     logits = block.logits.float()  # [b, gamma, V]
     vocab = logits.shape[-1]
     if not 1 <= topk <= vocab:
@@ -189,14 +178,9 @@ def log_normalize(cand_logits: Tensor, rest_lse: Tensor) -> Tensor:
 
 
 def log_normalize_host(cand_logits: np.ndarray, rest_lse: np.ndarray | float | None = None) -> np.ndarray:
-    """numpy :func:`log_normalize` (float64, one rounding to float32).  ``rest_lse=None`` means ``-inf``.
-
-    The candidate sum is numpy's sum over the contiguous last axis: a fixed pairwise order per row that
-    does not depend on the other rows (``tests/test_scoring.py`` checks the batch invariance).
-
-    Shape:
-        cand_logits: ``[..., K]``; rest_lse: ``[...]`` (broadcast) -> float32 ``[..., K]``.
-    """
+    """numpy :func:`log_normalize` (``rest_lse=None``: ``-inf``); numpy's sum over the contiguous last axis is a
+    fixed pairwise order per row (tests/test_scoring.py checks the batch invariance).
+    Shape: cand_logits ``[..., K]``; rest_lse ``[...]`` (broadcast) -> float32 ``[..., K]``."""
     z = np.asarray(cand_logits, dtype=np.float64)
     top = z.max(axis=-1, keepdims=True)
     with np.errstate(invalid="ignore"):  # NaN in, NaN out: the callers reject NaN / inf inputs themselves
@@ -208,8 +192,5 @@ def log_normalize_host(cand_logits: np.ndarray, rest_lse: np.ndarray | float | N
 
 def child_scores(parent_scores: Tensor, log_q: Tensor, beta: float) -> Tensor:
     """Scores of children: ``(parent + log_q) + beta`` in float32.
-
-    Shape:
-        parent_scores ``[..., m]``, log_q ``[..., m, K]`` -> ``[..., m, K]``.
-    """
+    Shape: parent_scores ``[..., m]``, log_q ``[..., m, K]`` -> ``[..., m, K]``."""
     return (parent_scores.float().unsqueeze(-1) + log_q) + beta

@@ -80,11 +80,8 @@ def _pair(name: str, out: Any, block: Any, tokens: Tensor, width: int | None,
 
 
 class TimedHead:
-    """Forwards to ``head``; ``seconds`` accumulates the wall time spent inside its calls.
-
-    ``sync``: on CUDA, bracket each call with ``torch.cuda.synchronize`` (the decoder's stage times);
-    ``False`` checks and counts the calls without synchronising (:func:`checked_head`).
-    """
+    """Forwards to ``head``; ``seconds`` accumulates the wall time spent inside its calls.  ``sync``: on CUDA,
+    bracket each call with ``torch.cuda.synchronize``; ``False`` only checks and counts (:func:`checked_head`)."""
 
     def __init__(self, head: Any, device: torch.device | str = "cpu", sync: bool = True) -> None:
         check_head(head)

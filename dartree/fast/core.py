@@ -52,12 +52,9 @@ class Supertree:
 
 
 def candidate_set(block: DraftBlock, topk: int, normalize: str) -> CandidateSet:
-    """``C_d`` and base log q of every depth of every row (one dispatched kernel).
-
-    ``log_q`` is recomputed from the kernel's exact outputs (gathered logits, ``rest_lse``) with
-    :func:`dartree.scoring.log_normalize`, the formula of the reference, so that tree scores do not
-    depend on the kernel's own (allclose) log-softmax.
-    """
+    """``C_d`` and base log q of every depth of every row (one dispatched kernel); log q is recomputed from
+    the kernel's exact outputs with the reference's :func:`dartree.scoring.log_normalize`, so tree scores do not
+    depend on the kernel's own (allclose) log-softmax."""
     x = block.logits
     # NaN / +inf never pass (-inf masks a token); read once, at the end of the build (dartree.fast.checks).
     checks.defer(torch.isnan(x).any() | (x == float("inf")).any(),
@@ -196,11 +193,8 @@ def _flatten(tree: Supertree) -> tuple[Tensor, Tensor, Tensor, Tensor]:
 
 
 def assemble(block: DraftBlock, tree: Supertree, budget: int | None, path: bool = False) -> DraftTree:
-    """The DraftTree of the best ``budget`` supertree nodes (all when None), sorted by the total order.
-
-    ``path`` says the supertree is a single chain (width 1 everywhere): then the total order is the
-    depth order (scores never increase along a path, ties put the prefix first) and no sort is needed.
-    """
+    """The DraftTree of the best ``budget`` supertree nodes (all when None), sorted by the total order;
+    ``path``: the supertree is one chain, whose depth order is the total order (no sort needed)."""
     parents, tokens, ranks, scores = _flatten(tree)
     b, total = scores.shape
     n_out = total if budget is None else min(budget, total)

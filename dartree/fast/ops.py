@@ -87,52 +87,36 @@ def builders(x: Tensor) -> ModuleType:
 
 
 def topk_candidates(logits: Tensor, topk: int, vocab_normalize: bool) -> CandidateSet:
-    """Top-K candidates per position with log q (see :func:`dartree.fast.twins.topk_candidates`).
-
-    Shape:
-        logits: float ``[b, gamma, V]``; ``1 <= topk <= V`` -> :class:`CandidateSet` ``[b, gamma, K]``.
-    """
+    """Top-K candidates per position with log q (:func:`dartree.fast.twins.topk_candidates`).
+    Shape: logits float ``[b, gamma, V]``; ``1 <= topk <= V`` -> :class:`CandidateSet` ``[b, gamma, K]``."""
     args = (logits, topk, vocab_normalize)
     return _impl(logits, "topk_candidates", *args).topk_candidates(*args)
 
 
 def depth_step(parent_scores: Tensor, log_q: Tensor, beta: float, width: int) -> DepthStep:
-    """Top-``width`` children of ``m`` lex-ordered branches (see :func:`dartree.fast.twins.depth_step`).
-
-    Shape:
-        parent_scores ``[b, m]``, log_q ``[b, m | 1, K]`` -> :class:`DepthStep` ``[b, width]``.
-    """
+    """Top-``width`` children of ``m`` lex-ordered branches (:func:`dartree.fast.twins.depth_step`).
+    Shape: parent_scores ``[b, m]``, log_q ``[b, m | 1, K]`` -> :class:`DepthStep` ``[b, width]``."""
     args = (parent_scores, log_q, beta, width)
     return _impl(parent_scores, "depth_step", *args).depth_step(*args)
 
 
 def top_b(scores: Tensor, budget: int) -> Tensor:
     """Positions of the best ``budget`` scores, best first, ties by position.
-
-    Shape:
-        scores: float32 ``[b, N]`` -> int64 ``[b, budget]``.
-    """
+    Shape: scores float32 ``[b, N]`` -> int64 ``[b, budget]``."""
     args = (scores, budget)
     return _impl(scores, "top_b", *args).top_b(*args)
 
 
 def tree_structure(parents: Tensor, num_nodes: Tensor, prefix_len: int | Tensor = 0) -> TreeStructure:
     """Ancestor mask, positions and links of a padded tree.
-
-    Shape:
-        parents ``[b, n]``, num_nodes ``[b]`` -> :class:`TreeStructure`.
-    """
+    Shape: parents ``[b, n]``, num_nodes ``[b]`` -> :class:`TreeStructure`."""
     args = (parents, num_nodes, prefix_len)
     return _impl(parents, "tree_structure", *args).tree_structure(*args)
 
 
 def ancestor_mask(parents: Tensor, num_nodes: Tensor) -> Tensor:
-    """The ancestor-or-self mask of a padded tree: the Triton tree-structure kernel on CUDA, the mask alone
-    (:func:`dartree.structure.ancestor_mask`) everywhere else.
-
-    Shape:
-        parents ``[b, n]``, num_nodes ``[b]`` -> bool ``[b, n, n]``.
-    """
+    """The ancestor-or-self mask of a padded tree: the Triton tree-structure kernel on CUDA, else
+    :func:`dartree.structure.ancestor_mask`.  Shape: parents ``[b, n]``, num_nodes ``[b]`` -> bool ``[b, n, n]``."""
     if backend(parents) == "triton":
         return tree_structure(parents, num_nodes).mask
     return structure.ancestor_mask(parents, num_nodes)
@@ -140,9 +124,6 @@ def ancestor_mask(parents: Tensor, num_nodes: Tensor) -> Tensor:
 
 def greedy_walk(tokens: Tensor, parents: Tensor, num_nodes: Tensor, picks: Tensor) -> GreedyWalk:
     """Greedy verification walk of a padded tree given the target's pick at each node.
-
-    Shape:
-        tokens, parents, picks ``[b, n]``, num_nodes ``[b]`` -> :class:`GreedyWalk`.
-    """
+    Shape: tokens, parents, picks ``[b, n]``, num_nodes ``[b]`` -> :class:`GreedyWalk`."""
     args = (tokens, parents, num_nodes, picks)
     return _impl(tokens, "greedy_walk", *args).greedy_walk(*args)
