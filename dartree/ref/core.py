@@ -81,10 +81,8 @@ def base_log_q(cands: Candidates, row: int, depth: int) -> Tensor:
 
 def head_log_q(head: CorrectionHead, block: DraftBlock, cands: Candidates, row: int, depth: int,
                states: Tensor) -> Tensor:
-    """float32 ``[m, K]``: corrected log q of ``C_depth`` after each of ``m`` branch states ``[m, S]``.
-
-    ``block`` is the one-row block of ``row``.
-    """
+    """float32 ``[m, K]``: corrected log q of ``C_depth`` after each of ``m`` branch states ``[m, S]``
+    (``block``: the one-row block of ``row``)."""
     cand = cands.tokens[row, depth - 1][None]  # [1, K]
     logits = head.logits(block, depth, states[None], cand)
     expected = (1, states.shape[0], cands.topk)
@@ -119,12 +117,9 @@ Quota = Callable[[int, int], int]  # (depth, nodes selected so far) -> how many 
 
 def depthwise(block: DraftBlock, row: int, cands: Candidates, head: CorrectionHead | None, quota: Quota,
               beta: float, trace: list[Tensor] | None = None) -> tuple[Node, list[Node]]:
-    """Depth-wise batched expansion of one row (DARTree's Algorithm 1; chains with quota 1).
-
-    At each depth all kept branches are scored in ONE head call, the best ``quota`` children are
-    kept under the total order, and their states advanced in ONE head call.  If ``trace`` is a
-    list, the ``[m, K]`` log q of each expanded depth is appended to it.
-    """
+    """Depth-wise batched expansion of one row (DARTree's Algorithm 1; chains with quota 1): per depth ONE head
+    call scores all kept branches, the best ``quota`` children are kept under the total order, and ONE call
+    advances their states.  ``trace``: a list the ``[m, K]`` log q of each expanded depth is appended to."""
     one = block.rows(row)
     root = Node(token=int(block.root[row]), score=0.0, rank_path=())
     frontier = [root]

@@ -140,12 +140,9 @@ def chi_square(counts: Mapping, law: Mapping, alpha: float) -> LawCheck:
 
 @torch.no_grad()
 def target_law(model, prompt: torch.Tensor, length: int, warp) -> dict[tuple[int, ...], float]:
-    """The exact law of the ``length`` tokens a causal LM samples after ``prompt`` under ``warp`` (a
-    :class:`~dartree.verify.warp.Warp`): every outcome of positive probability, by one batched forward per
-    position over every prefix (``V ** (length - 1)`` rows at the last one: keep the vocabulary tiny).
-
-    Shape: ``prompt`` int64 ``[L]`` or ``[1, L]``.
-    """
+    """The exact law of the ``length`` tokens a causal LM samples after ``prompt`` (int64 ``[L]`` or ``[1, L]``)
+    under ``warp``: every outcome of positive probability, one batched forward per position over every prefix
+    (``V ** (length - 1)`` rows at the last one: keep the vocabulary tiny)."""
     prompt = prompt.reshape(-1).cpu()
     law: dict[tuple[int, ...], float] = {(): 1.0}
     device = next(model.parameters()).device
@@ -182,15 +179,14 @@ def outcome_counts(decoder, prompt: torch.Tensor, length: int, draws: int, *, te
 
 
 def round_law(parents: list[int], target, proposal, step=None) -> dict[tuple[int, ...], float]:
-    """The exact law of the tokens one round of the rejection verifier commits (accepted drafts, then the bonus)
-    on a tree of shape ``parents`` (node 0 the root; a node's children in index order are its sibling order):
-    every draw without replacement of every node's children and every acceptance outcome, enumerated.
+    """The exact law of the tokens one round of the rejection verifier commits (accepted drafts, then the bonus) on
+    a tree of shape ``parents`` (children in index order are the sibling order), every draw without replacement
+    and every acceptance outcome enumerated; a node keeps ``min(children, tokens of positive q)`` children.
 
-    ``target(path)`` / ``proposal(path)``: float64 ``[V]`` numpy distributions at the node whose tokens below the
-    root are ``path`` (the target's warped ``p``; the ``q`` its children are drawn from).  ``step(r, s, x) ->
-    (accept, r_next, s_next)``: one sibling's test, the verifier's own
-    :func:`~dartree.verify.rejection.accept_step` by default (looked up at call time: a patched acceptance rule
-    is the one enumerated).  A node keeps ``min(children, tokens of positive q)`` children, as ``sample_tree``.
+    ``target(path)`` / ``proposal(path)``: float64 ``[V]`` numpy laws (``p``, and the ``q`` the children are drawn
+    from) at the node below the root whose tokens are ``path``.  ``step(r, s, x) -> (accept, r_next, s_next)``:
+    one sibling's test, by default the verifier's own ``accept_step`` looked up at call time (a patched rule is
+    the one enumerated).
     """
     import itertools
 
