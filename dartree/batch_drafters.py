@@ -39,9 +39,8 @@ def _check_counts(tokens: Tensor, counts: list[int], batch: int) -> None:
 
 
 def _row_copy(template):
-    """A deep copy of ``template`` that shares its ``nn.Module`` objects (the models: weights are read-only in
-    decoding and copying them would be gigabytes) and copies everything else, so that a drafter wrapping
-    another stateful drafter gets a wrapped drafter of its own (a shallow copy shared it across rows)."""
+    """A deep copy of ``template`` sharing its ``nn.Module`` objects (read-only weights, too big to copy), so that a
+    drafter wrapping another stateful drafter gets its own wrapped drafter (a shallow copy shared it across rows)."""
     memo: dict[int, object] = {}
     seen: set[int] = set()
 
@@ -66,11 +65,8 @@ def _row_copy(template):
 
 
 class RowsOfDrafters:
-    """One single-request drafter per row, each a deep copy of ``template`` reset at :meth:`start`.
-
-    Row r's blocks are exactly what ``template`` would draft for that row alone (its noise, its
-    cache, its context): batched decoding then takes the same rounds as ``generate``.
-    """
+    """One single-request drafter per row, each a deep copy of ``template`` reset at :meth:`start`: row r's blocks
+    are what ``template`` would draft for that row alone, so batched decoding takes the same rounds as ``generate``."""
 
     def __init__(self, template) -> None:
         check_drafter(template)
@@ -113,11 +109,10 @@ class RowsOfDrafters:
 class DFlashRows:
     """A :class:`DFlashDrafter` over a batch with per-row contexts, all rows in one forward.
 
-    Context keys/values live in right-padded per-layer buffers ``[b, kv, capacity, hd]``: row r's
-    ``lengths[r]`` entries first.  ``append_rows`` computes keys and values of the new entries at
-    positions ``lengths[r] + j`` and scatters them to slots ``lengths[r] + j``; ``draft_rows`` puts
-    row r's block at positions ``lengths[r] ..`` and masks each row's padding.  Equal to the
-    drafter's single-request :meth:`~DFlashDrafter.draft` for each row (up to float rounding).
+    Context keys/values live in right-padded per-layer buffers ``[b, kv, capacity, hd]`` (row r's ``lengths[r]``
+    entries first); ``append_rows`` scatters the new entries' keys/values to slots ``lengths[r] + j``,
+    ``draft_rows`` puts row r's block at positions ``lengths[r] ..`` and masks each row's padding.  Equal to the
+    single-request :meth:`~DFlashDrafter.draft` of each row up to float rounding.
     """
 
     def __init__(self, drafter: DFlashDrafter) -> None:

@@ -16,32 +16,23 @@ __all__ = ["DraftBlock", "check_finite", "check_logits", "check_not_meta"]
 
 
 def check_not_meta(name: str, x: Tensor) -> None:
-    """Raise ``ValueError`` if ``x`` is on the ``meta`` device: it has a shape but no values to read.
-
-    Meta blocks are accepted by :class:`DraftBlock` (shape-only tracing, e.g. the proof that a fast
-    build makes no host sync), so the checks that read values call this first and say so.
-    """
+    """Raise ``ValueError`` if ``x`` is on the ``meta`` device (a shape without values): meta blocks are accepted
+    for shape-only tracing, so the checks that read values call this first."""
     if x.device.type == "meta":
         raise ValueError(f"{name}: on the meta device (a tensor with a shape but no data); trees are built from "
                          f"real values: put the drafter's output and the inputs on cpu or an accelerator")
 
 
 def check_finite(name: str, x: Tensor) -> None:
-    """Raise ``ValueError`` if ``x`` holds NaN or +-inf.
-
-    This is a host-device synchronisation (one ``.item()``); callers run it once per round, on
-    purpose, so that a NaN from a drafter is reported instead of silently building a garbage tree.
-    """
+    """Raise ``ValueError`` if ``x`` holds NaN or +-inf: one host sync, once per round on purpose, so that a
+    drafter's NaN is reported instead of building a garbage tree."""
     check_not_meta(name, x)
     if not bool(torch.isfinite(x).all()):
         raise ValueError(f"{name}: must be finite (found NaN or inf)")
 
 
 def check_logits(name: str, x: Tensor) -> None:
-    """Raise ``ValueError`` if ``x`` holds NaN or ``+inf`` (``-inf`` masks a token and is allowed).
-
-    One host-device synchronisation (the reference builders run it once per build).
-    """
+    """Raise ``ValueError`` if ``x`` holds NaN or ``+inf`` (``-inf`` masks a token); one host sync."""
     if bool((torch.isnan(x) | (x == float("inf"))).any()):
         raise ValueError(f"{name}: must not hold NaN or +inf (-inf is allowed, to mask tokens)")
 

@@ -23,12 +23,8 @@ __all__ = ["Drafting", "BlockReuse"]
 
 
 class BlockReuse:
-    """A drafted block kept across rounds of one live row, and the head's state along the tokens committed
-    since its root.
-
-    ``block``: the kept block (``None``: the next round drafts); ``since``: tokens committed after its root;
-    the head's state after the root and the first ``folded`` of them is ``carry`` (made lazily).
-    """
+    """A drafted block kept across rounds of one live row (``None``: the next round drafts), the tokens committed
+    ``since`` its root, and ``carry``: the head's state after the root and the first ``folded`` of them (lazily)."""
 
     def __init__(self, head, depths: int) -> None:
         self.head, self.depths = head, depths
@@ -103,11 +99,10 @@ class Drafting:
     """The draft and build stages of a speculative engine (module docstring).
 
     Args:
-        drafter: the engine's batch drafter (``start``, ``draft_rows``, ...).
+        drafter: the engine's batch drafter.
         builder, head: the tree builder and the timed head proxy it is given (``None`` without).
-        verifier: the decode's verifier; one that redraws the tokens (:attr:`Verifier.redraws`) uses only a tree's
-            shape: a trusted Sequoia builder's static shape (:func:`dartree.builders.shape_of`), and with a head,
-            block reuse.
+        verifier: the decode's verifier; one that redraws the tokens uses only a tree's shape (a trusted Sequoia
+            builder's static shape, :func:`dartree.builders.shape_of`) and, with a head, block reuse.
     """
 
     def __init__(self, drafter, builder, head, verifier: Verifier) -> None:

@@ -47,11 +47,8 @@ def _log2(x: int) -> int:
 
 
 def _warps(network: int) -> int:
-    """Warps for a program that sorts ``network`` keys: about 2 keys per thread, 4..16 warps.
-
-    Few keys per thread keep the unrolled network small: ptxas spends minutes on 8 int64 keys per
-    thread (4 warps at 1024 keys) and seconds on 2.
-    """
+    """Warps for a program that sorts ``network`` keys: about 2 keys per thread, 4..16 warps (few keys per
+    thread keep the unrolled network small: ptxas spends minutes on 8 int64 keys per thread, seconds on 2)."""
     return max(4, min(16, network // 64))
 
 
@@ -109,11 +106,8 @@ def _launch(kernel, grid: tuple[int, ...], args: tuple, num_warps: int, **conste
 
 
 def supports(op: str, *args, **kwargs) -> bool:
-    """Whether the kernel of ``op`` is designed for these arguments (the op's own signature).
-
-    The wrappers raise a ValueError where this is False; :mod:`dartree.fast.ops` can send such calls
-    to the torch twin instead.
-    """
+    """Whether the kernel of ``op`` is designed for these arguments (the op's own signature); the wrappers
+    raise where it is not, and :mod:`dartree.fast.ops` sends such calls to the torch twin."""
     if op == "topk_candidates":
         logits, topk = args[0], args[1]
         return topk <= LIMITS["topk"] and logits.shape[-1] <= LIMITS["flat"]

@@ -163,10 +163,8 @@ Expand = Callable[[Node], list[Node]]  # a popped node -> all its children, scor
 
 
 def best_first(root: Node, expand: Expand, budget: int) -> list[Node]:
-    """Pop up to ``budget`` draft nodes in the total order from a max-heap (Lemma 1's search).
-
-    ``expand`` is called once per popped node (the root included) and returns its children.
-    """
+    """Pop up to ``budget`` draft nodes in the total order from a max-heap (Lemma 1's search); ``expand`` is
+    called once per popped node (the root included) and returns its children."""
     heap: list[tuple[tuple[float, tuple[int, ...]], int, Node]] = []
     counter = 0  # never compared in practice (keys are unique); keeps heapq off Node objects
 
