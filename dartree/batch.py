@@ -48,13 +48,9 @@ def generate_ar_batch(
     min_p: float | None = None,
     sampling: Sampling | None = None,
 ) -> list[GenerationResult]:
-    """Batched autoregressive baseline: one causal step for every live row per forward.
-
-    Same contract as :func:`dartree.decode.generate_ar` for each prompt (ragged lengths; rows leave
-    the batch when they finish); the token at absolute position p is drawn by
-    ``sampler.sample(logits / temperature, p)``, so each row equals ``generate_ar`` on that prompt.
-    ``sampling``: a :class:`~dartree.Sampling` instead of the sampling keywords, as in ``generate_ar``.
-    """
+    """Batched autoregressive baseline: one causal step for every live row per forward, each row equal to
+    :func:`dartree.decode.generate_ar` on its prompt (ragged lengths; finished rows leave the batch).
+    ``sampling``: as in ``generate_ar``."""
     if not isinstance(target, HFTarget):
         target = as_target(target, ())
     reqs = check_requests(target, prompts, max_new_tokens, temperature, sampler, stop_token_ids,

@@ -38,10 +38,9 @@ class SpeculativeDecoder:
     """Draft-tree speculative decoding: draft a block, build a tree, verify it in one forward, commit.
 
     Args:
-        target: an :class:`~dartree.models.target.HFTarget` (its ``layer_ids`` must equal the drafter's
-            ``target_layer_ids``) or a transformers causal LM (wrapped with those layer ids).
-        drafter: follows the :class:`Drafter` protocol.
-        builder: a ``TreeBuilder`` (``dartree.make_builder(...)``).
+        target: an :class:`~dartree.models.target.HFTarget` whose ``layer_ids`` are the drafter's
+            ``target_layer_ids``, or a transformers causal LM (wrapped with them).
+        drafter: a :class:`Drafter`; builder: a ``TreeBuilder`` (``dartree.make_builder(...)``);
         head: the correction head, required iff ``builder.needs_head``.
     """
 
@@ -138,12 +137,9 @@ class SpeculativeDecoder:
         verifier: str | None = None,
         sampling: Sampling | None = None,
     ) -> list[GenerationResult]:
-        """Decode several prompts of any lengths together, all live rows per round; one result per prompt.
-
-        Same arguments as :meth:`generate`, with ``prompts`` a sequence of integer ``[L]`` or ``[1, L]``
-        tensors of any lengths; one result per prompt, in order.  Each row equals :meth:`generate` on
-        that prompt alone (T=0, and T>0 with a ``KeyedSampler``).
-        """
+        """Decode several prompts (integer ``[L]`` or ``[1, L]`` tensors of any lengths) together, all live rows per
+        round; one result per prompt, in order, each equal to :meth:`generate` on that prompt alone (T=0, and T>0
+        with a ``KeyedSampler``).  Otherwise :meth:`generate`'s arguments."""
         reqs = check_requests(self.target, prompts, max_new_tokens, temperature, sampler, stop_token_ids,
                               top_k=top_k, top_p=top_p, min_p=min_p, verifier=verifier, sampling=sampling)
         engine = self.engine(reqs[0])

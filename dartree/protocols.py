@@ -25,13 +25,8 @@ __all__ = ["Drafter", "BatchDrafter", "CorrectionHead", "Sampler", "DRAFTER_MEMB
 @runtime_checkable
 class Drafter(Protocol):
     """A block drafter driven by :class:`~dartree.decode.SpeculativeDecoder`: ``reset()`` at a new request,
-    ``append_context`` with the target's hidden states and the committed tokens, ``draft(root)`` a block.
-
-    Shape:
-        append_context: hidden_states float ``[b, m, len(target_layer_ids) * H]`` or ``None``,
-                        tokens int64 ``[b, m]``.
-        draft:          root int64 ``[b]`` -> DraftBlock with logits ``[b, gamma, V]``.
-    """
+    ``append_context(hidden_states [b, m, len(target_layer_ids) * H] or None, tokens int64 [b, m])`` with what
+    the target committed, ``draft(root int64 [b])`` -> a DraftBlock with logits ``[b, gamma, V]``."""
 
     target_layer_ids: tuple[int, ...]
 
@@ -97,13 +92,8 @@ class CorrectionHead(Protocol):
 
 @runtime_checkable
 class Sampler(Protocol):
-    """Draws one token per row of temperature-scaled logits.
-
-    Shape:
-        logits:    float ``[..., V]`` already divided by the temperature.
-        positions: int64 ``[...]`` absolute position of the token being drawn.
-        returns:   int64 ``[...]``.
-    """
+    """Draws one token per row: ``sample(logits [..., V] already divided by the temperature, positions int64
+    [...] of the tokens drawn) -> int64 [...]``."""
 
     def sample(self, logits: Tensor, positions: Tensor) -> Tensor: ...
 

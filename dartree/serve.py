@@ -63,13 +63,9 @@ def serve(
     verifier: str | None = None,
     sampling: Sampling | None = None,
 ) -> ServeResult:
-    """Decode ``prompts`` with at most ``concurrency`` in flight; see the module docstring.
-
-    ``decoder``: a :class:`SpeculativeDecoder` (speculative rounds) or an ``HFTarget`` / causal LM
-    (the batched AR baseline).  ``on_finish(index, result)`` is called as each request completes
-    (for a progress bar).  ``sampling``: a :class:`~dartree.Sampling` instead of the sampling keywords, as in
-    :meth:`SpeculativeDecoder.generate`.
-    """
+    """Decode ``prompts`` with at most ``concurrency`` in flight (module docstring).  ``decoder``: a
+    :class:`SpeculativeDecoder`, or an ``HFTarget`` / causal LM (the batched AR baseline); ``on_finish(index,
+    result)`` is called as each request completes; ``sampling``: as in :meth:`SpeculativeDecoder.generate`."""
     check_int("concurrency", concurrency)
     target = decoder.target if isinstance(decoder, SpeculativeDecoder) else \
         decoder if isinstance(decoder, HFTarget) else as_target(decoder, ())

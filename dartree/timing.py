@@ -121,9 +121,8 @@ class TimedHead:
         return out
 
     def prepare_block(self, block: Any, candidates: Tensor) -> _TimedSteps | None:
-        """The head's optional ``prepare_block`` (timed, not counted as a call), its result wrapped so
-        that each of its calls is timed, counted and checked; ``None`` when the head has none or
-        declines (the builder then makes the protocol calls)."""
+        """The head's optional ``prepare_block`` (timed, not counted), its result wrapped so that each of its calls
+        is timed, counted and checked; ``None`` when the head has none or declines."""
         prepare = head_method(self.head, "prepare_block")
         if prepare is None:
             return None
@@ -148,17 +147,14 @@ class TimedHead:
         return out
 
     def _own(self, x: Tensor) -> Tensor:
-        """What the head is handed as ``states``, ``tokens`` or ``candidates``: the builder's tensor for
-        dartree's own heads, a copy for any other, so that a head editing its argument in place cannot
-        change what the builder keeps (states of other branches, the tokens of the tree, the candidate
-        lists: such an edit changed the tree, and on the fast backend made a trusted builder's tree
-        break the decoder's contract)."""
+        """``states``, ``tokens`` or ``candidates`` as the head gets them: the builder's tensor for dartree's own heads,
+        a copy for any other, so that a head editing its argument in place cannot change what the builder keeps (it
+        changed the tree, and made a trusted fast builder's tree break the decoder's contract)."""
         return x if self._trusted else x.clone()
 
     def _own_block(self, block: Any) -> Any:
-        """``block`` for dartree's own heads; for any other, one copy per block (made at its first call),
-        so that a head editing the drafter's logits or hidden states in place changes neither the tree
-        nor the block the decoder holds."""
+        """``block`` for dartree's own heads; for any other, one copy per block, so that a head editing the drafter's
+        logits or hidden states in place changes neither the tree nor the decoder's block."""
         if self._trusted or not isinstance(block, DraftBlock):
             return block
         if self._block_source is not block:

@@ -29,11 +29,8 @@ _FROM: dict[tuple, int | None] = {}
 
 
 def exact_from(in_features: int, out_features: int, dtype: torch.dtype, bias: bool = False) -> int | None:
-    """Smallest row count from which the K-major product equals ``F.linear`` bit for bit on this CPU
-    (every probed count from there on agrees), or ``None`` if the largest probed count does not.
-
-    The probe multiplies seeded random data once per shape and dtype (cached for the process).
-    """
+    """Smallest row count from which the K-major product equals ``F.linear`` bit for bit on this CPU (every
+    probed count from there on agrees), or ``None``; probed once per shape and dtype with seeded data."""
     key = (in_features, out_features, dtype, bias)
     if key in _FROM:
         return _FROM[key]
@@ -117,13 +114,9 @@ def kmajor_copy(weight: Tensor) -> Tensor:
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, copy: bool = True) -> Tensor:
-    """``F.linear(x, weight, bias)``, bit for bit; on the CPU from the K-major copy of ``weight``
-    (:func:`kmajor_copy`) when ``x`` has enough rows for that product to give the same bits
-    (:func:`exact_from`).  ``copy=False``, and anything autograd tracks, is plain ``F.linear``.
-
-    Shape:
-        x: ``[..., in]``; weight: ``[out, in]``; bias: ``[out]`` -> ``[..., out]``.
-    """
+    """``F.linear(x, weight, bias)`` bit for bit; on the CPU from the K-major copy (:func:`kmajor_copy`) when ``x``
+    has enough rows for the same bits (:func:`exact_from`).  ``copy=False``, or autograd, is plain ``F.linear``.
+    Shape: x ``[..., in]``; weight ``[out, in]``; bias ``[out]`` -> ``[..., out]``."""
     if not copy or x.device.type != "cpu" or x.dtype != weight.dtype or (
             torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad)):
         return F.linear(x, weight, bias)

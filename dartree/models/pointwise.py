@@ -29,13 +29,9 @@ def _constants(eps: float, n: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
 
 
 def rms_norm(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
-    """``torch.rms_norm(x, (x.shape[-1],), None, eps) * weight`` bit for bit (``weight`` broadcast over the
-    last dims, e.g. ``[D]`` or per-head ``[heads, D]``; ``None``: no scale); with a 1-D ``weight`` also
-    ``torch.rms_norm(x, (D,), weight, eps)``.
-
-    perf: float32 on the CPU, ATen's composite by hand in six ops (the module docstring); elsewhere
-    torch's own call (CUDA's fused kernel was not compared).  Without autograd only (in-place steps).
-    """
+    """``torch.rms_norm(x, (x.shape[-1],), None, eps) * weight`` bit for bit (``weight`` broadcast over the last
+    dims, e.g. per-head ``[heads, D]``; ``None``: no scale); with a 1-D ``weight`` also ``torch.rms_norm(x, (D,),
+    weight, eps)``.  perf: float32 on the CPU, ATen's composite by hand; elsewhere torch's own call.  No autograd."""
     if x.dtype != torch.float32 or x.device.type != "cpu" or torch.is_grad_enabled() and (
             x.requires_grad or weight is not None and weight.requires_grad):
         if weight is not None and weight.dim() == 1:
