@@ -106,12 +106,8 @@ def distinct(launches: Iterable[Launch]) -> list[Launch]:
 
 
 def largest_launches() -> list[Launch]:
-    """The launches of the largest sizes the fast path supports, recorded on ``meta`` tensors (nothing runs).
-
-    Batch 32, gamma 32, vocabulary 262144 (fp32, bf16 and fp16 logits), K = LIMITS["topk"], widths and
-    budgets at their limits, ``m * K`` = 256 * 512 children, 8192 supertree nodes, trees of 257 nodes
-    (B = 256) and of LIMITS["nodes"]; plus the chain's width 1.
-    """
+    """The launches of the largest sizes the fast path supports, recorded on ``meta`` tensors (nothing runs):
+    batch 32, gamma 32, vocabulary 262144 (fp32, bf16, fp16), every limit of ``LIMITS``, and the chain's width 1."""
     tk, lim, meta = triton_kernels, triton_kernels.LIMITS, torch.device("meta")
     b, gamma, vocab = 32, 32, 262144
 
@@ -134,11 +130,8 @@ def largest_launches() -> list[Launch]:
 
 def compile_all(launches: list[Launch], archs: Iterable[int] = ARCHS,
                 workers: int | None = None) -> list[tuple[Launch, Compiled]]:
-    """Compile every launch for every arch in ``workers`` subprocesses (default: up to 4, one per core),
-    without TRITON_INTERPRET.
-
-    Raises RuntimeError with the compiler's message on the first failure (or if ptxas is missing).
-    """
+    """Compile every launch for every arch in ``workers`` subprocesses (default: up to 4) without
+    TRITON_INTERPRET; RuntimeError with the compiler's message on the first failure (or without ptxas)."""
     jobs = [(launch, arch) for launch in launches for arch in archs]
     workers = workers or min(4, os.cpu_count() or 1)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
