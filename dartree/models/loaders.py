@@ -29,15 +29,8 @@ from dartree.models.drafter import (
 from dartree.models.heads import GRUHead, MarkovHead
 from dartree.models.writers import save_drafter, save_gru_head, save_markov_head
 
-__all__ = [
-    "load_drafter",
-    "load_target",
-    "load_head",
-    "save_drafter",
-    "save_gru_head",
-    "save_markov_head",
-    "DOMINO_PROJECTORS",
-]
+__all__ = ["load_drafter", "load_target", "load_head", "save_drafter", "save_gru_head", "save_markov_head",
+           "DOMINO_PROJECTORS"]
 
 DOMINO_PROJECTORS = ("domino", "causal_v5")
 _GRU_PREFIXES = ("prefix_gru.", "embed_proj.", "bias_norm.", "bias_gate.")

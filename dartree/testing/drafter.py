@@ -25,17 +25,9 @@ class OracleDrafter:
     (greedy, or with a :class:`KeyedSampler` at ``temperature``: exactly what speculative sampling will draw) and
     ranks ``c_d`` at depth d first with probability ``1 - demote - drop``, second (after a random wrong token:
     a chain misses it, two candidates per depth still accept it) with probability ``demote``, and last with
-    probability ``drop`` (no builder with ``topk < V`` proposes it).  Other tokens get random logits from a CPU
-    generator re-seeded by ``reset`` (reproducible, device independent).  Batch 1 only.
-
-    Args:
-        model: the target's HF causal LM (the drafter keeps its own KV cache for it).
-        gamma: block length, ``>= 1``.
-        demote, drop: probabilities in ``[0, 1]`` with ``demote + drop <= 1``.
-        seed: seed of the noise.
-        temperature, sampler: how the continuation is chosen (``sampler``: ``None`` or a ``KeyedSampler``).
-        target_layer_ids: layers whose hidden states it asks for, recorded in ``context_hidden`` for tests.
-        margin: logit gap between the ranked tokens and the random ones.
+    probability ``drop`` (no builder with ``topk < V`` proposes it).  Other tokens get random logits, ``margin``
+    below, from a CPU generator re-seeded by ``reset``.  Batch 1 only.  ``target_layer_ids``: layers whose hidden
+    states it asks for, recorded in ``context_hidden`` for tests.
     """
 
     def __init__(
