@@ -50,8 +50,7 @@ KEPT_DECODERS = 4
 
 def _decoder(model, drafter, builder, head) -> SpeculativeDecoder:
     """One decoder per (model, drafter, builder, head) among the :data:`KEPT_DECODERS` most recent, kept on the
-    model: the lean forward's probe, the target's buffers and the drafter's state are made once, not per
-    ``generate`` call."""
+    model, so the lean forward's probe, the target's buffers and the drafter's state are made once."""
     cache: OrderedDict = model.__dict__.setdefault("_dartree_decoders", OrderedDict())
     key = (id(drafter), id(builder), id(head))
     found = cache.get(key)

@@ -28,9 +28,8 @@ _SOURCE = Path(__file__).resolve().parent / "_native.c"
 
 
 def stale(module=_module) -> bool:
-    """Whether ``module`` was built from another version of ``dartree/_native.c`` than the one beside
-    this file (a source tree edited or pulled without ``pip install -e .``).  An installed wheel ships
-    no C source: nothing to compare, not stale."""
+    """Whether ``module`` was built from another ``dartree/_native.c`` than the one beside this file (edited
+    or pulled without ``pip install -e .``); an installed wheel ships no C source: not stale."""
     if module is None or not _SOURCE.is_file():
         return False
     return getattr(module, "SOURCE", None) != hashlib.sha256(_SOURCE.read_bytes()).hexdigest()[:16]

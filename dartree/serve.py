@@ -1,11 +1,9 @@
 """Serve a list of prompts with ``concurrency`` requests in flight (continuous batching).
 
-``serve(decoder, prompts, concurrency, ...)`` admits the first ``concurrency`` prompts, then runs
-batched rounds of :class:`dartree.engine.Engine` (speculative, or the AR baseline when given a
-target instead of a :class:`~dartree.decode.SpeculativeDecoder`); whenever rows finish, the next
-prompts take their slots (prefilled and added to the batch before the next round).  Each request's
-tokens equal what it would get alone.  ``ServeResult.tokens_per_s`` is the aggregate completion
-throughput: all new tokens over the wall time of the whole run, prefills included.
+``serve(decoder, prompts, concurrency, ...)`` runs batched rounds of :class:`dartree.engine.Engine`
+(speculative, or the AR baseline given a target); whenever rows finish, the next prompts take their slots
+before the next round.  Each request's tokens equal what it would get alone.  ``ServeResult.tokens_per_s``:
+all new tokens over the wall time of the whole run, prefills included.
 """
 
 from __future__ import annotations

@@ -37,10 +37,9 @@ PROBE_SLOTS = 45
 
 
 def _probe_equal(model: nn.Module, lean: LeanForward, capacity: int | None) -> str | None:
-    """Run the model and ``lean`` on the same inputs and caches (a static one of ``capacity`` slots, or
-    dynamic when ``None``): a 24-token prefill, 16 tokens under a tree-like mask, one token as an AR
-    step, then 4 causal tokens; compare every hidden state and logit bit for bit.  The reason they
-    differ, or ``None``."""
+    """Run the model and ``lean`` on the same inputs and caches (static of ``capacity`` slots, or dynamic): a
+    prefill, a tree-masked forward, an AR step and a causal extend, every hidden state and logit compared bit
+    for bit.  The reason they differ, or ``None``."""
     config = model.config
     text = config.get_text_config(decoder=True)
     vocab, layers = int(text.vocab_size), int(text.num_hidden_layers)
@@ -82,9 +81,8 @@ def _probe_equal(model: nn.Module, lean: LeanForward, capacity: int | None) -> s
 
 
 def _lean_for(model: nn.Module, capacity: int | None) -> tuple[LeanForward | None, str | None]:
-    """The probed :class:`LeanForward` of ``model`` with a dynamic cache (``capacity=None``) or a static
-    one of ``capacity`` slots (cached per model, attention implementation, capacity, dtype and device:
-    a model cast or moved after a probe is probed again)."""
+    """The probed :class:`LeanForward` of ``model`` for a dynamic cache (``capacity=None``) or a static one,
+    cached per model, attention implementation, capacity, dtype and device (a cast or move is probed again)."""
     param = next(model.parameters())
     key = (model.config._attn_implementation, capacity, param.dtype, param.device)
     per_model = _LEAN.setdefault(model, {})
