@@ -95,17 +95,14 @@ class SpeculativeDecoder:
         verifier: str | None = None,
         sampling: Sampling | None = None,
     ) -> GenerationResult:
-        """Decode ``max_new_tokens`` tokens (fewer if a stop token is committed) after ``input_ids``.
+        """Decode ``max_new_tokens`` tokens (fewer if a stop token is committed) after ``input_ids`` (integer ``[L]``
+        or ``[1, L]``).
 
-        ``temperature == 0`` is greedy; ``> 0`` samples with ``sampler`` (default: ``GeneratorSampler()``).  Output
-        is lossless: greedy equals the target's greedy decoding; sampled output follows the target's distribution,
-        and with a ``KeyedSampler`` equals :func:`generate_ar` with the same sampler token for token.
-        ``on_round(stats, tokens)`` gets the first token after the prefill (``stats`` ``None``), then each round's
-        statistics and committed tokens (for streaming).  ``sampling``: a :class:`~dartree.Sampling` holding the
-        sampling keywords at once (not with them).
-
-        Shape:
-            input_ids: integer ``[L]`` or ``[1, L]``, ``L >= 1``.
+        ``temperature == 0`` is greedy; ``> 0`` samples with ``sampler`` (default: ``GeneratorSampler()``).  Lossless:
+        greedy equals the target's greedy decoding; sampled output follows the target's distribution, and with a
+        ``KeyedSampler`` equals :func:`generate_ar` token for token.  ``on_round(stats, tokens)`` gets the first
+        token (``stats`` ``None``), then each round's statistics and tokens.  ``sampling``: a
+        :class:`~dartree.Sampling` holding the sampling keywords at once (not with them).
         """
         req = check_request(self.target, input_ids, max_new_tokens, temperature, sampler, stop_token_ids,
                             top_k=top_k, top_p=top_p, min_p=min_p, verifier=verifier, sampling=sampling)

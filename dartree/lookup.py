@@ -21,10 +21,8 @@ __all__ = ["PromptLookupDrafter"]
 
 
 class PromptLookupDrafter:
-    """Prompt lookup as a block drafter (module docstring).
-
-    Shape: ``draft(root)``: root int64 ``[1]`` -> logits ``[1, gamma, vocab_size]``.
-    """
+    """Prompt lookup as a block drafter (module docstring): ``draft(root int64 [1])`` -> logits
+    ``[1, gamma, vocab_size]``."""
 
     target_layer_ids: tuple[int, ...] = ()
 

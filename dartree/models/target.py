@@ -359,14 +359,9 @@ class HFTarget:
 
     @torch.no_grad()
     def prefill(self, input_ids: Tensor | list[Tensor], logits: str = "all") -> TargetOutput:
-        """Reset the cache and run the prompt rows causally.
-
-        ``input_ids``: int64 ``[b, m]``, or a list of 1-D contexts of any lengths (right-padded in the cache and in
-        the outputs).  ``logits="last"`` runs the LM head on each row's last position only (``logits_to_keep``, as
-        the references prefill), ``"all"`` on every position.
-
-        Shape:
-            input_ids: int64 ``[b, m]`` -> logits ``[b, m, V]`` (``[b, 1, V]`` for ``"last"``).
+        """Reset the cache and run the prompt rows causally: ``input_ids`` int64 ``[b, m]``, or a list of 1-D
+        contexts of any lengths (right-padded in the cache and the outputs).  ``logits="last"``: the LM head on each
+        row's last position only (``logits_to_keep``, as the references prefill; ``[b, 1, V]``), ``"all"``: every one.
         """
         if logits not in ("all", "last"):
             raise ValueError(f"logits: expected 'all' or 'last', got {logits!r}")
@@ -511,14 +506,9 @@ class HFTarget:
 
     @torch.no_grad()
     def commit(self, accepted: Tensor, count: int | list[int], host_nodes: list[int] | None = None) -> None:
-        """Keep, per row, the committed prefix plus the first ``count`` (or ``count[r]``) accepted pending slots.
-
-        ``host_nodes``: ``accepted[0, :count]`` as a list (batch 1), when the caller has it: nodes already in
-        place are not copied (``compact_tail``).
-
-        Shape:
-            accepted: int64 ``[b, c]`` pending slot indices (-1 past a row's count is fine), ``c >= max(count)``.
-        """
+        """Keep, per row, the committed prefix plus the first ``count`` (or ``count[r]``) accepted pending slots:
+        ``accepted`` int64 ``[b, c]`` pending slot indices (-1 past a row's count is fine), ``c >= max(count)``.
+        ``host_nodes``: ``accepted[0, :count]`` as a list (batch 1): nodes already in place are not copied."""
         if self._pending is None:
             raise ValueError("accepted: no forward is pending")
         b, pending = len(self._lengths), self._pending

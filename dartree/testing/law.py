@@ -161,8 +161,8 @@ def target_law(model, prompt: torch.Tensor, length: int, warp) -> dict[tuple[int
 def outcome_counts(decoder, prompt: torch.Tensor, length: int, draws: int, *, temperature: float = 1.0,
                    seed: int = 0, rows: int = 1000, **options) -> dict[tuple[int, ...], int]:
     """How often each ``length``-token output came out of ``draws`` seeded decodes of ``prompt``: batches of
-    ``rows`` copies through ``decoder.generate_batch`` (rows are independent requests), one
-    ``torch.Generator`` seeded ``seed``; ``options``: ``generate_batch``'s (``verifier``, ``top_k``, ...)."""
+    ``rows`` independent copies through ``decoder.generate_batch`` (``options``: its keywords), one seeded
+    ``torch.Generator``."""
     from dartree.verify import GeneratorSampler
 
     sampler = GeneratorSampler(torch.Generator().manual_seed(seed))
