@@ -7,7 +7,7 @@ import operator
 import numpy as np
 import torch
 
-__all__ = ["index_arg", "plain_scalar"]
+__all__ = ["check_int", "index_arg", "plain_scalar"]
 
 
 def plain_scalar(value: object) -> object:
@@ -28,3 +28,13 @@ def index_arg(name: str, value: object) -> int:
         return operator.index(value)
     except TypeError:
         raise ValueError(f"{name}: expected an integer, got {type(value).__name__} {value!r}") from None
+
+
+def check_int(name: str, value: object, low: int = 1, high: int | None = None, optional: bool = False) -> None:
+    """``ValueError`` naming ``name`` unless ``value`` is a Python int (never a bool) in ``[low, high]``
+    (``optional``: or ``None``): the one message of the library's integer arguments."""
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+        span = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise ValueError(f"{name}: expected an int {span}{' or None' if optional else ''}, got {value!r}")

@@ -1,13 +1,8 @@
-"""Batched decoding entry points: many prompts in flight, one forward per round.
-
-The round is :class:`dartree.engine.Engine`'s (every live row at once: one batched draft, one
-:class:`~dartree.tree.DraftTree` for all rows, one target forward, per-row commits; rows accept
-different lengths and leave the batch when they finish).  :meth:`SpeculativeDecoder.generate_batch`
-decodes speculatively; :func:`generate_ar_batch` is the autoregressive baseline on the same engine (one
-causal step for every live row per forward).  Each row equals what it would get alone; the tests check it.
-Per-row ``RoundStats`` carry the round's wall times (shared by every row in that round): sum a row's
-rounds for its latency, the rounds of the longest row for the batch's wall time.
-"""
+"""Batched decoding entry points: many prompts in flight, one forward per round of :class:`dartree.engine.Engine`
+(one batched draft, one tree for all rows, one target forward, per-row commits; finished rows leave).
+:meth:`SpeculativeDecoder.generate_batch` decodes speculatively, :func:`generate_ar_batch` is the AR baseline;
+each row equals what it would get alone.  Per-row ``RoundStats`` carry the round's (shared) wall times: sum a
+row's rounds for its latency, the longest row's for the batch's wall time."""
 
 from __future__ import annotations
 
@@ -48,13 +43,9 @@ def generate_ar_batch(
     min_p: float | None = None,
     sampling: Sampling | None = None,
 ) -> list[GenerationResult]:
-    """Batched autoregressive baseline: one causal step for every live row per forward.
-
-    Same contract as :func:`dartree.decode.generate_ar` for each prompt (ragged lengths; rows leave
-    the batch when they finish); the token at absolute position p is drawn by
-    ``sampler.sample(logits / temperature, p)``, so each row equals ``generate_ar`` on that prompt.
-    ``sampling``: a :class:`~dartree.Sampling` instead of the sampling keywords, as in ``generate_ar``.
-    """
+    """Batched autoregressive baseline: one causal step for every live row per forward, each row equal to
+    :func:`dartree.decode.generate_ar` on its prompt (ragged lengths; finished rows leave the batch).
+    ``sampling``: as in ``generate_ar``."""
     if not isinstance(target, HFTarget):
         target = as_target(target, ())
     reqs = check_requests(target, prompts, max_new_tokens, temperature, sampler, stop_token_ids,

@@ -1,7 +1,6 @@
-"""Drafters with per-row contexts, for batched decoding (:func:`dartree.batch.generate_batch`).
+"""Drafters with per-row contexts, for batched decoding (:meth:`dartree.decode.SpeculativeDecoder.generate_batch`).
 
-A batch drafter keeps one context per row; rows grow by different amounts every round and leave the
-batch when they finish::
+A batch drafter keeps one context per row; rows grow by different amounts and leave when they finish::
 
     start(b)                                  # b empty rows
     append_rows(hidden, tokens, counts)       # row r gains tokens[r, :counts[r]] (hidden likewise)
@@ -9,15 +8,10 @@ batch when they finish::
     keep_rows(rows)                           # the listed rows stay, in that order
     add_rows(hidden, tokens, counts)          # new rows after the current ones, with these contexts
 
-``hidden`` is ``[b, m, F]`` (or ``None`` when ``target_layer_ids`` is empty) and ``tokens``
-``[b, m]``, right-padded: entries past ``counts[r]`` are padding and must be ignored.  The
-contract per row is the single-request drafter protocol of :mod:`dartree.decode`.
-
-:func:`batch_drafter` adapts the drafters of this package: :class:`DFlashRows` runs a
-:class:`~dartree.models.drafter.DFlashDrafter` on the whole batch at once (right-padded per-row
-context keys/values, per-row positions and masks); :class:`RowsOfDrafters` runs one single-request
-drafter per row (used for :class:`~dartree.testing.OracleDrafter`, whose rows are then exactly its
-single-request runs).  Any object that already has the four methods is used as is.
+``hidden`` ``[b, m, F]`` (``None`` without ``target_layer_ids``) and ``tokens`` ``[b, m]`` are right-padded
+past ``counts[r]``.  :func:`batch_drafter` adapts this package's drafters: :class:`DFlashRows` runs a
+``DFlashDrafter`` on the whole batch; :class:`RowsOfDrafters` one single-request drafter per row (e.g.
+``OracleDrafter``).  An object that already has these methods is used as is.
 """
 
 from __future__ import annotations
@@ -45,9 +39,8 @@ def _check_counts(tokens: Tensor, counts: list[int], batch: int) -> None:
 
 
 def _row_copy(template):
-    """A deep copy of ``template`` that shares its ``nn.Module`` objects (the models: weights are read-only in
-    decoding and copying them would be gigabytes) and copies everything else, so that a drafter wrapping
-    another stateful drafter gets a wrapped drafter of its own (a shallow copy shared it across rows)."""
+    """A deep copy of ``template`` sharing its ``nn.Module`` objects (read-only weights, too big to copy), so that a
+    drafter wrapping another stateful drafter gets its own wrapped drafter (a shallow copy shared it across rows)."""
     memo: dict[int, object] = {}
     seen: set[int] = set()
 
@@ -72,11 +65,8 @@ def _row_copy(template):
 
 
 class RowsOfDrafters:
-    """One single-request drafter per row, each a deep copy of ``template`` reset at :meth:`start`.
-
-    Row r's blocks are exactly what ``template`` would draft for that row alone (its noise, its
-    cache, its context): batched decoding then takes the same rounds as ``generate``.
-    """
+    """One single-request drafter per row, each a deep copy of ``template`` reset at :meth:`start`: row r's blocks
+    are what ``template`` would draft for that row alone, so batched decoding takes the same rounds as ``generate``."""
 
     def __init__(self, template) -> None:
         check_drafter(template)
@@ -119,11 +109,10 @@ class RowsOfDrafters:
 class DFlashRows:
     """A :class:`DFlashDrafter` over a batch with per-row contexts, all rows in one forward.
 
-    Context keys/values live in right-padded per-layer buffers ``[b, kv, capacity, hd]``: row r's
-    ``lengths[r]`` entries first.  ``append_rows`` computes keys and values of the new entries at
-    positions ``lengths[r] + j`` and scatters them to slots ``lengths[r] + j``; ``draft_rows`` puts
-    row r's block at positions ``lengths[r] ..`` and masks each row's padding.  Equal to the
-    drafter's single-request :meth:`~DFlashDrafter.draft` for each row (up to float rounding).
+    Context keys/values live in right-padded per-layer buffers ``[b, kv, capacity, hd]`` (row r's ``lengths[r]``
+    entries first); ``append_rows`` scatters the new entries' keys/values to slots ``lengths[r] + j``,
+    ``draft_rows`` puts row r's block at positions ``lengths[r] ..`` and masks each row's padding.  Equal to the
+    single-request :meth:`~DFlashDrafter.draft` of each row up to float rounding.
     """
 
     def __init__(self, drafter: DFlashDrafter) -> None:

@@ -16,32 +16,23 @@ __all__ = ["DraftBlock", "check_finite", "check_logits", "check_not_meta"]
 
 
 def check_not_meta(name: str, x: Tensor) -> None:
-    """Raise ``ValueError`` if ``x`` is on the ``meta`` device: it has a shape but no values to read.
-
-    Meta blocks are accepted by :class:`DraftBlock` (shape-only tracing, e.g. the proof that a fast
-    build makes no host sync), so the checks that read values call this first and say so.
-    """
+    """Raise ``ValueError`` if ``x`` is on the ``meta`` device (a shape without values): meta blocks are accepted
+    for shape-only tracing, so the checks that read values call this first."""
     if x.device.type == "meta":
         raise ValueError(f"{name}: on the meta device (a tensor with a shape but no data); trees are built from "
                          f"real values: put the drafter's output and the inputs on cpu or an accelerator")
 
 
 def check_finite(name: str, x: Tensor) -> None:
-    """Raise ``ValueError`` if ``x`` holds NaN or +-inf.
-
-    This is a host-device synchronisation (one ``.item()``); callers run it once per round, on
-    purpose, so that a NaN from a drafter is reported instead of silently building a garbage tree.
-    """
+    """Raise ``ValueError`` if ``x`` holds NaN or +-inf: one host sync, once per round on purpose, so that a
+    drafter's NaN is reported instead of building a garbage tree."""
     check_not_meta(name, x)
     if not bool(torch.isfinite(x).all()):
         raise ValueError(f"{name}: must be finite (found NaN or inf)")
 
 
 def check_logits(name: str, x: Tensor) -> None:
-    """Raise ``ValueError`` if ``x`` holds NaN or ``+inf`` (``-inf`` masks a token and is allowed).
-
-    One host-device synchronisation (the reference builders run it once per build).
-    """
+    """Raise ``ValueError`` if ``x`` holds NaN or ``+inf`` (``-inf`` masks a token); one host sync."""
     if bool((torch.isnan(x) | (x == float("inf"))).any()):
         raise ValueError(f"{name}: must not hold NaN or +inf (-inf is allowed, to mask tokens)")
 
@@ -55,13 +46,10 @@ class DraftBlock:
         hidden: float ``[b, gamma, H]`` or ``None``; the shared representations ``H_d``.
         root:   int64 ``[b]`` the last committed token (the tree's root, not yet in the target's cache).
 
-    Construction checks ranks, dtypes, batch sizes and devices (no host-device sync), and on the CPU
-    that ``root`` lies in ``[0, V)`` (on accelerators the decoder checks that it is the root it passed,
-    which its verifier produced, and a user builder's tree root in :func:`dartree.tree.check_decodable`).
-    The logits are checked by the builders: NaN and ``+inf`` are errors, ``-inf`` masks a token.
-    ``hidden``'s width must be the head's hidden size; the decoder's head proxy checks it once per build.
-    A block on the ``meta`` device (shapes only) is accepted for tracing (tests/fast/test_no_sync.py);
-    the reference builders and the decoder's checks refuse it with one message (:func:`check_not_meta`).
+    Construction checks ranks, dtypes, batch sizes and devices without a host sync, and on the CPU that
+    ``root`` lies in ``[0, V)`` (elsewhere the decoder's own checks cover it).  The builders check the logits
+    (NaN and ``+inf`` are errors, ``-inf`` masks a token); the head proxy checks ``hidden``'s width.  A ``meta``
+    block is accepted for tracing; the reference builders and the decoder refuse it (:func:`check_not_meta`).
     """
 
     logits: Tensor
@@ -84,8 +72,7 @@ class DraftBlock:
         if self.root.device != self.logits.device:
             raise ValueError(f"root: on {self.root.device}, but logits are on {self.logits.device}")
         if self.root.device.type == "cpu":
-            # CPU only (a read of b ints, ~1 us); elsewhere it would be a host sync per round, and the
-            # decoder's check_block compares it with the root it passed.
+            # CPU only: elsewhere a host sync per round (the decoder compares it with the root it passed)
             roots = self.root.tolist()
             if min(roots) < 0 or max(roots) >= vocab:
                 raise ValueError(f"root: expected token ids in [0, {vocab}) (the block's vocabulary), got {roots}")

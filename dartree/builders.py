@@ -68,8 +68,8 @@ def _check_normalize(value: Any) -> None:
 class ChainConfig:
     """Chains (``chain``, ``corrected-chain``): one node per depth, gamma draft nodes.
 
-    topk: candidates per depth (``1 <= topk <= V``); the chain picks the best of them.
-    normalize: ``"vocab"`` or ``"candidates"`` (what log q is normalised over; see dartree.scoring).
+    topk: candidates per depth (``1 <= topk <= V``); the chain picks the best.  normalize: ``"vocab"`` or
+    ``"candidates"`` (what log q is normalised over; :mod:`dartree.scoring`).
     """
 
     topk: int = 1
@@ -85,8 +85,7 @@ class TreeConfig:
     """Budgeted trees (``ddtree``, ``corrected-chain-ddtree``, ``sequential-heap``, ``dartree-fixed``).
 
     budget: draft nodes (root excluded), ``>= 1``; a tree is smaller only if the candidate trie is.
-    topk: candidates per depth, ``1 <= topk <= V``.
-    normalize: ``"vocab"`` or ``"candidates"``.
+    topk: candidates per depth, ``1 <= topk <= V``.  normalize: ``"vocab"`` or ``"candidates"``.
     """
 
     budget: int = 64
@@ -103,11 +102,9 @@ class TreeConfig:
 class PrunedConfig:
     """``dartree-pruned``: a supertree of ``width`` nodes per depth, then the global top-``budget``.
 
-    beta: depth penalty added to every node's score, ``<= 0`` (prefix closure needs it; see Lemma 1).
-    bound: exact bound pruning in the fast backend (docs/builders.md, "Bound pruning"): once ``budget``
-        nodes exist, a branch that ranks after the ``budget``-th best of them is not expanded, and the
-        expansion stops when no branch is left.  The tree is identical node for node either way; the
-        reference always runs Algorithm 1 literally and ignores the field.
+    beta: depth penalty added to every node's score, ``<= 0`` (prefix closure needs it; Lemma 1).
+    bound: exact bound pruning in the fast backend (docs/builders.md, "Bound pruning"): stop expanding once no
+        branch can enter the top-``budget``; the tree is the same node for node (the reference ignores it).
     """
 
     budget: int = 64
@@ -137,22 +134,16 @@ class SequoiaConfig:
     """``sequoia`` / ``corrected-sequoia``: the rank-optimal shape of :mod:`dartree.sequoia`.
 
     budget: draft nodes (root excluded), ``>= 1``; fewer only if ``gamma`` and ``len(acceptance)`` cap the shape.
-    acceptance: ``P_r``, the probability that a node's ``r``-th child is the accepted one (numbers in (0, 1),
-        non-increasing, summing to at most 1; a string ``"0.5/0.2/0.1"`` is read too); a node has at most
-        ``len(acceptance)`` children.  Default :data:`dartree.sequoia.DEFAULT_ACCEPTANCE` (measured on the zoo).
+    acceptance: ``P_r``, the probability that a node's ``r``-th child is the accepted one (in (0, 1),
+        non-increasing, summing to at most 1; ``"0.5/0.2/0.1"`` is read too).  Default: measured on the zoo.
     topk: candidates per depth, ``1 <= topk <= V``: a node's ``r``-th child is its ``r``-th best candidate (the
-        drafter's at the depth; the head's along the path for ``corrected-sequoia``), so a node has at most
-        ``min(topk, len(acceptance))`` children.
+        head's along the path for ``corrected-sequoia``).
     normalize: ``"vocab"`` or ``"candidates"``.
-    head_depths: the depths below a round's root at which the head proposes under the rejection verifier
-        (``None``: every depth; the drafter's marginals below); ignored without a head.  Default 3: a deeper
-        head call costs about what its acceptance gives back, so the depths past 3 do not pay (measured on the
-        zoo: docs/results.md, "Measurements behind design choices in the code").
-    reuse_depths: under the rejection verifier with a head and one live row, a drafted block serves the next
-        rounds too while at least this many of its depths are left below the round's root (the head proposes
-        along the committed path, the block's hidden states stay valid: ``docs/verification.md``); ``0``: draft
-        every round.  Default 2: the fastest of the values tried on the zoo at T=1, by a small margin
-        (docs/results.md, "Measurements behind design choices in the code").
+    head_depths: depths below the root at which the head proposes under the rejection verifier (``None``: all);
+        default 3: deeper head calls cost about what they give back (docs/results.md).
+    reuse_depths: with the rejection verifier, a head and one live row, a drafted block serves the next rounds
+        while at least this many of its depths are left (docs/verification.md); ``0``: draft every round.
+        Default 2: the fastest value tried on the zoo at T=1 (docs/results.md).
     """
 
     budget: int = 16
@@ -179,17 +170,14 @@ BuildFn = Callable[[DraftBlock, "CorrectionHead | None", Any], DraftTree]
 class BuilderSpec:
     """A registry entry: how to configure a strategy and the functions of each backend.
 
-    ``trusted``: the strategy's trees meet the decoder's contract by construction, so the decoder
-    does not run :func:`dartree.tree.check_decodable` on them (perf: ~0.1-0.3 ms of a CPU round, and
-    one host sync per round on accelerators).  It is honoured only for the build functions (and config
-    class) of the strategies built into dartree, property-tested on both backends in
-    ``tests/test_builders.py``: a spec with functions of its own (a copy of a built-in spec with
-    ``dataclasses.replace`` included) is checked on every tree whatever it says.
+    ``trusted``: the strategy's trees meet the decoder's contract by construction, so the decoder skips
+    :func:`dartree.tree.check_decodable` on them (perf: one host sync per round on accelerators).  Honoured only
+    for the build functions and config classes of dartree's own strategies (property-tested on both backends);
+    any other spec, a ``dataclasses.replace`` copy included, is checked on every tree.
 
-    :func:`register_builder` checks every field: ``name`` is what a method spec starts with
-    (``NAME[:KEY=VALUE,...]``, :mod:`dartree.eval.methods`), ``ref`` (and ``fast`` unless ``None``) a
-    callable ``fn(block, head, config) -> DraftTree``, ``config_cls`` a dataclass whose fields are
-    the builder's settings (``topk``, when it has one, is checked against the block's vocabulary).
+    :func:`register_builder` checks every field: ``name`` starts a method spec (``NAME[:KEY=VALUE,...]``),
+    ``ref`` (and ``fast`` unless ``None``) is ``fn(block, head, config) -> DraftTree``, ``config_cls`` a
+    dataclass of the settings (a ``topk`` is checked against the block's vocabulary).
     """
 
     name: str
@@ -286,10 +274,9 @@ class TreeBuilder:
 
     @property
     def trusted(self) -> bool:
-        """Whether its trees meet the decoder's contract by construction: :attr:`BuilderSpec.trusted`,
-        honoured for dartree's own strategy functions called by :meth:`TreeBuilder.build` itself (a
-        subclass that overrides ``build`` can return any tree: its trees are checked).  Read at every
-        call: a spec or function replaced after construction is not trusted either."""
+        """Whether its trees meet the decoder's contract by construction: :attr:`BuilderSpec.trusted`, honoured
+        for dartree's own functions called by :meth:`TreeBuilder.build` itself (a subclass overriding ``build`` is
+        checked), read at every call (a spec or function replaced later is not trusted either)."""
         spec = self.spec
         return (type(self).build is TreeBuilder.build and isinstance(spec, BuilderSpec) and spec.trusted is True
                 and (self._fn, spec.config_cls) in _BUILT_IN)
@@ -300,14 +287,10 @@ class TreeBuilder:
     def build(self, block: DraftBlock, head: CorrectionHead | None = None) -> DraftTree:
         """Build one draft tree per row of ``block``.
 
-        ``-inf`` logits mask tokens (never a candidate; a position with fewer than ``topk`` finite
-        logits is an error); NaN or ``+inf`` logits, and NaN / inf corrected logits from a head, are
-        an error on both backends.  What ``head`` returns is checked as the decoder checks it
-        (:func:`dartree.timing.checked_head`: a tensor of the documented shape on the block's
-        device, a state width that does not change, floating logits).  The tree a registered strategy
-        returns is checked as the decoder needs it (:func:`dartree.tree.check_decodable`: root, tokens in the
-        vocabulary, parents before children, depths, distinct siblings, at most ``1 + budget`` nodes when the
-        config has a ``budget``), except for dartree's own strategies, which meet it by construction.
+        ``-inf`` logits mask tokens (fewer than ``topk`` finite logits at a position is an error); NaN or ``+inf``
+        logits, and NaN / inf corrected logits, are errors on both backends.  The head's outputs are checked as the
+        decoder checks them (:func:`dartree.timing.checked_head`), and the tree of a strategy that is not
+        dartree's own as the decoder needs it (:func:`dartree.tree.check_decodable`, the config's ``budget`` included).
 
         Shape:
             block.logits ``[b, gamma, V]`` -> DraftTree with ``b`` rows.
@@ -354,12 +337,9 @@ class TreeBuilder:
 
 
 def checked_tree(builder: object, tree: DraftTree, block: DraftBlock) -> DraftTree:
-    """``tree``, checked by :func:`dartree.tree.check_decodable` unless ``builder`` is a
-    :class:`TreeBuilder` of a trusted strategy (:attr:`TreeBuilder.trusted`: the strategies built
-    into dartree), whose trees meet the contract by construction, or whose ``build`` is
-    :meth:`TreeBuilder.build` (it checks the trees of every other strategy, the budget included).  The
-    decoders call this on every tree a builder hands them: a builder with a ``build`` of its own is checked here,
-    against its config's ``budget`` when it has one."""
+    """``tree``, checked by :func:`dartree.tree.check_decodable` (against the config's ``budget``) unless
+    ``builder`` is a :class:`TreeBuilder` whose ``build`` is :meth:`TreeBuilder.build` (which checked it already,
+    or trusts dartree's own strategies).  The decoders call this on every tree a builder hands them."""
     if isinstance(builder, TreeBuilder) and type(builder).build is TreeBuilder.build:
         return tree                # TreeBuilder.build checked it already (or it is dartree's own, trusted)
     budget = getattr(getattr(builder, "config", None), "budget", None)
@@ -379,10 +359,8 @@ def shape_of(builder: object) -> Callable[[DraftBlock, int, torch.Tensor], Draft
 
 
 def make_builder(name: str, backend: str = "ref", **config: Any) -> TreeBuilder:
-    """A :class:`TreeBuilder` for registry entry ``name`` on ``backend`` (``"ref"`` or ``"fast"``).
-
-    ``config`` holds the fields of the entry's config dataclass; unknown fields are an error.
-    """
+    """A :class:`TreeBuilder` for registry entry ``name`` on ``backend`` (``"ref"`` or ``"fast"``); ``config``
+    holds fields of the entry's config dataclass (unknown fields are an error)."""
     spec = builder_spec(name)
     if backend not in BACKENDS:
         raise ValueError(f"backend: must be one of {BACKENDS}, got {backend!r}")

@@ -1,11 +1,9 @@
-"""The speculative decoding loop, the autoregressive baseline, and the drafter protocol.
+"""The speculative decoding loop and the autoregressive baseline.
 
-Entry points: :class:`SpeculativeDecoder` (``.generate`` decodes one prompt: a prefill, then rounds of one
-drafter call, one build and one target forward; :mod:`dartree.engine` is the round itself, batch-first),
-:func:`generate_ar` (the same contract without a drafter), :class:`Drafter` (the protocol a drafter
-implements), :class:`RoundStats` and :class:`GenerationResult`.  The drafter protocol in full (the order of
-calls, what ``append_context`` receives, what a drafter may keep) and the decoding contract (prefill,
-stopping, per-round statistics): docs/verification.md, "Drafter protocol" and "`generate` and
+:class:`SpeculativeDecoder` (``generate``: a prefill, then rounds of one draft, one build and one target
+forward; :mod:`dartree.engine` is the round itself), :func:`generate_ar` (the same contract without a
+drafter), and re-exports of :class:`Drafter`, :class:`RoundStats` and :class:`GenerationResult`.  The
+drafter protocol and the decoding contract: docs/verification.md, "Drafter protocol" and "`generate` and
 `generate_ar`".
 """
 
@@ -40,10 +38,9 @@ class SpeculativeDecoder:
     """Draft-tree speculative decoding: draft a block, build a tree, verify it in one forward, commit.
 
     Args:
-        target: an :class:`~dartree.models.target.HFTarget` (its ``layer_ids`` must equal the drafter's
-            ``target_layer_ids``) or a transformers causal LM (wrapped with those layer ids).
-        drafter: follows the :class:`Drafter` protocol.
-        builder: a ``TreeBuilder`` (``dartree.make_builder(...)``).
+        target: an :class:`~dartree.models.target.HFTarget` whose ``layer_ids`` are the drafter's
+            ``target_layer_ids``, or a transformers causal LM (wrapped with them).
+        drafter: a :class:`Drafter`; builder: a ``TreeBuilder`` (``dartree.make_builder(...)``);
         head: the correction head, required iff ``builder.needs_head``.
     """
 
@@ -81,8 +78,7 @@ class SpeculativeDecoder:
         """The head proxy the builder is given (times its calls: the ``head`` stage); ``None`` without a head."""
         return self._timed_head
 
-    # inference mode, not only no_grad: no autograd graph and no version-counter or view tracking on
-    # the thousands of small ops of a decode (measured on the zoo, one CPU thread: 6% of a chain decode)
+    # inference mode, not only no_grad: no version-counter or view tracking on a decode's many small ops
     @torch.inference_mode()
     def generate(
         self,
@@ -99,21 +95,14 @@ class SpeculativeDecoder:
         verifier: str | None = None,
         sampling: Sampling | None = None,
     ) -> GenerationResult:
-        """Decode ``max_new_tokens`` tokens (fewer if a stop token is committed) after ``input_ids``.
+        """Decode ``max_new_tokens`` tokens (fewer if a stop token is committed) after ``input_ids`` (integer ``[L]``
+        or ``[1, L]``).
 
-        ``temperature == 0`` is greedy (``sampler`` unused); ``> 0`` samples with ``sampler``
-        (default: ``GeneratorSampler()`` on torch's global generator).  Output is lossless: greedy
-        equals the target's own greedy decoding; sampled output follows the target's distribution,
-        and with a ``KeyedSampler`` equals :func:`generate_ar` with the same sampler token for token.
-        ``on_round(stats, tokens)``, if given, is called with the first token after the prefill
-        (``stats`` is ``None``: no round drafted it), then after every round with that round's
-        statistics and the tokens it committed (for streaming): every token is reported once.
-        ``sampling``: a :class:`~dartree.Sampling` holding ``temperature``, ``sampler``, ``stop_token_ids``,
-        ``top_k``, ``top_p``, ``min_p`` and ``verifier`` at once, instead of those keywords (not with them:
-        ``ValueError``).
-
-        Shape:
-            input_ids: integer ``[L]`` or ``[1, L]``, ``L >= 1``.
+        ``temperature == 0`` is greedy; ``> 0`` samples with ``sampler`` (default: ``GeneratorSampler()``).  Lossless:
+        greedy equals the target's greedy decoding; sampled output follows the target's distribution, and with a
+        ``KeyedSampler`` equals :func:`generate_ar` token for token.  ``on_round(stats, tokens)`` gets the first
+        token (``stats`` ``None``), then each round's statistics and tokens.  ``sampling``: a
+        :class:`~dartree.Sampling` holding the sampling keywords at once (not with them).
         """
         req = check_request(self.target, input_ids, max_new_tokens, temperature, sampler, stop_token_ids,
                             top_k=top_k, top_p=top_p, min_p=min_p, verifier=verifier, sampling=sampling)
@@ -145,12 +134,9 @@ class SpeculativeDecoder:
         verifier: str | None = None,
         sampling: Sampling | None = None,
     ) -> list[GenerationResult]:
-        """Decode several prompts of any lengths together, all live rows per round; one result per prompt.
-
-        Same arguments as :meth:`generate`, with ``prompts`` a sequence of integer ``[L]`` or ``[1, L]``
-        tensors of any lengths; one result per prompt, in order.  Each row equals :meth:`generate` on
-        that prompt alone (T=0, and T>0 with a ``KeyedSampler``).
-        """
+        """Decode several prompts (integer ``[L]`` or ``[1, L]`` tensors of any lengths) together, all live rows per
+        round; one result per prompt, in order, each equal to :meth:`generate` on that prompt alone (T=0, and T>0
+        with a ``KeyedSampler``).  Otherwise :meth:`generate`'s arguments."""
         reqs = check_requests(self.target, prompts, max_new_tokens, temperature, sampler, stop_token_ids,
                               top_k=top_k, top_p=top_p, min_p=min_p, verifier=verifier, sampling=sampling)
         engine = self.engine(reqs[0])
@@ -175,13 +161,10 @@ def generate_ar(
 ) -> GenerationResult:
     """Autoregressive baseline with the same contract as :meth:`SpeculativeDecoder.generate`.
 
-    The prefill runs the whole prompt and scores its last position (the first new token), then one
-    token per step with ordinary causal attention, the LM head on that one position: the forwards
-    HF ``generate`` runs.  The token at absolute position p is drawn by ``sampler.sample(warped logits,
-    p)`` (temperature, then top-k / top-p / min-p: :class:`~dartree.verify.warp.Warp`), exactly as
-    speculative verification draws it.  Each step is reported as a
-    round (committed 1, tree size 0, its forward time under ``verify_s`` and ``target_s``, the argmax
-    or sample in ``accept_s``).  ``sampling``: as in ``generate`` (its ``verifier`` unused: AR verifies nothing).
+    The forwards HF ``generate`` runs: the prompt, then one token per step, the LM head on that position only.
+    The token at position p is ``sampler.sample(warped logits, p)`` (:class:`~dartree.verify.warp.Warp`), as
+    speculative verification draws it.  Each step is reported as a round (committed 1, tree size 0).
+    ``sampling``: as in ``generate`` (its ``verifier`` unused).
     """
     if not isinstance(target, HFTarget):
         target = as_target(target, ())

@@ -1,13 +1,10 @@
 """Stages 1 and 2 of a round, draft and build, behind one interface: :class:`Drafting`.
 
-``Drafting.draft(roots)`` gives the block the round builds on: the drafter's, or a block drafted earlier that
-still serves (:class:`BlockReuse`); ``Drafting.build(block, roots, target)`` gives the tree the target verifies:
-the builder's (checked, cut to what the model holds), or a Sequoia builder's static shape when the verifier
-redraws every token, with the verifier's draws (:meth:`dartree.verifiers.Verifier.draw`).
-
-Block reuse (a static shape, a head, one live row, ``SequoiaConfig.reuse_depths``): the next round's proposals
-come from the head along the committed path over the same block, until fewer than ``reuse_depths`` of its depths
-are left (docs/verification.md).
+``draft(roots)``: the drafter's block, or an earlier one that still serves (:class:`BlockReuse`: a static
+shape, a head and one live row; the head proposes along the committed path until fewer than
+``SequoiaConfig.reuse_depths`` depths are left, docs/verification.md).  ``build(block, roots, target)``: the
+builder's tree (checked, cut to what the model holds), or a Sequoia builder's static shape with the
+verifier's draws when the verifier redraws every token.
 """
 
 from __future__ import annotations
@@ -26,12 +23,8 @@ __all__ = ["Drafting", "BlockReuse"]
 
 
 class BlockReuse:
-    """A drafted block kept across rounds of one live row, and the head's state along the tokens committed
-    since its root.
-
-    ``block``: the kept block (``None``: the next round drafts); ``since``: tokens committed after its root;
-    the head's state after the root and the first ``folded`` of them is ``carry`` (made lazily).
-    """
+    """A drafted block kept across rounds of one live row (``None``: the next round drafts), the tokens committed
+    ``since`` its root, and ``carry``: the head's state after the root and the first ``folded`` of them (lazily)."""
 
     def __init__(self, head, depths: int) -> None:
         self.head, self.depths = head, depths
@@ -106,11 +99,10 @@ class Drafting:
     """The draft and build stages of a speculative engine (module docstring).
 
     Args:
-        drafter: the engine's batch drafter (``start``, ``draft_rows``, ...).
+        drafter: the engine's batch drafter.
         builder, head: the tree builder and the timed head proxy it is given (``None`` without).
-        verifier: the decode's verifier; one that redraws the tokens (:attr:`Verifier.redraws`) uses only a tree's
-            shape: a trusted Sequoia builder's static shape (:func:`dartree.builders.shape_of`), and with a head,
-            block reuse.
+        verifier: the decode's verifier; one that redraws the tokens uses only a tree's shape (a trusted Sequoia
+            builder's static shape, :func:`dartree.builders.shape_of`) and, with a head, block reuse.
     """
 
     def __init__(self, drafter, builder, head, verifier: Verifier) -> None:

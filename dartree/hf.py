@@ -1,24 +1,17 @@
-"""dartree inside HF ``generate``: ``model.generate(ids, custom_generate=dartree.hf.generate, drafter=,
-builder=)``.
+"""dartree inside HF ``generate``: ``model.generate(ids, custom_generate=dartree.hf.generate, drafter=, builder=)``.
 
-transformers 5.x hands a callable ``custom_generate`` the prepared loop arguments (``generate`` validates the
-``GenerationConfig``, sets ``max_length`` from ``max_new_tokens``, prepares the logits processors, stopping
-criteria) and the keyword arguments the callable declares beyond ``_sample``'s: here ``drafter``, ``builder``,
-``head``, ``verifier``, ``sampler``, ``sampling`` and ``stream``. The decode is dartree's own
-(:meth:`dartree.SpeculativeDecoder.generate`; several prompts: ``generate_batch`` on the unpadded rows), so
-its output is what ``model.generate`` returns: greedy equal to HF's greedy token for token; with
-``do_sample=True`` the warpers HF hands over (temperature, top-k, top-p, min-p: the config's, HF's defaults
-included, ``top_k=50`` unless set, and a caller's ``logits_processor`` warpers, in HF's order) define the
-distribution, verified by ``verifier`` (``None``: dartree's default).
+transformers 5.x hands a callable ``custom_generate`` the prepared loop arguments (validated config,
+``max_length``, logits processors, stopping criteria) and the keywords it declares beyond ``_sample``'s:
+``drafter``, ``builder``, ``head``, ``verifier``, ``sampler``, ``sampling`` and ``stream``.  The decode is
+:meth:`dartree.SpeculativeDecoder.generate` (several prompts: ``generate_batch`` on the unpadded rows): greedy
+equals HF's greedy; with ``do_sample=True`` the warpers HF hands over (temperature, top-k, top-p, min-p, in
+HF's order, its defaults included) define the distribution.
 
-What is honoured: ``max_new_tokens`` / ``max_length``, ``eos_token_id`` (one or several; rows that end pad
-with ``pad_token_id``, as HF pads), ``do_sample`` and the warpers above, a streamer passed as ``stream=`` (its
-``put`` gets the prompt, then each round's new tokens; batch of one), ``return_dict_in_generate``
-(``sequences`` only), left-padded batches with an ``attention_mask``. Anything that changes the distribution
-in other ways (a repetition penalty, bad words, other ``logits_processor=`` entries, stop strings, beams,
-``output_scores``)
-is refused with one error naming it: tree verification would have to apply it at every node of every path,
-which this loop does not.
+Honoured: ``max_new_tokens`` / ``max_length``, ``eos_token_id`` (finished rows padded with ``pad_token_id``),
+``do_sample`` and those warpers, a streamer as ``stream=`` (batch of one), ``return_dict_in_generate``
+(``sequences`` only), left-padded batches with an ``attention_mask``.  Anything else that changes the
+distribution (repetition penalty, bad words, other processors, stop strings, beams, ``output_scores``) is
+refused by name: tree verification would have to apply it at every node of every path.
 
 Shape: ``input_ids`` int64 ``[b, L]`` (left-padded when ``b > 1``) -> sequences ``[b, L + new]``.
 """
@@ -57,8 +50,7 @@ KEPT_DECODERS = 4
 
 def _decoder(model, drafter, builder, head) -> SpeculativeDecoder:
     """One decoder per (model, drafter, builder, head) among the :data:`KEPT_DECODERS` most recent, kept on the
-    model: the lean forward's probe, the target's buffers and the drafter's state are made once, not per
-    ``generate`` call."""
+    model, so the lean forward's probe, the target's buffers and the drafter's state are made once."""
     cache: OrderedDict = model.__dict__.setdefault("_dartree_decoders", OrderedDict())
     key = (id(drafter), id(builder), id(head))
     found = cache.get(key)
@@ -90,16 +82,12 @@ def _check(generation_config, logits_processor, stopping_criteria) -> None:
 
 
 def _warp_options(logits_processor) -> dict[str, Any]:
-    """The sampling options of the warpers HF hands over, applied in the list's order (transformers 5.x puts
-    a caller's ``logits_processor`` before the config's warpers).
-
-    dartree's :class:`~dartree.verify.warp.Warp` applies temperature, top-k, top-p, min-p in that order. A list
-    reduces to it when each top-k stands before any top-p / min-p (top-k commutes with a temperature; two
-    top-k keep the smaller), the temperatures stand before any top-p / min-p (several multiply), and top-p /
-    min-p appear at most once each, in that order. Any other list, or a setting a ``Warp`` cannot express
-    (``filter_value`` other than ``-inf``, ``min_tokens_to_keep`` > 1 for top-p / min-p), is refused rather
-    than sampled from another distribution.
-    """
+    """The sampling options of the warpers HF hands over, in the list's order (a caller's ``logits_processor``
+    comes before the config's).  :class:`~dartree.verify.warp.Warp` applies temperature, top-k, top-p, min-p in
+    that order; a list reduces to it when temperatures and top-k (which commute; several multiply / keep the
+    smallest) precede top-p and min-p, each at most once and in that order.  Any other list, or a setting a
+    ``Warp`` cannot express (``filter_value`` not ``-inf``, ``min_tokens_to_keep > 1`` for top-p / min-p), is
+    refused rather than sampled from another distribution."""
     options: dict[str, Any] = {"temperature": 1.0, "top_k": None, "top_p": None, "min_p": None}
     names = [type(p).__name__ for p in logits_processor or []]
     filtered = []                                   # the top-p / min-p met so far, in order
@@ -132,15 +120,13 @@ def generate(model, input_ids: Tensor, logits_processor=None, stopping_criteria=
              synced_gpus: bool = False, streamer=None, *, drafter=None, builder=None, head=None,
              verifier: str | None = None, sampler=None, stream=None, sampling: Sampling | None = None,
              **model_kwargs: Any):
-    """HF ``custom_generate`` entry point (see the module docstring); ``drafter`` and ``builder`` are required.
+    """HF ``custom_generate`` entry point (module docstring); ``drafter`` and ``builder`` are required.
 
-    ``sampler``: a ``GeneratorSampler`` / ``KeyedSampler`` for ``do_sample=True`` (default: a
-    ``GeneratorSampler`` on torch's global generator, as HF samples).  ``stream``: a streamer (``put`` /
-    ``end``, e.g. ``TextStreamer``) fed the prompt, then each round's tokens.  Pass it as ``stream=``:
-    transformers 5.x keeps only a callable's own keywords for it (``_extract_generation_mode_kwargs``), so
-    ``streamer=`` never reaches this function (HF puts the prompt into it and nothing more).  ``sampling``: a
-    :class:`dartree.Sampling` that defines the distribution instead of HF's ``do_sample`` and warpers (not with
-    them, nor with ``sampler=`` / ``verifier=``: ``ValueError``); HF's ``eos_token_id`` stays a stop token.
+    ``sampler``: for ``do_sample=True`` (default: a ``GeneratorSampler`` on torch's global generator, as HF).
+    ``stream``: a streamer (``put`` / ``end``) fed the prompt, then each round's tokens; pass it as ``stream=``,
+    since transformers 5.x keeps only a callable's own keywords (``streamer=`` gets the prompt only).
+    ``sampling``: a :class:`dartree.Sampling` instead of HF's ``do_sample`` and warpers (not with them, nor with
+    ``sampler=`` / ``verifier=``); HF's ``eos_token_id`` stays a stop token.
     """
     streamer = streamer if streamer is not None else stream
     if streamer is not None:

@@ -1,13 +1,9 @@
-"""A prompt-lookup (n-gram) drafter: the continuation of the context's latest earlier match of its last tokens.
+"""A prompt-lookup (n-gram) drafter, as HF's prompt lookup: the ``gamma`` tokens that followed the most recent
+earlier occurrence of the longest suffix (``max_ngram`` down to ``min_ngram`` tokens) of the context plus root.
 
-``PromptLookupDrafter(vocab_size, gamma=4, max_ngram=3, min_ngram=1)`` follows the drafter protocol of
-:mod:`dartree.decode` (``target_layer_ids = ()``: it reads no hidden states) and drafts as HF's prompt lookup
-does: the longest suffix of the context (plus the root) of ``max_ngram`` down to ``min_ngram`` tokens that
-occurred earlier, most recent occurrence first, proposes the ``gamma`` tokens that followed it.  Its block is a
-distribution a builder can use: at each depth the proposed token has probability ``hit`` (default 0.9) and
-the rest share ``1 - hit`` evenly (finite logits); without a match every depth is uniform.  ``chain`` then
-drafts the proposal, a tree builder adds the other tokens only as far as its budget reaches, and the
-rejection verifier samples from the same distribution.  Costs no model forward: a scan of the context.
+``PromptLookupDrafter(vocab_size, gamma=4, max_ngram=3, min_ngram=1)`` reads no hidden states.  Its block
+is a distribution: the proposed token has probability ``hit`` (default 0.9), the rest share ``1 - hit``
+(finite logits); without a match every depth is uniform.  No model forward: a scan of the context.
 """
 
 from __future__ import annotations
@@ -18,16 +14,15 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from dartree.arguments import check_int
 from dartree.block import DraftBlock
 
 __all__ = ["PromptLookupDrafter"]
 
 
 class PromptLookupDrafter:
-    """Prompt lookup as a block drafter (module docstring).
-
-    Shape: ``draft(root)``: root int64 ``[1]`` -> logits ``[1, gamma, vocab_size]``.
-    """
+    """Prompt lookup as a block drafter (module docstring): ``draft(root int64 [1])`` -> logits
+    ``[1, gamma, vocab_size]``."""
 
     target_layer_ids: tuple[int, ...] = ()
 
@@ -35,8 +30,7 @@ class PromptLookupDrafter:
                  hit: float = 0.9) -> None:
         for name, value, low in (("vocab_size", vocab_size, 2), ("gamma", gamma, 1), ("max_ngram", max_ngram, 1),
                                  ("min_ngram", min_ngram, 1)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{name}: expected an int >= {low}, got {value!r}")
+            check_int(name, value, low)
         if min_ngram > max_ngram:
             raise ValueError(f"min_ngram: {min_ngram} exceeds max_ngram {max_ngram}; allowed: <= max_ngram")
         if isinstance(hit, bool) or not isinstance(hit, int | float) or not 0 < hit < 1:

@@ -1,17 +1,10 @@
 """The compiled host loops of the fast backend (``dartree/_native.c``), or None.
 
-On CPU tensors the fast builders run a few loops over tens to hundreds of nodes per depth: top-K
-selection with log q, the best ``width`` children, the bound, the final selection, DDTree's heap.  In numpy
-each is a dozen calls of a few microseconds; ``dartree._native`` runs each as one C call with the same
-results bit for bit (the C source says how).  It is built by ``pip install`` (``setup.py``) when a C
-compiler is present; without one, or with ``DARTREE_NATIVE=0`` in the environment, every caller runs
-its numpy version instead.  :func:`available` says whether the module was built, :func:`enabled`
-whether it runs now; ``dartree bench`` records the latter with every result.  A module built from
-another version of ``dartree/_native.c`` than the one in the source tree (:func:`stale`) is not used,
-with a warning: its loops may not be the ones the Python side expects.
-
-This module imports nothing from dartree; its callers are :mod:`dartree.fast.host` and
-:mod:`dartree.fast.host_builders` (and ``dartree bench``, which records :func:`enabled`).
+The CPU fast builders run a few small loops per depth (top-K with log q, best children, the bound, the final
+selection, DDTree's heap); ``dartree._native`` runs each as one C call with numpy's results bit for bit.  It
+is built by ``setup.py`` when a C compiler is present; without one, or with ``DARTREE_NATIVE=0``, callers
+run numpy.  :func:`available`: built; :func:`enabled`: runs now (recorded by ``dartree bench``); a module
+built from another ``_native.c`` (:func:`stale`) is not used, with a warning.  Imports nothing from dartree.
 """
 
 from __future__ import annotations
@@ -35,9 +28,8 @@ _SOURCE = Path(__file__).resolve().parent / "_native.c"
 
 
 def stale(module=_module) -> bool:
-    """Whether ``module`` was built from another version of ``dartree/_native.c`` than the one beside
-    this file (a source tree edited or pulled without ``pip install -e .``).  An installed wheel ships
-    no C source: nothing to compare, not stale."""
+    """Whether ``module`` was built from another ``dartree/_native.c`` than the one beside this file (edited
+    or pulled without ``pip install -e .``); an installed wheel ships no C source: not stale."""
     if module is None or not _SOURCE.is_file():
         return False
     return getattr(module, "SOURCE", None) != hashlib.sha256(_SOURCE.read_bytes()).hexdigest()[:16]

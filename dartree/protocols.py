@@ -25,13 +25,8 @@ __all__ = ["Drafter", "BatchDrafter", "CorrectionHead", "Sampler", "DRAFTER_MEMB
 @runtime_checkable
 class Drafter(Protocol):
     """A block drafter driven by :class:`~dartree.decode.SpeculativeDecoder`: ``reset()`` at a new request,
-    ``append_context`` with the target's hidden states and the committed tokens, ``draft(root)`` a block.
-
-    Shape:
-        append_context: hidden_states float ``[b, m, len(target_layer_ids) * H]`` or ``None``,
-                        tokens int64 ``[b, m]``.
-        draft:          root int64 ``[b]`` -> DraftBlock with logits ``[b, gamma, V]``.
-    """
+    ``append_context(hidden_states [b, m, len(target_layer_ids) * H] or None, tokens int64 [b, m])`` with what
+    the target committed, ``draft(root int64 [b])`` -> a DraftBlock with logits ``[b, gamma, V]``."""
 
     target_layer_ids: tuple[int, ...]
 
@@ -71,39 +66,21 @@ class CorrectionHead(Protocol):
                  ``C_depth``) -> corrected logits ``[b, m, K]`` of the K candidates on each branch.
         advance: states ``[b, m, S]``, tokens int64 ``[b, m]`` appended at ``depth`` -> ``[b, m, S]``.
 
-    ``b`` is the batch of ``block``; builders may pass a sub-block (``block.rows(...)``) with the
-    matching states, so a head must index the block by the batch it is given, never cache by row.
+    ``b`` is the batch of ``block``; builders may pass a sub-block (``block.rows(...)``) with the matching
+    states, so a head must index the block by the batch it is given, never cache by row.
 
-    Optional fused method (detected with ``head_method(head, "advance_logits")``; builders fall
-    back to the two calls when it is missing)::
+    Optional methods (found by :func:`head_method`; builders fall back to the calls above), each equal bit for
+    bit (fp32) to what it replaces:
 
-        advance_logits(block, depth, states, tokens, candidates) -> (new_states, logits)
-
-    Advance ``states [b, m, S]`` by ``tokens`` int64 ``[b, m]`` appended at ``depth``
-    (``1 <= depth < gamma``), then score ``candidates`` int64 ``[b, K]`` (the set ``C_{depth+1}``) at
-    ``depth + 1``.  Returns ``(new_states [b, m, S], logits [b, m, K])``, equal (bit for bit, fp32) to
-    ``s = advance(block, depth, states, tokens); (s, logits(block, depth + 1, s, candidates))``.  It is
-    never called at the last depth: builders never compute the last depth's advance.
-
-    Optional whole-vocabulary logits (detected with ``head_method(head, "vocab_logits")``; what sampled
-    trees propose from, :mod:`dartree.verify.rejection`, which else calls ``logits`` with every token as a
-    candidate)::
-
-        vocab_logits(block, depth, states) -> logits [b, m, V]
-
-    equal (to float rounding) to ``logits(block, depth, states, arange(V))``.
-
-    Optional preparation (detected with ``head_method(head, "prepare_block")``; perf: what every
-    depth of a build shares is computed once, and a depth costs one call)::
-
-        prepare_block(block, candidates) -> steps | None
-
-    ``candidates`` int64 ``[b, gamma, K]`` are the sets ``C_d`` of every depth (``[:, d - 1]``), fixed
-    for the build.  ``steps.logits(depth, states)`` and ``steps.advance_logits(depth, states, tokens)``
-    must equal (bit for bit, fp32) ``logits(block, depth, states, candidates[:, depth - 1])`` and
-    ``advance_logits(block, depth, states, tokens, candidates[:, depth])``.  ``None`` declines (the
-    builder then makes the calls above).  The depth-wise fast builders use it; the reference backend
-    and the sequential heap (which scores sub-blocks) make the protocol calls.
+    - ``advance_logits(block, depth, states, tokens, candidates) -> (new_states, logits)``:
+      ``s = advance(block, depth, states, tokens); (s, logits(block, depth + 1, s, candidates))``, for
+      ``1 <= depth < gamma`` (never at the last depth);
+    - ``vocab_logits(block, depth, states) -> [b, m, V]``: ``logits`` with every token a candidate (to float
+      rounding; what sampled trees propose from);
+    - ``prepare_block(block, candidates [b, gamma, K]) -> steps | None`` (perf: shared work done once):
+      ``steps.logits(depth, states)`` and ``steps.advance_logits(depth, states, tokens)`` equal ``logits`` /
+      ``advance_logits`` with ``candidates[:, depth - 1]`` / ``candidates[:, depth]``; ``None`` declines.  The
+      depth-wise fast builders use it; the reference backend and the sequential heap make the plain calls.
     """
 
     def initial_state(self, block: DraftBlock) -> Tensor: ...
@@ -115,13 +92,8 @@ class CorrectionHead(Protocol):
 
 @runtime_checkable
 class Sampler(Protocol):
-    """Draws one token per row of temperature-scaled logits.
-
-    Shape:
-        logits:    float ``[..., V]`` already divided by the temperature.
-        positions: int64 ``[...]`` absolute position of the token being drawn.
-        returns:   int64 ``[...]``.
-    """
+    """Draws one token per row: ``sample(logits [..., V] already divided by the temperature, positions int64
+    [...] of the tokens drawn) -> int64 [...]``."""
 
     def sample(self, logits: Tensor, positions: Tensor) -> Tensor: ...
 

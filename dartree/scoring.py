@@ -1,16 +1,11 @@
-"""Candidate selection and log-normalisation shared by every builder and backend.
-
-Both backends call these functions, so a node's score is the same float32 number whichever
-backend built the tree:
+"""Candidate selection and log-normalisation shared by every builder and backend, so that a node's score is
+the same float32 number whichever backend built the tree::
 
     score(child) = (score(parent) + log_q) + beta          # float32, in this order
 
-``log_q`` of a candidate with (corrected or base) logit ``z`` is ``z - logaddexp(lse(z_C), rest)``,
-where ``lse(z_C)`` is the log-sum-exp over the K candidates and ``rest`` the log-sum-exp of the base
-logits of the tokens outside the candidate set (``normalize="vocab"``), or ``-inf``
-(``normalize="candidates"``).  With ``normalize="vocab"`` and base logits this is the full
-log-softmax; with a head, tokens outside ``C_d`` keep their base logits.  ``log_q <= 0`` always, so
-scores never increase along a path.
+``log_q`` of a candidate with (corrected or base) logit ``z`` is ``z - logaddexp(lse(z_C), rest)``: the
+log-sum-exp over the K candidates, and ``rest`` the log-sum-exp of the base logits outside the candidate set
+(``normalize="vocab"``) or ``-inf`` (``"candidates"``).  ``log_q <= 0``, so scores never increase along a path.
 """
 
 from __future__ import annotations
@@ -52,14 +47,10 @@ class Candidates:
 
 
 def check_candidate_logits(values: Tensor) -> None:
-    """Reject a position whose K-th candidate logit is ``-inf`` (fewer than K finite logits).
-
-    ``-inf`` is how a caller masks tokens out of the vocabulary: such a token is never a candidate
-    unless K exceeds the finite logits of its position, and that is the one case refused (a node with
-    log q = -inf would sit in the tree).  One host synchronisation (the reference only).
-
-    Shape: values float32 ``[b, gamma, K]`` (sorted descending).
-    """
+    """Reject a position whose K-th candidate logit is ``-inf`` (fewer than K finite logits): ``-inf`` masks a
+    token, which is never a candidate unless K exceeds the finite logits, the one case refused (a node with
+    log q = -inf would sit in the tree).  One host sync (the reference only).  Shape: values float32
+    ``[b, gamma, K]`` (sorted descending)."""
     short = values[..., -1] == float("-inf")
     if bool(short.any()):
         r, d = (int(v) for v in short.nonzero()[0])
@@ -81,14 +72,10 @@ EXP2_POLY = (0.00021865784947294742, 0.0012391331838443875, 0.009684186428785324
 
 
 def exp2_f32_(y: Tensor) -> Tensor:
-    """``2 ** y`` in place for float32 ``y <= 0``, defined operation by operation so that any IEEE float32
-    implementation (torch on any device, the C host loop of ``dartree/_native.c``) gets the same bits.
-
-    ``y`` clamped at -127, ``n = floor(y)``, ``f = y - n`` (exact), ``2 ** f`` by :data:`EXP2_POLY` in
-    Horner form (one float32 multiply, then one add, per coefficient: never a fused multiply-add), times
-    ``2 ** n`` built from its exponent bits (exact; ``n = -127`` builds 0, so every ``y < -126`` and
-    ``-inf`` gives 0).  Relative error < 1e-7.  Returns ``y``, overwritten.
-    """
+    """``2 ** y`` in place for float32 ``y <= 0``, defined op by op so that any IEEE float32 implementation (torch,
+    the C loop of ``dartree/_native.c``) gets the same bits: ``y`` clamped at -127, ``n = floor(y)``,
+    ``f = y - n`` (exact), ``2 ** f`` by :data:`EXP2_POLY` in Horner form (a multiply, then an add: never a fused
+    multiply-add), times ``2 ** n`` from its exponent bits (``n = -127`` builds 0).  Relative error < 1e-7."""
     n = torch.floor(y.clamp_(min=-127.0))
     f = y.sub_(n)
     p = torch.mul(f, EXP2_POLY[0]).add_(EXP2_POLY[1])
@@ -109,22 +96,13 @@ _CHUNK = 1 << 20  # logits per chunk of rows on the CPU: the temporaries stay in
 def rest_logsumexp(logits: Tensor, tokens: Tensor, top: Tensor | None = None) -> Tensor:
     """log-sum-exp of the logits outside the candidates ``tokens``: THE vocabulary normaliser.
 
-    ``top + log(sum_{v not in C} exp(x_v - top))``, where ``top`` is the row maximum (the best
-    candidate's logit, taken from ``logits`` at ``tokens[..., 0]``: exact), defined so that a torch op
-    sequence (this function: the reference, and the twins on every device) and one C loop (the host
-    path of the fast backend, ``dartree/_native.c``) give the same bits:
-
-    - each term is :func:`exp2_f32_` of ``(x_v - top) * log2 e`` (two float32 roundings); the
-      candidates' terms are 0, so nothing cancels; a ``-inf`` logit, or a term below ``2 ** -126``,
-      contributes 0;
-    - the sum is exact: each term is rounded to a multiple of ``2 ** -s`` (:func:`rest_shift`: about
-      ``1e-14`` at V=151936, far below a float32 step of the result) and the integers are added, so
-      no summation order has to agree between implementations;
-    - ``top + log(sum)`` in float64, rounded once to float32 (``-inf`` if the sum is 0).  The float64
-      ``log`` of two libraries may differ in the last bit, which the rounding to float32 absorbs unless
-      the value lies within ~1e-16 of a float32 rounding boundary.
-
-    Rows are independent, so on the CPU they go in chunks of ~2**20 logits (no bit changes).
+    ``top + log(sum_{v not in C} exp(x_v - top))`` (``top``: the best candidate's logit), defined so that torch
+    ops (this reference, the twins) and one C loop (``dartree/_native.c``) give the same bits: each term is
+    :func:`exp2_f32_` of ``(x_v - top) * log2 e`` (candidates, ``-inf`` and terms below ``2 ** -126`` give 0); the
+    sum is exact, each term rounded to a multiple of ``2 ** -s`` (:func:`rest_shift`, far below a float32 step of
+    the result) and added as integers, so no summation order has to agree; ``top + log(sum)`` in float64, rounded
+    once to float32 (which absorbs a last-bit difference between two libraries' ``log``).  CPU rows go in chunks
+    of ~2**20 logits (rows are independent: no bit changes).
 
     Shape:
         logits: float32 ``[b, gamma, V]``; tokens: int64 ``[b, gamma, K]``; top: float32 ``[b, gamma]``
@@ -144,11 +122,8 @@ def rest_logsumexp(logits: Tensor, tokens: Tensor, top: Tensor | None = None) ->
 
 
 def candidates(block: DraftBlock, topk: int, normalize: Normalize) -> Candidates:
-    """Select ``C_d`` for every depth of every row, in the one total order of candidates.
-
-    The reference selection: a stable sort of the whole vocabulary (obviously correct); the
-    normaliser is :func:`rest_logsumexp`, shared with the fast backend.
-    """
+    """Select ``C_d`` for every depth of every row, in the one total order of candidates: the reference's
+    stable sort of the whole vocabulary; the normaliser is :func:`rest_logsumexp`, shared with the fast backend."""
     logits = block.logits.float()  # [b, gamma, V]
     vocab = logits.shape[-1]
     if not 1 <= topk <= vocab:
@@ -167,13 +142,9 @@ def candidates(block: DraftBlock, topk: int, normalize: Normalize) -> Candidates
 def pairwise_sum(x: Tensor) -> Tensor:
     """Sum over the last dimension in a fixed pairwise order, independent of the leading shape.
 
-    ``torch.sum``/``logsumexp`` pick their reduction order from the tensor's shape (a ``[m, 4]``
-    tensor may be reduced across rows with vector lanes), so the same row can round differently
-    inside a bigger batch.  Builders compare scores exactly, so every backend sums this way: pad to
-    a power of two with zeros (exact) and add halves until one column is left.
-
-    Shape:
-        x ``[..., K]`` -> ``[...]``.
+    ``torch.sum`` picks its reduction order from the shape, so a row can round differently inside a bigger
+    batch; builders compare scores exactly, so every backend pads to a power of two with zeros (exact) and adds
+    halves.  Shape: x ``[..., K]`` -> ``[...]``.
     """
     k = x.shape[-1]
     width = 1 << (k - 1).bit_length()
@@ -188,15 +159,10 @@ def pairwise_sum(x: Tensor) -> Tensor:
 def log_normalize(cand_logits: Tensor, rest_lse: Tensor) -> Tensor:
     """log q of K candidates: ``z - logaddexp(lse(z), rest_lse)``, identical for any batching.
 
-    Computed in float64 and rounded once to float32.  CPU tensors go through
-    :func:`log_normalize_host` (numpy: a dozen calls of ~1 us instead of torch ops of ~5 us), other
-    devices through the torch version below; the two use the same float64 formula.  On the CPU,
-    element-wise ``exp``/``log`` may run a vectorised routine on full vector lanes and a scalar one on
-    the tail, which can differ in the last bit, so a computation of the same row could round
-    differently inside a bigger batch.  In float64 those differences sit ~2**29 times below a float32
-    rounding step and vanish in the final rounding (a miss needs a float64 result within one float64
-    ulp of a float32 midpoint).  The candidate sum uses a fixed pairwise order (:func:`pairwise_sum`)
-    for the same reason.
+    In float64, rounded once to float32: CPU element-wise ``exp``/``log`` may differ in the last bit between
+    vector lanes and the scalar tail, so a row could round differently inside a bigger batch; in float64 that
+    vanishes in the final rounding.  The candidate sum has a fixed pairwise order (:func:`pairwise_sum`).  CPU
+    tensors go through :func:`log_normalize_host` (numpy: fewer, cheaper calls), others through torch.
 
     Shape:
         cand_logits: float ``[..., K]``; rest_lse: float ``[...]`` (broadcast) -> float32 ``[..., K]``.
@@ -212,14 +178,9 @@ def log_normalize(cand_logits: Tensor, rest_lse: Tensor) -> Tensor:
 
 
 def log_normalize_host(cand_logits: np.ndarray, rest_lse: np.ndarray | float | None = None) -> np.ndarray:
-    """numpy :func:`log_normalize` (float64, one rounding to float32).  ``rest_lse=None`` means ``-inf``.
-
-    The candidate sum is numpy's sum over the contiguous last axis: a fixed pairwise order per row that
-    does not depend on the other rows (``tests/test_scoring.py`` checks the batch invariance).
-
-    Shape:
-        cand_logits: ``[..., K]``; rest_lse: ``[...]`` (broadcast) -> float32 ``[..., K]``.
-    """
+    """numpy :func:`log_normalize` (``rest_lse=None``: ``-inf``); numpy's sum over the contiguous last axis is a
+    fixed pairwise order per row (tests/test_scoring.py checks the batch invariance).
+    Shape: cand_logits ``[..., K]``; rest_lse ``[...]`` (broadcast) -> float32 ``[..., K]``."""
     z = np.asarray(cand_logits, dtype=np.float64)
     top = z.max(axis=-1, keepdims=True)
     with np.errstate(invalid="ignore"):  # NaN in, NaN out: the callers reject NaN / inf inputs themselves
@@ -231,8 +192,5 @@ def log_normalize_host(cand_logits: np.ndarray, rest_lse: np.ndarray | float | N
 
 def child_scores(parent_scores: Tensor, log_q: Tensor, beta: float) -> Tensor:
     """Scores of children: ``(parent + log_q) + beta`` in float32.
-
-    Shape:
-        parent_scores ``[..., m]``, log_q ``[..., m, K]`` -> ``[..., m, K]``.
-    """
+    Shape: parent_scores ``[..., m]``, log_q ``[..., m, K]`` -> ``[..., m, K]``."""
     return (parent_scores.float().unsqueeze(-1) + log_q) + beta

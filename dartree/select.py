@@ -23,10 +23,8 @@ def _check_budget(budget: int) -> None:
 
 
 def top_b_select(tree: DraftTree, budget: int) -> Tensor:
-    """bool ``[b, n]``: the root plus the ``budget`` best draft nodes of each row in the total order.
-
-    The result need not be prefix-closed when scores can increase along a path (beta > 0).
-    """
+    """bool ``[b, n]``: the root plus the ``budget`` best draft nodes of each row in the total order (not
+    prefix-closed when scores can increase along a path, beta > 0)."""
     _check_budget(budget)
     keep = torch.zeros(tree.tokens.shape, dtype=torch.bool)
     for r in range(tree.batch_size):
@@ -38,10 +36,8 @@ def top_b_select(tree: DraftTree, budget: int) -> Tensor:
 
 
 def best_first_select(tree: DraftTree, budget: int) -> Tensor:
-    """bool ``[b, n]``: the root plus the first ``budget`` nodes popped by best-first search.
-
-    Start from the root; pop the best node of the heap in the total order, push its children.
-    """
+    """bool ``[b, n]``: the root plus the first ``budget`` nodes popped by best-first search (pop the best node of
+    the heap in the total order, push its children)."""
     _check_budget(budget)
     keep = torch.zeros(tree.tokens.shape, dtype=torch.bool)
     for r in range(tree.batch_size):

@@ -1,11 +1,9 @@
 """Serve a list of prompts with ``concurrency`` requests in flight (continuous batching).
 
-``serve(decoder, prompts, concurrency, ...)`` admits the first ``concurrency`` prompts, then runs
-batched rounds of :class:`dartree.engine.Engine` (speculative, or the AR baseline when given a
-target instead of a :class:`~dartree.decode.SpeculativeDecoder`); whenever rows finish, the next
-prompts take their slots (prefilled and added to the batch before the next round).  Each request's
-tokens equal what it would get alone.  ``ServeResult.tokens_per_s`` is the aggregate completion
-throughput: all new tokens over the wall time of the whole run, prefills included.
+``serve(decoder, prompts, concurrency, ...)`` runs batched rounds of :class:`dartree.engine.Engine`
+(speculative, or the AR baseline given a target); whenever rows finish, the next prompts take their slots
+before the next round.  Each request's tokens equal what it would get alone.  ``ServeResult.tokens_per_s``:
+all new tokens over the wall time of the whole run, prefills included.
 """
 
 from __future__ import annotations
@@ -17,6 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from dartree.arguments import check_int
 from dartree.decode import SpeculativeDecoder
 from dartree.engine import Engine
 from dartree.models.target import HFTarget
@@ -62,15 +61,10 @@ def serve(
     verifier: str | None = None,
     sampling: Sampling | None = None,
 ) -> ServeResult:
-    """Decode ``prompts`` with at most ``concurrency`` in flight; see the module docstring.
-
-    ``decoder``: a :class:`SpeculativeDecoder` (speculative rounds) or an ``HFTarget`` / causal LM
-    (the batched AR baseline).  ``on_finish(index, result)`` is called as each request completes
-    (for a progress bar).  ``sampling``: a :class:`~dartree.Sampling` instead of the sampling keywords, as in
-    :meth:`SpeculativeDecoder.generate`.
-    """
-    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-        raise ValueError(f"concurrency: expected an int >= 1, got {concurrency!r}")
+    """Decode ``prompts`` with at most ``concurrency`` in flight (module docstring).  ``decoder``: a
+    :class:`SpeculativeDecoder`, or an ``HFTarget`` / causal LM (the batched AR baseline); ``on_finish(index,
+    result)`` is called as each request completes; ``sampling``: as in :meth:`SpeculativeDecoder.generate`."""
+    check_int("concurrency", concurrency)
     target = decoder.target if isinstance(decoder, SpeculativeDecoder) else \
         decoder if isinstance(decoder, HFTarget) else as_target(decoder, ())
     reqs = check_requests(target, prompts, max_new_tokens, temperature, sampler, stop_token_ids,

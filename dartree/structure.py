@@ -1,14 +1,9 @@
 """What verification derives from a tree's parents: ancestor mask, positions, sibling links.
 
-This is the ground floor under :class:`dartree.tree.DraftTree` (which imports it) and under the
-dispatch of the fast backend (:mod:`dartree.fast.ops`, which adds the Triton kernel for CUDA on
-top).  Two implementations with one output contract:
-
-- :func:`tree_structure_host` (CPU tensors): numpy on the host; a draft tree has a few hundred
-  nodes, so a dozen numpy calls beat the ~40 small torch ops of the tensor version.
-- :func:`tree_structure_torch` (any device): pointer doubling in torch, no host synchronisation.
-
-:func:`tree_structure` picks the host version for CPU tensors and the torch one elsewhere.
+The ground floor under :class:`dartree.tree.DraftTree` and :mod:`dartree.fast.ops` (which adds the Triton
+kernel for CUDA).  :func:`tree_structure` runs :func:`tree_structure_host` on CPU tensors (numpy: a dozen
+calls beat ~40 small torch ops on a few hundred nodes) and :func:`tree_structure_torch` elsewhere (pointer
+doubling, no host sync); both have one output contract.
 """
 
 from __future__ import annotations
@@ -42,10 +37,7 @@ class TreeStructure(NamedTuple):
 
 def tree_structure(parents: Tensor, num_nodes: Tensor, prefix_len: int | Tensor = 0) -> TreeStructure:
     """Ancestor mask, positions and links of a padded tree (host numpy on CPU, torch elsewhere).
-
-    Shape:
-        parents: int64 ``[b, n]``; num_nodes: int64 ``[b]``; prefix_len: int or int64 ``[b]``.
-    """
+    Shape: parents int64 ``[b, n]``; num_nodes int64 ``[b]``; prefix_len int or int64 ``[b]``."""
     if parents.device.type == "cpu":
         return tree_structure_host(parents, num_nodes, prefix_len)
     return tree_structure_torch(parents, num_nodes, prefix_len)
@@ -103,11 +95,8 @@ def _doubling_steps(n: int) -> int:
 
 
 def tree_structure_host(parents: Tensor, num_nodes: Tensor, prefix_len: int | Tensor = 0) -> TreeStructure:
-    """numpy version of :func:`tree_structure_torch` for CPU tensors (same outputs, same contract).
-
-    Pointer doubling over ``[b, n, n]`` boolean rows, stopping as soon as every jump has reached a
-    root (a tree of depth D needs ``ceil(log2 D)`` steps, not ``log2 n``).
-    """
+    """numpy :func:`tree_structure_torch` for CPU tensors: pointer doubling over ``[b, n, n]`` boolean rows,
+    stopping once every jump reached a root (``ceil(log2 D)`` steps for depth D, not ``log2 n``)."""
     par = parents.numpy()
     b, n = par.shape
     prefix = np.asarray(prefix_len.cpu() if isinstance(prefix_len, Tensor) else prefix_len, dtype=np.int64)
@@ -134,13 +123,8 @@ def tree_structure_host(parents: Tensor, num_nodes: Tensor, prefix_len: int | Te
 
 
 def tree_structure_torch(parents: Tensor, num_nodes: Tensor, prefix_len: int | Tensor = 0) -> TreeStructure:
-    """Ancestor mask, positions and first-child / next-sibling links from parents (pointer doubling).
-
-    No host synchronisation: the number of steps depends only on ``n``.
-
-    Shape:
-        parents: int64 ``[b, n]``; num_nodes: int64 ``[b]``; prefix_len: int or int64 ``[b]``.
-    """
+    """Ancestor mask, positions and links from parents by pointer doubling; no host sync (the steps depend
+    only on ``n``).  Shape: parents int64 ``[b, n]``; num_nodes int64 ``[b]``; prefix_len int or int64 ``[b]``."""
     b, n = parents.shape
     dev = parents.device
     idx = torch.arange(n, device=dev).expand(b, n)

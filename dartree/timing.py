@@ -1,28 +1,14 @@
 """The correction head as the decoder sees it: protocol checked at the boundary, time inside its calls.
 
-:func:`dartree.protocols.check_head` is called when a :class:`~dartree.decode.SpeculativeDecoder` is built, so
-that a head missing a method fails there with a message naming it, not deep inside a builder.
-:class:`TimedHead` wraps the head for the decoding loop: it forwards every call, adds the wall time
-spent inside head calls to ``seconds`` (the ``head`` column of the stage tables; the rest of the
-build is the builder's own work), and checks what each call returns where it enters the builder
-(:func:`check_state` / :func:`check_logits_out`: a tensor, on the block's device, of the documented
-shape, a state width that does not change between calls, floating logits; at ``initial_state``
-also the head's parameters' device and ``block.hidden``'s width against ``head.hidden_size``).
-These read only metadata (no host sync): about 1-2 us a call.  The optional fused
-method ``advance_logits`` is exposed only when the wrapped head has it, because builders detect it
-with ``head_method(head, "advance_logits")``; ``prepare_block`` is always there and returns ``None``
-when the head has none, and the calls of what it prepares are timed and counted alike, and checked
-unless the head is exactly a class decorated with :func:`trusted_head` (dartree's own ``GRUHead``,
-``MarkovHead``; perf; so are their ``vocab_logits`` and ``advance``, the calls of a sampled round).  Any
-other head is handed a copy of ``states`` (about 1 us a call on the CPU, one copy kernel on CUDA): a head
-that edits its argument in place then changes only its copy, where it used to change the states the builder
-keeps for other branches, and with them the tree.
-
-On CUDA each head call is bracketed by ``torch.cuda.synchronize`` so that its time is charged to
-the head and not to whatever synchronises next; on the CPU timing costs two ``perf_counter`` calls.
-:func:`checked_head` is the same proxy without the synchronisation: what
-:meth:`dartree.builders.TreeBuilder.build` wraps a head in when it is called directly (not by a
-decoder, whose head is already a :class:`TimedHead`), so that both see the same checks.
+:class:`TimedHead` wraps the head for the decoding loop: it forwards every call, adds the time spent inside
+head calls to ``seconds`` (the ``head`` stage), and checks what each call returns where it enters the builder
+(a tensor on the block's device, of the documented shape, a state width that does not change, floating
+logits), reading only metadata (no host sync).  ``advance_logits`` is exposed only when the head has it
+(builders detect it with ``head_method``); ``prepare_block`` always, returning ``None`` when the head has none.
+A head that is not exactly a :func:`trusted_head` class gets a copy of ``states``: a head that edits its
+argument in place would otherwise change the states the builder keeps for other branches, and the tree.
+On CUDA each call is bracketed by ``torch.cuda.synchronize`` so that its time is charged to the head.
+:func:`checked_head` is the same proxy without the synchronisation, for ``TreeBuilder.build`` called directly.
 """
 
 from __future__ import annotations
@@ -94,11 +80,8 @@ def _pair(name: str, out: Any, block: Any, tokens: Tensor, width: int | None,
 
 
 class TimedHead:
-    """Forwards to ``head``; ``seconds`` accumulates the wall time spent inside its calls.
-
-    ``sync``: on CUDA, bracket each call with ``torch.cuda.synchronize`` (the decoder's stage times);
-    ``False`` checks and counts the calls without synchronising (:func:`checked_head`).
-    """
+    """Forwards to ``head``; ``seconds`` accumulates the wall time spent inside its calls.  ``sync``: on CUDA,
+    bracket each call with ``torch.cuda.synchronize``; ``False`` only checks and counts (:func:`checked_head`)."""
 
     def __init__(self, head: Any, device: torch.device | str = "cpu", sync: bool = True) -> None:
         check_head(head)
@@ -108,8 +91,7 @@ class TimedHead:
         self.calls = 0                          # head method calls since the last take_calls
         self._cuda = sync and torch.device(device).type == "cuda"
         self._width: int | None = None          # the state width S of the last initial_state
-        # perf: the bundled heads' prepared calls are not re-checked (dartree's own code, its output
-        # shapes tested; about 5 us a call, 7% of a dartree-pruned B=16 build); a subclass is checked
+        # perf: dartree's own heads' calls are not re-checked (their shapes are tested); a subclass is
         self._trusted = type(head) in _TRUSTED
         self._block_source: Any = None          # the block last handed to the head, and its copy (_own_block)
         self._block_copy: Any = None
@@ -139,9 +121,8 @@ class TimedHead:
         return out
 
     def prepare_block(self, block: Any, candidates: Tensor) -> _TimedSteps | None:
-        """The head's optional ``prepare_block`` (timed, not counted as a call), its result wrapped so
-        that each of its calls is timed, counted and checked; ``None`` when the head has none or
-        declines (the builder then makes the protocol calls)."""
+        """The head's optional ``prepare_block`` (timed, not counted), its result wrapped so that each of its calls
+        is timed, counted and checked; ``None`` when the head has none or declines."""
         prepare = head_method(self.head, "prepare_block")
         if prepare is None:
             return None
@@ -166,17 +147,14 @@ class TimedHead:
         return out
 
     def _own(self, x: Tensor) -> Tensor:
-        """What the head is handed as ``states``, ``tokens`` or ``candidates``: the builder's tensor for
-        dartree's own heads, a copy for any other, so that a head editing its argument in place cannot
-        change what the builder keeps (states of other branches, the tokens of the tree, the candidate
-        lists: such an edit changed the tree, and on the fast backend made a trusted builder's tree
-        break the decoder's contract)."""
+        """``states``, ``tokens`` or ``candidates`` as the head gets them: the builder's tensor for dartree's own heads,
+        a copy for any other, so that a head editing its argument in place cannot change what the builder keeps (it
+        changed the tree, and made a trusted fast builder's tree break the decoder's contract)."""
         return x if self._trusted else x.clone()
 
     def _own_block(self, block: Any) -> Any:
-        """``block`` for dartree's own heads; for any other, one copy per block (made at its first call),
-        so that a head editing the drafter's logits or hidden states in place changes neither the tree
-        nor the block the decoder holds."""
+        """``block`` for dartree's own heads; for any other, one copy per block, so that a head editing the drafter's
+        logits or hidden states in place changes neither the tree nor the decoder's block."""
         if self._trusted or not isinstance(block, DraftBlock):
             return block
         if self._block_source is not block:

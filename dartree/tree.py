@@ -1,12 +1,9 @@
 """DraftTree: the one tree type, its validation, canonical form and derived structure.
 
-Layout (batch-first, padded): node 0 is the root, nodes ``1..num_nodes-1`` are draft tokens.
-Validity is ``arange(n) < num_nodes``; padding slots hold ``PAD`` (-1) in the integer fields and
-``-inf`` in ``scores``, and no derived quantity ever reads them.
-
-Every builder emits the draft nodes of a row sorted by the total order (score descending, ties by
-rank path, a prefix before its extensions), so parents always precede their children and two
-backends that select the same set produce identical tensors.
+Batch-first and padded: node 0 is the root, nodes ``1..num_nodes-1`` draft tokens; padding holds ``PAD``
+(-1) in the integer fields and ``-inf`` in ``scores``, and nothing derived reads it.  Builders emit a row's
+nodes in the total order (score descending, ties by rank path, a prefix first), so parents precede their
+children and two backends that select the same set produce identical tensors.
 """
 
 from __future__ import annotations
@@ -17,6 +14,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from dartree.arguments import check_int
 from dartree.block import DraftBlock, check_not_meta
 from dartree.structure import PAD, TreeStructure, ancestor_mask, tree_structure
 
@@ -24,10 +22,7 @@ __all__ = ["DraftTree", "PAD", "check_decodable", "rank_path_key"]
 
 
 def rank_path_key(score: float, rank_path: tuple[int, ...]) -> tuple[float, tuple[int, ...]]:
-    """Sort key of the total order: higher score first, then rank path lexicographically.
-
-    Python compares tuples so that a prefix sorts before its extensions, exactly as required.
-    """
+    """Sort key of the total order: higher score first, then rank path (a tuple: a prefix sorts first)."""
     return (-score, rank_path)
 
 
@@ -74,14 +69,11 @@ class DraftTree:
                  vocab_size: int | None = None) -> DraftTree:
         """Check every structural invariant; raise ``ValueError`` naming the first one broken.
 
-        ``gamma``, ``budget`` and ``vocab_size`` (tokens, root included, in ``[0, vocab_size)``) are
-        checked when given.  Returns ``self`` so that it can be chained.  This synchronises with the
-        device and loops in Python; it is meant for tests and debugging.  The decoder runs the
-        cheap :func:`check_decodable` on every tree instead.
+        ``gamma``, ``budget`` and ``vocab_size`` (tokens in ``[0, vocab_size)``) are checked when given; returns
+        ``self``.  Host syncs and Python loops: for tests and debugging (the decoder runs :func:`check_decodable`).
         """
         for name, value in (("gamma", gamma), ("budget", budget), ("vocab_size", vocab_size)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"{name}: expected an int >= 1 or None, got {value!r}")
+            check_int(name, value, optional=True)
         fields = {"tokens": self.tokens, "parents": self.parents, "depths": self.depths, "ranks": self.ranks}
         for name, t in fields.items():
             if not isinstance(t, Tensor) or t.dtype != torch.int64 or t.dim() != 2:
@@ -146,19 +138,12 @@ class DraftTree:
 
     # ---------------------------------------------------------------------------- derived data
     def structure(self, prefix_len: int | Tensor = 0) -> TreeStructure:
-        """Ancestor mask, positions and first-child / next-sibling links in one pass.
-
-        Computed by :func:`dartree.structure.tree_structure` (numpy on the host for CPU tensors, torch
-        without host synchronisation elsewhere); :func:`dartree.fast.ops.tree_structure` adds the
-        Triton kernel for CUDA on top.
-        """
+        """Ancestor mask, positions and first-child / next-sibling links in one pass
+        (:func:`dartree.structure.tree_structure`; :func:`dartree.fast.ops.tree_structure` adds the CUDA kernel)."""
         return tree_structure(self.parents, self.num_nodes, prefix_len)
 
     def ancestor_mask(self) -> Tensor:
-        """bool ``[b, n, n]``: ``mask[r, i, j]`` iff node j is node i or one of its ancestors.
-
-        Padding rows and columns are all False.
-        """
+        """bool ``[b, n, n]``: ``mask[r, i, j]`` iff node j is node i or an ancestor (padding all False)."""
         return ancestor_mask(self.parents, self.num_nodes)
 
     def positions(self, prefix_len: int | Tensor) -> Tensor:
@@ -169,10 +154,7 @@ class DraftTree:
         return prefix + self.depths.clamp(min=0)
 
     def links(self) -> tuple[Tensor, Tensor]:
-        """first-child and next-sibling links, int64 ``[b, n]`` each, -1 where none.
-
-        Children are linked in node-index order (which is the total order).
-        """
+        """First-child and next-sibling links, int64 ``[b, n]`` each, -1 where none (children in node order)."""
         s = self.structure()
         return s.first_child, s.next_sibling
 
@@ -195,11 +177,8 @@ class DraftTree:
         return [tuple(rk[j] for j in p) for p in self.node_paths(row)]
 
     def canonical(self) -> list[dict[tuple[int, ...], float]]:
-        """Per row: map from each node's token path (root excluded; root: ``()``) to its score.
-
-        Two trees are the same tree iff their canonical forms are equal; parity tests compare
-        these (paths exactly, scores exactly or with a stated tolerance).
-        """
+        """Per row: each node's token path (root: ``()``) -> its score.  Two trees are the same tree iff
+        their canonical forms are equal (parity tests compare these)."""
         out = []
         for r in range(self.batch_size):
             sc = self.scores[r].tolist()
@@ -225,10 +204,8 @@ class DraftTree:
         return "\n".join(lines)
 
     def select(self, keep: Tensor) -> DraftTree:
-        """The sub-tree of the nodes where ``keep`` (bool ``[b, n]``) is True, order preserved.
-
-        ``keep`` must include the root and be prefix-closed (every kept node's parent kept).
-        """
+        """The sub-tree of the nodes where ``keep`` (bool ``[b, n]``) is True, order preserved; ``keep`` must
+        include the root and be prefix-closed."""
         keep = keep & self.valid()
         if not bool(keep[:, 0].all()):
             raise ValueError("keep: must keep the root of every row")
@@ -298,8 +275,7 @@ def _decodable_flags(tree: DraftTree, root: Tensor, vocab_size: int, gamma: int,
 
 
 def _decodable_host(tree: DraftTree, root: Tensor, vocab_size: int, gamma: int, limit: int) -> bool:
-    """Whether every clause of :func:`_decodable_flags` holds, in numpy for CPU tensors (a dozen numpy
-    calls: ~50 us on one thread against ~200 us for the torch ops)."""
+    """Whether every clause of :func:`_decodable_flags` holds, in numpy for CPU tensors (fewer, cheaper calls)."""
     tokens, parents, depths = tree.tokens.numpy(), tree.parents.numpy(), tree.depths.numpy()
     num = tree.num_nodes.numpy()
     slots = np.arange(tokens.shape[1])
@@ -342,18 +318,13 @@ def _decodable_message(clause: str, where: Tensor, tree: DraftTree, root: Tensor
 def check_decodable(tree: DraftTree, block: DraftBlock, budget: int | None = None) -> DraftTree:
     """Check the contract the decoder relies on for a builder's tree; return ``tree``.
 
-    The decoder verifies ``tree`` against the target as it is, so a builder that breaks the
-    contract would otherwise give silently wrong output (a wrong root) or fail deep inside the
-    target (a token ``>= V``).  Checked, over the valid nodes of every row: the root is
-    ``block.root`` (parent -1, depth 0); every token is in ``[0, V)`` (``V = block.vocab_size``);
-    ``0 <= parents[i] < i``; ``depths[i] == depths[parents[i]] + 1 <= block.gamma``; siblings carry
-    distinct tokens; ``1 <= num_nodes <= n`` (and ``<= 1 + budget`` when given).  Scores, ranks
-    and padding slots are not read by the decoder and not checked (:meth:`DraftTree.validate` does).
-
-    Cost: on the CPU a dozen numpy calls on the tensors' memory (~50 us on one thread for trees of
-    17 and 65 nodes); elsewhere a dozen torch ops and ONE host synchronisation (one combined flag).
-    The messages are computed only when a clause is broken.  Raises ``ValueError`` naming the clause, the row and
-    the node.
+    The decoder verifies ``tree`` as it is, so a broken tree would give silently wrong output (a wrong root) or
+    fail deep inside the target (a token ``>= V``).  Over the valid nodes of every row: the root is
+    ``block.root`` (parent -1, depth 0); tokens in ``[0, V)``; ``0 <= parents[i] < i``;
+    ``depths[i] == depths[parents[i]] + 1 <= block.gamma``; distinct sibling tokens; ``1 <= num_nodes <= n``
+    (and ``<= 1 + budget``).  Scores, ranks and padding are not read by the decoder and not checked
+    (:meth:`DraftTree.validate` does).  On the CPU a dozen numpy calls; elsewhere torch ops and ONE host sync;
+    messages are made only on failure.  Raises ``ValueError`` naming the clause, the row and the node.
 
     Shape:
         tree: ``[b, n]`` with ``b = block.batch_size``.
@@ -373,8 +344,7 @@ def check_decodable(tree: DraftTree, block: DraftBlock, budget: int | None = Non
             raise ValueError(f"builder: tree.{name} must be an int64 tensor of shape {list(want)}, got {got}")
         if t.device != block.device:
             raise ValueError(f"builder: tree.{name} is on {t.device}, the block on {block.device}")
-    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
-        raise ValueError(f"budget: expected an int >= 1 or None, got {budget!r}")
+    check_int("budget", budget, optional=True)
     check_not_meta("block.root", block.root)
     limit = tree.max_nodes if budget is None else min(tree.max_nodes, 1 + budget)
     root, vocab, gamma = block.root, block.vocab_size, block.gamma

@@ -1,17 +1,8 @@
-"""Fast builders: the registry's nine strategies, the first seven dispatched per device by :mod:`dartree.fast.ops`.
-
-Same signature, config and output as :mod:`dartree.ref.builders` (``fn(block, head, config) ->
-DraftTree``); the trees are identical (same nodes, same order, same float32 scores).  Inputs are
-validated by :class:`dartree.builders.TreeBuilder`.
-
-- CPU tensors: :mod:`dartree.fast.host_builders` (numpy and a Python heap on the host);
-- every other device, or a forced kernel backend: :mod:`dartree.fast.tensor_builders` (tensorized,
-  no host synchronisation inside a build);
-- ``sequential-heap``: :mod:`dartree.fast.heap` on every device (sequential by nature: one host
-  round trip per pop).
-- ``sequoia`` / ``corrected-sequoia``: :mod:`dartree.fast.sequoia` on every device (a static shape: one
-  gather; with a head, one head call, one sort and one advance per depth, batched over rows and nodes).
-"""
+"""Fast builders: the registry's nine strategies, each with the signature, config and trees (same nodes, order
+and float32 scores) of :mod:`dartree.ref.builders`.  The first six are dispatched by
+:func:`dartree.fast.ops.builders`: :mod:`dartree.fast.host_builders` for CPU tensors,
+:mod:`dartree.fast.tensor_builders` elsewhere; ``sequential-heap`` (:mod:`dartree.fast.heap`: one host round
+trip per pop) and the Sequoia pair (:mod:`dartree.fast.sequoia`: a static shape) run on every device."""
 
 from __future__ import annotations
 
@@ -26,31 +17,16 @@ __all__ = ["chain", "ddtree", "corrected_chain", "corrected_chain_ddtree", "sequ
            "dartree_pruned", "sequoia", "corrected_sequoia"]
 
 
-def chain(block: DraftBlock, head: None, config) -> DraftTree:
-    """DFlash: the argmax of the base logits at every depth (gamma draft nodes)."""
-    return ops.builders(block.logits).chain(block, head, config)
+def _dispatched(name: str):
+    """The strategy ``name`` of the builder module :func:`dartree.fast.ops.builders` picks for the block's
+    logits (one module-level function per strategy: the registry trusts these by identity)."""
+    def build(block: DraftBlock, head: CorrectionHead | None, config) -> DraftTree:
+        return getattr(ops.builders(block.logits), name)(block, head, config)
+
+    build.__name__ = build.__qualname__ = name
+    return build
 
 
-def corrected_chain(block: DraftBlock, head: CorrectionHead, config) -> DraftTree:
-    """Domino: a greedy chain, each depth re-scored by the head along the chain's own path."""
-    return ops.builders(block.logits).corrected_chain(block, head, config)
-
-
-def ddtree(block: DraftBlock, head: None, config) -> DraftTree:
-    """DDTree: the top-B prefixes of the candidate trie under the base marginals."""
-    return ops.builders(block.logits).ddtree(block, head, config)
-
-
-def corrected_chain_ddtree(block: DraftBlock, head: CorrectionHead, config) -> DraftTree:
-    """Head run along the corrected greedy chain; the DDTree top-B over those per-depth distributions."""
-    return ops.builders(block.logits).corrected_chain_ddtree(block, head, config)
-
-
-def dartree_fixed(block: DraftBlock, head: CorrectionHead, config) -> DraftTree:
-    """DARTree (fixed): depth-wise batched expansion with quota ceil(remaining budget / remaining depths)."""
-    return ops.builders(block.logits).dartree_fixed(block, head, config)
-
-
-def dartree_pruned(block: DraftBlock, head: CorrectionHead, config) -> DraftTree:
-    """DARTree (pruned): a supertree of width W per depth, then one global top-B by s_beta."""
-    return ops.builders(block.logits).dartree_pruned(block, head, config)
+chain, corrected_chain, ddtree, corrected_chain_ddtree, dartree_fixed, dartree_pruned = (
+    _dispatched(name) for name in ("chain", "corrected_chain", "ddtree", "corrected_chain_ddtree", "dartree_fixed",
+                                   "dartree_pruned"))

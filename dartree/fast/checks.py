@@ -1,11 +1,9 @@
 """Deferred input checks of the fast builders on devices where reading a flag is a host sync.
 
-A fast build on CUDA must not synchronise per depth, yet NaN from a correction head or too few
-finite logits must still be an error.  Such checks call :func:`defer` with a bool tensor (True =
-bad) and a message; :meth:`dartree.builders.TreeBuilder.build` opens a :func:`collect` scope around
-the build and reads all flags of the build in ONE synchronisation at its end, raising the first
-message whose flag is set.  Outside a scope (an internal builder function called directly, e.g. to
-prove that a build makes no host sync) the flags are dropped: the checks belong to ``build``.
+A CUDA build must not sync per depth, yet NaN from a head or too few finite logits must still be an error:
+checks :func:`defer` a bool tensor (True = bad) and a message, and ``TreeBuilder.build`` reads all flags of a
+build in ONE sync at its end (:func:`collect`), raising the first message set.  Outside a scope (a builder
+function called directly, e.g. to prove a build makes no sync) the flags are dropped.
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
 """Tensorized depth-wise search and tree assembly shared by the fast builders (all rows at once).
 
-The kept nodes of every depth are held in rank-path lexicographic order, so the tie-break key of a
-child is simply its flat index ``parent * K + rank`` (see :func:`dartree.fast.ops.depth_step`).
-The supertree (the union of every depth's kept nodes) is put into the total order at the end: its
-pre-order (children by rank) is the rank-path order with a prefix first; it is computed by stable
-sorts of mixed-radix words whose digits are each ancestor's index in its depth's lex order
-(:mod:`dartree.fast.keys`), and one top-B over the scores laid out in pre-order then breaks ties by
-pre-order position.
-
-Every depth has the same number of kept nodes in every row (it depends only on the budget, the
-width, K and the depth), so widths are Python ints, rows never need padding and nothing here
-synchronises with the device.
+Each depth's kept nodes are held in rank-path order, so a child's tie-break key is its flat index
+``parent * K + rank`` (:func:`dartree.fast.ops.depth_step`).  At the end the supertree is put in the total
+order: its pre-order (children by rank) is sorted by stable sorts of mixed-radix words
+(:mod:`dartree.fast.keys`), and one top-B over the scores in pre-order breaks ties by position.  Every
+depth keeps the same number of nodes in every row, so widths are Python ints, rows need no padding and
+nothing here synchronises with the device.
 """
 
 from __future__ import annotations
@@ -57,12 +52,9 @@ class Supertree:
 
 
 def candidate_set(block: DraftBlock, topk: int, normalize: str) -> CandidateSet:
-    """``C_d`` and base log q of every depth of every row (one dispatched kernel).
-
-    ``log_q`` is recomputed from the kernel's exact outputs (gathered logits, ``rest_lse``) with
-    :func:`dartree.scoring.log_normalize`, the formula of the reference, so that tree scores do not
-    depend on the kernel's own (allclose) log-softmax.
-    """
+    """``C_d`` and base log q of every depth of every row (one dispatched kernel); log q is recomputed from
+    the kernel's exact outputs with the reference's :func:`dartree.scoring.log_normalize`, so tree scores do not
+    depend on the kernel's own (allclose) log-softmax."""
     x = block.logits
     # NaN / +inf never pass (-inf masks a token); read once, at the end of the build (dartree.fast.checks).
     checks.defer(torch.isnan(x).any() | (x == float("inf")).any(),
@@ -89,16 +81,10 @@ def _layout(widths: tuple[int, ...], device: torch.device) -> tuple[list[Tensor]
 
 
 class _StopPoll:
-    """Whether the bound's stop flag (a 0-d bool tensor per depth) has been seen set, read without a sync.
-
-    - CPU tensors (the kernels forced onto the CPU in tests, ``TRITON_INTERPRET=1``): read at once, free;
-    - CUDA: each flag is copied into pinned host memory with ``non_blocking=True`` behind an event; a flag
-      is read only once its event has completed (``Event.query()`` never blocks), so the stop lags the
-      device by the depths still in flight (typically one) and the build never waits on the device;
-    - any other device (e.g. ``meta``): never read, the expansion runs to the end.
-    Expanding past the stop is harmless: every later node descends from a frontier that ranks after the
-    budget-th best node, so none enters the tree (docs/builders.md, "Bound pruning").
-    """
+    """Whether the bound's stop flag (a 0-d bool tensor per depth) has been seen set, read without a sync:
+    at once on the CPU; on CUDA copied to pinned memory behind an event and read once the event completed
+    (``query()`` never blocks: the stop lags by the depths in flight); never on other devices (``meta``).
+    Expanding past the stop is harmless: no later node can enter the tree (docs/builders.md, "Bound pruning")."""
 
     def __init__(self, device: torch.device) -> None:
         self.kind = device.type
@@ -126,21 +112,15 @@ def expand(block: DraftBlock, cands: CandidateSet, widths: list[int], head: Corr
            bound: int | None = None) -> Supertree:
     """Depth-wise batched expansion: at depth d keep the best ``widths[d-1]`` children of the kept nodes.
 
-    With a head, each depth makes one fused ``advance_logits`` call for all branches of all rows (or the
-    two calls ``advance`` and ``logits`` when the head has no fused method); the root's logits are
-    one call, and the last depth's advance is never computed.  Without one, every branch of depth d
-    shares ``log_q[:, d-1]`` (default: the base log q of the candidates).  ``trace`` records the
-    ``[b, 1, K]`` log q of each depth (chains only); ``words`` builds the rank-path words that
-    :func:`assemble` needs to sort a branching supertree.
+    With a head, one fused ``advance_logits`` call per depth for all branches of all rows (or ``advance`` then
+    ``logits``); the last depth's advance is never computed.  Without one, every branch of depth d shares
+    ``log_q[:, d-1]`` (default: the base log q).  ``trace`` records each depth's ``[b, 1, K]`` log q (chains
+    only); ``words`` builds the rank-path words :func:`assemble` needs to sort a branching supertree.
 
-    ``bound`` (``dartree-pruned``'s budget; docs/builders.md, "Bound pruning"): once the rows hold that
-    many nodes, a running top-``bound`` of the scores gives each row's ``bound``-th best score; when every
-    frontier node of every row scores, plus ``beta`` (what its best child can score at most), strictly
-    below it, no deeper node can enter the tree and the expansion stops (read through
-    :class:`_StopPoll`: at once on the CPU, without a sync and up to the depths in flight late on CUDA).
-    No branch is masked: on a GPU the head call costs the same for fewer rows, so only skipped depths
-    save time; ties with the threshold are kept (the host path breaks them by rank path, see
-    :mod:`dartree.fast.host_builders`).
+    ``bound`` (``dartree-pruned``'s budget; docs/builders.md, "Bound pruning"): once the rows hold that many
+    nodes, when every frontier node of every row scores, plus ``beta``, strictly below its row's ``bound``-th
+    best score, no deeper node can enter the tree and the expansion stops (read through :class:`_StopPoll`).
+    No branch is masked (on a GPU a head call costs the same for fewer rows); ties with the threshold are kept.
 
     Shape:
         cands: :class:`CandidateSet` ``[b, gamma, K]``; log_q: float32 ``[b, gamma, K]`` or None.
@@ -213,11 +193,8 @@ def _flatten(tree: Supertree) -> tuple[Tensor, Tensor, Tensor, Tensor]:
 
 
 def assemble(block: DraftBlock, tree: Supertree, budget: int | None, path: bool = False) -> DraftTree:
-    """The DraftTree of the best ``budget`` supertree nodes (all when None), sorted by the total order.
-
-    ``path`` says the supertree is a single chain (width 1 everywhere): then the total order is the
-    depth order (scores never increase along a path, ties put the prefix first) and no sort is needed.
-    """
+    """The DraftTree of the best ``budget`` supertree nodes (all when None), sorted by the total order;
+    ``path``: the supertree is one chain, whose depth order is the total order (no sort needed)."""
     parents, tokens, ranks, scores = _flatten(tree)
     b, total = scores.shape
     n_out = total if budget is None else min(budget, total)

@@ -1,10 +1,8 @@
 """What the last depth-wise fast build expanded: the head work that ``dartree-pruned``'s bound saved.
 
-Every depth-wise build of the fast backend (``corrected-chain``, ``dartree-fixed``, ``dartree-pruned``,
-the chain of ``corrected-chain-ddtree``) records one :class:`Expansion` for the calling thread;
-:func:`last` returns it.  A depth is one evaluation of the head's logits for all branches of all rows
-(the root's ``logits`` call, then one fused ``advance_logits`` per further depth), so
-``Expansion.depths_saved`` is the number of head calls the bound saved in that build.
+Every depth-wise fast build records one :class:`Expansion` for the calling thread (:func:`last`).  A depth is
+one evaluation of the head's logits for all branches of all rows, so ``depths_saved`` is the number of head
+calls the bound saved::
 
     tree = builder.build(block, head)
     saved = dartree.fast.expansion.last().depths_saved
@@ -36,10 +34,6 @@ class Expansion:
     @property
     def depths_saved(self) -> int:
         return self.full_depths - self.depths
-
-    @property
-    def branches_saved(self) -> int:
-        return self.full_branches - self.branches
 
 
 _local = threading.local()

@@ -1,20 +1,11 @@
 """Fast ``sequential-heap``: exact node-wise best-first search under corrected scores.
 
-The algorithm is sequential by nature: the head runs on one popped node at a time, so a build makes
-about ``B`` head calls and one host-device round trip per pop (the head protocol takes the depth as
-a Python int, and the depth of the next node is data).  Given that, this version keeps the device
-doing only the head calls and does everything else on the host:
-
-- rows are batched: every row pops one node per step, and the head is called once per step and
-  depth for all rows whose popped node has that depth (one call in the usual case);
-- one head call per pop: the fused ``advance_logits`` (advance the head to the popped node, score
-  its children), or the two-call form when the head has no fused method; the last popped node is
-  never advanced;
-- the K children's log q and scores are computed on the host (:func:`dartree.scoring.log_normalize_host`,
-  float32 numpy) and sorted by corrected score, ties by rank (a stable sort);
-- lazy sibling pushing: the frontier holds only the best not-yet-popped child of each expanded node
-  (its next sibling is pushed when it is popped), so it never exceeds the budget;
-- the frontier is a host ``heapq`` keyed by ``(-score, rank path)``: exactly the total order.
+Sequential by nature (the head scores one popped node at a time, and the next node's depth is data), so the
+device does only the head calls: rows pop one node each per step, one head call per step and depth (the
+fused ``advance_logits``, or two calls; the last popped node is never advanced); children's log q and
+scores are computed on the host (:func:`dartree.scoring.log_normalize_host`) and sorted by score, ties by
+rank; the frontier, a ``heapq`` keyed by ``(-score, rank path)`` (the total order), holds only the best
+unpopped child of each expanded node (its next sibling is pushed when it is popped).
 """
 
 from __future__ import annotations

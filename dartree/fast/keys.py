@@ -1,15 +1,9 @@
 """Sortable integer keys for the one total order (score descending, rank path ascending).
 
-A float32 score maps to an int32 whose signed order is the float order (``-0.0`` is folded into
-``+0.0`` first, so the two tie as they do under float comparison).  Packed with a tie-break index
-``tie`` (``0 <= tie < 2**32``, smaller is better) into one int64::
-
-    key = order32(score) << 32 | (2**32 - 1 - tie)
-
-a larger key is a better node: higher score first, then the smaller tie index.  Rank paths are
-compared through *words*: each depth contributes one digit (``1 + index``; 0 means "no node at this
-depth", so a prefix sorts before its extensions) in a mixed-radix int64 word; depths that do not fit
-in one word spill into the next, and comparing the words in order is comparing the paths.
+A float32 score maps to an int32 whose signed order is the float order (``-0.0`` folded into ``+0.0``),
+packed with a tie index ``0 <= tie < 2**32`` (smaller is better) into ``order32(score) << 32 | (2**32 - 1 -
+tie)``: a larger key is a better node.  Rank paths compare as mixed-radix int64 *words*, one digit per depth
+(``1 + index``; 0: no node, so a prefix sorts first), spilling into further words in order.
 """
 
 from __future__ import annotations
@@ -26,19 +20,14 @@ WORD_LIMIT = 1 << 62  # every word < 2**62, so int64 max is free as a "no entry"
 
 
 def order32(x: Tensor) -> Tensor:
-    """int32 with the same order as the float32 ``x`` (``-0.0 == +0.0``; NaN unsupported).
-
-    Shape: ``[...]`` -> ``[...]``.
-    """
+    """int32 with the same order as the float32 ``x`` ``[...]`` (``-0.0 == +0.0``; NaN unsupported)."""
     bits = (x.float() + 0.0).view(torch.int32)  # -0.0 + 0.0 = +0.0: the two zeros tie
     return bits ^ ((bits >> 31) & 0x7FFFFFFF)  # negative floats: flip the magnitude bits
 
 
 def pack(score: Tensor, tie: Tensor) -> Tensor:
     """int64 key: larger means higher score, then smaller ``tie`` (``0 <= tie < 2**32``).
-
-    Shape: score float ``[...]``, tie int64 broadcastable -> int64 ``[...]``.
-    """
+    Shape: score float ``[...]``, tie int64 broadcastable -> int64 ``[...]``."""
     return (order32(score).to(torch.int64) << 32) | (TIE_MAX - tie)
 
 
@@ -49,10 +38,8 @@ def unpack_tie(key: Tensor) -> Tensor:
 
 @dataclass(frozen=True)
 class WordPlan:
-    """Where each depth's digit lives: ``word[d]`` and ``place[d]`` (its multiplier), depth 1-based.
-
-    ``word[0]``/``place[0]`` describe the root (no digit) and are unused.
-    """
+    """Where each depth's digit lives: ``word[d]`` and ``place[d]`` (its multiplier), depth 1-based
+    (index 0, the root, has no digit)."""
 
     word: tuple[int, ...]
     place: tuple[int, ...]
@@ -82,12 +69,8 @@ def word_plan(bases: list[int]) -> WordPlan:
 
 
 def lexsort(words: Tensor) -> Tensor:
-    """int64 ``[b, N]``: the permutation that sorts the rows of ``words`` lexicographically.
-
-    Least-significant word first, with stable sorts (one per word).
-
-    Shape: words int64 ``[b, N, w]`` -> ``[b, N]``.
-    """
+    """int64 ``[b, N]``: the permutation that sorts the rows of ``words`` (int64 ``[b, N, w]``)
+    lexicographically: stable sorts, least-significant word first."""
     perm: Tensor | None = None
     for j in reversed(range(words.shape[-1])):
         key = words[..., j] if perm is None else torch.gather(words[..., j], 1, perm)

@@ -1,26 +1,16 @@
 """The hot operations of the fast backend, dispatched in ONE place.
 
-Every op has three implementations with identical signatures and output contracts: the host
-version (:mod:`dartree.fast.host`: numpy and a few large torch passes), the torch twin
-(:mod:`dartree.fast.twins`: tensorized, no host synchronisation) and a Triton kernel
-(:mod:`dartree.fast.triton_kernels`).  :func:`backend` picks one per tensor: CPU tensors go to
-``"host"`` (on one CPU thread a torch op costs microseconds of dispatch however small its tensor, so
-numpy over a few hundred nodes wins), CUDA tensors to ``"triton"``, every other device (e.g. ``meta``)
-to the ``"torch"`` twin; :func:`force_backend` overrides that (tests use it to run the twins and the
-kernels on CPU tensors, the kernels under ``TRITON_INTERPRET=1``).  :func:`builders` makes the same
-choice for whole builds: the host builders for ``"host"``, the tensorized builders otherwise.  The
-Triton module is imported lazily, on first use, so that ``TRITON_INTERPRET`` can be set before any
-kernel is defined.
+Every op has three implementations with one contract: host (:mod:`dartree.fast.host`, numpy), torch twin
+(:mod:`dartree.fast.twins`, no host sync) and Triton kernel (:mod:`dartree.fast.triton_kernels`, imported
+lazily so that ``TRITON_INTERPRET`` can be set first).  :func:`backend` picks per tensor: CPU -> ``"host"``
+(a torch op costs microseconds of dispatch however small its tensor), CUDA -> ``"triton"``, anything else
+(``meta``) -> ``"torch"``; :func:`force_backend` overrides it (tests run twins and kernels on CPU tensors).
+:func:`builders` makes the same choice for whole builds.
 
-Exactness: integer outputs (tokens, ranks, parents, indices, masks) are equal on every path.  Scores
-are float32 and the selection keys are built from them, so ``depth_step`` computes
-``(parent + log_q) + beta`` with the same two IEEE additions everywhere; ``rest_lse`` follows the
-exact definition of :func:`dartree.scoring.rest_logsumexp` on every path (torch ops on the twin path,
-C on the host, the same operations in the kernel, compiled without fused multiply-adds).  The
-builders take only the exact outputs of ``topk_candidates`` (tokens, gathered logits) plus
-``rest_lse``, and compute every log q with :func:`dartree.scoring.log_normalize`, the reference's
-formula, so trees are bit-identical to the reference on every path, up to the last float64 bit of
-two ``log`` implementations, which the rounding to float32 absorbs (see docs/kernels.md).
+Exactness: integer outputs are equal on every path; ``depth_step`` makes ``(parent + log_q) + beta`` with the
+same two IEEE additions everywhere, ``rest_lse`` follows :func:`dartree.scoring.rest_logsumexp` exactly, and the
+builders compute every log q with the reference's :func:`dartree.scoring.log_normalize`, so trees are
+bit-identical to the reference (docs/kernels.md).
 """
 
 from __future__ import annotations
@@ -97,52 +87,36 @@ def builders(x: Tensor) -> ModuleType:
 
 
 def topk_candidates(logits: Tensor, topk: int, vocab_normalize: bool) -> CandidateSet:
-    """Top-K candidates per position with log q (see :func:`dartree.fast.twins.topk_candidates`).
-
-    Shape:
-        logits: float ``[b, gamma, V]``; ``1 <= topk <= V`` -> :class:`CandidateSet` ``[b, gamma, K]``.
-    """
+    """Top-K candidates per position with log q (:func:`dartree.fast.twins.topk_candidates`).
+    Shape: logits float ``[b, gamma, V]``; ``1 <= topk <= V`` -> :class:`CandidateSet` ``[b, gamma, K]``."""
     args = (logits, topk, vocab_normalize)
     return _impl(logits, "topk_candidates", *args).topk_candidates(*args)
 
 
 def depth_step(parent_scores: Tensor, log_q: Tensor, beta: float, width: int) -> DepthStep:
-    """Top-``width`` children of ``m`` lex-ordered branches (see :func:`dartree.fast.twins.depth_step`).
-
-    Shape:
-        parent_scores ``[b, m]``, log_q ``[b, m | 1, K]`` -> :class:`DepthStep` ``[b, width]``.
-    """
+    """Top-``width`` children of ``m`` lex-ordered branches (:func:`dartree.fast.twins.depth_step`).
+    Shape: parent_scores ``[b, m]``, log_q ``[b, m | 1, K]`` -> :class:`DepthStep` ``[b, width]``."""
     args = (parent_scores, log_q, beta, width)
     return _impl(parent_scores, "depth_step", *args).depth_step(*args)
 
 
 def top_b(scores: Tensor, budget: int) -> Tensor:
     """Positions of the best ``budget`` scores, best first, ties by position.
-
-    Shape:
-        scores: float32 ``[b, N]`` -> int64 ``[b, budget]``.
-    """
+    Shape: scores float32 ``[b, N]`` -> int64 ``[b, budget]``."""
     args = (scores, budget)
     return _impl(scores, "top_b", *args).top_b(*args)
 
 
 def tree_structure(parents: Tensor, num_nodes: Tensor, prefix_len: int | Tensor = 0) -> TreeStructure:
     """Ancestor mask, positions and links of a padded tree.
-
-    Shape:
-        parents ``[b, n]``, num_nodes ``[b]`` -> :class:`TreeStructure`.
-    """
+    Shape: parents ``[b, n]``, num_nodes ``[b]`` -> :class:`TreeStructure`."""
     args = (parents, num_nodes, prefix_len)
     return _impl(parents, "tree_structure", *args).tree_structure(*args)
 
 
 def ancestor_mask(parents: Tensor, num_nodes: Tensor) -> Tensor:
-    """The ancestor-or-self mask of a padded tree: the Triton tree-structure kernel on CUDA, the mask alone
-    (:func:`dartree.structure.ancestor_mask`) everywhere else.
-
-    Shape:
-        parents ``[b, n]``, num_nodes ``[b]`` -> bool ``[b, n, n]``.
-    """
+    """The ancestor-or-self mask of a padded tree: the Triton tree-structure kernel on CUDA, else
+    :func:`dartree.structure.ancestor_mask`.  Shape: parents ``[b, n]``, num_nodes ``[b]`` -> bool ``[b, n, n]``."""
     if backend(parents) == "triton":
         return tree_structure(parents, num_nodes).mask
     return structure.ancestor_mask(parents, num_nodes)
@@ -150,9 +124,6 @@ def ancestor_mask(parents: Tensor, num_nodes: Tensor) -> Tensor:
 
 def greedy_walk(tokens: Tensor, parents: Tensor, num_nodes: Tensor, picks: Tensor) -> GreedyWalk:
     """Greedy verification walk of a padded tree given the target's pick at each node.
-
-    Shape:
-        tokens, parents, picks ``[b, n]``, num_nodes ``[b]`` -> :class:`GreedyWalk`.
-    """
+    Shape: tokens, parents, picks ``[b, n]``, num_nodes ``[b]`` -> :class:`GreedyWalk`."""
     args = (tokens, parents, num_nodes, picks)
     return _impl(tokens, "greedy_walk", *args).greedy_walk(*args)

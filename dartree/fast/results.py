@@ -57,10 +57,8 @@ class GreedyWalk(NamedTuple):
 
 
 def check_depth_step(parent_scores: Tensor, log_q: Tensor, width: int) -> tuple[int, int, int]:
-    """The argument checks every implementation of ``depth_step`` shares; returns ``(b, m, K)``.
-
-    Shape: parent_scores ``[b, m]``, log_q ``[b, m | 1, K]``, ``1 <= width <= m * K``.
-    """
+    """The argument checks every ``depth_step`` shares; returns ``(b, m, K)``.
+    Shape: parent_scores ``[b, m]``, log_q ``[b, m | 1, K]``, ``1 <= width <= m * K``."""
     b, m = parent_scores.shape
     if log_q.dim() != 3 or log_q.shape[0] != b or log_q.shape[1] not in (1, m):
         raise ValueError(f"log_q: expected [{b}, {m} or 1, K], got {tuple(log_q.shape)}")

@@ -1,15 +1,10 @@
-"""Fast builders on every device but the CPU: the registry's strategies tensorized over rows and nodes,
-with no host synchronisation inside a build (see :mod:`dartree.fast.checks` for the deferred checks).
-
-Same signature, config and output as :mod:`dartree.ref.builders` (``fn(block, head, config) ->
-DraftTree``); the trees are identical (same nodes, same order, same float32 scores).  Inputs are
-validated by :class:`dartree.builders.TreeBuilder`.
+"""Fast builders on every device but the CPU, tensorized over rows and nodes, with no host sync inside a build
+(deferred checks: :mod:`dartree.fast.checks`); the same trees as :mod:`dartree.ref.builders`.
 
 - ``chain`` / ``corrected-chain``: :func:`dartree.fast.core.expand` with width 1.
-- ``ddtree`` / ``corrected-chain-ddtree``: a best-first heap over per-depth distributions that do
-  not depend on the branch pops exactly the global top-B of the candidate trie, which lies inside
-  the supertree of widths ``B - d + 1`` (:func:`dartree.fast.core.beam_widths`); so they are a
-  depth-wise expansion plus one global top-B, with no heap.
+- ``ddtree`` / ``corrected-chain-ddtree``: a best-first heap over branch-independent per-depth distributions
+  pops the global top-B of the candidate trie, which lies inside the supertree of widths ``B - d + 1``
+  (:func:`dartree.fast.widths.beam_widths`): a depth-wise expansion plus one global top-B, no heap.
 - ``dartree-fixed`` / ``dartree-pruned``: DARTree's Algorithm 1, one fused head call per depth.
 """
 

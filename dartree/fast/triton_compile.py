@@ -1,20 +1,13 @@
 """Ahead-of-time compilation of the Triton kernels for CUDA targets, on any machine (no GPU needed).
 
-``triton.compile`` runs the whole pipeline (Triton IR -> LLVM -> PTX -> ``ptxas`` -> cubin) for a
-given ``GPUTarget``; ``ptxas`` ships with the ``triton`` wheel.  A :class:`~dartree.fast.triton_kernels.Launch`
-recorded by :func:`~dartree.fast.triton_kernels.record_launches` (under the CPU interpreter, or on
-``meta`` tensors without running anything) is turned into exactly the signature, constexprs and
-options that Triton's own JIT would derive on a GPU: the same binder (``create_function_from_signature``)
-and ``_pack_args`` are used, with the target's backend.
+A :class:`~dartree.fast.triton_kernels.Launch` recorded by ``record_launches`` (under the interpreter, or on
+``meta`` tensors) becomes the signature, constexprs and options Triton's JIT would derive on a GPU (its own
+binder and ``_pack_args``), compiled by ``triton.compile`` down to a cubin with the wheel's ``ptxas``.
+Under ``TRITON_INTERPRET=1`` kernels cannot be lowered, so :func:`compile_all` compiles in subprocesses
+without it, each in a fresh cache with ``always_compile`` (nothing cached can hide a failure).
 
-The kernels must be ``JITFunction`` objects: under ``TRITON_INTERPRET=1`` every ``@triton.jit``
-function, triton.language's own reduction helpers included, is an interpreter function that the
-compiler cannot lower, so :func:`compile_all` compiles in subprocesses without that variable (the
-tests use the interpreter).  Every compilation goes to a fresh temporary cache directory with
-``always_compile`` on: nothing cached can hide a failure.
-
-``python -m dartree.fast.triton_compile`` compiles the largest supported shapes for sm_80, sm_89
-and sm_90 and prints the markdown table of docs/kernels.md (compile time, shared memory).
+``python -m dartree.fast.triton_compile`` compiles the largest supported shapes for sm_80, sm_89 and sm_90
+and prints the table of docs/kernels.md.
 """
 
 from __future__ import annotations
@@ -39,8 +32,6 @@ from dartree.fast.triton_kernels import Launch, record_launches
 __all__ = ["ARCHS", "Compiled", "compile_launch", "compile_all", "largest_launches", "distinct", "main"]
 
 ARCHS: tuple[int, ...] = (80, 89, 90)
-# Shared memory per block available to a kernel (opt-in maximum), bytes: sm_80 (A100), sm_89 (L40/4090), sm_90 (H100).
-SHARED_LIMIT: dict[int, int] = {80: 163 * 1024, 89: 99 * 1024, 90: 227 * 1024}
 
 
 @dataclass(frozen=True)
@@ -115,12 +106,8 @@ def distinct(launches: Iterable[Launch]) -> list[Launch]:
 
 
 def largest_launches() -> list[Launch]:
-    """The launches of the largest sizes the fast path supports, recorded on ``meta`` tensors (nothing runs).
-
-    Batch 32, gamma 32, vocabulary 262144 (fp32, bf16 and fp16 logits), K = LIMITS["topk"], widths and
-    budgets at their limits, ``m * K`` = 256 * 512 children, 8192 supertree nodes, trees of 257 nodes
-    (B = 256) and of LIMITS["nodes"]; plus the chain's width 1.
-    """
+    """The launches of the largest sizes the fast path supports, recorded on ``meta`` tensors (nothing runs):
+    batch 32, gamma 32, vocabulary 262144 (fp32, bf16, fp16), every limit of ``LIMITS``, and the chain's width 1."""
     tk, lim, meta = triton_kernels, triton_kernels.LIMITS, torch.device("meta")
     b, gamma, vocab = 32, 32, 262144
 
@@ -143,11 +130,8 @@ def largest_launches() -> list[Launch]:
 
 def compile_all(launches: list[Launch], archs: Iterable[int] = ARCHS,
                 workers: int | None = None) -> list[tuple[Launch, Compiled]]:
-    """Compile every launch for every arch in ``workers`` subprocesses (default: up to 4, one per core),
-    without TRITON_INTERPRET.
-
-    Raises RuntimeError with the compiler's message on the first failure (or if ptxas is missing).
-    """
+    """Compile every launch for every arch in ``workers`` subprocesses (default: up to 4) without
+    TRITON_INTERPRET; RuntimeError with the compiler's message on the first failure (or without ptxas)."""
     jobs = [(launch, arch) for launch in launches for arch in archs]
     workers = workers or min(4, os.cpu_count() or 1)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

@@ -1,22 +1,15 @@
 """Triton kernels of the fast backend; each wrapper mirrors its torch twin in :mod:`dartree.fast.twins`.
 
-Import this module only through :mod:`dartree.fast.ops` (lazily): ``TRITON_INTERPRET=1`` must be in
-the environment before the ``@triton.jit`` functions below are defined for the CPU interpreter to
-be used.  Wrappers check shapes, allocate outputs, launch (through :func:`_launch`, which
-:func:`record_launches` can observe); one program handles one row (or one position).
+Import only through :mod:`dartree.fast.ops` (lazily: ``TRITON_INTERPRET=1`` must be set before the
+``@triton.jit`` functions are defined).  Wrappers check shapes, allocate outputs and launch through
+:func:`_launch` (observable by :func:`record_launches`); one program handles one row or position.
 
-Design limits (:data:`LIMITS`, checked by :func:`supports` and by every wrapper, which raises a
-ValueError beyond them rather than truncate): the selection kernels keep a running top-k of packed
-int64 keys in registers while they stream the row in tiles, so ``topk``, ``width`` and ``budget``
-are bounded (the bitonic network grows as k log^2 k and so do registers and compile time), while the
-streamed sizes (vocabulary, ``m * K`` children, ``N`` supertree nodes) are bounded only by int32
-flat indices.  ``tree_structure`` / ``greedy_walk`` hold a whole row of nodes.
-
-Integer arguments are not specialised on their values (``do_not_specialize``) nor pointers on their
-alignment: the compiled variants depend only on the dtypes and the constexprs, which the wrappers
-derive from the sizes, so the set of specialisations is known without a GPU (calling a wrapper on
-``meta`` tensors inside ``record_launches(execute=False)`` yields its launches;
-:mod:`dartree.fast.triton_compile` compiles them ahead of time for sm_80 / sm_89 / sm_90).
+Limits (:data:`LIMITS`, checked by :func:`supports` and every wrapper, which raises rather than truncate):
+the selection kernels keep a running top-k of packed int64 keys in registers while streaming the row in
+tiles, so ``topk``, ``width`` and ``budget`` are bounded (the bitonic network, registers and compile time grow
+as k log^2 k); streamed sizes only by int32 indices.  ``tree_structure`` / ``greedy_walk`` hold a row of nodes.
+Integers are not specialised on their values nor pointers on alignment, so the compiled variants depend only
+on dtypes and constexprs, known without a GPU (:mod:`dartree.fast.triton_compile` compiles them ahead of time).
 """
 
 from __future__ import annotations
@@ -54,11 +47,8 @@ def _log2(x: int) -> int:
 
 
 def _warps(network: int) -> int:
-    """Warps for a program that sorts ``network`` keys: about 2 keys per thread, 4..16 warps.
-
-    Few keys per thread keep the unrolled network small: ptxas spends minutes on 8 int64 keys per
-    thread (4 warps at 1024 keys) and seconds on 2.
-    """
+    """Warps for a program that sorts ``network`` keys: about 2 keys per thread, 4..16 warps (few keys per
+    thread keep the unrolled network small: ptxas spends minutes on 8 int64 keys per thread, seconds on 2)."""
     return max(4, min(16, network // 64))
 
 
@@ -116,11 +106,8 @@ def _launch(kernel, grid: tuple[int, ...], args: tuple, num_warps: int, **conste
 
 
 def supports(op: str, *args, **kwargs) -> bool:
-    """Whether the kernel of ``op`` is designed for these arguments (the op's own signature).
-
-    The wrappers raise a ValueError where this is False; :mod:`dartree.fast.ops` can send such calls
-    to the torch twin instead.
-    """
+    """Whether the kernel of ``op`` is designed for these arguments (the op's own signature); the wrappers
+    raise where it is not, and :mod:`dartree.fast.ops` sends such calls to the torch twin."""
     if op == "topk_candidates":
         logits, topk = args[0], args[1]
         return topk <= LIMITS["topk"] and logits.shape[-1] <= LIMITS["flat"]

@@ -20,14 +20,9 @@ __all__ = ["topk_candidates", "depth_step", "top_b", "tree_structure", "greedy_w
 
 
 def topk_candidates(logits: Tensor, topk: int, vocab_normalize: bool) -> CandidateSet:
-    """Top-K candidates per position (logit descending, ties by token id) and their log q.
-
-    One ``topk`` over packed (logit, token id) keys selects and orders the K tokens exactly, with no
-    data-dependent branch (this twin serves devices where reading a flag is a host sync).
-
-    Shape:
-        logits: float ``[b, gamma, V]`` -> :class:`CandidateSet` with ``K = topk``.
-    """
+    """Top-K candidates per position (logit descending, ties by token id) and their log q: one ``topk`` over packed
+    (logit, token id) keys, with no data-dependent branch (this twin serves devices where reading a flag is a
+    host sync).  Shape: logits float ``[b, gamma, V]`` -> :class:`CandidateSet` with ``K = topk``."""
     x = logits.float()
     vocab = x.shape[-1]
     tokens = torch.topk(pack(x, torch.arange(vocab, device=x.device)), topk, dim=-1).indices
@@ -42,12 +37,12 @@ def topk_candidates(logits: Tensor, topk: int, vocab_normalize: bool) -> Candida
 def depth_step(parent_scores: Tensor, log_q: Tensor, beta: float, width: int) -> DepthStep:
     """Score all children of ``m`` branches and keep the best ``width`` under the total order.
 
-    The branches must be given in rank-path lexicographic order; then a child's tie-break key is its
-    flat index ``parent * K + rank`` and the kept children are returned in that order too.
+    With the branches in rank-path order a child's tie-break key is its flat index ``parent * K + rank``; the
+    kept children come in that order too.
 
     Shape:
-        parent_scores: float32 ``[b, m]``; log_q: float32 ``[b, m, K]`` or ``[b, 1, K]`` (shared by
-        all branches); ``1 <= width <= m * K`` -> :class:`DepthStep` of ``[b, width]``.
+        parent_scores: float32 ``[b, m]``; log_q: float32 ``[b, m | 1, K]``; ``1 <= width <= m * K``
+        -> :class:`DepthStep` of ``[b, width]``.
     """
     b, m, topk = check_depth_step(parent_scores, log_q, width)
     scores = child_scores(parent_scores, log_q, beta).expand(b, m, topk).reshape(b, m * topk)
@@ -58,25 +53,17 @@ def depth_step(parent_scores: Tensor, log_q: Tensor, beta: float, width: int) ->
 
 
 def top_b(scores: Tensor, budget: int) -> Tensor:
-    """int64 ``[b, budget]``: positions of the best ``budget`` scores, best first; ties by position.
-
-    Shape:
-        scores: float32 ``[b, N]``, ``budget <= N``.
-    """
+    """int64 ``[b, budget]``: positions of the best ``budget`` scores (float32 ``[b, N]``), best first; ties by
+    position."""
     if not 1 <= budget <= scores.shape[1]:
         raise ValueError(f"budget: {budget} outside 1..{scores.shape[1]}")
     return torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :budget]
 
 
 def greedy_walk(tokens: Tensor, parents: Tensor, num_nodes: Tensor, picks: Tensor) -> GreedyWalk:
-    """Walk from the root to the child whose token equals the parent's pick, while one does.
-
-    Siblings carry distinct tokens, so the nodes whose every ancestor-or-self matches form one chain.
-
-    Shape:
-        tokens, parents: int64 ``[b, n]``; num_nodes: int64 ``[b]``; picks: int64 ``[b, n]`` the
-        target's token at each node -> :class:`GreedyWalk`.
-    """
+    """Walk from the root to the child whose token equals the parent's pick, while one does (siblings carry
+    distinct tokens: one chain).  Shape: tokens, parents, picks (the target's token at each node) int64
+    ``[b, n]``; num_nodes int64 ``[b]`` -> :class:`GreedyWalk`."""
     b, n = tokens.shape
     dev = tokens.device
     idx = torch.arange(n, device=dev).expand(b, n)

@@ -31,12 +31,9 @@ def pruned_widths(width: int, topk: int, gamma: int) -> list[int]:
 
 
 def beam_widths(budget: int, topk: int, gamma: int) -> list[int]:
-    """Widths whose supertree holds the global top-``budget`` of the whole candidate trie.
-
-    A node at depth d in the top-B has its d-1 ancestors before it, so at most ``B - d + 1`` nodes of
-    depth d are in the top-B, and they are among the best ``B - d + 1`` children of the kept nodes
-    of depth d-1 (any better child is also better globally).
-    """
+    """Widths whose supertree holds the global top-``budget`` of the whole candidate trie: a top-B node at depth d
+    has its d-1 ancestors before it, so at most ``B - d + 1`` of depth d are in the top-B, and they are among the
+    best ``B - d + 1`` children of depth d-1's kept nodes."""
     out, prev = [], 1
     for depth in range(1, gamma + 1):
         keep = min(budget - depth + 1, prev * topk)

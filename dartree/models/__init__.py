@@ -6,17 +6,5 @@ from dartree.models.heads import GRUHead, MarkovHead
 from dartree.models.loaders import load_drafter, load_head, save_drafter, save_gru_head, save_markov_head
 from dartree.models.target import HFTarget
 
-__all__ = [
-    "DFlashConfig",
-    "DFlashDrafter",
-    "GRUHead",
-    "HFTarget",
-    "MarkovHead",
-    "dflash_target_layer_ids",
-    "load_drafter",
-    "load_head",
-    "save_drafter",
-    "save_gru_head",
-    "save_markov_head",
-    "zoo",
-]
+__all__ = ["DFlashConfig", "DFlashDrafter", "GRUHead", "HFTarget", "MarkovHead", "dflash_target_layer_ids",
+           "load_drafter", "load_head", "save_drafter", "save_gru_head", "save_markov_head", "zoo"]

@@ -1,12 +1,8 @@
-"""DFlash-style block-parallel drafter.
-
-A drafter that drafts a whole block of tokens in one forward, conditioned on the target's hidden states at
-``target_layer_ids`` (DFlash, arXiv 2602.06036); its token embeddings and LM head are the target's, and its
-weight names match the released z-lab checkpoints.  Entry points: :class:`DFlashDrafter` (``bind``,
-``reset``, ``append_context``, ``draft``, ``crop``), :class:`DFlashConfig`, :func:`dflash_target_layer_ids`.
-A decoding session, the context cache and its cost, the block layout (``shift_label``) and the
-architecture: docs/internals.md, "The DFlash drafter".
-"""
+"""DFlash-style block-parallel drafter (DFlash, arXiv 2602.06036): a whole block of tokens in one forward,
+conditioned on the target's hidden states at ``target_layer_ids``, with the target's token embeddings and
+LM head, and the weight names of the released z-lab checkpoints.  :class:`DFlashDrafter`,
+:class:`DFlashConfig`, :func:`dflash_target_layer_ids`; the session, context cache, block layout
+(``shift_label``) and architecture: docs/internals.md, "The DFlash drafter"."""
 
 from __future__ import annotations
 
@@ -18,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from dartree.arguments import check_int
 from dartree.block import DraftBlock
 from dartree.models.kmajor import KMAJOR_LIMIT_BYTES, derived, linear, tensor_version
 from dartree.models.pointwise import rms_norm, rotate_signed, signed_sin
@@ -31,21 +28,16 @@ MAX_BLOCK_SIZE = 4096
 
 
 def dflash_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
-    """The reference rule for a config without ``target_layer_ids`` (z-lab ``dflash/model.py`` and
-    Domino ``code/dflash.py``, ``build_target_layer_ids``): one layer per draft layer, evenly spaced.
+    """The reference rule for a config without ``target_layer_ids`` (z-lab and Domino ``build_target_layer_ids``):
+    one layer per draft layer, evenly spaced.
 
-    One draft layer reads the middle layer ``num_target_layers // 2``; otherwise the layers are
-    ``round(1 + i * (num_target_layers - 4) / (num_draft_layers - 1))`` for ``i = 0..n-1`` (from
-    layer 1 to layer ``num_target_layers - 3``), with Python's ``round``, exactly as the references.
-    For a 2-layer target the rule runs from layer 1 down to ``-1`` (e.g. ``[1, -1]`` or
-    ``[1, 0, 0, -1]``); ``-1`` is the embedding output, HF's ``hidden_states[0]``, which is what the
-    references read (``hidden_states[layer + 1]``), so such lists are returned as they are.  Only a
-    layer outside ``[-1, num_target_layers)`` is refused (a 1-layer target with several draft layers:
-    ``-2`` would wrap around to the last hidden state in the references).
+    One draft layer reads layer ``num_target_layers // 2``; else ``round(1 + i * (num_target_layers - 4) /
+    (num_draft_layers - 1))`` for ``i = 0..n-1``, with Python's ``round``, as the references.  For a 2-layer
+    target that reaches ``-1``, the embedding output, which is what the references read
+    (``hidden_states[layer + 1]``); only a layer outside ``[-1, num_target_layers)`` is refused.
     """
-    for name, value in (("num_target_layers", num_target_layers), ("num_draft_layers", num_draft_layers)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
+    check_int("num_target_layers", num_target_layers)
+    check_int("num_draft_layers", num_draft_layers)
     if num_draft_layers == 1:
         return [num_target_layers // 2]
     start, end = 1, num_target_layers - 3
@@ -83,30 +75,19 @@ class DFlashConfig:
     def __post_init__(self) -> None:
         for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                      "intermediate_size", "vocab_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
+            check_int(name, getattr(self, name))
         if not isinstance(self.shift_label, bool):
             raise ValueError(f"shift_label: expected a bool, got {self.shift_label!r}")
-        if isinstance(self.block_size, bool) or not isinstance(self.block_size, int) \
-                or not 2 <= self.block_size <= MAX_BLOCK_SIZE:
-            raise ValueError(f"block_size: expected an int in [2, {MAX_BLOCK_SIZE}] (root + at least one mask "
-                             f"slot; the released drafters use 7 to 16), got {self.block_size!r}")
+        check_int("block_size", self.block_size, 2, MAX_BLOCK_SIZE)       # the root + at least one mask slot
         for name, top in (("rms_norm_eps", 1.0), ("rope_theta", math.inf)):   # an epsilon >= 1 flattens every norm
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < top:
                 raise ValueError(f"{name}: expected a finite number > 0, got {value!r}" if top == math.inf else
                                  f"{name}: expected a number in (0, 1) (RMSNorm's epsilon, typically 1e-6), "
                                  f"got {value!r}")
-        if self.num_target_layers is not None and (isinstance(self.num_target_layers, bool)
-                                                   or not isinstance(self.num_target_layers, int)
-                                                   or self.num_target_layers < 1):
-            raise ValueError(f"num_target_layers: expected an int >= 1 or None, got {self.num_target_layers!r}")
-        if isinstance(self.mask_token_id, bool) or not isinstance(self.mask_token_id, int):
-            raise ValueError(f"mask_token_id: expected an int in [0, {self.vocab_size}), got {self.mask_token_id!r}")
-        if self.head_dim is not None and (isinstance(self.head_dim, bool) or not isinstance(self.head_dim, int)
-                                          or self.head_dim < 2):
-            raise ValueError(f"head_dim: expected an even int >= 2 or None, got {self.head_dim!r}")
+        check_int("num_target_layers", self.num_target_layers, optional=True)
+        check_int("mask_token_id", self.mask_token_id, 0, self.vocab_size - 1)
+        check_int("head_dim", self.head_dim, 2, optional=True)
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(f"num_key_value_heads: must divide num_attention_heads={self.num_attention_heads}, "
                              f"got {self.num_key_value_heads}")
@@ -124,7 +105,7 @@ class DFlashConfig:
         except TypeError:
             raise ValueError(f"target_layer_ids: expected a list of ints (decoder layers, -1 = the embedding "
                              f"output), got {ids!r}") from None
-        top = self.num_target_layers if self.num_target_layers is not None else None
+        top = self.num_target_layers
         if not self.target_layer_ids or min(self.target_layer_ids) < -1 \
                 or (top is not None and max(self.target_layer_ids) >= top):
             limit = f"< {top}" if top is not None else "(any upper bound)"
@@ -133,15 +114,11 @@ class DFlashConfig:
         if len(set(self.target_layer_ids)) != len(self.target_layer_ids):   # the same features twice: an export bug
             raise ValueError(f"target_layer_ids: expected distinct layers, got {self.target_layer_ids}")
         self._check_rope()
-        if not 0 <= self.mask_token_id < self.vocab_size:
-            raise ValueError(f"mask_token_id: expected in [0, {self.vocab_size}), got {self.mask_token_id}")
 
     def _check_rope(self) -> None:
         from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-        if isinstance(self.max_position_embeddings, bool) or not isinstance(self.max_position_embeddings, int) \
-                or self.max_position_embeddings < 1:
-            raise ValueError(f"max_position_embeddings: expected an int >= 1, got {self.max_position_embeddings!r}")
+        check_int("max_position_embeddings", self.max_position_embeddings)
         self.rope_theta = float(self.rope_theta)
         if self.rope_parameters is None:
             return
@@ -189,13 +166,9 @@ class RMSNorm(nn.Module):
 
 
 class RotaryEmbedding(nn.Module):
-    """RoPE tables for ``config``: the default rotary embedding, or transformers' own
-    ``Qwen3RotaryEmbedding`` for every scaled ``rope_type`` it supports (linear, dynamic, yarn,
-    longrope, llama3, ...), exactly as the reference drafters build theirs from their config.
-
-    The tables stay float32 whatever ``drafter.to(dtype)`` does (they are not registered buffers);
-    they follow the device of the tensors they rotate.
-    """
+    """RoPE tables for ``config``: the default rotary embedding, or transformers' ``Qwen3RotaryEmbedding`` for every
+    scaled ``rope_type`` (as the reference drafters build theirs).  The tables stay float32 whatever
+    ``drafter.to(dtype)`` does (not registered buffers) and follow the device of what they rotate."""
 
     def __init__(self, config: DFlashConfig) -> None:
         super().__init__()
@@ -218,13 +191,11 @@ class RotaryEmbedding(nn.Module):
             object.__setattr__(self, "_scaled", Qwen3RotaryEmbedding(hf))   # not a child: never cast
 
     def table(self, start: int, count: int, like: Tensor, signed: bool = False) -> tuple[Tensor, Tensor]:
-        """cos and sin of positions ``start .. start + count - 1``, both ``[1, 1, count, head_dim]`` in
-        ``like``'s dtype and device; equal to :meth:`forward` of those positions (``signed``: the sin as
-        :func:`dartree.models.pointwise.signed_sin` makes it, for ``rotate_signed``).
+        """cos and sin of positions ``start .. start + count - 1``, ``[1, 1, count, head_dim]`` in ``like``'s dtype
+        and device, equal to :meth:`forward` (``signed``: the sin of :func:`dartree.models.pointwise.signed_sin`).
 
-        perf: the default rope reads a cached table of positions ``0 .. capacity`` (grown by doubling;
-        every entry is computed by the same elementwise ops as :meth:`forward`, so it is bit-identical);
-        the scaled types (``dynamic`` may depend on the largest position seen) call :meth:`forward`.
+        perf: the default rope reads a cached table (grown by doubling; the same elementwise ops as
+        :meth:`forward`, so the same bits); scaled types (``dynamic`` depends on the largest position) call it.
         """
         if self._scaled is not None:
             cos, sin = self.forward(like, torch.arange(start, start + count, device=like.device))
@@ -271,14 +242,14 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 def _rotate_heads(x: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
-    """:func:`rotate` of ``x.transpose(1, 2)`` (``x`` ``[b, t, heads, head_dim]``, tables ``[1, 1, t, head_dim]``),
-    from the signed sin (perf: :func:`dartree.models.pointwise.rotate_signed`, the same bits in fewer ops)."""
+    """:func:`rotate` of ``x.transpose(1, 2)`` (``x`` ``[b, t, heads, head_dim]``) from the signed sin (perf:
+    :func:`dartree.models.pointwise.rotate_signed`, the same bits in fewer ops)."""
     return rotate_signed(x.transpose(1, 2), cos, sin_signed)
 
 
 def _rms(norm: RMSNorm, x: Tensor) -> Tensor:
-    """perf: ``norm(x)`` without the module call (``F.rms_norm``'s bits in fp32, as its forward, in fewer
-    ops on the CPU: :func:`dartree.models.pointwise.rms_norm`)."""
+    """perf: ``norm(x)`` without the module call (in fp32 :func:`dartree.models.pointwise.rms_norm`, the same bits
+    in fewer ops)."""
     w = norm.weight
     if x.dtype == torch.float32 and w.dtype == torch.float32:
         return rms_norm(x, w, norm.eps)
@@ -286,24 +257,20 @@ def _rms(norm: RMSNorm, x: Tensor) -> Tensor:
 
 
 def _fused_weight(module: nn.Module, names: tuple[str, ...]) -> Tensor:
-    """perf: the weights of the linears ``names`` of ``module`` concatenated along the output dim, so
-    that one matmul replaces several (each output column is the same dot product), cached by
-    :func:`derived`.  The state_dict keeps the separate weights.
-    """
+    """perf: the weights of the linears ``names`` of ``module`` concatenated along the output dim, so that one
+    matmul replaces several (each output column is the same dot product); cached by :func:`derived`."""
     ws = [getattr(module, n).weight for n in names]
     return derived(module, "_fused_" + "_".join(names), ws, lambda: torch.cat([w.detach() for w in ws]))
 
 
 def _matmul(x: Tensor, w: Tensor) -> Tensor:
-    """perf: ``F.linear(x, w)`` bit for bit, from a K-major copy on the CPU where that is exact
-    (:func:`dartree.models.kmajor.linear`; the LM head's copy is the target's); weights over 1/16 of
-    ``KMAJOR_LIMIT_BYTES`` are not copied (a copy doubles their memory)."""
+    """perf: ``F.linear(x, w)`` bit for bit, from a K-major copy where that is exact
+    (:func:`dartree.models.kmajor.linear`); weights over 1/16 of ``KMAJOR_LIMIT_BYTES`` are not copied."""
     return linear(x, w, None, w.numel() * w.element_size() <= KMAJOR_LIMIT_BYTES // 16)
 
 
 def _project(x: Tensor, module: nn.Module, names: tuple[str, ...]) -> Tensor:
-    """perf: ``x`` through the linears ``names`` of ``module`` as one matmul (:func:`_fused_weight`;
-    one name: that linear alone), via :func:`_matmul`."""
+    """perf: ``x`` through the linears ``names`` of ``module`` as one :func:`_matmul` (:func:`_fused_weight`)."""
     w = _fused_weight(module, names) if len(names) > 1 else getattr(module, names[0]).weight
     return _matmul(x, w)
 
@@ -324,11 +291,8 @@ class DFlashAttention(nn.Module):
         self.k_norm = RMSNorm(hd, config.rms_norm_eps)
 
     def key_values(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
-        """Keys (normed, rotated) and values of ``x``.
-
-        Shape:
-            x: ``[b, t, H]``; positions: ``[b, t]`` or ``[t]`` -> two ``[b, kv_heads, t, head_dim]``.
-        """
+        """Keys (normed, rotated) and values of ``x``.  Shape: x ``[b, t, H]``; positions ``[b, t]`` or ``[t]``
+        -> two ``[b, kv_heads, t, head_dim]``."""
         b, t, _ = x.shape
         k = self.k_norm(self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim)).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
@@ -374,8 +338,8 @@ class DFlashLayer(nn.Module):
     # ---- perf: the decoding paths of DFlashDrafter.append_context and .draft (same math as forward)
     def store_context(self, x: Tensor, cos: Tensor, sin: Tensor, k_buf: Tensor, v_buf: Tensor, start: int) -> None:
         """Write :meth:`DFlashAttention.key_values` of context features ``x`` into ``k_buf/v_buf[:, :, start:]``
-        (one k/v matmul).  Shape: x ``[b, t, H]``; cos/sin ``[1, 1, t, hd]`` (sin signed: ``table(..., signed=True)``);
-        buffers ``[b, kv, >= start + t, hd]``."""
+        (one k/v matmul).  Shape: x ``[b, t, H]``; cos/sin ``[1, 1, t, hd]`` (sin signed); buffers
+        ``[b, kv, >= start + t, hd]``."""
         a = self.self_attn
         b, t, _ = x.shape
         nkv = a.num_kv_heads * a.head_dim
@@ -387,14 +351,12 @@ class DFlashLayer(nn.Module):
     def decode(self, x: Tensor, cos: Tensor, sin: Tensor, k_buf: Tensor, v_buf: Tensor, start: int) -> Tensor:
         """:meth:`forward` of one block with no mask, the context being ``k_buf/v_buf[:, :, :start]``.
 
-        The block's keys/values are written after the context into the buffers' spare slots
-        ``start .. start + t`` (scratch: the context length does not change, a later append
-        overwrites them), so attention reads one view instead of a concatenated copy of the context.
-        q/k/v and gate/up are one matmul each (:func:`_fused_weight`); the rotary tables are the block's.
+        The block's keys/values go into the buffers' spare slots ``start .. start + t`` (scratch: a later append
+        overwrites them), so attention reads one view instead of a concatenated copy; q/k/v and gate/up are one
+        matmul each (:func:`_fused_weight`).
 
         Shape:
-            x ``[b, t, H]``; cos/sin ``[1, 1, t, hd]`` (sin signed: ``table(..., signed=True)``);
-            k_buf/v_buf ``[b, kv, >= start + t, hd]``.
+            x ``[b, t, H]``; cos/sin ``[1, 1, t, hd]`` (sin signed); k_buf/v_buf ``[b, kv, >= start + t, hd]``.
         """
         a = self.self_attn
         b, t, _ = x.shape
@@ -420,14 +382,11 @@ class DFlashDrafter(nn.Module):
 
     Args:
         config: the drafter's shape.
-        target: optional HF causal LM whose input embedding and output head the drafter shares
-            (same as calling :meth:`bind`).
+        target: optional HF causal LM whose input embedding and output head it shares (as :meth:`bind`).
 
     Attributes:
-        target_layer_ids: target decoder layers (0-based) whose hidden states the drafter needs.
-        block_size: slots per block (the root + ``block_size - 1`` mask slots).
-        gamma: draft depths per round: ``block_size - 1``, or ``block_size`` with ``config.shift_label``.
-        heads: correction heads shipped with the checkpoint (filled by ``load_drafter``).
+        target_layer_ids, block_size (the root + ``block_size - 1`` mask slots), gamma (``block_size - 1``,
+        or ``block_size`` with ``config.shift_label``), heads (correction heads shipped with the checkpoint).
     """
 
     def __init__(self, config: DFlashConfig, target: nn.Module | None = None) -> None:
@@ -516,7 +475,7 @@ class DFlashDrafter(nn.Module):
     # ---- context storage (perf): preallocated per-layer buffers, appended in place, grown by doubling
     @property
     def _ctx(self) -> list[tuple[Tensor, Tensor]] | None:
-        """Per-layer keys/values of the context, ``[b, kv, context_length, hd]`` views of the buffers."""
+        """Per-layer context keys/values, ``[b, kv, context_length, hd]`` views of the buffers."""
         self._flush()
         if self._kv is None:
             return None
@@ -524,8 +483,8 @@ class DFlashDrafter(nn.Module):
         return [(k[:, :, :n], v[:, :, :n]) for k, v in self._kv]
 
     def _reserve(self, b: int, end: int, like: Tensor) -> list[tuple[Tensor, Tensor]]:
-        """The buffers, grown (by doubling) to hold ``end`` entries; ``like`` gives dtype and device.
-        With an empty context, buffers of another batch, dtype or device are replaced."""
+        """The buffers, grown by doubling to hold ``end`` entries (``like``: dtype and device); with an empty
+        context, buffers of another batch, dtype or device are replaced."""
         kv = self._kv
         if kv is not None and not self._length and (kv[0][0].shape[0] != b or kv[0][0].dtype != like.dtype
                                                     or kv[0][0].device != like.device):
@@ -550,16 +509,11 @@ class DFlashDrafter(nn.Module):
     def crop(self, length: int) -> None:
         """Keep only the first ``length`` context entries."""
         self._flush()
-        if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= self._length:
-            raise ValueError(f"length: expected an int in [0, {self._length}], got {length!r}")
+        check_int("length", length, 0, self._length)
         self._length = length          # the buffers keep their slots; later appends overwrite them
 
     def context_features(self, hidden_states: Tensor) -> Tensor:
-        """``hidden_norm(fc(hidden_states))``.
-
-        Shape:
-            hidden_states: ``[b, m, len(target_layer_ids) * H]`` -> ``[b, m, H]``.
-        """
+        """``hidden_norm(fc(hidden_states))``.  Shape: ``[b, m, len(target_layer_ids) * H] -> [b, m, H]``."""
         self._check_hidden(hidden_states)
         w = self.fc.weight
         x = hidden_states if hidden_states.dtype == w.dtype else hidden_states.to(w.dtype)
@@ -573,11 +527,8 @@ class DFlashDrafter(nn.Module):
                              f"{list(self.target_layer_ids)} concatenated), got {got}")
 
     def context_key_values(self, features: Tensor, positions: Tensor) -> list[tuple[Tensor, Tensor]]:
-        """Per-layer keys/values of context features.
-
-        Shape:
-            features: ``[b, m, H]``; positions: ``[b, m]`` or ``[m]`` -> per layer two ``[b, kv, m, hd]``.
-        """
+        """Per-layer keys/values of context features.  Shape: features ``[b, m, H]``; positions ``[b, m]`` or
+        ``[m]`` -> per layer two ``[b, kv, m, hd]``."""
         return [layer.self_attn.key_values(features, positions) for layer in self.layers]
 
     @torch.no_grad()
@@ -585,10 +536,8 @@ class DFlashDrafter(nn.Module):
         """Append the target's hidden states of newly cached tokens (positions ``context_length..``).
 
         Shape:
-            hidden_states: ``[b, m, len(target_layer_ids) * H]`` (``TargetOutput.hidden``), or a list
-            of ``[b, m, H]`` tensors, one per target layer in ``target_layer_ids`` order.
-            tokens: optional int64 ``[b, m]``, the tokens those states belong to (only checked: the
-            drafter conditions on hidden states, the tokens are already in them).
+            hidden_states: ``[b, m, len(target_layer_ids) * H]`` (``TargetOutput.hidden``), or one ``[b, m, H]`` per
+            target layer.  tokens: optional int64 ``[b, m]``, only checked (the hidden states already hold them).
         """
         if isinstance(hidden_states, (list, tuple)):
             if len(hidden_states) != len(self.config.target_layer_ids):
@@ -609,7 +558,7 @@ class DFlashDrafter(nn.Module):
             self._held.append(hidden_states)       # perf: computed by the next draft, in its pass (see above)
 
     def _take_held(self) -> Tensor | None:
-        """The context features of the held appends (``[b, m, H]``), or ``None``; nothing is held after."""
+        """The context features of the held appends (``[b, m, H]``) or ``None``; nothing is held after."""
         if not self._held:
             return None
         held = self._held[0] if len(self._held) == 1 else torch.cat(self._held, dim=1)
@@ -643,12 +592,11 @@ class DFlashDrafter(nn.Module):
         ctx: list[tuple[Tensor, Tensor]],
         mask: Tensor | None = None,
     ) -> Tensor:
-        """Final-normed hidden states of blocks ``[root, mask, ..., mask]``.
+        """Final-normed hidden states of blocks ``[root, mask, ..., mask]`` (the reference forward).
 
         Shape:
-            root: int64 ``[b, n]`` (n blocks per row); positions: ``[b, n * block_size]`` (block slot
-            positions); ctx: per layer keys/values ``[b, kv, c, hd]``; mask: bool
-            ``[b, 1, n * block_size, c + n * block_size]`` or ``None`` (everything visible)
+            root: int64 ``[b, n]`` (n blocks per row); positions: ``[b, n * block_size]``; ctx: per layer keys/values
+            ``[b, kv, c, hd]``; mask: bool ``[b, 1, n * block_size, c + n * block_size]`` or ``None``
             -> ``[b, n * block_size, H]``.
         """
         b, n = root.shape
@@ -673,13 +621,9 @@ class DFlashDrafter(nn.Module):
         batch = self._held[0].shape[0] if self._held else self._kv[0][0].shape[0] if self._length else b
         if batch != b:
             raise ValueError(f"root: batch {b} differs from the context's batch {batch}")
-        # perf: the decoding forward (DFlashLayer.decode), equal to
-        #   block_hidden(root[:, None], arange(n, n + block_size), self._ctx)
-        # with the block ids from a reused buffer, one rotary table for every layer, the block's
-        # keys/values written into the context buffers' spare slots, and only the gamma depth slots
-        # normed and projected by the LM head (one 2-D matmul).  The held context appends enter in the
-        # same pass: per layer, their keys/values are stored (DFlashLayer.store_context) right before
-        # the block reads them.
+        # perf: block_hidden(root[:, None], arange(n, n + block_size), self._ctx) as DFlashLayer.decode, with
+        # reused block ids, one rotary table, only the gamma depth slots through the LM head, and the held
+        # context appends stored per layer (DFlashLayer.store_context) right before the block reads them
         feats = self._take_held()
         m = 0 if feats is None else feats.shape[1]
         n, size, embedding = self._length, self.block_size, self.embedding_weight
@@ -704,11 +648,8 @@ class DFlashDrafter(nn.Module):
         hidden = _rms(self.norm, x[:, self.config.first_slot:])                                      # slot -> depth
         head = self.lm_head_weight
         if head.dtype != dtype:
-            # perf: a drafter cast to another dtype than the target whose LM head it shares (e.g. bf16 beside
-            # an fp32 target) casts that head once, not every block: a cast per block, plus the fresh K-major
-            # copy that each new tensor needs, made the reduced-precision rounds slower than fp32 ones
-            # (figures: docs/results.md, "Measurements behind design choices in the code"); rebuilt when
-            # the head is replaced or edited
+            # perf: a drafter in another dtype than the target's shared LM head casts it once (rebuilt when the
+            # head is replaced or edited): a cast and a new K-major copy per block cost more (docs/results.md)
             head = derived(self, f"_lm_head_{dtype}", [head], lambda w=head: w.to(dtype))
         logits = _matmul(hidden.reshape(-1, hidden.shape[-1]), head)
         return DraftBlock(logits=logits.view(b, self.gamma, -1), root=root, hidden=hidden)

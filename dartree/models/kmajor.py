@@ -1,19 +1,12 @@
 """perf: ``F.linear`` on the CPU from a K-major copy of the weight, where that is bit-identical.
 
-``F.linear(x, w)`` multiplies by ``w.t()``, a transposed view, and MKL's small-matrix sgemm with a
-transposed B operand is markedly slower than with a K-major ``[in, out]`` one: measured on one core
-(AVX-512, torch 2.13, 16 rows), ``[16, 256] x [256, 768]`` takes 67 us against 40 us and the LM head
-``[16, 256] x [256, 4098]`` 500 us against 313-397 us.  For few rows (1-10 here) the two layouts
-take different kernels and differ in the last bit; from some row count on they give the same bits.
-So :func:`linear` uses the copy only for calls with at least that many rows, found once per
-``(in, out, dtype, bias)`` by :func:`exact_from` (a probe of every row count up to 32 and several
-above), and ``F.linear`` below it: its output equals ``F.linear``'s bit for bit at every call, so a
-model run through it computes the same numbers as through its own modules.
-
-Which path this serves: the CPU.  On accelerators the BLAS reads a transposed operand at no cost,
-the copy would only spend memory, and :func:`linear` is ``F.linear``.  The copy doubles the memory
-of the weights it is made for; :func:`kmajor_allowed` keeps it to models whose linear weights fit in
-:data:`KMAJOR_LIMIT_BYTES`.
+``F.linear(x, w)`` multiplies by the transposed view ``w.t()``, and MKL's small-matrix sgemm is markedly
+slower with a transposed operand than with a K-major ``[in, out]`` one (docs/results.md).  For few rows the two
+layouts take different kernels and differ in the last bit; from some row count on they agree.  So
+:func:`linear` uses the copy only from that count, found once per ``(in, out, dtype, bias)`` by
+:func:`exact_from`, and ``F.linear`` below it: every call equals ``F.linear`` bit for bit.  Accelerators read a
+transposed operand at no cost, so there :func:`linear` is ``F.linear``; the copy doubles the weights' memory,
+so :func:`kmajor_allowed` keeps it to models within :data:`KMAJOR_LIMIT_BYTES`.
 """
 
 from __future__ import annotations
@@ -36,11 +29,8 @@ _FROM: dict[tuple, int | None] = {}
 
 
 def exact_from(in_features: int, out_features: int, dtype: torch.dtype, bias: bool = False) -> int | None:
-    """Smallest row count from which the K-major product equals ``F.linear`` bit for bit on this CPU
-    (every probed count from there on agrees), or ``None`` if the largest probed count does not.
-
-    The probe multiplies seeded random data once per shape and dtype (cached for the process).
-    """
+    """Smallest row count from which the K-major product equals ``F.linear`` bit for bit on this CPU (every
+    probed count from there on agrees), or ``None``; probed once per shape and dtype with seeded data."""
     key = (in_features, out_features, dtype, bias)
     if key in _FROM:
         return _FROM[key]
@@ -124,13 +114,9 @@ def kmajor_copy(weight: Tensor) -> Tensor:
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, copy: bool = True) -> Tensor:
-    """``F.linear(x, weight, bias)``, bit for bit; on the CPU from the K-major copy of ``weight``
-    (:func:`kmajor_copy`) when ``x`` has enough rows for that product to give the same bits
-    (:func:`exact_from`).  ``copy=False``, and anything autograd tracks, is plain ``F.linear``.
-
-    Shape:
-        x: ``[..., in]``; weight: ``[out, in]``; bias: ``[out]`` -> ``[..., out]``.
-    """
+    """``F.linear(x, weight, bias)`` bit for bit; on the CPU from the K-major copy (:func:`kmajor_copy`) when ``x``
+    has enough rows for the same bits (:func:`exact_from`).  ``copy=False``, or autograd, is plain ``F.linear``.
+    Shape: x ``[..., in]``; weight ``[out, in]``; bias ``[out]`` -> ``[..., out]``."""
     if not copy or x.device.type != "cpu" or x.dtype != weight.dtype or (
             torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad)):
         return F.linear(x, weight, bias)

@@ -1,12 +1,10 @@
 """perf: a Llama-family HF causal LM's forward without its module machinery, same numbers.
 
-On the CPU a small model's forward is as much Python and dispatch as arithmetic, and ``HFTarget`` runs the
-target once per round.  :class:`LeanForward` runs the same computation from the same weights, caches,
-rotary module and attention function, op for op as HF's ``modeling_*`` write it, minus what a decoding
-loop does not use.  :func:`lean_forward` returns one, or the reason a model is not supported
-(:data:`MODEL_TYPES`, the standard module layout, full attention, ``eager`` or ``sdpa``); ``HFTarget``
-uses it only after a probe shows it equal to the model's own forward bit for bit.  Details, the probe
-and what it serves on CPUs and accelerators: docs/verification.md, "HFTarget" ("The lean forward").
+On the CPU a small model's forward is as much Python and dispatch as arithmetic.  :class:`LeanForward` runs
+the same computation from the same weights, caches, rotary module and attention function, op for op as HF's
+``modeling_*``, minus what a decoding loop does not use.  :func:`lean_forward` returns one or the reason a
+model is not supported; ``HFTarget`` uses it only after a probe shows it equal to the model's own forward
+bit for bit (docs/verification.md, "The lean forward").
 """
 
 from __future__ import annotations
@@ -35,12 +33,9 @@ _ACTS = {"SiLUActivation", "SiLU"}
 def _rms(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """HF's ``*RMSNorm.forward``, op for op (its fp32 casts skipped where they are no-ops).
 
-    perf (CPU): in float32, torch's ``rms_norm`` arithmetic in six ops (:func:`dartree.models.pointwise.rms_norm`:
-    HF's five ops ``x * rsqrt(mean(x ** 2) + eps)``, then the weight; a per-head weight multiplied after,
-    a product that commutes bit for bit), whose bits equal HF's here (tested; ``HFTarget`` also checks
-    the lean forward against the model's before it uses it): 13-19 norms a forward.  Accelerators keep
-    HF's ops: the fused kernel's bits were not compared there (no GPU was lent), and a probe failing on
-    them would cost the whole lean forward."""
+    perf (CPU, float32): :func:`dartree.models.pointwise.rms_norm`, HF's ops in fewer dispatches with equal bits
+    (tested, and probed by ``HFTarget``).  Accelerators keep HF's ops: the fused kernel's bits there are unchecked.
+    """
     dtype = x.dtype
     if dtype == torch.float32 and x.device.type == "cpu":
         return rms_norm(x, weight, eps)
@@ -50,11 +45,10 @@ def _rms(x: Tensor, weight: Tensor, eps: float) -> Tensor:
 
 
 def _append(cache, index: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-    """``cache.update(k, v, index)``; perf: a ``DynamicLayer`` keeps its keys / values as prefix views
-    of buffers with spare slots, so an append writes the new slots in place instead of concatenating
-    a copy of the whole cache (O(new) instead of O(cached) per layer and forward; the buffers grow by
-    half when full).  Anything that replaces the layer's tensors (``crop`` and the KV compaction keep
-    prefix views, other code may not) is noticed: the next append starts new buffers from them."""
+    """``cache.update(k, v, index)``; perf: a ``DynamicLayer``'s keys / values are kept as prefix views of buffers
+    with spare slots, so an append writes the new slots in place instead of concatenating a copy of the whole
+    cache (buffers grow by half when full).  Code that replaces the layer's tensors is noticed: the next append
+    starts new buffers from them."""
     layer = cache.layers[index]
     if type(layer) is not DynamicLayer:
         return cache.update(k, v, index)
@@ -101,9 +95,8 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scaling: float, 
 
 
 class _Linear:
-    """One ``nn.Linear``: :func:`dartree.models.kmajor.linear` with its decisions made once (perf: an AR
-    step makes 43 of these calls; the per-call checks cost ~4 us each).  The forward runs without
-    autograd (``HFTarget``'s methods are ``no_grad``), on the device and dtype it was probed on."""
+    """One ``nn.Linear``: :func:`dartree.models.kmajor.linear` with its decisions made once (perf: a forward makes
+    dozens of these calls).  Runs without autograd, on the device and dtype it was probed on."""
 
     __slots__ = ("module", "start", "width")
 
@@ -204,26 +197,22 @@ def lean_forward(model: nn.Module, kmajor: bool | None = None, joint: bool = Tru
 
 
 class LeanForward:
-    """The forward of a supported HF causal LM (docs/verification.md, "The lean forward"); check with
-    :func:`lean_forward`.
+    """The forward of a supported HF causal LM; check with :func:`lean_forward`.
 
     Args:
         model: the HF model (its weights are read at every call: edits and reloads are seen).
-        kmajor: keep K-major copies of the linear weights (CPU; see :mod:`dartree.models.kmajor`).
-        joint: with sdpa, norm and rotate q and k as one tensor and run sdpa with ``enable_gqa``
-            (fewer ops; the probe decides whether the bits are the model's).
-        grouped: with ``joint``, sdpa's own grouped-query attention on the CPU (else HF's attention function).
+        kmajor: keep K-major copies of the linear weights (CPU; :mod:`dartree.models.kmajor`).
+        joint: with sdpa, norm and rotate q and k as one tensor (fewer ops; the probe decides whether the bits
+            are the model's).
+        grouped: with ``joint``, sdpa's own grouped-query attention on the CPU instead of HF's attention
+            function and its copies of the keys and values.
     """
 
     def __init__(self, model: nn.Module, kmajor: bool, joint: bool = True, grouped: bool = True) -> None:
         self.model = model
         self.config = model.config
         self.kmajor = kmajor
-        # perf: q and k normed and rotated as one tensor, and sdpa called with grouped-query attention
-        # instead of HF's copies of the keys and values per query head (the same products element for
-        # element; HFTarget's probe checks the bits and falls back to joint=False)
-        # grouped-query sdpa on the CPU only: CUDA's fused kernels take no mask with it (HF's
-        # use_gqa_in_sdpa says so), so there the joint path keeps HF's attention function
+        # grouped-query sdpa on the CPU only: CUDA's fused kernels take no mask with it (HF's use_gqa_in_sdpa)
         self._grouped = grouped and next(model.parameters()).device.type == "cpu"
         self.joint = joint and self.config._attn_implementation == "sdpa" and all(
             layer.q_norm is None or layer.q_norm.variance_epsilon == layer.k_norm.variance_epsilon
@@ -235,23 +224,16 @@ class LeanForward:
         impl = self.config._attn_implementation
         module = sys.modules[type(base.layers[0].self_attn).__module__]
         self._attention = ALL_ATTENTION_FUNCTIONS.get_interface(impl, module.eager_attention_forward)
-        # perf: cos / sin from a table on the CPU for the default RoPE (:meth:`_rotary`); other RoPE types
+        # perf: the default RoPE's cos / sin from a table on the CPU (:meth:`_rotary_rows`); other types
         # (dynamic ones change inv_freq with the length) call the module every time
         self._rope_table = getattr(base.rotary_emb, "rope_type", None) == "default"
         self._rope: tuple | None = None
 
-    def _rotary(self, h: Tensor, position_ids: Tensor) -> tuple[Tensor, Tensor]:
-        """``base.rotary_emb(h, position_ids)``, bit for bit (:meth:`_rotary_rows`)."""
-        return self._rotary_rows(h, position_ids, False)[:2]
-
     def _rotary_rows(self, h: Tensor, position_ids: Tensor, signed: bool) -> tuple[Tensor, Tensor, bool]:
-        """``(*base.rotary_emb(h, position_ids), False)``, bit for bit, or with ``signed`` where the table
-        applies ``(cos, signed_sin(sin), True)`` (:func:`dartree.models.pointwise.rotate_signed`'s tables);
-        perf (CPU, the default RoPE): rows of a cos / sin table made by that module for positions ``0..P-1``
-        (grown by half when a position passes it), gathered per call: 40 -> 20 us on one thread.  Each entry
-        is elementwise in its position (``position * inv_freq``, then cos / sin and the scaling), so a row
-        of the table is the module's output at that position (tested); the table is rebuilt when
-        ``inv_freq`` is replaced or edited."""
+        """``(*base.rotary_emb(h, position_ids), False)`` bit for bit, or with ``signed`` where the table applies
+        ``(cos, signed_sin(sin), True)``.  perf (CPU, default RoPE): rows of a table the module made for positions
+        ``0..P-1`` (grown by half), gathered per call; each entry is elementwise in its position, so a row is the
+        module's output there (tested); rebuilt when ``inv_freq`` is replaced or edited."""
         rotary = self._base.rotary_emb
         inv = rotary._buffers.get("inv_freq") if self._rope_table else None
         if inv is None or h.device.type != "cpu":
@@ -277,15 +259,13 @@ class LeanForward:
     ) -> tuple[Tensor, list[Tensor], Tensor | None]:
         """One forward that appends to ``cache`` as the model's own forward would.
 
-        Args:
-            hidden_ids: indices into HF's ``hidden_states`` (0: embeddings; ``i + 1``: layer ``i``'s
-                output; ``num_layers``: the final-normed state) to return, in this order.
-            keep: HF's ``logits_to_keep`` (0: every position; an int: the last ones; a 1-D tensor).
-            final: also return the final-normed hidden states of every position.
+        ``hidden_ids``: indices into HF's ``hidden_states`` (0: embeddings; ``i + 1``: layer ``i``; ``num_layers``:
+        the final-normed state) to return, in order; ``keep``: HF's ``logits_to_keep``; ``final``: also return the
+        final-normed hidden states.
 
         Shape:
-            input_ids, position_ids: int64 ``[b, m]``; attention_mask: a prepared 4-D mask or ``None``
-            (causal) -> ``(logits [b, kept, V], [hidden [b, m, H] per hidden_ids], final [b, m, H] | None)``.
+            input_ids, position_ids: int64 ``[b, m]``; attention_mask: a prepared 4-D mask or ``None`` (causal)
+            -> ``(logits [b, kept, V], [hidden [b, m, H] per hidden_ids], final [b, m, H] | None)``.
         """
         base, config = self._base, self.config
         h = F.embedding(input_ids, base.embed_tokens.weight, base.embed_tokens.padding_idx)

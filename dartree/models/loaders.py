@@ -1,12 +1,9 @@
-"""Read and write drafter checkpoints in the released formats, from a local directory only.
+"""Read and write drafter checkpoints in the released formats, from a local directory only (nothing is downloaded).
 
-A checkpoint is a directory with ``config.json`` and one or more ``*.safetensors`` files, in the DFlash
-(z-lab), Domino or DSpark (DeepSpec) format, each read as its authors' code reads it; the format is
-decided by one rule and anything ambiguous or unsupported is a ``ValueError`` naming the file and the key.
-Nothing is downloaded.  Entry points: :func:`load_drafter`, :func:`load_head` (this project's head-only
-directories), :func:`load_target`, and the writers (``save_drafter``, ``save_gru_head``,
-``save_markov_head``).  The formats, the detection rule, every config key and tensor, what is refused and
-the sources: docs/checkpoints.md.
+A checkpoint is ``config.json`` plus ``*.safetensors`` in the DFlash (z-lab), Domino or DSpark (DeepSpec)
+format, each read as its authors' code reads it; one rule decides the format, and anything ambiguous or
+unsupported is a ``ValueError`` naming the file and the key.  :func:`load_drafter`, :func:`load_head`,
+:func:`load_target` and the writers; formats, keys, refusals and sources: docs/checkpoints.md.
 """
 
 from __future__ import annotations
@@ -32,15 +29,8 @@ from dartree.models.drafter import (
 from dartree.models.heads import GRUHead, MarkovHead
 from dartree.models.writers import save_drafter, save_gru_head, save_markov_head
 
-__all__ = [
-    "load_drafter",
-    "load_target",
-    "load_head",
-    "save_drafter",
-    "save_gru_head",
-    "save_markov_head",
-    "DOMINO_PROJECTORS",
-]
+__all__ = ["load_drafter", "load_target", "load_head", "save_drafter", "save_gru_head", "save_markov_head",
+           "DOMINO_PROJECTORS"]
 
 DOMINO_PROJECTORS = ("domino", "causal_v5")
 _GRU_PREFIXES = ("prefix_gru.", "embed_proj.", "bias_norm.", "bias_gate.")
@@ -171,14 +161,10 @@ _DEEPSPEC_KEYS = ("num_anchors", "markov_rank")
 
 
 def _format(config: CheckpointConfig) -> str:
-    """``"dspark"``, ``"domino"`` or ``"dflash"`` (the rule: docs/checkpoints.md, "Supported formats").
-
-    ``architectures`` decides between DeepSpec and z-lab / Domino, as it decides which class the
-    authors' code instantiates (DeepSpec always writes ``Qwen3DSparkModel``; z-lab and Domino
-    ``DFlashDraftModel``).  DeepSpec-only keys (``num_anchors``, ``markov_rank``) in a config whose
-    architectures name a DFlash model are ignored with a warning (z-lab's loader ignores them too);
-    with no architectures to decide, they make the config ambiguous and it is refused.
-    """
+    """``"dspark"``, ``"domino"`` or ``"dflash"`` (docs/checkpoints.md, "Supported formats"): ``architectures``
+    decides DeepSpec (``Qwen3DSparkModel``) against z-lab / Domino (``DFlashDraftModel``), as it decides the
+    authors' class; DeepSpec-only keys beside a DFlash architecture are ignored with a warning (as z-lab's loader
+    ignores them), and without architectures they make the config ambiguous: refused."""
     archs = config.raw.get("architectures") or []
     if not isinstance(archs, list):
         config.fail("architectures", f"expected a list of names, got {archs!r}")
@@ -338,9 +324,8 @@ def _load_into(module: nn.Module, weights: dict[str, Tensor], prefix: str, path:
 
 
 def _check_float(name: str, tensor: Tensor, path: Path) -> None:
-    """Weights are floating point and finite: an integer or bool tensor is not cast silently (quantised
-    checkpoints are not supported; a wrong dtype is a broken export), and a NaN or infinite weight (a
-    diverged training run, a broken conversion) would decode garbage or fail far from its cause."""
+    """Weights are floating point and finite: integer weights (quantised, or a broken export) are not cast
+    silently, and a NaN or infinite weight would decode garbage or fail far from its cause."""
     if not tensor.is_floating_point():
         raise ValueError(f"weights: {name} in {path} is {tensor.dtype}; expected a floating dtype (float32, bfloat16, "
                          f"float16): integer (quantised) weights are not supported")
@@ -392,17 +377,11 @@ def _check_consumed(weights: dict[str, Tensor], path: Path) -> None:
 
 
 def load_drafter(path: str | Path, target: nn.Module | None = None) -> DFlashDrafter:
-    """Load a DFlash, Domino or DSpark drafter from a local directory (formats: docs/checkpoints.md).
+    """Load a DFlash, Domino or DSpark drafter from a local directory (``config.json`` and ``*.safetensors``).
 
-    Args:
-        path: directory with ``config.json`` and ``*.safetensors``.
-        target: optional HF causal LM to share embeddings / LM head with (``drafter.bind(target)``).
-
-    Returns:
-        a float32 :class:`DFlashDrafter` in eval mode, parameters frozen (``requires_grad_(True)``
-        to fine-tune), whose ``config.shift_label`` states the
-        block layout; its ``heads`` dict holds ``"gru"`` (Domino) or ``"markov"`` (DSpark) when
-        the checkpoint carries one (bound to ``target`` if given).
+    ``target``: optional HF causal LM to share the embeddings / LM head with (``drafter.bind``).  Returns a
+    float32 :class:`DFlashDrafter` in eval mode with frozen parameters, whose ``config.shift_label`` states the
+    block layout and whose ``heads`` hold the checkpoint's ``"gru"`` (Domino) or ``"markov"`` (DSpark) head.
     """
     path, config, weights = _read_dir(path)
     if "head_type" in config.raw:
@@ -469,12 +448,9 @@ def _first_line(e: BaseException) -> str:
 
 
 def _check_stored_dtypes(path: Path) -> None:
-    """The target's stored tensors are floating point (read from the safetensors headers, no weights).
-
-    transformers casts whatever it loads to the requested float32, so an integer or bool tensor (a
-    quantised or broken export) would load and decode garbage with exit 0; the drafter and head loaders
-    refuse them (:func:`_check_float`), and so does this.  ``pytorch_model.bin`` checkpoints are not read
-    here (their dtypes need the whole file)."""
+    """The target's stored tensors are floating point, read from the safetensors headers: transformers casts
+    whatever it loads to float32, so an integer (quantised or broken) export would decode garbage with exit 0
+    (``pytorch_model.bin`` is not read here: its dtypes need the whole file)."""
     from safetensors import safe_open
 
     for file in sorted(path.glob("*.safetensors")):
@@ -487,13 +463,11 @@ def _check_stored_dtypes(path: Path) -> None:
 
 
 def load_target(path: str | Path, attn_implementation: str = "sdpa") -> nn.Module:
-    """A HF causal-LM target from a local directory, float32, eval mode, parameters frozen.
+    """A HF causal-LM target from a local directory (``local_files_only``), float32, eval mode, frozen.
 
-    transformers prints a load report and carries on when the weights do not cover the model (a
-    missing tensor is randomly initialised, an unexpected one dropped), which would decode with a
-    random layer and exit 0; here every missing or unexpected tensor (and any mismatch transformers
-    reports instead of raising) is a ``ValueError`` naming the directory and the tensors.  Nothing is
-    downloaded (``local_files_only``).
+    transformers initialises a missing tensor at random and drops an unexpected one, which would decode with a
+    random layer and exit 0; here every missing, unexpected or mismatched tensor is a ``ValueError`` naming the
+    directory and the tensors.
     """
     from transformers import AutoModelForCausalLM
 

@@ -1,14 +1,10 @@
 """perf: RMSNorm and the rotate-half rotary embedding in fewer torch ops, bit for bit torch's own.
 
-On the CPU a small model's norms and rotations are dispatch-bound: ``torch.rms_norm`` runs ATen's
-composite (``pow``, ``mean`` = ``sum`` + ``div_`` by a wrapped scalar, ``add_`` of a wrapped scalar,
-``rsqrt``, two ``mul``: nine dispatched ops), and HF's ``x * cos + rotate_half(x) * sin`` five (``neg``,
-``cat``, two ``mul``, ``add``).  :func:`rms_norm` runs the same arithmetic in six (the square as ``x * x``,
-the mean and epsilon as one ``addcdiv`` from cached 0-dim tensors), :func:`rotate_signed` in three
-(the half swap as ``roll`` and the sign folded into a precomputed sin, :func:`signed_sin`).  Every
-element sees the same float32 operations in the same order, so the bits are equal (tests/models/
-test_pointwise.py compares them on random and real inputs; a fused multiply-add such as ``addcmul``
-is not used: ATen may contract it, and its bits differ).
+On the CPU a small model's norms and rotations are dispatch-bound: ``torch.rms_norm`` dispatches nine ATen
+ops and HF's ``x * cos + rotate_half(x) * sin`` five.  :func:`rms_norm` runs the same arithmetic in six (the
+square as ``x * x``, mean and epsilon as one ``addcdiv`` from cached 0-dim tensors), :func:`rotate_signed` in
+three (``roll`` and the sign folded into :func:`signed_sin`).  Every element sees the same float32 operations
+in the same order (no fused multiply-add, whose bits differ), so the bits are equal (tests/models/test_pointwise.py).
 """
 
 from __future__ import annotations
@@ -33,13 +29,9 @@ def _constants(eps: float, n: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
 
 
 def rms_norm(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
-    """``torch.rms_norm(x, (x.shape[-1],), None, eps) * weight`` bit for bit (``weight`` broadcast over the
-    last dims, e.g. ``[D]`` or per-head ``[heads, D]``; ``None``: no scale); with a 1-D ``weight`` also
-    ``torch.rms_norm(x, (D,), weight, eps)``.
-
-    perf: float32 on the CPU, ATen's composite by hand in six ops (the module docstring); elsewhere
-    torch's own call (CUDA's fused kernel was not compared).  Without autograd only (in-place steps).
-    """
+    """``torch.rms_norm(x, (x.shape[-1],), None, eps) * weight`` bit for bit (``weight`` broadcast over the last
+    dims, e.g. per-head ``[heads, D]``; ``None``: no scale); with a 1-D ``weight`` also ``torch.rms_norm(x, (D,),
+    weight, eps)``.  perf: float32 on the CPU, ATen's composite by hand; elsewhere torch's own call.  No autograd."""
     if x.dtype != torch.float32 or x.device.type != "cpu" or torch.is_grad_enabled() and (
             x.requires_grad or weight is not None and weight.requires_grad):
         if weight is not None and weight.dim() == 1:

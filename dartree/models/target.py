@@ -1,11 +1,9 @@
 """HFTarget: any Hugging Face causal LM as a speculative-decoding target.
 
-:class:`HFTarget` owns the target's KV cache, with one invariant between calls: the cache holds the
-committed tokens *except the last one* (the root of the next tree).  A round is ``tree_inputs`` ->
-``forward_tree`` (the tree slots pending) -> verify -> ``commit``; ``extend`` appends tokens causally
-(prefill, the AR baseline).  Every forward returns the hidden states of ``layer_ids`` that drafters
-condition on.  Attention implementations, caches, rows of different lengths, continuous batching and
-the lean forward: docs/verification.md, "HFTarget".
+:class:`HFTarget` owns the KV cache, which between calls holds the committed tokens *except the last one*
+(the next tree's root).  A round is ``tree_inputs`` -> ``forward_tree`` (slots pending) -> verify ->
+``commit``; ``extend`` appends causally (prefill, AR).  Every forward returns the hidden states of
+``layer_ids`` that drafters condition on.  Details: docs/verification.md, "HFTarget".
 """
 
 from __future__ import annotations
@@ -18,6 +16,7 @@ import torch
 from torch import Tensor, nn
 from transformers.cache_utils import Cache, DynamicCache, StaticCache
 
+from dartree.arguments import check_int
 from dartree.models.hf_compat import cache_kwargs
 from dartree.models.lean import LeanForward, lean_forward
 from dartree.tree import DraftTree
@@ -38,10 +37,9 @@ PROBE_SLOTS = 45
 
 
 def _probe_equal(model: nn.Module, lean: LeanForward, capacity: int | None) -> str | None:
-    """Run the model and ``lean`` on the same inputs and caches (a static one of ``capacity`` slots, or
-    dynamic when ``None``): a 24-token prefill, 16 tokens under a tree-like mask, one token as an AR
-    step, then 4 causal tokens; compare every hidden state and logit bit for bit.  The reason they
-    differ, or ``None``."""
+    """Run the model and ``lean`` on the same inputs and caches (static of ``capacity`` slots, or dynamic): a
+    prefill, a tree-masked forward, an AR step and a causal extend, every hidden state and logit compared bit
+    for bit.  The reason they differ, or ``None``."""
     config = model.config
     text = config.get_text_config(decoder=True)
     vocab, layers = int(text.vocab_size), int(text.num_hidden_layers)
@@ -83,9 +81,8 @@ def _probe_equal(model: nn.Module, lean: LeanForward, capacity: int | None) -> s
 
 
 def _lean_for(model: nn.Module, capacity: int | None) -> tuple[LeanForward | None, str | None]:
-    """The probed :class:`LeanForward` of ``model`` with a dynamic cache (``capacity=None``) or a static
-    one of ``capacity`` slots (cached per model, attention implementation, capacity, dtype and device:
-    a model cast or moved after a probe is probed again)."""
+    """The probed :class:`LeanForward` of ``model`` for a dynamic cache (``capacity=None``) or a static one,
+    cached per model, attention implementation, capacity, dtype and device (a cast or move is probed again)."""
     param = next(model.parameters())
     key = (model.config._attn_implementation, capacity, param.dtype, param.device)
     per_model = _LEAN.setdefault(model, {})
@@ -116,11 +113,10 @@ class TargetOutput:
     """Target logits (and captured hidden states) at the positions of one forward.
 
     Shape:
-        logits: float ``[b, m, V]`` next-token logits at each of the m positions (``[b, 1, V]``, the
-                first position only, from ``forward_tree(..., logits="root")``).
-        hidden: float ``[b, m, len(layer_ids) * H]`` or ``None`` when ``layer_ids`` is empty.
-        final:  float ``[b, m, H]`` the final-normed hidden states (``logits="root"`` only; feed rows
-                to :meth:`HFTarget.head_logits`), else ``None``.
+        logits: float ``[b, m, V]`` next-token logits (``[b, 1, V]``: position 0 only, ``logits="root"``).
+        hidden: float ``[b, m, len(layer_ids) * H]``, or ``None`` without ``layer_ids``.
+        final:  float ``[b, m, H]`` final-normed hidden states (``logits="root"`` only: rows for
+                :meth:`HFTarget.head_logits`), else ``None``.
     """
 
     logits: Tensor
@@ -148,15 +144,14 @@ class HFTarget:
     """Prefill, tree forward, commit and hidden-state capture around a HF causal LM.
 
     Args:
-        model: a ``transformers`` causal LM (``*ForCausalLM``) whose ``config._attn_implementation``
-            is ``"eager"`` or ``"sdpa"``.  Put it in eval mode and on its device yourself.
-        layer_ids: decoder layers whose hidden states are captured (0-based, in ``[0, num_layers)``;
-            -1 is the embedding output, HF's ``hidden_states[0]``, as in DeepSpec checkpoints).
-        cache: ``"dynamic"`` or ``"static"``.
-        max_cache_len: capacity of a static cache (default: ``config.max_position_embeddings``).
-        forward: ``"auto"`` (the lean forward where it is supported and its probe equals the model's,
-            else the model's own), ``"lean"`` (required: an error says why it cannot be used) or
-            ``"hf"`` (always the model's own forward).  :attr:`forward_path` says which one runs.
+        model: a ``transformers`` causal LM with ``config._attn_implementation`` ``"eager"`` or ``"sdpa"``,
+            in eval mode on its device.
+        layer_ids: decoder layers whose hidden states are captured (``[0, num_layers)``; -1: the embedding
+            output, HF's ``hidden_states[0]``).
+        cache: ``"dynamic"`` or ``"static"``; max_cache_len: a static cache's capacity (default:
+            ``config.max_position_embeddings``).
+        forward: ``"auto"`` (the lean forward where its probe equals the model's, else the model's own),
+            ``"lean"`` (required: an error says why not) or ``"hf"``; :attr:`forward_path` says which runs.
     """
 
     def __init__(
@@ -188,8 +183,7 @@ class HFTarget:
         if cache == "static":
             if max_cache_len is None:
                 max_cache_len = self.max_positions
-            if isinstance(max_cache_len, bool) or not isinstance(max_cache_len, int) or max_cache_len < 1:
-                raise ValueError(f"max_cache_len: expected an int >= 1 for a static cache, got {max_cache_len!r}")
+            check_int("max_cache_len", max_cache_len)
         elif max_cache_len is not None:
             raise ValueError("max_cache_len: only meaningful with cache='static'")
         if forward not in FORWARDS:
@@ -327,13 +321,10 @@ class HFTarget:
 
     @property
     def scores_rows_apart(self) -> bool:
-        """Whether ``forward_tree(..., logits="root")`` + :meth:`head_logits` may replace full logits.
-
-        True on the CPU when a one-time probe shows that the model's logits are its output
-        embedding applied to the last hidden state (no soft-capping or scaling after the LM head)
-        and that it accepts ``logits_to_keep``; greedy decoding then runs the LM head only on the
-        nodes the acceptance walk visits.  On accelerators the full LM head is one cheap call.
-        """
+        """Whether ``forward_tree(..., logits="root")`` + :meth:`head_logits` may replace full logits: on the CPU, when
+        a one-time probe shows the logits are the output embedding of the last hidden state (no soft-capping or
+        scaling) and ``logits_to_keep`` is taken; greedy rounds then run the LM head only on the nodes the walk
+        visits.  On accelerators the full LM head is one cheap call."""
         if self._rows_apart is None:
             self._rows_apart = False
             if self.device.type == "cpu":
@@ -368,16 +359,9 @@ class HFTarget:
 
     @torch.no_grad()
     def prefill(self, input_ids: Tensor | list[Tensor], logits: str = "all") -> TargetOutput:
-        """Reset the cache and run the prompt rows causally.
-
-        ``input_ids``: int64 ``[b, m]`` (rows of one length) or a list of 1-D int64 contexts of any
-        lengths (rows right-padded in the cache; outputs padded to the longest; entries past a row's
-        length are padding).  ``logits="last"`` runs the LM head on each row's last position only (the
-        one that predicts the first new token; ``logits_to_keep``, as the references prefill), ``"all"``
-        on every position.
-
-        Shape:
-            input_ids: int64 ``[b, m]`` -> logits ``[b, m, V]`` (``[b, 1, V]`` for ``"last"``).
+        """Reset the cache and run the prompt rows causally: ``input_ids`` int64 ``[b, m]``, or a list of 1-D
+        contexts of any lengths (right-padded in the cache and the outputs).  ``logits="last"``: the LM head on each
+        row's last position only (``logits_to_keep``, as the references prefill; ``[b, 1, V]``), ``"all"``: every one.
         """
         if logits not in ("all", "last"):
             raise ValueError(f"logits: expected 'all' or 'last', got {logits!r}")
@@ -434,12 +418,8 @@ class HFTarget:
 
     @torch.no_grad()
     def extend(self, input_ids: Tensor, logits: str = "all") -> TargetOutput:
-        """Append ``input_ids`` to the committed cache of rows of one length, with causal attention
-        (``logits`` as in :meth:`prefill`).
-
-        Shape:
-            input_ids: int64 ``[b, m]``.
-        """
+        """Append ``input_ids`` (int64 ``[b, m]``) causally to the cache of rows of one length (``logits`` as in
+        :meth:`prefill`)."""
         self._check_ids(input_ids)
         if logits not in ("all", "last"):
             raise ValueError(f"logits: expected 'all' or 'last', got {logits!r}")
@@ -463,13 +443,9 @@ class HFTarget:
         return out
 
     def tree_inputs(self, tree: DraftTree) -> TreeInputs:
-        """Inputs that score row ``r`` of ``tree`` right after that row's committed slots (columns from
-        :attr:`length`; see ``dartree.verify.tree_inputs``).
-
-        A one-row tree (single-request decoding) is filled into this target's :class:`TreeInputBuffer`:
-        the returned mask is a view that the next ``tree_inputs`` call overwrites, so use it (forward it)
-        before asking for the next one.
-        """
+        """Inputs that score row ``r`` of ``tree`` right after that row's committed slots
+        (``dartree.verify.tree_inputs``); a one-row tree is filled into this target's :class:`TreeInputBuffer`,
+        whose mask the next call overwrites: forward it first."""
         if not isinstance(tree, DraftTree):
             raise ValueError(f"tree: expected a DraftTree, got {type(tree).__name__}")
         if tree.batch_size != max(1, len(self._lengths)):
@@ -485,13 +461,10 @@ class HFTarget:
 
     @torch.no_grad()
     def forward_tree(self, inputs: TreeInputs, logits: str = "all") -> TargetOutput:
-        """Score every tree node of every row in one forward; the n node slots stay in the cache until ``commit``.
+        """Score every tree node of every row in one forward; the n node slots stay pending until ``commit``.
 
-        ``logits="root"`` runs the LM head on node 0 only and returns the final hidden states of
-        every node in ``final`` (see :attr:`scores_rows_apart`); ``"all"`` scores every node.
-
-        Shape:
-            returns logits ``[b, n, V]`` (logits at node i predict the token after node i).
+        ``logits="root"``: the LM head on node 0 only, and every node's final hidden state in ``final``
+        (:attr:`scores_rows_apart`); ``"all"``: every node.  Returns logits ``[b, n, V]`` (node i's predict the next).
         """
         if logits not in ("all", "root"):
             raise ValueError(f"logits: expected 'all' or 'root', got {logits!r}")
@@ -513,11 +486,8 @@ class HFTarget:
 
     @torch.no_grad()
     def forward_next(self, ids: Tensor) -> TargetOutput:
-        """One causal step per row (the AR round): ``ids[r]`` at position ``lengths[r]``; pending until commit.
-
-        Shape:
-            ids: int64 ``[b]`` -> logits ``[b, 1, V]``.
-        """
+        """One causal step per row (the AR round): ``ids[r]`` (int64 ``[b]``) at position ``lengths[r]``;
+        pending until commit.  Logits ``[b, 1, V]``."""
         self._check_idle("ids")
         b = len(self._lengths)
         if ids.shape != (b,):
@@ -536,16 +506,9 @@ class HFTarget:
 
     @torch.no_grad()
     def commit(self, accepted: Tensor, count: int | list[int], host_nodes: list[int] | None = None) -> None:
-        """Keep, per row, the committed prefix plus the first ``count`` (or ``count[r]``) accepted
-        pending slots, root first; rows then grow by different amounts.
-
-        ``host_nodes``: optionally ``accepted[0, :count]`` as a Python list (batch 1), when the caller
-        has it on the host: nodes already in place are then not copied (see ``compact_tail``).
-
-        Shape:
-            accepted: int64 ``[b, c]`` pending slot indices (``VerifyResult.accepted``; -1 past a row's
-            count is fine), ``c >= max(count)``.
-        """
+        """Keep, per row, the committed prefix plus the first ``count`` (or ``count[r]``) accepted pending slots:
+        ``accepted`` int64 ``[b, c]`` pending slot indices (-1 past a row's count is fine), ``c >= max(count)``.
+        ``host_nodes``: ``accepted[0, :count]`` as a list (batch 1): nodes already in place are not copied."""
         if self._pending is None:
             raise ValueError("accepted: no forward is pending")
         b, pending = len(self._lengths), self._pending
@@ -595,11 +558,9 @@ class HFTarget:
 
     @torch.no_grad()
     def add_rows(self, contexts: list[Tensor], logits: str = "all") -> TargetOutput:
-        """Append new rows, prefilled with ``contexts`` (1-D int64 each), after the current ones: a freed
-        slot takes a new request.  The new rows are prefilled in a cache of their own, then both caches are
-        padded to the wider width and concatenated along the batch.  Returns the new rows' prefill outputs
-        (as :meth:`prefill` of a list).
-        """
+        """Append rows prefilled with ``contexts`` (1-D int64 each) after the current ones (a freed slot takes a new
+        request): prefilled in a cache of their own, then both padded to one width and concatenated.  Returns the
+        new rows' prefill outputs."""
         self._check_idle("contexts")
         if not self._lengths:
             return self.prefill(list(contexts), logits)

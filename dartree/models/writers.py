@@ -1,19 +1,9 @@
 """Write drafter checkpoints that the reference loaders read back (and :func:`load_drafter` too).
 
-- :func:`save_drafter` writes the z-lab **DFlash** layout, the **Domino** layout (with a bias-free
-  ``gru_head``) or the DeepSpec **DSpark** layout (with a ``markov_head``, or for any drafter whose
-  ``config.shift_label`` is true: DeepSpec reads every slot as a proposal).  The config carries
-  what each reference reads: ``block_size`` and ``emb_dim`` at the top level *and* in
-  ``dflash_config`` (the references disagree on where), ``num_target_layers`` (z-lab evaluates its
-  target-layer fallback eagerly), ``layer_types``, ``rope_theta`` / ``rope_scaling`` /
-  ``rope_parameters``; the DSpark config has ``num_anchors`` (DeepSpec asserts on it; it only
-  matters for training) and the weights ``embed_tokens.weight`` / ``lm_head.weight``.
-- :func:`save_gru_head` / :func:`save_markov_head` write head-only directories (this project's
-  format, used by the bundled zoo so the backbone is stored once).
-
-Formats that no reference can read are refused with a ``ValueError`` (a biased GRU head as
-Domino, a DFlash-layout drafter as DSpark), instead of writing a checkpoint that would load into
-the wrong layout.  Key table and sources: ``docs/checkpoints.md``.
+:func:`save_drafter` writes the z-lab DFlash, the Domino (bias-free ``gru_head``) or the DeepSpec DSpark
+layout (a ``markov_head``, or any ``shift_label`` drafter), with the config keys each reference reads where
+it reads them; :func:`save_gru_head` / :func:`save_markov_head` write this project's head-only directories.
+A format no reference can read is refused instead of written.  Keys and sources: docs/checkpoints.md.
 """
 
 from __future__ import annotations

@@ -69,12 +69,8 @@ def _load_tokenizer(path: Path):
 
 
 def load(name: str = DEFAULT_NAME, attn_implementation: str = "sdpa") -> ZooBundle:
-    """Load a bundled zoo entry from the package's files (no download, no training).
-
-    Args:
-        name: one of :func:`available`.
-        attn_implementation: ``"sdpa"`` or ``"eager"`` for the target (both take tree masks).
-    """
+    """Load bundled zoo entry ``name`` (one of :func:`available`) from the package's files (no download, no
+    training); ``attn_implementation``: ``"sdpa"`` or ``"eager"`` for the target."""
     names = available()
     if name not in names:
         raise ValueError(f"name: unknown zoo entry {name!r}; available: {names}")

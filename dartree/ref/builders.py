@@ -80,18 +80,20 @@ def _heap_tree(block: DraftBlock, config, make_expand) -> DraftTree:
     return assemble(roots, rows, block.device)
 
 
+def _trie_expand(block: DraftBlock, r: int, cands, log_q_at):
+    """Children of a node in the candidate trie of row ``r`` under per-depth log q ``log_q_at(depth)``."""
+    def expand(u: Node) -> list[Node]:
+        depth = u.depth + 1
+        if depth > block.gamma:
+            return []
+        return children(u, log_q_at(depth), cands.tokens[r, depth - 1].tolist())
+    return expand
+
+
 def ddtree(block: DraftBlock, head: None, config) -> DraftTree:
     """DDTree: best-first over the base marginals; returns the top-B prefixes."""
-
-    def make_expand(r, cands):
-        def expand(u: Node) -> list[Node]:
-            depth = u.depth + 1
-            if depth > block.gamma:
-                return []
-            return children(u, base_log_q(cands, r, depth), cands.tokens[r, depth - 1].tolist())
-        return expand
-
-    return _heap_tree(block, config, make_expand)
+    return _heap_tree(block, config, lambda r, cands: _trie_expand(block, r, cands,
+                                                                   lambda depth: base_log_q(cands, r, depth)))
 
 
 def corrected_chain_ddtree(block: DraftBlock, head: CorrectionHead, config) -> DraftTree:
@@ -100,13 +102,7 @@ def corrected_chain_ddtree(block: DraftBlock, head: CorrectionHead, config) -> D
     def make_expand(r, cands):
         trace = []
         depthwise(block, r, cands, head, lambda depth, used: 1, 0.0, trace=trace)
-
-        def expand(u: Node) -> list[Node]:
-            depth = u.depth + 1
-            if depth > block.gamma:
-                return []
-            return children(u, trace[depth - 1][0], cands.tokens[r, depth - 1].tolist())
-        return expand
+        return _trie_expand(block, r, cands, lambda depth: trace[depth - 1][0])
 
     return _heap_tree(block, config, make_expand)
 

@@ -1,15 +1,11 @@
-"""The two search cores every reference builder shares: depth-wise selection and best-first.
+"""The two search cores every reference builder shares, written to be obviously correct: one row at a time,
+Python objects for nodes, tuples as sort keys (``tree.rank_path_key``), float32 scores from the functions
+the fast backend uses (``dartree.scoring``).
 
-Reference code is written to be obviously correct: one row at a time, Python objects for nodes,
-Python tuples as sort keys (``tree.rank_path_key``), and float32 scores computed by the same
-functions the fast backend uses (``dartree.scoring``).
-
-- :func:`depthwise` keeps, at each depth, the best ``quota(d)`` children of the nodes kept at the
-  previous depth.  ``chain`` and ``corrected-chain`` are the quota-1 case; DARTree is the batched
-  case (quota = width, or a budget schedule).
-- :func:`best_first` pops nodes from a max-heap in the total order and pushes their children;
-  ``ddtree``, ``corrected-chain-ddtree`` and ``sequential-heap`` differ only in how a popped node's
-  children are scored.
+- :func:`depthwise` keeps, at each depth, the best ``quota(d)`` children of the previous depth's kept
+  nodes (``chain`` / ``corrected-chain``: quota 1; DARTree: a width or a budget schedule).
+- :func:`best_first` pops nodes from a max-heap in the total order and pushes their children (``ddtree``,
+  ``corrected-chain-ddtree``, ``sequential-heap`` differ only in how children are scored).
 """
 
 from __future__ import annotations
@@ -85,10 +81,8 @@ def base_log_q(cands: Candidates, row: int, depth: int) -> Tensor:
 
 def head_log_q(head: CorrectionHead, block: DraftBlock, cands: Candidates, row: int, depth: int,
                states: Tensor) -> Tensor:
-    """float32 ``[m, K]``: corrected log q of ``C_depth`` after each of ``m`` branch states ``[m, S]``.
-
-    ``block`` is the one-row block of ``row``.
-    """
+    """float32 ``[m, K]``: corrected log q of ``C_depth`` after each of ``m`` branch states ``[m, S]``
+    (``block``: the one-row block of ``row``)."""
     cand = cands.tokens[row, depth - 1][None]  # [1, K]
     logits = head.logits(block, depth, states[None], cand)
     expected = (1, states.shape[0], cands.topk)
@@ -123,12 +117,9 @@ Quota = Callable[[int, int], int]  # (depth, nodes selected so far) -> how many 
 
 def depthwise(block: DraftBlock, row: int, cands: Candidates, head: CorrectionHead | None, quota: Quota,
               beta: float, trace: list[Tensor] | None = None) -> tuple[Node, list[Node]]:
-    """Depth-wise batched expansion of one row (DARTree's Algorithm 1; chains with quota 1).
-
-    At each depth all kept branches are scored in ONE head call, the best ``quota`` children are
-    kept under the total order, and their states advanced in ONE head call.  If ``trace`` is a
-    list, the ``[m, K]`` log q of each expanded depth is appended to it.
-    """
+    """Depth-wise batched expansion of one row (DARTree's Algorithm 1; chains with quota 1): per depth ONE head
+    call scores all kept branches, the best ``quota`` children are kept under the total order, and ONE call
+    advances their states.  ``trace``: a list the ``[m, K]`` log q of each expanded depth is appended to."""
     one = block.rows(row)
     root = Node(token=int(block.root[row]), score=0.0, rank_path=())
     frontier = [root]
@@ -172,10 +163,8 @@ Expand = Callable[[Node], list[Node]]  # a popped node -> all its children, scor
 
 
 def best_first(root: Node, expand: Expand, budget: int) -> list[Node]:
-    """Pop up to ``budget`` draft nodes in the total order from a max-heap (Lemma 1's search).
-
-    ``expand`` is called once per popped node (the root included) and returns its children.
-    """
+    """Pop up to ``budget`` draft nodes in the total order from a max-heap (Lemma 1's search); ``expand`` is
+    called once per popped node (the root included) and returns its children."""
     heap: list[tuple[tuple[float, tuple[int, ...]], int, Node]] = []
     counter = 0  # never compared in practice (keys are unique); keeps heapq off Node objects
 

@@ -1,13 +1,11 @@
 """Test utilities for users checking their own drafters, heads and builders the way our tests do.
 
 * :func:`check_builder`: the builder contract (valid, decodable, within budget, deterministic, fast == ref,
-  lossless decoding; with ``temperature=1`` the law of sampled decoding) as one call,
-  ``check_builder("my-builder")`` in a pytest test;
-* :mod:`dartree.testing.strategies`: the hypothesis strategies dartree's property tests draw from;
-* :class:`OracleDrafter`: a drafter proposing the target's own continuation with controllable noise;
-* :class:`SharpDrafter`: a batch-native drafter proposing the target's own law, sharpened (for law tests);
-* :mod:`dartree.testing.law`: exact target laws, one round's law by enumeration, a chi-square test with a stated
-  false-alarm rate and its power;
+  lossless; with ``temperature=1`` the law of sampled decoding) as one call in a pytest test;
+* :mod:`dartree.testing.strategies`: the hypothesis strategies of dartree's property tests;
+* :class:`OracleDrafter` (the target's own continuation with controllable noise), :class:`SharpDrafter`
+  (the target's law, sharpened; batch-native, for law tests);
+* :mod:`dartree.testing.law`: exact target laws, one round's law by enumeration, a chi-square test;
 * :class:`PathHashHead`, :class:`IdentityHead`: deterministic correction heads.
 """
 

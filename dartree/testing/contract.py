@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from dartree.arguments import check_int
 from dartree.block import DraftBlock
 from dartree.builders import TreeBuilder, builder_spec, make_builder
 from dartree.tree import check_decodable
@@ -79,8 +80,7 @@ def check_builder(builder: TreeBuilder | str, config: dict[str, Any] | None = No
 
     if isinstance(temperature, bool) or not isinstance(temperature, int | float) or not 0 <= temperature < math.inf:
         raise ValueError(f"temperature: expected a finite number >= 0, got {temperature!r}")
-    if isinstance(draws, bool) or not isinstance(draws, int) or draws < 100:
-        raise ValueError(f"draws: expected an int >= 100, got {draws!r}")
+    check_int("draws", draws, 100)
     if not isinstance(alpha, float) or not 0 < alpha < 1:
         raise ValueError(f"alpha: expected a float in (0, 1), got {alpha!r}")
 
@@ -126,16 +126,21 @@ def _built(builder: TreeBuilder, block: DraftBlock, head, where: str):
         raise AssertionError(f"{where}: the builder raised {type(e).__name__}: {e}") from e
 
 
-def _check_lossless(builder: TreeBuilder, head, seed: int) -> None:
+def _llama(vocab: int):
+    """A tiny seeded Llama target of ``vocab`` tokens."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                        attn_implementation="sdpa")).eval()
+
+
+def _check_lossless(builder: TreeBuilder, head, seed: int) -> None:
     from dartree.decode import SpeculativeDecoder, generate_ar
     from dartree.testing.drafter import OracleDrafter
 
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                                         attn_implementation="sdpa")).eval()
+    model = _llama(64)
     decoder = SpeculativeDecoder(model, OracleDrafter(model, 4, demote=0.3, seed=1), builder, head)
     for prompt in (torch.tensor([3, 14, 15]), torch.tensor([9, 2, 6, 5, 35, 8, 9, 7])):
         try:
@@ -153,13 +158,8 @@ _LAW_PROMPT = (1, 2, 3)
 
 
 def _law_world():
-    """The law checks' tiny target (a 6-token Llama, peaked next-token laws with a tail) and its drafter."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=6, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                         attn_implementation="sdpa")).eval()
+    """The law checks' tiny target: a 6-token Llama with peaked next-token laws and a tail."""
+    model = _llama(6)
     with torch.no_grad():
         model.lm_head.weight.mul_(30.0)
     return model

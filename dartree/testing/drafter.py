@@ -10,6 +10,7 @@ import torch
 from torch import Tensor, nn
 from transformers.cache_utils import DynamicCache
 
+from dartree.arguments import check_int
 from dartree.block import DraftBlock
 from dartree.models.hf_compat import cache_kwargs
 from dartree.verify.sampling import KeyedSampler
@@ -20,29 +21,13 @@ __all__ = ["OracleDrafter", "SharpDrafter"]
 class OracleDrafter:
     """Follows the :class:`dartree.decode.Drafter` protocol by running the target model itself.
 
-    At each ``draft(root)`` it computes the target's continuation ``c_1..c_gamma`` of
-    ``context + root`` (greedy, or with ``sampler`` at ``temperature``: a :class:`KeyedSampler`
-    makes it the exact continuation speculative sampling will draw) and returns logits that rank
-    ``c_d`` at depth d
-
-    * first, with probability ``1 - demote - drop``;
-    * second (a random wrong token first), with probability ``demote``: a chain misses it, a
-      tree with two candidates per depth can still accept it;
-    * last, with probability ``drop``: no builder with ``topk < V`` proposes it.
-
-    The other tokens get random logits.  Noise comes from a CPU generator re-seeded by ``reset``,
-    so a run is reproducible and device independent.  Batch 1 only.
-
-    Args:
-        model: the target's HF causal LM (the drafter keeps its own KV cache for it).
-        gamma: block length (draft positions per round), ``>= 1``.
-        demote, drop: probabilities in ``[0, 1]`` with ``demote + drop <= 1``.
-        seed: seed of the noise.
-        temperature, sampler: how the continuation is chosen (``temperature == 0``: greedy;
-            ``sampler`` must then be ``None`` or a ``KeyedSampler``).
-        target_layer_ids: layers whose hidden states it asks for; it records what it receives in
-            ``context_hidden`` (so that tests can check them) and otherwise ignores them.
-        margin: logit gap between the ranked tokens and the random ones.
+    At each ``draft(root)`` it computes the target's continuation ``c_1..c_gamma`` of ``context + root``
+    (greedy, or with a :class:`KeyedSampler` at ``temperature``: exactly what speculative sampling will draw) and
+    ranks ``c_d`` at depth d first with probability ``1 - demote - drop``, second (after a random wrong token:
+    a chain misses it, two candidates per depth still accept it) with probability ``demote``, and last with
+    probability ``drop`` (no builder with ``topk < V`` proposes it).  Other tokens get random logits, ``margin``
+    below, from a CPU generator re-seeded by ``reset``.  Batch 1 only.  ``target_layer_ids``: layers whose hidden
+    states it asks for, recorded in ``context_hidden`` for tests.
     """
 
     def __init__(
@@ -60,8 +45,7 @@ class OracleDrafter:
     ) -> None:
         if not isinstance(model, nn.Module) or getattr(model, "config", None) is None:
             raise ValueError(f"model: expected a transformers causal LM, got {type(model).__name__}")
-        if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
-            raise ValueError(f"gamma: expected an int >= 1, got {gamma!r}")
+        check_int("gamma", gamma)
         for name, p in (("demote", demote), ("drop", drop)):
             if not isinstance(p, int | float) or not 0.0 <= p <= 1.0:
                 raise ValueError(f"{name}: expected a probability in [0, 1], got {p!r}")
@@ -151,19 +135,15 @@ class OracleDrafter:
 
 
 class SharpDrafter:
-    """A drafter for law tests: at depth ``d`` it proposes the target's own next-token logits along its greedy
-    continuation of ``context + root`` (``d - 1`` tokens), times ``sharpness``: an overconfident drafter, whose
-    proposal ``q`` puts more mass than the target's ``p`` on likely tokens and less on the tail, as trained
-    drafters do.  That is where a wrong acceptance rule shows most: the tail tokens reach the output mostly
-    through the residual of rejected drafts.
+    """A drafter for law tests: at depth ``d``, the target's own next-token logits along its greedy continuation
+    of ``context + root``, times ``sharpness``: an overconfident proposal, as trained drafters make, where a
+    wrong acceptance rule shows most (tail tokens reach the output mostly through rejected drafts' residual).
 
-    Batch-native (the :mod:`dartree.batch_drafters` protocol: every row's block from ``gamma`` batched forwards of
-    the target over the left-padded contexts, no KV cache; each context's block is kept, so a context seen before
-    costs nothing) and a single-request drafter (``reset`` / ``append_context`` / ``draft``).  Deterministic: no
-    noise of its own.
+    Batch-native (:mod:`dartree.batch_drafters`: ``gamma`` batched forwards over the left-padded contexts, no
+    KV cache, each context's block kept) and a single-request drafter.  Deterministic.
 
     Args:
-        model: the target's HF causal LM (fp32; contexts of a few dozen tokens: it recomputes them every round).
+        model: the target's HF causal LM (fp32; short contexts: it recomputes them every round).
         gamma: block length, ``>= 1``.
         sharpness: the factor on the target's logits (``> 1``: sharper than the target).
     """
@@ -171,8 +151,7 @@ class SharpDrafter:
     target_layer_ids: tuple[int, ...] = ()
 
     def __init__(self, model: nn.Module, gamma: int, sharpness: float = 2.0) -> None:
-        if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
-            raise ValueError(f"gamma: expected an int >= 1, got {gamma!r}")
+        check_int("gamma", gamma)
         if not isinstance(sharpness, int | float) or not sharpness > 0:
             raise ValueError(f"sharpness: expected a number > 0, got {sharpness!r}")
         self.model, self.gamma, self.sharpness = model, gamma, float(sharpness)

@@ -23,12 +23,8 @@ def _base_candidate_logits(block: DraftBlock, depth: int, candidates: Tensor, m:
 
 
 class IdentityHead:
-    """Returns the base logits unchanged: corrected builders then equal their uncorrected twins.
-
-    Both test heads implement the optional fused ``advance_logits`` of the protocol.
-
-    State: float32 ``[b, 1]`` of zeros (no information).
-    """
+    """Returns the base logits unchanged: corrected builders then equal their uncorrected twins.  State: float32
+    ``[b, 1]`` of zeros.  Both test heads have the protocol's optional fused ``advance_logits``."""
 
     def initial_state(self, block: DraftBlock) -> Tensor:
         return torch.zeros(block.batch_size, 1, device=block.device)

@@ -1,19 +1,15 @@
 """Checking a sampler's law: the target's exact law by enumeration, and Pearson's chi-square test with a stated
-false-alarm rate and a power computed from the noncentral chi-square law.
+false-alarm rate and a power from the noncentral chi-square law.
 
     law = target_law(model, prompt, 2, Warp(1.0))            # {(t1, t2): probability}, every outcome
     counts = outcome_counts(decoder, prompt, 2, 4000, warp=Warp(1.0), seed=3)
     check = chi_square(counts, law, alpha=1e-4)               # LawCheck: statistic, df, critical value
     assert check.passed, check
 
-The false-alarm rate is ``alpha`` (the chi-square approximation's, with cells expected fewer than 5 times pooled
-into one); with fixed seeds a passing test stays passing.  The power against a sampler whose law is ``p'``
-instead of ``p`` is the noncentral chi-square's: the statistic is about ``chi2(df, nc)`` with
-``nc = draws * sum((p' - p)**2 / p)`` (:func:`power`, :func:`draws_for_power`).
-
-Everything here is exact arithmetic on the host (no scipy): the chi-square survival function of an integer
-``df`` in closed form (even ``df``: a Poisson sum; odd: ``erfc`` plus a sum), the noncentral one as the
-Poisson mixture of central ones.
+The false-alarm rate is ``alpha`` (cells expected fewer than 5 times pooled into one); with fixed seeds a
+passing test stays passing.  Against a sampler of law ``p'`` the statistic is about ``chi2(df, nc)`` with
+``nc = draws * sum((p' - p)**2 / p)`` (:func:`power`, :func:`draws_for_power`).  Exact host arithmetic, no
+scipy: closed forms for integer ``df``, the noncentral law as a Poisson mixture of central ones.
 """
 
 from __future__ import annotations
@@ -144,12 +140,9 @@ def chi_square(counts: Mapping, law: Mapping, alpha: float) -> LawCheck:
 
 @torch.no_grad()
 def target_law(model, prompt: torch.Tensor, length: int, warp) -> dict[tuple[int, ...], float]:
-    """The exact law of the ``length`` tokens a causal LM samples after ``prompt`` under ``warp`` (a
-    :class:`~dartree.verify.warp.Warp`): every outcome of positive probability, by one batched forward per
-    position over every prefix (``V ** (length - 1)`` rows at the last one: keep the vocabulary tiny).
-
-    Shape: ``prompt`` int64 ``[L]`` or ``[1, L]``.
-    """
+    """The exact law of the ``length`` tokens a causal LM samples after ``prompt`` (int64 ``[L]`` or ``[1, L]``)
+    under ``warp``: every outcome of positive probability, one batched forward per position over every prefix
+    (``V ** (length - 1)`` rows at the last one: keep the vocabulary tiny)."""
     prompt = prompt.reshape(-1).cpu()
     law: dict[tuple[int, ...], float] = {(): 1.0}
     device = next(model.parameters()).device
@@ -168,8 +161,8 @@ def target_law(model, prompt: torch.Tensor, length: int, warp) -> dict[tuple[int
 def outcome_counts(decoder, prompt: torch.Tensor, length: int, draws: int, *, temperature: float = 1.0,
                    seed: int = 0, rows: int = 1000, **options) -> dict[tuple[int, ...], int]:
     """How often each ``length``-token output came out of ``draws`` seeded decodes of ``prompt``: batches of
-    ``rows`` copies through ``decoder.generate_batch`` (rows are independent requests), one
-    ``torch.Generator`` seeded ``seed``; ``options``: ``generate_batch``'s (``verifier``, ``top_k``, ...)."""
+    ``rows`` independent copies through ``decoder.generate_batch`` (``options``: its keywords), one seeded
+    ``torch.Generator``."""
     from dartree.verify import GeneratorSampler
 
     sampler = GeneratorSampler(torch.Generator().manual_seed(seed))
@@ -186,15 +179,14 @@ def outcome_counts(decoder, prompt: torch.Tensor, length: int, draws: int, *, te
 
 
 def round_law(parents: list[int], target, proposal, step=None) -> dict[tuple[int, ...], float]:
-    """The exact law of the tokens one round of the rejection verifier commits (accepted drafts, then the bonus)
-    on a tree of shape ``parents`` (node 0 the root; a node's children in index order are its sibling order):
-    every draw without replacement of every node's children and every acceptance outcome, enumerated.
+    """The exact law of the tokens one round of the rejection verifier commits (accepted drafts, then the bonus) on
+    a tree of shape ``parents`` (children in index order are the sibling order), every draw without replacement
+    and every acceptance outcome enumerated; a node keeps ``min(children, tokens of positive q)`` children.
 
-    ``target(path)`` / ``proposal(path)``: float64 ``[V]`` numpy distributions at the node whose tokens below the
-    root are ``path`` (the target's warped ``p``; the ``q`` its children are drawn from).  ``step(r, s, x) ->
-    (accept, r_next, s_next)``: one sibling's test, the verifier's own
-    :func:`~dartree.verify.rejection.accept_step` by default (looked up at call time: a patched acceptance rule
-    is the one enumerated).  A node keeps ``min(children, tokens of positive q)`` children, as ``sample_tree``.
+    ``target(path)`` / ``proposal(path)``: float64 ``[V]`` numpy laws (``p``, and the ``q`` the children are drawn
+    from) at the node below the root whose tokens are ``path``.  ``step(r, s, x) -> (accept, r_next, s_next)``:
+    one sibling's test, by default the verifier's own ``accept_step`` looked up at call time (a patched rule is
+    the one enumerated).
     """
     import itertools
 

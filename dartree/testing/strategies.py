@@ -1,8 +1,5 @@
-"""Hypothesis strategies for draft blocks, builder configurations, heads and trees (installed: a builder of
-your own is tested with the same draws dartree's property tests use).
-
-    from hypothesis import given, strategies as st
-    from dartree.testing.strategies import blocks, config_for
+"""Hypothesis strategies for draft blocks, builder configurations, heads and trees: test a builder of your own
+with the draws dartree's property tests use.
 
     @given(data=st.data())
     def test_my_builder(data):

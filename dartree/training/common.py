@@ -20,11 +20,8 @@ def log(msg: str) -> None:
 
 
 def lr_at(step: int, frac: float, peak: float, warmup: int) -> float:
-    """Linear warm-up over ``warmup`` steps, then cosine decay to 10% over the time budget.
-
-    ``frac`` is the fraction of the wall-clock budget already spent: the CPU is shared, so the
-    schedule follows time, not a step count.
-    """
+    """Linear warm-up over ``warmup`` steps, then cosine decay to 10% over the time budget (``frac``: the
+    fraction spent; the CPU is shared, so the schedule follows time, not a step count)."""
     if step < warmup:
         return peak * (step + 1) / warmup
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))

@@ -13,7 +13,7 @@ import torch
 
 from dartree.training.common import SPECIAL_TOKENS, log
 
-__all__ = ["stdlib_files", "is_validation", "stage_data", "load_data", "random_windows"]
+__all__ = ["stdlib_files", "is_validation", "stage_data", "joined_ids", "load_data", "random_windows"]
 
 
 def stdlib_files() -> list[tuple[str, Path]]:
@@ -66,16 +66,20 @@ def stage_data(work: Path, vocab_size: int, init_from: Path | None = None) -> No
         )
         tok.train_from_iterator(texts["train"], trainer=trainer)
     tok.save(str(work / "tokenizer.json"))
-    eot = tok.token_to_id("<|endoftext|>")
-    data = {}
-    for split, docs in texts.items():
-        ids: list[int] = []
-        for enc in tok.encode_batch(docs):
-            ids.extend(enc.ids)
-            ids.append(eot)
-        data[split] = torch.tensor(ids, dtype=torch.int32)
-        log(f"{split}: {len(ids)} tokens")
+    data = {split: joined_ids(tok, docs) for split, docs in texts.items()}
+    for split, ids in data.items():
+        log(f"{split}: {ids.numel()} tokens")
     torch.save(data, work / "data.pt")
+
+
+def joined_ids(tok, texts: list[str]) -> torch.Tensor:
+    """int32 token ids of ``texts``, each followed by ``<|endoftext|>``."""
+    eot = tok.token_to_id("<|endoftext|>")
+    ids: list[int] = []
+    for enc in tok.encode_batch(texts):
+        ids.extend(enc.ids)
+        ids.append(eot)
+    return torch.tensor(ids, dtype=torch.int32)
 
 
 def load_data(work: Path) -> dict[str, torch.Tensor]:

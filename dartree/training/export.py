@@ -1,10 +1,7 @@
-"""Stage 6, ``export``: weights (safetensors) and configs of the target, tokenizer, drafter and heads
-written to ``--out`` (default: the package's ``dartree/models/zoo_weights/<name>``), with the stages'
-final statistics in ``training_stats.json``.
-
-The bundle is written to a hidden folder beside ``--out`` and then put in its place (:func:`publish`), so
-an interrupted export leaves the earlier bundle whole: written in place, it left a mix of new and old
-weights in the package's own zoo."""
+"""Stage 6, ``export``: weights (safetensors) and configs of the target, tokenizer, drafter and heads, and the
+stages' final statistics (``training_stats.json``), written to a hidden folder beside ``--out`` (default
+``dartree/models/zoo_weights/<name>``) and put in place whole (:func:`publish`): an interrupted export leaves
+the earlier bundle whole, where writing in place left a mix of new and old weights."""
 
 from __future__ import annotations
 

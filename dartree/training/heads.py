@@ -1,11 +1,9 @@
-"""Stage 5, ``heads``: the GRU (Domino) and Markov (DSpark) correction heads, trained on the frozen
-drafter's block outputs against the same greedy labels.
+"""Stage 5, ``heads``: the GRU (Domino) and Markov (DSpark) correction heads, trained on the frozen drafter's
+block outputs against the same greedy labels.
 
-Several GRU widths can be trained side by side on the same batches (``--gru-widths 64x64,128x128``):
-the frozen target and drafter run once per step for all of them, which is most of a step's time.
-Each head has its own parameters and its own gradient clipping, so a head trains exactly as it
-would alone on those batches.  The first width is the one exported as ``gru_head/``; with more than
-one, each is also exported as ``gru_head_<G>x<E>/`` (see :mod:`dartree.training.export`).
+Several GRU widths (``--gru-widths 64x64,128x128``) train side by side on the same batches (the frozen
+models run once per step for all), each with its own parameters and clipping, so each trains as it would
+alone.  The first is exported as ``gru_head/``; with several, each also as ``gru_head_<G>x<E>/``.
 """
 
 from __future__ import annotations
@@ -32,7 +30,7 @@ from dartree.training.drafter import (
 )
 from dartree.training.target import load_target
 
-__all__ = ["head_batch", "head_losses", "eval_heads", "stage_heads", "nn_init_zero", "gru_name"]
+__all__ = ["head_batch", "gru_logits", "eval_heads", "stage_heads", "nn_init_zero", "gru_name"]
 
 
 def head_batch(drafter, model, x: torch.Tensor, anchors: torch.Tensor, sampled: bool):
@@ -53,17 +51,6 @@ def gru_logits(gru, h, base, previous) -> torch.Tensor:
     states, _ = gru.prefix_gru(F.embedding(previous, gru.embedding_weight))  # [N, gamma, G]
     p = gru.prefix_len
     return gru.full_logits(base[:, p:], h[:, p:], states[:, p:])
-
-
-def head_logits(gru, markov, h, base, previous) -> tuple[torch.Tensor, torch.Tensor]:
-    """The GRU head's logits at depths > its prefix (``[N, gamma - p, V]``) and the Markov head's at
-    every depth (``[N, gamma, V]``), teacher-forced along ``previous``."""
-    return gru_logits(gru, h, base, previous), markov.full_logits(base, previous)
-
-
-def head_losses(gru, markov, h, base, y, previous) -> tuple[torch.Tensor, torch.Tensor]:
-    gl, ml = head_logits(gru, markov, h, base, previous)
-    return block_loss(gl, y[:, gru.prefix_len:]).mean(), block_loss(ml, y).mean()
 
 
 def gru_name(config: dict, several: bool) -> str:
