@@ -44,11 +44,11 @@ PRESETS: dict[str, dict[str, Any]] = {
                     "dartree-pruned:budget=auto,width=auto,beta=auto"],
         # --temperatures above 0 (and no --methods): the methods that pay there.  corrected-sequoia's sampled
         # rank-optimal shape is the tree that pays at T=1 on the zoo: at the table's budget like every other tree
-        # (the most tokens a round) and at B=4 (the fastest on one CPU thread, where a tree's forward grows
-        # with its nodes), and `auto` picks builder, budget and verifier at the run's temperature (it searches
+        # (the most tokens a round) and at B=3 (the fastest on one CPU thread, where a tree's forward grows
+        # with its nodes: B=3 beat B=4 and B=2 side by side, docs/results.md), and `auto` picks builder, budget and verifier at the run's temperature (it searches
         # dartree-pruned too, so the T=0 list's tuned dartree-pruned is left out: a second tuning would double the run)
         "sampled_methods": ["chain", "ddtree", "corrected-chain", "dartree-fixed", "dartree-pruned",
-                            "corrected-sequoia", "corrected-sequoia:budget=4", "auto"],
+                            "corrected-sequoia", "corrected-sequoia:budget=3", "auto"],
         "datasets": ["humaneval", "stdlib"],
         "temperatures": [0.0],
         # 8 + 8 prompts a dataset: tau varies several-fold from prompt to prompt on the zoo, so a few
@@ -334,7 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--calibration-prompts", type=_positive_int,
                    help="prompts of every dataset (after the evaluation prompts) on which budget=auto is tuned, "
                         "at each temperature (default: the preset's, else 4)")
-    b.add_argument("--tune-budgets", type=_ints, default=[4, 8, 16, 32, 64], help="budgets tried by auto")
+    b.add_argument("--tune-budgets", type=_ints, default=[3, 4, 8, 16, 32, 64], help="budgets tried by auto")
     # dartree.eval.tune.DEFAULT_WIDTHS (not imported: keeps --help fast; tests/test_cli checks they agree)
     b.add_argument("--tune-widths", type=_ints, default=[4, 8, 12, 16], help="widths tried by auto")
     b.add_argument("--law-draws", type=_count, default=8,
@@ -378,7 +378,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                       "(--method auto: the builder and verifier too)")
     u.add_argument("--method", default="dartree-pruned",
                    help="a builder with a budget, or 'auto' (builders x budgets x verifiers, measured here)")
-    u.add_argument("--budgets", type=_ints, default=[4, 8, 16, 32, 64])    # as --tune-budgets
+    u.add_argument("--budgets", type=_ints, default=[3, 4, 8, 16, 32, 64])    # as --tune-budgets
     u.add_argument("--widths", type=_ints, default=[4, 8, 12, 16])         # as --tune-widths
     _out_args(u, Path("runs/tune"), "table, json, plot")
     _prompt_args(u)
