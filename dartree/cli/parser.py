@@ -44,9 +44,10 @@ PRESETS: dict[str, dict[str, Any]] = {
                     "dartree-pruned:budget=auto,width=auto,beta=auto"],
         # --temperatures above 0 (and no --methods): the methods that pay there.  corrected-sequoia's sampled
         # rank-optimal shape is the tree that pays at T=1 on the zoo: at the table's budget like every other tree
-        # (the most tokens a round) and at B=3 (the fastest on one CPU thread, where a tree's forward grows
-        # with its nodes: B=3 beat B=4 and B=2 side by side, docs/results.md), and `auto` picks builder, budget and verifier at the run's temperature (it searches
-        # dartree-pruned too, so the T=0 list's tuned dartree-pruned is left out: a second tuning would double the run)
+        # (the most tokens a round) and at B=3 (the fastest on one CPU thread: the target's forward of its 4 nodes
+        # costs less than of 5, and than of 2 or 3; B=3 beat B=4 and B=2 side by side, docs/results.md), and
+        # `auto` picks builder, budget and verifier at the run's temperature (it searches dartree-pruned too, so the
+        # T=0 list's tuned dartree-pruned is left out: a second tuning would double the run)
         "sampled_methods": ["chain", "ddtree", "corrected-chain", "dartree-fixed", "dartree-pruned",
                             "corrected-sequoia", "corrected-sequoia:budget=3", "auto"],
         "datasets": ["humaneval", "stdlib"],
