@@ -126,14 +126,13 @@ def proposal_probs(warp: Warp, logits: Tensor) -> Tensor:
         # perf: most nuclei are a few tokens: the top ``first`` decide them, unless the nucleus may run past them or
         # its boundary falls in a tie (the top-k's tie order picks the kept ones).  Otherwise the kept tokens are
         # exactly those of at least the last kept value, with the same cumulative sums (a prefix of the same
-        # sorted values), so ``q`` is the same bits as from the top ``k``.
+        # sorted values), so ``q`` is the same bits as from the top ``k``.  The checks read the [.., first] masks
+        # on the host (a CPU tensor: no device sync).
         top, index = probs.topk(first, dim=-1)
-        keep = (top.cumsum(dim=-1) - top) < warp.top_p
-        count = keep.sum(dim=-1, keepdim=True).numpy()          # host read: a CPU tensor, no device sync
-        values = top.detach().numpy()
-        last = np.take_along_axis(values, np.maximum(count - 1, 0), -1)
-        after = np.take_along_axis(values, np.minimum(count, first - 1), -1)
-        if (count < first).all() and not ((count > 0) & (last == after)).any():
+        keep = (top.cumsum(dim=-1) - top) < warp.top_p    # a prefix: sums rise, sorted values fall
+        kept, values = keep.numpy(), top.detach().numpy()
+        if not kept[..., -1].any() and not (kept[..., :-1] & ~kept[..., 1:]
+                                             & (values[..., :-1] == values[..., 1:])).any():
             return _nucleus(probs, index, top * keep)
     top, index = probs.topk(k, dim=-1)
     return _nucleus(probs, index, top * ((top.cumsum(dim=-1) - top) < warp.top_p))   # the first token kept
