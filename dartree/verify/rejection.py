@@ -119,46 +119,11 @@ def proposal_probs(warp: Warp, logits: Tensor) -> Tensor:
     """
     if warp.top_p is None or warp.top_p >= 1.0:
         return warp.probs(logits)
-    probs = _without_top_p(warp).probs(logits)
-    k = min(NUCLEUS_CANDIDATES, probs.shape[-1])
-    first = min(NUCLEUS_FIRST, k)
-    if probs.device.type == "cpu" and first < k:
-        # perf: most nuclei are a few tokens: the top ``first`` decide them, unless the nucleus may run past them or
-        # its boundary falls in a tie (the top-k's tie order picks the kept ones).  Otherwise the kept tokens are
-        # exactly those of at least the last kept value, with the same cumulative sums (a prefix of the same
-        # sorted values), so ``q`` is the same bits as from the top ``k``.  The checks read the [.., first] masks
-        # on the host (a CPU tensor: no device sync).
-        top, index = probs.topk(first, dim=-1)
-        keep = (top.cumsum(dim=-1) - top) < warp.top_p    # a prefix: sums rise, sorted values fall
-        kept, values = keep.numpy(), top.detach().numpy()
-        if not kept[..., -1].any() and not (kept[..., :-1] & ~kept[..., 1:]
-                                             & (values[..., :-1] == values[..., 1:])).any():
-            return _nucleus(probs, index, top * keep)
-    top, index = probs.topk(k, dim=-1)
-    return _nucleus(probs, index, top * ((top.cumsum(dim=-1) - top) < warp.top_p))   # the first token kept
-
-
-#: how many of a proposal's most likely tokens :func:`proposal_probs` looks at first (of ``NUCLEUS_CANDIDATES``)
-NUCLEUS_FIRST = 64
-
-
-def _nucleus(probs: Tensor, index: Tensor, kept: Tensor) -> Tensor:
-    """``kept`` (the nucleus's masses at ``index``, zeros elsewhere) placed over the vocabulary and renormalised."""
+    probs = Warp(warp.temperature, warp.top_k, None, warp.min_p).probs(logits)
+    top, index = probs.topk(min(NUCLEUS_CANDIDATES, probs.shape[-1]), dim=-1)
+    kept = top * ((top.cumsum(dim=-1) - top) < warp.top_p)          # the first token is always kept
     q = torch.zeros_like(probs).scatter_(-1, index, kept)
     return q / q.sum(dim=-1, keepdim=True)
-
-
-def _without_top_p(warp: Warp) -> Warp:
-    """``warp`` without its top-p (perf: made once per warp, not per proposal: a Warp checks its fields)."""
-    found = _UNFILTERED.get(warp)
-    if found is None:
-        if len(_UNFILTERED) >= 64:          # a few warps a process; bounded whatever a caller does
-            _UNFILTERED.clear()
-        found = _UNFILTERED[warp] = Warp(warp.temperature, warp.top_k, None, warp.min_p)
-    return found
-
-
-_UNFILTERED: dict[Warp, Warp] = {}
 
 
 def _draw_without_replacement(q: Tensor, m: int, generator: torch.Generator | None) -> Tensor:

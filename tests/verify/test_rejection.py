@@ -395,35 +395,6 @@ def test_proposal_top_p_is_the_nucleus_of_the_most_likely_tokens():
     torch.testing.assert_close(proposal_probs(Warp(0.7), peaked), Warp(0.7).probs(peaked), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("top_p", [0.0, 0.5, 0.9, 0.95, 0.999])
-def test_proposal_nucleus_from_its_first_candidates_is_the_top_k_one_bit_for_bit(top_p):
-    """``proposal_probs`` looks at the ``NUCLEUS_FIRST`` most likely tokens first: its ``q`` is the one the
-    ``NUCLEUS_CANDIDATES`` top-k gives, bit for bit, for small nuclei, nuclei past the first candidates, ties
-    across the nucleus's boundary and several rows at once."""
-    from dartree.verify.rejection import NUCLEUS_CANDIDATES, NUCLEUS_FIRST, proposal_probs
-
-    def top_k_nucleus(warp, logits):
-        probs = Warp(warp.temperature, warp.top_k, None, warp.min_p).probs(logits)
-        top, index = probs.topk(min(NUCLEUS_CANDIDATES, probs.shape[-1]), dim=-1)
-        q = torch.zeros_like(probs).scatter_(-1, index, top * ((top.cumsum(dim=-1) - top) < warp.top_p))
-        return q / q.sum(dim=-1, keepdim=True)
-
-    g = torch.Generator().manual_seed(4)
-    rows = [torch.randn(6, 1000, generator=g) * scale for scale in (0.5, 2.0, 5.0, 9.0)]
-    rows.append(torch.round(torch.randn(6, 1000, generator=g) * 2))      # ties everywhere, at boundaries too
-    tied = torch.full((2, 1000), -20.0)
-    tied[:, :NUCLEUS_FIRST + 8] = 0.0                 # a tie group across the first candidates' last place
-    rows.append(tied)
-    small = 0
-    for logits in rows:
-        for warp in (Warp(0.7, top_p=top_p), Warp(1.0, top_p=top_p, min_p=0.001)):
-            want = top_k_nucleus(warp, logits).nan_to_num(-1.0)
-            assert torch.equal(proposal_probs(warp, logits).nan_to_num(-1.0), want)
-            assert torch.equal(proposal_probs(warp, logits[:1, None]).nan_to_num(-1.0), want[:1, None])
-            small += int(((want > 0).sum(-1) < NUCLEUS_FIRST).sum())
-    assert small > 0 or top_p == 0.0          # the first candidates' way is taken (top-p 0 keeps no token)
-
-
 @pytest.mark.parametrize("head_depths", [None, 1])
 def test_a_reused_block_proposes_below_its_committed_tokens(head_depths):
     """``offset``/``root_state``: a template rooted ``offset`` committed tokens below the block's root takes the
