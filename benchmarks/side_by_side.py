@@ -17,7 +17,8 @@ that every variant's tokens are equal (at T=0 also equal to AR's)::
 their numpy versions run, the other modules keep the compiled loops.  Methods are ``dartree bench``'s
 (``NAME[:KEY=VALUE,...]``, budget 16 unless set; ``@T1`` samples at temperature 1 with a ``KeyedSampler``,
 ``@S1`` at temperature 1 with a ``GeneratorSampler`` seeded afresh for every decode: the default verifier,
-traversal, on sampled trees; equal tokens across variants then mean the same draws).
+traversal, on sampled trees; equal tokens across variants then mean the same draws; ``@S0.7p0.95``: at temperature
+0.7 with top-p 0.95, the same sampler; ``p`` works after ``@T`` too).
 Reported per method and variant: tokens/s and the median over prompts of the median paired time ratio
 against the first variant (first / this: above 1, this variant is faster), then each speculative
 method's time per round by stage (ms, summed over the timed decodes).
@@ -64,17 +65,20 @@ def worker(methods: list[str], prompts_per_set: int, new_tokens: int, off: list[
     for text in methods:
         keyed = "@S" not in text
         spec, _, temp = text.partition("@T" if keyed else "@S")
-        temperature = float(temp or 0)
+        temp, _, top_p = temp.partition("p")
+        temperature, warpers = float(temp or 0), {"top_p": float(top_p)} if top_p else {}
         method = parse_method(spec, {"budget": 16})
         if method.is_ar:
             from dartree import generate_ar
             from dartree.models.target import HFTarget
 
             target = HFTarget(bundle.target, layer_ids=tuple(bundle.drafter.target_layer_ids))
-            runs.append(lambda p, g=target, t=temperature, k=keyed: generate_ar(g, p, new_tokens, t, sampler(k)))
+            runs.append(lambda p, g=target, t=temperature, k=keyed, w=warpers: generate_ar(g, p, new_tokens, t,
+                                                                                          sampler(k), **w))
         else:
             decoder = make_decoder(bundle, method, "fast")
-            runs.append(lambda p, d=decoder, t=temperature, k=keyed: d.generate(p, new_tokens, t, sampler(k)))
+            runs.append(lambda p, d=decoder, t=temperature, k=keyed, w=warpers: d.generate(p, new_tokens, t, sampler(k),
+                                                                                           **w))
     loops = "off" if not native.enabled() else f"on except in {'+'.join(off)}" if off else "on"
     print(json.dumps({"ready": len(prompts), "loops": loops}), flush=True)
     with torch.inference_mode():

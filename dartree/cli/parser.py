@@ -42,11 +42,12 @@ PRESETS: dict[str, dict[str, Any]] = {
     "demo": {
         "methods": ["chain", "ddtree", "corrected-chain", "dartree-fixed", "dartree-pruned",
                     "dartree-pruned:budget=auto,width=auto,beta=auto"],
-        # --temperatures above 0 (and no --methods): the methods that pay there (corrected-sequoia's sampled shape
-        # pays at T=1 on the zoo, B=4 fastest on one CPU thread); `auto` searches dartree-pruned too, so the T=0
-        # list's tuned dartree-pruned is left out (a second tuning would double the run)
+        # --temperatures above 0 (and no --methods): the methods that pay there.  corrected-sequoia at the table's
+        # budget (the most tokens a round) and at B=3 (the fastest on one CPU thread: a forward of 4 nodes costs
+        # less than of 5, 3 or 2; docs/results.md); `auto` searches dartree-pruned too, so the T=0 list's tuned
+        # dartree-pruned is left out (a second tuning would double the run)
         "sampled_methods": ["chain", "ddtree", "corrected-chain", "dartree-fixed", "dartree-pruned",
-                            "corrected-sequoia", "corrected-sequoia:budget=4", "auto"],
+                            "corrected-sequoia", "corrected-sequoia:budget=3", "auto"],
         "datasets": ["humaneval", "stdlib"],
         "temperatures": [0.0],
         # 8 evaluation + 16 calibration prompts a dataset: tau varies several-fold from prompt to prompt on the
@@ -321,7 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--calibration-prompts", type=_positive_int,
                    help="prompts of every dataset (after the evaluation prompts) on which budget=auto is tuned, "
                         "at each temperature (default: the preset's, else 4)")
-    b.add_argument("--tune-budgets", type=_ints, default=[4, 8, 16, 32, 64], help="budgets tried by auto")
+    b.add_argument("--tune-budgets", type=_ints, default=[3, 4, 8, 16, 32, 64], help="budgets tried by auto")
     # dartree.eval.tune.DEFAULT_WIDTHS (not imported: keeps --help fast; tests/test_cli checks they agree)
     b.add_argument("--tune-widths", type=_ints, default=[4, 8, 12, 16], help="widths tried by auto")
     b.add_argument("--law-draws", type=_count, default=8,
@@ -365,7 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                       "(--method auto: the builder and verifier too)")
     u.add_argument("--method", default="dartree-pruned",
                    help="a builder with a budget, or 'auto' (builders x budgets x verifiers, measured here)")
-    u.add_argument("--budgets", type=_ints, default=[4, 8, 16, 32, 64])    # as --tune-budgets
+    u.add_argument("--budgets", type=_ints, default=[3, 4, 8, 16, 32, 64])    # as --tune-budgets
     u.add_argument("--widths", type=_ints, default=[4, 8, 12, 16])         # as --tune-widths
     _out_args(u, Path("runs/tune"), "table, json, plot")
     _prompt_args(u)

@@ -49,7 +49,10 @@ __all__ = ["VerifyCost", "ConfigStats", "Candidate", "Measurement", "TuneResult"
            "DEFAULT_BETAS", "DEFAULT_FINALISTS", "DEFAULT_MIN_SPEEDUP", "Interval", "ratio_prediction",
            "ratio_units_for", "t_quantile"]
 
-DEFAULT_BUDGETS: tuple[int, ...] = (4, 8, 16, 32, 64)
+#: Budgets tried by ``budget=auto`` and ``auto``.  3 as well as 4: on one CPU thread the target's forward of a tree
+#: of 4 nodes is markedly cheaper than of 5, and at T=1 corrected-sequoia B=3 beat B=4 measured side by side
+#: (docs/results.md, the section on issue 44 item 3, third pass).
+DEFAULT_BUDGETS: tuple[int, ...] = (3, 4, 8, 16, 32, 64)
 #: Widths tried by ``width=auto`` (or an unset width): 12 is ``dartree-pruned``'s default, so a tuning
 #: can always choose the setting an untuned run uses (without it the demo's tuner chose among 4, 8 and
 #: 16 and lost to the untuned B=16 W=12 on a dataset).
