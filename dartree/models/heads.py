@@ -138,7 +138,7 @@ class GRUHead(nn.Module):
         # the gate table and W_hh^T (or its K-major copy) from the weights' plan, unless autograd tracks the step
         plan = None if torch.is_grad_enabled() and states.requires_grad else self._plan()
         if plan is not None and plan.table.dtype == states.dtype:
-            return self._cell(tokens.reshape(-1), flat_h, plan.table, plan.w_hh(flat_h.shape[0]),
+            return self._cell(tokens.reshape(-1), flat_h, plan.table, plan.w_hh(flat_h.shape[0]), plan.b_hh,
                               self._step_buffers(flat_h, plan.table)).view(states.shape)
         g = self.prefix_gru
         x = F.embedding(tokens, self.embedding_weight).to(states.dtype)
@@ -146,9 +146,10 @@ class GRUHead(nn.Module):
                                g.bias_ih_l0 if self.bias else None, g.bias_hh_l0 if self.bias else None)
         return h.view(states.shape)
 
-    def _cell(self, tokens: Tensor, flat_h: Tensor, table: Tensor, w_hh_t: Tensor,
+    @staticmethod
+    def _cell(tokens: Tensor, flat_h: Tensor, table: Tensor, w_hh_t: Tensor, b_hh: Tensor | None,
               buffers: tuple[Tensor, ...]) -> Tensor:
-        """The GRU cell on ``flat_h [N, G]`` for ``tokens [N]`` from the gate table and ``W_hh^T``.
+        """The GRU cell on ``flat_h [N, G]`` for ``tokens [N]`` from the gate table, ``W_hh^T`` and ``b_hh``.
 
         perf: the input gates of every token precomputed (one row per token), read into a reused
         buffer; then exactly torch's GRU cell (aten/src/ATen/native/RNN.cpp, GRUCell) with r and z
@@ -156,8 +157,8 @@ class GRUHead(nn.Module):
         """
         gi, gh, gi_rz, gi_n, gh_rz, gh_n, r, z = buffers
         torch.index_select(table, 0, tokens, out=gi)                                # [N, 3G]
-        if self.bias:
-            torch.addmm(self.prefix_gru.bias_hh_l0, flat_h, w_hh_t, out=gh)         # = F.linear(h, W_hh, b_hh)
+        if b_hh is not None:
+            torch.addmm(b_hh, flat_h, w_hh_t, out=gh)                               # = F.linear(h, W_hh, b_hh)
         else:
             torch.mm(flat_h, w_hh_t, out=gh)
         gh_rz.add_(gi_rz).sigmoid_()                                                # r, z
@@ -301,9 +302,10 @@ class GRUHead(nn.Module):
             mid ``[b, m, E]`` (fc1's state half), part ``[b, 1, E]``, gate ``[b, 1, 1]`` or None,
             rows_t ``[b, E, K]``, bias and base ``[b, 1, K]`` -> float32 ``[b, m, K]``.
         """
-        correction = torch.bmm(F.silu(mid.add_(part)), rows_t)                   # [b, m, K]
-        if bias is not None:
-            correction.add_(bias)
+        mid = mid.add_(part)
+        # perf: silu in place, the bias added by baddbmm (tested: the bits of bmm, then + bias)
+        mid = F.silu(mid) if mid.requires_grad else torch._C._nn.silu_(mid)
+        correction = torch.bmm(mid, rows_t) if bias is None else torch.baddbmm(bias, mid, rows_t)  # [b, m, K]
         if gate is not None:
             correction = gate * correction      # not in place: autograd may need the product
         return _float(correction).add_(base)     # = base + correction (fp addition commutes bit for bit)
@@ -443,7 +445,7 @@ ROOT_CACHE_LIMIT = 4096
 class _Plan:
     """:meth:`GRUHead._plan`: the weight-derived tensors of a build, and the root states per token."""
 
-    __slots__ = ("table", "w_s", "rows_table", "w_hh_t", "hh_from", "hh_copy", "s_from", "s_copy", "roots",
+    __slots__ = ("table", "w_s", "rows_table", "w_hh_t", "b_hh", "hh_from", "hh_copy", "s_from", "s_copy", "roots",
                  "fc1_h", "fc1_b", "fc2_t", "fc2_b", "parts")
 
     @classmethod
@@ -455,7 +457,7 @@ class _Plan:
         plan = cls()
         plan.table = table
         plan.w_s, plan.rows_table = head._projection_tables()
-        plan.w_hh_t = w_hh.t()
+        plan.w_hh_t, plan.b_hh = w_hh.t(), head.prefix_gru.bias_hh_l0 if head.bias else None
         # K-major copies and the row counts from which they give F.linear's bits (CPU only)
         plan.hh_from, plan.hh_copy = _kmajor_from(w_hh, head.bias)
         plan.s_from, plan.s_copy = _kmajor_from(plan.w_s, False)
@@ -473,68 +475,67 @@ class _Plan:
         """``W_hh^T`` for a step of ``rows`` states: its K-major copy where that gives ``F.linear``'s bits."""
         return self.hh_copy if rows >= self.hh_from else self.w_hh_t
 
+    def w_s_t(self, rows: int, dtype: torch.dtype) -> Tensor:
+        """fc1's state half transposed for ``rows`` states: its K-major copy where that gives ``F.linear``'s bits."""
+        return self.s_copy if rows >= self.s_from and dtype == self.w_s.dtype else self.w_s.t()
+
     def state_half(self, normed: Tensor) -> Tensor:
-        """fc1's state half of ``normed [.., G]`` (= ``kmajor.linear(normed, w_s)``, from the plan's copy)."""
-        if normed.numel() >= self.s_from * normed.shape[-1] and normed.dtype == self.w_s.dtype:
-            return normed @ self.s_copy
-        return F.linear(normed, self.w_s)
+        """fc1's state half of ``normed [.., G]`` (= ``kmajor.linear(normed, w_s)``: ``F.linear`` is this matmul)."""
+        return normed @ self.w_s_t(normed.numel() // normed.shape[-1], normed.dtype)
 
 
 class _GRUSteps:
-    """:meth:`GRUHead.prepare_block`'s result, for one build: ``logits`` / ``advance_logits`` without
-    the block and the candidates, bit for bit the head's own calls (fp32; tested).  perf: per depth a
-    call runs the GRU cell (9 ops into reused buffers) and the correction (5 ops) and nothing else."""
+    """:meth:`GRUHead.prepare_block`'s result, for one build: ``logits`` / ``advance_logits`` without the block
+    and the candidates, bit for bit the head's own calls (fp32; tested).  perf: the calls are dispatch-bound on
+    the CPU, so what the depths share is made once (base logits, fc1's hidden half, fc2's candidate rows of every
+    corrected depth: one gather each, views per depth; per row count the buffers and weights); a depth then runs
+    the GRU cell (10 ops into reused buffers) and the correction (6 ops) and nothing else."""
 
     def __init__(self, head: GRUHead, block: DraftBlock, candidates: Tensor, plan: _Plan) -> None:
-        self.head, self.plan, self.table = head, plan, plan.table
-        self.gamma, self.size = block.gamma, head.gru_hidden_dim
-        # every depth's base logits and fc1 hidden half ([b, gamma, K], [b, gamma, E]; views per depth made
-        # on first use: unbind is one op); a depth's output rows gathered when it is first scored
-        self.base_all = _candidate_base(block, candidates)
-        self.candidates, self.rows_table, self.emb_dim = candidates, plan.rows_table, head.emb_dim
-        self.rows: list[tuple[Tensor, Tensor | None] | None] = [None] * block.gamma
-        self.part_all, self.gate_all = head._block_terms(block, False)          # [b, gamma, E], [b, gamma, 1]
-        self._views: tuple | None = None
-        self.buffers: dict[int, tuple[Tensor, ...]] = {}
+        self.head, self.plan, self.table, self.b_hh, self.norm = head, plan, plan.table, plan.b_hh, head.bias_norm
+        self.gamma, self.size, self.prefix = block.gamma, head.gru_hidden_dim, head.prefix_len
+        self.base_all = _candidate_base(block, candidates)                       # [b, gamma, K]
+        part, gate = head._block_terms(block, False)                             # [b, gamma, E], [b, gamma, 1]
+        base = self.base_all.unsqueeze(2).unbind(1)
+        gates = (None,) * block.gamma if gate is None else gate.unsqueeze(2).unbind(1)
+        # depth d's (base, part, gate, rows_t, bias): [b, 1, K], [b, 1, E], [b, 1, 1] or None, [b, E, K], [b, 1, K]
+        self.terms: list[tuple | None] = [None] * block.gamma
+        if self.prefix < block.gamma:
+            rows = F.embedding(candidates[:, self.prefix :], plan.rows_table)    # [b, gamma - prefix, K, E (+ 1)]
+            rows_t = rows[..., : head.emb_dim].transpose(2, 3).unbind(1)
+            bias = rows[..., head.emb_dim].unsqueeze(2).unbind(1) if head.bias else (None,) * len(rows_t)
+            for d, part_d in enumerate(part.unsqueeze(2).unbind(1)[self.prefix :], start=self.prefix):
+                self.terms[d] = (base[d], part_d, gates[d], rows_t[d - self.prefix], bias[d - self.prefix])
+        self.buffers: dict[int, tuple] = {}
 
-    def views(self) -> tuple:
-        """(base, part, gate): gamma-tuples of ``[b, 1, K]``, ``[b, 1, E]``, ``[b, 1, 1]`` views (gate: None)."""
-        if self._views is None:
-            gate = self.gate_all
-            self._views = (self.base_all.unsqueeze(2).unbind(1), self.part_all.unsqueeze(2).unbind(1),
-                           None if gate is None else gate.unsqueeze(2).unbind(1))
-        return self._views
+    def _buffers(self, flat_h: Tensor) -> tuple:
+        """(the step's buffers, ``W_hh^T``, fc1's state half transposed) for ``flat_h``'s row count."""
+        n, plan = flat_h.shape[0], self.plan
+        return self.buffers.setdefault(n, (self.head._step_buffers(flat_h, self.table), plan.w_hh(n),
+                                           plan.w_s_t(n, flat_h.dtype)))
 
     def logits(self, depth: int, states: Tensor) -> Tensor:
         """``head.logits(block, depth, states, candidates[:, depth - 1])``."""
         check_depth(depth, self.gamma)
-        return self._logits(depth, states)
+        flat = states.reshape(-1, self.size)
+        return self._logits(depth, states, flat, self.buffers.get(flat.shape[0]) or self._buffers(flat))
 
     def advance_logits(self, depth: int, states: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
         """``head.advance_logits(block, depth, states, tokens, candidates[:, depth])``."""
         check_depth(depth, self.gamma - 1)
         flat_h = states.reshape(-1, self.size)
-        n = flat_h.shape[0]
-        buffers = self.buffers.get(n)
-        if buffers is None:
-            buffers = self.buffers[n] = self.head._step_buffers(flat_h, self.table)
-        new = self.head._cell(tokens.reshape(-1), flat_h, self.table, self.plan.w_hh(n), buffers).view(states.shape)
-        return new, self._logits(depth + 1, new)
+        found = self.buffers.get(flat_h.shape[0]) or self._buffers(flat_h)
+        new = GRUHead._cell(tokens.reshape(-1), flat_h, self.table, found[1], self.b_hh, found[0])
+        return new.view(states.shape), self._logits(depth + 1, states, new, found)
 
-    def _logits(self, depth: int, states: Tensor) -> Tensor:
-        head = self.head
-        if depth <= head.prefix_len:
+    def _logits(self, depth: int, states: Tensor, flat: Tensor, found: tuple) -> Tensor:
+        """Corrected logits of ``C_depth`` after ``states [b, m, G]`` (``flat``: the same as ``[b * m, G]``)."""
+        if depth <= self.prefix:
             return self.base_all[:, depth - 1 : depth].expand(-1, states.shape[1], -1).contiguous()
-        base_views, part_views, gate_views = self.views()
-        base = base_views[depth - 1]                                             # [b, 1, K]
-        mid = self.plan.state_half(head._normed(states))
-        rows = self.rows[depth - 1]
-        if rows is None:
-            found = F.embedding(self.candidates[:, depth - 1], self.rows_table)  # [b, K, E (+ 1)]
-            size = self.emb_dim
-            rows = self.rows[depth - 1] = (found[..., :size].mT, found[:, None, :, size] if head.bias else None)
-        return head._corrected(mid, part_views[depth - 1], None if gate_views is None else gate_views[depth - 1],
-                               rows[0], rows[1], base)
+        base, part, gate, rows_t, bias = self.terms[depth - 1]
+        normed = flat if self.norm is None else self.norm(flat)
+        mid = torch.mm(normed, found[2]).view(states.shape[0], states.shape[1], -1)   # plan.state_half(normed)
+        return GRUHead._corrected(mid, part, gate, rows_t, bias, base)
 
 
 @trusted_head
