@@ -68,20 +68,9 @@ class GRUHead(nn.Module):
     State: float ``[.., G]``.
     """
 
-    def __init__(
-        self,
-        hidden_size: int,
-        vocab_size: int,
-        gru_hidden_dim: int,
-        emb_dim: int,
-        prefix_len: int = 1,
-        embedding: Tensor | None = None,
-        *,
-        bias: bool = True,
-        bias_norm: bool = False,
-        bias_gate: bool = False,
-        norm_eps: float = 1e-6,
-    ) -> None:
+    def __init__(self, hidden_size: int, vocab_size: int, gru_hidden_dim: int, emb_dim: int, prefix_len: int = 1,
+                 embedding: Tensor | None = None, *, bias: bool = True, bias_norm: bool = False,
+                 bias_gate: bool = False, norm_eps: float = 1e-6) -> None:
         super().__init__()
         for name, value in (("hidden_size", hidden_size), ("vocab_size", vocab_size),
                             ("gru_hidden_dim", gru_hidden_dim), ("emb_dim", emb_dim)):
@@ -139,7 +128,7 @@ class GRUHead(nn.Module):
         plan = None if torch.is_grad_enabled() and states.requires_grad else self._plan()
         if plan is not None and plan.table.dtype == states.dtype:
             return self._cell(tokens.reshape(-1), flat_h, plan.table, plan.w_hh(flat_h.shape[0]), plan.b_hh,
-                              self._step_buffers(flat_h, plan.table)).view(states.shape)
+                              self._step_buffers(flat_h.shape[0], plan.table)).view(states.shape)
         g = self.prefix_gru
         x = F.embedding(tokens, self.embedding_weight).to(states.dtype)
         h = torch._VF.gru_cell(x.reshape(-1, x.shape[-1]), flat_h, g.weight_ih_l0, g.weight_hh_l0,
@@ -149,15 +138,19 @@ class GRUHead(nn.Module):
     @staticmethod
     def _cell(tokens: Tensor, flat_h: Tensor, table: Tensor, w_hh_t: Tensor, b_hh: Tensor | None,
               buffers: tuple[Tensor, ...]) -> Tensor:
-        """The GRU cell on ``flat_h [N, G]`` for ``tokens [N]`` from the gate table, ``W_hh^T`` and ``b_hh``.
+        """The GRU cell on ``flat_h [N, G]`` for ``tokens [N]`` from the gate table, ``W_hh^T`` (for one
+        state, ``W_hh`` itself: :meth:`_Plan.w_hh`) and ``b_hh``.
 
         perf: the input gates of every token precomputed (one row per token), read into a reused
         buffer; then exactly torch's GRU cell (aten/src/ATen/native/RNN.cpp, GRUCell) with r and z
         in one op, every intermediate in place in the buffers, one fresh tensor for the result.
         """
-        gi, gh, gi_rz, gi_n, gh_rz, gh_n, r, z = buffers
+        gi, gh, gi_rz, gi_n, gh_rz, gh_n, r, z, gh_1 = buffers
         torch.index_select(table, 0, tokens, out=gi)                                # [N, 3G]
-        if b_hh is not None:
+        if flat_h.shape[0] == 1:    # perf: a matrix-vector product (tested: F.linear's bits)
+            h = flat_h.view(-1)
+            torch.mv(w_hh_t, h, out=gh_1) if b_hh is None else torch.addmv(b_hh, w_hh_t, h, out=gh_1)
+        elif b_hh is not None:
             torch.addmm(b_hh, flat_h, w_hh_t, out=gh)                               # = F.linear(h, W_hh, b_hh)
         else:
             torch.mm(flat_h, w_hh_t, out=gh)
@@ -165,22 +158,22 @@ class GRUHead(nn.Module):
         new = gh_n.mul_(r).add_(gi_n).tanh_()                                       # n = tanh(gi_n + r * gh_n)
         return torch.sub(flat_h, new).mul_(z).add_(new)                             # n + z * (h - n)
 
-    def _step_buffers(self, flat_h: Tensor, table: Tensor) -> tuple[Tensor, ...]:
-        """perf: the GRU step's intermediates ``gi, gh [N, 3G]`` and their gate views, allocated once per
-        row count ``N`` (and dtype, device) and reused: never returned to a caller, so reusing them
+    def _step_buffers(self, rows: int, table: Tensor) -> tuple[Tensor, ...]:
+        """perf: the GRU step's intermediates ``gi, gh [rows, 3G]``, their gate views and ``gh`` flat, allocated once
+        per row count (and dtype, device) and reused: never returned to a caller, so reusing them
         cannot alias a state the caller keeps.  Not for concurrent calls on one head from two threads."""
         # inference mode in the key: buffers made in a decode (inference tensors) cannot be written outside it
-        key = (flat_h.shape[0], table.dtype, table.device, torch.is_inference_mode_enabled())
+        key = (rows, table.dtype, table.device, torch.is_inference_mode_enabled())
         buffers = self.__dict__.setdefault("_step_buffer_cache", {})
         found = buffers.get(key)
         if found is None:
             if len(buffers) >= 64:
                 buffers.clear()
             size = self.gru_hidden_dim
-            gi = torch.empty(flat_h.shape[0], 3 * size, dtype=table.dtype, device=table.device)
+            gi = torch.empty(rows, 3 * size, dtype=table.dtype, device=table.device)
             gh = torch.empty_like(gi)
             found = (gi, gh, gi[:, : 2 * size], gi[:, 2 * size :], gh[:, : 2 * size], gh[:, 2 * size :],
-                     gh[:, :size], gh[:, size : 2 * size])
+                     gh[:, :size], gh[:, size : 2 * size], gh.view(-1))
             buffers[key] = found
         return found
 
@@ -213,33 +206,35 @@ class GRUHead(nn.Module):
         gate = self._gate(hidden)
         return base + (correction if gate is None else gate * correction)
 
-    def _block_terms(self, block: DraftBlock, cached: bool = True) -> tuple[Tensor, Tensor | None]:
+    def _block_terms(self, block: DraftBlock, plan: _Plan | None = None) -> tuple[Tensor, Tensor | None]:
         """``fc1``'s hidden half ``[b, gamma, E]`` and the gate ``[b, gamma, 1]`` (or ``None``) of every depth.
 
         They depend only on the block, not on the branch: one product per batch row over all its depths
         (``[gamma, H]``, so a row's bits do not depend on the batch it is in, and a sub-block
         ``block.rows(...)`` gets the same values), cached while the same ``block.hidden`` and weights
         (same objects, storage and versions) ask again (:func:`derived`); recomputed, uncached, when
-        autograd tracks the weights or ``cached`` is false (:meth:`prepare_block`, once per build).
+        autograd tracks the weights or from ``plan``'s views of them (:meth:`prepare_block`, once per build).
         """
-        hidden, fc1 = block.hidden, self.embed_proj[0]
+        hidden = block.hidden
 
-        def build() -> tuple[Tensor, Tensor | None]:
-            w_h = fc1.weight[:, : self.hidden_size]
+        def build(w_h: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor | None]:
             if hidden.shape[0] == 1:    # perf: the one row's product, without unbind and stack (same bits)
-                h = hidden[0].to(w_h.dtype)
-                return F.linear(h, w_h, fc1.bias)[None], None if self.bias_gate is None else self._gate(h)[None]
+                h = hidden[0] if hidden.dtype == w_h.dtype else hidden[0].to(w_h.dtype)
+                return F.linear(h, w_h, bias)[None], None if self.bias_gate is None else self._gate(h)[None]
             rows = [h.to(w_h.dtype) for h in hidden.unbind(0)]                     # [gamma, H] each
-            part = torch.stack([F.linear(h, w_h, fc1.bias) for h in rows])       # [b, gamma, E]
+            part = torch.stack([F.linear(h, w_h, bias) for h in rows])           # [b, gamma, E]
             gate = None if self.bias_gate is None else torch.stack([self._gate(h) for h in rows])  # [b, gamma, 1]
             return part, gate
 
+        if plan is not None:
+            return build(plan.fc1_h, plan.fc1_b)
+        fc1 = self.embed_proj[0]
         sources = [hidden, fc1.weight, fc1.bias]
         if self.bias_gate is not None:
             sources += list(self.bias_gate.parameters())
-        if not cached or torch.is_grad_enabled() and any(w is not None and w.requires_grad for w in sources):
-            return build()
-        return derived(self, "_block_terms_cache", sources, build)
+        if torch.is_grad_enabled() and any(w is not None and w.requires_grad for w in sources):
+            return build(fc1.weight[:, : self.hidden_size], fc1.bias)
+        return derived(self, "_block_terms_cache", sources, lambda: build(fc1.weight[:, : self.hidden_size], fc1.bias))
 
     # ------------------------------------------------------------------------- protocol
     def initial_state(self, block: DraftBlock) -> Tensor:
@@ -287,22 +282,27 @@ class GRUHead(nn.Module):
         part, gate = self._block_terms(block)
         part, gate = part[:, depth - 1, None], None if gate is None else gate[:, depth - 1, None]
         w_s, table = self._projection_tables()
-        mid = linear(self._normed(states), w_s)                                  # [b, m, E]
         size = self.emb_dim
         rows = F.embedding(candidates, table)                                    # [b, K, E (+ 1)]
-        return self._corrected(mid, part, gate, rows[..., :size].mT, rows[:, None, :, size] if self.bias else None,
-                               base)
+        return self._corrected(self._normed(states), w_s, None, part, gate, rows[..., :size].mT,
+                               rows[:, None, :, size] if self.bias else None, base)
 
     @staticmethod
-    def _corrected(mid: Tensor, part: Tensor, gate: Tensor | None, rows_t: Tensor, bias: Tensor | None,
-                   base: Tensor) -> Tensor:
-        """``base + gate * (fc2 rows . silu(mid + part) + bias)``: the correction of the K candidates.
+    def _corrected(normed: Tensor, w_s: Tensor, w_s_t: Tensor | None, part: Tensor, gate: Tensor | None,
+                   rows_t: Tensor, bias: Tensor | None, base: Tensor) -> Tensor:
+        """``base + gate * (fc2 rows . silu(fc1 [hidden; state]) + bias)``: the correction of the K candidates,
+        fc1's state half from ``w_s [E, G]`` (``w_s_t``: ``W_s^T`` or its K-major copy, to multiply by; ``None``:
+        :func:`linear` picks), its hidden half ``part``.
 
         Shape:
-            mid ``[b, m, E]`` (fc1's state half), part ``[b, 1, E]``, gate ``[b, 1, 1]`` or None,
+            normed ``[b, m, G]`` (the states, normed), part ``[b, 1, E]``, gate ``[b, 1, 1]`` or None,
             rows_t ``[b, E, K]``, bias and base ``[b, 1, K]`` -> float32 ``[b, m, K]``.
         """
-        mid = mid.add_(part)
+        if normed.numel() == normed.shape[-1] and not (torch.is_grad_enabled() and (
+                normed.requires_grad or w_s.requires_grad)):   # perf: one state, one addmv (tested: the same bits)
+            mid = torch.addmv(part.view(-1), w_s, normed.view(-1)).view(1, 1, -1)
+        else:
+            mid = (linear(normed, w_s) if w_s_t is None else normed @ w_s_t).add_(part)
         # perf: silu in place, the bias added by baddbmm (tested: the bits of bmm, then + bias)
         mid = F.silu(mid) if mid.requires_grad else torch._C._nn.silu_(mid)
         correction = torch.bmm(mid, rows_t) if bias is None else torch.baddbmm(bias, mid, rows_t)  # [b, m, K]
@@ -445,8 +445,8 @@ ROOT_CACHE_LIMIT = 4096
 class _Plan:
     """:meth:`GRUHead._plan`: the weight-derived tensors of a build, and the root states per token."""
 
-    __slots__ = ("table", "w_s", "rows_table", "w_hh_t", "b_hh", "hh_from", "hh_copy", "s_from", "s_copy", "roots",
-                 "fc1_h", "fc1_b", "fc2_t", "fc2_b", "parts")
+    __slots__ = ("table", "w_s", "rows_table", "w_hh_1", "w_hh_t", "b_hh", "hh_from", "hh_copy", "s_from", "s_copy",
+                 "roots", "fc1_h", "fc1_b", "fc2_t", "fc2_b", "parts")
 
     @classmethod
     def of(cls, head: GRUHead) -> _Plan | None:
@@ -457,7 +457,7 @@ class _Plan:
         plan = cls()
         plan.table = table
         plan.w_s, plan.rows_table = head._projection_tables()
-        plan.w_hh_t, plan.b_hh = w_hh.t(), head.prefix_gru.bias_hh_l0 if head.bias else None
+        plan.w_hh_1, plan.w_hh_t, plan.b_hh = w_hh, w_hh.t(), head.prefix_gru.bias_hh_l0 if head.bias else None
         # K-major copies and the row counts from which they give F.linear's bits (CPU only)
         plan.hh_from, plan.hh_copy = _kmajor_from(w_hh, head.bias)
         plan.s_from, plan.s_copy = _kmajor_from(plan.w_s, False)
@@ -472,8 +472,9 @@ class _Plan:
         return plan
 
     def w_hh(self, rows: int) -> Tensor:
-        """``W_hh^T`` for a step of ``rows`` states: its K-major copy where that gives ``F.linear``'s bits."""
-        return self.hh_copy if rows >= self.hh_from else self.w_hh_t
+        """``W_hh^T`` for a step of ``rows`` states: its K-major copy where that gives ``F.linear``'s bits;
+        for one state ``W_hh`` (:meth:`GRUHead._cell`: a matrix-vector product)."""
+        return self.w_hh_1 if rows == 1 else self.hh_copy if rows >= self.hh_from else self.w_hh_t
 
     def w_s_t(self, rows: int, dtype: torch.dtype) -> Tensor:
         """fc1's state half transposed for ``rows`` states: its K-major copy where that gives ``F.linear``'s bits."""
@@ -495,7 +496,7 @@ class _GRUSteps:
         self.head, self.plan, self.table, self.b_hh, self.norm = head, plan, plan.table, plan.b_hh, head.bias_norm
         self.gamma, self.size, self.prefix = block.gamma, head.gru_hidden_dim, head.prefix_len
         self.base_all = _candidate_base(block, candidates)                       # [b, gamma, K]
-        part, gate = head._block_terms(block, False)                             # [b, gamma, E], [b, gamma, 1]
+        part, gate = head._block_terms(block, plan)                              # [b, gamma, E], [b, gamma, 1]
         base = self.base_all.unsqueeze(2).unbind(1)
         gates = (None,) * block.gamma if gate is None else gate.unsqueeze(2).unbind(1)
         # depth d's (base, part, gate, rows_t, bias): [b, 1, K], [b, 1, E], [b, 1, 1] or None, [b, E, K], [b, 1, K]
@@ -508,34 +509,36 @@ class _GRUSteps:
                 self.terms[d] = (base[d], part_d, gates[d], rows_t[d - self.prefix], bias[d - self.prefix])
         self.buffers: dict[int, tuple] = {}
 
-    def _buffers(self, flat_h: Tensor) -> tuple:
-        """(the step's buffers, ``W_hh^T``, fc1's state half transposed) for ``flat_h``'s row count."""
-        n, plan = flat_h.shape[0], self.plan
-        return self.buffers.setdefault(n, (self.head._step_buffers(flat_h, self.table), plan.w_hh(n),
-                                           plan.w_s_t(n, flat_h.dtype)))
+    def _found(self, states: Tensor) -> tuple:
+        """(the step's buffers, ``W_hh^T``, fc1's state half transposed) for ``states [b, m, G]``'s row count."""
+        n = states.shape[0] * states.shape[1]
+        found = self.buffers.get(n)
+        if found is None:
+            found = self.buffers[n] = (self.head._step_buffers(n, self.table), self.plan.w_hh(n),
+                                       self.plan.w_s_t(n, states.dtype))
+        return found
 
     def logits(self, depth: int, states: Tensor) -> Tensor:
         """``head.logits(block, depth, states, candidates[:, depth - 1])``."""
         check_depth(depth, self.gamma)
-        flat = states.reshape(-1, self.size)
-        return self._logits(depth, states, flat, self.buffers.get(flat.shape[0]) or self._buffers(flat))
+        return self._logits(depth, states, self._found(states))
 
     def advance_logits(self, depth: int, states: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
         """``head.advance_logits(block, depth, states, tokens, candidates[:, depth])``."""
         check_depth(depth, self.gamma - 1)
-        flat_h = states.reshape(-1, self.size)
-        found = self.buffers.get(flat_h.shape[0]) or self._buffers(flat_h)
-        new = GRUHead._cell(tokens.reshape(-1), flat_h, self.table, found[1], self.b_hh, found[0])
-        return new.view(states.shape), self._logits(depth + 1, states, new, found)
+        found = self._found(states)
+        b, m, size = states.shape           # perf: views from ints (a torch.Size argument parses slower)
+        new = GRUHead._cell(tokens.reshape(-1), states.reshape(b * m, size), self.table, found[1], self.b_hh,
+                            found[0]).view(b, m, size)
+        return new, self._logits(depth + 1, new, found)
 
-    def _logits(self, depth: int, states: Tensor, flat: Tensor, found: tuple) -> Tensor:
-        """Corrected logits of ``C_depth`` after ``states [b, m, G]`` (``flat``: the same as ``[b * m, G]``)."""
+    def _logits(self, depth: int, states: Tensor, found: tuple) -> Tensor:
+        """Corrected logits of ``C_depth`` after ``states [b, m, G]``, with ``found = self.buffers[b * m]``."""
         if depth <= self.prefix:
             return self.base_all[:, depth - 1 : depth].expand(-1, states.shape[1], -1).contiguous()
         base, part, gate, rows_t, bias = self.terms[depth - 1]
-        normed = flat if self.norm is None else self.norm(flat)
-        mid = torch.mm(normed, found[2]).view(states.shape[0], states.shape[1], -1)   # plan.state_half(normed)
-        return GRUHead._corrected(mid, part, gate, rows_t, bias, base)
+        return GRUHead._corrected(states if self.norm is None else self.norm(states), self.plan.w_s, found[2], part,
+                                  gate, rows_t, bias, base)
 
 
 @trusted_head
