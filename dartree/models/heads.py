@@ -148,7 +148,7 @@ class GRUHead(nn.Module):
         gi, gh, gi_rz, gi_n, gh_rz, gh_n, r, z, gh_1 = buffers
         torch.index_select(table, 0, tokens, out=gi)                                # [N, 3G]
         if flat_h.shape[0] == 1:    # perf: a matrix-vector product (tested: F.linear's bits)
-            h = flat_h.view(-1)
+            h = flat_h.reshape(-1)
             torch.mv(w_hh_t, h, out=gh_1) if b_hh is None else torch.addmv(b_hh, w_hh_t, h, out=gh_1)
         elif b_hh is not None:
             torch.addmm(b_hh, flat_h, w_hh_t, out=gh)                               # = F.linear(h, W_hh, b_hh)
@@ -300,7 +300,7 @@ class GRUHead(nn.Module):
         """
         if normed.numel() == normed.shape[-1] and not (torch.is_grad_enabled() and (
                 normed.requires_grad or w_s.requires_grad)):   # perf: one state, one addmv (tested: the same bits)
-            mid = torch.addmv(part.view(-1), w_s, normed.view(-1)).view(1, 1, -1)
+            mid = torch.addmv(part.reshape(-1), w_s, normed.reshape(-1)).view(1, 1, -1)
         else:
             mid = (linear(normed, w_s) if w_s_t is None else normed @ w_s_t).add_(part)
         # perf: silu in place, the bias added by baddbmm (tested: the bits of bmm, then + bias)
