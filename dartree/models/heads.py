@@ -385,7 +385,8 @@ class GRUHead(nn.Module):
             if self.bias_gate is None:          # a gate's weights are not the plan's: computed every call
                 held[depth] = found
         part, gate = found
-        mid = F.silu(plan.state_half(self._normed(states)).add_(part))
+        normed = self._normed(states)                                        # fc1 state half: linear(normed, w_s)
+        mid = F.silu((normed @ plan.w_s_t(normed.numel() // normed.shape[-1], normed.dtype)).add_(part))
         wt = plan.fc2_t                                                              # = kmajor_product(mid, fc2...)
         flat = mid.reshape(-1, wt.shape[0])
         correction = (flat @ wt if plan.fc2_b is None else torch.addmm(plan.fc2_b, flat, wt)).view(
@@ -480,17 +481,12 @@ class _Plan:
         """fc1's state half transposed for ``rows`` states: its K-major copy where that gives ``F.linear``'s bits."""
         return self.s_copy if rows >= self.s_from and dtype == self.w_s.dtype else self.w_s.t()
 
-    def state_half(self, normed: Tensor) -> Tensor:
-        """fc1's state half of ``normed [.., G]`` (= ``kmajor.linear(normed, w_s)``: ``F.linear`` is this matmul)."""
-        return normed @ self.w_s_t(normed.numel() // normed.shape[-1], normed.dtype)
-
 
 class _GRUSteps:
-    """:meth:`GRUHead.prepare_block`'s result, for one build: ``logits`` / ``advance_logits`` without the block
-    and the candidates, bit for bit the head's own calls (fp32; tested).  perf: the calls are dispatch-bound on
-    the CPU, so what the depths share is made once (base logits, fc1's hidden half, fc2's candidate rows of every
-    corrected depth: one gather each, views per depth; per row count the buffers and weights); a depth then runs
-    the GRU cell (10 ops into reused buffers) and the correction (6 ops) and nothing else."""
+    """:meth:`GRUHead.prepare_block`'s result, for one build: ``logits`` / ``advance_logits`` without the block and
+    the candidates, bit for bit the head's own calls (fp32; tested).  perf: the calls are dispatch-bound on the CPU,
+    so what the depths share is made once (base logits, fc1's hidden half, fc2's candidate rows of every corrected
+    depth, views per depth; per row count the buffers and weights); a depth runs 10 ops of GRU cell, 6 of correction."""
 
     def __init__(self, head: GRUHead, block: DraftBlock, candidates: Tensor, plan: _Plan) -> None:
         self.head, self.plan, self.table, self.b_hh, self.norm = head, plan, plan.table, plan.b_hh, head.bias_norm
