@@ -101,8 +101,11 @@ class HeadSteps:
         prepare = head_method(head, "prepare_block")
         steps = None if prepare is None else prepare(block, candidates)
         self.steps = None if steps is None else check_steps(steps)
-        # perf: a TimedHead (the decoder's proxy) has checked what its prepared calls return
+        # perf: a TimedHead (the decoder's proxy) has checked what its prepared calls return: they are called
+        # directly (instance attributes over the methods below: one Python frame less a depth)
         self._checked = isinstance(head, TimedHead)
+        if self._checked and self.steps is not None:
+            self.logits, self.advance_logits = self.steps.logits, self.steps.advance_logits
 
     def initial(self) -> Tensor:
         """Root states ``[b, 1, S]``."""

@@ -68,20 +68,9 @@ class GRUHead(nn.Module):
     State: float ``[.., G]``.
     """
 
-    def __init__(
-        self,
-        hidden_size: int,
-        vocab_size: int,
-        gru_hidden_dim: int,
-        emb_dim: int,
-        prefix_len: int = 1,
-        embedding: Tensor | None = None,
-        *,
-        bias: bool = True,
-        bias_norm: bool = False,
-        bias_gate: bool = False,
-        norm_eps: float = 1e-6,
-    ) -> None:
+    def __init__(self, hidden_size: int, vocab_size: int, gru_hidden_dim: int, emb_dim: int, prefix_len: int = 1,
+                 embedding: Tensor | None = None, *, bias: bool = True, bias_norm: bool = False,
+                 bias_gate: bool = False, norm_eps: float = 1e-6) -> None:
         super().__init__()
         for name, value in (("hidden_size", hidden_size), ("vocab_size", vocab_size),
                             ("gru_hidden_dim", gru_hidden_dim), ("emb_dim", emb_dim)):
@@ -138,48 +127,53 @@ class GRUHead(nn.Module):
         # the gate table and W_hh^T (or its K-major copy) from the weights' plan, unless autograd tracks the step
         plan = None if torch.is_grad_enabled() and states.requires_grad else self._plan()
         if plan is not None and plan.table.dtype == states.dtype:
-            return self._cell(tokens.reshape(-1), flat_h, plan.table, plan.w_hh(flat_h.shape[0]),
-                              self._step_buffers(flat_h, plan.table)).view(states.shape)
+            return self._cell(tokens.reshape(-1), flat_h, plan.table, plan.w_hh(flat_h.shape[0]), plan.b_hh,
+                              self._step_buffers(flat_h.shape[0], plan.table)).view(states.shape)
         g = self.prefix_gru
         x = F.embedding(tokens, self.embedding_weight).to(states.dtype)
         h = torch._VF.gru_cell(x.reshape(-1, x.shape[-1]), flat_h, g.weight_ih_l0, g.weight_hh_l0,
                                g.bias_ih_l0 if self.bias else None, g.bias_hh_l0 if self.bias else None)
         return h.view(states.shape)
 
-    def _cell(self, tokens: Tensor, flat_h: Tensor, table: Tensor, w_hh_t: Tensor,
+    @staticmethod
+    def _cell(tokens: Tensor, flat_h: Tensor, table: Tensor, w_hh_t: Tensor, b_hh: Tensor | None,
               buffers: tuple[Tensor, ...]) -> Tensor:
-        """The GRU cell on ``flat_h [N, G]`` for ``tokens [N]`` from the gate table and ``W_hh^T``.
+        """The GRU cell on ``flat_h [N, G]`` for ``tokens [N]`` from the gate table, ``W_hh^T`` (for one
+        state, ``W_hh`` itself: :meth:`_Plan.w_hh`) and ``b_hh``.
 
         perf: the input gates of every token precomputed (one row per token), read into a reused
         buffer; then exactly torch's GRU cell (aten/src/ATen/native/RNN.cpp, GRUCell) with r and z
         in one op, every intermediate in place in the buffers, one fresh tensor for the result.
         """
-        gi, gh, gi_rz, gi_n, gh_rz, gh_n, r, z = buffers
+        gi, gh, gi_rz, gi_n, gh_rz, gh_n, r, z, gh_1 = buffers
         torch.index_select(table, 0, tokens, out=gi)                                # [N, 3G]
-        if self.bias:
-            torch.addmm(self.prefix_gru.bias_hh_l0, flat_h, w_hh_t, out=gh)         # = F.linear(h, W_hh, b_hh)
+        if flat_h.shape[0] == 1:    # perf: a matrix-vector product (tested: F.linear's bits)
+            h = flat_h.reshape(-1)
+            torch.mv(w_hh_t, h, out=gh_1) if b_hh is None else torch.addmv(b_hh, w_hh_t, h, out=gh_1)
+        elif b_hh is not None:
+            torch.addmm(b_hh, flat_h, w_hh_t, out=gh)                               # = F.linear(h, W_hh, b_hh)
         else:
             torch.mm(flat_h, w_hh_t, out=gh)
         gh_rz.add_(gi_rz).sigmoid_()                                                # r, z
         new = gh_n.mul_(r).add_(gi_n).tanh_()                                       # n = tanh(gi_n + r * gh_n)
         return torch.sub(flat_h, new).mul_(z).add_(new)                             # n + z * (h - n)
 
-    def _step_buffers(self, flat_h: Tensor, table: Tensor) -> tuple[Tensor, ...]:
-        """perf: the GRU step's intermediates ``gi, gh [N, 3G]`` and their gate views, allocated once per
-        row count ``N`` (and dtype, device) and reused: never returned to a caller, so reusing them
+    def _step_buffers(self, rows: int, table: Tensor) -> tuple[Tensor, ...]:
+        """perf: the GRU step's intermediates ``gi, gh [rows, 3G]``, their gate views and ``gh`` flat, allocated once
+        per row count (and dtype, device) and reused: never returned to a caller, so reusing them
         cannot alias a state the caller keeps.  Not for concurrent calls on one head from two threads."""
         # inference mode in the key: buffers made in a decode (inference tensors) cannot be written outside it
-        key = (flat_h.shape[0], table.dtype, table.device, torch.is_inference_mode_enabled())
+        key = (rows, table.dtype, table.device, torch.is_inference_mode_enabled())
         buffers = self.__dict__.setdefault("_step_buffer_cache", {})
         found = buffers.get(key)
         if found is None:
             if len(buffers) >= 64:
                 buffers.clear()
             size = self.gru_hidden_dim
-            gi = torch.empty(flat_h.shape[0], 3 * size, dtype=table.dtype, device=table.device)
+            gi = torch.empty(rows, 3 * size, dtype=table.dtype, device=table.device)
             gh = torch.empty_like(gi)
             found = (gi, gh, gi[:, : 2 * size], gi[:, 2 * size :], gh[:, : 2 * size], gh[:, 2 * size :],
-                     gh[:, :size], gh[:, size : 2 * size])
+                     gh[:, :size], gh[:, size : 2 * size], gh.view(-1))
             buffers[key] = found
         return found
 
@@ -212,33 +206,35 @@ class GRUHead(nn.Module):
         gate = self._gate(hidden)
         return base + (correction if gate is None else gate * correction)
 
-    def _block_terms(self, block: DraftBlock, cached: bool = True) -> tuple[Tensor, Tensor | None]:
+    def _block_terms(self, block: DraftBlock, plan: _Plan | None = None) -> tuple[Tensor, Tensor | None]:
         """``fc1``'s hidden half ``[b, gamma, E]`` and the gate ``[b, gamma, 1]`` (or ``None``) of every depth.
 
         They depend only on the block, not on the branch: one product per batch row over all its depths
         (``[gamma, H]``, so a row's bits do not depend on the batch it is in, and a sub-block
         ``block.rows(...)`` gets the same values), cached while the same ``block.hidden`` and weights
         (same objects, storage and versions) ask again (:func:`derived`); recomputed, uncached, when
-        autograd tracks the weights or ``cached`` is false (:meth:`prepare_block`, once per build).
+        autograd tracks the weights or from ``plan``'s views of them (:meth:`prepare_block`, once per build).
         """
-        hidden, fc1 = block.hidden, self.embed_proj[0]
+        hidden = block.hidden
 
-        def build() -> tuple[Tensor, Tensor | None]:
-            w_h = fc1.weight[:, : self.hidden_size]
+        def build(w_h: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor | None]:
             if hidden.shape[0] == 1:    # perf: the one row's product, without unbind and stack (same bits)
-                h = hidden[0].to(w_h.dtype)
-                return F.linear(h, w_h, fc1.bias)[None], None if self.bias_gate is None else self._gate(h)[None]
+                h = hidden[0] if hidden.dtype == w_h.dtype else hidden[0].to(w_h.dtype)
+                return F.linear(h, w_h, bias)[None], None if self.bias_gate is None else self._gate(h)[None]
             rows = [h.to(w_h.dtype) for h in hidden.unbind(0)]                     # [gamma, H] each
-            part = torch.stack([F.linear(h, w_h, fc1.bias) for h in rows])       # [b, gamma, E]
+            part = torch.stack([F.linear(h, w_h, bias) for h in rows])           # [b, gamma, E]
             gate = None if self.bias_gate is None else torch.stack([self._gate(h) for h in rows])  # [b, gamma, 1]
             return part, gate
 
+        if plan is not None:
+            return build(plan.fc1_h, plan.fc1_b)
+        fc1 = self.embed_proj[0]
         sources = [hidden, fc1.weight, fc1.bias]
         if self.bias_gate is not None:
             sources += list(self.bias_gate.parameters())
-        if not cached or torch.is_grad_enabled() and any(w is not None and w.requires_grad for w in sources):
-            return build()
-        return derived(self, "_block_terms_cache", sources, build)
+        if torch.is_grad_enabled() and any(w is not None and w.requires_grad for w in sources):
+            return build(fc1.weight[:, : self.hidden_size], fc1.bias)
+        return derived(self, "_block_terms_cache", sources, lambda: build(fc1.weight[:, : self.hidden_size], fc1.bias))
 
     # ------------------------------------------------------------------------- protocol
     def initial_state(self, block: DraftBlock) -> Tensor:
@@ -286,24 +282,30 @@ class GRUHead(nn.Module):
         part, gate = self._block_terms(block)
         part, gate = part[:, depth - 1, None], None if gate is None else gate[:, depth - 1, None]
         w_s, table = self._projection_tables()
-        mid = linear(self._normed(states), w_s)                                  # [b, m, E]
         size = self.emb_dim
         rows = F.embedding(candidates, table)                                    # [b, K, E (+ 1)]
-        return self._corrected(mid, part, gate, rows[..., :size].mT, rows[:, None, :, size] if self.bias else None,
-                               base)
+        return self._corrected(self._normed(states), w_s, None, part, gate, rows[..., :size].mT,
+                               rows[:, None, :, size] if self.bias else None, base)
 
     @staticmethod
-    def _corrected(mid: Tensor, part: Tensor, gate: Tensor | None, rows_t: Tensor, bias: Tensor | None,
-                   base: Tensor) -> Tensor:
-        """``base + gate * (fc2 rows . silu(mid + part) + bias)``: the correction of the K candidates.
+    def _corrected(normed: Tensor, w_s: Tensor, w_s_t: Tensor | None, part: Tensor, gate: Tensor | None,
+                   rows_t: Tensor, bias: Tensor | None, base: Tensor) -> Tensor:
+        """``base + gate * (fc2 rows . silu(fc1 [hidden; state]) + bias)``: the correction of the K candidates,
+        fc1's state half from ``w_s [E, G]`` (``w_s_t``: ``W_s^T`` or its K-major copy, to multiply by; ``None``:
+        :func:`linear` picks), its hidden half ``part``.
 
         Shape:
-            mid ``[b, m, E]`` (fc1's state half), part ``[b, 1, E]``, gate ``[b, 1, 1]`` or None,
+            normed ``[b, m, G]`` (the states, normed), part ``[b, 1, E]``, gate ``[b, 1, 1]`` or None,
             rows_t ``[b, E, K]``, bias and base ``[b, 1, K]`` -> float32 ``[b, m, K]``.
         """
-        correction = torch.bmm(F.silu(mid.add_(part)), rows_t)                   # [b, m, K]
-        if bias is not None:
-            correction.add_(bias)
+        if normed.numel() == normed.shape[-1] and not (torch.is_grad_enabled() and (
+                normed.requires_grad or w_s.requires_grad)):   # perf: one state, one addmv (tested: the same bits)
+            mid = torch.addmv(part.reshape(-1), w_s, normed.reshape(-1)).view(1, 1, -1)
+        else:
+            mid = (linear(normed, w_s) if w_s_t is None else normed @ w_s_t).add_(part)
+        # perf: silu in place, the bias added by baddbmm (tested: the bits of bmm, then + bias)
+        mid = F.silu(mid) if mid.requires_grad else torch._C._nn.silu_(mid)
+        correction = torch.bmm(mid, rows_t) if bias is None else torch.baddbmm(bias, mid, rows_t)  # [b, m, K]
         if gate is not None:
             correction = gate * correction      # not in place: autograd may need the product
         return _float(correction).add_(base)     # = base + correction (fp addition commutes bit for bit)
@@ -383,7 +385,8 @@ class GRUHead(nn.Module):
             if self.bias_gate is None:          # a gate's weights are not the plan's: computed every call
                 held[depth] = found
         part, gate = found
-        mid = F.silu(plan.state_half(self._normed(states)).add_(part))
+        normed = self._normed(states)                                        # fc1 state half: linear(normed, w_s)
+        mid = F.silu((normed @ plan.w_s_t(normed.numel() // normed.shape[-1], normed.dtype)).add_(part))
         wt = plan.fc2_t                                                              # = kmajor_product(mid, fc2...)
         flat = mid.reshape(-1, wt.shape[0])
         correction = (flat @ wt if plan.fc2_b is None else torch.addmm(plan.fc2_b, flat, wt)).view(
@@ -443,8 +446,8 @@ ROOT_CACHE_LIMIT = 4096
 class _Plan:
     """:meth:`GRUHead._plan`: the weight-derived tensors of a build, and the root states per token."""
 
-    __slots__ = ("table", "w_s", "rows_table", "w_hh_t", "hh_from", "hh_copy", "s_from", "s_copy", "roots",
-                 "fc1_h", "fc1_b", "fc2_t", "fc2_b", "parts")
+    __slots__ = ("table", "w_s", "rows_table", "w_hh_1", "w_hh_t", "b_hh", "hh_from", "hh_copy", "s_from", "s_copy",
+                 "roots", "fc1_h", "fc1_b", "fc2_t", "fc2_b", "parts")
 
     @classmethod
     def of(cls, head: GRUHead) -> _Plan | None:
@@ -455,7 +458,7 @@ class _Plan:
         plan = cls()
         plan.table = table
         plan.w_s, plan.rows_table = head._projection_tables()
-        plan.w_hh_t = w_hh.t()
+        plan.w_hh_1, plan.w_hh_t, plan.b_hh = w_hh, w_hh.t(), head.prefix_gru.bias_hh_l0 if head.bias else None
         # K-major copies and the row counts from which they give F.linear's bits (CPU only)
         plan.hh_from, plan.hh_copy = _kmajor_from(w_hh, head.bias)
         plan.s_from, plan.s_copy = _kmajor_from(plan.w_s, False)
@@ -470,71 +473,68 @@ class _Plan:
         return plan
 
     def w_hh(self, rows: int) -> Tensor:
-        """``W_hh^T`` for a step of ``rows`` states: its K-major copy where that gives ``F.linear``'s bits."""
-        return self.hh_copy if rows >= self.hh_from else self.w_hh_t
+        """``W_hh^T`` for a step of ``rows`` states: its K-major copy where that gives ``F.linear``'s bits;
+        for one state ``W_hh`` (:meth:`GRUHead._cell`: a matrix-vector product)."""
+        return self.w_hh_1 if rows == 1 else self.hh_copy if rows >= self.hh_from else self.w_hh_t
 
-    def state_half(self, normed: Tensor) -> Tensor:
-        """fc1's state half of ``normed [.., G]`` (= ``kmajor.linear(normed, w_s)``, from the plan's copy)."""
-        if normed.numel() >= self.s_from * normed.shape[-1] and normed.dtype == self.w_s.dtype:
-            return normed @ self.s_copy
-        return F.linear(normed, self.w_s)
+    def w_s_t(self, rows: int, dtype: torch.dtype) -> Tensor:
+        """fc1's state half transposed for ``rows`` states: its K-major copy where that gives ``F.linear``'s bits."""
+        return self.s_copy if rows >= self.s_from and dtype == self.w_s.dtype else self.w_s.t()
 
 
 class _GRUSteps:
-    """:meth:`GRUHead.prepare_block`'s result, for one build: ``logits`` / ``advance_logits`` without
-    the block and the candidates, bit for bit the head's own calls (fp32; tested).  perf: per depth a
-    call runs the GRU cell (9 ops into reused buffers) and the correction (5 ops) and nothing else."""
+    """:meth:`GRUHead.prepare_block`'s result, for one build: ``logits`` / ``advance_logits`` without the block and
+    the candidates, bit for bit the head's own calls (fp32; tested).  perf: the calls are dispatch-bound on the CPU,
+    so what the depths share is made once (base logits, fc1's hidden half, fc2's candidate rows of every corrected
+    depth, views per depth; per row count the buffers and weights); a depth runs 10 ops of GRU cell, 6 of correction."""
 
     def __init__(self, head: GRUHead, block: DraftBlock, candidates: Tensor, plan: _Plan) -> None:
-        self.head, self.plan, self.table = head, plan, plan.table
-        self.gamma, self.size = block.gamma, head.gru_hidden_dim
-        # every depth's base logits and fc1 hidden half ([b, gamma, K], [b, gamma, E]; views per depth made
-        # on first use: unbind is one op); a depth's output rows gathered when it is first scored
-        self.base_all = _candidate_base(block, candidates)
-        self.candidates, self.rows_table, self.emb_dim = candidates, plan.rows_table, head.emb_dim
-        self.rows: list[tuple[Tensor, Tensor | None] | None] = [None] * block.gamma
-        self.part_all, self.gate_all = head._block_terms(block, False)          # [b, gamma, E], [b, gamma, 1]
-        self._views: tuple | None = None
-        self.buffers: dict[int, tuple[Tensor, ...]] = {}
+        self.head, self.plan, self.table, self.b_hh, self.norm = head, plan, plan.table, plan.b_hh, head.bias_norm
+        self.gamma, self.size, self.prefix = block.gamma, head.gru_hidden_dim, head.prefix_len
+        self.base_all = _candidate_base(block, candidates)                       # [b, gamma, K]
+        part, gate = head._block_terms(block, plan)                              # [b, gamma, E], [b, gamma, 1]
+        base = self.base_all.unsqueeze(2).unbind(1)
+        gates = (None,) * block.gamma if gate is None else gate.unsqueeze(2).unbind(1)
+        # depth d's (base, part, gate, rows_t, bias): [b, 1, K], [b, 1, E], [b, 1, 1] or None, [b, E, K], [b, 1, K]
+        self.terms: list[tuple | None] = [None] * block.gamma
+        if self.prefix < block.gamma:
+            rows = F.embedding(candidates[:, self.prefix :], plan.rows_table)    # [b, gamma - prefix, K, E (+ 1)]
+            rows_t = rows[..., : head.emb_dim].transpose(2, 3).unbind(1)
+            bias = rows[..., head.emb_dim].unsqueeze(2).unbind(1) if head.bias else (None,) * len(rows_t)
+            for d, part_d in enumerate(part.unsqueeze(2).unbind(1)[self.prefix :], start=self.prefix):
+                self.terms[d] = (base[d], part_d, gates[d], rows_t[d - self.prefix], bias[d - self.prefix])
+        self.buffers: dict[int, tuple] = {}
 
-    def views(self) -> tuple:
-        """(base, part, gate): gamma-tuples of ``[b, 1, K]``, ``[b, 1, E]``, ``[b, 1, 1]`` views (gate: None)."""
-        if self._views is None:
-            gate = self.gate_all
-            self._views = (self.base_all.unsqueeze(2).unbind(1), self.part_all.unsqueeze(2).unbind(1),
-                           None if gate is None else gate.unsqueeze(2).unbind(1))
-        return self._views
+    def _found(self, states: Tensor) -> tuple:
+        """(the step's buffers, ``W_hh^T``, fc1's state half transposed) for ``states [b, m, G]``'s row count."""
+        n = states.shape[0] * states.shape[1]
+        found = self.buffers.get(n)
+        if found is None:
+            found = self.buffers[n] = (self.head._step_buffers(n, self.table), self.plan.w_hh(n),
+                                       self.plan.w_s_t(n, states.dtype))
+        return found
 
     def logits(self, depth: int, states: Tensor) -> Tensor:
         """``head.logits(block, depth, states, candidates[:, depth - 1])``."""
         check_depth(depth, self.gamma)
-        return self._logits(depth, states)
+        return self._logits(depth, states, self._found(states))
 
     def advance_logits(self, depth: int, states: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
         """``head.advance_logits(block, depth, states, tokens, candidates[:, depth])``."""
         check_depth(depth, self.gamma - 1)
-        flat_h = states.reshape(-1, self.size)
-        n = flat_h.shape[0]
-        buffers = self.buffers.get(n)
-        if buffers is None:
-            buffers = self.buffers[n] = self.head._step_buffers(flat_h, self.table)
-        new = self.head._cell(tokens.reshape(-1), flat_h, self.table, self.plan.w_hh(n), buffers).view(states.shape)
-        return new, self._logits(depth + 1, new)
+        found = self._found(states)
+        b, m, size = states.shape           # perf: views from ints (a torch.Size argument parses slower)
+        new = GRUHead._cell(tokens.reshape(-1), states.reshape(b * m, size), self.table, found[1], self.b_hh,
+                            found[0]).view(b, m, size)
+        return new, self._logits(depth + 1, new, found)
 
-    def _logits(self, depth: int, states: Tensor) -> Tensor:
-        head = self.head
-        if depth <= head.prefix_len:
+    def _logits(self, depth: int, states: Tensor, found: tuple) -> Tensor:
+        """Corrected logits of ``C_depth`` after ``states [b, m, G]``, with ``found = self.buffers[b * m]``."""
+        if depth <= self.prefix:
             return self.base_all[:, depth - 1 : depth].expand(-1, states.shape[1], -1).contiguous()
-        base_views, part_views, gate_views = self.views()
-        base = base_views[depth - 1]                                             # [b, 1, K]
-        mid = self.plan.state_half(head._normed(states))
-        rows = self.rows[depth - 1]
-        if rows is None:
-            found = F.embedding(self.candidates[:, depth - 1], self.rows_table)  # [b, K, E (+ 1)]
-            size = self.emb_dim
-            rows = self.rows[depth - 1] = (found[..., :size].mT, found[:, None, :, size] if head.bias else None)
-        return head._corrected(mid, part_views[depth - 1], None if gate_views is None else gate_views[depth - 1],
-                               rows[0], rows[1], base)
+        base, part, gate, rows_t, bias = self.terms[depth - 1]
+        return GRUHead._corrected(states if self.norm is None else self.norm(states), self.plan.w_s, found[2], part,
+                                  gate, rows_t, bias, base)
 
 
 @trusted_head

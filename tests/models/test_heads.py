@@ -283,13 +283,17 @@ def previous_markov_logits(head: MarkovHead, block: DraftBlock, depth: int, prev
 
 @pytest.mark.parametrize("which", ["gru", "gru-bias-free", "gru-norm-gate", "markov"])
 @pytest.mark.parametrize("m", [1, 5, 12])
-def test_lean_steps_are_bit_identical_to_the_previous_formulation(tiny_heads, which, m):
+@pytest.mark.parametrize("rows", [B, 1])
+def test_lean_steps_are_bit_identical_to_the_previous_formulation(tiny_heads, which, m, rows):
     """fp32: the reused-buffer GRU step, the in-place correction sums and the Markov bias give exactly
-    the previous implementation's bits (same ops, same operands, additions commuted only)."""
+    the previous implementation's bits (same ops, same operands, additions commuted only; one state,
+    ``rows == m == 1``: matrix-vector products, ``addmv`` / ``baddbmm`` for a matmul and its sum)."""
     head = _variants(tiny_heads)[which]
     block = make_block(7)
     states, candidates = branch_inputs(head, block, m=m, seed=m)
     tokens = torch.randint(0, V, (B, m), generator=torch.Generator().manual_seed(m))
+    if rows == 1:                           # the second row as a one-row block
+        block, states, candidates, tokens = block.rows(torch.tensor([1])), states[1:2], candidates[1:2], tokens[1:2]
     with torch.no_grad():
         for depth in range(1, GAMMA):
             new, fused = head.advance_logits(block, depth, states, tokens, candidates)

@@ -130,19 +130,20 @@ class Unprepared:
 
 @pytest.mark.parametrize("which", ["gru", "gru-bias-free", "gru-norm-gate", "markov"])
 @pytest.mark.parametrize("m", [1, 5, 12])
-def test_prepared_steps_are_the_protocol_calls_bit_for_bit(tiny_heads, which, m):
+@pytest.mark.parametrize("b", [3, 1])
+def test_prepared_steps_are_the_protocol_calls_bit_for_bit(tiny_heads, which, m, b):
     """``prepare_block(block, C)``'s calls give the bits of ``logits`` / ``advance_logits`` with ``C[:, d - 1]``,
-    at every depth (prefix depths included), for one and for many branches of several rows."""
+    at every depth (prefix depths included), for one and for many branches of one and of several rows."""
     head = _prepared_variants(tiny_heads)[which]
-    block = make_block(b=3, gamma=6, seed=m)
+    block = make_block(b=b, gamma=6, seed=m)
     gen = torch.Generator().manual_seed(m)
-    cands = torch.stack([torch.stack([torch.randperm(VOCAB, generator=gen)[:9] for _ in range(6)]) for _ in range(3)])
+    cands = torch.stack([torch.stack([torch.randperm(VOCAB, generator=gen)[:9] for _ in range(6)]) for _ in range(b)])
     with torch.inference_mode():
         steps = head.prepare_block(block, cands)
         states = head.initial_state(block)[:, None].expand(-1, m, -1).contiguous()
         assert torch.equal(steps.logits(1, states), head.logits(block, 1, states, cands[:, 0]))
         for depth in range(1, block.gamma):
-            tokens = torch.randint(0, VOCAB, (3, m), generator=gen)
+            tokens = torch.randint(0, VOCAB, (b, m), generator=gen)
             new, logits = steps.advance_logits(depth, states, tokens)
             want_new, want = head.advance_logits(block, depth, states, tokens, cands[:, depth])
             assert torch.equal(new, want_new) and torch.equal(logits, want)
@@ -237,15 +238,17 @@ def test_prepared_and_protocol_calls_build_the_same_tree_on_random_blocks(tiny_h
 @pytest.mark.parametrize("which", ["gru", "gru-norm-gate"])
 def test_block_terms_of_a_row_do_not_depend_on_its_batch(tiny_heads, which):
     """fc1's hidden half and the gate of a one-row block (one product, no unbind / stack) are the bits of
-    the same row inside a three-row block and of the per-row product they stand for."""
+    the same row inside a three-row block and of the per-row product they stand for, cached or from the plan."""
     head = _prepared_variants(tiny_heads)[which]
     three = make_block(b=3, gamma=5, seed=4)
     fc1 = head.embed_proj[0]
     with torch.no_grad():
-        part3, gate3 = head._block_terms(three, False)
+        part3, gate3 = head._block_terms(three, head._plan())
+        cached = head._block_terms(three)
+        assert torch.equal(cached[0], part3) and (gate3 is None or torch.equal(cached[1], gate3))
         for r in range(3):
             one = DraftBlock(logits=three.logits[r : r + 1], root=three.root[r : r + 1], hidden=three.hidden[r : r + 1])
-            part1, gate1 = head._block_terms(one, False)
+            part1, gate1 = head._block_terms(one, head._plan())
             want = F.linear(three.hidden[r], fc1.weight[:, :HIDDEN], fc1.bias)
             assert part1.shape == (1, 5, 16) and torch.equal(part1[0], want) and torch.equal(part3[r], want)
             if head.bias_gate is None:
