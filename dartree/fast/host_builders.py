@@ -93,14 +93,10 @@ def _expand(block: DraftBlock, cands: HostCandidates, widths: list[int], head: C
     call; the outputs of every depth go into one preallocated buffer each (depth d's ``[b, W_d]`` block at
     ``b * offset_d``), which the compiled selection reads at the end.
 
-    ``bound`` (``dartree-pruned``; docs/builders.md, "Bound pruning"): after each depth, once a row holds
-    ``budget`` nodes, one C call (``bound_frontier``) finds the branches that may have a child ranking at
-    or before the row's ``budget``-th best node (ties broken by rank path; a child scores at most its
-    parent's score plus ``beta``); when no row keeps one, the expansion stops: no deeper node can enter
-    the tree.  Until then nothing changes: single branches are not dropped, because
-    a head call on fewer rows need not give the same float bits per row (a real GRU's matmul does not;
-    measured on the zoo, dropping them saved no further depth), and every head call made is the one
-    Algorithm 1 makes, so the tree is identical bit for bit."""
+    ``bound`` (``dartree-pruned``; docs/builders.md, "Bound pruning"): once the rows hold ``budget`` nodes,
+    one C call per depth (``bound_frontier``) says whether any branch may still have a child ranking at or
+    before its row's ``budget``-th node; when none does, the expansion stops.  No branch is dropped before
+    that (a head call on fewer rows need not give the same float bits), so the tree is Algorithm 1's."""
     lib = native.lib()
     b, gamma, topk = block.batch_size, len(widths), cands.tokens.shape[-1]
     total = sum(widths)  # the most nodes the buffers hold (the bound only ever keeps fewer)
