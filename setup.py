@@ -1,7 +1,7 @@
 """Build of the one compiled module, ``dartree._native`` (host loops of the fast backend on CPU tensors).
 
 Everything else is in pyproject.toml.  The extension is optional: without a C compiler the install
-still succeeds and ``dartree.native`` falls back to the numpy implementations (slower, same results;
+still succeeds and CPU builds run the tensorized builders (slower, same trees;
 ``dartree.native.available()`` says which one runs, and ``dartree bench`` records it).
 """
 

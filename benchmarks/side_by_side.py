@@ -9,12 +9,10 @@ that every variant's tokens are equal (at T=0 also equal to AR's)::
     cp -r <other checkout> /tmp/base && (cd /tmp/base && python setup.py build_ext --inplace)
     taskset -c 0 .venv/bin/python benchmarks/side_by_side.py --variant main=/tmp/base --variant new=. \\
         [--methods chain,ddtree,...] [--prompts 4] [--reps 5]
-    taskset -c 0 .venv/bin/python benchmarks/side_by_side.py --variant c=. --variant numpy=.:DARTREE_NATIVE=0
-    taskset -c 0 .venv/bin/python benchmarks/side_by_side.py --variant c=. --variant no-walk=.:off=structure
+    taskset -c 0 .venv/bin/python benchmarks/side_by_side.py --variant c=. --variant tensor=.:DARTREE_NATIVE=0
 
-``off=MODULE+MODULE`` makes ``dartree.native.lib()`` return ``None`` inside those modules only
-(``structure``, ``scoring``, ``fast.host``, ``fast.host_builders``, ``verify.accept``, ``verify.cache``):
-their numpy versions run, the other modules keep the compiled loops.  Methods are ``dartree bench``'s
+``off=MODULE+MODULE`` makes ``dartree.native`` report the compiled loops as absent inside those modules only
+(``fast.ops``: CPU builds take the tensorized builders).  Methods are ``dartree bench``'s
 (``NAME[:KEY=VALUE,...]``, budget 16 unless set; ``@T1`` samples at temperature 1 with a ``KeyedSampler``,
 ``@S1`` at temperature 1 with a ``GeneratorSampler`` seeded afresh for every decode: the default verifier,
 traversal, on sampled trees; equal tokens across variants then mean the same draws; ``@S0.7p0.95``: at temperature

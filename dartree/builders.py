@@ -10,8 +10,6 @@ Backend dispatch happens here and nowhere else.  Researchers add a strategy with
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import importlib.util
 import operator
 import re
 from collections.abc import Callable
@@ -374,15 +372,8 @@ def make_builder(name: str, backend: str = "ref", **config: Any) -> TreeBuilder:
 
 
 def _register_defaults() -> None:
+    from dartree.fast import builders as fast
     from dartree.ref import builders as ref
-
-    # The fast backend is registered when its module exists; an import error inside it is a bug
-    # and propagates.
-    fast = importlib.import_module("dartree.fast.builders") if importlib.util.find_spec(
-        "dartree.fast.builders") is not None else None
-
-    def fast_fn(attr: str) -> BuildFn | None:
-        return getattr(fast, attr, None) if fast is not None else None
 
     corrected = (("topk", 64), ("normalize", "candidates"))
     table = [
@@ -405,7 +396,7 @@ def _register_defaults() -> None:
     ]
     for name, cls, needs_head, attr, defaults, text in table:
         spec = BuilderSpec(name=name, config_cls=cls, needs_head=needs_head, ref=getattr(ref, attr),
-                           fast=fast_fn(attr), defaults=defaults, description=text, trusted=True)
+                           fast=getattr(fast, attr), defaults=defaults, description=text, trusted=True)
         register_builder(spec)
         _BUILT_IN.update((fn, cls) for fn in (spec.ref, spec.fast) if fn is not None)
 

@@ -1,10 +1,9 @@
 """The compiled host loops of the fast backend (``dartree/_native.c``), or None.
 
-The CPU fast builders run a few small loops per depth (top-K with log q, best children, the bound, the final
-selection, DDTree's heap); ``dartree._native`` runs each as one C call with numpy's results bit for bit.  It
-is built by ``setup.py`` when a C compiler is present; without one, or with ``DARTREE_NATIVE=0``, callers
-run numpy.  :func:`available`: built; :func:`enabled`: runs now (recorded by ``dartree bench``); a module
-built from another ``_native.c`` (:func:`stale`) is not used, with a warning.  Imports nothing from dartree.
+Built by ``setup.py`` when a C compiler is present.  :func:`available`: built; :func:`enabled`: runs now
+(recorded by ``dartree bench``).  Without it, with ``DARTREE_NATIVE=0``, or when the module was built from
+another ``_native.c`` (:func:`stale`, with a warning), CPU builds run the tensorized builders instead
+(same trees, slower).  Imports nothing from dartree.
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ from types import ModuleType
 
 try:
     from dartree import _native as _module
-except ImportError:  # not built (no compiler at install time): the numpy versions run
+except ImportError:  # not built (no compiler at install time): the tensorized builders run
     _module = None
 
 __all__ = ["available", "enabled", "disabled", "lib", "stale"]
@@ -36,8 +35,8 @@ def stale(module=_module) -> bool:
 
 
 if stale():  # its loops may no longer be the ones the Python side expects: never run them
-    warnings.warn("dartree._native was built from an older dartree/_native.c: the numpy host loops run "
-                  "instead (rebuild with `pip install -e .` or `make setup`)", RuntimeWarning, stacklevel=2)
+    warnings.warn("dartree._native was built from an older dartree/_native.c: the tensorized builders "
+                  "run instead (rebuild with `pip install -e .` or `make setup`)", RuntimeWarning, stacklevel=2)
     _module = None
 
 _lib: ModuleType | None = _module if os.environ.get("DARTREE_NATIVE", "1") != "0" else None
@@ -54,13 +53,13 @@ def enabled() -> bool:
 
 
 def lib() -> ModuleType | None:
-    """The compiled module when enabled, else None (callers then run their numpy version)."""
+    """The compiled module when enabled, else None."""
     return _lib
 
 
 @contextlib.contextmanager
 def disabled() -> Iterator[None]:
-    """Run the numpy versions inside the ``with`` block (tests compare both; not thread-safe)."""
+    """Run without the compiled loops inside the ``with`` block (tests compare both; not thread-safe)."""
     global _lib
     previous, _lib = _lib, None
     try:

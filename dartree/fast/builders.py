@@ -1,8 +1,8 @@
 """Fast builders: the registry's nine strategies, each with the signature, config and trees (same nodes, order
 and float32 scores) of :mod:`dartree.ref.builders`.  The first six are dispatched by
-:func:`dartree.fast.ops.builders`: :mod:`dartree.fast.host_builders` for CPU tensors,
-:mod:`dartree.fast.tensor_builders` elsewhere; ``sequential-heap`` (:mod:`dartree.fast.heap`: one host round
-trip per pop) and the Sequoia pair (:mod:`dartree.fast.sequoia`: a static shape) run on every device."""
+:func:`dartree.fast.ops.builders` (compiled host builders or tensorized ones); ``sequential-heap``
+(:mod:`dartree.fast.heap`: one host round trip per pop) and the Sequoia pair (:mod:`dartree.fast.sequoia`:
+a static shape) run on every device."""
 
 from __future__ import annotations
 

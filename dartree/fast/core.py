@@ -1,11 +1,6 @@
-"""Tensorized depth-wise search and tree assembly shared by the fast builders (all rows at once).
-
-Each depth's kept nodes are held in rank-path order, so a child's tie-break key is its flat index
-``parent * K + rank`` (:func:`dartree.fast.ops.depth_step`).  At the end the supertree is put in the total
-order: its pre-order (children by rank) is sorted by stable sorts of mixed-radix words
-(:mod:`dartree.fast.keys`), and one top-B over the scores in pre-order breaks ties by position.  Every
-depth keeps the same number of nodes in every row, so widths are Python ints, rows need no padding and
-nothing here synchronises with the device.
+"""Tensorized depth-wise search and tree assembly shared by the fast builders (all rows at once, no host
+sync: every depth keeps the same number of nodes in every row, so widths are Python ints).  How the total
+order is applied exactly: docs/kernels.md, "How the total order is applied exactly (tensorized path)".
 """
 
 from __future__ import annotations

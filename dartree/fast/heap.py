@@ -31,12 +31,10 @@ Entry = tuple[float, tuple[int, ...], int, int]  # (-score, rank path, source li
 def _candidates(block: DraftBlock, topk: int, normalize: str) -> tuple[Tensor, np.ndarray, np.ndarray | None]:
     """Candidate tokens (on the block's device) and, on the host, their tokens and ``rest_lse``
     (None: -inf everywhere)."""
-    from dartree.fast import ops
+    from dartree.fast import host_builders, ops
 
-    if ops.backend(block.logits) == "host":
-        from dartree.fast.host_builders import HostCandidates
-
-        c = HostCandidates(block, topk, normalize)
+    if ops.builders(block.logits) is host_builders:  # the compiled candidates
+        c = host_builders.HostCandidates(block, topk, normalize)
         return c.tokens_t, c.tokens, c.rest
     from dartree.fast.core import candidate_set
 

@@ -13,9 +13,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["TIE_MAX", "WORD_LIMIT", "order32", "pack", "unpack_tie", "WordPlan", "word_plan", "lexsort"]
+__all__ = ["order32", "pack", "WordPlan", "word_plan", "lexsort"]
 
-TIE_MAX = 0xFFFFFFFF
 WORD_LIMIT = 1 << 62  # every word < 2**62, so int64 max is free as a "no entry" sentinel
 
 
@@ -28,12 +27,7 @@ def order32(x: Tensor) -> Tensor:
 def pack(score: Tensor, tie: Tensor) -> Tensor:
     """int64 key: larger means higher score, then smaller ``tie`` (``0 <= tie < 2**32``).
     Shape: score float ``[...]``, tie int64 broadcastable -> int64 ``[...]``."""
-    return (order32(score).to(torch.int64) << 32) | (TIE_MAX - tie)
-
-
-def unpack_tie(key: Tensor) -> Tensor:
-    """The ``tie`` index stored in a packed key.  Shape: ``[...]`` -> ``[...]``."""
-    return TIE_MAX - (key & TIE_MAX)
+    return (order32(score).to(torch.int64) << 32) | (0xFFFFFFFF - tie)
 
 
 @dataclass(frozen=True)

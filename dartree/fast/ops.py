@@ -1,16 +1,12 @@
-"""The hot operations of the fast backend, dispatched in ONE place.
+"""The hot operations of the fast backend, dispatched in ONE place (docs/kernels.md).
 
-Every op has three implementations with one contract: host (:mod:`dartree.fast.host`, numpy), torch twin
-(:mod:`dartree.fast.twins`, no host sync) and Triton kernel (:mod:`dartree.fast.triton_kernels`, imported
-lazily so that ``TRITON_INTERPRET`` can be set first).  :func:`backend` picks per tensor: CPU -> ``"host"``
-(a torch op costs microseconds of dispatch however small its tensor), CUDA -> ``"triton"``, anything else
-(``meta``) -> ``"torch"``; :func:`force_backend` overrides it (tests run twins and kernels on CPU tensors).
-:func:`builders` makes the same choice for whole builds.
-
-Exactness: integer outputs are equal on every path; ``depth_step`` makes ``(parent + log_q) + beta`` with the
-same two IEEE additions everywhere, ``rest_lse`` follows :func:`dartree.scoring.rest_logsumexp` exactly, and the
-builders compute every log q with the reference's :func:`dartree.scoring.log_normalize`, so trees are
-bit-identical to the reference (docs/kernels.md).
+:func:`backend` picks per tensor: CPU -> ``"host"``, CUDA -> ``"triton"``, anything else (``meta``) ->
+``"torch"``; :func:`force_backend` overrides it (tests run twins and kernels on CPU tensors).  The ops run
+the Triton kernel (:mod:`dartree.fast.triton_kernels`, imported lazily so that ``TRITON_INTERPRET`` can be
+set first) within its limits, else the torch twin (:mod:`dartree.fast.twins`); on the host, the tree
+structure and the greedy walk run in numpy (a torch op costs microseconds of dispatch however small its
+tensor).  :func:`builders` makes the choice for whole builds: the compiled host builders on CPU tensors
+when ``dartree._native`` is built, the tensorized builders otherwise.
 """
 
 from __future__ import annotations
@@ -22,7 +18,7 @@ from types import ModuleType
 
 from torch import Tensor
 
-from dartree import structure
+from dartree import native, structure
 from dartree.fast import host, twins
 from dartree.fast.results import CandidateSet, DepthStep, GreedyWalk, TreeStructure
 
@@ -63,23 +59,28 @@ def force_backend(name: str) -> Iterator[None]:
 
 
 def _impl(x: Tensor, op: str, *args) -> ModuleType:
-    """The module that runs ``op(*args)`` for tensors like ``x``.  Sizes beyond a Triton kernel's design
-    (``triton_kernels.LIMITS``) take the torch twin, never a truncated kernel."""
-    name = backend(x)
-    if name == "triton":
+    """The Triton kernels when ``x``'s backend is ``"triton"`` and they are designed for these sizes
+    (``triton_kernels.LIMITS``), else the torch twins (never a truncated kernel)."""
+    if backend(x) == "triton":
         kernels = importlib.import_module("dartree.fast.triton_kernels")
-        return kernels if kernels.supports(op, *args) else twins
-    if name == "host":
-        if x.device.type != "cpu":
-            raise ValueError(f"backend: 'host' runs on CPU tensors only, got a tensor on {x.device}")
-        return host
+        if kernels.supports(op, *args):
+            return kernels
     return twins
 
 
+def _host(x: Tensor) -> bool:
+    """Whether ``x``'s backend is ``"host"`` (only ever a CPU tensor)."""
+    if backend(x) != "host":
+        return False
+    if x.device.type != "cpu":
+        raise ValueError(f"backend: 'host' runs on CPU tensors only, got a tensor on {x.device}")
+    return True
+
+
 def builders(x: Tensor) -> ModuleType:
-    """The builder module for a block whose logits are ``x``: host builders for the ``"host"`` backend,
-    tensorized builders (whose ops dispatch again, to the twin or the kernels) otherwise."""
-    name = "host_builders" if backend(x) == "host" and x.device.type == "cpu" else "tensor_builders"
+    """The builder module for a block whose logits are ``x``: the compiled host builders on the ``"host"``
+    backend when ``dartree._native`` is enabled, the tensorized builders (whose ops dispatch again) otherwise."""
+    name = "host_builders" if _host(x) and native.enabled() else "tensor_builders"
     module = _builder_modules.get(name)
     if module is None:  # imported once: import_module costs microseconds on every call
         module = _builder_modules[name] = importlib.import_module(f"dartree.fast.{name}")
@@ -110,6 +111,8 @@ def top_b(scores: Tensor, budget: int) -> Tensor:
 def tree_structure(parents: Tensor, num_nodes: Tensor, prefix_len: int | Tensor = 0) -> TreeStructure:
     """Ancestor mask, positions and links of a padded tree.
     Shape: parents ``[b, n]``, num_nodes ``[b]`` -> :class:`TreeStructure`."""
+    if _host(parents):
+        return structure.tree_structure_host(parents, num_nodes, prefix_len)
     args = (parents, num_nodes, prefix_len)
     return _impl(parents, "tree_structure", *args).tree_structure(*args)
 
@@ -125,5 +128,7 @@ def ancestor_mask(parents: Tensor, num_nodes: Tensor) -> Tensor:
 def greedy_walk(tokens: Tensor, parents: Tensor, num_nodes: Tensor, picks: Tensor) -> GreedyWalk:
     """Greedy verification walk of a padded tree given the target's pick at each node.
     Shape: tokens, parents, picks ``[b, n]``, num_nodes ``[b]`` -> :class:`GreedyWalk`."""
+    if _host(tokens):
+        return host.greedy_walk(tokens, parents, num_nodes, picks)
     args = (tokens, parents, num_nodes, picks)
     return _impl(tokens, "greedy_walk", *args).greedy_walk(*args)

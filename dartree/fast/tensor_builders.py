@@ -1,5 +1,6 @@
-"""Fast builders on every device but the CPU, tensorized over rows and nodes, with no host sync inside a build
-(deferred checks: :mod:`dartree.fast.checks`); the same trees as :mod:`dartree.ref.builders`.
+"""Fast builders on every device but a CPU with ``dartree._native``, tensorized over rows and nodes, with no
+host sync inside a build (deferred checks: :mod:`dartree.fast.checks`); the same trees as
+:mod:`dartree.ref.builders`.
 
 - ``chain`` / ``corrected-chain``: :func:`dartree.fast.core.expand` with width 1.
 - ``ddtree`` / ``corrected-chain-ddtree``: a best-first heap over branch-independent per-depth distributions

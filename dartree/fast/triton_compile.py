@@ -1,13 +1,9 @@
 """Ahead-of-time compilation of the Triton kernels for CUDA targets, on any machine (no GPU needed).
 
-A :class:`~dartree.fast.triton_kernels.Launch` recorded by ``record_launches`` (under the interpreter, or on
-``meta`` tensors) becomes the signature, constexprs and options Triton's JIT would derive on a GPU (its own
-binder and ``_pack_args``), compiled by ``triton.compile`` down to a cubin with the wheel's ``ptxas``.
-Under ``TRITON_INTERPRET=1`` kernels cannot be lowered, so :func:`compile_all` compiles in subprocesses
-without it, each in a fresh cache with ``always_compile`` (nothing cached can hide a failure).
-
-``python -m dartree.fast.triton_compile`` compiles the largest supported shapes for sm_80, sm_89 and sm_90
-and prints the table of docs/kernels.md.
+A :class:`~dartree.fast.triton_kernels.Launch` recorded by ``record_launches`` becomes what Triton's JIT would
+compile on a GPU, compiled by ``triton.compile`` down to a cubin in a subprocess without ``TRITON_INTERPRET``.
+``python -m dartree.fast.triton_compile`` compiles the largest supported shapes for sm_80, sm_89 and sm_90 and
+prints the table of docs/kernels.md ("Compiling for GPUs").
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """Triton kernels of the fast backend; each wrapper mirrors its torch twin in :mod:`dartree.fast.twins`.
 
 Import only through :mod:`dartree.fast.ops` (lazily: ``TRITON_INTERPRET=1`` must be set before the
-``@triton.jit`` functions are defined).  Wrappers check shapes, allocate outputs and launch through
-:func:`_launch` (observable by :func:`record_launches`); one program handles one row or position.
-
-Limits (:data:`LIMITS`, checked by :func:`supports` and every wrapper, which raises rather than truncate):
-the selection kernels keep a running top-k of packed int64 keys in registers while streaming the row in
-tiles, so ``topk``, ``width`` and ``budget`` are bounded (the bitonic network, registers and compile time grow
-as k log^2 k); streamed sizes only by int32 indices.  ``tree_structure`` / ``greedy_walk`` hold a row of nodes.
-Integers are not specialised on their values nor pointers on alignment, so the compiled variants depend only
-on dtypes and constexprs, known without a GPU (:mod:`dartree.fast.triton_compile` compiles them ahead of time).
+``@triton.jit`` functions are defined).  Wrappers check shapes and the design limits (:data:`LIMITS`: they
+raise rather than truncate), allocate outputs and launch through :func:`_launch` (observable by
+:func:`record_launches`).  Limits and specialisation: docs/kernels.md, "Compiling for GPUs".
 """
 
 from __future__ import annotations
@@ -30,7 +24,7 @@ __all__ = ["LIMITS", "OPS", "Launch", "TensorArg", "supports", "record_launches"
            "top_b", "tree_structure", "greedy_walk"]
 
 OPS: tuple[str, ...] = ("topk_candidates", "depth_step", "top_b", "tree_structure", "greedy_walk")
-# Largest sizes each kernel is designed for (see the module docstring); int32 bounds the streamed sizes.
+# Largest sizes each kernel is designed for (docs/kernels.md); int32 bounds the streamed sizes.
 LIMITS: dict[str, int] = {"topk": 512, "width": 512, "budget": 512, "nodes": 4096, "flat": 2**31 - 1}
 TILE = 1024  # elements of a streamed tile (vocabulary, children, supertree nodes)
 # -9223372036854775807 in the kernels is the "no entry" key: below every packed key (the smallest real

@@ -1,8 +1,9 @@
 """Torch twins of the Triton kernels: same signatures, same output contracts.
 
-They run on the CPU (and anywhere Triton does not) and are the reference the kernels are tested
-against.  Floats are computed with the very expressions of :mod:`dartree.scoring`, so a tree built
-through the twins carries bit-identical scores to the reference builders'.
+They run wherever the kernels do not (``meta``, CUDA sizes beyond their limits, a CPU without
+``dartree._native``) and are the kernels' test oracle.  Floats are computed with the very expressions
+of :mod:`dartree.scoring`, so a tree built through the twins carries bit-identical scores to the
+reference builders'.
 """
 
 from __future__ import annotations

@@ -9,33 +9,23 @@ batches (the expansion stops only when no row keeps a branch).
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from dartree import DraftBlock, make_builder, native
-from dartree.fast import expansion, ops
+from dartree import DraftBlock, make_builder
+from dartree.fast import expansion
 from dartree.testing import IdentityHead, PathHashHead
-from tests.fast.test_fast_parity import assert_same_tree
+from tests.fast.test_fast_parity import assert_same_tree, run_on
 from tests.strategies import random_logits
 
 HEADS = {"identity": IdentityHead(), "path-hash": PathHashHead(), "path-hash-strong": PathHashHead(strength=3.0)}
-KERNELS = ("host", "host-numpy", "torch")
-
-
-@contextlib.contextmanager
-def _kernels(kernels: str):
-    """"host": the compiled loops; "host-numpy": their numpy versions; "torch" / "triton": the tensorized path."""
-    with native.disabled() if kernels == "host-numpy" else contextlib.nullcontext():
-        with ops.force_backend("host" if kernels == "host-numpy" else kernels):
-            yield
+KERNELS = ("host", "torch")
 
 
 def build(block: DraftBlock, head, cfg: dict, bound: bool, kernels: str):
-    with _kernels(kernels):
+    with run_on(kernels):
         tree = make_builder("dartree-pruned", backend="fast", bound=bound, **cfg).build(block, head)
     return tree, expansion.last()
 
@@ -76,8 +66,7 @@ def test_bound_on_equals_off_and_ref(kernels: str, case) -> None:
 
 def test_the_bound_saves_head_calls_where_the_tree_ends_early() -> None:
     """A peaked block: the best chain holds the budget after a few depths, every other branch falls behind.
-    Both the compiled host loop and the tensor path stop early (fewer head calls); the numpy host loop (no
-    ``dartree._native``, e.g. the GPU image's python, which runs from the source tree) expands every depth."""
+    Both the compiled host loop and the tensor path stop early (fewer head calls)."""
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(1, 10, 50, generator=g)
     logits[..., 7] += 8.0  # token 7 dominates every depth
@@ -87,8 +76,6 @@ def test_the_bound_saves_head_calls_where_the_tree_ends_early() -> None:
     for kernels in ("host", "torch"):
         on, stats = build(block, IdentityHead(), cfg, True, kernels)
         assert_same_tree(ref, on)
-        if kernels == "host" and not native.enabled():
-            continue                       # the same tree, without the early stop
         assert stats.depths < stats.full_depths == 10, kernels
 
 

@@ -32,9 +32,22 @@ def test_a_zero_log_q_at_depth_one_scores_plus_zero() -> None:
     -0.0 (a candidate with all the mass) gives +0.0, not -0.0."""
     block = DraftBlock(logits=torch.tensor([[[-0.0, -1.0, -2.0], [0.5, 0.0, -1.0]]]), root=torch.tensor([0]))
     for name in ("ddtree", "corrected-chain-ddtree"):
-        for kernels in ("host", "host-numpy", "torch"):
+        for kernels in ("host", "no-native", "torch"):
             cfg = {"topk": 1, "budget": 2, "normalize": "candidates"}
             assert_same_tree(*build_both(name, block, cfg, "identity", kernels))
+
+
+@contextlib.contextmanager
+def run_on(kernels: str):
+    """"host": the CPU builders (compiled loops); "no-native": a CPU without ``dartree._native`` (the
+    tensorized builders, by dispatch); "torch" / "triton": the tensorized builders, forced."""
+    if kernels == "no-native":
+        with native.disabled():
+            assert ops.builders(torch.zeros(1)).__name__ == "dartree.fast.tensor_builders"
+            yield
+    else:
+        with ops.force_backend(kernels):
+            yield
 
 
 def build_both(name: str, block: DraftBlock, cfg: dict, head_name: str,
@@ -42,10 +55,8 @@ def build_both(name: str, block: DraftBlock, cfg: dict, head_name: str,
     ref = make_builder(name, backend="ref", **cfg)
     fast = make_builder(name, backend="fast", **cfg)
     head = HEADS[head_name] if ref.needs_head else None
-    # "host": the CPU builders (compiled loops); "host-numpy": their numpy versions; "torch": the tensorized ones
-    with native.disabled() if kernels == "host-numpy" else contextlib.nullcontext():
-        with ops.force_backend("host" if kernels == "host-numpy" else kernels):
-            return ref.build(block, head), fast.build(block, head)
+    with run_on(kernels):
+        return ref.build(block, head), fast.build(block, head)
 
 
 def awkward_block(b: int, gamma: int, vocab: int, seed: int, ties: bool) -> DraftBlock:
@@ -78,7 +89,7 @@ CASES = [  # (b, gamma, V, topk, budget, width): the awkward shapes of the desig
 ]
 
 
-@pytest.mark.parametrize("kernels", ["host", "host-numpy", "torch"])
+@pytest.mark.parametrize("kernels", ["host", "torch"])
 @pytest.mark.parametrize("ties", [False, True])
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("name", BUILDERS)
@@ -95,7 +106,7 @@ def test_fast_equals_ref_awkward_shapes(name: str, case: tuple[int, ...], ties: 
             assert_same_tree(*build_both(name, block, cfg, head_name, kernels))
 
 
-@pytest.mark.parametrize("kernels", ["host", "host-numpy"])
+@pytest.mark.parametrize("kernels", ["host", "torch"])
 @settings(max_examples=min(10, settings().max_examples))
 @given(seed=st.integers(0, 2**16), width=st.integers(1, 40), budget=st.integers(1, 90))
 @example(seed=0, width=32, budget=64)
@@ -187,7 +198,7 @@ class GradHead(PathHashHead):
         return super().advance(block, depth, states, tokens) * self.w
 
 
-@pytest.mark.parametrize("kernels", ["host", "host-numpy", "torch"])
+@pytest.mark.parametrize("kernels", ["host", "no-native", "torch"])
 @pytest.mark.parametrize("name", sorted(BUILDERS))
 def test_a_block_that_requires_grad_gives_the_trees_of_a_plain_one(name: str, kernels: str) -> None:
     """Outside inference mode, a drafter (or head) with autograd on hands the builders tensors that
@@ -203,10 +214,9 @@ def test_a_block_that_requires_grad_gives_the_trees_of_a_plain_one(name: str, ke
     for backend in ("ref", "fast"):
         builder = make_builder(name, backend=backend, **cfg)
         head = (GradHead() if backend == "fast" else PathHashHead()) if builder.needs_head else None
-        with native.disabled() if kernels == "host-numpy" else contextlib.nullcontext():
-            with ops.force_backend("host" if kernels == "host-numpy" else kernels):
-                want = builder.build(plain, None if head is None else PathHashHead())
-                got = builder.build(graded, head)
+        with run_on(kernels):
+            want = builder.build(plain, None if head is None else PathHashHead())
+            got = builder.build(graded, head)
         assert got.canonical() == want.canonical()
         assert not any(getattr(got, f).requires_grad for f in FIELDS if f != "scores") or backend == "ref"
         assert graded.logits.requires_grad and graded.hidden.requires_grad

@@ -1,9 +1,7 @@
-"""The host (CPU) path of the fast backend: exact candidate selection, the vocabulary normaliser, and
-the host ops against the torch twins."""
+"""The compiled host loops of the fast backend: exact candidate selection, the vocabulary normaliser
+(against the torch formula and the torch twin), and the checks of direct calls."""
 
 from __future__ import annotations
-
-import contextlib
 
 import numpy as np
 import pytest
@@ -11,19 +9,19 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dartree import native
-from dartree.fast import host, twins
+from dartree import DraftBlock, native
+from dartree.fast import twins
+from dartree.fast.host_builders import HostCandidates
 from dartree.scoring import log_normalize_host, rest_logsumexp
 
 
-@pytest.fixture(params=["native", "numpy"])
-def impl(request):
-    """Run a test on the compiled host loops and on their numpy versions."""
-    if request.param == "numpy":
-        with native.disabled():
-            yield request.param
-    else:
-        yield request.param
+def candidates(x: torch.Tensor, topk: int, normalize: str = "candidates") -> HostCandidates:
+    return HostCandidates(DraftBlock(logits=x, root=torch.zeros(x.shape[0], dtype=torch.int64)), topk, normalize)
+
+
+def select(x: torch.Tensor, topk: int) -> tuple[np.ndarray, np.ndarray]:
+    c = candidates(x, topk)
+    return c.tokens, c.logits
 
 
 def stable_topk(x: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -31,11 +29,10 @@ def stable_topk(x: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor]
     return tokens[..., :topk], values[..., :topk]
 
 
-@pytest.mark.parametrize("use_native", [True, False])
 @settings(max_examples=60, deadline=None)
 @given(vocab=st.integers(1, 5000), topk_frac=st.floats(0, 1), seed=st.integers(0, 2**16),
        kind=st.sampled_from(["normal", "ties", "masked", "zeros"]))
-def test_select_equals_a_stable_sort(use_native: bool, vocab: int, topk_frac: float, seed: int, kind: str) -> None:
+def test_select_equals_a_stable_sort(vocab: int, topk_frac: float, seed: int, kind: str) -> None:
     """Two-stage selection == the reference's stable sort: ties by token id, -inf never before a finite
     logit, any vocabulary size (groups that do not divide V, K close to V)."""
     g = torch.Generator().manual_seed(seed)
@@ -49,29 +46,28 @@ def test_select_equals_a_stable_sort(use_native: bool, vocab: int, topk_frac: fl
         masked = torch.rand(x.shape, generator=g) < 0.5
         masked[..., :topk] = False  # keep at least K finite logits per position
         x = x.masked_fill(masked, float("-inf"))
-    with native.disabled() if not use_native else contextlib.nullcontext():
-        tokens, values = host.select(x, topk)
+    tokens, values = select(x, topk)
     ref_tokens, ref_values = stable_topk(x, topk)
     assert np.array_equal(tokens, ref_tokens.numpy())
     assert np.array_equal(values.view(np.int32), ref_values.numpy().view(np.int32))  # -0.0 stays -0.0
 
 
-def test_select_on_a_large_vocabulary_with_ties_at_the_boundary(impl: str) -> None:
+def test_select_on_a_large_vocabulary_with_ties_at_the_boundary() -> None:
     x = torch.zeros(1, 2, 151936)
     x[0, 0, ::7] = 1.0  # 21706 tied maxima: the K smallest ids win
     x[0, 1, 151930:] = 5.0  # the best tokens sit in the tail that no group covers
-    tokens, _ = host.select(x, 64)
+    tokens, _ = select(x, 64)
     ref, _ = stable_topk(x, 64)
     assert np.array_equal(tokens, ref.numpy())
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
-def test_select_rejects_nan_and_plus_inf_anywhere(bad: float, impl: str) -> None:
+def test_select_rejects_nan_and_plus_inf_anywhere(bad: float) -> None:
     for pos in (0, 4095, 4099):  # a group, the last group, the tail
         x = torch.randn(1, 2, 4100)
         x[0, 1, pos] = bad
         with pytest.raises(ValueError, match="NaN or \\+inf"):
-            host.select(x, 8)
+            select(x, 8)
 
 
 def test_rest_logsumexp_is_the_log_sum_exp_of_the_other_tokens() -> None:
@@ -89,38 +85,28 @@ def test_rest_logsumexp_is_the_log_sum_exp_of_the_other_tokens() -> None:
 
 
 @pytest.mark.parametrize("vocab_normalize", [True, False])
-def test_host_topk_candidates_equals_the_twin(vocab_normalize: bool) -> None:
+def test_compiled_candidates_equal_the_twin(vocab_normalize: bool) -> None:
     x = torch.randint(0, 4, (3, 5, 700), generator=torch.Generator().manual_seed(1)).float()
-    a, b = host.topk_candidates(x, 9, vocab_normalize), twins.topk_candidates(x, 9, vocab_normalize)
-    for u, v in zip(a, b, strict=True):
+    c = candidates(x, 9, "vocab" if vocab_normalize else "candidates")
+    twin = twins.topk_candidates(x, 9, vocab_normalize)
+    rest = torch.full((3, 5), float("-inf")) if c.rest is None else torch.from_numpy(c.rest)
+    for u, v in zip((c.tokens_t, torch.from_numpy(c.logits), rest, torch.from_numpy(c.log_q)), twin, strict=True):
         assert u.dtype == v.dtype and torch.equal(u, v)
 
 
-def test_host_depth_step_and_top_b_equal_the_twins() -> None:
-    g = torch.Generator().manual_seed(2)
-    parents = -torch.randint(0, 3, (3, 4), generator=g).float()
-    log_q = -torch.randint(0, 3, (3, 4, 5), generator=g).float()  # many ties
-    for width in (1, 7, 20):
-        for x, y in zip(host.depth_step(parents, log_q, -0.2, width), twins.depth_step(parents, log_q, -0.2, width),
-                        strict=True):
-            assert torch.equal(x, y)
-    scores = -torch.randint(0, 4, (3, 30), generator=g).float()
-    assert torch.equal(host.top_b(scores, 11), twins.top_b(scores, 11))
-
-
-def test_select_reports_the_first_row_with_too_few_finite_logits(impl: str) -> None:
+def test_select_reports_the_first_row_with_too_few_finite_logits() -> None:
     x = torch.randn(2, 3, 50)
     x[1, 2, 3:] = float("-inf")  # 3 finite logits at row 1, depth 3
     with pytest.raises(ValueError, match="row 1 depth 3 has 3 logits above -inf, fewer than topk=5"):
-        host.select(x, 5)
-    x[0, 0, 0] = float("nan")  # a NaN anywhere is reported first, as the numpy version does
+        select(x, 5)
+    x[0, 0, 0] = float("nan")  # a NaN anywhere is reported first
     with pytest.raises(ValueError, match="NaN or \\+inf"):
-        host.select(x, 5)
+        select(x, 5)
 
 
 def test_the_compiled_module_is_built() -> None:
     """CI must test the compiled host loops: ``pip install`` builds them (setup.py) where a C compiler is
-    present; without one every caller runs its numpy version, slower and with the same results."""
+    present; without one CPU builds run the tensorized builders, slower and with the same trees."""
     assert native.available(), "dartree._native was not built: run `pip install -e .` with a C compiler"
     with native.disabled():
         assert not native.enabled() and native.lib() is None
@@ -140,10 +126,9 @@ def test_a_stale_build_is_refused() -> None:
 
 
 def _candidates_pair(x: torch.Tensor, topk: int):
-    lib = native.lib()
-    tokens, values, log_q, rest = host.candidates_native(lib, x, topk, True)
-    torch_rest = rest_logsumexp(x, torch.from_numpy(tokens)).numpy()
-    return rest, torch_rest, log_q, tokens, values
+    c = candidates(x, topk, "vocab")
+    torch_rest = rest_logsumexp(x, c.tokens_t).numpy()
+    return c.rest, torch_rest, c.log_q, c.tokens, c.logits
 
 
 @pytest.mark.parametrize("vocab", [1, 7, 8, 9, 100, 4098])
@@ -170,8 +155,7 @@ def test_compiled_normaliser_equals_the_torch_formula_bit_for_bit(vocab: int, ki
         torch_rest = None
     else:
         assert np.array_equal(rest.view(np.int32), torch_rest.view(np.int32))
-    with native.disabled():
-        expected = log_normalize_host(values, torch_rest)
+    expected = log_normalize_host(values, torch_rest)
     assert np.array_equal(log_q.view(np.int32), expected.view(np.int32))
     if kind == "far" and vocab > topk:
         assert np.all(rest == -np.inf)

@@ -33,9 +33,6 @@ SYNC_OPS = {aten._local_scalar_dense.default, aten.is_nonzero.default, aten.equa
             aten.nonzero.default, aten.masked_select.default, aten._unique2.default, aten.unique_dim.default,
             aten.unique_consecutive.default, aten.repeat_interleave.Tensor, aten.argwhere.default}
 ALLOWED = {"collect"}  # the one sync of TreeBuilder.build (dartree.fast.checks), on purpose
-# twins.topk_candidates reads one tie flag on the host (documented there: the twin was written for CPU
-# tensors, CUDA tensors take the branch-free kernel).  Drop this once the twin path is sync-free.
-TWIN_ALLOWED = ALLOWED | {"topk_candidates"}
 NO_SYNC_BUILDERS = [name for name in BUILDERS if name != "sequential-heap"]
 
 
@@ -119,7 +116,7 @@ def test_no_host_sync_on_the_triton_path(name: str) -> None:
 def test_no_host_sync_on_the_torch_twin_path(name: str) -> None:
     """The twins on a non-CPU device (benchmarks run them on CUDA as the "fast (torch)" provider)."""
     spy = build_under_spy(name, "torch")
-    assert spy.unexpected(TWIN_ALLOWED) == []
+    assert spy.unexpected() == []
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
