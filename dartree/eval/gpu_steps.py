@@ -216,7 +216,7 @@ def step_env(c: Check) -> tuple[str, dict]:
     }
     from dartree import native
 
-    info["compiled host loops (dartree._native)"] = "built" if native.available() else "absent (numpy fallback)"
+    info["compiled host loops (dartree._native)"] = "built" if native.available() else "absent (tensorized builders)"
     try:
         info["git commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                             timeout=10, cwd=Path(__file__).resolve().parents[2]).stdout.strip() or "-"
@@ -260,12 +260,12 @@ def step_native(c: Check) -> str:
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=root, timeout=max(5.0, c.time_left() - 3))
     except subprocess.TimeoutExpired:
-        c.out_of_time(what="the build of dartree._native (the numpy host loops run instead)")
+        c.out_of_time(what="the build of dartree._native (the tensorized builders run instead)")
         return f"`{' '.join(cmd[1:])}` stopped at the budget"
     check = subprocess.run([sys.executable, "-c", "from dartree import native; print(native.available())"],
                            capture_output=True, text=True, cwd=root)
     if proc.returncode != 0 or check.stdout.strip() != "True":
-        c.fail("dartree._native could not be built here: the numpy host loops run, and tests/fast's tests of the "
+        c.fail("dartree._native could not be built here: the tensorized builders run, and tests/fast's tests of the "
                "compiled loops fail")
         return f"`{' '.join(cmd[1:])}`:\n\n```\n{(proc.stdout + proc.stderr)[-2000:]}\n```"
     return f"`{' '.join(cmd[1:])}`: built; the later steps (their own processes) use it"
