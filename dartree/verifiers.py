@@ -31,7 +31,6 @@ from dartree.verify.accept import (
     verify_greedy,
     verify_sampled,
     walk_greedy,
-    walk_greedy_logits,
     walk_sampled,
 )
 from dartree.verify.rejection import SampledTree, sample_tree, verify_rejection
@@ -93,7 +92,7 @@ class Greedy(Verifier):
         if rows is not None:
             return walk_greedy(drafted, scored.logits[:, 0], rows)
         if self.walks:
-            return walk_greedy_logits(drafted, scored.logits)
+            return walk_greedy(drafted, scored.logits[:, 0], scored_rows(scored.logits))
         return verify_greedy(drafted, scored.logits.to(drafted.device))
 
     def next_token(self, logits: Tensor, positions: Tensor) -> Tensor:

@@ -6,7 +6,6 @@ from dartree.verify.accept import (
     verify_greedy,
     verify_sampled,
     walk_greedy,
-    walk_greedy_logits,
     walk_sampled,
 )
 from dartree.verify.cache import cache_length, compact_tail, gather_cache, keep_indices
@@ -39,6 +38,5 @@ __all__ = [
     "verify_sampled",
     "verify_traversal",
     "walk_greedy",
-    "walk_greedy_logits",
     "walk_sampled",
 ]

@@ -1,18 +1,6 @@
-"""Sampled draft trees verified by recursive rejection sampling: lossless in distribution at T>0.
-
-The children of a draft tree are *sampled* without replacement from the proposal ``q`` at their parent
-(the builder's shape kept, its tokens re-drawn) and verified by recursive rejection sampling without
-replacement (SpecInfer's multi-step speculative sampling with the without-replacement residual of
-Recursive Speculative Decoding, Jeon et al. 2024): one draft is accepted with probability
-``1 - TV(p, q)``, and more siblings accept more.  The proposal comes from the drafter or, along the
-sampled path, from a correction head (:data:`HEAD_DEPTHS`).
-
-Entry points: :func:`sample_tree` (draw a tree's tokens), :func:`verify_rejection` (accept a sampled tree),
-:class:`SampledTree`, :func:`proposal_probs`, :func:`accept_step`, :func:`draw_index`.  The proposals, the
-verifier's step, why it is exact and what that needs of the tree's shape, the randomness and the tests:
-docs/verification.md, "Sampled trees verified by rejection sampling".
-
-Shape: ``tree`` tensors ``[b, n]``; target logits ``[b, n, V]``.
+"""Sampled draft trees (children drawn without replacement from known proposals) and their verification by
+recursive rejection sampling: lossless in law at T>0.  How and why: docs/verification.md, "Sampled trees
+verified by rejection sampling".  Shape: ``tree`` tensors ``[b, n]``; target logits ``[b, n, V]``.
 """
 
 from __future__ import annotations
@@ -28,7 +16,8 @@ from dartree.block import DraftBlock
 from dartree.protocols import head_method
 from dartree.scoring import candidates as top_candidates
 from dartree.tree import PAD, DraftTree
-from dartree.verify.accept import VerifyResult
+from dartree.verify.accept import VerifyResult, check_logits
+from dartree.verify.sampling import inverse_cdf
 from dartree.verify.warp import Warp
 
 __all__ = ["SampledTree", "HostLists", "sample_tree", "verify_rejection", "check_verify_args", "accept_step",
@@ -127,25 +116,11 @@ def proposal_probs(warp: Warp, logits: Tensor) -> Tensor:
 
 
 def _draw_without_replacement(q: Tensor, m: int, generator: torch.Generator | None) -> Tensor:
-    """The first ``m`` draws without replacement from the distributions ``q`` (rows), in draw order: one draw
-    by the inverse of the cumulative distribution, more by Gumbel-top-m (the order of the perturbed keys
-    ``log q + G`` is the sequential draw order).  Tokens of mass 0 come last (the caller uses only as many
-    draws as ``q`` has tokens of positive mass).
-
-    perf: on the CPU a single draw by the inverse CDF is several times cheaper than by Gumbel keys or
-    ``torch.multinomial``, hence the two ways (figures: docs/results.md, "Measurements behind design choices
-    in the code").
-
-    Shape: ``q`` float ``[..., V]`` -> int64 ``[..., m]``.
-    """
+    """The first ``m`` draws without replacement from the rows of ``q``, in draw order: one by the inverse CDF
+    (perf: several times cheaper on the CPU), more by Gumbel-top-m (the key order is the sequential draw order).
+    Tokens of mass 0 come last.  Shape: ``q`` float ``[..., V]`` -> int64 ``[..., m]``."""
     if m == 1:
-        u = torch.rand((*q.shape[:-1], 1), generator=generator, dtype=torch.float64, device=q.device)
-        # the first token whose cumulative mass exceeds u * total, a point kept below the total (u * total may
-        # round up to it): never a token of mass 0, whose cumulative mass equals its predecessor's
-        cdf = q.cumsum(-1, dtype=torch.float64)
-        total = cdf[..., -1:]
-        point = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
-        return torch.searchsorted(cdf, point, right=True)
+        return inverse_cdf(q, generator)
     u = torch.rand(q.shape, generator=generator, dtype=torch.float32, device=q.device)
     # log q + G orders as q / E with E = -log u ~ Exp(1) (one log over V instead of three)
     keys = q.float() / u.clamp_min(torch.finfo(torch.float32).tiny).log_().neg_()
@@ -490,13 +465,7 @@ def check_verify_args(sampled: SampledTree, target_logits: Tensor, warp: Warp) -
         raise ValueError(f"sampled: expected a SampledTree (from sample_tree), got {type(sampled).__name__}")
     if not isinstance(warp, Warp):
         raise ValueError(f"warp: expected a dartree.verify.warp.Warp, got {type(warp).__name__}")
-    tree = sampled.tree
-    b, n = tree.tokens.shape
-    if not isinstance(target_logits, Tensor) or target_logits.dim() != 3 or tuple(target_logits.shape[:2]) != (b, n):
-        got = tuple(target_logits.shape) if isinstance(target_logits, Tensor) else type(target_logits).__name__
-        raise ValueError(f"target_logits: expected shape [{b}, {n}, V], got {got}")
-    if not target_logits.is_floating_point():
-        raise ValueError(f"target_logits: expected a floating dtype, got {target_logits.dtype}")
+    check_logits(sampled.tree, target_logits)
 
 
 def verify_rejection(sampled: SampledTree, target_logits: Tensor, warp: Warp,
