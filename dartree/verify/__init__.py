@@ -8,7 +8,7 @@ from dartree.verify.accept import (
     walk_greedy,
     walk_sampled,
 )
-from dartree.verify.cache import cache_length, compact_tail, gather_cache, keep_indices
+from dartree.verify.cache import cache_length, compact_tail
 from dartree.verify.inputs import ATTENTION_IMPLEMENTATIONS, TreeInputBuffer, TreeInputs, tree_inputs
 from dartree.verify.rejection import SampledTree, sample_tree, verify_rejection
 from dartree.verify.sampling import GeneratorSampler, KeyedSampler, Sampler, hash32
@@ -28,9 +28,7 @@ __all__ = [
     "accept_picks",
     "cache_length",
     "compact_tail",
-    "gather_cache",
     "hash32",
-    "keep_indices",
     "sample_tree",
     "tree_inputs",
     "verify_greedy",

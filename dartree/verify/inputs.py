@@ -1,17 +1,5 @@
-"""Tree inputs for the target: input ids, position ids and the tree attention mask.
-
-The target sees the committed prefix (already in its KV cache) followed by the ``n`` slots of a
-:class:`~dartree.tree.DraftTree`.  Node ``i`` of row ``r`` sits at cache column ``cache_len + i``,
-has position id ``prefix_len[r] + depth[r, i]`` and attends to
-
-* the committed prefix of its row, columns ``[0, prefix_len[r])``;
-* itself and its ancestors among the tree's nodes (``DraftTree.ancestor_mask``).
-
-Padding slots (``i >= num_nodes[r]``) are invisible: no real node attends to them.  A padding slot
-attends only to itself, so that its softmax row stays finite: a query row with no visible key gives
-NaN in ``sdpa``, the NaN flows into that slot's keys and values in the next layer, and ``0 * NaN``
-then poisons the real rows that mask it.  Its input id is 0 (any valid embedding index would do;
-validity is carried by ``valid``, never by a token value).
+"""Tree inputs for the target: input ids, position ids and the tree attention mask (docs/verification.md,
+"Tree inputs": where each node sits and what it attends to, and why a padding slot attends to itself).
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
-"""Samplers: draw one token per scored position from temperature-scaled target logits.
+"""Samplers: one token per scored position from warped target logits, ``sample(logits, positions) -> tokens``.
 
-A sampler is any object with ``sample(logits, positions) -> tokens``.  ``positions`` is the absolute
-position the sampled token will occupy in the sequence; a sampler may ignore it
-(:class:`GeneratorSampler`) or derive its randomness from it (:class:`KeyedSampler`).
-
-The keyed sampler is Gumbel-max with noise that is a pure function of
-``(seed, absolute position, token id)``: the token drawn for a position does not depend on how many
-other positions were sampled before it, so speculative decoding (which samples at every tree node,
-most of them thrown away) reproduces autoregressive sampling token for token.
+:class:`GeneratorSampler` draws from a ``torch.Generator``; :class:`KeyedSampler`'s Gumbel noise is a pure function
+of ``(seed, absolute position, token id)``, so speculative decoding reproduces AR sampling token for token.
 """
 
 from __future__ import annotations
