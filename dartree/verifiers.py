@@ -1,18 +1,7 @@
-"""How a decode accepts draft tokens: one :class:`Verifier` object, chosen once per decode (:func:`make_verifier`).
-
-Each verifier owns its acceptance rule and its draws:
-
-- :class:`Greedy` (T=0): the longest path of argmax tokens; the AR step is the argmax.
-- :class:`Match` (T>0): exact target-sample matching; a keyed sampler's draws make the output equal to AR's
-  token for token.
-- :class:`Rejection` (T>0): the tree's tokens are drawn from the proposals (:meth:`Rejection.draw`, build work),
-  then recursive rejection sampling (:mod:`dartree.verify.rejection`): AR's law.
-- :class:`Traversal` (T>0): the same sampled trees, Traversal Verification (:mod:`dartree.verify.traversal`,
-  leaf to root): AR's law, at least rejection's acceptance.
-
-The engine calls, in a round: :meth:`Verifier.draw` (end of build), :meth:`Verifier.logits` (which logits the
-tree forward computes), :meth:`Verifier.accept` (after the forward) and :meth:`Verifier.record` (at commit); the
-AR baseline calls :meth:`Verifier.next_token`.
+"""How a decode accepts draft tokens: one :class:`Verifier`, chosen once per decode (:func:`make_verifier`), owns
+its acceptance rule and its draws: :class:`Greedy` (T=0), :class:`Match` (target-sample matching), :class:`Rejection`
+and :class:`Traversal` (trees drawn from known proposals).  A round calls :meth:`Verifier.draw` (end of build),
+:meth:`Verifier.logits`, :meth:`Verifier.accept` and :meth:`Verifier.record`; the AR step :meth:`Verifier.next_token`.
 """
 
 from __future__ import annotations
