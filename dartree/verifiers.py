@@ -123,7 +123,7 @@ class Rejection(Match):
 
     def __init__(self, sampler: Sampler, warp: Warp) -> None:
         super().__init__(sampler, warp)
-        self.generator: torch.Generator | None = getattr(sampler, "generator", None)
+        self.generator: torch.Generator | None = sampler.generator     # a GeneratorSampler (Sampling checks it)
 
     def draw(self, tree, block, head=None, *, head_depths=None, offset=0, root_state=None) -> SampledTree:
         return sample_tree(tree, block, head, self.warp, self.generator, head_depths=head_depths, offset=offset,

@@ -9,6 +9,8 @@ import torch
 from torch import Tensor
 from transformers.cache_utils import Cache, DynamicLayer, StaticLayer
 
+from dartree.arguments import check_int
+
 __all__ = ["compact_tail", "cache_length", "cache_layers", "move_slots", "cut_cache",
            "select_rows", "merge_rows"]
 
@@ -50,8 +52,7 @@ def compact_tail(cache: Cache, prefix_len: int, nodes: Tensor, host_nodes: list[
     layers = cache_layers(cache)
     if not isinstance(nodes, Tensor) or nodes.dtype != torch.int64 or nodes.dim() != 2 or nodes.shape[1] < 1:
         raise ValueError("nodes: expected an int64 tensor [b, c] with c >= 1")
-    if isinstance(prefix_len, bool) or not isinstance(prefix_len, int) or prefix_len < 0:
-        raise ValueError(f"prefix_len: expected an int >= 0, got {prefix_len!r}")
+    check_int("prefix_len", prefix_len, low=0)
     c = nodes.shape[1]
     live = [layer for layer in layers if layer.is_initialized]
     for layer in live:                                  # check everything before touching anything

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from dartree.arguments import check_int
 from dartree.fast import ops
 from dartree.tree import DraftTree
 
@@ -147,8 +148,7 @@ class TreeInputBuffer:
         """Inputs for the one-row ``tree`` after ``prefix_len`` cached slots (see :func:`tree_inputs`)."""
         if tree.batch_size != 1:
             raise ValueError(f"tree: TreeInputBuffer fills one-row trees, got {tree.batch_size} rows; use tree_inputs")
-        if isinstance(prefix_len, bool) or not isinstance(prefix_len, int) or prefix_len < 0:
-            raise ValueError(f"prefix_len: expected an int >= 0, got {prefix_len!r}")
+        check_int("prefix_len", prefix_len, low=0)
         if tree.device != self.device:
             raise ValueError(f"tree: on {tree.device}, buffer on {self.device}")
         n = tree.max_nodes

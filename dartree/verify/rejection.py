@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from dartree.arguments import check_int
 from dartree.block import DraftBlock
 from dartree.protocols import head_method
 from dartree.scoring import candidates as top_candidates
@@ -198,14 +199,9 @@ def sample_tree(template: DraftTree, block: DraftBlock, head=None, warp: Warp | 
         raise ValueError(f"template: expected a DraftTree, got {type(template).__name__}")
     if not isinstance(warp, Warp):
         raise ValueError(f"warp: expected a dartree.verify.warp.Warp or None, got {type(warp).__name__}")
-    if topk is not None and (isinstance(topk, bool) or not isinstance(topk, int) or topk < 1):
-        raise ValueError(f"topk: expected None (the whole vocabulary) or an int >= 1 (candidates a head scores), "
-                         f"got {topk!r}")
-    if head_depths is not None and (isinstance(head_depths, bool) or not isinstance(head_depths, int)
-                                    or head_depths < 1):
-        raise ValueError(f"head_depths: expected None (every depth) or an int >= 1, got {head_depths!r}")
-    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-        raise ValueError(f"offset: expected an int >= 0 (block depths before the template's root), got {offset!r}")
+    check_int("topk", topk, optional=True)
+    check_int("head_depths", head_depths, optional=True)
+    check_int("offset", offset, low=0)
     if head is not None and offset > 0 and root_state is None:
         raise ValueError("root_state: a head proposing below a reused block's depth 0 needs the state after the "
                          f"{offset} committed tokens; got None")
