@@ -31,7 +31,6 @@ from dartree.rounds import (
     RoundStats,
     StageTimes,
     TimedRows,
-    first_tokens,
     truncate,
 )
 from dartree.tree import DraftTree
@@ -133,7 +132,7 @@ class Engine:
             self.drafter.add_rows(out.hidden, _padded([p.tolist() for p in prompts], target.device),
                                   [p.shape[0] for p in prompts])
         positions = torch.tensor([p.shape[0] for p in prompts], dtype=torch.int64, device=target.device)
-        firsts = first_tokens(out.logits[:, -1], reqs, positions)
+        firsts = self.verifier.next_token(out.logits[:, -1], positions)     # as every later AR token
         host = firsts.tolist()       # one sync per admission, on purpose: the first tokens may end requests
         ids = list(range(len(self.reqs), len(self.reqs) + len(reqs)))
         self.reqs += reqs

@@ -1,6 +1,6 @@
 """What every entry point's round shares (single, batched, served, AR): the request checks, the per-round result
-types, the stage clock, the contract check of a drafter's block, the cut of a tree to the model's limits, the first
-token and the truncation at a stop token.
+types, the stage clock, the contract check of a drafter's block, the cut of a tree to the model's limits and the
+truncation at a stop token.
 """
 
 from __future__ import annotations
@@ -25,13 +25,13 @@ from dartree.sampling_options import (
     stop_tokens,
 )
 from dartree.tree import DraftTree
-from dartree.verify.sampling import GeneratorSampler, Sampler, sample_checked
+from dartree.verify.sampling import GeneratorSampler, Sampler
 from dartree.verify.warp import Warp
 
 __all__ = ["RoundStats", "StageTimes", "GenerationResult", "STOP_REASONS", "ROUND_STAGES", "Request", "Clock",
            "TimedRows", "ROWS_PER_PASS", "WalkRows", "scored_rows", "walk_pays",
            "as_target", "check_options", "check_request", "check_requests", "VERIFIERS", "DEFAULT_VERIFIER",
-           "SAMPLED_VERIFIERS", "check_block", "fit_tree", "first_tokens", "truncate", "index_arg", "stop_tokens"]
+           "SAMPLED_VERIFIERS", "check_block", "fit_tree", "truncate", "index_arg", "stop_tokens"]
 
 STOP_REASONS = ("max_new_tokens", "stop_token")
 #: Disjoint per-round stages, in round order; they sum to ``RoundStats.total_s``.
@@ -350,19 +350,6 @@ def check_requests(target: HFTarget, prompts: Sequence[Tensor], max_new_tokens: 
         except ValueError as err:
             raise ValueError(f"prompts[{i}]: {err}") from None
     return reqs
-
-
-def first_tokens(logits: Tensor, reqs: Sequence[Request], positions: Tensor) -> Tensor:
-    """The first new token of each request from its prompt's last logits: the argmax at T=0, else the
-    request's sampler at the token's absolute position (the prompt length), as every later token.
-
-    Shape:
-        logits: float ``[b, V]``; positions: int64 ``[b]`` -> int64 ``[b]``.
-    """
-    first = reqs[0]
-    if first.sampler is None:
-        return logits.argmax(dim=-1)
-    return sample_checked(first.sampler, first.warp.logits(logits), positions).to(torch.int64)
 
 
 def check_block(block: object, roots: Tensor, vocab_size: int, rows: int = 1) -> None:
