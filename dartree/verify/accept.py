@@ -119,14 +119,10 @@ def verify_sampled(
 
 def walk_greedy(tree: DraftTree, root_logits: Tensor,
                 node_logits: Callable[[list[int], list[int]], Tensor]) -> VerifyResult:
-    """Greedy verification that scores only the nodes the walk visits, every row in step.
-
-    The target's full-vocabulary logits are needed only along the accepted path (its argmax picks
-    the next child), so at T=0 the LM head runs on ``accepted_length + 1`` rows per tree instead of
-    on every node: one call of ``node_logits`` per depth for all the rows still walking.  Equal to
-    ``verify_greedy(tree, logits)`` whenever ``node_logits(rows, nodes)`` equals
-    ``logits[rows, nodes]`` (and ``root_logits`` equals ``logits[:, 0]``), except that ``picks``
-    holds ``PAD`` at the nodes the walk never scored.  Host-side walk: meant for CPU trees.
+    """Greedy verification that scores only the nodes the walk visits (one ``node_logits`` call per depth for all
+    the rows still walking).  Equal to ``verify_greedy(tree, logits)`` when ``node_logits(rows, nodes)`` is
+    ``logits[rows, nodes]`` and ``root_logits`` is ``logits[:, 0]``, except that ``picks`` holds ``PAD`` at the
+    nodes never scored.  Host-side walk: meant for CPU trees.
 
     Shape:
         root_logits: float ``[b, V]``; node_logits(rows, nodes) -> float ``[k, V]`` for the ``k``
@@ -138,14 +134,10 @@ def walk_greedy(tree: DraftTree, root_logits: Tensor,
 def walk_sampled(tree: DraftTree, root_logits: Tensor, node_logits: Callable[[list[int], list[int]], Tensor],
                  temperature: float, sampler: KeyedSampler | GeneratorSampler,
                  prefix_len: int | Tensor = 0) -> VerifyResult:
-    """:func:`verify_sampled` that draws only at the nodes the walk visits (and runs the LM head only
-    there).  With a :class:`~dartree.verify.sampling.KeyedSampler` (its draw at a node is a pure function
-    of that node's logits and position) the visited nodes get the draws ``verify_sampled`` gives them and
-    the result equals it (``picks`` holds ``PAD`` at the nodes never scored).  With a
-    :class:`~dartree.verify.sampling.GeneratorSampler` each visited node gets a fresh draw: the committed
-    tokens are AR's sampling in law (a node is visited only when its token was the draw at its parent),
-    not ``verify_sampled``'s draws.  perf: drawing at every node of a tree was most of a round's acceptance
-    at T>0.  Host-side walk (reads the tree's depths): meant for CPU trees, as :func:`walk_greedy`.
+    """:func:`verify_sampled` that draws (and runs the LM head) only at the nodes the walk visits: with a
+    ``KeyedSampler`` the result equals it (``picks`` ``PAD`` at the nodes never scored); with a
+    ``GeneratorSampler`` each visited node draws afresh, AR's sampling in law (docs/verification.md,
+    "Acceptance").  Host-side walk: meant for CPU trees.
 
     Shape:
         root_logits: float ``[b, V]``; node_logits(rows, nodes) -> float ``[k, V]``; prefix_len: int or

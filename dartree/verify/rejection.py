@@ -175,21 +175,17 @@ def _ones(shape: tuple[int, ...]) -> list:
 def sample_tree(template: DraftTree, block: DraftBlock, head=None, warp: Warp | None = None,
                 generator: torch.Generator | None = None, topk: int | None = None,
                 head_depths: int | None = None, offset: int = 0, root_state: Tensor | None = None) -> SampledTree:
-    """``template``'s shape with tokens drawn from each node's proposal (module docstring).
+    """``template``'s shape (any valid tree of the block; its tokens past the root ignored) with tokens drawn from
+    each node's proposal.
 
-    ``template``: any valid draft tree of the block (any builder's, user builders' included; its tokens other
-    than the root are ignored).  ``head``: a correction head (its logits along the sampled path propose: one
-    ``vocab_logits`` or ``logits`` call, one draw and one ``advance`` call per depth), or ``None`` (the
-    block's logits over the vocabulary propose).  ``topk``: ``None`` (the head scores the whole vocabulary)
-    or how many of the drafter's top tokens at each depth it scores (a smaller support, which loses the
-    target's mass outside it).  ``head_depths``: ``None`` (the head proposes at every depth) or the depths
-    it proposes at, the drafter's ``q`` below (one draw for all of them: the drafter's ``q`` needs no path;
-    only with ``topk=None``).  ``warp``: the proposal's temperature and filters (default: temperature 1).
-    ``generator``: on the block's device, or ``None`` (torch's global generator).
-    ``offset``, ``root_state``: a block drafted ``offset`` committed tokens before the template's root (a
-    reused block, :mod:`dartree.engine`): the template's depth ``d`` is the block's depth ``offset + d``, and
-    ``root_state`` (``[b, S]``) is the head's state after those tokens (the head's ``initial_state`` when
-    ``None``; required with a head and ``offset > 0``).
+    ``head``: a correction head proposing along the sampled path (one logits call, one draw and one ``advance``
+    per depth), or ``None`` (the block's logits propose).  ``topk``: ``None`` (the head scores the whole
+    vocabulary) or how many of the drafter's top tokens at each depth it scores.  ``head_depths``: ``None``
+    (every depth) or the depths the head proposes at, the drafter's ``q`` below (only with ``topk=None``).
+    ``warp``: the proposal's temperature and filters (default: temperature 1).  ``generator``: on the block's
+    device, or ``None`` (torch's global one).  ``offset``, ``root_state``: a reused block drafted ``offset``
+    committed tokens earlier (the template's depth ``d`` is the block's ``offset + d``) and the head's state
+    ``[b, S]`` after those tokens (its ``initial_state`` when ``None``; required with a head and ``offset > 0``).
 
     Shape:
         template: ``[b, n]`` on the block's device, depths ``<= gamma - offset``; block.logits ``[b, gamma, V]``.
@@ -446,7 +442,7 @@ def draw_index(p: np.ndarray, u: float) -> int:
 
     Shape: ``p`` float64 ``[V]`` (host; need not sum to 1).
     """
-    # perf: torch's CPU cumsum adds in order as numpy's does (the same float64 sums: tested), at 2.5x the speed
+    # perf: torch's CPU cumsum adds in order as numpy's does (the same float64 sums: tested), and faster
     cdf = torch.from_numpy(np.ascontiguousarray(p, dtype=np.float64)).cumsum(0).numpy()
     i = int(np.searchsorted(cdf, u * cdf[-1], side="right"))
     if i < cdf.shape[0]:        # cdf[i] > u * total >= cdf[i - 1] (or 0): p[i] > 0, so no token of mass 0 (perf)

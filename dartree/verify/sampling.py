@@ -32,13 +32,8 @@ _MASK32 = 0xFFFFFFFF
 
 
 def check_temperature(temperature: Any) -> float:
-    """The temperature as a float, or ``ValueError`` naming the allowed values.
-
-    Allowed: ``0`` (greedy: the target's argmax, no sampler) or a finite number ``>=``
-    :data:`MIN_TEMPERATURE` (``1e-6``).  A positive temperature below it is **refused**, not treated
-    as greedy: ``logits / T`` would overflow float32 (or divide by a float32 zero) and every logit would
-    become +-inf, so the "sample" would silently be the lowest token id.  Use ``0`` for greedy.
-    """
+    """The temperature as a float: ``0`` (greedy) or a number in ``[MIN_TEMPERATURE, MAX_TEMPERATURE]``, else a
+    ``ValueError`` naming the allowed values (a tiny positive one is refused, not taken as greedy)."""
     temperature = plain_scalar(temperature)
     huge = isinstance(temperature, int) and temperature > sys.float_info.max   # math.isfinite would overflow
     if huge or isinstance(temperature, bool) or not isinstance(temperature, int | float) \
@@ -157,18 +152,11 @@ _TRUSTED = (GeneratorSampler, KeyedSampler)
 
 
 def sample_checked(sampler: Sampler, logits: Tensor, positions: Tensor) -> Tensor:
-    """``sampler.sample(logits, positions)``, checked where a custom sampler's output enters decoding.
+    """``sampler.sample(logits, positions)``, the one call site of a sampler.  A custom sampler's result must be
+    integer ids in ``[0, V)`` of shape ``logits.shape[:-1]`` on ``logits``' device, else a ``ValueError`` naming
+    the sampler (the range check is a host sync; the built-in samplers, exact types, are trusted).
 
-    The one call site of a sampler (speculative verification and the autoregressive loop).  For a
-    custom sampler the result must be an integer tensor (not bool, not float) of shape
-    ``logits.shape[:-1]`` on ``logits``' device with every id in ``[0, V)``; anything else is a
-    ``ValueError`` naming the sampler and what it returned.  The range check reads one flag (a host
-    sync, a few microseconds on the CPU; the decoder reads the round's tokens right after).  The
-    built-in :class:`GeneratorSampler` and :class:`KeyedSampler` (exact types) are not re-checked.
-
-    Shape:
-        logits: float ``[..., V]`` (already divided by the temperature); positions: int64 ``[...]``;
-        returns int64 ``[...]``.
+    Shape: logits float ``[..., V]`` (warped); positions int64 ``[...]`` -> int64 ``[...]``.
     """
     out = sampler.sample(logits, positions)
     if type(sampler) in _TRUSTED:

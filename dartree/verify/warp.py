@@ -86,16 +86,9 @@ def _hf_top_p_drop(scores: Tensor, top_p: float) -> Tensor:
 
 
 def _top_p_drop(scores: Tensor, top_p: float) -> Tensor:
-    """:func:`_hf_top_p_drop`, bit for bit.
-
-    perf (CPU): numpy sorts the values faster than ``torch.sort`` sorts values and indices, several rows and
-    one row alike (docs/results.md).  The mask needs only the sorted *values* (equal whatever sorts them: the
-    same softmax and cumulative sum, so the same count ``j`` of dropped tokens) and the order of the tokens
-    tied at the boundary: a row whose ``j``-th and ``j+1``-th smallest values differ drops exactly the tokens
-    below the ``j+1``-th; a row with a tie straddling the boundary takes torch's sort (its tie order).  Past the
-    softmax and the cumulative sum (torch's: their bits define the mask), the count, the boundary values and the
-    tie test are read on the host (perf: a handful of small torch ops fewer per call).  On an accelerator:
-    torch's sort.
+    """:func:`_hf_top_p_drop`, bit for bit; perf (CPU): numpy sorts the values faster than ``torch.sort`` sorts
+    values and indices.  The mask needs only the sorted values (so the count ``j`` of dropped tokens) and, where a
+    tie straddles the boundary, torch's tie order: such rows take torch's sort.  On an accelerator: torch's sort.
     """
     flat = scores.reshape(-1, scores.shape[-1])
     if scores.device.type != "cpu":
