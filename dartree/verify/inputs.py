@@ -27,13 +27,11 @@ class TreeInputs:
     Shape:
         input_ids:    int64 ``[b, n]`` node tokens, 0 in padding slots.
         position_ids: int64 ``[b, n]`` ``prefix_len + depth`` (padding: ``prefix_len``).
-        valid:        bool ``[b, n]`` which slots hold a node.
         mask:         bool ``[b, 1, n, kv_len]`` True where a node may attend.
     """
 
     input_ids: Tensor
     position_ids: Tensor
-    valid: Tensor
     mask: Tensor
 
     @property
@@ -122,7 +120,7 @@ def tree_inputs(
     diag = torch.eye(n, dtype=torch.bool, device=device)[None]
     nodes = nodes | (diag & ~valid[:, :, None])        # a padding slot sees only itself
     mask[:, :, cache_len:cache_len + n] = nodes
-    return TreeInputs(input_ids=input_ids, position_ids=position_ids, valid=valid, mask=mask[:, None])
+    return TreeInputs(input_ids=input_ids, position_ids=position_ids, mask=mask[:, None])
 
 
 class TreeInputBuffer:
@@ -133,13 +131,11 @@ class TreeInputBuffer:
     committed since the last call are written), the tree block is overwritten, and the columns a
     longer earlier tree left behind are cleared.  Invariant after every :meth:`fill`: columns
     ``[0, prefix_len)`` are True and columns ``>= prefix_len + n`` are False in every buffer row.
-    A one-row tree has no padding slots (``num_nodes == n``), so every slot is valid.
     """
 
     def __init__(self, device: torch.device | str) -> None:
         self.device = torch.device(device)
         self._mask = torch.zeros(0, 0, dtype=torch.bool, device=self.device)
-        self._valid = torch.ones(1, 0, dtype=torch.bool, device=self.device)
         self._host = None                 # numpy view of _mask on the CPU
         self._prefix = 0          # columns [0, _prefix) are True in every row
         self._end = 0             # columns >= _end are False in every row
@@ -161,7 +157,6 @@ class TreeInputBuffer:
             rows = cols = 0           # made in a decode (inference mode), written here outside it: a new one
         if n > rows or kv > cols:                          # grow (rarely): start from a clean buffer
             self._mask = torch.zeros(max(n, 2 * rows), max(kv, 2 * cols), dtype=torch.bool, device=self.device)
-            self._valid = torch.ones(1, self._mask.shape[0], dtype=torch.bool, device=self.device)
             self._host = self._mask.numpy() if self.device.type == "cpu" else None   # shares memory
             self._prefix = self._end = 0
         m = self._mask
@@ -184,4 +179,4 @@ class TreeInputBuffer:
             m[:n, prefix_len:end] = ops.ancestor_mask(tree.parents, tree.num_nodes)[0]
         self._end = end
         return TreeInputs(input_ids=tree.tokens, position_ids=tree.depths + prefix_len,
-                          valid=self._valid[:, :n], mask=m[None, None, :n, :kv])
+                          mask=m[None, None, :n, :kv])
