@@ -229,9 +229,12 @@ def sample_tree(template: DraftTree, block: DraftBlock, head=None, warp: Warp | 
     if head is None:
         # q at each depth that has parents (perf: a filter's sort is per row): [b, D, V]
         probs = proposal_probs(warp, logits[:, offset: offset + max(1, deepest)])
-        rows = depths
-        _draw_vocab(tokens, keep, kids, depths, probs, generator)
-        support = None
+        rows, support = depths, None
+        pairs = [(r, u) for r in range(b) for u in range(n) if keep[r][u] and kids[r][u]]
+        if pairs:
+            at = torch.tensor([[r for r, _ in pairs], [depths[r][u] for r, u in pairs]], dtype=torch.int64,
+                              device=logits.device)
+            _draw_rows(tokens, keep, kids, pairs, probs[at[0], at[1]], generator)     # [pairs, V] proposals
     else:
         probs, support, rows, (states, stated, stated_host) = _draw_head(
             tokens, keep, kids, depths, block, head, warp, generator, vocab if topk is None else min(vocab, topk),
@@ -259,19 +262,15 @@ def sample_tree(template: DraftTree, block: DraftBlock, head=None, warp: Warp | 
     return SampledTree(kept, probs, row_of, support, states, stated)
 
 
-def _draw_vocab(tokens: list, keep: list, kids, depths, probs: Tensor, generator) -> None:
-    """Every node's children at once: one draw without replacement over the vocabulary per node with children
-    (placed in ``tokens`` and ``keep``, host lists ``[b][n]``)."""
-    parents = [(r, u) for r, row in enumerate(keep) for u, kept in enumerate(row) if kept and kids[r][u]]
-    if not parents:
-        return
-    rows = torch.tensor([[r for r, _ in parents], [depths[r][u] for r, u in parents]], dtype=torch.int64,
-                        device=probs.device)
-    q = probs[rows[0], rows[1]]                                          # [k, V] each parent's proposal
-    most = max(len(kids[r][u]) for r, u in parents)
+def _draw_rows(tokens: list, keep: list, kids, pairs: list[tuple[int, int]], q: Tensor, generator) -> None:
+    """The children of every (row, node) of ``pairs`` at once, one draw without replacement from its row of ``q``
+    ``[len(pairs), V]`` each (placed in ``tokens`` and ``keep``, host lists ``[b][n]``; pairs in node order, so a
+    node cut by an earlier placement is skipped)."""
+    most = max(len(kids[r][u]) for r, u in pairs)
     drawn, positive = _draws(q, min(most, q.shape[-1]), generator)
-    for (r, u), row, count in zip(parents, drawn, positive, strict=True):
-        _place(tokens[r], keep[r], kids[r], u, row, count)
+    for (r, u), row, count in zip(pairs, drawn, positive, strict=True):
+        if keep[r][u]:
+            _place(tokens[r], keep[r], kids[r], u, row, count)
 
 
 def _place(tokens: list[int], keep: list[bool], kids: list[list[int]], node: int, drawn: list[int],
@@ -381,8 +380,7 @@ def _draw_head(tokens: list, keep: list, kids, depths, block: DraftBlock, head, 
             rows = torch.tensor([[r for r, _ in pairs], [depths[r][u] + offset for r, u in pairs]], dtype=torch.int64,
                                 device=device)
             q = proposal_probs(warp, block.logits.detach()[rows[0], rows[1]])               # [pairs, V]
-            most = max(len(kids[r][u]) for r, u in pairs)
-            drawn, positive = _draws(q, min(most, vocab), generator)
+            _draw_rows(tokens, keep, kids, pairs, q, generator)
             first = [0] * b                       # each row's pairs, then padding: a [b, m, V] block of rows
             for r, u in pairs:
                 row_of[r][u] = len(slot_depth) + first[r]
@@ -398,9 +396,6 @@ def _draw_head(tokens: list, keep: list, kids, depths, block: DraftBlock, head, 
                                     for r in range(b)], dtype=torch.int64, device=device)
                 blocks.append(q[sel])
             slot_depth += [PAD] * m
-            for (r, u), row, count in zip(pairs, drawn, positive, strict=True):
-                if keep[r][u]:                                   # not cut above (parents come first)
-                    _place(tokens[r], keep[r], kids[r], u, row, count)
     width = k if k < vocab else vocab
     probs = (blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=1)) if blocks else \
         torch.zeros(b, 0, width, dtype=torch.float32, device=device)
