@@ -189,7 +189,7 @@ class Engine:
         prefix = target.length if len(self.live) == 1 else target.lengths_tensor().to(tree.device)
         inputs = target.tree_inputs(tree)
         mask_s = clock.lap()
-        lazy = self.verifier.logits(tree.tokens.numel()) == "root"
+        lazy = self.verifier.walk.logits(tree.tokens.numel()) == "root"
         scored = target.forward_tree(inputs, logits="root" if lazy else "all")
         target_s = clock.lap()
         rows = TimedRows(target, scored.final) if lazy else None
@@ -233,7 +233,7 @@ class Engine:
             self.stopped[q] = stop
             counts.append(len(kept))
             done.append(stop or len(self.generated[q]) >= self.reqs[q].max_new_tokens)
-        self.verifier.record(longest)
+        self.verifier.walk.record(longest)           # the round's longest walk (accepted nodes + 1)
         c = max(counts)
         target.commit(result.accepted, counts, host[0][n: n + c] if b == 1 else None)
         roots, hidden, cached = self.roots, None, None

@@ -155,10 +155,6 @@ class GenerationResult:
         """Mean tokens committed per round (accepted draft tokens + 1 bonus)."""
         return sum(r.committed for r in self.rounds) / max(1, len(self.rounds))
 
-    @property
-    def mean_accepted_length(self) -> float:
-        return sum(r.accepted_length for r in self.rounds) / max(1, len(self.rounds))
-
     def stage_seconds(self, stages: Sequence[str] = ("draft", "build", "mask", "verify", "commit")) -> dict:
         """Total wall seconds per stage over all rounds, plus ``prefill``: by default the five disjoint stages."""
         return {"prefill": self.prefill_s, **{s: sum(getattr(r, f"{s}_s") for r in self.rounds) for s in stages}}

@@ -1,7 +1,8 @@
 """How a decode accepts draft tokens: one :class:`Verifier`, chosen once per decode (:func:`make_verifier`), owns
 its acceptance rule and its draws: :class:`Greedy` (T=0), :class:`Match` (target-sample matching), :class:`Rejection`
-and :class:`Traversal` (trees drawn from known proposals).  A round calls :meth:`Verifier.draw` (end of build),
-:meth:`Verifier.logits`, :meth:`Verifier.accept` and :meth:`Verifier.record`; the AR step :meth:`Verifier.next_token`.
+and :class:`Traversal` (trees drawn from known proposals).  A round calls :meth:`Verifier.draw` (end of build) and
+:meth:`Verifier.accept`, and asks :attr:`Verifier.walk` which logits the tree forward computes; the AR step calls
+:meth:`Verifier.next_token`.
 """
 
 from __future__ import annotations
@@ -41,17 +42,13 @@ class Verifier:
     redraws: bool = False
 
     def __init__(self, walk: WalkRows | None = None) -> None:
+        #: which logits the next tree forward computes ("root": the walk runs the LM head on the nodes it visits)
         self.walk = WalkRows(False) if walk is None else walk
 
     def draw(self, tree: DraftTree, block: DraftBlock, head=None, *, head_depths: int | None = None,
              offset: int = 0, root_state: Tensor | None = None) -> DraftTree | SampledTree:
         """The tree the target verifies (build work): ``tree`` itself unless the verifier draws its tokens."""
         return tree
-
-    def logits(self, nodes: int) -> str:
-        """``"all"`` or ``"root"``: the logits the next tree forward computes (``"root"``: the walk runs the LM
-        head on the nodes it visits)."""
-        return self.walk.logits(nodes)
 
     def accept(self, drafted: DraftTree | SampledTree, scored: TargetOutput, prefix,
                rows: NodeRows | None = None) -> VerifyResult:
@@ -62,10 +59,6 @@ class Verifier:
     def next_token(self, logits: Tensor, positions: Tensor) -> Tensor:
         """The AR step's token per row from the next-token logits ``[b, V]`` at ``positions`` ``[b]``."""
         raise NotImplementedError
-
-    def record(self, committed: int) -> None:
-        """The round's longest committed run (accepted nodes + 1), for :meth:`logits`."""
-        self.walk.record(committed)
 
 
 class Greedy(Verifier):
