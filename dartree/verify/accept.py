@@ -17,7 +17,7 @@ from dartree.tree import PAD, DraftTree
 from dartree.verify.sampling import GeneratorSampler, KeyedSampler, Sampler, check_temperature, sample_checked
 
 __all__ = ["VerifyResult", "verify_greedy", "verify_sampled", "accept_picks", "walk_greedy", "walk_sampled",
-           "check_logits"]
+           "check_logits", "host_result"]
 
 
 @dataclass(frozen=True)
@@ -191,11 +191,17 @@ def _walk(tree: DraftTree, root_logits: Tensor, node_logits: Callable[[list[int]
             for r, i, pick in zip(rows, nodes, pick_rows(node_logits(rows, nodes), rows, nodes), strict=True):
                 picks[r][i] = pick
         walking = rows
-    accepted = [path + [PAD] * (n - len(path)) for path in paths]
     committed = [[tokens[r][i] for i in paths[r][1:]] + [picks[r][paths[r][-1]]] for r in range(b)]
-    committed = [row + [PAD] * (n - len(row)) for row in committed]
-    lengths = [[len(path) - 1, picks[r][path[-1]]] for r, path in enumerate(paths)]
-    device = tree.device
-    out = torch.tensor([accepted, committed, picks], dtype=torch.int64, device=device)
-    tail = torch.tensor(lengths, dtype=torch.int64, device=device)
-    return VerifyResult(accepted=out[0], accepted_length=tail[:, 0], bonus=tail[:, 1], tokens=out[1], picks=out[2])
+    return host_result(paths, committed, picks, n, tree.device)
+
+
+def host_result(paths: list[list[int]], committed: list[list[int]], picks: list[list[int]] | None, n: int,
+                device: torch.device) -> VerifyResult:
+    """A :class:`VerifyResult` from a host walk's lists, one tensor made: per row the accepted nodes (root first),
+    the committed tokens (the bonus last) and the picks ``[n]`` (``None``: all ``PAD``)."""
+    pad = [PAD] * n
+    out = torch.tensor([path + pad[len(path):] + row + pad[len(row):] + (pad if picks is None else picks[r])
+                        + [len(path) - 1, row[-1]] for r, (path, row) in enumerate(zip(paths, committed, strict=True))],
+                       dtype=torch.int64, device=device)
+    return VerifyResult(accepted=out[:, :n], accepted_length=out[:, 3 * n], bonus=out[:, 3 * n + 1],
+                        tokens=out[:, n: 2 * n], picks=out[:, 2 * n: 3 * n])

@@ -17,7 +17,7 @@ from dartree.block import DraftBlock
 from dartree.protocols import head_method
 from dartree.scoring import candidates as top_candidates
 from dartree.tree import PAD, DraftTree
-from dartree.verify.accept import VerifyResult, check_logits
+from dartree.verify.accept import VerifyResult, check_logits, host_result
 from dartree.verify.sampling import inverse_cdf
 from dartree.verify.warp import Warp
 
@@ -480,7 +480,7 @@ def verify_rejection(sampled: SampledTree, target_logits: Tensor, warp: Warp,
     coins = torch.rand((b, n), generator=generator, dtype=torch.float64, device=device).cpu().numpy()
     probs = sampled.probs.cpu().numpy()                                 # float32 [b, R, P] proposals
     support = None if sampled.support is None else sampled.support.cpu().numpy()
-    outcomes = []                         # per row: the accepted nodes (root first), the committed tokens
+    paths, committed = [], []             # per row: the accepted nodes (root first), the committed tokens
     for row in range(b):
         parents, tokens, row_of = host[row][:n], host[row][n: 2 * n], host[row][2 * n: 3 * n]
         kids: list[list[int]] = [[] for _ in range(n)]
@@ -501,13 +501,9 @@ def verify_rejection(sampled: SampledTree, target_logits: Tensor, warp: Warp,
                         break
                     r, s = _after_rejection(r, s, tokens[child])
             if nxt is None:               # a leaf, or every child rejected: the bonus ~ the residual
-                outcomes.append((path, [tokens[i] for i in path[1:]] + [draw_index(r, coins[row, used])]))
+                paths.append(path)
+                committed.append([tokens[i] for i in path[1:]] + [draw_index(r, coins[row, used])])
                 break
             path.append(nxt)
             u = nxt
-    # the outcome in one tensor: accepted nodes, committed tokens, the accepted length, the bonus, the picks (none)
-    out = [path + [PAD] * (n - len(path)) + committed + [PAD] * (n - len(committed)) + [len(path) - 1, committed[-1]]
-           + [PAD] * n for path, committed in outcomes]
-    out = torch.tensor(out, dtype=torch.int64, device=tree.device)
-    return VerifyResult(accepted=out[:, :n], accepted_length=out[:, 2 * n], bonus=out[:, 2 * n + 1],
-                        tokens=out[:, n: 2 * n], picks=out[:, 2 * n + 2:])
+    return host_result(paths, committed, None, n, tree.device)          # picks: none sampled at a node
