@@ -1,8 +1,6 @@
-"""Batched decoding entry points: many prompts in flight, one forward per round of :class:`dartree.engine.Engine`
-(one batched draft, one tree for all rows, one target forward, per-row commits; finished rows leave).
-:meth:`SpeculativeDecoder.generate_batch` decodes speculatively, :func:`generate_ar_batch` is the AR baseline;
-each row equals what it would get alone.  Per-row ``RoundStats`` carry the round's (shared) wall times: sum a
-row's rounds for its latency, the longest row's for the batch's wall time."""
+"""The batched AR baseline (:func:`generate_ar_batch`); speculative batches: :meth:`SpeculativeDecoder.generate_batch`.
+Each row equals what it would get alone; per-row ``RoundStats`` carry the round's shared wall times.
+"""
 
 from __future__ import annotations
 
@@ -11,22 +9,13 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import Tensor, nn
 
-from dartree.decode import SpeculativeDecoder
 from dartree.engine import Engine
 from dartree.models.target import HFTarget
 from dartree.rounds import GenerationResult, as_target, check_requests
 from dartree.sampling_options import Sampling
 from dartree.verify.sampling import Sampler
 
-__all__ = ["generate_batch", "generate_ar_batch"]
-
-
-def generate_batch(decoder: SpeculativeDecoder, prompts: Sequence[Tensor], max_new_tokens: int,
-                   temperature: float = 0.0, sampler: Sampler | None = None,
-                   stop_token_ids: Iterable[int] | None = None, **options) -> list[GenerationResult]:
-    """:meth:`SpeculativeDecoder.generate_batch` as a function (``options``: its keyword-only arguments,
-    ``sampling=`` among them)."""
-    return decoder.generate_batch(prompts, max_new_tokens, temperature, sampler, stop_token_ids, **options)
+__all__ = ["generate_ar_batch"]
 
 
 @torch.inference_mode()      # as SpeculativeDecoder.generate

@@ -1,10 +1,5 @@
-"""The speculative decoding loop and the autoregressive baseline.
-
-:class:`SpeculativeDecoder` (``generate``: a prefill, then rounds of one draft, one build and one target
-forward; :mod:`dartree.engine` is the round itself), :func:`generate_ar` (the same contract without a
-drafter), and re-exports of :class:`Drafter`, :class:`RoundStats` and :class:`GenerationResult`.  The
-drafter protocol and the decoding contract: docs/verification.md, "Drafter protocol" and "`generate` and
-`generate_ar`".
+"""The speculative decoding loop (:class:`SpeculativeDecoder`) and the autoregressive baseline (:func:`generate_ar`);
+the round itself is :mod:`dartree.engine`.  The drafter protocol and the decoding contract: docs/verification.md.
 """
 
 from __future__ import annotations
@@ -70,13 +65,8 @@ class SpeculativeDecoder:
         self.drafter = drafter
         self.builder = builder
         self.head = head
-        # the builder gets the head through a proxy that times its calls (the ``head`` stage)
-        self._timed_head = None if head is None else timed_head(head, self.target.device)
-
-    @property
-    def timed_head(self):
-        """The head proxy the builder is given (times its calls: the ``head`` stage); ``None`` without a head."""
-        return self._timed_head
+        #: the head proxy the builder is given: it times the head's calls (the ``head`` stage)
+        self.timed_head = None if head is None else timed_head(head, self.target.device)
 
     # inference mode, not only no_grad: no version-counter or view tracking on a decode's many small ops
     @torch.inference_mode()
@@ -117,7 +107,7 @@ class SpeculativeDecoder:
     def engine(self, options: Request | None = None, single: bool = False) -> Engine:
         """A fresh :class:`~dartree.engine.Engine` over this decoder's target, drafter, builder and head with a
         checked request's options (``None``: greedy; ``single``: the drafter used as is, for one request)."""
-        return Engine(self.target, self.drafter, self.builder, self._timed_head, options=options, single=single)
+        return Engine(self.target, self.drafter, self.builder, self.timed_head, options=options, single=single)
 
     @torch.inference_mode()      # as generate
     def generate_batch(

@@ -1,28 +1,14 @@
-"""The one speculative round: every entry point drives :class:`Engine`.
-
-A round has four named stages, run on every live row at once (Medusa's and gpt-fast's shape)::
+"""The one speculative round: every entry point drives :class:`Engine`, four named stages on every live row::
 
     block = engine.draft()                  # the block for every live row's root (drafted, or a kept one)
-    tree = engine.build(block)              # the builder's tree (head calls timed), cut to the model, with
-                                            # the verifier's draws
+    tree = engine.build(block)              # the builder's tree, cut to the model, with the verifier's draws
     verified = engine.verify(tree)          # one target forward over every row's tree + acceptance
     done = engine.commit(verified)          # per-row KV compaction, drafter context, stop / length
 
-:meth:`Engine.step` runs them in order.  ``SpeculativeDecoder.generate`` is a batch of one (its drafter
-used as is, :class:`OneRow`), ``generate_batch`` admits every prompt, ``dartree.serve.serve`` admits
-prompts as rows finish, and the AR baselines are an engine without a drafter (``draft`` and ``build``
-are skipped and ``verify`` is one causal step per row).
-
-The parts, chosen once when the engine is made: the verifier (:attr:`Engine.verifier`, a
-:class:`~dartree.verifiers.Verifier`: greedy, match, rejection or traversal; it owns its acceptance and its
-draws) and the draft and build stages (:attr:`Engine.drafting`, a :class:`~dartree.drafting.Drafting`: the
-builder or a static shape, block reuse).  Stage times are a :class:`~dartree.rounds.StageTimes` record.  The
-target owns its cache (:class:`~dartree.models.target.HFTarget`: rows of any lengths), so the engine uses only its
-public methods.
-
-Each row's tokens equal what it would get alone (T=0, and T>0 with a ``KeyedSampler``, whose draw at a
-position depends on nothing else); a row's output does not depend on when it joined or on the other rows.
-Per-row :class:`~dartree.rounds.RoundStats` carry the round's wall times (shared by the rows of a round).
+``generate`` is a batch of one (its drafter used as is, :class:`OneRow`), ``generate_batch`` admits every prompt,
+``serve`` admits prompts as rows finish, and the AR baselines are an engine without a drafter.  The verifier and the
+draft and build stages are chosen once per engine; each row's tokens equal what it would get alone (T=0, and T>0
+with a ``KeyedSampler``).
 """
 
 from __future__ import annotations
@@ -45,7 +31,6 @@ from dartree.rounds import (
     RoundStats,
     StageTimes,
     TimedRows,
-    first_tokens,
     truncate,
 )
 from dartree.tree import DraftTree
@@ -147,7 +132,7 @@ class Engine:
             self.drafter.add_rows(out.hidden, _padded([p.tolist() for p in prompts], target.device),
                                   [p.shape[0] for p in prompts])
         positions = torch.tensor([p.shape[0] for p in prompts], dtype=torch.int64, device=target.device)
-        firsts = first_tokens(out.logits[:, -1], reqs, positions)
+        firsts = self.verifier.next_token(out.logits[:, -1], positions)     # as every later AR token
         host = firsts.tolist()       # one sync per admission, on purpose: the first tokens may end requests
         ids = list(range(len(self.reqs), len(self.reqs) + len(reqs)))
         self.reqs += reqs
@@ -204,7 +189,7 @@ class Engine:
         prefix = target.length if len(self.live) == 1 else target.lengths_tensor().to(tree.device)
         inputs = target.tree_inputs(tree)
         mask_s = clock.lap()
-        lazy = self.verifier.logits(tree.tokens.numel()) == "root"
+        lazy = self.verifier.walk.logits(tree.tokens.numel()) == "root"
         scored = target.forward_tree(inputs, logits="root" if lazy else "all")
         target_s = clock.lap()
         rows = TimedRows(target, scored.final) if lazy else None
@@ -248,7 +233,7 @@ class Engine:
             self.stopped[q] = stop
             counts.append(len(kept))
             done.append(stop or len(self.generated[q]) >= self.reqs[q].max_new_tokens)
-        self.verifier.record(longest)
+        self.verifier.walk.record(longest)           # the round's longest walk (accepted nodes + 1)
         c = max(counts)
         target.commit(result.accepted, counts, host[0][n: n + c] if b == 1 else None)
         roots, hidden, cached = self.roots, None, None

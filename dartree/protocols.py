@@ -1,10 +1,6 @@
-"""The protocols a user's objects follow, on the ground floor, and their checks in one place.
-
-:class:`Drafter` (one request) and :class:`BatchDrafter` (rows of a batch) propose blocks,
-:class:`CorrectionHead` re-scores a branch's candidates, :class:`Sampler` draws the target's tokens at T>0.
-Every entry point checks a user's object here (:func:`check_drafter`, :func:`check_sampler`), a head's calls check
-their arguments here (:func:`check_depth`, :func:`check_states`, ...), and an optional
-head method is looked up by :func:`head_method` alone, so what a protocol asks for is written once.
+"""The protocols a user's objects follow (:class:`Drafter`, :class:`BatchDrafter`, :class:`CorrectionHead`,
+:class:`Sampler`) and their checks, in one place: the entry points' object checks, a head call's argument checks and
+the lookup of an optional head method (:func:`head_method`).
 """
 
 from __future__ import annotations

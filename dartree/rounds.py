@@ -1,21 +1,13 @@
-"""The pieces of a decoding round that every entry point shares.
-
-:meth:`dartree.decode.SpeculativeDecoder.generate` (one request), :func:`dartree.batch.generate_batch`
-and :func:`dartree.serve.serve` (many rows) and the AR baselines run the same steps: check the
-request, prefill the whole prompt and take the first new token from its last logits, then per round
-draft, build, fit the tree to the model, verify, truncate at the stop token or the token limit,
-commit.  What they share lives here, public, so that no module reaches into another's private
-names: the request checks (:func:`check_request`, :func:`check_requests`), the per-round result
-types (:class:`RoundStats`, :class:`GenerationResult`), the stage clock, the contract checks of a
-drafter's block and a builder's tree, the cut of a tree to the model's limits (:func:`fit_tree`),
-the first token (:func:`first_tokens`) and the truncation (:func:`truncate`).
+"""What every entry point's round shares (single, batched, served, AR): the request checks, the per-round result
+types, the stage clock, the contract check of a drafter's block, the cut of a tree to the model's limits and the
+truncation at a stop token.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import torch
@@ -33,13 +25,13 @@ from dartree.sampling_options import (
     stop_tokens,
 )
 from dartree.tree import DraftTree
-from dartree.verify.sampling import GeneratorSampler, Sampler, sample_checked
+from dartree.verify.sampling import GeneratorSampler, Sampler
 from dartree.verify.warp import Warp
 
 __all__ = ["RoundStats", "StageTimes", "GenerationResult", "STOP_REASONS", "ROUND_STAGES", "Request", "Clock",
            "TimedRows", "ROWS_PER_PASS", "WalkRows", "scored_rows", "walk_pays",
-           "as_target", "check_options", "check_request", "check_requests", "Options", "VERIFIERS", "DEFAULT_VERIFIER",
-           "SAMPLED_VERIFIERS", "check_block", "fit_tree", "first_tokens", "truncate", "index_arg", "stop_tokens"]
+           "as_target", "check_options", "check_request", "check_requests", "VERIFIERS", "DEFAULT_VERIFIER",
+           "SAMPLED_VERIFIERS", "check_block", "fit_tree", "truncate", "index_arg", "stop_tokens"]
 
 STOP_REASONS = ("max_new_tokens", "stop_token")
 #: Disjoint per-round stages, in round order; they sum to ``RoundStats.total_s``.
@@ -63,20 +55,15 @@ class StageTimes(NamedTuple):
 
 @dataclass(frozen=True)
 class RoundStats:
-    """One round of speculative decoding (or one AR step).
+    """One round of speculative decoding (or one AR step); the stages and what each time holds:
+    docs/verification.md, "One round".
 
     accepted_length: draft tokens the target accepted (before any truncation).
     committed: tokens appended to the output this round (accepted + bonus, after truncation).
     tree_size: draft nodes in the verified tree (root excluded).
-    *_s: wall seconds (CUDA is synchronised at stage boundaries).  The five stages ``draft``
-    (``drafter.draft``), ``build`` (the tree builder, head calls included), ``mask`` (tree inputs),
-    ``verify`` (target forward + acceptance walk) and ``commit`` (KV compaction, drafter context
-    update, bookkeeping) are disjoint and sum to the round.  ``head_s`` is the part of ``build_s``
-    spent inside correction-head calls, ``target_s`` the part of ``verify_s`` spent in the target's
-    forward, ``context_s`` the part of ``commit_s`` spent in ``drafter.append_context`` (a DFlash
-    drafter only holds the new context there: its keys and values are computed inside the next
-    ``draft``, which ``draft_s`` then includes).  ``head_calls``: correction-head method calls in the
-    build (``initial_state``, ``logits``, ``advance``, ``advance_logits``; bound pruning lowers it).
+    *_s: wall seconds; ``draft``, ``build``, ``mask``, ``verify`` and ``commit`` are disjoint and sum to the round;
+    ``head_s`` is inside ``build_s``, ``target_s`` inside ``verify_s``, ``context_s`` inside ``commit_s``.
+    head_calls: correction-head method calls in the build (what bound pruning saves).
     """
 
     accepted_length: int
@@ -90,7 +77,7 @@ class RoundStats:
     head_s: float = 0.0
     target_s: float = 0.0
     context_s: float = 0.0
-    head_calls: int = 0       # correction-head method calls in the build (what bound pruning saves)
+    head_calls: int = 0
 
     @classmethod
     def of(cls, accepted_length: int, committed: int, tree_size: int, times: StageTimes,
@@ -168,27 +155,13 @@ class GenerationResult:
         """Mean tokens committed per round (accepted draft tokens + 1 bonus)."""
         return sum(r.committed for r in self.rounds) / max(1, len(self.rounds))
 
-    @property
-    def mean_accepted_length(self) -> float:
-        return sum(r.accepted_length for r in self.rounds) / max(1, len(self.rounds))
-
-    def stage_seconds(self) -> dict[str, float]:
-        """Total wall seconds per stage over all rounds (plus ``prefill``): draft, build, mask, verify, commit."""
-        out = {"prefill": self.prefill_s}
-        for stage in ("draft", "build", "mask", "verify", "commit"):
-            out[stage] = sum(getattr(r, f"{stage}_s") for r in self.rounds)
-        return out
+    def stage_seconds(self, stages: Sequence[str] = ("draft", "build", "mask", "verify", "commit")) -> dict:
+        """Total wall seconds per stage over all rounds, plus ``prefill``: by default the five disjoint stages."""
+        return {"prefill": self.prefill_s, **{s: sum(getattr(r, f"{s}_s") for r in self.rounds) for s in stages}}
 
     def stage_breakdown(self) -> dict[str, float]:
-        """Total wall seconds per disjoint fine stage (:data:`ROUND_STAGES`) over all rounds, plus ``prefill``.
-
-        As :meth:`stage_seconds` with ``build`` split into ``head`` and ``builder``, ``verify`` into
-        ``target`` and ``accept``, ``commit`` into ``context`` and ``kv``; same total.
-        """
-        out = {"prefill": self.prefill_s}
-        for stage in ROUND_STAGES:
-            out[stage] = sum(getattr(r, f"{stage}_s") for r in self.rounds)
-        return out
+        """:meth:`stage_seconds` of the eight disjoint fine stages (:data:`ROUND_STAGES`); the same total."""
+        return self.stage_seconds(ROUND_STAGES)
 
 
 class Clock:
@@ -228,12 +201,9 @@ def scored_rows(logits: Tensor):
     return lambda rows, nodes: logits[rows, nodes]
 
 
-#: perf (CPU): one LM-head call on a tree's ``n`` nodes costs about as much as ``1 + n / ROWS_PER_PASS``
-#: calls on one node.  Each call streams the whole output embedding through the cache, and the rows
-#: add little to that: on the zoo (``[., 256] x [256, 4098]``, one thread) 1 row takes 0.20-0.25 ms,
-#: 8 rows 0.32 ms, 17 rows 0.41-0.44 ms (K-major, hot cache; inside a decode about 0.36 and 1.0 ms,
-#: a ratio nearer 1 + n/9).  A constant, not a timing, so that the rows a decode scores do not depend on
-#: the load; other models and machines were not measured.
+#: perf (CPU): one LM-head call on a tree's ``n`` nodes costs about as much as ``1 + n / ROWS_PER_PASS`` calls on
+#: one node (each call streams the whole output embedding; the rows add little: docs/verification.md,
+#: "Acceptance").  A constant, not a timing, so that the rows a decode scores do not depend on the load.
 ROWS_PER_PASS = 16
 
 
@@ -245,16 +215,11 @@ def walk_pays(nodes: int, committed: float) -> bool:
 
 
 class WalkRows:
-    """Per decode: which logits a round's tree forward computes, ``"all"`` or ``"root"``.
-
-    With ``"root"`` the acceptance walk runs the LM head on each node it visits (one call per accepted
-    node; :func:`~dartree.verify.walk_greedy`, :func:`~dartree.verify.walk_sampled`).  That pays while
-    the walks stay short (:func:`walk_pays`; at T=1 on the zoo), and loses to one batched call on
-    every node when they are long (T=0: 1.04-1.09x faster decodes on the zoo, ``docs/verification.md``).
-    The decode's mean committed tokens per round so far stands for the next walk; the first round
-    scores every node.  It depends on the committed tokens only, never on a timing, so a decode is
-    reproducible.  ``allowed=False`` (an accelerator, a model whose logits are not its LM head on the
-    final state, a sampler without keyed draws): every round scores every node.
+    """Per decode: which logits a round's tree forward computes, ``"all"`` or ``"root"`` (the walk then runs the
+    LM head on each node it visits).  Root only while the decode's mean committed tokens per round so far make
+    that pay (:func:`walk_pays`); the first round scores every node.  It reads the committed tokens only, never
+    a timing, so a decode is reproducible.  ``allowed=False`` (an accelerator, a model whose logits are not its
+    LM head on the final state, a sampler without keyed draws): every round scores every node.
     """
 
     def __init__(self, allowed: bool) -> None:
@@ -285,17 +250,18 @@ def as_target(target: HFTarget | nn.Module, layer_ids: tuple[int, ...]) -> HFTar
 
 @dataclass(frozen=True)
 class Request:
-    """One checked request.  ``prompt`` int64 ``[1, L]`` on the target's device; ``sampler`` is
-    ``None`` at temperature 0; ``stop`` the stop tokens (normalised once, up front); ``warp`` the
-    target's warped distribution and ``verifier`` the acceptance rule at T>0."""
+    """A decode's checked options (:func:`check_options`, shared by all its requests) and, once given, one request's
+    ``prompt`` (int64 ``[1, L]`` on the target's device).  ``sampler`` is ``None`` at temperature 0; ``stop`` the
+    stop tokens; ``warp`` the target's warped distribution and ``verifier`` the acceptance rule (:data:`VERIFIERS`;
+    ``"greedy"`` at temperature 0)."""
 
-    prompt: Tensor
     max_new_tokens: int
     temperature: float
     sampler: Sampler | None
     stop: frozenset[int]
-    warp: Warp | None = None          # the target's sampling distribution (None at temperature 0)
-    verifier: str = "greedy"          # the acceptance rule (VERIFIERS; "greedy" at temperature 0)
+    warp: Warp | None
+    verifier: str
+    prompt: Tensor | None = None
 
 
 def _check_prompt(target: HFTarget, input_ids: object, max_new_tokens: int) -> Tensor:
@@ -331,24 +297,8 @@ def _check_prompt(target: HFTarget, input_ids: object, max_new_tokens: int) -> T
     return prompt
 
 
-@dataclass(frozen=True)
-class Options:
-    """A decode's options, checked and shared by all its requests."""
-
-    max_new_tokens: int
-    temperature: float
-    sampler: Sampler | None
-    stop: frozenset[int]
-    warp: Warp | None
-    verifier: str
-
-    def request(self, prompt: Tensor) -> Request:
-        return Request(prompt, self.max_new_tokens, self.temperature, self.sampler, self.stop, self.warp,
-                       self.verifier)
-
-
 def check_options(target: HFTarget, max_new_tokens: object, sampling: Sampling | None = None,
-                  **keywords: object) -> Options:
+                  **keywords: object) -> Request:
     """The options of a decode, checked (every argument named in its error) and normalised: ``sampling``, or
     the individual keywords (:class:`~dartree.sampling_options.Sampling`'s fields), never both
     (:func:`~dartree.sampling_options.sampling_of`); here the stop tokens meet the target's vocabulary.
@@ -363,11 +313,11 @@ def check_options(target: HFTarget, max_new_tokens: object, sampling: Sampling |
     sampling = sampling_of(sampling, **keywords)
     stop = stop_tokens(sampling.stop_token_ids, target.vocab_size)
     if sampling.temperature == 0:
-        return Options(max_new_tokens, 0.0, None, stop, None, "greedy")
+        return Request(max_new_tokens, 0.0, None, stop, None, "greedy")
     sampler = GeneratorSampler() if sampling.sampler is None else sampling.sampler
     # keyed (or custom) draws verify by matching; a torch.Generator: the default
     verifier = sampling.verifier or (DEFAULT_VERIFIER if type(sampler) is GeneratorSampler else "match")
-    return Options(max_new_tokens, sampling.temperature, sampler, stop, sampling.warp, verifier)
+    return Request(max_new_tokens, sampling.temperature, sampler, stop, sampling.warp, verifier)
 
 
 def check_request(target: HFTarget, input_ids: Tensor, max_new_tokens: int, temperature: float = 0.0,
@@ -377,7 +327,7 @@ def check_request(target: HFTarget, input_ids: Tensor, max_new_tokens: int, temp
     ``top_p``, ``min_p``, ``verifier``, or ``sampling`` instead of all the sampling keywords (:func:`check_options`)."""
     opts = check_options(target, max_new_tokens, temperature=temperature, sampler=sampler,
                          stop_token_ids=stop_token_ids, **options)
-    return opts.request(_check_prompt(target, input_ids, opts.max_new_tokens))
+    return replace(opts, prompt=_check_prompt(target, input_ids, opts.max_new_tokens))
 
 
 def check_requests(target: HFTarget, prompts: Sequence[Tensor], max_new_tokens: int, temperature: float = 0.0,
@@ -392,23 +342,10 @@ def check_requests(target: HFTarget, prompts: Sequence[Tensor], max_new_tokens: 
     reqs = []
     for i, p in enumerate(prompts):
         try:
-            reqs.append(opts.request(_check_prompt(target, p, opts.max_new_tokens)))
+            reqs.append(replace(opts, prompt=_check_prompt(target, p, opts.max_new_tokens)))
         except ValueError as err:
             raise ValueError(f"prompts[{i}]: {err}") from None
     return reqs
-
-
-def first_tokens(logits: Tensor, reqs: Sequence[Request], positions: Tensor) -> Tensor:
-    """The first new token of each request from its prompt's last logits: the argmax at T=0, else the
-    request's sampler at the token's absolute position (the prompt length), as every later token.
-
-    Shape:
-        logits: float ``[b, V]``; positions: int64 ``[b]`` -> int64 ``[b]``.
-    """
-    first = reqs[0]
-    if first.sampler is None:
-        return logits.argmax(dim=-1)
-    return sample_checked(first.sampler, first.warp.logits(logits), positions).to(torch.int64)
 
 
 def check_block(block: object, roots: Tensor, vocab_size: int, rows: int = 1) -> None:

@@ -1,10 +1,6 @@
-"""A decode's sampling options as one public object: :class:`Sampling`.
-
-Every entry point (:meth:`~dartree.SpeculativeDecoder.generate` and ``generate_batch``, :func:`~dartree.generate_ar`,
-:func:`dartree.batch.generate_ar_batch`, :func:`dartree.serve.serve`, :func:`dartree.hf.generate`) takes
-``sampling=Sampling(...)``, or the same options as individual keywords (``temperature=``, ``top_k=``, ...), never
-both.  A ``Sampling`` is checked when it is made (every bad value named with its allowed values), except the
-stop tokens' upper bound, the target's vocabulary, which the call checks (:func:`dartree.rounds.check_options`).
+"""A decode's sampling options as one public object, :class:`Sampling`, checked when made: every entry point takes
+``sampling=Sampling(...)`` or the same options as keywords, never both (the call checks the stop tokens against the
+target's vocabulary, :func:`dartree.rounds.check_options`).
 """
 
 from __future__ import annotations

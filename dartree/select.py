@@ -12,20 +12,16 @@ import heapq
 import torch
 from torch import Tensor
 
+from dartree.arguments import check_int
 from dartree.tree import DraftTree, rank_path_key
 
 __all__ = ["best_first_select", "top_b_select"]
 
 
-def _check_budget(budget: int) -> None:
-    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
-        raise ValueError(f"budget: must be an integer >= 0, got {budget!r}")
-
-
 def top_b_select(tree: DraftTree, budget: int) -> Tensor:
     """bool ``[b, n]``: the root plus the ``budget`` best draft nodes of each row in the total order (not
     prefix-closed when scores can increase along a path, beta > 0)."""
-    _check_budget(budget)
+    check_int("budget", budget, low=0)
     keep = torch.zeros(tree.tokens.shape, dtype=torch.bool)
     for r in range(tree.batch_size):
         scores = tree.scores[r].tolist()
@@ -38,7 +34,7 @@ def top_b_select(tree: DraftTree, budget: int) -> Tensor:
 def best_first_select(tree: DraftTree, budget: int) -> Tensor:
     """bool ``[b, n]``: the root plus the first ``budget`` nodes popped by best-first search (pop the best node of
     the heap in the total order, push its children)."""
-    _check_budget(budget)
+    check_int("budget", budget, low=0)
     keep = torch.zeros(tree.tokens.shape, dtype=torch.bool)
     for r in range(tree.batch_size):
         scores = tree.scores[r].tolist()

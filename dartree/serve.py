@@ -1,9 +1,6 @@
-"""Serve a list of prompts with ``concurrency`` requests in flight (continuous batching).
-
-``serve(decoder, prompts, concurrency, ...)`` runs batched rounds of :class:`dartree.engine.Engine`
-(speculative, or the AR baseline given a target); whenever rows finish, the next prompts take their slots
-before the next round.  Each request's tokens equal what it would get alone.  ``ServeResult.tokens_per_s``:
-all new tokens over the wall time of the whole run, prefills included.
+"""Serve a list of prompts with ``concurrency`` requests in flight (continuous batching): batched rounds of
+:class:`dartree.engine.Engine`, finished rows' slots taken by the next prompts before the next round.  Each request's
+tokens equal what it would get alone.
 """
 
 from __future__ import annotations

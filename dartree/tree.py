@@ -243,74 +243,44 @@ class DraftTree:
 _INT_FIELDS = ("tokens", "parents", "depths", "num_nodes")
 
 
-def _sibling_keys(tree: DraftTree, vocab_size: int, draft: Tensor | None = None,
-                  safe: Tensor | None = None) -> Tensor:
-    """int64 ``[b, n]``: ``parent * V + token`` of each draft node; distinct negatives elsewhere."""
-    slots = torch.arange(tree.max_nodes, device=tree.device)
-    if draft is None:
-        draft = (slots[None, :] < tree.num_nodes[:, None]) & (slots[None, :] >= 1)
-    if safe is None:
-        safe = torch.where(draft & (tree.parents >= 0) & (tree.parents < slots), tree.parents, 0)
-    return torch.where(draft, safe * vocab_size + tree.tokens, -1 - slots)
-
-
-def _decodable_flags(tree: DraftTree, root: Tensor, vocab_size: int, gamma: int,
-                     limit: int) -> list[tuple[str, Tensor]]:
-    """bool ``[b, n]`` per contract clause (True = broken), valid draft nodes only; no host sync."""
-    tokens, parents, depths = tree.tokens, tree.parents, tree.depths
-    n = tokens.shape[1]
-    slots = torch.arange(n, device=tokens.device)
-    valid = slots[None, :] < tree.num_nodes[:, None]
-    draft = valid & (slots[None, :] >= 1)
-    safe = torch.where(draft & (parents >= 0) & (parents < slots), parents, 0)
-    ordered = torch.sort(_sibling_keys(tree, vocab_size, draft, safe), dim=1).values
-    return [
-        ("num_nodes", ((tree.num_nodes < 1) | (tree.num_nodes > limit))[:, None]),
-        ("root", ((tokens[:, 0] != root) | (parents[:, 0] != PAD) | (depths[:, 0] != 0))[:, None]),
-        ("tokens", valid & ((tokens < 0) | (tokens >= vocab_size))),
-        ("parents", draft & ((parents < 0) | (parents >= slots))),
-        ("depths", draft & ((depths != torch.gather(depths, 1, safe) + 1) | (depths > gamma))),
-        ("siblings", (ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, 1:] >= 0)),
-    ]
-
-
-def _decodable_host(tree: DraftTree, root: Tensor, vocab_size: int, gamma: int, limit: int) -> bool:
-    """Whether every clause of :func:`_decodable_flags` holds, in numpy for CPU tensors (fewer, cheaper calls)."""
-    tokens, parents, depths = tree.tokens.numpy(), tree.parents.numpy(), tree.depths.numpy()
-    num = tree.num_nodes.numpy()
+def _broken(tree: DraftTree, root: Tensor, vocab_size: int, gamma: int, limit: int) -> str | None:
+    """The message of the first clause of :func:`check_decodable` the tree breaks, or ``None`` (numpy on the host:
+    a dozen calls; the message is made only on failure)."""
+    host = tree if tree.device.type == "cpu" else tree.to("cpu")
+    tokens, parents, depths = host.tokens.numpy(), host.parents.numpy(), host.depths.numpy()
+    num = host.num_nodes.numpy()
     slots = np.arange(tokens.shape[1])
     valid = slots[None, :] < num[:, None]
     draft = valid & (slots[None, :] >= 1)
     safe = np.where(draft & (parents >= 0) & (parents < slots), parents, 0)
-    ordered = np.sort(np.where(draft, safe * vocab_size + tokens, -1 - slots), axis=1)
-    return bool(
-        num.min() >= 1 and num.max() <= limit
-        and (tokens[:, 0] == root.numpy()).all() and (parents[:, 0] == PAD).all() and (depths[:, 0] == 0).all()
-        and not (valid & ((tokens < 0) | (tokens >= vocab_size))).any()
-        and not (draft & ((parents < 0) | (parents >= slots))).any()
-        and not (draft & ((depths != np.take_along_axis(depths, safe, 1) + 1) | (depths > gamma))).any()
-        and not ((ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, 1:] >= 0)).any())
-
-
-def _decodable_message(clause: str, where: Tensor, tree: DraftTree, root: Tensor, vocab_size: int,
-                       gamma: int, limit: int) -> str:
-    """The message for the first broken ``clause`` (host reads: only on the failure path)."""
-    r, i = (int(x) for x in where.nonzero()[0])
+    ordered = np.sort(np.where(draft, safe * vocab_size + tokens, -1 - slots), axis=1)    # sibling keys
+    flags = {
+        "num_nodes": ((num < 1) | (num > limit))[:, None],
+        "root": ((tokens[:, 0] != root.numpy(force=True)) | (parents[:, 0] != PAD) | (depths[:, 0] != 0))[:, None],
+        "tokens": valid & ((tokens < 0) | (tokens >= vocab_size)),
+        "parents": draft & ((parents < 0) | (parents >= slots)),
+        "depths": draft & ((depths != np.take_along_axis(depths, safe, 1) + 1) | (depths > gamma)),
+        "siblings": (ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, 1:] >= 0),
+    }
+    clause = next((c for c, f in flags.items() if f.any()), None)
+    if clause is None:
+        return None
+    r, i = (int(x) for x in np.argwhere(flags[clause])[0])
     if clause == "num_nodes":
-        return (f"num_nodes: row {r} has {int(tree.num_nodes[r])}, need 1 <= num_nodes <= {limit} "
+        return (f"num_nodes: row {r} has {num[r]}, need 1 <= num_nodes <= {limit} "
                 f"(the n slots of the tree, and 1 + budget when the decoder gives a budget)")
     if clause == "root":
-        return (f"root: row {r} has root token {int(tree.tokens[r, 0])}, parent {int(tree.parents[r, 0])}, "
-                f"depth {int(tree.depths[r, 0])}; need block.root={int(root[r])}, parent -1, depth 0")
+        return (f"root: row {r} has root token {tokens[r, 0]}, parent {parents[r, 0]}, depth {depths[r, 0]}; "
+                f"need block.root={int(root[r])}, parent -1, depth 0")
     if clause == "tokens":
-        return f"tokens: row {r} node {i} has token {int(tree.tokens[r, i])}, need 0 <= token < V={vocab_size}"
+        return f"tokens: row {r} node {i} has token {tokens[r, i]}, need 0 <= token < V={vocab_size}"
     if clause == "parents":
-        return f"parents: row {r} node {i} has parent {int(tree.parents[r, i])}, need 0 <= parent < {i}"
+        return f"parents: row {r} node {i} has parent {parents[r, i]}, need 0 <= parent < {i}"
     if clause == "depths":
-        p = int(tree.parents[r, i])
-        return (f"depths: row {r} node {i} has depth {int(tree.depths[r, i])}, need depth[parent {p}] + 1 = "
-                f"{int(tree.depths[r, p]) + 1} and <= gamma={gamma}")
-    key = int(torch.sort(_sibling_keys(tree, vocab_size), dim=1).values[r, i + 1])
+        p = parents[r, i]
+        return (f"depths: row {r} node {i} has depth {depths[r, i]}, need depth[parent {p}] + 1 = "
+                f"{depths[r, p] + 1} and <= gamma={gamma}")
+    key = int(ordered[r, i + 1])
     return (f"siblings: row {r} has two children of node {key // vocab_size} with the same token "
             f"{key % vocab_size} (siblings must carry distinct tokens)")
 
@@ -323,8 +293,8 @@ def check_decodable(tree: DraftTree, block: DraftBlock, budget: int | None = Non
     ``block.root`` (parent -1, depth 0); tokens in ``[0, V)``; ``0 <= parents[i] < i``;
     ``depths[i] == depths[parents[i]] + 1 <= block.gamma``; distinct sibling tokens; ``1 <= num_nodes <= n``
     (and ``<= 1 + budget``).  Scores, ranks and padding are not read by the decoder and not checked
-    (:meth:`DraftTree.validate` does).  On the CPU a dozen numpy calls; elsewhere torch ops and ONE host sync;
-    messages are made only on failure.  Raises ``ValueError`` naming the clause, the row and the node.
+    (:meth:`DraftTree.validate` does).  One host read of the tree's integers, a dozen numpy calls; messages are
+    made only on failure.  Raises ``ValueError`` naming the clause, the row and the node.
 
     Shape:
         tree: ``[b, n]`` with ``b = block.batch_size``.
@@ -347,13 +317,7 @@ def check_decodable(tree: DraftTree, block: DraftBlock, budget: int | None = Non
     check_int("budget", budget, optional=True)
     check_not_meta("block.root", block.root)
     limit = tree.max_nodes if budget is None else min(tree.max_nodes, 1 + budget)
-    root, vocab, gamma = block.root, block.vocab_size, block.gamma
-    if tree.device.type == "cpu" and _decodable_host(tree, root, vocab, gamma, limit):
-        return tree
-    flags = _decodable_flags(tree, root, vocab, gamma, limit)
-    bad = torch.stack([f.any() for _, f in flags])
-    if bool(bad.any()):                          # the one host sync of the check (on purpose)
-        clause, where = next((c, f) for (c, f), hit in zip(flags, bad.tolist(), strict=True) if hit)
-        detail = _decodable_message(clause, where, tree, root, vocab, gamma, limit)
+    detail = _broken(tree, block.root, block.vocab_size, block.gamma, limit)      # one host read (on purpose)
+    if detail is not None:
         raise ValueError(f"builder: the tree breaks the decoder's contract: {detail}")
     return tree

@@ -1,18 +1,8 @@
-"""How a decode accepts draft tokens: one :class:`Verifier` object, chosen once per decode (:func:`make_verifier`).
-
-Each verifier owns its acceptance rule and its draws:
-
-- :class:`Greedy` (T=0): the longest path of argmax tokens; the AR step is the argmax.
-- :class:`Match` (T>0): exact target-sample matching; a keyed sampler's draws make the output equal to AR's
-  token for token.
-- :class:`Rejection` (T>0): the tree's tokens are drawn from the proposals (:meth:`Rejection.draw`, build work),
-  then recursive rejection sampling (:mod:`dartree.verify.rejection`): AR's law.
-- :class:`Traversal` (T>0): the same sampled trees, Traversal Verification (:mod:`dartree.verify.traversal`,
-  leaf to root): AR's law, at least rejection's acceptance.
-
-The engine calls, in a round: :meth:`Verifier.draw` (end of build), :meth:`Verifier.logits` (which logits the
-tree forward computes), :meth:`Verifier.accept` (after the forward) and :meth:`Verifier.record` (at commit); the
-AR baseline calls :meth:`Verifier.next_token`.
+"""How a decode accepts draft tokens: one :class:`Verifier`, chosen once per decode (:func:`make_verifier`), owns
+its acceptance rule and its draws: :class:`Greedy` (T=0), :class:`Match` (target-sample matching), :class:`Rejection`
+and :class:`Traversal` (trees drawn from known proposals).  A round calls :meth:`Verifier.draw` (end of build) and
+:meth:`Verifier.accept`, and asks :attr:`Verifier.walk` which logits the tree forward computes; the AR step calls
+:meth:`Verifier.next_token`.
 """
 
 from __future__ import annotations
@@ -31,7 +21,6 @@ from dartree.verify.accept import (
     verify_greedy,
     verify_sampled,
     walk_greedy,
-    walk_greedy_logits,
     walk_sampled,
 )
 from dartree.verify.rejection import SampledTree, sample_tree, verify_rejection
@@ -53,17 +42,13 @@ class Verifier:
     redraws: bool = False
 
     def __init__(self, walk: WalkRows | None = None) -> None:
+        #: which logits the next tree forward computes ("root": the walk runs the LM head on the nodes it visits)
         self.walk = WalkRows(False) if walk is None else walk
 
     def draw(self, tree: DraftTree, block: DraftBlock, head=None, *, head_depths: int | None = None,
              offset: int = 0, root_state: Tensor | None = None) -> DraftTree | SampledTree:
         """The tree the target verifies (build work): ``tree`` itself unless the verifier draws its tokens."""
         return tree
-
-    def logits(self, nodes: int) -> str:
-        """``"all"`` or ``"root"``: the logits the next tree forward computes (``"root"``: the walk runs the LM
-        head on the nodes it visits)."""
-        return self.walk.logits(nodes)
 
     def accept(self, drafted: DraftTree | SampledTree, scored: TargetOutput, prefix,
                rows: NodeRows | None = None) -> VerifyResult:
@@ -74,10 +59,6 @@ class Verifier:
     def next_token(self, logits: Tensor, positions: Tensor) -> Tensor:
         """The AR step's token per row from the next-token logits ``[b, V]`` at ``positions`` ``[b]``."""
         raise NotImplementedError
-
-    def record(self, committed: int) -> None:
-        """The round's longest committed run (accepted nodes + 1), for :meth:`logits`."""
-        self.walk.record(committed)
 
 
 class Greedy(Verifier):
@@ -93,7 +74,7 @@ class Greedy(Verifier):
         if rows is not None:
             return walk_greedy(drafted, scored.logits[:, 0], rows)
         if self.walks:
-            return walk_greedy_logits(drafted, scored.logits)
+            return walk_greedy(drafted, scored.logits[:, 0], scored_rows(scored.logits))
         return verify_greedy(drafted, scored.logits.to(drafted.device))
 
     def next_token(self, logits: Tensor, positions: Tensor) -> Tensor:
@@ -135,7 +116,7 @@ class Rejection(Match):
 
     def __init__(self, sampler: Sampler, warp: Warp) -> None:
         super().__init__(sampler, warp)
-        self.generator: torch.Generator | None = getattr(sampler, "generator", None)
+        self.generator: torch.Generator | None = sampler.generator     # a GeneratorSampler (Sampling checks it)
 
     def draw(self, tree, block, head=None, *, head_depths=None, offset=0, root_state=None) -> SampledTree:
         return sample_tree(tree, block, head, self.warp, self.generator, head_depths=head_depths, offset=offset,

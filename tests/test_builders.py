@@ -133,23 +133,6 @@ def test_wrong_type_shape_dtype_device() -> None:
         check_decodable(edited(tree, depths=tree.depths.to("meta")), blk)
 
 
-def test_the_torch_path_agrees_with_the_host_path() -> None:
-    """Off the CPU the check runs torch ops; exercise them on CPU tensors through the same flags."""
-    from dartree.tree import _decodable_flags, _decodable_host
-
-    blk = block()
-    tree = tree_of(blk)
-    cases = [tree, edited(tree, tokens=with_value(tree.tokens, 1, 0, 3)),
-             edited(tree, tokens=with_value(tree.tokens, 0, 2, 10)),
-             edited(tree, parents=with_value(tree.parents, 0, 2, 2)),
-             edited(tree, depths=with_value(tree.depths, 0, 1, 2)),
-             edited(tree, tokens=with_value(tree.tokens, 0, 2, int(tree.tokens[0, 1])))]
-    for case in cases:
-        host = _decodable_host(case, blk.root, 10, blk.gamma, case.max_nodes)
-        flags = _decodable_flags(case, blk.root, 10, blk.gamma, case.max_nodes)
-        assert host == (not any(bool(f.any()) for _, f in flags))
-
-
 def test_validate_refuses_bad_arguments_and_fields() -> None:
     blk = block()
     tree = tree_of(blk)

@@ -143,4 +143,4 @@ def test_the_graph_reader_sees_a_circle_and_a_private_import() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     edges, _ = _graph()
     assert "dartree.rounds" in edges["dartree.engine"] and "dartree.engine" in edges["dartree.decode"]
-    assert "dartree.decode" in edges["dartree.batch"] and "dartree.engine" in edges["dartree.batch"]
+    assert "dartree.decode" in edges["dartree.serve"] and "dartree.engine" in edges["dartree.batch"]

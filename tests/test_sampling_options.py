@@ -12,7 +12,7 @@ import torch
 import dartree
 import dartree.hf
 from dartree import GeneratorSampler, KeyedSampler, Sampling, SpeculativeDecoder, generate_ar, make_builder
-from dartree.batch import generate_ar_batch, generate_batch
+from dartree.batch import generate_ar_batch
 from dartree.serve import serve
 from dartree.testing import OracleDrafter
 from tests.test_decode import GAMMA, V, model_for
@@ -38,7 +38,6 @@ def tokens(results) -> list[list[int]]:
 ENTRY_POINTS = {
     "generate": (lambda **o: tokens([decoder().generate(PROMPTS[0], NEW, **o)]), False),
     "generate_batch": (lambda **o: tokens(decoder().generate_batch(PROMPTS, NEW, **o)), False),
-    "batch.generate_batch": (lambda **o: tokens(generate_batch(decoder(), PROMPTS, NEW, **o)), False),
     "generate_ar": (lambda **o: tokens([generate_ar(model(), PROMPTS[0], NEW, **o)]), True),
     "generate_ar_batch": (lambda **o: tokens(generate_ar_batch(model(), PROMPTS, NEW, **o)), True),
     "serve": (lambda **o: tokens(serve(decoder(), PROMPTS, 2, NEW, **o).results), False),

@@ -6,10 +6,9 @@ from dartree.verify.accept import (
     verify_greedy,
     verify_sampled,
     walk_greedy,
-    walk_greedy_logits,
     walk_sampled,
 )
-from dartree.verify.cache import cache_length, compact_tail, gather_cache, keep_indices
+from dartree.verify.cache import cache_length, compact_tail
 from dartree.verify.inputs import ATTENTION_IMPLEMENTATIONS, TreeInputBuffer, TreeInputs, tree_inputs
 from dartree.verify.rejection import SampledTree, sample_tree, verify_rejection
 from dartree.verify.sampling import GeneratorSampler, KeyedSampler, Sampler, hash32
@@ -29,9 +28,7 @@ __all__ = [
     "accept_picks",
     "cache_length",
     "compact_tail",
-    "gather_cache",
     "hash32",
-    "keep_indices",
     "sample_tree",
     "tree_inputs",
     "verify_greedy",
@@ -39,6 +36,5 @@ __all__ = [
     "verify_sampled",
     "verify_traversal",
     "walk_greedy",
-    "walk_greedy_logits",
     "walk_sampled",
 ]

@@ -1,11 +1,6 @@
-"""Greedy and sampled verification of a draft tree against the target's logits at its nodes.
-
-Both rules pick one target token per node (argmax, or one sample from the temperature-scaled
-target distribution) and walk from the root to the child whose token equals the parent's pick,
-stopping when no child does; the pick at the last node is the bonus token.  Siblings carry
-distinct tokens, so the walk is unique.  Sampled verification is *exact target-sample matching*:
-every committed token is a fresh draw from the target's conditional distribution, so the output
-distribution is the target's for any tree that does not depend on those draws.
+"""Greedy and sampled (target-sample matching) verification of a draft tree against the target's logits at its
+nodes: the walk from the root follows the child whose token is the target's pick at its parent (docs/verification.md,
+"Acceptance").
 """
 
 from __future__ import annotations
@@ -21,8 +16,8 @@ from dartree.protocols import check_sampler
 from dartree.tree import PAD, DraftTree
 from dartree.verify.sampling import GeneratorSampler, KeyedSampler, Sampler, check_temperature, sample_checked
 
-__all__ = ["VerifyResult", "verify_greedy", "verify_sampled", "accept_picks", "walk_greedy", "walk_greedy_logits",
-           "walk_sampled"]
+__all__ = ["VerifyResult", "verify_greedy", "verify_sampled", "accept_picks", "walk_greedy", "walk_sampled",
+           "check_logits", "host_result"]
 
 
 @dataclass(frozen=True)
@@ -51,7 +46,8 @@ class VerifyResult:
         return self.accepted_length + 1
 
 
-def _check_logits(tree: DraftTree, target_logits: Tensor) -> None:
+def check_logits(tree: DraftTree, target_logits: Tensor) -> None:
+    """``ValueError`` unless ``target_logits`` is float ``[b, n, V]`` on the tree's device."""
     b, n = tree.tokens.shape
     if not isinstance(target_logits, Tensor) or target_logits.dim() != 3 or target_logits.shape[:2] != (b, n):
         got = tuple(target_logits.shape) if isinstance(target_logits, Tensor) else type(target_logits).__name__
@@ -91,7 +87,7 @@ def verify_greedy(tree: DraftTree, target_logits: Tensor) -> VerifyResult:
     Shape:
         target_logits: float ``[b, n, V]`` the target's next-token logits at each node.
     """
-    _check_logits(tree, target_logits)
+    check_logits(tree, target_logits)
     return accept_picks(tree, target_logits.argmax(dim=-1))
 
 
@@ -112,7 +108,7 @@ def verify_sampled(
         target_logits: float ``[b, n, V]``.
         prefix_len:    int or int64 ``[b]`` (the root's absolute position).
     """
-    _check_logits(tree, target_logits)
+    check_logits(tree, target_logits)
     if check_temperature(temperature) == 0:
         raise ValueError("temperature: 0 is greedy; use verify_greedy (verify_sampled needs a temperature > 0)")
     check_sampler(sampler)
@@ -123,14 +119,10 @@ def verify_sampled(
 
 def walk_greedy(tree: DraftTree, root_logits: Tensor,
                 node_logits: Callable[[list[int], list[int]], Tensor]) -> VerifyResult:
-    """Greedy verification that scores only the nodes the walk visits, every row in step.
-
-    The target's full-vocabulary logits are needed only along the accepted path (its argmax picks
-    the next child), so at T=0 the LM head runs on ``accepted_length + 1`` rows per tree instead of
-    on every node: one call of ``node_logits`` per depth for all the rows still walking.  Equal to
-    ``verify_greedy(tree, logits)`` whenever ``node_logits(rows, nodes)`` equals
-    ``logits[rows, nodes]`` (and ``root_logits`` equals ``logits[:, 0]``), except that ``picks``
-    holds ``PAD`` at the nodes the walk never scored.  Host-side walk: meant for CPU trees.
+    """Greedy verification that scores only the nodes the walk visits (one ``node_logits`` call per depth for all
+    the rows still walking).  Equal to ``verify_greedy(tree, logits)`` when ``node_logits(rows, nodes)`` is
+    ``logits[rows, nodes]`` and ``root_logits`` is ``logits[:, 0]``, except that ``picks`` holds ``PAD`` at the
+    nodes never scored.  Host-side walk: meant for CPU trees.
 
     Shape:
         root_logits: float ``[b, V]``; node_logits(rows, nodes) -> float ``[k, V]`` for the ``k``
@@ -139,31 +131,13 @@ def walk_greedy(tree: DraftTree, root_logits: Tensor,
     return _walk(tree, root_logits, node_logits, lambda logits, rows, nodes: logits.argmax(-1).tolist())
 
 
-def walk_greedy_logits(tree: DraftTree, target_logits: Tensor) -> VerifyResult:
-    """:func:`verify_greedy` that takes the argmax only at the nodes the walk visits (``picks`` holds
-    ``PAD`` at the others): ``walk_greedy(tree, logits[:, 0], rows)`` with ``rows`` reading ``logits``
-    (the decoder's T=0 round when the forward scored every node).
-
-    Shape:
-        target_logits: float ``[b, n, V]`` the target's next-token logits at each node.
-    """
-    _check_logits(tree, target_logits)
-    return walk_greedy(tree, target_logits[:, 0], lambda rows, nodes: target_logits[rows, nodes])
-
-
 def walk_sampled(tree: DraftTree, root_logits: Tensor, node_logits: Callable[[list[int], list[int]], Tensor],
                  temperature: float, sampler: KeyedSampler | GeneratorSampler,
                  prefix_len: int | Tensor = 0) -> VerifyResult:
-    """:func:`verify_sampled` that draws only at the nodes the walk visits (and runs the LM head only
-    there).  With a :class:`~dartree.verify.sampling.KeyedSampler` (its draw at a node is a pure function
-    of that node's logits and position) the visited nodes get the draws ``verify_sampled`` gives them and
-    the result equals it (``picks`` holds ``PAD`` at the nodes never scored).  With a
-    :class:`~dartree.verify.sampling.GeneratorSampler` each visited node gets a fresh draw: the committed
-    tokens are AR's sampling in law (a node is visited only when its token was the draw at its parent),
-    not ``verify_sampled``'s draws.  perf: at T=1 the noise of a whole tree (about gamma positions x V)
-    was most of the round's acceptance time (at T=0.5 on the zoo, dartree-pruned B=16: 1.9 ms a round
-    drawing at every node).  Host-side walk (reads the tree's depths): meant for CPU trees, as
-    :func:`walk_greedy`.
+    """:func:`verify_sampled` that draws (and runs the LM head) only at the nodes the walk visits: with a
+    ``KeyedSampler`` the result equals it (``picks`` ``PAD`` at the nodes never scored); with a
+    ``GeneratorSampler`` each visited node draws afresh, AR's sampling in law (docs/verification.md,
+    "Acceptance").  Host-side walk: meant for CPU trees.
 
     Shape:
         root_logits: float ``[b, V]``; node_logits(rows, nodes) -> float ``[k, V]``; prefix_len: int or
@@ -217,11 +191,17 @@ def _walk(tree: DraftTree, root_logits: Tensor, node_logits: Callable[[list[int]
             for r, i, pick in zip(rows, nodes, pick_rows(node_logits(rows, nodes), rows, nodes), strict=True):
                 picks[r][i] = pick
         walking = rows
-    accepted = [path + [PAD] * (n - len(path)) for path in paths]
     committed = [[tokens[r][i] for i in paths[r][1:]] + [picks[r][paths[r][-1]]] for r in range(b)]
-    committed = [row + [PAD] * (n - len(row)) for row in committed]
-    lengths = [[len(path) - 1, picks[r][path[-1]]] for r, path in enumerate(paths)]
-    device = tree.device
-    out = torch.tensor([accepted, committed, picks], dtype=torch.int64, device=device)
-    tail = torch.tensor(lengths, dtype=torch.int64, device=device)
-    return VerifyResult(accepted=out[0], accepted_length=tail[:, 0], bonus=tail[:, 1], tokens=out[1], picks=out[2])
+    return host_result(paths, committed, picks, n, tree.device)
+
+
+def host_result(paths: list[list[int]], committed: list[list[int]], picks: list[list[int]] | None, n: int,
+                device: torch.device) -> VerifyResult:
+    """A :class:`VerifyResult` from a host walk's lists, one tensor made: per row the accepted nodes (root first),
+    the committed tokens (the bonus last) and the picks ``[n]`` (``None``: all ``PAD``)."""
+    pad = [PAD] * n
+    out = torch.tensor([path + pad[len(path):] + row + pad[len(row):] + (pad if picks is None else picks[r])
+                        + [len(path) - 1, row[-1]] for r, (path, row) in enumerate(zip(paths, committed, strict=True))],
+                       dtype=torch.int64, device=device)
+    return VerifyResult(accepted=out[:, :n], accepted_length=out[:, 3 * n], bonus=out[:, 3 * n + 1],
+                        tokens=out[:, n: 2 * n], picks=out[:, 2 * n: 3 * n])

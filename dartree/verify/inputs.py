@@ -1,17 +1,5 @@
-"""Tree inputs for the target: input ids, position ids and the tree attention mask.
-
-The target sees the committed prefix (already in its KV cache) followed by the ``n`` slots of a
-:class:`~dartree.tree.DraftTree`.  Node ``i`` of row ``r`` sits at cache column ``cache_len + i``,
-has position id ``prefix_len[r] + depth[r, i]`` and attends to
-
-* the committed prefix of its row, columns ``[0, prefix_len[r])``;
-* itself and its ancestors among the tree's nodes (``DraftTree.ancestor_mask``).
-
-Padding slots (``i >= num_nodes[r]``) are invisible: no real node attends to them.  A padding slot
-attends only to itself, so that its softmax row stays finite: a query row with no visible key gives
-NaN in ``sdpa``, the NaN flows into that slot's keys and values in the next layer, and ``0 * NaN``
-then poisons the real rows that mask it.  Its input id is 0 (any valid embedding index would do;
-validity is carried by ``valid``, never by a token value).
+"""Tree inputs for the target: input ids, position ids and the tree attention mask (docs/verification.md,
+"Tree inputs": where each node sits and what it attends to, and why a padding slot attends to itself).
 """
 
 from __future__ import annotations
@@ -21,6 +9,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from dartree.arguments import check_int
 from dartree.fast import ops
 from dartree.tree import DraftTree
 
@@ -38,13 +27,11 @@ class TreeInputs:
     Shape:
         input_ids:    int64 ``[b, n]`` node tokens, 0 in padding slots.
         position_ids: int64 ``[b, n]`` ``prefix_len + depth`` (padding: ``prefix_len``).
-        valid:        bool ``[b, n]`` which slots hold a node.
         mask:         bool ``[b, 1, n, kv_len]`` True where a node may attend.
     """
 
     input_ids: Tensor
     position_ids: Tensor
-    valid: Tensor
     mask: Tensor
 
     @property
@@ -133,7 +120,7 @@ def tree_inputs(
     diag = torch.eye(n, dtype=torch.bool, device=device)[None]
     nodes = nodes | (diag & ~valid[:, :, None])        # a padding slot sees only itself
     mask[:, :, cache_len:cache_len + n] = nodes
-    return TreeInputs(input_ids=input_ids, position_ids=position_ids, valid=valid, mask=mask[:, None])
+    return TreeInputs(input_ids=input_ids, position_ids=position_ids, mask=mask[:, None])
 
 
 class TreeInputBuffer:
@@ -144,13 +131,11 @@ class TreeInputBuffer:
     committed since the last call are written), the tree block is overwritten, and the columns a
     longer earlier tree left behind are cleared.  Invariant after every :meth:`fill`: columns
     ``[0, prefix_len)`` are True and columns ``>= prefix_len + n`` are False in every buffer row.
-    A one-row tree has no padding slots (``num_nodes == n``), so every slot is valid.
     """
 
     def __init__(self, device: torch.device | str) -> None:
         self.device = torch.device(device)
         self._mask = torch.zeros(0, 0, dtype=torch.bool, device=self.device)
-        self._valid = torch.ones(1, 0, dtype=torch.bool, device=self.device)
         self._host = None                 # numpy view of _mask on the CPU
         self._prefix = 0          # columns [0, _prefix) are True in every row
         self._end = 0             # columns >= _end are False in every row
@@ -159,8 +144,7 @@ class TreeInputBuffer:
         """Inputs for the one-row ``tree`` after ``prefix_len`` cached slots (see :func:`tree_inputs`)."""
         if tree.batch_size != 1:
             raise ValueError(f"tree: TreeInputBuffer fills one-row trees, got {tree.batch_size} rows; use tree_inputs")
-        if isinstance(prefix_len, bool) or not isinstance(prefix_len, int) or prefix_len < 0:
-            raise ValueError(f"prefix_len: expected an int >= 0, got {prefix_len!r}")
+        check_int("prefix_len", prefix_len, low=0)
         if tree.device != self.device:
             raise ValueError(f"tree: on {tree.device}, buffer on {self.device}")
         n = tree.max_nodes
@@ -173,7 +157,6 @@ class TreeInputBuffer:
             rows = cols = 0           # made in a decode (inference mode), written here outside it: a new one
         if n > rows or kv > cols:                          # grow (rarely): start from a clean buffer
             self._mask = torch.zeros(max(n, 2 * rows), max(kv, 2 * cols), dtype=torch.bool, device=self.device)
-            self._valid = torch.ones(1, self._mask.shape[0], dtype=torch.bool, device=self.device)
             self._host = self._mask.numpy() if self.device.type == "cpu" else None   # shares memory
             self._prefix = self._end = 0
         m = self._mask
@@ -196,4 +179,4 @@ class TreeInputBuffer:
             m[:n, prefix_len:end] = ops.ancestor_mask(tree.parents, tree.num_nodes)[0]
         self._end = end
         return TreeInputs(input_ids=tree.tokens, position_ids=tree.depths + prefix_len,
-                          valid=self._valid[:, :n], mask=m[None, None, :n, :kv])
+                          mask=m[None, None, :n, :kv])

@@ -1,18 +1,6 @@
-"""Sampled draft trees verified by recursive rejection sampling: lossless in distribution at T>0.
-
-The children of a draft tree are *sampled* without replacement from the proposal ``q`` at their parent
-(the builder's shape kept, its tokens re-drawn) and verified by recursive rejection sampling without
-replacement (SpecInfer's multi-step speculative sampling with the without-replacement residual of
-Recursive Speculative Decoding, Jeon et al. 2024): one draft is accepted with probability
-``1 - TV(p, q)``, and more siblings accept more.  The proposal comes from the drafter or, along the
-sampled path, from a correction head (:data:`HEAD_DEPTHS`).
-
-Entry points: :func:`sample_tree` (draw a tree's tokens), :func:`verify_rejection` (accept a sampled tree),
-:class:`SampledTree`, :func:`proposal_probs`, :func:`accept_step`, :func:`draw_index`.  The proposals, the
-verifier's step, why it is exact and what that needs of the tree's shape, the randomness and the tests:
-docs/verification.md, "Sampled trees verified by rejection sampling".
-
-Shape: ``tree`` tensors ``[b, n]``; target logits ``[b, n, V]``.
+"""Sampled draft trees (children drawn without replacement from known proposals) and their verification by
+recursive rejection sampling: lossless in law at T>0.  How and why: docs/verification.md, "Sampled trees
+verified by rejection sampling".  Shape: ``tree`` tensors ``[b, n]``; target logits ``[b, n, V]``.
 """
 
 from __future__ import annotations
@@ -24,11 +12,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from dartree.arguments import check_int
 from dartree.block import DraftBlock
 from dartree.protocols import head_method
 from dartree.scoring import candidates as top_candidates
 from dartree.tree import PAD, DraftTree
-from dartree.verify.accept import VerifyResult
+from dartree.verify.accept import VerifyResult, check_logits, host_result
+from dartree.verify.sampling import inverse_cdf
 from dartree.verify.warp import Warp
 
 __all__ = ["SampledTree", "HostLists", "sample_tree", "verify_rejection", "check_verify_args", "accept_step",
@@ -127,25 +117,11 @@ def proposal_probs(warp: Warp, logits: Tensor) -> Tensor:
 
 
 def _draw_without_replacement(q: Tensor, m: int, generator: torch.Generator | None) -> Tensor:
-    """The first ``m`` draws without replacement from the distributions ``q`` (rows), in draw order: one draw
-    by the inverse of the cumulative distribution, more by Gumbel-top-m (the order of the perturbed keys
-    ``log q + G`` is the sequential draw order).  Tokens of mass 0 come last (the caller uses only as many
-    draws as ``q`` has tokens of positive mass).
-
-    perf: on the CPU a single draw by the inverse CDF is several times cheaper than by Gumbel keys or
-    ``torch.multinomial``, hence the two ways (figures: docs/results.md, "Measurements behind design choices
-    in the code").
-
-    Shape: ``q`` float ``[..., V]`` -> int64 ``[..., m]``.
-    """
+    """The first ``m`` draws without replacement from the rows of ``q``, in draw order: one by the inverse CDF
+    (perf: several times cheaper on the CPU), more by Gumbel-top-m (the key order is the sequential draw order).
+    Tokens of mass 0 come last.  Shape: ``q`` float ``[..., V]`` -> int64 ``[..., m]``."""
     if m == 1:
-        u = torch.rand((*q.shape[:-1], 1), generator=generator, dtype=torch.float64, device=q.device)
-        # the first token whose cumulative mass exceeds u * total, a point kept below the total (u * total may
-        # round up to it): never a token of mass 0, whose cumulative mass equals its predecessor's
-        cdf = q.cumsum(-1, dtype=torch.float64)
-        total = cdf[..., -1:]
-        point = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
-        return torch.searchsorted(cdf, point, right=True)
+        return inverse_cdf(q, generator)
     u = torch.rand(q.shape, generator=generator, dtype=torch.float32, device=q.device)
     # log q + G orders as q / E with E = -log u ~ Exp(1) (one log over V instead of three)
     keys = q.float() / u.clamp_min(torch.finfo(torch.float32).tiny).log_().neg_()
@@ -199,21 +175,17 @@ def _ones(shape: tuple[int, ...]) -> list:
 def sample_tree(template: DraftTree, block: DraftBlock, head=None, warp: Warp | None = None,
                 generator: torch.Generator | None = None, topk: int | None = None,
                 head_depths: int | None = None, offset: int = 0, root_state: Tensor | None = None) -> SampledTree:
-    """``template``'s shape with tokens drawn from each node's proposal (module docstring).
+    """``template``'s shape (any valid tree of the block; its tokens past the root ignored) with tokens drawn from
+    each node's proposal.
 
-    ``template``: any valid draft tree of the block (any builder's, user builders' included; its tokens other
-    than the root are ignored).  ``head``: a correction head (its logits along the sampled path propose: one
-    ``vocab_logits`` or ``logits`` call, one draw and one ``advance`` call per depth), or ``None`` (the
-    block's logits over the vocabulary propose).  ``topk``: ``None`` (the head scores the whole vocabulary)
-    or how many of the drafter's top tokens at each depth it scores (a smaller support, which loses the
-    target's mass outside it).  ``head_depths``: ``None`` (the head proposes at every depth) or the depths
-    it proposes at, the drafter's ``q`` below (one draw for all of them: the drafter's ``q`` needs no path;
-    only with ``topk=None``).  ``warp``: the proposal's temperature and filters (default: temperature 1).
-    ``generator``: on the block's device, or ``None`` (torch's global generator).
-    ``offset``, ``root_state``: a block drafted ``offset`` committed tokens before the template's root (a
-    reused block, :mod:`dartree.engine`): the template's depth ``d`` is the block's depth ``offset + d``, and
-    ``root_state`` (``[b, S]``) is the head's state after those tokens (the head's ``initial_state`` when
-    ``None``; required with a head and ``offset > 0``).
+    ``head``: a correction head proposing along the sampled path (one logits call, one draw and one ``advance``
+    per depth), or ``None`` (the block's logits propose).  ``topk``: ``None`` (the head scores the whole
+    vocabulary) or how many of the drafter's top tokens at each depth it scores.  ``head_depths``: ``None``
+    (every depth) or the depths the head proposes at, the drafter's ``q`` below (only with ``topk=None``).
+    ``warp``: the proposal's temperature and filters (default: temperature 1).  ``generator``: on the block's
+    device, or ``None`` (torch's global one).  ``offset``, ``root_state``: a reused block drafted ``offset``
+    committed tokens earlier (the template's depth ``d`` is the block's ``offset + d``) and the head's state
+    ``[b, S]`` after those tokens (its ``initial_state`` when ``None``; required with a head and ``offset > 0``).
 
     Shape:
         template: ``[b, n]`` on the block's device, depths ``<= gamma - offset``; block.logits ``[b, gamma, V]``.
@@ -223,14 +195,9 @@ def sample_tree(template: DraftTree, block: DraftBlock, head=None, warp: Warp | 
         raise ValueError(f"template: expected a DraftTree, got {type(template).__name__}")
     if not isinstance(warp, Warp):
         raise ValueError(f"warp: expected a dartree.verify.warp.Warp or None, got {type(warp).__name__}")
-    if topk is not None and (isinstance(topk, bool) or not isinstance(topk, int) or topk < 1):
-        raise ValueError(f"topk: expected None (the whole vocabulary) or an int >= 1 (candidates a head scores), "
-                         f"got {topk!r}")
-    if head_depths is not None and (isinstance(head_depths, bool) or not isinstance(head_depths, int)
-                                    or head_depths < 1):
-        raise ValueError(f"head_depths: expected None (every depth) or an int >= 1, got {head_depths!r}")
-    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-        raise ValueError(f"offset: expected an int >= 0 (block depths before the template's root), got {offset!r}")
+    check_int("topk", topk, optional=True)
+    check_int("head_depths", head_depths, optional=True)
+    check_int("offset", offset, low=0)
     if head is not None and offset > 0 and root_state is None:
         raise ValueError("root_state: a head proposing below a reused block's depth 0 needs the state after the "
                          f"{offset} committed tokens; got None")
@@ -262,9 +229,12 @@ def sample_tree(template: DraftTree, block: DraftBlock, head=None, warp: Warp | 
     if head is None:
         # q at each depth that has parents (perf: a filter's sort is per row): [b, D, V]
         probs = proposal_probs(warp, logits[:, offset: offset + max(1, deepest)])
-        rows = depths
-        _draw_vocab(tokens, keep, kids, depths, probs, generator)
-        support = None
+        rows, support = depths, None
+        pairs = [(r, u) for r in range(b) for u in range(n) if keep[r][u] and kids[r][u]]
+        if pairs:
+            at = torch.tensor([[r for r, _ in pairs], [depths[r][u] for r, u in pairs]], dtype=torch.int64,
+                              device=logits.device)
+            _draw_rows(tokens, keep, kids, pairs, probs[at[0], at[1]], generator)     # [pairs, V] proposals
     else:
         probs, support, rows, (states, stated, stated_host) = _draw_head(
             tokens, keep, kids, depths, block, head, warp, generator, vocab if topk is None else min(vocab, topk),
@@ -292,19 +262,15 @@ def sample_tree(template: DraftTree, block: DraftBlock, head=None, warp: Warp | 
     return SampledTree(kept, probs, row_of, support, states, stated)
 
 
-def _draw_vocab(tokens: list, keep: list, kids, depths, probs: Tensor, generator) -> None:
-    """Every node's children at once: one draw without replacement over the vocabulary per node with children
-    (placed in ``tokens`` and ``keep``, host lists ``[b][n]``)."""
-    parents = [(r, u) for r, row in enumerate(keep) for u, kept in enumerate(row) if kept and kids[r][u]]
-    if not parents:
-        return
-    rows = torch.tensor([[r for r, _ in parents], [depths[r][u] for r, u in parents]], dtype=torch.int64,
-                        device=probs.device)
-    q = probs[rows[0], rows[1]]                                          # [k, V] each parent's proposal
-    most = max(len(kids[r][u]) for r, u in parents)
+def _draw_rows(tokens: list, keep: list, kids, pairs: list[tuple[int, int]], q: Tensor, generator) -> None:
+    """The children of every (row, node) of ``pairs`` at once, one draw without replacement from its row of ``q``
+    ``[len(pairs), V]`` each (placed in ``tokens`` and ``keep``, host lists ``[b][n]``; pairs in node order, so a
+    node cut by an earlier placement is skipped)."""
+    most = max(len(kids[r][u]) for r, u in pairs)
     drawn, positive = _draws(q, min(most, q.shape[-1]), generator)
-    for (r, u), row, count in zip(parents, drawn, positive, strict=True):
-        _place(tokens[r], keep[r], kids[r], u, row, count)
+    for (r, u), row, count in zip(pairs, drawn, positive, strict=True):
+        if keep[r][u]:
+            _place(tokens[r], keep[r], kids[r], u, row, count)
 
 
 def _place(tokens: list[int], keep: list[bool], kids: list[list[int]], node: int, drawn: list[int],
@@ -414,8 +380,7 @@ def _draw_head(tokens: list, keep: list, kids, depths, block: DraftBlock, head, 
             rows = torch.tensor([[r for r, _ in pairs], [depths[r][u] + offset for r, u in pairs]], dtype=torch.int64,
                                 device=device)
             q = proposal_probs(warp, block.logits.detach()[rows[0], rows[1]])               # [pairs, V]
-            most = max(len(kids[r][u]) for r, u in pairs)
-            drawn, positive = _draws(q, min(most, vocab), generator)
+            _draw_rows(tokens, keep, kids, pairs, q, generator)
             first = [0] * b                       # each row's pairs, then padding: a [b, m, V] block of rows
             for r, u in pairs:
                 row_of[r][u] = len(slot_depth) + first[r]
@@ -431,9 +396,6 @@ def _draw_head(tokens: list, keep: list, kids, depths, block: DraftBlock, head, 
                                     for r in range(b)], dtype=torch.int64, device=device)
                 blocks.append(q[sel])
             slot_depth += [PAD] * m
-            for (r, u), row, count in zip(pairs, drawn, positive, strict=True):
-                if keep[r][u]:                                   # not cut above (parents come first)
-                    _place(tokens[r], keep[r], kids[r], u, row, count)
     width = k if k < vocab else vocab
     probs = (blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=1)) if blocks else \
         torch.zeros(b, 0, width, dtype=torch.float32, device=device)
@@ -475,7 +437,7 @@ def draw_index(p: np.ndarray, u: float) -> int:
 
     Shape: ``p`` float64 ``[V]`` (host; need not sum to 1).
     """
-    # perf: torch's CPU cumsum adds in order as numpy's does (the same float64 sums: tested), at 2.5x the speed
+    # perf: torch's CPU cumsum adds in order as numpy's does (the same float64 sums: tested), and faster
     cdf = torch.from_numpy(np.ascontiguousarray(p, dtype=np.float64)).cumsum(0).numpy()
     i = int(np.searchsorted(cdf, u * cdf[-1], side="right"))
     if i < cdf.shape[0]:        # cdf[i] > u * total >= cdf[i - 1] (or 0): p[i] > 0, so no token of mass 0 (perf)
@@ -490,13 +452,7 @@ def check_verify_args(sampled: SampledTree, target_logits: Tensor, warp: Warp) -
         raise ValueError(f"sampled: expected a SampledTree (from sample_tree), got {type(sampled).__name__}")
     if not isinstance(warp, Warp):
         raise ValueError(f"warp: expected a dartree.verify.warp.Warp, got {type(warp).__name__}")
-    tree = sampled.tree
-    b, n = tree.tokens.shape
-    if not isinstance(target_logits, Tensor) or target_logits.dim() != 3 or tuple(target_logits.shape[:2]) != (b, n):
-        got = tuple(target_logits.shape) if isinstance(target_logits, Tensor) else type(target_logits).__name__
-        raise ValueError(f"target_logits: expected shape [{b}, {n}, V], got {got}")
-    if not target_logits.is_floating_point():
-        raise ValueError(f"target_logits: expected a floating dtype, got {target_logits.dtype}")
+    check_logits(sampled.tree, target_logits)
 
 
 def verify_rejection(sampled: SampledTree, target_logits: Tensor, warp: Warp,
@@ -524,7 +480,7 @@ def verify_rejection(sampled: SampledTree, target_logits: Tensor, warp: Warp,
     coins = torch.rand((b, n), generator=generator, dtype=torch.float64, device=device).cpu().numpy()
     probs = sampled.probs.cpu().numpy()                                 # float32 [b, R, P] proposals
     support = None if sampled.support is None else sampled.support.cpu().numpy()
-    outcomes = []                         # per row: the accepted nodes (root first), the committed tokens
+    paths, committed = [], []             # per row: the accepted nodes (root first), the committed tokens
     for row in range(b):
         parents, tokens, row_of = host[row][:n], host[row][n: 2 * n], host[row][2 * n: 3 * n]
         kids: list[list[int]] = [[] for _ in range(n)]
@@ -545,13 +501,9 @@ def verify_rejection(sampled: SampledTree, target_logits: Tensor, warp: Warp,
                         break
                     r, s = _after_rejection(r, s, tokens[child])
             if nxt is None:               # a leaf, or every child rejected: the bonus ~ the residual
-                outcomes.append((path, [tokens[i] for i in path[1:]] + [draw_index(r, coins[row, used])]))
+                paths.append(path)
+                committed.append([tokens[i] for i in path[1:]] + [draw_index(r, coins[row, used])])
                 break
             path.append(nxt)
             u = nxt
-    # the outcome in one tensor: accepted nodes, committed tokens, the accepted length, the bonus, the picks (none)
-    out = [path + [PAD] * (n - len(path)) + committed + [PAD] * (n - len(committed)) + [len(path) - 1, committed[-1]]
-           + [PAD] * n for path, committed in outcomes]
-    out = torch.tensor(out, dtype=torch.int64, device=tree.device)
-    return VerifyResult(accepted=out[:, :n], accepted_length=out[:, 2 * n], bonus=out[:, 2 * n + 1],
-                        tokens=out[:, n: 2 * n], picks=out[:, 2 * n + 2:])
+    return host_result(paths, committed, None, n, tree.device)          # picks: none sampled at a node

@@ -1,13 +1,7 @@
-"""Samplers: draw one token per scored position from temperature-scaled target logits.
+"""Samplers: one token per scored position from warped target logits, ``sample(logits, positions) -> tokens``.
 
-A sampler is any object with ``sample(logits, positions) -> tokens``.  ``positions`` is the absolute
-position the sampled token will occupy in the sequence; a sampler may ignore it
-(:class:`GeneratorSampler`) or derive its randomness from it (:class:`KeyedSampler`).
-
-The keyed sampler is Gumbel-max with noise that is a pure function of
-``(seed, absolute position, token id)``: the token drawn for a position does not depend on how many
-other positions were sampled before it, so speculative decoding (which samples at every tree node,
-most of them thrown away) reproduces autoregressive sampling token for token.
+:class:`GeneratorSampler` draws from a ``torch.Generator``; :class:`KeyedSampler`'s Gumbel noise is a pure function
+of ``(seed, absolute position, token id)``, so speculative decoding reproduces AR sampling token for token.
 """
 
 from __future__ import annotations
@@ -23,7 +17,7 @@ from dartree.arguments import plain_scalar
 from dartree.protocols import Sampler
 
 __all__ = ["Sampler", "GeneratorSampler", "KeyedSampler", "hash32", "MIN_TEMPERATURE", "MAX_TEMPERATURE",
-           "check_temperature", "sample_checked"]
+           "check_temperature", "sample_checked", "inverse_cdf"]
 
 #: The smallest temperature > 0 accepted.  Below it ``logits / T`` leaves float32's range for
 #: ordinary logits (a Python float under ~1e-38 even rounds to 0 in float32, so every logit becomes
@@ -38,13 +32,8 @@ _MASK32 = 0xFFFFFFFF
 
 
 def check_temperature(temperature: Any) -> float:
-    """The temperature as a float, or ``ValueError`` naming the allowed values.
-
-    Allowed: ``0`` (greedy: the target's argmax, no sampler) or a finite number ``>=``
-    :data:`MIN_TEMPERATURE` (``1e-6``).  A positive temperature below it is **refused**, not treated
-    as greedy: ``logits / T`` would overflow float32 (or divide by a float32 zero) and every logit would
-    become +-inf, so the "sample" would silently be the lowest token id.  Use ``0`` for greedy.
-    """
+    """The temperature as a float: ``0`` (greedy) or a number in ``[MIN_TEMPERATURE, MAX_TEMPERATURE]``, else a
+    ``ValueError`` naming the allowed values (a tiny positive one is refused, not taken as greedy)."""
     temperature = plain_scalar(temperature)
     huge = isinstance(temperature, int) and temperature > sys.float_info.max   # math.isfinite would overflow
     if huge or isinstance(temperature, bool) or not isinstance(temperature, int | float) \
@@ -74,18 +63,21 @@ class GeneratorSampler:
         self.generator = generator
 
     def sample(self, logits: Tensor, positions: Tensor) -> Tensor:
-        probs = torch.softmax(logits.float(), dim=-1)
-        flat = probs.reshape(-1, probs.shape[-1])
-        if self.generator is not None and self.generator.device != flat.device:
-            raise ValueError(f"generator: on {self.generator.device}, logits on {flat.device}")
-        # one uniform per row by the inverse CDF (float64): the first token whose cumulative mass exceeds u * total,
-        # a point kept below the total, so never a token of mass 0 (perf: torch.multinomial took ~4x as long on a
-        # row of 4,098 on the CPU: every AR step at T>0 draws once)
-        u = torch.rand((flat.shape[0], 1), generator=self.generator, dtype=torch.float64, device=flat.device)
-        cdf = flat.cumsum(-1, dtype=torch.float64)
-        total = cdf[:, -1:]
-        point = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
-        return torch.searchsorted(cdf, point, right=True).reshape(probs.shape[:-1])
+        if self.generator is not None and self.generator.device != logits.device:
+            raise ValueError(f"generator: on {self.generator.device}, logits on {logits.device}")
+        # perf: the inverse CDF, not torch.multinomial (several times slower on the CPU; every AR step draws)
+        return inverse_cdf(torch.softmax(logits.float(), dim=-1), self.generator)[..., 0]
+
+
+def inverse_cdf(probs: Tensor, generator: torch.Generator | None) -> Tensor:
+    """One draw per row by the inverse CDF in float64, one uniform per row: the first token whose cumulative mass
+    exceeds ``u * total``, a point kept below the total (``u * total`` may round up to it), so never a token of
+    mass 0.  Shape: float ``[..., V]`` (need not sum to 1) -> int64 ``[..., 1]``."""
+    u = torch.rand((*probs.shape[:-1], 1), generator=generator, dtype=torch.float64, device=probs.device)
+    cdf = probs.cumsum(-1, dtype=torch.float64)
+    total = cdf[..., -1:]
+    point = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, point, right=True)
 
 
 def _mul32(x: Tensor, c: int) -> Tensor:
@@ -160,18 +152,11 @@ _TRUSTED = (GeneratorSampler, KeyedSampler)
 
 
 def sample_checked(sampler: Sampler, logits: Tensor, positions: Tensor) -> Tensor:
-    """``sampler.sample(logits, positions)``, checked where a custom sampler's output enters decoding.
+    """``sampler.sample(logits, positions)``, the one call site of a sampler.  A custom sampler's result must be
+    integer ids in ``[0, V)`` of shape ``logits.shape[:-1]`` on ``logits``' device, else a ``ValueError`` naming
+    the sampler (the range check is a host sync; the built-in samplers, exact types, are trusted).
 
-    The one call site of a sampler (speculative verification and the autoregressive loop).  For a
-    custom sampler the result must be an integer tensor (not bool, not float) of shape
-    ``logits.shape[:-1]`` on ``logits``' device with every id in ``[0, V)``; anything else is a
-    ``ValueError`` naming the sampler and what it returned.  The range check reads one flag (a host
-    sync, a few microseconds on the CPU; the decoder reads the round's tokens right after).  The
-    built-in :class:`GeneratorSampler` and :class:`KeyedSampler` (exact types) are not re-checked.
-
-    Shape:
-        logits: float ``[..., V]`` (already divided by the temperature); positions: int64 ``[...]``;
-        returns int64 ``[...]``.
+    Shape: logits float ``[..., V]`` (warped); positions int64 ``[...]`` -> int64 ``[...]``.
     """
     out = sampler.sample(logits, positions)
     if type(sampler) in _TRUSTED:

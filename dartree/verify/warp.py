@@ -1,18 +1,6 @@
-"""Target-side warpers: temperature, top-k, top-p and min-p, with HF ``generate``'s semantics and order.
-
-``Warp(temperature, top_k=None, top_p=None, min_p=None)`` defines the distribution ``p`` every sampled
-token is drawn from, in AR and in both T>0 verifiers alike (so speculative output keeps AR's
-distribution under any of them).  Applied in transformers' order (``GenerationMixin._get_logits_processor``):
-``logits / temperature``, then top-k (keep the ``k`` largest; ties at the k-th value are kept), then
-top-p (drop the smallest tokens whose cumulative probability, in ascending order, is ``<= 1 - top_p``;
-the largest is always kept), then min-p (drop tokens whose probability is below ``min_p`` times the
-largest; the largest is always kept).  Dropped tokens get ``-inf``.  ``None`` turns a filter off; so do
-``top_p=1.0`` and ``min_p=0.0`` (as HF, which adds no warper for them).  Unlike HF's ``GenerationConfig``,
-whose ``top_k`` defaults to 50 (and a model's ``generation_config`` may set more), nothing is on by default:
-to match ``generate(do_sample=True)`` with its defaults, pass ``top_k=50``.  ``min_tokens_to_keep`` is 1
-(HF's value outside beam search).
-
-Shape: every method maps float ``[..., V]`` to float32 ``[..., V]``.
+"""Target-side warpers: temperature, top-k, top-p and min-p with HF ``generate``'s semantics and order, the one
+distribution every sampled token is drawn from (AR and every T>0 verifier).  Semantics and the differences from
+HF's defaults: docs/verification.md, "Target-side warpers".  Shape: float ``[..., V]`` -> float32 ``[..., V]``.
 """
 
 from __future__ import annotations
@@ -98,16 +86,9 @@ def _hf_top_p_drop(scores: Tensor, top_p: float) -> Tensor:
 
 
 def _top_p_drop(scores: Tensor, top_p: float) -> Tensor:
-    """:func:`_hf_top_p_drop`, bit for bit.
-
-    perf (CPU): numpy sorts the values faster than ``torch.sort`` sorts values and indices, several rows and
-    one row alike (docs/results.md).  The mask needs only the sorted *values* (equal whatever sorts them: the
-    same softmax and cumulative sum, so the same count ``j`` of dropped tokens) and the order of the tokens
-    tied at the boundary: a row whose ``j``-th and ``j+1``-th smallest values differ drops exactly the tokens
-    below the ``j+1``-th; a row with a tie straddling the boundary takes torch's sort (its tie order).  Past the
-    softmax and the cumulative sum (torch's: their bits define the mask), the count, the boundary values and the
-    tie test are read on the host (perf: a handful of small torch ops fewer per call).  On an accelerator:
-    torch's sort.
+    """:func:`_hf_top_p_drop`, bit for bit; perf (CPU): numpy sorts the values faster than ``torch.sort`` sorts
+    values and indices.  The mask needs only the sorted values (so the count ``j`` of dropped tokens) and, where a
+    tie straddles the boundary, torch's tie order: such rows take torch's sort.  On an accelerator: torch's sort.
     """
     flat = scores.reshape(-1, scores.shape[-1])
     if scores.device.type != "cpu":

@@ -294,11 +294,11 @@ def test_walk_greedy_scores_only_the_path_and_equals_verify_greedy(seed):
 
 
 @pytest.mark.parametrize("seed", range(8))
-def test_walk_greedy_logits_equals_verify_greedy(seed):
+def test_walk_greedy_over_full_logits_equals_verify_greedy(seed):
     """The greedy walk over full logits (argmax only where the walk goes) gives verify_greedy's path,
     tokens and picks along it, and PAD elsewhere; with ties (the first maximum) and NaN (the first NaN,
     as torch.argmax)."""
-    from dartree.verify import walk_greedy_logits
+    from dartree.verify import walk_greedy
 
     g = torch.Generator().manual_seed(seed)
     sizes = torch.randint(1, 14, (1 + seed % 3,), generator=g).tolist()
@@ -317,7 +317,7 @@ def test_walk_greedy_logits_equals_verify_greedy(seed):
             if seed == 5 and i == 0:
                 logits[r, i, 3] = float("nan")                   # NaN wins: the walk stops at the root
     full = verify_greedy(tree, logits)
-    results = [walk_greedy_logits(tree, logits)]
+    results = [walk_greedy(tree, logits[:, 0], lambda rows, nodes: logits[rows, nodes])]
     paths = [[i for i in full.accepted[r].tolist() if i >= 0] for r in range(b)]
     for got in results:
         for field in ("accepted", "accepted_length", "bonus", "tokens"):
@@ -327,8 +327,8 @@ def test_walk_greedy_logits_equals_verify_greedy(seed):
             assert all(got.picks[r, i] == -1 for i in range(n) if i not in paths[r])
     if seed == 5:
         assert full.picks[:, 0].tolist() == [3] * b and full.accepted_length.tolist() == [0] * b
-    with pytest.raises(ValueError, match="target_logits"):
-        walk_greedy_logits(tree, logits[0])
+    with pytest.raises(ValueError, match="root_logits"):
+        walk_greedy(tree, logits[:, 0, 0], lambda rows, nodes: logits[rows, nodes])
 
 
 @pytest.mark.parametrize("seed", range(6))

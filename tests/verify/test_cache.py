@@ -7,7 +7,7 @@ import torch
 from transformers.cache_utils import DynamicCache, DynamicSlidingWindowLayer
 
 from dartree.models.target import HFTarget
-from dartree.verify import cache_length, gather_cache, keep_indices, verify_greedy
+from dartree.verify import cache_length, compact_tail, verify_greedy
 from tests.verify.helpers import ARCHS, make_tree, one_thread, tiny_lm  # noqa: F401 (autouse fixture)
 
 V = 128
@@ -55,79 +55,74 @@ def random_cache(b: int, length: int, layers: int = 2) -> DynamicCache:
     return DynamicCache(data)
 
 
-def test_gather_batch_rows_keep_their_own_slots():
-    cache = random_cache(2, 7)
-    before = [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
-    keep = torch.tensor([[0, 1, 2, 6], [0, 1, 4, 5]])
-    gather_cache(cache, keep)
-    for layer, (k, v) in zip(cache.layers, before, strict=True):
-        for r in range(2):
-            assert torch.equal(layer.keys[r], k[r][:, keep[r]])
-            assert torch.equal(layer.values[r], v[r][:, keep[r]])
-    assert cache_length(cache) == 4
+def kept(cache: DynamicCache, prefix: int, nodes: list[list[int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each layer's keys and values of the slots a commit keeps: the prefix, then ``prefix + nodes`` per row."""
+    out = []
+    for layer in cache.layers:
+        rows = [list(range(prefix)) + [prefix + i for i in row] for row in nodes]
+        out.append((torch.stack([layer.keys[r][:, slots] for r, slots in enumerate(rows)]),
+                    torch.stack([layer.values[r][:, slots] for r, slots in enumerate(rows)])))
+    return out
 
 
-def test_keep_indices():
-    accepted = torch.tensor([[0, 2, 5, -1], [0, 1, -1, -1]])
-    assert keep_indices(3, accepted, 2).tolist() == [[0, 1, 2, 3, 5], [0, 1, 2, 3, 4]]
-    with pytest.raises(ValueError, match="count"):
-        keep_indices(3, accepted, 0)
-    with pytest.raises(ValueError, match="count"):
-        keep_indices(3, accepted, 5)
+def test_compact_tail_batch_rows_keep_their_own_slots():
+    cache = random_cache(2, 9)
+    nodes = [[0, 1, 4], [0, 3, 2]]
+    want = kept(cache, 3, nodes)
+    compact_tail(cache, 3, torch.tensor(nodes))
+    for layer, (k, v) in zip(cache.layers, want, strict=True):
+        assert torch.equal(layer.keys, k) and torch.equal(layer.values, v)
+    assert cache_length(cache) == 6
 
 
-def test_gather_bad_inputs_leave_cache_untouched():
+def test_compact_bad_inputs_leave_cache_untouched():
     cache = random_cache(2, 5)
     before = [layer.keys.clone() for layer in cache.layers]
-    with pytest.raises(ValueError, match="keep"):
-        gather_cache(cache, torch.tensor([[0, 1]]))                  # batch 1 vs 2
-    with pytest.raises(ValueError, match="keep"):
-        gather_cache(cache, torch.tensor([[0, 1], [0, 1]], dtype=torch.int32))
+    with pytest.raises(ValueError, match="nodes"):
+        compact_tail(cache, 1, torch.tensor([[0, 1]]))                  # batch 1 vs 2
+    with pytest.raises(ValueError, match="nodes"):
+        compact_tail(cache, 1, torch.tensor([[0, 1], [0, 1]], dtype=torch.int32))
+    with pytest.raises(ValueError, match="prefix_len"):
+        compact_tail(cache, -1, torch.tensor([[0, 1], [0, 1]]))
     assert all(torch.equal(layer.keys, k) for layer, k in zip(cache.layers, before, strict=True))
     with pytest.raises(ValueError, match="cache"):
-        gather_cache("not a cache", torch.tensor([[0]]))
+        compact_tail("not a cache", 0, torch.tensor([[0]]))
     sliding = DynamicCache()
     sliding.layers = [DynamicSlidingWindowLayer(sliding_window=4)]
     with pytest.raises(ValueError, match="DynamicSlidingWindowLayer"):
-        gather_cache(sliding, torch.tensor([[0]]))
+        compact_tail(sliding, 0, torch.tensor([[0]]))
 
 
 @pytest.mark.parametrize("nodes", [[0], [0, 1, 2], [0, 1, 3, 7], [0, 2, 5], [0, 4, 1]])
-def test_compact_tail_equals_gather_with_and_without_host_nodes(nodes):
-    """compact_tail (device indices, or host indices that skip the nodes already in place) keeps
-    exactly what gather_cache(keep_indices(...)) keeps."""
-    from dartree.verify import compact_tail
-
+def test_compact_tail_keeps_the_slots_with_and_without_host_nodes(nodes):
+    """compact_tail (device indices, or host indices that skip the nodes already in place) keeps exactly the
+    prefix and the given tree slots, in order."""
     prefix = 5
-    want = random_cache(1, prefix + 9)
-    gather_cache(want, keep_indices(prefix, torch.tensor([nodes]), len(nodes)))
+    want = kept(random_cache(1, prefix + 9), prefix, [nodes])
     for host in (None, nodes):
         got = random_cache(1, prefix + 9)
         compact_tail(got, prefix, torch.tensor([nodes]), host)
         assert cache_length(got) == prefix + len(nodes)
-        for a, b in zip(got.layers, want.layers, strict=True):
-            assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+        for a, (k, v) in zip(got.layers, want, strict=True):
+            assert torch.equal(a.keys, k) and torch.equal(a.values, v)
     with pytest.raises(ValueError, match="host_nodes"):
         compact_tail(random_cache(1, 9), 2, torch.tensor([nodes]), nodes + [8])
 
 
 @pytest.mark.parametrize("nodes", [[0], [0, 1, 2], [0, 1, 3, 7], [0, 2, 5], [0, 4, 1], [0, 3, 3]])
-def test_compaction_of_the_lean_buffers_equals_gather(nodes):
-    """The lean forward's KV buffers (prefix views with spare slots) keep exactly what
-    gather_cache(keep_indices(...)) keeps after compact_tail, and the buffers' spare slots stay usable
-    for the next append."""
+def test_compaction_of_the_lean_buffers_keeps_the_slots(nodes):
+    """The lean forward's KV buffers (prefix views with spare slots) keep exactly the prefix and the given tree
+    slots after compact_tail, and the buffers' spare slots stay usable for the next append."""
     from dartree.models.lean import _append
-    from dartree.verify import compact_tail
 
     prefix = 5
-    want = random_cache(1, prefix + 9)
-    gather_cache(want, keep_indices(prefix, torch.tensor([nodes]), len(nodes)))
+    want = kept(random_cache(1, prefix + 9), prefix, [nodes])
     got = DynamicCache([(torch.empty(1, 2, 0, 4), torch.empty(1, 2, 0, 3)) for _ in range(2)])
     for i, layer in enumerate(random_cache(1, prefix + 9).layers):
         _append(got, i, layer.keys, layer.values)
     assert all("_dartree_kv" in layer.__dict__ for layer in got.layers)
     compact_tail(got, prefix, torch.tensor([nodes]), nodes)
-    for a, b in zip(got.layers, want.layers, strict=True):
-        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+    for a, (k, v) in zip(got.layers, want, strict=True):
+        assert torch.equal(a.keys, k) and torch.equal(a.values, v)
     k, v = _append(got, 0, torch.ones(1, 2, 1, 4), torch.ones(1, 2, 1, 3))
-    assert k.shape[2] == prefix + len(nodes) + 1 and torch.equal(k[:, :, :-1], want.layers[0].keys)
+    assert k.shape[2] == prefix + len(nodes) + 1 and torch.equal(k[:, :, :-1], want[0][0])

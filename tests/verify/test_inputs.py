@@ -25,7 +25,6 @@ def test_golden_inputs():
     inp = tree_inputs(GOLDEN, 3)
     assert inp.input_ids.tolist() == [[10, 11, 12, 13], [20, 21, 0, 0]]
     assert inp.position_ids.tolist() == [[3, 4, 4, 5], [3, 4, 3, 3]]
-    assert inp.valid.tolist() == [[True] * 4, [True, True, False, False]]
     assert inp.mask.shape == (2, 1, 4, 7)
     m = inp.mask[:, 0].int().tolist()
     # columns: 3 prefix slots, then the 4 node slots
@@ -97,7 +96,6 @@ def test_buffer_refill_equals_fresh_inputs_over_many_rounds():
         want = tree_inputs(tree, prefix, kv_len=kv_len)
         assert torch.equal(got.mask, want.mask), step
         assert torch.equal(got.input_ids, want.input_ids) and torch.equal(got.position_ids, want.position_ids)
-        assert torch.equal(got.valid, want.valid)
         prefix += int(torch.randint(1, size + 1, (1,), generator=g))      # commit 1..size slots
     with pytest.raises(ValueError, match="one-row"):
         buf.fill(random_tree([3, 4], seed=0), 5)
