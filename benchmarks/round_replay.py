@@ -32,13 +32,6 @@ def best(fn, n: int, reps: int = 7) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--method", default="corrected-sequoia:budget=3")
-    parser.add_argument("--prompts", type=int, default=2, help="prompts per set (HumanEval, stdlib)")
-    parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--reps", type=int, default=3)
-    args = parser.parse_args()
-
     import dartree.timing
     from dartree import verifiers
     from dartree.eval.bundles import encode, load_bundle
@@ -46,6 +39,11 @@ def main() -> None:
     from dartree.eval.methods import make_decoder, parse_method
     from dartree.verify.sampling import GeneratorSampler
 
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--method", default="corrected-sequoia:budget=3", help="dartree bench's NAME[:KEY=VALUE,...]")
+    parser.add_argument("--prompts", type=int, default=2, help="prompts per set (HumanEval, stdlib), 64 tokens each")
+    parser.add_argument("--reps", type=int, default=3, help="replays of every round, warm then cold")
+    args = parser.parse_args()
     torch.set_num_threads(1)
     bundle = load_bundle("pystdlib-tiny")
     prompts = [torch.tensor([encode(bundle.tokenizer, p.text)[-256:]])
@@ -65,7 +63,7 @@ def main() -> None:
     verifiers.Traversal.draw, verifiers.Traversal.accept = capture_draw, capture_accept
     with torch.inference_mode():
         for i, prompt in enumerate(prompts):
-            decoder.generate(prompt, args.new_tokens, 1.0, GeneratorSampler(torch.Generator().manual_seed(7 + i)))
+            decoder.generate(prompt, 64, 1.0, GeneratorSampler(torch.Generator().manual_seed(7 + i)))
     verifiers.Traversal.draw, verifiers.Traversal.accept = draw, accept
     if not draws:
         raise SystemExit(f"{args.method}: no sampled rounds with the traversal verifier")
