@@ -170,15 +170,17 @@ class TimedHead:
 
     def _vocab_logits(self, block: Any, depth: int, states: Tensor) -> Tensor:
         """The head's optional ``vocab_logits``, timed and checked (``vocab_logits`` when the head has one)."""
+        if self._trusted:           # perf: a sampled round's proposals (dartree's own heads: shapes tested, no copies)
+            self.calls += 1
+            return self._timed(self.head.vocab_logits, block, depth, states)
         out = self._call("vocab_logits", self._own_block(block), depth, self._own(states))
-        if self._trusted:           # perf: a sampled round's proposals (dartree's own heads: shapes tested)
-            return out
         return _logits("vocab_logits", out, block, states, block.logits)      # its last dimension: V
 
     def advance(self, block: Any, depth: int, states: Tensor, tokens: Tensor) -> Tensor:
-        out = self._call("advance", self._own_block(block), depth, self._own(states), self._own(tokens))
         if self._trusted:           # perf: as vocab_logits
-            return out
+            self.calls += 1
+            return self._timed(self.head.advance, block, depth, states, tokens)
+        out = self._call("advance", self._own_block(block), depth, self._own(states), self._own(tokens))
         return _state("advance", out, block, tuple(tokens.shape), self._width)
 
     def __getattr__(self, name: str) -> Any:      # other attributes of the head (not its methods above)

@@ -79,12 +79,14 @@ def derived(owner: object, slot: str, sources: list[Tensor | None], build):
     """
     cache = owner.__dict__.get(slot)
     if cache is not None and len(cache[0]) == len(sources):
-        # perf: compared in place, no key built for a hit (a build looks up several derived tensors a call)
-        for held, w in zip(cache[0], sources, strict=True):
+        # perf: compared in place, no key built for a hit (a build looks up several derived tensors a call); the
+        # same tensor (identity) is an inference tensor or not as when held, so a held version of None (an
+        # inference tensor) needs no version read, and any other is compared to ``w._version``
+        for held, w in zip(cache[0], sources, strict=False):     # the lengths are equal (checked above)
             if held is None:
                 if w is not None:
                     break
-            elif held[0] is not w or held[1] != w.data_ptr() or held[2] != tensor_version(w):
+            elif held[0] is not w or held[1] != w.data_ptr() or (held[2] is not None and held[2] != w._version):
                 break
         else:
             return cache[1]

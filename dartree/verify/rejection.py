@@ -5,6 +5,7 @@ verified by rejection sampling".  Shape: ``tree`` tensors ``[b, n]``; target log
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -136,7 +137,10 @@ def _draws(q: Tensor, m: int, generator: torch.Generator | None) -> tuple[list, 
     """
     one_row = q.device.type == "cpu" and q.numel() == q.shape[-1]
     if m == 1 and one_row:
-        return _nested([_inverse_cdf_host(q, generator)], q.dim() - 1), _ones(q.shape[:-1])
+        token = _inverse_cdf_host(q, generator)
+        if q.dim() == 3:            # perf: a one-row depth's one parent (_draw_head), its nesting written out
+            return [[[token]]], [[1]]
+        return _nested([token], q.dim() - 1), _ones(q.shape[:-1])
     drawn = _draw_without_replacement(q, m, generator)
     if m == 1:      # one draw: any proposal has a token of positive mass (perf: no gather, no tensor of ones)
         return drawn.tolist(), _ones(q.shape[:-1])
@@ -155,8 +159,9 @@ def _inverse_cdf_host(q: Tensor, generator: torch.Generator | None) -> int:
     """
     u = torch.rand((*q.shape[:-1], 1), generator=generator, dtype=torch.float64, device=q.device)
     cdf = q.reshape(-1).cumsum(0, dtype=torch.float64).numpy()
-    total = cdf[-1]
-    point = min(u.item() * total, np.nextafter(total, 0.0))      # host read: a CPU tensor, no device sync
+    total = float(cdf[-1])
+    # host read: a CPU tensor, no device sync; math's nextafter on a float is numpy's on a float64 (perf)
+    point = min(u.item() * total, math.nextafter(total, 0.0))
     return int(cdf.searchsorted(point, side="right"))
 
 
@@ -365,7 +370,9 @@ def _draw_head(tokens: list, keep: list, kids, depths, block: DraftBlock, head, 
                                pairs[1])                                              # [b, c, S]
         for r in range(b):
             if children[r]:
-                if children[r] == list(range(children[r][0], children[r][0] + len(children[r]))):
+                if b == 1 and children[0] == list(range(children[0][0], children[0][0] + c)):    # perf: 3 ops
+                    states.narrow(1, children[0][0], c).copy_(new)
+                elif children[r] == list(range(children[r][0], children[r][0] + len(children[r]))):
                     states.select(0, r).narrow(0, children[r][0], len(children[r])).copy_(
                         new.select(0, r).narrow(0, 0, len(children[r])))                    # a slice: cheaper
                 else:
