@@ -91,10 +91,10 @@ def _lean_for(model: nn.Module, capacity: int | None) -> tuple[LeanForward | Non
         if lean is not None and capacity is not None and capacity < PROBE_SLOTS:
             lean, why = None, f"a static cache of {capacity} slots is too small to probe (< {PROBE_SLOTS})"
         if lean is not None:
-            # the fastest variant first; where the probe finds other bits, the next one: HF's attention
-            # function, then q and k normed and rotated apart as well
-            for options in ({}, {"grouped": False}, {"joint": False}):
-                lean = lean_forward(model, **options)[0] if options else lean
+            # grouped sdpa first; where the probe finds other bits (a static cache's masked padding can change
+            # sdpa's kernel), HF's attention function
+            for grouped in (True, False):
+                lean = lean if grouped else LeanForward(model, grouped=False)
                 try:
                     why = _probe_equal(model, lean, capacity)
                 except (RuntimeError, ValueError, TypeError, AttributeError, IndexError) as e:
