@@ -24,7 +24,6 @@ from torch import Tensor, nn
 
 from dartree.block import DraftBlock
 from dartree.models.drafter import DFlashDrafter
-from dartree.models.kmajor import derived
 from dartree.protocols import BatchDrafter, check_drafter, is_batch_drafter
 
 __all__ = ["BatchDrafter", "DFlashRows", "RowsOfDrafters", "batch_drafter"]
@@ -176,12 +175,8 @@ class DFlashRows:
         mask = (cols[None, :] < lengths[:, None]) | (cols[None, :] >= width)            # [b, c + block]
         mask = mask[:, None, None, :].expand(b, 1, d.block_size, width + d.block_size)
         ctx = [(k[:, :, :width], v[:, :, :width]) for k, v in self._kv]
-        first = getattr(d.config, "first_slot", 1)      # the slot that proposes depth 1 (0 with shift_label)
-        hidden = d.block_hidden(roots[:, None], positions, ctx, mask)[:, first:]
-        head = d.lm_head_weight
-        if head.dtype != hidden.dtype:      # cast once, shared with DFlashDrafter.draft's (same slot)
-            head = derived(d, f"_lm_head_{hidden.dtype}", [head], lambda w=head, t=hidden.dtype: w.to(t))
-        logits = F.linear(hidden, head)
+        hidden = d.block_hidden(roots[:, None], positions, ctx, mask)[:, d.config.first_slot:]
+        logits = F.linear(hidden, d.lm_head_as(hidden.dtype))
         return DraftBlock(logits=logits, root=roots, hidden=hidden)
 
     def keep_rows(self, rows: list[int]) -> None:

@@ -16,10 +16,10 @@ from torch import Tensor, nn
 
 from dartree.arguments import check_int
 from dartree.block import DraftBlock
-from dartree.models.kmajor import KMAJOR_LIMIT_BYTES, derived, linear, tensor_version
-from dartree.models.pointwise import rms_norm, rotate_signed, signed_sin
+from dartree.models.kmajor import KMAJOR_LIMIT_BYTES, derived, linear
+from dartree.models.pointwise import rms_norm, rotate, rotate_signed, signed_sin
 
-__all__ = ["DFlashConfig", "DFlashDrafter", "dflash_target_layer_ids", "MAX_BLOCK_SIZE", "tensor_version"]
+__all__ = ["DFlashConfig", "DFlashDrafter", "dflash_target_layer_ids", "MAX_BLOCK_SIZE"]
 
 #: Largest ``block_size`` accepted (the released drafters use 7 to 16).  A block is
 #: ``block_size`` slots through every draft layer each round and a tree is at most
@@ -224,29 +224,6 @@ class RotaryEmbedding(nn.Module):
         return emb.cos()[:, None].to(x.dtype), emb.sin()[:, None].to(x.dtype)
 
 
-def rope(x: Tensor, positions: Tensor, rotary: RotaryEmbedding) -> Tensor:
-    """Rotary embedding (rotate-half convention, as Qwen3).
-
-    Shape:
-        x: ``[b, heads, t, head_dim]``; positions: int64 ``[b, t]`` or ``[t]``.
-    """
-    cos, sin = rotary(x, positions)
-    return rotate(x, cos, sin)
-
-
-def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """``x * cos + rotate_half(x) * sin``.  Shape: x ``[b, heads, t, head_dim]``; cos/sin broadcastable."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
-
-
-def _rotate_heads(x: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
-    """:func:`rotate` of ``x.transpose(1, 2)`` (``x`` ``[b, t, heads, head_dim]``) from the signed sin (perf:
-    :func:`dartree.models.pointwise.rotate_signed`, the same bits in fewer ops)."""
-    return rotate_signed(x.transpose(1, 2), cos, sin_signed)
-
-
 def _rms(norm: RMSNorm, x: Tensor) -> Tensor:
     """perf: ``norm(x)`` without the module call (in fp32 :func:`dartree.models.pointwise.rms_norm`, the same bits
     in fewer ops)."""
@@ -296,13 +273,13 @@ class DFlashAttention(nn.Module):
         b, t, _ = x.shape
         k = self.k_norm(self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim)).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        return rope(k, positions, self.rotary), v
+        return rotate(k, *self.rotary(k, positions)), v
 
     def forward(self, x: Tensor, positions: Tensor, ctx_k: Tensor, ctx_v: Tensor, mask: Tensor | None) -> Tensor:
         """Shape: x ``[b, t, H]``; ctx_k/ctx_v ``[b, kv_heads, c, head_dim]``; mask bool ``[b, 1, t, c + t]``."""
         b, t, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(b, t, self.num_heads, self.head_dim)).transpose(1, 2)
-        q = rope(q, positions, self.rotary)
+        q = rotate(q, *self.rotary(q, positions))
         k, v = self.key_values(x, positions)
         k = torch.cat([ctx_k, k], dim=2)
         v = torch.cat([ctx_v, v], dim=2)
@@ -345,7 +322,7 @@ class DFlashLayer(nn.Module):
         nkv = a.num_kv_heads * a.head_dim
         kv = _project(x, a, ("k_proj", "v_proj"))
         k = _rms(a.k_norm, kv[..., :nkv].view(b, t, a.num_kv_heads, a.head_dim))
-        k_buf[:, :, start:start + t] = _rotate_heads(k, cos, sin)
+        k_buf[:, :, start:start + t] = rotate_signed(k.transpose(1, 2), cos, sin)
         v_buf[:, :, start:start + t] = kv[..., nkv:].view(b, t, a.num_kv_heads, a.head_dim).transpose(1, 2)
 
     def decode(self, x: Tensor, cos: Tensor, sin: Tensor, k_buf: Tensor, v_buf: Tensor, start: int) -> Tensor:
@@ -362,8 +339,9 @@ class DFlashLayer(nn.Module):
         b, t, _ = x.shape
         nq, nkv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
         qkv = _project(_rms(self.input_layernorm, x), a, ("q_proj", "k_proj", "v_proj"))
-        q = _rotate_heads(_rms(a.q_norm, qkv[..., :nq].view(b, t, a.num_heads, a.head_dim)), cos, sin)
-        k = _rotate_heads(_rms(a.k_norm, qkv[..., nq:nq + nkv].view(b, t, a.num_kv_heads, a.head_dim)), cos, sin)
+        q = rotate_signed(_rms(a.q_norm, qkv[..., :nq].view(b, t, a.num_heads, a.head_dim)).transpose(1, 2), cos, sin)
+        k = _rms(a.k_norm, qkv[..., nq:nq + nkv].view(b, t, a.num_kv_heads, a.head_dim))
+        k = rotate_signed(k.transpose(1, 2), cos, sin)
         end = start + t
         k_buf[:, :, start:end] = k
         v_buf[:, :, start:end] = qkv[..., nq + nkv:].view(b, t, a.num_kv_heads, a.head_dim).transpose(1, 2)
@@ -442,6 +420,13 @@ class DFlashDrafter(nn.Module):
             raise ValueError("target: the drafter is not bound to a target; call drafter.bind(target_model)")
         return self._lm_head
 
+    def lm_head_as(self, dtype: torch.dtype) -> Tensor:
+        """:attr:`lm_head_weight` in ``dtype``.  perf: a drafter in another dtype than the target's shared LM head
+        casts it once (rebuilt when the head is replaced or edited): a cast and a new K-major copy per block cost
+        more (docs/results.md)."""
+        head = self.lm_head_weight
+        return head if head.dtype == dtype else derived(self, f"_lm_head_{dtype}", [head], lambda: head.to(dtype))
+
     def bind(self, target: nn.Module) -> DFlashDrafter:
         """Share ``target``'s input embedding and LM head (not copied, not part of ``state_dict``)."""
         emb = target.get_input_embeddings() if hasattr(target, "get_input_embeddings") else None
@@ -463,7 +448,7 @@ class DFlashDrafter(nn.Module):
         object.__setattr__(self, "_embedding", embedding)
         object.__setattr__(self, "_lm_head", lm_head)
         for slot in [k for k in self.__dict__ if k.startswith("_lm_head_")]:
-            del self.__dict__[slot]         # casts of the head shared before (draft's derived copies)
+            del self.__dict__[slot]         # casts of the head shared before (lm_head_as)
 
     # ---------------------------------------------------------------------------- context cache
     def reset(self) -> None:
@@ -646,12 +631,7 @@ class DFlashDrafter(nn.Module):
             x = layer.decode(x, cos, sin, k_buf, v_buf, n + m)
         self._length = n + m
         hidden = _rms(self.norm, x[:, self.config.first_slot:])                                      # slot -> depth
-        head = self.lm_head_weight
-        if head.dtype != dtype:
-            # perf: a drafter in another dtype than the target's shared LM head casts it once (rebuilt when the
-            # head is replaced or edited): a cast and a new K-major copy per block cost more (docs/results.md)
-            head = derived(self, f"_lm_head_{dtype}", [head], lambda w=head: w.to(dtype))
-        logits = _matmul(hidden.reshape(-1, hidden.shape[-1]), head)
+        logits = _matmul(hidden.reshape(-1, hidden.shape[-1]), self.lm_head_as(dtype))
         return DraftBlock(logits=logits.view(b, self.gamma, -1), root=root, hidden=hidden)
 
     def forward(self, root: Tensor) -> DraftBlock:
