@@ -1,17 +1,8 @@
 """Drafters with per-row contexts, for batched decoding (:meth:`dartree.decode.SpeculativeDecoder.generate_batch`).
 
-A batch drafter keeps one context per row; rows grow by different amounts and leave when they finish::
-
-    start(b)                                  # b empty rows
-    append_rows(hidden, tokens, counts)       # row r gains tokens[r, :counts[r]] (hidden likewise)
-    draft_rows(roots) -> DraftBlock           # roots int64 [b]; row r's root sits at position len(context_r)
-    keep_rows(rows)                           # the listed rows stay, in that order
-    add_rows(hidden, tokens, counts)          # new rows after the current ones, with these contexts
-
-``hidden`` ``[b, m, F]`` (``None`` without ``target_layer_ids``) and ``tokens`` ``[b, m]`` are right-padded
-past ``counts[r]``.  :func:`batch_drafter` adapts this package's drafters: :class:`DFlashRows` runs a
-``DFlashDrafter`` on the whole batch; :class:`RowsOfDrafters` one single-request drafter per row (e.g.
-``OracleDrafter``).  An object that already has these methods is used as is.
+The batch protocol (``start``, ``append_rows``, ``draft_rows``, ``keep_rows``, ``add_rows``): docs/verification.md,
+"Drafters".  :func:`batch_drafter` adapts this package's drafters: :class:`DFlashRows` runs a ``DFlashDrafter`` on
+the whole batch; :class:`RowsOfDrafters` one single-request drafter per row.
 """
 
 from __future__ import annotations

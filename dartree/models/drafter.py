@@ -156,9 +156,10 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
-        # perf: one call, bit-identical to the lines below in fp32 (tests/models/test_drafter_fast.py)
+        # perf: torch.rms_norm's bits in fewer ops, equal to the lines below in fp32
+        # (tests/models/test_drafter_fast.py); the decoding paths call forward directly (no module call)
         if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
-            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+            return rms_norm(x, self.weight, self.eps)
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -222,15 +223,6 @@ class RotaryEmbedding(nn.Module):
         if emb.dim() == 2:
             emb = emb[None]
         return emb.cos()[:, None].to(x.dtype), emb.sin()[:, None].to(x.dtype)
-
-
-def _rms(norm: RMSNorm, x: Tensor) -> Tensor:
-    """perf: ``norm(x)`` without the module call (in fp32 :func:`dartree.models.pointwise.rms_norm`, the same bits
-    in fewer ops)."""
-    w = norm.weight
-    if x.dtype == torch.float32 and w.dtype == torch.float32:
-        return rms_norm(x, w, norm.eps)
-    return norm(x)
 
 
 def _fused_weight(module: nn.Module, names: tuple[str, ...]) -> Tensor:
@@ -321,7 +313,7 @@ class DFlashLayer(nn.Module):
         b, t, _ = x.shape
         nkv = a.num_kv_heads * a.head_dim
         kv = _project(x, a, ("k_proj", "v_proj"))
-        k = _rms(a.k_norm, kv[..., :nkv].view(b, t, a.num_kv_heads, a.head_dim))
+        k = a.k_norm.forward(kv[..., :nkv].view(b, t, a.num_kv_heads, a.head_dim))
         k_buf[:, :, start:start + t] = rotate_signed(k.transpose(1, 2), cos, sin)
         v_buf[:, :, start:start + t] = kv[..., nkv:].view(b, t, a.num_kv_heads, a.head_dim).transpose(1, 2)
 
@@ -338,9 +330,9 @@ class DFlashLayer(nn.Module):
         a = self.self_attn
         b, t, _ = x.shape
         nq, nkv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
-        qkv = _project(_rms(self.input_layernorm, x), a, ("q_proj", "k_proj", "v_proj"))
-        q = rotate_signed(_rms(a.q_norm, qkv[..., :nq].view(b, t, a.num_heads, a.head_dim)).transpose(1, 2), cos, sin)
-        k = _rms(a.k_norm, qkv[..., nq:nq + nkv].view(b, t, a.num_kv_heads, a.head_dim))
+        qkv = _project(self.input_layernorm.forward(x), a, ("q_proj", "k_proj", "v_proj"))
+        q = rotate_signed(a.q_norm.forward(qkv[..., :nq].view(b, t, a.num_heads, a.head_dim)).transpose(1, 2), cos, sin)
+        k = a.k_norm.forward(qkv[..., nq:nq + nkv].view(b, t, a.num_kv_heads, a.head_dim))
         k = rotate_signed(k.transpose(1, 2), cos, sin)
         end = start + t
         k_buf[:, :, start:end] = k
@@ -350,7 +342,7 @@ class DFlashLayer(nn.Module):
                                              enable_gqa=a.num_heads != a.num_kv_heads)
         x = x + _project(out.transpose(1, 2).reshape(b, t, -1), a, ("o_proj",))
         m = self.mlp
-        gate_up = _project(_rms(self.post_attention_layernorm, x), m, ("gate_proj", "up_proj"))
+        gate_up = _project(self.post_attention_layernorm.forward(x), m, ("gate_proj", "up_proj"))
         inter = m.gate_proj.out_features
         return x + _project(F.silu(gate_up[..., :inter]) * gate_up[..., inter:], m, ("down_proj",))
 
@@ -502,7 +494,7 @@ class DFlashDrafter(nn.Module):
         self._check_hidden(hidden_states)
         w = self.fc.weight
         x = hidden_states if hidden_states.dtype == w.dtype else hidden_states.to(w.dtype)
-        return _rms(self.hidden_norm, _matmul(x, w))
+        return self.hidden_norm.forward(_matmul(x, w))
 
     def _check_hidden(self, hidden_states: object) -> None:
         width = len(self.config.target_layer_ids) * self.config.hidden_size
@@ -517,18 +509,13 @@ class DFlashDrafter(nn.Module):
         return [layer.self_attn.key_values(features, positions) for layer in self.layers]
 
     @torch.no_grad()
-    def append_context(self, hidden_states: Tensor | list[Tensor], tokens: Tensor | None = None) -> None:
+    def append_context(self, hidden_states: Tensor, tokens: Tensor | None = None) -> None:
         """Append the target's hidden states of newly cached tokens (positions ``context_length..``).
 
         Shape:
-            hidden_states: ``[b, m, len(target_layer_ids) * H]`` (``TargetOutput.hidden``), or one ``[b, m, H]`` per
-            target layer.  tokens: optional int64 ``[b, m]``, only checked (the hidden states already hold them).
+            hidden_states: ``[b, m, len(target_layer_ids) * H]`` (``TargetOutput.hidden``).  tokens: optional int64
+            ``[b, m]``, only checked (the hidden states already hold them).
         """
-        if isinstance(hidden_states, (list, tuple)):
-            if len(hidden_states) != len(self.config.target_layer_ids):
-                raise ValueError(f"hidden_states: expected {len(self.config.target_layer_ids)} tensors "
-                                 f"(one per target layer), got {len(hidden_states)}")
-            hidden_states = torch.cat(list(hidden_states), dim=-1)
         if hidden_states is None:
             raise ValueError("hidden_states: the DFlash drafter needs the target's hidden states, got None")
         self._check_hidden(hidden_states)
@@ -630,7 +617,7 @@ class DFlashDrafter(nn.Module):
                 layer.store_context(feats, ctx_cos, ctx_sin, k_buf, v_buf, n)
             x = layer.decode(x, cos, sin, k_buf, v_buf, n + m)
         self._length = n + m
-        hidden = _rms(self.norm, x[:, self.config.first_slot:])                                      # slot -> depth
+        hidden = self.norm.forward(x[:, self.config.first_slot:])                              # slot -> depth
         logits = _matmul(hidden.reshape(-1, hidden.shape[-1]), self.lm_head_as(dtype))
         return DraftBlock(logits=logits.view(b, self.gamma, -1), root=root, hidden=hidden)
 
