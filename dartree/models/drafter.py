@@ -177,7 +177,7 @@ class RotaryEmbedding(nn.Module):
         self.rope_type = params["rope_type"]
         self._scaled: nn.Module | None = None
         self._inv_freq: Tensor | None = None
-        self._table: tuple[Tensor, Tensor, Tensor] | None = None       # perf: see table()
+        self._table: tuple[Tensor, Tensor] | None = None       # perf: see table()
         if self.rope_type == "default":
             dim = config.head_dim
             self._inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
@@ -191,23 +191,23 @@ class RotaryEmbedding(nn.Module):
                              rope_parameters=dict(params))
             object.__setattr__(self, "_scaled", Qwen3RotaryEmbedding(hf))   # not a child: never cast
 
-    def table(self, start: int, count: int, like: Tensor, signed: bool = False) -> tuple[Tensor, Tensor]:
-        """cos and sin of positions ``start .. start + count - 1``, ``[1, 1, count, head_dim]`` in ``like``'s dtype
-        and device, equal to :meth:`forward` (``signed``: the sin of :func:`dartree.models.pointwise.signed_sin`).
+    def table(self, start: int, count: int, like: Tensor) -> tuple[Tensor, Tensor]:
+        """cos and signed sin (:func:`dartree.models.pointwise.signed_sin`) of positions ``start .. start + count - 1``,
+        ``[1, 1, count, head_dim]`` in ``like``'s dtype and device, from :meth:`forward`.
 
         perf: the default rope reads a cached table (grown by doubling; the same elementwise ops as
         :meth:`forward`, so the same bits); scaled types (``dynamic`` depends on the largest position) call it.
         """
         if self._scaled is not None:
             cos, sin = self.forward(like, torch.arange(start, start + count, device=like.device))
-            return (cos, signed_sin(sin)) if signed else (cos, sin)
+            return cos, signed_sin(sin)
         end = start + count
         cache = self._table
         if cache is None or cache[0].shape[2] < end or cache[0].device != like.device or cache[0].dtype != like.dtype:
             cap = max(end, 256, 2 * (cache[0].shape[2] if cache is not None else 0))
             cos, sin = self.forward(like, torch.arange(cap, device=like.device))
-            cache = self._table = (cos, sin, signed_sin(sin))
-        return cache[0][:, :, start:end], cache[2 if signed else 1][:, :, start:end]
+            cache = self._table = (cos, signed_sin(sin))
+        return cache[0][:, :, start:end], cache[1][:, :, start:end]
 
     def forward(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
         """cos and sin, both ``[b or 1, 1, t, head_dim]`` in ``x``'s dtype.  Shape: positions ``[b, t]`` or ``[t]``."""
@@ -546,7 +546,7 @@ class DFlashDrafter(nn.Module):
         # k/v matmul per layer and the cached rotary table
         n, (b, m, _) = self._length, feats.shape
         kv = self._reserve(b, n + m, feats)
-        cos, sin = self.layers[0].self_attn.rotary.table(n, m, feats, signed=True)
+        cos, sin = self.layers[0].self_attn.rotary.table(n, m, feats)
         for layer, (k_buf, v_buf) in zip(self.layers, kv, strict=True):
             layer.store_context(feats, cos, sin, k_buf, v_buf, n)
         self._length += m
@@ -609,7 +609,7 @@ class DFlashDrafter(nn.Module):
         if x.dtype != dtype:
             x = x.to(dtype)
         kv = self._reserve(b, n + m + size, x)
-        cos, sin = self.layers[0].self_attn.rotary.table(n, m + size, x, signed=True)
+        cos, sin = self.layers[0].self_attn.rotary.table(n, m + size, x)
         if m:
             ctx_cos, ctx_sin, cos, sin = cos[:, :, :m], sin[:, :, :m], cos[:, :, m:], sin[:, :, m:]
         for layer, (k_buf, v_buf) in zip(self.layers, kv, strict=True):

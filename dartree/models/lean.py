@@ -145,8 +145,6 @@ def _why_not(model: nn.Module) -> str | None:
     windowed = kind == "mistral" or getattr(config, "use_sliding_window", False)
     if getattr(config, "sliding_window", None) is not None and windowed:
         return "sliding-window attention"
-    if getattr(config, "pretraining_tp", 1) not in (1, None):
-        return "pretraining_tp > 1"
     base = getattr(model, "model", None)
     head = getattr(model, "lm_head", None)
     if base is None or not isinstance(head, nn.Linear) or head.bias is not None:
@@ -217,8 +215,8 @@ class LeanForward:
         self._rope_table = getattr(base.rotary_emb, "rope_type", None) == "default"
         self._rope: tuple | None = None
 
-    def _rotary_rows(self, h: Tensor, position_ids: Tensor, signed: bool) -> tuple[Tensor, Tensor, bool]:
-        """``(*base.rotary_emb(h, position_ids), False)`` bit for bit, or with ``signed`` where the table applies
+    def _rotary_rows(self, h: Tensor, position_ids: Tensor) -> tuple[Tensor, Tensor, bool]:
+        """``(*base.rotary_emb(h, position_ids), False)`` bit for bit, or where the table applies
         ``(cos, signed_sin(sin), True)``.  perf (CPU, default RoPE): rows of a table the module made for positions
         ``0..P-1`` (grown by half), gathered per call; each entry is elementwise in its position, so a row is the
         module's output there (tested); rebuilt when ``inv_freq`` is replaced or edited."""
@@ -232,8 +230,8 @@ class LeanForward:
                 or cached[3].shape[0] < need:
             size = max(need, 256, 0 if cached is None else cached[3].shape[0] * 3 // 2)
             cos, sin = rotary(h[:, :1], torch.arange(size, device=h.device)[None])     # [1, P, D] each
-            cached = self._rope = (inv, tensor_version(inv), h.dtype, cos[0], sin[0], signed_sin(sin[0]))
-        return cached[3][position_ids], cached[5 if signed else 4][position_ids], signed
+            cached = self._rope = (inv, tensor_version(inv), h.dtype, cos[0], signed_sin(sin[0]))
+        return cached[3][position_ids], cached[4][position_ids], True
 
     def __call__(
         self,
@@ -260,7 +258,7 @@ class LeanForward:
         if attention_mask is None:
             attention_mask = create_causal_mask(config=config, inputs_embeds=h, attention_mask=None,
                                                 position_ids=position_ids, **cache_kwargs(create_causal_mask, cache))
-        rows_cos, rows_sin, signed = self._rotary_rows(h, position_ids, True)  # [b, m, d]: one row per position
+        rows_cos, rows_sin, signed = self._rotary_rows(h, position_ids)  # [b, m, d]: one row per position
         cos, sin = rows_cos.unsqueeze(1), rows_sin.unsqueeze(1)
         turn = rotate_signed if signed else rotate
         b, m = input_ids.shape
