@@ -1,17 +1,8 @@
 """Drafters with per-row contexts, for batched decoding (:meth:`dartree.decode.SpeculativeDecoder.generate_batch`).
 
-A batch drafter keeps one context per row; rows grow by different amounts and leave when they finish::
-
-    start(b)                                  # b empty rows
-    append_rows(hidden, tokens, counts)       # row r gains tokens[r, :counts[r]] (hidden likewise)
-    draft_rows(roots) -> DraftBlock           # roots int64 [b]; row r's root sits at position len(context_r)
-    keep_rows(rows)                           # the listed rows stay, in that order
-    add_rows(hidden, tokens, counts)          # new rows after the current ones, with these contexts
-
-``hidden`` ``[b, m, F]`` (``None`` without ``target_layer_ids``) and ``tokens`` ``[b, m]`` are right-padded
-past ``counts[r]``.  :func:`batch_drafter` adapts this package's drafters: :class:`DFlashRows` runs a
-``DFlashDrafter`` on the whole batch; :class:`RowsOfDrafters` one single-request drafter per row (e.g.
-``OracleDrafter``).  An object that already has these methods is used as is.
+The batch protocol (``start``, ``append_rows``, ``draft_rows``, ``keep_rows``, ``add_rows``): docs/verification.md,
+"Drafters".  :func:`batch_drafter` adapts this package's drafters: :class:`DFlashRows` runs a ``DFlashDrafter`` on
+the whole batch; :class:`RowsOfDrafters` one single-request drafter per row.
 """
 
 from __future__ import annotations
@@ -24,7 +15,6 @@ from torch import Tensor, nn
 
 from dartree.block import DraftBlock
 from dartree.models.drafter import DFlashDrafter
-from dartree.models.kmajor import derived
 from dartree.protocols import BatchDrafter, check_drafter, is_batch_drafter
 
 __all__ = ["BatchDrafter", "DFlashRows", "RowsOfDrafters", "batch_drafter"]
@@ -176,12 +166,8 @@ class DFlashRows:
         mask = (cols[None, :] < lengths[:, None]) | (cols[None, :] >= width)            # [b, c + block]
         mask = mask[:, None, None, :].expand(b, 1, d.block_size, width + d.block_size)
         ctx = [(k[:, :, :width], v[:, :, :width]) for k, v in self._kv]
-        first = getattr(d.config, "first_slot", 1)      # the slot that proposes depth 1 (0 with shift_label)
-        hidden = d.block_hidden(roots[:, None], positions, ctx, mask)[:, first:]
-        head = d.lm_head_weight
-        if head.dtype != hidden.dtype:      # cast once, shared with DFlashDrafter.draft's (same slot)
-            head = derived(d, f"_lm_head_{hidden.dtype}", [head], lambda w=head, t=hidden.dtype: w.to(t))
-        logits = F.linear(hidden, head)
+        hidden = d.block_hidden(roots[:, None], positions, ctx, mask)[:, d.config.first_slot:]
+        logits = F.linear(hidden, d.lm_head_as(hidden.dtype))
         return DraftBlock(logits=logits, root=roots, hidden=hidden)
 
     def keep_rows(self, rows: list[int]) -> None:

@@ -1,19 +1,7 @@
 """dartree inside HF ``generate``: ``model.generate(ids, custom_generate=dartree.hf.generate, drafter=, builder=)``.
 
-transformers 5.x hands a callable ``custom_generate`` the prepared loop arguments (validated config,
-``max_length``, logits processors, stopping criteria) and the keywords it declares beyond ``_sample``'s:
-``drafter``, ``builder``, ``head``, ``verifier``, ``sampler``, ``sampling`` and ``stream``.  The decode is
-:meth:`dartree.SpeculativeDecoder.generate` (several prompts: ``generate_batch`` on the unpadded rows): greedy
-equals HF's greedy; with ``do_sample=True`` the warpers HF hands over (temperature, top-k, top-p, min-p, in
-HF's order, its defaults included) define the distribution.
-
-Honoured: ``max_new_tokens`` / ``max_length``, ``eos_token_id`` (finished rows padded with ``pad_token_id``),
-``do_sample`` and those warpers, a streamer as ``stream=`` (batch of one), ``return_dict_in_generate``
-(``sequences`` only), left-padded batches with an ``attention_mask``.  Anything else that changes the
-distribution (repetition penalty, bad words, other processors, stop strings, beams, ``output_scores``) is
-refused by name: tree verification would have to apply it at every node of every path.
-
-Shape: ``input_ids`` int64 ``[b, L]`` (left-padded when ``b > 1``) -> sequences ``[b, L + new]``.
+What is honoured and what is refused by name (anything that would change the distribution at every tree node):
+docs/serving.md.  Shape: ``input_ids`` int64 ``[b, L]`` (left-padded when ``b > 1``) -> sequences ``[b, L + new]``.
 """
 
 from __future__ import annotations

@@ -16,10 +16,10 @@ from torch import Tensor, nn
 
 from dartree.arguments import check_int
 from dartree.block import DraftBlock
-from dartree.models.kmajor import KMAJOR_LIMIT_BYTES, derived, linear, tensor_version
-from dartree.models.pointwise import rms_norm, rotate_signed, signed_sin
+from dartree.models.kmajor import KMAJOR_LIMIT_BYTES, derived, linear
+from dartree.models.pointwise import rms_norm, rotate, rotate_signed, signed_sin
 
-__all__ = ["DFlashConfig", "DFlashDrafter", "dflash_target_layer_ids", "MAX_BLOCK_SIZE", "tensor_version"]
+__all__ = ["DFlashConfig", "DFlashDrafter", "dflash_target_layer_ids", "MAX_BLOCK_SIZE"]
 
 #: Largest ``block_size`` accepted (the released drafters use 7 to 16).  A block is
 #: ``block_size`` slots through every draft layer each round and a tree is at most
@@ -156,9 +156,10 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
-        # perf: one call, bit-identical to the lines below in fp32 (tests/models/test_drafter_fast.py)
+        # perf: torch.rms_norm's bits in fewer ops, equal to the lines below in fp32
+        # (tests/models/test_drafter_fast.py); the decoding paths call forward directly (no module call)
         if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
-            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+            return rms_norm(x, self.weight, self.eps)
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -176,7 +177,7 @@ class RotaryEmbedding(nn.Module):
         self.rope_type = params["rope_type"]
         self._scaled: nn.Module | None = None
         self._inv_freq: Tensor | None = None
-        self._table: tuple[Tensor, Tensor, Tensor] | None = None       # perf: see table()
+        self._table: tuple[Tensor, Tensor] | None = None       # perf: see table()
         if self.rope_type == "default":
             dim = config.head_dim
             self._inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
@@ -190,23 +191,23 @@ class RotaryEmbedding(nn.Module):
                              rope_parameters=dict(params))
             object.__setattr__(self, "_scaled", Qwen3RotaryEmbedding(hf))   # not a child: never cast
 
-    def table(self, start: int, count: int, like: Tensor, signed: bool = False) -> tuple[Tensor, Tensor]:
-        """cos and sin of positions ``start .. start + count - 1``, ``[1, 1, count, head_dim]`` in ``like``'s dtype
-        and device, equal to :meth:`forward` (``signed``: the sin of :func:`dartree.models.pointwise.signed_sin`).
+    def table(self, start: int, count: int, like: Tensor) -> tuple[Tensor, Tensor]:
+        """cos and signed sin (:func:`dartree.models.pointwise.signed_sin`) of positions ``start .. start + count - 1``,
+        ``[1, 1, count, head_dim]`` in ``like``'s dtype and device, from :meth:`forward`.
 
         perf: the default rope reads a cached table (grown by doubling; the same elementwise ops as
         :meth:`forward`, so the same bits); scaled types (``dynamic`` depends on the largest position) call it.
         """
         if self._scaled is not None:
             cos, sin = self.forward(like, torch.arange(start, start + count, device=like.device))
-            return (cos, signed_sin(sin)) if signed else (cos, sin)
+            return cos, signed_sin(sin)
         end = start + count
         cache = self._table
         if cache is None or cache[0].shape[2] < end or cache[0].device != like.device or cache[0].dtype != like.dtype:
             cap = max(end, 256, 2 * (cache[0].shape[2] if cache is not None else 0))
             cos, sin = self.forward(like, torch.arange(cap, device=like.device))
-            cache = self._table = (cos, sin, signed_sin(sin))
-        return cache[0][:, :, start:end], cache[2 if signed else 1][:, :, start:end]
+            cache = self._table = (cos, signed_sin(sin))
+        return cache[0][:, :, start:end], cache[1][:, :, start:end]
 
     def forward(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
         """cos and sin, both ``[b or 1, 1, t, head_dim]`` in ``x``'s dtype.  Shape: positions ``[b, t]`` or ``[t]``."""
@@ -222,38 +223,6 @@ class RotaryEmbedding(nn.Module):
         if emb.dim() == 2:
             emb = emb[None]
         return emb.cos()[:, None].to(x.dtype), emb.sin()[:, None].to(x.dtype)
-
-
-def rope(x: Tensor, positions: Tensor, rotary: RotaryEmbedding) -> Tensor:
-    """Rotary embedding (rotate-half convention, as Qwen3).
-
-    Shape:
-        x: ``[b, heads, t, head_dim]``; positions: int64 ``[b, t]`` or ``[t]``.
-    """
-    cos, sin = rotary(x, positions)
-    return rotate(x, cos, sin)
-
-
-def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """``x * cos + rotate_half(x) * sin``.  Shape: x ``[b, heads, t, head_dim]``; cos/sin broadcastable."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
-
-
-def _rotate_heads(x: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
-    """:func:`rotate` of ``x.transpose(1, 2)`` (``x`` ``[b, t, heads, head_dim]``) from the signed sin (perf:
-    :func:`dartree.models.pointwise.rotate_signed`, the same bits in fewer ops)."""
-    return rotate_signed(x.transpose(1, 2), cos, sin_signed)
-
-
-def _rms(norm: RMSNorm, x: Tensor) -> Tensor:
-    """perf: ``norm(x)`` without the module call (in fp32 :func:`dartree.models.pointwise.rms_norm`, the same bits
-    in fewer ops)."""
-    w = norm.weight
-    if x.dtype == torch.float32 and w.dtype == torch.float32:
-        return rms_norm(x, w, norm.eps)
-    return norm(x)
 
 
 def _fused_weight(module: nn.Module, names: tuple[str, ...]) -> Tensor:
@@ -296,13 +265,13 @@ class DFlashAttention(nn.Module):
         b, t, _ = x.shape
         k = self.k_norm(self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim)).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        return rope(k, positions, self.rotary), v
+        return rotate(k, *self.rotary(k, positions)), v
 
     def forward(self, x: Tensor, positions: Tensor, ctx_k: Tensor, ctx_v: Tensor, mask: Tensor | None) -> Tensor:
         """Shape: x ``[b, t, H]``; ctx_k/ctx_v ``[b, kv_heads, c, head_dim]``; mask bool ``[b, 1, t, c + t]``."""
         b, t, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(b, t, self.num_heads, self.head_dim)).transpose(1, 2)
-        q = rope(q, positions, self.rotary)
+        q = rotate(q, *self.rotary(q, positions))
         k, v = self.key_values(x, positions)
         k = torch.cat([ctx_k, k], dim=2)
         v = torch.cat([ctx_v, v], dim=2)
@@ -344,8 +313,8 @@ class DFlashLayer(nn.Module):
         b, t, _ = x.shape
         nkv = a.num_kv_heads * a.head_dim
         kv = _project(x, a, ("k_proj", "v_proj"))
-        k = _rms(a.k_norm, kv[..., :nkv].view(b, t, a.num_kv_heads, a.head_dim))
-        k_buf[:, :, start:start + t] = _rotate_heads(k, cos, sin)
+        k = a.k_norm.forward(kv[..., :nkv].view(b, t, a.num_kv_heads, a.head_dim))
+        k_buf[:, :, start:start + t] = rotate_signed(k.transpose(1, 2), cos, sin)
         v_buf[:, :, start:start + t] = kv[..., nkv:].view(b, t, a.num_kv_heads, a.head_dim).transpose(1, 2)
 
     def decode(self, x: Tensor, cos: Tensor, sin: Tensor, k_buf: Tensor, v_buf: Tensor, start: int) -> Tensor:
@@ -361,9 +330,10 @@ class DFlashLayer(nn.Module):
         a = self.self_attn
         b, t, _ = x.shape
         nq, nkv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
-        qkv = _project(_rms(self.input_layernorm, x), a, ("q_proj", "k_proj", "v_proj"))
-        q = _rotate_heads(_rms(a.q_norm, qkv[..., :nq].view(b, t, a.num_heads, a.head_dim)), cos, sin)
-        k = _rotate_heads(_rms(a.k_norm, qkv[..., nq:nq + nkv].view(b, t, a.num_kv_heads, a.head_dim)), cos, sin)
+        qkv = _project(self.input_layernorm.forward(x), a, ("q_proj", "k_proj", "v_proj"))
+        q = rotate_signed(a.q_norm.forward(qkv[..., :nq].view(b, t, a.num_heads, a.head_dim)).transpose(1, 2), cos, sin)
+        k = a.k_norm.forward(qkv[..., nq:nq + nkv].view(b, t, a.num_kv_heads, a.head_dim))
+        k = rotate_signed(k.transpose(1, 2), cos, sin)
         end = start + t
         k_buf[:, :, start:end] = k
         v_buf[:, :, start:end] = qkv[..., nq + nkv:].view(b, t, a.num_kv_heads, a.head_dim).transpose(1, 2)
@@ -372,7 +342,7 @@ class DFlashLayer(nn.Module):
                                              enable_gqa=a.num_heads != a.num_kv_heads)
         x = x + _project(out.transpose(1, 2).reshape(b, t, -1), a, ("o_proj",))
         m = self.mlp
-        gate_up = _project(_rms(self.post_attention_layernorm, x), m, ("gate_proj", "up_proj"))
+        gate_up = _project(self.post_attention_layernorm.forward(x), m, ("gate_proj", "up_proj"))
         inter = m.gate_proj.out_features
         return x + _project(F.silu(gate_up[..., :inter]) * gate_up[..., inter:], m, ("down_proj",))
 
@@ -442,6 +412,13 @@ class DFlashDrafter(nn.Module):
             raise ValueError("target: the drafter is not bound to a target; call drafter.bind(target_model)")
         return self._lm_head
 
+    def lm_head_as(self, dtype: torch.dtype) -> Tensor:
+        """:attr:`lm_head_weight` in ``dtype``.  perf: a drafter in another dtype than the target's shared LM head
+        casts it once (rebuilt when the head is replaced or edited): a cast and a new K-major copy per block cost
+        more (docs/results.md)."""
+        head = self.lm_head_weight
+        return head if head.dtype == dtype else derived(self, f"_lm_head_{dtype}", [head], lambda: head.to(dtype))
+
     def bind(self, target: nn.Module) -> DFlashDrafter:
         """Share ``target``'s input embedding and LM head (not copied, not part of ``state_dict``)."""
         emb = target.get_input_embeddings() if hasattr(target, "get_input_embeddings") else None
@@ -463,7 +440,7 @@ class DFlashDrafter(nn.Module):
         object.__setattr__(self, "_embedding", embedding)
         object.__setattr__(self, "_lm_head", lm_head)
         for slot in [k for k in self.__dict__ if k.startswith("_lm_head_")]:
-            del self.__dict__[slot]         # casts of the head shared before (draft's derived copies)
+            del self.__dict__[slot]         # casts of the head shared before (lm_head_as)
 
     # ---------------------------------------------------------------------------- context cache
     def reset(self) -> None:
@@ -517,7 +494,7 @@ class DFlashDrafter(nn.Module):
         self._check_hidden(hidden_states)
         w = self.fc.weight
         x = hidden_states if hidden_states.dtype == w.dtype else hidden_states.to(w.dtype)
-        return _rms(self.hidden_norm, _matmul(x, w))
+        return self.hidden_norm.forward(_matmul(x, w))
 
     def _check_hidden(self, hidden_states: object) -> None:
         width = len(self.config.target_layer_ids) * self.config.hidden_size
@@ -532,18 +509,13 @@ class DFlashDrafter(nn.Module):
         return [layer.self_attn.key_values(features, positions) for layer in self.layers]
 
     @torch.no_grad()
-    def append_context(self, hidden_states: Tensor | list[Tensor], tokens: Tensor | None = None) -> None:
+    def append_context(self, hidden_states: Tensor, tokens: Tensor | None = None) -> None:
         """Append the target's hidden states of newly cached tokens (positions ``context_length..``).
 
         Shape:
-            hidden_states: ``[b, m, len(target_layer_ids) * H]`` (``TargetOutput.hidden``), or one ``[b, m, H]`` per
-            target layer.  tokens: optional int64 ``[b, m]``, only checked (the hidden states already hold them).
+            hidden_states: ``[b, m, len(target_layer_ids) * H]`` (``TargetOutput.hidden``).  tokens: optional int64
+            ``[b, m]``, only checked (the hidden states already hold them).
         """
-        if isinstance(hidden_states, (list, tuple)):
-            if len(hidden_states) != len(self.config.target_layer_ids):
-                raise ValueError(f"hidden_states: expected {len(self.config.target_layer_ids)} tensors "
-                                 f"(one per target layer), got {len(hidden_states)}")
-            hidden_states = torch.cat(list(hidden_states), dim=-1)
         if hidden_states is None:
             raise ValueError("hidden_states: the DFlash drafter needs the target's hidden states, got None")
         self._check_hidden(hidden_states)
@@ -574,7 +546,7 @@ class DFlashDrafter(nn.Module):
         # k/v matmul per layer and the cached rotary table
         n, (b, m, _) = self._length, feats.shape
         kv = self._reserve(b, n + m, feats)
-        cos, sin = self.layers[0].self_attn.rotary.table(n, m, feats, signed=True)
+        cos, sin = self.layers[0].self_attn.rotary.table(n, m, feats)
         for layer, (k_buf, v_buf) in zip(self.layers, kv, strict=True):
             layer.store_context(feats, cos, sin, k_buf, v_buf, n)
         self._length += m
@@ -637,7 +609,7 @@ class DFlashDrafter(nn.Module):
         if x.dtype != dtype:
             x = x.to(dtype)
         kv = self._reserve(b, n + m + size, x)
-        cos, sin = self.layers[0].self_attn.rotary.table(n, m + size, x, signed=True)
+        cos, sin = self.layers[0].self_attn.rotary.table(n, m + size, x)
         if m:
             ctx_cos, ctx_sin, cos, sin = cos[:, :, :m], sin[:, :, :m], cos[:, :, m:], sin[:, :, m:]
         for layer, (k_buf, v_buf) in zip(self.layers, kv, strict=True):
@@ -645,13 +617,8 @@ class DFlashDrafter(nn.Module):
                 layer.store_context(feats, ctx_cos, ctx_sin, k_buf, v_buf, n)
             x = layer.decode(x, cos, sin, k_buf, v_buf, n + m)
         self._length = n + m
-        hidden = _rms(self.norm, x[:, self.config.first_slot:])                                      # slot -> depth
-        head = self.lm_head_weight
-        if head.dtype != dtype:
-            # perf: a drafter in another dtype than the target's shared LM head casts it once (rebuilt when the
-            # head is replaced or edited): a cast and a new K-major copy per block cost more (docs/results.md)
-            head = derived(self, f"_lm_head_{dtype}", [head], lambda w=head: w.to(dtype))
-        logits = _matmul(hidden.reshape(-1, hidden.shape[-1]), head)
+        hidden = self.norm.forward(x[:, self.config.first_slot:])                              # slot -> depth
+        logits = _matmul(hidden.reshape(-1, hidden.shape[-1]), self.lm_head_as(dtype))
         return DraftBlock(logits=logits.view(b, self.gamma, -1), root=root, hidden=hidden)
 
     def forward(self, root: Tensor) -> DraftBlock:

@@ -1,12 +1,5 @@
-"""perf: ``F.linear`` on the CPU from a K-major copy of the weight, where that is bit-identical.
-
-``F.linear(x, w)`` multiplies by the transposed view ``w.t()``, and MKL's small-matrix sgemm is markedly
-slower with a transposed operand than with a K-major ``[in, out]`` one (docs/results.md).  For few rows the two
-layouts take different kernels and differ in the last bit; from some row count on they agree.  So
-:func:`linear` uses the copy only from that count, found once per ``(in, out, dtype, bias)`` by
-:func:`exact_from`, and ``F.linear`` below it: every call equals ``F.linear`` bit for bit.  Accelerators read a
-transposed operand at no cost, so there :func:`linear` is ``F.linear``; the copy doubles the weights' memory,
-so :func:`kmajor_allowed` keeps it to models within :data:`KMAJOR_LIMIT_BYTES`.
+"""perf: ``F.linear`` on the CPU from a K-major copy of the weight, from the row count where that is bit-identical
+(:func:`exact_from`).  Why and where: docs/verification.md, "The lean forward".
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """perf: a Llama-family HF causal LM's forward without its module machinery, same numbers.
 
-On the CPU a small model's forward is as much Python and dispatch as arithmetic.  :class:`LeanForward` runs
-the same computation from the same weights, caches, rotary module and attention function, op for op as HF's
-``modeling_*``, minus what a decoding loop does not use.  :func:`lean_forward` returns one or the reason a
-model is not supported; ``HFTarget`` uses it only after a probe shows it equal to the model's own forward
-bit for bit (docs/verification.md, "The lean forward").
+``HFTarget`` uses it only after a probe shows it equal to the model's own forward bit for bit
+(docs/verification.md, "The lean forward").
 """
 
 from __future__ import annotations
@@ -129,7 +126,7 @@ class _Layer:
 
     def qk_norm_weight(self, heads_q: int, heads_k: int) -> Tensor:
         """``q_norm``'s weight for each of ``heads_q`` heads, then ``k_norm``'s for ``heads_k``: ``[hq + hk, d]``
-        (the products with it are the two norms' products, element for element)."""
+        (perf: q and k are normed and rotated as one tensor, element for element the two norms' products)."""
         wq, wk = self.q_norm.weight, self.k_norm.weight
         return derived(self, "_qk_norm", [wq, wk], lambda: torch.cat([wq.detach().expand(heads_q, -1),
                                                                        wk.detach().expand(heads_k, -1)]))
@@ -148,8 +145,6 @@ def _why_not(model: nn.Module) -> str | None:
     windowed = kind == "mistral" or getattr(config, "use_sliding_window", False)
     if getattr(config, "sliding_window", None) is not None and windowed:
         return "sliding-window attention"
-    if getattr(config, "pretraining_tp", 1) not in (1, None):
-        return "pretraining_tp > 1"
     base = getattr(model, "model", None)
     head = getattr(model, "lm_head", None)
     if base is None or not isinstance(head, nn.Linear) or head.bias is not None:
@@ -177,23 +172,21 @@ def _why_not(model: nn.Module) -> str | None:
         if not all(hasattr(a, n) for n in ("head_dim", "scaling", "num_key_value_groups")):
             return "self_attn lacks head_dim / scaling / num_key_value_groups"
         norms += [getattr(layer, "input_layernorm", None), getattr(layer, "post_attention_layernorm", None)]
-        norms += [getattr(a, n) for n in ("q_norm", "k_norm") if hasattr(a, n)]
+        qk_norms = [getattr(a, n) for n in ("q_norm", "k_norm") if hasattr(a, n)]
+        if len({getattr(n, "variance_epsilon", None) for n in qk_norms}) > 1:
+            return "q_norm and k_norm with different epsilons"
+        norms += qk_norms
     if any(type(n).__name__ not in _NORMS or not hasattr(n, "variance_epsilon") for n in norms):
         return "a norm other than the Llama-family RMSNorm"
     return None
 
 
-def lean_forward(model: nn.Module, kmajor: bool | None = None, joint: bool = True, grouped: bool = True
-                 ) -> tuple[LeanForward | None, str | None]:
-    """``(LeanForward(model), None)``, or ``(None, reason)`` when the model's layout is not one it knows.
-
-    ``kmajor``: keep K-major weight copies (default: :func:`dartree.models.kmajor.kmajor_allowed`);
-    ``joint``, ``grouped``: see :class:`LeanForward`.
-    """
+def lean_forward(model: nn.Module, grouped: bool = True) -> tuple[LeanForward | None, str | None]:
+    """``(LeanForward(model, grouped), None)``, or ``(None, reason)`` when the model's layout is not one it knows."""
     why = _why_not(model)
     if why is not None:
         return None, why
-    return LeanForward(model, kmajor_allowed(model) if kmajor is None else bool(kmajor), joint, grouped), None
+    return LeanForward(model, grouped), None
 
 
 class LeanForward:
@@ -201,27 +194,20 @@ class LeanForward:
 
     Args:
         model: the HF model (its weights are read at every call: edits and reloads are seen).
-        kmajor: keep K-major copies of the linear weights (CPU; :mod:`dartree.models.kmajor`).
-        joint: with sdpa, norm and rotate q and k as one tensor (fewer ops; the probe decides whether the bits
-            are the model's).
-        grouped: with ``joint``, sdpa's own grouped-query attention on the CPU instead of HF's attention
-            function and its copies of the keys and values.
+        grouped: with sdpa on the CPU, sdpa's own grouped-query attention instead of HF's attention function and
+            its copies of the keys and values (CUDA's fused kernels take no mask with it: HF's ``use_gqa_in_sdpa``).
     """
 
-    def __init__(self, model: nn.Module, kmajor: bool, joint: bool = True, grouped: bool = True) -> None:
+    def __init__(self, model: nn.Module, grouped: bool = True) -> None:
         self.model = model
         self.config = model.config
-        self.kmajor = kmajor
-        # grouped-query sdpa on the CPU only: CUDA's fused kernels take no mask with it (HF's use_gqa_in_sdpa)
-        self._grouped = grouped and next(model.parameters()).device.type == "cpu"
-        self.joint = joint and self.config._attn_implementation == "sdpa" and all(
-            layer.q_norm is None or layer.q_norm.variance_epsilon == layer.k_norm.variance_epsilon
-            for layer in [_Layer(x, 0, False) for x in model.model.layers])
+        impl = self.config._attn_implementation
+        self.grouped = grouped and impl == "sdpa" and next(model.parameters()).device.type == "cpu"
         base = model.model
         self._base = base
+        kmajor = kmajor_allowed(model)
         self._layers = [_Layer(layer, i, kmajor) for i, layer in enumerate(base.layers)]
         self._head = _Linear(model.lm_head, kmajor)
-        impl = self.config._attn_implementation
         module = sys.modules[type(base.layers[0].self_attn).__module__]
         self._attention = ALL_ATTENTION_FUNCTIONS.get_interface(impl, module.eager_attention_forward)
         # perf: the default RoPE's cos / sin from a table on the CPU (:meth:`_rotary_rows`); other types
@@ -229,8 +215,8 @@ class LeanForward:
         self._rope_table = getattr(base.rotary_emb, "rope_type", None) == "default"
         self._rope: tuple | None = None
 
-    def _rotary_rows(self, h: Tensor, position_ids: Tensor, signed: bool) -> tuple[Tensor, Tensor, bool]:
-        """``(*base.rotary_emb(h, position_ids), False)`` bit for bit, or with ``signed`` where the table applies
+    def _rotary_rows(self, h: Tensor, position_ids: Tensor) -> tuple[Tensor, Tensor, bool]:
+        """``(*base.rotary_emb(h, position_ids), False)`` bit for bit, or where the table applies
         ``(cos, signed_sin(sin), True)``.  perf (CPU, default RoPE): rows of a table the module made for positions
         ``0..P-1`` (grown by half), gathered per call; each entry is elementwise in its position, so a row is the
         module's output there (tested); rebuilt when ``inv_freq`` is replaced or edited."""
@@ -244,8 +230,8 @@ class LeanForward:
                 or cached[3].shape[0] < need:
             size = max(need, 256, 0 if cached is None else cached[3].shape[0] * 3 // 2)
             cos, sin = rotary(h[:, :1], torch.arange(size, device=h.device)[None])     # [1, P, D] each
-            cached = self._rope = (inv, tensor_version(inv), h.dtype, cos[0], sin[0], signed_sin(sin[0]))
-        return cached[3][position_ids], cached[5 if signed else 4][position_ids], signed
+            cached = self._rope = (inv, tensor_version(inv), h.dtype, cos[0], signed_sin(sin[0]))
+        return cached[3][position_ids], cached[4][position_ids], True
 
     def __call__(
         self,
@@ -272,7 +258,7 @@ class LeanForward:
         if attention_mask is None:
             attention_mask = create_causal_mask(config=config, inputs_embeds=h, attention_mask=None,
                                                 position_ids=position_ids, **cache_kwargs(create_causal_mask, cache))
-        rows_cos, rows_sin, signed = self._rotary_rows(h, position_ids, True)  # [b, m, d]: one row per position
+        rows_cos, rows_sin, signed = self._rotary_rows(h, position_ids)  # [b, m, d]: one row per position
         cos, sin = rows_cos.unsqueeze(1), rows_sin.unsqueeze(1)
         turn = rotate_signed if signed else rotate
         b, m = input_ids.shape
@@ -287,25 +273,16 @@ class LeanForward:
             q = layer.q(x).view(b, m, -1, d)
             k = layer.k(x).view(b, m, -1, d)
             v = layer.v(x).view(b, m, -1, d).transpose(1, 2)
-            if self.joint:
-                hq = q.shape[2]
-                qk = torch.cat((q, k), dim=2)                                   # [b, m, hq + hk, d]
-                if layer.q_norm is not None:
-                    qk = _rms(qk, layer.qk_norm_weight(hq, qk.shape[2] - hq), layer.q_norm.variance_epsilon)
-                qk = turn(qk.transpose(1, 2), cos, sin)
-                k, v = _append(cache, layer.index, qk[:, hq:], v)
-                if self._grouped:
-                    out = _sdpa(qk[:, :hq], k, v, attention_mask, a.scaling, layer.groups)
-                else:
-                    out, _ = attention(a, qk[:, :hq], k, v, attention_mask, dropout=0.0, scaling=a.scaling)
+            hq = q.shape[2]
+            qk = torch.cat((q, k), dim=2)                                       # [b, m, hq + hk, d]
+            if layer.q_norm is not None:
+                qk = _rms(qk, layer.qk_norm_weight(hq, qk.shape[2] - hq), layer.q_norm.variance_epsilon)
+            qk = turn(qk.transpose(1, 2), cos, sin)
+            k, v = _append(cache, layer.index, qk[:, hq:], v)
+            if self.grouped:
+                out = _sdpa(qk[:, :hq], k, v, attention_mask, a.scaling, layer.groups)
             else:
-                if layer.q_norm is not None:
-                    q = _rms(q, layer.q_norm.weight, layer.q_norm.variance_epsilon)
-                    k = _rms(k, layer.k_norm.weight, layer.k_norm.variance_epsilon)
-                q = turn(q.transpose(1, 2), cos, sin)
-                k = turn(k.transpose(1, 2), cos, sin)
-                k, v = _append(cache, layer.index, k, v)
-                out, _ = attention(a, q, k, v, attention_mask, dropout=0.0, scaling=a.scaling)
+                out, _ = attention(a, qk[:, :hq], k, v, attention_mask, dropout=0.0, scaling=a.scaling)
             h = h + layer.o(out.reshape(b, m, -1))
             norm = layer.norm_post
             x = _rms(h, norm.weight, norm.variance_epsilon)

@@ -482,20 +482,14 @@ def load_target(path: str | Path, attn_implementation: str = "sdpa") -> nn.Modul
         model, info = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True,
                                                            attn_implementation=attn_implementation,
                                                            output_loading_info=True)
-    except ValueError as e:
-        if str(e).startswith(("target: ", "weights: ")):
-            raise
-        raise ValueError(f"target: {path} could not be loaded as a causal LM: {_first_line(e)}") from e
-    except (OSError, TypeError, KeyError, RuntimeError) as e:
-        # unreadable or truncated files (safetensors' SafetensorError is none of these: below), a config.json
-        # whose values have the wrong types; a weight whose shape disagrees with the config (RuntimeError)
-        raise ValueError(f"target: {path} could not be loaded as a causal LM: {_first_line(e)}") from e
     except Exception as e:
-        if type(e).__module__.split(".")[0] not in ("safetensors", "huggingface_hub", "transformers"):
+        # unreadable or truncated files, a config.json whose values have the wrong types, a weight whose shape
+        # disagrees with the config (RuntimeError), the errors of safetensors, huggingface_hub and transformers
+        ours = isinstance(e, ValueError) and str(e).startswith(("target: ", "weights: "))
+        if ours or not isinstance(e, ValueError | OSError | TypeError | KeyError | RuntimeError) and \
+                type(e).__module__.split(".")[0] not in ("safetensors", "huggingface_hub", "transformers"):
             raise
         raise ValueError(f"target: {path} could not be loaded as a causal LM: {_first_line(e)}") from e
-    # A weight whose shape disagrees with the config raises transformers' RuntimeError here; it is left
-    # as it is (the CLI names --target / --drafter for it, dartree.cli.helpers).
     problems = [f"{len(info[key])} {what} tensor(s): {sorted(map(str, info[key]))[:8]}"
                 for key, what in (("missing_keys", "missing"), ("unexpected_keys", "unexpected"),
                                   ("mismatched_keys", "mismatched"))

@@ -36,6 +36,14 @@ _LEAN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 PROBE_SLOTS = 45
 
 
+def _mask_for(mask: Tensor, attn_implementation: str, dtype: torch.dtype) -> Tensor:
+    """A bool attention mask in the form the attention implementation takes (eager: additive float)."""
+    if attn_implementation != "eager":
+        return mask
+    low = torch.full((), torch.finfo(dtype).min, dtype=dtype, device=mask.device)
+    return torch.where(mask, torch.zeros((), dtype=dtype, device=mask.device), low)
+
+
 def _probe_equal(model: nn.Module, lean: LeanForward, capacity: int | None) -> str | None:
     """Run the model and ``lean`` on the same inputs and caches (static of ``capacity`` slots, or dynamic): a
     prefill, a tree-masked forward, an AR step and a causal extend, every hidden state and logit compared bit
@@ -50,10 +58,7 @@ def _probe_equal(model: nn.Module, lean: LeanForward, capacity: int | None) -> s
     keys, query = torch.arange(kv, device=device)[None, :] - 24, torch.arange(16, device=device)[:, None]
     # the prefix, the node itself and some of its ancestors; no column past the 16 tree slots
     allowed = ((keys < 0) | (keys == query) | ((keys < query) & (keys % 3 == 0))) & (keys < 16)
-    mask = allowed[None, None]
-    if config._attn_implementation == "eager":
-        mask = torch.where(mask, torch.zeros((), dtype=dtype, device=device),
-                           torch.full((), torch.finfo(dtype).min, dtype=dtype, device=device))
+    mask = _mask_for(allowed[None, None], config._attn_implementation, dtype)
     steps = ((ids[None, :24], torch.arange(24, device=device)[None], None),
              (ids[None, 24:40],
               24 + torch.tensor([0, 1, 1, 2, 2, 3, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7], device=device)[None], mask),
@@ -91,10 +96,10 @@ def _lean_for(model: nn.Module, capacity: int | None) -> tuple[LeanForward | Non
         if lean is not None and capacity is not None and capacity < PROBE_SLOTS:
             lean, why = None, f"a static cache of {capacity} slots is too small to probe (< {PROBE_SLOTS})"
         if lean is not None:
-            # the fastest variant first; where the probe finds other bits, the next one: HF's attention
-            # function, then q and k normed and rotated apart as well
-            for options in ({}, {"grouped": False}, {"joint": False}):
-                lean = lean_forward(model, **options)[0] if options else lean
+            # grouped sdpa first; where the probe finds other bits (a static cache's masked padding can change
+            # sdpa's kernel), HF's attention function
+            for grouped in (True, False):
+                lean = lean if grouped else LeanForward(model, grouped=False)
                 try:
                     why = _probe_equal(model, lean, capacity)
                 except (RuntimeError, ValueError, TypeError, AttributeError, IndexError) as e:
@@ -410,11 +415,7 @@ class HFTarget:
         return out
 
     def _mask(self, mask: Tensor) -> Tensor:
-        """A bool attention mask in the form the attention implementation takes (eager: additive float)."""
-        if self.attn_implementation == "eager":
-            low = torch.full((), torch.finfo(self.dtype).min, dtype=self.dtype, device=mask.device)
-            return torch.where(mask, torch.zeros((), dtype=self.dtype, device=mask.device), low)
-        return mask
+        return _mask_for(mask, self.attn_implementation, self.dtype)
 
     @torch.no_grad()
     def extend(self, input_ids: Tensor, logits: str = "all") -> TargetOutput:

@@ -1,15 +1,6 @@
-"""The bundled model zoo: a small Python-code target, its DFlash drafter and both correction heads.
-
-Everything was trained on the CPU by ``python -m dartree.training`` (see ``docs/zoo.md``)
-and is committed under ``dartree/models/zoo_weights/<name>/``; loading reads local files only and
-trains nothing::
-
-    from dartree.models import zoo
-    bundle = zoo.load("pystdlib-tiny")
-    bundle.target      # Qwen3ForCausalLM, eval mode, float32
-    bundle.tokenizer   # transformers PreTrainedTokenizerFast (byte-level BPE)
-    bundle.drafter     # DFlashDrafter bound to bundle.target
-    bundle.heads       # {"gru": GRUHead, "markov": MarkovHead}, bound to bundle.target
+"""The bundled model zoo: a small Python-code target, its DFlash drafter and both correction heads, trained on the
+CPU by ``python -m dartree.training`` and committed under ``dartree/models/zoo_weights/<name>/``; :func:`load`
+reads local files only.  Usage and contents: docs/zoo.md.
 """
 
 from __future__ import annotations

@@ -1,15 +1,7 @@
-"""The builder contract as one call: what dartree's own tests check of every strategy, for yours.
-
-    from dartree.testing import check_builder
-
-    def test_my_builder():                      # pytest: one line
-        check_builder("my-builder")             # a registered name, or a TreeBuilder
-
-:func:`check_builder` checks, on seeded random blocks, that the trees are valid, decodable and within
-budget, that the build is deterministic, that ``fast == ref`` where both backends exist, that decoding is
-lossless at T=0 and, with ``temperature > 0``, that sampled decoding has the target's law (exactly and by
-a seeded chi-square).  A failure raises ``AssertionError`` naming the check, the builder and the seed.
-Each check in detail: docs/extending.md, "Check it the way dartree checks its own".
+"""The builder contract as one call, :func:`check_builder`: what dartree's own tests check of every strategy
+(valid, decodable, within budget, deterministic, ``fast == ref``, lossless at T=0, the target's law at
+``temperature > 0``), for yours.  A failure raises ``AssertionError`` naming the check, the builder and the seed.
+Usage and each check: docs/extending.md, "Check it the way dartree checks its own".
 """
 
 from __future__ import annotations

@@ -17,6 +17,9 @@ from dartree.verify.sampling import KeyedSampler
 
 __all__ = ["OracleDrafter", "SharpDrafter"]
 
+#: how far the true continuation's logit stands from the random ones
+MARGIN = 4.0
+
 
 class OracleDrafter:
     """Follows the :class:`dartree.decode.Drafter` protocol by running the target model itself.
@@ -25,7 +28,7 @@ class OracleDrafter:
     (greedy, or with a :class:`KeyedSampler` at ``temperature``: exactly what speculative sampling will draw) and
     ranks ``c_d`` at depth d first with probability ``1 - demote - drop``, second (after a random wrong token:
     a chain misses it, two candidates per depth still accept it) with probability ``demote``, and last with
-    probability ``drop`` (no builder with ``topk < V`` proposes it).  Other tokens get random logits, ``margin``
+    probability ``drop`` (no builder with ``topk < V`` proposes it).  Other tokens get random logits, :data:`MARGIN`
     below, from a CPU generator re-seeded by ``reset``.  Batch 1 only.  ``target_layer_ids``: layers whose hidden
     states it asks for, recorded in ``context_hidden`` for tests.
     """
@@ -41,7 +44,6 @@ class OracleDrafter:
         temperature: float = 0.0,
         sampler: KeyedSampler | None = None,
         target_layer_ids: tuple[int, ...] = (),
-        margin: float = 4.0,
     ) -> None:
         if not isinstance(model, nn.Module) or getattr(model, "config", None) is None:
             raise ValueError(f"model: expected a transformers causal LM, got {type(model).__name__}")
@@ -55,8 +57,6 @@ class OracleDrafter:
             raise ValueError(f"temperature: expected a number >= 0, got {temperature!r}")
         if sampler is not None and not isinstance(sampler, KeyedSampler):
             raise ValueError("sampler: expected None or a KeyedSampler (a generator's draws cannot be foreseen)")
-        if not margin > 0:
-            raise ValueError(f"margin: expected > 0, got {margin!r}")
         self.model = model
         self.gamma = gamma
         self.demote, self.drop = float(demote), float(drop)
@@ -64,7 +64,6 @@ class OracleDrafter:
         self.temperature = float(temperature)
         self.sampler = sampler if temperature > 0 else None
         self.target_layer_ids = tuple(target_layer_ids)
-        self.margin = float(margin)
         self.vocab_size = int(model.config.get_text_config(decoder=True).vocab_size)
         self.device = next(model.parameters()).device
         self.context_hidden: list[Tensor | None] = []
@@ -128,9 +127,9 @@ class OracleDrafter:
         rows = torch.arange(g)
         demoted = (u >= self.drop) & (u < self.drop + self.demote)
         dropped = u < self.drop
-        logits[rows, truth] = top + 2 * self.margin
-        logits[rows[demoted], wrong[demoted]] = top[demoted] + 3 * self.margin
-        logits[rows[dropped], truth[dropped]] = logits.min(dim=1).values[dropped] - self.margin
+        logits[rows, truth] = top + 2 * MARGIN
+        logits[rows[demoted], wrong[demoted]] = top[demoted] + 3 * MARGIN
+        logits[rows[dropped], truth[dropped]] = logits.min(dim=1).values[dropped] - MARGIN
         return DraftBlock(logits=logits[None].to(self.device), root=root.to(self.device))
 
 

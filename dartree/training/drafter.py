@@ -267,7 +267,4 @@ def load_trained_drafter(work: Path, model):
     ck = torch.load(work / "drafter_final.pt", weights_only=False)
     drafter = DFlashDrafter(DFlashConfig(**ck["config"]), target=model)
     drafter.load_state_dict(ck["model"])
-    drafter.eval()
-    for p in drafter.parameters():
-        p.requires_grad_(False)
-    return drafter
+    return drafter.eval().requires_grad_(False)

@@ -30,7 +30,7 @@ from dartree.training.drafter import (
 )
 from dartree.training.target import load_target
 
-__all__ = ["head_batch", "gru_logits", "eval_heads", "stage_heads", "nn_init_zero", "gru_name"]
+__all__ = ["head_batch", "gru_logits", "eval_heads", "stage_heads", "gru_name"]
 
 
 def head_batch(drafter, model, x: torch.Tensor, anchors: torch.Tensor, sampled: bool):
@@ -136,7 +136,8 @@ def stage_heads(work: Path, args: argparse.Namespace) -> None:
     grus: dict[str, GRUHead] = {}
     for config in gru_configs:
         gru = GRUHead(c.hidden_size, c.vocab_size, **config, embedding=model.get_input_embeddings().weight)
-        nn_init_zero(gru.embed_proj[2])
+        for p in gru.embed_proj[2].parameters():       # the correction starts at zero
+            torch.nn.init.zeros_(p)
         s = started.get("gru")
         if s is not None and (s.gru_hidden_dim, s.emb_dim, s.prefix_len) == tuple(config.values()):
             gru.load_state_dict(s.state_dict())     # warm start only where the bundle's head has this width
@@ -205,9 +206,3 @@ def stage_heads(work: Path, args: argparse.Namespace) -> None:
                 "gru_widths": [{"config": config, "state": gru.state_dict()}
                                for config, gru in zip(gru_configs, grus.values(), strict=True)]}, final)
     (work / "heads_stats.json").write_text(json.dumps(state, indent=1))
-
-
-def nn_init_zero(linear: torch.nn.Linear) -> None:
-    torch.nn.init.zeros_(linear.weight)
-    if linear.bias is not None:
-        torch.nn.init.zeros_(linear.bias)

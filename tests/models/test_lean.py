@@ -18,6 +18,7 @@ from transformers import (
 
 import dartree.models.lean as lean_module
 from dartree.models import kmajor
+from dartree.models.pointwise import signed_sin
 from dartree.models.target import HFTarget
 from tests.verify.helpers import one_thread, random_tree  # noqa: F401 (autouse fixture)
 
@@ -57,10 +58,9 @@ def test_lean_forward_equals_the_models_own(arch, attn, kind):
     mine = HFTarget(model, layer_ids=(-1, 0, 2), cache=kind, max_cache_len=size)
     theirs = HFTarget(model, layer_ids=(-1, 0, 2), cache=kind, max_cache_len=size, forward="hf")
     assert mine.forward_path == "lean" and mine.forward_note is None and theirs.forward_path == "hf"
-    # torch 2.13 CPU: the joint q/k ops pass the probe with sdpa; grouped sdpa with a dynamic cache only
-    # (a static cache's masked padding changes sdpa's bits there: HF's attention function runs instead)
-    assert mine._lean.joint == (attn == "sdpa")
-    assert (mine._lean.joint and mine._lean._grouped) == (attn == "sdpa" and kind == "dynamic")
+    # torch 2.13 CPU: grouped sdpa passes the probe with a dynamic cache only (a static cache's masked padding
+    # changes sdpa's bits there: HF's attention function runs instead)
+    assert mine._lean.grouped == (attn == "sdpa" and kind == "dynamic")
     prompt = torch.randint(0, V, (1, 30), generator=torch.Generator().manual_seed(1))
     outputs_equal(mine.prefill(prompt), theirs.prefill(prompt))
     for logits in ("all", "root"):
@@ -125,6 +125,14 @@ def test_unsupported_layout_runs_the_models_forward():
         HFTarget(model, forward="fast")
 
 
+def test_q_and_k_norms_with_different_epsilons_run_the_models_forward():
+    """q and k are normed as one tensor with one epsilon: a model whose two differ is not one the lean forward runs."""
+    model = model_of("qwen3")
+    model.model.layers[1].self_attn.k_norm.variance_epsilon = 1e-3
+    target = HFTarget(model)
+    assert target.forward_path == "hf" and "different epsilons" in target.forward_note
+
+
 def test_probe_refuses_a_lean_forward_that_differs(monkeypatch):
     """The probe compares before use: a lean forward one ulp off is never used."""
     def rotate_off(x, cos, sin):
@@ -141,36 +149,26 @@ def test_probe_refuses_a_lean_forward_that_differs(monkeypatch):
     assert target.forward_path == "hf" and "differ" in target.forward_note
 
 
-def test_probe_falls_back_step_by_step_where_the_bits_differ(monkeypatch):
-    real_sdpa, real_rotate = lean_module._sdpa, lean_module.rotate_signed
+def test_probe_falls_back_to_hfs_attention_function_where_grouped_sdpa_differs(monkeypatch):
+    real_sdpa = lean_module._sdpa
 
     def sdpa_off(q, k, v, mask, scaling, groups):
         return real_sdpa(q, k, v, mask, scaling, groups) * (1 + 2 ** -20)
 
     monkeypatch.setattr(lean_module, "_sdpa", sdpa_off)
-    target = HFTarget(model_of("qwen3", seed=5))              # grouped sdpa off: HF's attention function
-    assert target.forward_path == "lean" and target._lean.joint and not target._lean._grouped
-
-    def rotate_joint_off(x, cos, sin_signed):                 # only the joint q/k rotation (6 heads) is off
-        out = real_rotate(x, cos, sin_signed)
-        return out * (1 + 2 ** -20) if x.shape[1] == 6 else out
-
-    monkeypatch.setattr(lean_module, "rotate_signed", rotate_joint_off)       # the CPU's (signed-sin) rotation
-    target = HFTarget(model_of("qwen3", seed=6))
-    assert target.forward_path == "lean" and not target._lean.joint
+    target = HFTarget(model_of("qwen3", seed=5))
+    assert target.forward_path == "lean" and not target._lean.grouped
 
 
 @pytest.mark.parametrize("capacity", [None, 64])
-def test_the_accelerator_branch_of_the_joint_path_is_exact(capacity):
-    """Off the CPU the joint q/k path keeps HF's attention function (no grouped sdpa): checked here on
-    CPU tensors through the same probe."""
-    from dartree.models.lean import lean_forward
+def test_the_accelerator_branch_of_the_sdpa_path_is_exact(capacity):
+    """Off the CPU sdpa models keep HF's attention function (no grouped sdpa): checked here on CPU tensors
+    through the same probe."""
     from dartree.models.target import _probe_equal
 
     model = model_of("qwen3", seed=8)
-    lean = lean_forward(model)[0]
-    lean._grouped = False
-    assert lean.joint and _probe_equal(model, lean, capacity) is None
+    lean = lean_module.LeanForward(model, grouped=False)
+    assert not lean.grouped and _probe_equal(model, lean, capacity) is None
 
 
 def test_a_lean_forward_that_raises_on_the_probe_leaves_the_models_own(monkeypatch):
@@ -271,11 +269,11 @@ def test_the_rotary_table_gives_the_modules_cos_and_sin_bit_for_bit():
     g = torch.Generator().manual_seed(3)
     for high in (40, 300, 1000):                        # the last two grow the table
         positions = torch.randint(0, high, (2, 17), generator=g)
-        for got, want in zip(lean._rotary_rows(h, positions, False)[:2], rotary(h, positions), strict=True):
-            assert torch.equal(got, want)
+        (cos, sin), (got_cos, got_sin, signed) = rotary(h, positions), lean._rotary_rows(h, positions)
+        assert signed and torch.equal(got_cos, cos) and torch.equal(got_sin, signed_sin(sin))
     assert lean._rope[3].shape[0] > int(positions.max()) > 300
     with torch.no_grad():
         rotary.inv_freq.mul_(0.5)                       # edited in place: the table follows
     positions = torch.arange(5)[None]
-    for got, want in zip(lean._rotary_rows(h, positions, False)[:2], rotary(h, positions), strict=True):
-        assert torch.equal(got, want)
+    (cos, sin), (got_cos, got_sin, _) = rotary(h, positions), lean._rotary_rows(h, positions)
+    assert torch.equal(got_cos, cos) and torch.equal(got_sin, signed_sin(sin))
