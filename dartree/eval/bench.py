@@ -1,13 +1,5 @@
-"""The benchmark: methods x datasets x temperatures on one bundle, AR measured in the same run.
-
-For every (dataset, temperature, prompt) AR runs first, then every method (interleaved, so that drifting
-load penalises every method alike).  At T>0 a method verifies with its own ``verifier=``, else the run's,
-else :data:`dartree.rounds.DEFAULT_VERIFIER`.  Checked per row: at T=0 and with ``match`` the output equals
-AR's token for token (the same keyed seed); with a sampled verifier (lossless in law) every committed token,
-plus the first of ``law_draws`` extra one-round decodes per prompt, is tested against the target's warped
-law (:mod:`dartree.eval.lawcheck`).  Speedup is tokens/s over AR's (whole ``generate`` calls); tau is
-committed tokens per round.  Nothing here catches an exception: a failing method stops the benchmark.
-"""
+"""The benchmark: methods x datasets x temperatures on one bundle, AR measured in the same run, every row
+checked against AR's tokens or the target's law (docs/internals.md, "The benchmark harness")."""
 
 from __future__ import annotations
 
@@ -22,6 +14,7 @@ from typing import Any
 import torch
 
 from dartree import native
+from dartree.arguments import check_int
 from dartree.decode import ROUND_STAGES, GenerationResult, generate_ar
 from dartree.eval.bundles import Bundle, encode, stop_token_id
 from dartree.eval.datasets import load_prompts
@@ -91,11 +84,8 @@ class BenchConfig:
         if not self.temperatures or any(not (t >= 0 and t < float("inf")) for t in self.temperatures):
             raise ValueError(f"temperatures: need finite numbers >= 0, got {self.temperatures}")
         for name in ("num_prompts", "max_new_tokens", "max_prompt_tokens", "calibration_prompts"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}: must be an integer >= 1, got {value!r}")
-        if isinstance(self.law_draws, bool) or not isinstance(self.law_draws, int) or self.law_draws < 0:
-            raise ValueError(f"law_draws: must be an integer >= 0, got {self.law_draws!r}")
+            check_int(name, getattr(self, name))
+        check_int("law_draws", self.law_draws, 0)
         if isinstance(self.tune_min_speedup, bool) or not self.tune_min_speedup >= 0:
             raise ValueError(f"tune_min_speedup: must be a number >= 0, got {self.tune_min_speedup!r}")
 

@@ -1,13 +1,5 @@
-"""Serving benchmark: aggregate throughput with C requests in flight (the paper's Table 4 setting).
-
-For every concurrency C batched AR serves the prompts first, then every method (:func:`dartree.serve.serve`);
-throughput is all tokens over the whole run's wall time, speedup over batched AR at the same C, and every
-request's tokens are compared with AR's (sampled-tree rows say ``law`` instead).  ``budget=auto`` /
-``width=auto`` are tuned per C with :func:`dartree.eval.tune.score_at_concurrency`: replayed acceptance
-(once, on the prompts after the evaluation prompts), the batched verify cost at C, and one short batched
-run for the drafter and commit times.  A tree that pays at C=1 may not at C=8, where the forward is
-compute-bound.
-"""
+"""Serving benchmark: aggregate throughput with C requests in flight against batched AR (the paper's Table 4
+setting; docs/internals.md, "The benchmark harness")."""
 
 from __future__ import annotations
 
@@ -21,11 +13,12 @@ from typing import Any
 import torch
 
 from dartree.eval.bundles import Bundle, encode, stop_token_id
+from dartree.eval.costmodel import VerifyCost, pick_best, score_at_concurrency
 from dartree.eval.datasets import load_prompts
 from dartree.eval.methods import AR, MethodSpec, make_decoder, resolve_backend, sampler_for
-from dartree.eval.probes import probe_verify_cost
+from dartree.eval.probes import probe_verify_cost, replay_settings
 from dartree.eval.simulate import reference
-from dartree.eval.tune import DEFAULT_WIDTHS, VerifyCost, pick_best, replay_stats, score_at_concurrency
+from dartree.eval.tune import DEFAULT_WIDTHS
 from dartree.models.target import HFTarget
 from dartree.rounds import DEFAULT_VERIFIER, SAMPLED_VERIFIERS
 from dartree.serve import ServeResult, serve
@@ -144,9 +137,9 @@ def run_concurrency(
         cands = candidates(m)
         if m.label not in replays:       # tau and tree sizes: per-request, measured once for every C
             refs = [reference(bundle, x.tolist(), calibration_new, temperature, seed) for x in calibration]
-            replays[m.label] = {(cand.config["budget"], cand.config.get("width")): replay_stats(bundle, cand, refs,
-                                                                                                 backend)
-                                for cand in cands}
+            stats = replay_settings(bundle, cands, refs, backend)
+            replays[m.label] = {(x.config["budget"], x.config.get("width")): s
+                                for x, s in zip(cands, stats, strict=True)}
         if c not in verify_costs:        # the batched target forward over c trees of n nodes
             greedy_cpu = temperature == 0 and HFTarget(bundle.target).scores_rows_apart
             prefix = int(sum(x.shape[0] for x in calibration) / len(calibration)) + calibration_new // 2

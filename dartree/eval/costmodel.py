@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from dartree.arguments import check_int
 from dartree.rounds import walk_pays
 
 __all__ = ["VerifyCost", "ConfigStats", "Candidate", "score_candidates", "score_at_concurrency", "pick_best",
@@ -133,8 +134,7 @@ def score_at_concurrency(stats: dict[tuple[int, int | None], ConfigStats], cost:
     ``rows`` draws from the replayed tree sizes (a batched forward is as wide as its largest tree);
     ``build_scale``: building ``rows`` trees in single builds (default ``rows``; batched heads make it less).
     """
-    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
-        raise ValueError(f"rows: must be an integer >= 1, got {rows!r}")
+    check_int("rows", rows)
     scale = float(rows) if build_scale is None else build_scale
     if not scale > 0:
         raise ValueError(f"build_scale: must be > 0, got {build_scale!r}")

@@ -1,13 +1,5 @@
-"""Methods as the harness names them: ``ar`` or a builder with its settings, parsed from text.
-
-Syntax: ``NAME[:KEY=VALUE,...]`` where NAME is ``ar``, ``auto`` (the tuner picks the builder, its budget and
-at T>0 the verifier; it takes only ``verifier=`` / ``head=`` / ``drafter=``) or a registered builder, and KEY
-is a field of that builder's config, ``head`` (default ``gru``), ``verifier`` (``match`` / ``rejection`` /
-``traversal``; default: the run's) or ``drafter`` (a name of :data:`DRAFTERS`; default: the bundle's).
-``budget=auto`` / ``width=auto`` / ``beta=auto`` are resolved by :mod:`dartree.eval.tune` before decoding.
-
-    parse_method("dartree-pruned:budget=32,width=8,head=markov")
-"""
+"""Methods as the harness names them, parsed from ``NAME[:KEY=VALUE,...]`` text, e.g.
+``dartree-pruned:budget=32,width=8,head=markov`` (the syntax: docs/internals.md, "The benchmark harness")."""
 
 from __future__ import annotations
 

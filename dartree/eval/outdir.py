@@ -1,10 +1,5 @@
-"""Run folders: where a command writes its results, complete or not at all, one writer at a time.
-
-Each command owns a set of file names in its ``--out`` folder (its *kind*: :data:`BENCH_FILES`, ...);
-files of other kinds are never touched.  :func:`open_run` (lock, recover, check) returns a :class:`RunFolder`
-that stages every file of the run, and :meth:`RunFolder.commit` replaces the earlier run of that kind in one
-step; :func:`write_atomic` writes a single file.  The design step by step: docs/internals.md, "Run folders".
-"""
+"""Run folders: where a command writes its results, complete or not at all, one writer at a time
+(:func:`open_run`, :class:`RunFolder`, :func:`write_atomic`; the design: docs/internals.md, "Run folders")."""
 
 from __future__ import annotations
 

@@ -13,8 +13,9 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from dartree.eval.bench import Summary
+from dartree.eval.costmodel import setting_text
 from dartree.eval.outdir import write_atomic
-from dartree.eval.tune import TuneResult, setting_text
+from dartree.eval.tune import TuneResult
 from dartree.tree import DraftTree
 
 __all__ = ["plot_acceptance", "plot_sweep", "plot_tree", "plot_depth_distribution", "plot_tuning", "token_label",

@@ -1,14 +1,5 @@
-"""Replay speculative rounds against a known continuation, without running the target on any tree.
-
-Greedy decoding (or a :class:`~dartree.KeyedSampler` at T>0) commits exactly :func:`~dartree.generate_ar`'s
-tokens, so once that reference is known a round is determined by the drafter and the builder: the target's
-pick at a node of depth d on the reference path is reference token d+1.  :func:`simulate` walks the rounds
-that way (draft, build, accept against the reference, append the committed tokens' hidden states from one
-causal forward), which makes acceptance of many configurations cheap (sweeps, the tuner, tree pictures);
-with :class:`ReplayBlocks` the drafter runs once per reference.  Trees and accepted lengths are real
-decoding's up to floating-point differences in the hidden states, and the last round cannot run past the
-reference's end.  A replay, not the engine: the engine's verify stage is the tree forward a replay skips.
-"""
+"""Replay speculative rounds against a known continuation (the target's own), without running the target on
+any tree: acceptance of many settings cheaply (docs/internals.md, "The benchmark harness")."""
 
 from __future__ import annotations
 
