@@ -89,6 +89,11 @@ class BenchConfig:
         if isinstance(self.tune_min_speedup, bool) or not self.tune_min_speedup >= 0:
             raise ValueError(f"tune_min_speedup: must be a number >= 0, got {self.tune_min_speedup!r}")
 
+    @property
+    def warps(self) -> dict[str, Any]:
+        """The target-side warpers at T>0, as the decode calls take them."""
+        return {"top_k": self.top_k, "top_p": self.top_p, "min_p": self.min_p}
+
 
 @dataclass(frozen=True)
 class RunRecord:
@@ -278,10 +283,8 @@ def _tune_auto(bundle: Bundle, config: BenchConfig, log: Callable[[str], None] |
              for d in config.datasets
              for p in load_prompts(d, config.calibration_prompts, offset=config.num_prompts,
                                    prompt_chars=config.prompt_chars)]
-    warps = {k: v for k, v in (("top_k", config.top_k), ("top_p", config.top_p), ("min_p", config.min_p))
-             if v is not None}
     for temperature in config.temperatures:
-        at = warps if temperature > 0 else {}
+        at = config.warps if temperature > 0 else {}
         refs = [reference(bundle, ids, config.max_new_tokens, temperature, config.seed, label=d, warps=at)
                 for d, ids in calib]
         for m in auto:
@@ -327,8 +330,6 @@ def run_bench(bundle: Bundle, config: BenchConfig, argv: Sequence[str] | None = 
                 else make_decoder(bundle, resolved[(m.label, t)], config.backend)
                 for m in timed for t in config.temperatures}
 
-    warps = {"top_k": config.top_k, "top_p": config.top_p, "min_p": config.min_p}
-
     def verifier_of(label: str, temperature: float) -> str:
         """How ``label`` verifies at ``temperature`` (AR draws with the keyed sampler, like ``match``)."""
         spec = None if label == AR else resolved[(label, temperature)]
@@ -342,9 +343,9 @@ def run_bench(bundle: Bundle, config: BenchConfig, argv: Sequence[str] | None = 
         sampler = sampler_for(verifier, config.seed, draw, ids.device) if temperature > 0 else None
         decoder = None if label == AR else decoders[(label, temperature if tuned_at is None else tuned_at)]
         if decoder is None:
-            return generate_ar(bundle.target, ids, max_new, temperature, sampler, stop_token_ids=stops, **warps)
+            return generate_ar(bundle.target, ids, max_new, temperature, sampler, stop_token_ids=stops, **config.warps)
         return decoder.generate(ids, max_new, temperature, sampler, stop_token_ids=stops,
-                                verifier=None if temperature == 0 else verifier, **warps)
+                                verifier=None if temperature == 0 else verifier, **config.warps)
 
     peers = {}
     for name in config.peers:
