@@ -147,12 +147,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         spec = result.resolve(method)
         chosen = f"--method {spec.builder}:" + ",".join(
             [f"{k}={v}" for k, v in spec.settings] + ([f"verifier={spec.verifier}"] if spec.verifier else []))
-    rate, speedup = result.forecast_interval(None, len(refs))
-    spread = "" if rate is None else f"; 90% interval for {len(refs)} other prompts like them: {rate.text} tokens/s" \
-        + ("" if speedup is None else f", {speedup.text}x AR") \
-        + f"; within 15% would need about {result.prompts_for(None)} calibration prompts and as many decoded"
-    print(f"\nchosen: {chosen}  (forecast {result.forecast_tokens_per_s:.1f} tokens/s, "
-          f"{result.forecast_tokens_per_s / result.ar_tokens_per_s:.2f}x AR, measured on {len(refs)} prompts{spread})")
+    print(f"\nchosen: {chosen}  {result.forecast_text(len(refs))}")
     if cached is not None:
         log(f"cached for `dartree generate` (this model, machine, threads and temperature) in {cached}")
     log(f"wrote {', '.join(map(str, run.committed))}")

@@ -38,13 +38,7 @@ MODEL_STAGES: tuple[str, ...] = ("draft", "head", "target", "context")
 
 @dataclass(frozen=True)
 class BenchConfig:
-    """What to run.  AR always runs (it is the reference).
-
-    calibration_prompts: prompts of every dataset (after its evaluation prompts) on which ``auto`` fields
-    are tuned.  tune_min_speedup: ``auto`` picks a tree only if it beats AR by this factor
-    (:func:`dartree.eval.tune.choose`).  peers: peer decoders (:data:`dartree.eval.peers.PEERS`) timed at
-    T=0 on the same prompts, rows ``peer:NAME``; one that cannot run here is skipped with its reason.
-    """
+    """What to run.  AR always runs (it is the reference)."""
 
     methods: tuple[MethodSpec, ...]
     datasets: tuple[str, ...] = ("humaneval",)
@@ -57,11 +51,11 @@ class BenchConfig:
     backend: str = "auto"
     warmup: bool = True
     stop_at_eos: bool = False
-    calibration_prompts: int = 4
+    calibration_prompts: int = 4          # per dataset, after its evaluation prompts: where ``auto`` is tuned
     tune_budgets: tuple[int, ...] = DEFAULT_BUDGETS
     tune_widths: tuple[int, ...] = DEFAULT_WIDTHS
-    tune_min_speedup: float = DEFAULT_MIN_SPEEDUP
-    peers: tuple[str, ...] = ()
+    tune_min_speedup: float = DEFAULT_MIN_SPEEDUP    # ``auto`` picks a tree only if it beats AR by this factor
+    peers: tuple[str, ...] = ()           # PEERS timed at T=0, rows ``peer:NAME`` (skipped, with why, if they can't)
     verifier: str | None = None           # T>0 acceptance rule of methods that set none (None: DEFAULT_VERIFIER)
     top_k: int | None = None              # target-side warpers at T>0, for AR and every method alike
     top_p: float | None = None
@@ -318,13 +312,8 @@ def run_bench(bundle: Bundle, config: BenchConfig, argv: Sequence[str] | None = 
     # disjoint from the evaluation prompts: a tree, or plain AR when none is forecast to beat it.
     resolved, tuning = _tune_auto(bundle, config, log if progress else None)
     for t in tuning:
-        rate, speedup = t.forecast_interval(None, config.num_prompts * len(config.datasets))
-        spread = "" if rate is None else f"; 90% interval for {config.num_prompts * len(config.datasets)} " \
-            f"evaluation prompts {rate.text} tok/s" + ("" if speedup is None else f", {speedup.text}x AR") \
-            + f"; +-15% would need about {t.prompts_for(None)} + {t.prompts_for(None)} prompts"
-        log(f"tune T={t.temperature:g}: {t.method} -> {t.choice_text} (forecast {t.forecast_tokens_per_s:.1f} tok/s "
-            f"= {t.forecast_tokens_per_s / t.ar_tokens_per_s:.2f}x AR, measured on {t.calibration_prompts} "
-            "calibration prompts" + spread + ("; no tree is forecast to beat AR)" if t.use_ar else ")"))
+        log(f"tune T={t.temperature:g}: {t.method} -> {t.choice_text} "
+            f"{t.forecast_text(config.num_prompts * len(config.datasets))}")
     timed = [m for m in config.methods if not (m.is_ar and m.label == AR)]
     decoders = {(m.label, t): None if resolved[(m.label, t)].is_ar
                 else make_decoder(bundle, resolved[(m.label, t)], config.backend)

@@ -1,9 +1,5 @@
-"""The tuner's cost model: a round's seconds from measured parts, and the ranking of settings by it.
-
-``round_s = draft_s + build_s + verify_s(tree) + overhead_s`` and ``tokens_per_s = tau / round_s``
-(docs/internals.md, "The budget tuner", says where each term is measured); :class:`VerifyCost` is the
-measured verify time by tree size, :class:`Candidate` one setting scored.
-"""
+"""The tuner's cost model: ``tokens_per_s = tau / (draft_s + build_s + verify_s(tree) + overhead_s)`` from
+measured parts, and the ranking of settings by it (docs/internals.md, "The budget tuner")."""
 
 from __future__ import annotations
 

@@ -27,20 +27,12 @@ _INT_FIELDS = ("budget", "width", "topk")
 
 @dataclass(frozen=True)
 class MethodSpec:
-    """A method to benchmark.
+    """A method to benchmark."""
 
-    builder: ``"ar"`` or a registry name.
-    settings: the builder config fields set explicitly, sorted by name (values may be ``"auto"``).
-    head: the bundle head a corrected builder uses (``None`` for ``ar`` and uncorrected builders).
-    label: how tables name it (the text it was parsed from, normalised).
-    verifier: ``match``, ``rejection`` or ``traversal`` at T>0 (``verifier=...``; ``None``: the run's default).
-    drafter: a name of :data:`DRAFTERS` (``drafter=lookup``: prompt lookup; ``None``: the bundle's drafter).
-    """
-
-    builder: str
-    settings: tuple[tuple[str, Any], ...] = ()
-    head: str | None = None
-    label: str = ""
+    builder: str                                 # "ar", "auto" or a registry name
+    settings: tuple[tuple[str, Any], ...] = ()   # the config fields set explicitly, sorted (values may be "auto")
+    head: str | None = None                      # the bundle head a corrected builder uses
+    label: str = ""                              # how tables name it (the text it was parsed from, normalised)
     verifier: str | None = None       # the T>0 acceptance rule (VERIFIERS; None: the run's default)
     drafter: str | None = None        # a registered drafter (DRAFTERS; None: the bundle's own)
 

@@ -74,15 +74,9 @@ class Simulation:
 
 
 class ReplayBlocks:
-    """The drafter's block at every root position of one reference, drafted once for all its replays.
-
-    perf: the tuner replays some 60 settings per reference, and drafting per replay was most of its time
-    (docs/results.md).  A round's block depends only on the reference up to its root, so one pass appends
-    the context one position at a time and drafts a block at every position a round can start from: every
-    block is a pure function of the reference and the position (equal to per-round drafting up to
-    floating-point differences, for a drafter without state of its own).  ``seconds[p]``: the draft's wall
-    time.  Memory: ``new_tokens - 1`` blocks of logits on the drafter's device; keep one reference's at a time.
-    """
+    """The drafter's block at every root position of one reference, drafted once for all its replays (a block
+    depends only on the reference up to its root).  perf: drafting per replay was most of the tuner's time.
+    Memory: ``new_tokens - 1`` blocks of logits on the drafter's device; keep one reference's at a time."""
 
     def __init__(self, drafter, ref: Reference) -> None:
         seq, hidden = ref.sequence, ref.hidden

@@ -1,10 +1,5 @@
-"""Parameter sweeps (the paper's Figures 4 and 6): width, budget, depth penalty beta, top-K.
-
-Each point replays the rounds of every calibration prompt with one setting changed
-(:mod:`dartree.eval.simulate`: exact acceptance, no target forward per point) and reports tau, the
-mean tree size, the measured draft and build time per round, and the cost model's expected tokens
-per second and speedup over AR (:mod:`dartree.eval.tune`: verify cost measured on this machine).
-"""
+"""Parameter sweeps (the paper's Figures 4 and 6): width, budget, depth penalty beta, top-K, each point replayed
+(exact acceptance, no target forward) and priced by the tuner's cost model."""
 
 from __future__ import annotations
 

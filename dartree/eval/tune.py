@@ -152,6 +152,16 @@ class TuneResult:
         rows = [(t, sec) for lab, t, sec in self.chosen.per_prompt if label is None or lab == label]
         return ratio_units_for([t for t, _ in rows], [sec for _, sec in rows], tolerance, level)
 
+    def forecast_text(self, prompts: int) -> str:
+        """The forecast in words, with its 90% interval for ``prompts`` other prompts where there is one."""
+        rate, speedup = self.forecast_interval(None, prompts)
+        spread = "" if rate is None else f"; 90% interval for {prompts} other prompts: {rate.text} tokens/s" + (
+            "" if speedup is None else f", {speedup.text}x AR") + \
+            f"; within 15% would need about {self.prompts_for(None)} prompts each side"
+        return (f"(forecast {self.forecast_tokens_per_s:.1f} tokens/s = "
+                f"{self.forecast_tokens_per_s / self.ar_tokens_per_s:.2f}x AR, measured on {self.calibration_prompts} "
+                f"calibration prompts{spread}{'; no tree is forecast to beat AR' if self.use_ar else ''})")
+
     @property
     def choice_text(self) -> str:
         """``ar``, or ``[builder] B=.. W=.. [verifier]`` of the chosen tree."""
@@ -217,18 +227,10 @@ def tune(
     screen_prompts: int = DEFAULT_SCREEN_PROMPTS,
     warps: dict | None = None,
 ) -> TuneResult:
-    """Choose ``budget`` (and ``width``) of ``method`` for this machine, or plain AR; for ``auto`` the
-    builder too (each of ``builders``).  docs/internals.md, "The budget tuner", gives the steps.
-
-    Fields set to a number stay fixed; those ``"auto"`` (or unset) are searched over ``budgets`` /
-    ``widths``; ``beta`` over ``betas`` only when ``"auto"`` (each (budget, width) keeps the beta of highest
-    replayed tau: its effect on a round's cost is below the timing noise).  ``refs``: calibration references
-    (:func:`dartree.eval.simulate.reference`) made at ``temperature`` with ``seed`` and ``warps``, ``labels``
-    their sets.  At T>0 settings are ranked under each verifier the method may use: ``match`` by replay,
-    a sampled verifier by real decodes on ``screen_prompts`` references (its path is a draw).  The
-    ``finalists`` best-ranked are decoded for real beside AR and the fastest is chosen (``finalists=0``:
-    the ranking alone, against the references' AR timing).
-    """
+    """Choose ``budget`` (and ``width``, ``beta`` when ``auto``) of ``method`` for this machine, or plain AR;
+    for ``auto`` the builder too (each of ``builders``).  ``refs``: calibration references made at
+    ``temperature`` with ``seed`` and ``warps`` (``labels``: their sets).  The steps: docs/internals.md,
+    "The budget tuner"."""
     if not method.is_auto:
         if method.is_ar:
             raise ValueError("method: 'ar' has no budget to tune")
