@@ -27,11 +27,9 @@ from dartree.models.target import HFTarget
 from dartree.rounds import DEFAULT_VERIFIER, SAMPLED_VERIFIERS, VERIFIERS
 from dartree.verify.warp import Warp
 
-__all__ = ["BenchConfig", "RunRecord", "Summary", "BenchResult", "run_bench", "summarize", "STAGES",
-           "MODEL_STAGES", "acceptance_curve", "run_meta"]
+__all__ = ["BenchConfig", "RunRecord", "Summary", "BenchResult", "run_bench", "summarize", "MODEL_STAGES",
+           "acceptance_curve", "run_meta"]
 
-#: Disjoint per-round stages (``dartree.decode.ROUND_STAGES``).
-STAGES: tuple[str, ...] = ROUND_STAGES
 #: The stages that are model forwards; ``overhead`` is the round minus these.
 MODEL_STAGES: tuple[str, ...] = ("draft", "head", "target", "context")
 
@@ -104,7 +102,7 @@ class RunRecord:
     accepted_lengths: tuple[int, ...]
     committed: tuple[int, ...]
     tree_sizes: tuple[int, ...]
-    stage_s: tuple[float, ...]            # summed over rounds, in STAGES order
+    stage_s: tuple[float, ...]            # summed over rounds, in ROUND_STAGES order
     matches_ar: bool
     first_difference: int = -1            # index of the first token that differs from AR's (-1: none)
     head_calls: int = 0                   # correction-head calls over all rounds (bound pruning lowers it)
@@ -133,7 +131,7 @@ class Summary:
     tau: float
     rounds: int
     mean_tree_size: float
-    stage_ms: dict[str, float]            # mean per round, STAGES
+    stage_ms: dict[str, float]            # mean per round, ROUND_STAGES
     round_ms: float
     overhead_ms: float                    # round_ms minus the MODEL_STAGES
     lossless_prompts: int
@@ -185,7 +183,7 @@ def _first_difference(tokens: torch.Tensor, ar_tokens: torch.Tensor) -> int:
 
 def _record(method: str, dataset: str, temperature: float, prompt_id: str, result: GenerationResult,
             seconds: float, ar_tokens: torch.Tensor | None, verifier: str = "greedy") -> RunRecord:
-    stage = tuple(sum(getattr(r, f"{s}_s") for r in result.rounds) for s in STAGES)   # disjoint, sum = round
+    stage = tuple(result.stage_breakdown()[s] for s in ROUND_STAGES)       # disjoint, sum = round
     first = -1 if ar_tokens is None else _first_difference(result.tokens, ar_tokens)
     return RunRecord(method, dataset, temperature, prompt_id, result.prompt.shape[1], result.tokens.shape[1], seconds,
                      result.prefill_s, tuple(r.accepted_length for r in result.rounds),
@@ -198,7 +196,7 @@ def _peer_record(label: str, dataset: str, prompt_id: str, prompt_tokens: int, r
     first = _first_difference(result.tokens, ar_tokens)
     committed = result.committed or ()
     return RunRecord(label, dataset, 0.0, prompt_id, prompt_tokens, result.tokens.shape[1], seconds, 0.0,
-                     tuple(c - 1 for c in committed), committed, (0,) * len(committed), (0.0,) * len(STAGES),
+                     tuple(c - 1 for c in committed), committed, (0,) * len(committed), (0.0,) * len(ROUND_STAGES),
                      first == -1, first)
 
 
@@ -221,7 +219,7 @@ def summarize(records: Sequence[RunRecord], methods: Sequence[MethodSpec], backe
         ar_rate = sum(r.new_tokens for r in ar) / sum(r.seconds for r in ar)
         rate, n = tokens / seconds, max(1, rounds)     # a peer's loop: no stages, tau only where it reports rounds
         spec = None if label.startswith(PEER_PREFIX) else (resolved or {}).get((label, temperature), by_label[label])
-        stage_ms = {s: 1000.0 * sum(r.stage_s[i] for r in rs) / n for i, s in enumerate(STAGES)}
+        stage_ms = {s: 1000.0 * sum(r.stage_s[i] for r in rs) / n for i, s in enumerate(ROUND_STAGES)}
         out.append(Summary(
             method=label, builder="peer" if spec is None else spec.builder,
             settings={} if spec is None else spec.config,

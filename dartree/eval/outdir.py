@@ -8,6 +8,7 @@ import fnmatch
 import glob
 import json
 import os
+import secrets
 import shutil
 import signal
 import tempfile
@@ -19,7 +20,7 @@ from typing import Any
 
 __all__ = ["BENCH_FILES", "CONCURRENCY_FILES", "TREE_FILES", "sweep_files", "tune_files", "run_files",
            "open_run", "RunFolder", "write_atomic", "JOURNAL", "STAGING_PREFIX", "HELD_SIGNALS",
-           "file_mode", "signal_handlers"]
+           "signal_handlers"]
 
 BENCH_FILES: tuple[str, ...] = ("results.md", "results.json", "acceptance.png", "tuning_*.png")
 CONCURRENCY_FILES: tuple[str, ...] = ("concurrency.md", "concurrency.json", "concurrency.png")
@@ -67,29 +68,17 @@ def _fsync(path: Path, directory: bool = False) -> None:
         os.close(fd)
 
 
-def file_mode() -> int:
-    """The mode ``open()`` gives a new file here: ``0o666`` less the umask (read from ``/proc`` where it can
-    be, so that the umask is never changed, even for a moment)."""
-    try:
-        with open("/proc/self/status") as f:
-            mask = next(int(line.split()[1], 8) for line in f if line.startswith("Umask:"))
-    except (OSError, StopIteration, ValueError, IndexError):
-        mask = os.umask(0o022)
-        os.umask(mask)
-    return 0o666 & ~mask
-
-
 def write_atomic(path: Path, data: bytes | str) -> Path:
-    """Write ``data`` to ``path`` complete or not at all: a temporary file beside it (mode :func:`file_mode`),
-    ``fsync``, then ``os.replace`` (a symlink at ``path`` is replaced, not written through).  Returns ``path``."""
+    """Write ``data`` to ``path`` complete or not at all: a temporary file beside it, ``fsync``, then
+    ``os.replace`` (a symlink at ``path`` is replaced, not written through).  Returns ``path``."""
     raw = data.encode() if isinstance(data, str) else data
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)     # the mode open() gives: 0o666 less the umask
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(raw)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, file_mode())
         os.replace(tmp, path)
     except BaseException:
         with suppress(OSError):        # a second failure must not hide the error being raised
