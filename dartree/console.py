@@ -9,10 +9,11 @@ import signal
 import sys
 import threading
 
-__all__ = ["main"]
+__all__ = ["main", "exit_now"]
 
 
-def _exit_now(signum: int, frame: object) -> None:
+def exit_now(signum: int, frame: object) -> None:
+    """A SIGINT handler that ends the process at once with one line (while importing: nothing is written yet)."""
     print("dartree: interrupted", file=sys.stderr, flush=True)
     os._exit(130)
 
@@ -21,7 +22,7 @@ def main() -> int:
     held = (threading.current_thread() is threading.main_thread()
             and signal.getsignal(signal.SIGINT) is signal.default_int_handler)
     if held:
-        signal.signal(signal.SIGINT, _exit_now)
+        signal.signal(signal.SIGINT, exit_now)
     from dartree.cli import main as run
 
     if held:

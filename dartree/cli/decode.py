@@ -15,6 +15,7 @@ from dartree.cli.helpers import (
     check_fit,
     check_grid,
     check_lengths,
+    file_stem,
     load,
     log,
     prepare_out,
@@ -106,10 +107,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def tuning_plot_names(tuning) -> list[str]:
     """A file name per tuning result: ``tuning_BUILDER.png``, with the method label and then the temperature
     added where several results would share a name (no plot of the run overwrites another)."""
-    def safe(text: str) -> str:
-        return text.replace(":", "_").replace(",", "_").replace("=", "")
-
-    stems = [t.builder if len({u.method for u in tuning if u.builder == t.builder}) == 1 else safe(t.method)
+    stems = [t.builder if len({u.method for u in tuning if u.builder == t.builder}) == 1 else file_stem(t.method)
              for t in tuning]
     return [f"tuning_{stem}" + (f"_T{t.temperature:g}" if stems.count(stem) > 1 else "") + ".png"
             for stem, t in zip(stems, tuning, strict=True)]

@@ -12,6 +12,7 @@ from dartree.cli.helpers import (
     check_fit,
     check_grid,
     dataset_prompts,
+    file_stem,
     load,
     log,
     prepare_out,
@@ -87,10 +88,9 @@ def cmd_show_tree(args: argparse.Namespace) -> int:
         for m in depth_methods:
             all_rounds = [x for ref in refs for x in recorded_rounds(bundle, m, ref, args.backend)]
             counts[m.label] = depth_counts(all_rounds, gamma)
-        safe = method.label.replace(":", "_").replace(",", "_").replace("=", "")
         with written(run):          # both plots replace an earlier run's together
             plot_tree(r.tree, r.accepted, lambda t: decode(bundle.tokenizer, [t]),
-                      run.path(f"tree_{safe}_round{args.round}.png"),
+                      run.path(f"tree_{file_stem(method.label)}_round{args.round}.png"),
                       title=f"{method.label}, round {args.round}: {r.tree_size} draft nodes, "
                             f"{r.accepted_length} accepted (green), then the target's bonus token "
                             f"{decode(bundle.tokenizer, [r.bonus]) if r.bonus >= 0 else '(end)'!r}")

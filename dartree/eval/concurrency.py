@@ -18,6 +18,7 @@ from dartree.eval.costmodel import VerifyCost, pick_best, score_at_concurrency
 from dartree.eval.datasets import load_prompts
 from dartree.eval.methods import AR, MethodSpec, make_decoder, resolve_backend, sampler_for
 from dartree.eval.probes import probe_verify_cost, replay_settings
+from dartree.eval.report import markdown_table
 from dartree.eval.simulate import reference
 from dartree.models.target import HFTarget
 from dartree.rounds import DEFAULT_VERIFIER, SAMPLED_VERIFIERS
@@ -182,25 +183,16 @@ def run_concurrency(bundle: Bundle, config: BenchConfig, levels: Sequence[int], 
 def concurrency_markdown(rows: Sequence[ConcurrencyRow], meta: dict[str, Any] | None = None) -> str:
     """Speedup over batched AR per method (rows) and concurrency (columns), then the raw figures."""
     levels = sorted({r.concurrency for r in rows})
-    methods = list(dict.fromkeys(r.method for r in rows))
     cell = {(r.method, r.concurrency): r for r in rows}
-    lines = []
-    if meta:
-        lines.append(" ".join(f"{k}: {v}" for k, v in meta.items()))
-        lines.append("")
-    lines.append("| method | " + " | ".join(f"C={c}" for c in levels) + " |")
-    lines.append("|---|" + "---:|" * len(levels))
-    for m in methods:
-        lines.append(f"| {m} | " + " | ".join(
-            f"{cell[m, c].speedup:.2f}x" if (m, c) in cell else "-" for c in levels) + " |")
-    lines.append("")
-    lines.append("| method | C | tokens/s | speedup | tau | steps | lossless | auto chose |")
-    lines.append("|---|---:|---:|---:|---:|---:|---:|---|")
-    for r in rows:
-        checked = f"{r.lossless_prompts}/{r.prompts}" if r.token_checked else "law (rejection)"
-        lines.append(f"| {r.method} | {r.concurrency} | {r.tokens_per_s:.1f} | {r.speedup:.2f}x | {r.tau:.2f} | "
-                     f"{r.steps} | {checked} | {r.settings or '-'} |")
-    return "\n".join(lines) + "\n"
+    speedups = [[m, *(f"{cell[m, c].speedup:.2f}x" if (m, c) in cell else "-" for c in levels)]
+                for m in dict.fromkeys(r.method for r in rows)]
+    raw = [[r.method, r.concurrency, f"{r.tokens_per_s:.1f}", f"{r.speedup:.2f}x", f"{r.tau:.2f}", r.steps,
+            f"{r.lossless_prompts}/{r.prompts}" if r.token_checked else "law (rejection)", r.settings or "-"]
+           for r in rows]
+    head = [" ".join(f"{k}: {v}" for k, v in meta.items()), ""] if meta else []
+    return "\n".join([*head, markdown_table(["method", *(f"C={c}" for c in levels)], speedups), "",
+                      markdown_table(["method", "C", "tokens/s", "speedup", "tau", "steps", "lossless", "auto chose"],
+                                     raw)]) + "\n"
 
 
 def plot_concurrency(rows: Sequence[ConcurrencyRow], path: Path) -> Path:
