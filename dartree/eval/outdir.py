@@ -94,11 +94,9 @@ HELD_SIGNALS: tuple[signal.Signals, ...] = tuple(getattr(signal, n) for n in ("S
 
 @contextmanager
 def _signals_held() -> Iterator[None]:
-    """Hold back SIGINT/SIGTERM/SIGHUP so that a commit's renames are not cut short: each is recorded and
-    delivered again, to its earlier handler, when the block ends.  A Python handler, not a signal mask: a
-    mask holds a signal back from the calling thread only, and the kernel may deliver a ``kill`` to another
-    (tqdm's monitor thread).  Outside the main thread and for a handler installed from C, nothing is held.
-    """
+    """Hold back SIGINT/SIGTERM/SIGHUP so that a commit's renames are not cut short, delivering each when the
+    block ends.  A Python handler, not a signal mask: a mask holds a signal back from the calling thread only,
+    and the kernel may deliver a ``kill`` to another (tqdm's monitor thread)."""
     pending: list[int] = []
     try:                                         # None: a handler set from C, which Python cannot restore
         with signal_handlers({sig: lambda signum, frame: pending.append(signum) for sig in HELD_SIGNALS
@@ -335,12 +333,8 @@ def _lock(out: Path) -> int:
 
 
 def open_run(out: Path, patterns: Sequence[str], force: bool = False) -> RunFolder:
-    """Open ``out`` for a run of the kind ``patterns``: steps 1-3 of docs/internals.md, "Run folders".
-
-    Creates ``out`` (and its parents) when missing; a run that commits nothing removes them.  ``ValueError``
-    naming the folder when it cannot be created or written, is a file, another run holds it, a name of this
-    kind is a folder, or it holds an earlier run of this kind and ``force`` is false.
-    """
+    """Open ``out`` for a run of the kind ``patterns`` (steps 1-3 of docs/internals.md, "Run folders"), creating
+    it when missing; ``ValueError`` naming the folder when it cannot be used (earlier results need ``force``)."""
     out = Path(out)
     if os.path.lexists(out) and not out.is_dir():
         what = "a symbolic link to nothing" if out.is_symlink() and not out.exists() else "a file"

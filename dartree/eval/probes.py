@@ -28,20 +28,16 @@ __all__ = ["Measurement", "measure_verify_cost", "probe_verify_cost", "measure_o
 
 @dataclass(frozen=True)
 class Measurement:
-    """Real decodes of one setting (``budget=None``: AR) on the calibration prompts, timed whole.
-
-    per_label / per_prompt: ``(label, tokens, seconds)`` per calibration set / per prompt (in the order of
-    the references).  beta: the depth penalty decoded with when the tuner searched it, else ``None``.
-    """
+    """Real decodes of one setting (``budget=None``: AR) on the calibration prompts, timed whole."""
 
     budget: int | None
     width: int | None
     tokens: int
     seconds: float
     rounds: int
-    per_label: tuple[tuple[str, int, float], ...] = ()
-    beta: float | None = None
-    per_prompt: tuple[tuple[str, int, float], ...] = ()
+    per_label: tuple[tuple[str, int, float], ...] = ()     # (label, tokens, seconds) per calibration set
+    beta: float | None = None                             # the depth penalty, when the tuner searched it
+    per_prompt: tuple[tuple[str, int, float], ...] = ()    # (label, tokens, seconds) per reference, in order
     verifier: str | None = None       # how it verified at T>0 ("match" / "rejection" / "traversal"; None: greedy or AR)
     builder: str = ""                 # the registry name when ``auto`` searched several ("" otherwise)
 
