@@ -9,11 +9,10 @@ import signal
 import sys
 import threading
 
-__all__ = ["main", "exit_now"]
+__all__ = ["main"]
 
 
-def exit_now(signum: int, frame: object) -> None:
-    """A SIGINT handler that ends the process at once with one line (while importing: nothing is written yet)."""
+def _exit_now(signum: int, frame: object) -> None:
     print("dartree: interrupted", file=sys.stderr, flush=True)
     os._exit(130)
 
@@ -22,7 +21,7 @@ def main() -> int:
     held = (threading.current_thread() is threading.main_thread()
             and signal.getsignal(signal.SIGINT) is signal.default_int_handler)
     if held:
-        signal.signal(signal.SIGINT, exit_now)
+        signal.signal(signal.SIGINT, _exit_now)
     from dartree.cli import main as run
 
     if held:

@@ -51,7 +51,9 @@ def _import_stack(command: str) -> None:
     line (nothing is written yet); only where Ctrl-C has Python's behaviour, else it is left alone."""
     from importlib import import_module
 
-    from dartree.console import exit_now
+    def exit_now(signum: int, frame: object) -> None:
+        print("dartree: interrupted", file=sys.stderr, flush=True)
+        os._exit(130)
 
     current = signal.getsignal(signal.SIGINT)
     held = current is signal.default_int_handler or isinstance(current, _Recorder)
