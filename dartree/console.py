@@ -1,12 +1,6 @@
-"""The ``dartree`` console script: :func:`dartree.cli.main` with Ctrl-C handled
-before it starts and after it ends.
-
-Importing the command line takes a moment (argparse, the parser, the commands): a Ctrl-C then ends the process
-with one line and status 130, not a ``KeyboardInterrupt`` traceback.  Once the command has ended (an
-interrupt included), further Ctrl-C are ignored while the interpreter exits: a second one arriving in an exit
-handler printed a traceback.  Only where SIGINT has Python's own behaviour; a handler someone installed, or
-SIGINT ignored by the shell, is left alone.
-"""
+"""The ``dartree`` console script: :func:`dartree.cli.main`, with a Ctrl-C during its import ending the process
+with one line (status 130), and further Ctrl-C ignored once the command has ended (where SIGINT has Python's
+own behaviour)."""
 
 from __future__ import annotations
 

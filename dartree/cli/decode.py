@@ -15,6 +15,7 @@ from dartree.cli.helpers import (
     check_fit,
     check_grid,
     check_lengths,
+    file_stem,
     load,
     log,
     prepare_out,
@@ -106,10 +107,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def tuning_plot_names(tuning) -> list[str]:
     """A file name per tuning result: ``tuning_BUILDER.png``, with the method label and then the temperature
     added where several results would share a name (no plot of the run overwrites another)."""
-    def safe(text: str) -> str:
-        return text.replace(":", "_").replace(",", "_").replace("=", "")
-
-    stems = [t.builder if len({u.method for u in tuning if u.builder == t.builder}) == 1 else safe(t.method)
+    stems = [t.builder if len({u.method for u in tuning if u.builder == t.builder}) == 1 else file_stem(t.method)
              for t in tuning]
     return [f"tuning_{stem}" + (f"_T{t.temperature:g}" if stems.count(stem) > 1 else "") + ".png"
             for stem, t in zip(stems, tuning, strict=True)]
@@ -123,24 +121,21 @@ def _cache_tuning(bundle, config, result) -> None:
     if not result.tuning:
         return
     digest, by_label = model_hash(bundle), {m.label: m for m in config.methods}
-    warps = {"top_k": config.top_k, "top_p": config.top_p, "min_p": config.min_p}
     for t in result.tuning:
         method = by_label[t.method]
         if method.is_auto and t.temperature > 0 and not method.verifier and config.verifier:   # the run's --verifier
             method = dataclasses.replace(method, verifier=config.verifier)
-        path = store_or_warn(cache_key(bundle, method, t.temperature, digest, warps), entry_of(t), log)
+        path = store_or_warn(cache_key(bundle, method, t.temperature, digest, config.warps), entry_of(t), log)
     if path is not None:
         log(f"tuning cached for `dartree generate` in {path}")
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    if args.concurrency and args.peers is not None:
+    levels = list(dict.fromkeys(args.concurrency or ()))
+    if levels and args.peers is not None:
         raise UsageError("--peers: the peers run one request at a time; drop --concurrency to compare them")
-    if args.concurrency:
-        from dartree.cli.concurrency import cmd_bench_concurrency
-
-        return cmd_bench_concurrency(args)
     from dartree.eval.bench import BenchConfig, run_bench
+    from dartree.eval.concurrency import check_methods
     from dartree.eval.datasets import load_prompts
     from dartree.eval.methods import parse_methods
     from dartree.eval.outdir import BENCH_FILES
@@ -150,7 +145,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     preset, defaults = bench_preset(args, ("methods", "datasets", "temperatures", "num_prompts", "max_new_tokens",
                                            "budget", "out"))
-    if args.methods is None:                # at T>0 the preset's methods that pay there
+    if levels:         # serving: the first dataset and temperature, 2 max(C) prompts unless --num-prompts
+        preset.update(datasets=preset["datasets"][:1], temperatures=preset["temperatures"][:1],
+                      num_prompts=args.num_prompts or 2 * max(levels))
+    elif args.methods is None:              # at T>0 the preset's methods that pay there
         preset["methods"] = methods_for(preset, [float(t) for t in preset["temperatures"]])
     # the preset's peers unless --peers says otherwise (they decode the full length: not with --stop-at-eos);
     # --peers alone: every peer (BenchConfig checks the names)
@@ -171,15 +169,22 @@ def cmd_bench(args: argparse.Namespace) -> int:
         prompts = [p for d in config.datasets for p in load_prompts(d, config.num_prompts,
                                                                     prompt_chars=config.prompt_chars)]
         if any(m.auto_fields for m in config.methods):
+            option, count = ("--concurrency", max(levels)) if levels else ("--calibration-prompts",
+                                                                           config.calibration_prompts)
             for d in config.datasets:
                 try:
-                    prompts += load_prompts(d, config.calibration_prompts, offset=config.num_prompts,
-                                            prompt_chars=config.prompt_chars)
+                    prompts += load_prompts(d, count, offset=config.num_prompts, prompt_chars=config.prompt_chars)
                 except ValueError as e:
-                    raise UsageError(f"--calibration-prompts: 'auto' settings are tuned on the prompts of {d!r} "
-                                     f"after its {config.num_prompts} evaluation prompts; {e}") from e
+                    raise UsageError(f"{option}: 'auto' settings are tuned on the prompts of {d!r} after its "
+                                     f"{config.num_prompts} evaluation prompts; {e}") from e
+        if levels:
+            check_methods(config.methods)
         for m in config.methods:
             check_grid(m, config.tune_budgets, config.tune_widths, "--tune-budgets", "--tune-widths")
+    if levels:
+        from dartree.cli.concurrency import bench_concurrency
+
+        return bench_concurrency(args, config, levels, prompts, Path(preset["out"]))
     out = Path(preset["out"])
     with prepare_out(args, out, BENCH_FILES) as run:
         bundle = load(args)

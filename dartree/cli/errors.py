@@ -9,12 +9,8 @@ __all__ = ["UsageError", "user_input"]
 
 
 class UsageError(ValueError):
-    """A mistake in the command line or in what it names (a file, a folder, a setting the model cannot take).
-
-    :func:`dartree.cli.main` prints it as one line, ``dartree: error: ...``, and exits with status 2.  Only errors
-    raised here or by a check of the user's input (:func:`user_input`) become a ``UsageError``; any
-    other exception is a bug and keeps its traceback.
-    """
+    """A mistake in the command line or in what it names, printed as one line (exit status 2).  Only errors raised
+    here or by a check of the user's input (:func:`user_input`) become one: any other exception is a bug."""
 
 
 @contextmanager

@@ -13,12 +13,17 @@ from typing import Any
 
 from dartree.cli.errors import UsageError, user_input
 
-__all__ = ["log", "setting_defaults", "warps_of", "bench_preset", "load", "prepare_out", "written", "prompt_ids",
-           "dataset_prompts", "references", "check_fit", "check_grid", "check_lengths", "round_summary"]
+__all__ = ["log", "file_stem", "setting_defaults", "warps_of", "bench_preset", "load", "prepare_out", "written",
+           "prompt_ids", "dataset_prompts", "references", "check_fit", "check_grid", "check_lengths", "round_summary"]
 
 
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
+
+
+def file_stem(label: str) -> str:
+    """A method's label as part of a file name."""
+    return label.replace(":", "_").replace(",", "_").replace("=", "")
 
 
 def setting_defaults(args: argparse.Namespace) -> dict[str, Any]:

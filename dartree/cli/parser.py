@@ -1,7 +1,5 @@
-"""The argument parser of ``dartree``: options of every command, their types, the bench presets.
-
-Type functions reject a bad value while parsing (argparse prints the usage and the message).
-"""
+"""The argument parser of ``dartree``: options of every command, their types (which reject a bad value while
+parsing), the bench presets."""
 
 from __future__ import annotations
 

@@ -12,6 +12,7 @@ from dartree.cli.helpers import (
     check_fit,
     check_grid,
     dataset_prompts,
+    file_stem,
     load,
     log,
     prepare_out,
@@ -87,10 +88,9 @@ def cmd_show_tree(args: argparse.Namespace) -> int:
         for m in depth_methods:
             all_rounds = [x for ref in refs for x in recorded_rounds(bundle, m, ref, args.backend)]
             counts[m.label] = depth_counts(all_rounds, gamma)
-        safe = method.label.replace(":", "_").replace(",", "_").replace("=", "")
         with written(run):          # both plots replace an earlier run's together
             plot_tree(r.tree, r.accepted, lambda t: decode(bundle.tokenizer, [t]),
-                      run.path(f"tree_{safe}_round{args.round}.png"),
+                      run.path(f"tree_{file_stem(method.label)}_round{args.round}.png"),
                       title=f"{method.label}, round {args.round}: {r.tree_size} draft nodes, "
                             f"{r.accepted_length} accepted (green), then the target's bonus token "
                             f"{decode(bundle.tokenizer, [r.bonus]) if r.bonus >= 0 else '(end)'!r}")
@@ -147,12 +147,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         spec = result.resolve(method)
         chosen = f"--method {spec.builder}:" + ",".join(
             [f"{k}={v}" for k, v in spec.settings] + ([f"verifier={spec.verifier}"] if spec.verifier else []))
-    rate, speedup = result.forecast_interval(None, len(refs))
-    spread = "" if rate is None else f"; 90% interval for {len(refs)} other prompts like them: {rate.text} tokens/s" \
-        + ("" if speedup is None else f", {speedup.text}x AR") \
-        + f"; within 15% would need about {result.prompts_for(None)} calibration prompts and as many decoded"
-    print(f"\nchosen: {chosen}  (forecast {result.forecast_tokens_per_s:.1f} tokens/s, "
-          f"{result.forecast_tokens_per_s / result.ar_tokens_per_s:.2f}x AR, measured on {len(refs)} prompts{spread})")
+    print(f"\nchosen: {chosen}  {result.forecast_text(len(refs))}")
     if cached is not None:
         log(f"cached for `dartree generate` (this model, machine, threads and temperature) in {cached}")
     log(f"wrote {', '.join(map(str, run.committed))}")

@@ -1,9 +1,5 @@
-"""The accepted-rank histogram of a decoder's rejection rounds: Sequoia's ``acceptance``, measured for a model pair.
-
-``measure_acceptance(decoder, prompts, ...)`` runs the decoder's own rounds (the stages of
-:class:`~dartree.engine.Engine`) with the rejection verifier and hands each visited node's outcome to
-:func:`dartree.sequoia.acceptance_from_walks` (``docs/builders.md``).
-"""
+"""The accepted-rank histogram of a decoder's rejection rounds (Sequoia's ``acceptance`` for a model pair), from
+the decoder's own engine stages (``docs/builders.md``)."""
 
 from __future__ import annotations
 

@@ -1,13 +1,5 @@
-"""The benchmark: methods x datasets x temperatures on one bundle, AR measured in the same run.
-
-For every (dataset, temperature, prompt) AR runs first, then every method (interleaved, so that drifting
-load penalises every method alike).  At T>0 a method verifies with its own ``verifier=``, else the run's,
-else :data:`dartree.rounds.DEFAULT_VERIFIER`.  Checked per row: at T=0 and with ``match`` the output equals
-AR's token for token (the same keyed seed); with a sampled verifier (lossless in law) every committed token,
-plus the first of ``law_draws`` extra one-round decodes per prompt, is tested against the target's warped
-law (:mod:`dartree.eval.lawcheck`).  Speedup is tokens/s over AR's (whole ``generate`` calls); tau is
-committed tokens per round.  Nothing here catches an exception: a failing method stops the benchmark.
-"""
+"""The benchmark: methods x datasets x temperatures on one bundle, AR measured in the same run, every row
+checked against AR's tokens or the target's law (docs/internals.md, "The benchmark harness")."""
 
 from __future__ import annotations
 
@@ -22,6 +14,7 @@ from typing import Any
 import torch
 
 from dartree import native
+from dartree.arguments import check_int
 from dartree.decode import ROUND_STAGES, GenerationResult, generate_ar
 from dartree.eval.bundles import Bundle, encode, stop_token_id
 from dartree.eval.datasets import load_prompts
@@ -34,24 +27,16 @@ from dartree.models.target import HFTarget
 from dartree.rounds import DEFAULT_VERIFIER, SAMPLED_VERIFIERS, VERIFIERS
 from dartree.verify.warp import Warp
 
-__all__ = ["BenchConfig", "RunRecord", "Summary", "BenchResult", "run_bench", "summarize", "STAGES",
-           "MODEL_STAGES", "acceptance_curve", "run_meta"]
+__all__ = ["BenchConfig", "RunRecord", "Summary", "BenchResult", "run_bench", "summarize", "MODEL_STAGES",
+           "acceptance_curve", "run_meta"]
 
-#: Disjoint per-round stages (``dartree.decode.ROUND_STAGES``).
-STAGES: tuple[str, ...] = ROUND_STAGES
 #: The stages that are model forwards; ``overhead`` is the round minus these.
 MODEL_STAGES: tuple[str, ...] = ("draft", "head", "target", "context")
 
 
 @dataclass(frozen=True)
 class BenchConfig:
-    """What to run.  AR always runs (it is the reference).
-
-    calibration_prompts: prompts of every dataset (after its evaluation prompts) on which ``auto`` fields
-    are tuned.  tune_min_speedup: ``auto`` picks a tree only if it beats AR by this factor
-    (:func:`dartree.eval.tune.choose`).  peers: peer decoders (:data:`dartree.eval.peers.PEERS`) timed at
-    T=0 on the same prompts, rows ``peer:NAME``; one that cannot run here is skipped with its reason.
-    """
+    """What to run.  AR always runs (it is the reference)."""
 
     methods: tuple[MethodSpec, ...]
     datasets: tuple[str, ...] = ("humaneval",)
@@ -64,11 +49,11 @@ class BenchConfig:
     backend: str = "auto"
     warmup: bool = True
     stop_at_eos: bool = False
-    calibration_prompts: int = 4
+    calibration_prompts: int = 4          # per dataset, after its evaluation prompts: where ``auto`` is tuned
     tune_budgets: tuple[int, ...] = DEFAULT_BUDGETS
     tune_widths: tuple[int, ...] = DEFAULT_WIDTHS
-    tune_min_speedup: float = DEFAULT_MIN_SPEEDUP
-    peers: tuple[str, ...] = ()
+    tune_min_speedup: float = DEFAULT_MIN_SPEEDUP    # ``auto`` picks a tree only if it beats AR by this factor
+    peers: tuple[str, ...] = ()           # PEERS timed at T=0, rows ``peer:NAME`` (skipped, with why, if they can't)
     verifier: str | None = None           # T>0 acceptance rule of methods that set none (None: DEFAULT_VERIFIER)
     top_k: int | None = None              # target-side warpers at T>0, for AR and every method alike
     top_p: float | None = None
@@ -91,13 +76,15 @@ class BenchConfig:
         if not self.temperatures or any(not (t >= 0 and t < float("inf")) for t in self.temperatures):
             raise ValueError(f"temperatures: need finite numbers >= 0, got {self.temperatures}")
         for name in ("num_prompts", "max_new_tokens", "max_prompt_tokens", "calibration_prompts"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}: must be an integer >= 1, got {value!r}")
-        if isinstance(self.law_draws, bool) or not isinstance(self.law_draws, int) or self.law_draws < 0:
-            raise ValueError(f"law_draws: must be an integer >= 0, got {self.law_draws!r}")
+            check_int(name, getattr(self, name))
+        check_int("law_draws", self.law_draws, 0)
         if isinstance(self.tune_min_speedup, bool) or not self.tune_min_speedup >= 0:
             raise ValueError(f"tune_min_speedup: must be a number >= 0, got {self.tune_min_speedup!r}")
+
+    @property
+    def warps(self) -> dict[str, Any]:
+        """The target-side warpers at T>0, as the decode calls take them."""
+        return {"top_k": self.top_k, "top_p": self.top_p, "min_p": self.min_p}
 
 
 @dataclass(frozen=True)
@@ -115,7 +102,7 @@ class RunRecord:
     accepted_lengths: tuple[int, ...]
     committed: tuple[int, ...]
     tree_sizes: tuple[int, ...]
-    stage_s: tuple[float, ...]            # summed over rounds, in STAGES order
+    stage_s: tuple[float, ...]            # summed over rounds, in ROUND_STAGES order
     matches_ar: bool
     first_difference: int = -1            # index of the first token that differs from AR's (-1: none)
     head_calls: int = 0                   # correction-head calls over all rounds (bound pruning lowers it)
@@ -144,7 +131,7 @@ class Summary:
     tau: float
     rounds: int
     mean_tree_size: float
-    stage_ms: dict[str, float]            # mean per round, STAGES
+    stage_ms: dict[str, float]            # mean per round, ROUND_STAGES
     round_ms: float
     overhead_ms: float                    # round_ms minus the MODEL_STAGES
     lossless_prompts: int
@@ -196,7 +183,7 @@ def _first_difference(tokens: torch.Tensor, ar_tokens: torch.Tensor) -> int:
 
 def _record(method: str, dataset: str, temperature: float, prompt_id: str, result: GenerationResult,
             seconds: float, ar_tokens: torch.Tensor | None, verifier: str = "greedy") -> RunRecord:
-    stage = tuple(sum(getattr(r, f"{s}_s") for r in result.rounds) for s in STAGES)   # disjoint, sum = round
+    stage = tuple(result.stage_breakdown()[s] for s in ROUND_STAGES)       # disjoint, sum = round
     first = -1 if ar_tokens is None else _first_difference(result.tokens, ar_tokens)
     return RunRecord(method, dataset, temperature, prompt_id, result.prompt.shape[1], result.tokens.shape[1], seconds,
                      result.prefill_s, tuple(r.accepted_length for r in result.rounds),
@@ -209,7 +196,7 @@ def _peer_record(label: str, dataset: str, prompt_id: str, prompt_tokens: int, r
     first = _first_difference(result.tokens, ar_tokens)
     committed = result.committed or ()
     return RunRecord(label, dataset, 0.0, prompt_id, prompt_tokens, result.tokens.shape[1], seconds, 0.0,
-                     tuple(c - 1 for c in committed), committed, (0,) * len(committed), (0.0,) * len(STAGES),
+                     tuple(c - 1 for c in committed), committed, (0,) * len(committed), (0.0,) * len(ROUND_STAGES),
                      first == -1, first)
 
 
@@ -232,7 +219,7 @@ def summarize(records: Sequence[RunRecord], methods: Sequence[MethodSpec], backe
         ar_rate = sum(r.new_tokens for r in ar) / sum(r.seconds for r in ar)
         rate, n = tokens / seconds, max(1, rounds)     # a peer's loop: no stages, tau only where it reports rounds
         spec = None if label.startswith(PEER_PREFIX) else (resolved or {}).get((label, temperature), by_label[label])
-        stage_ms = {s: 1000.0 * sum(r.stage_s[i] for r in rs) / n for i, s in enumerate(STAGES)}
+        stage_ms = {s: 1000.0 * sum(r.stage_s[i] for r in rs) / n for i, s in enumerate(ROUND_STAGES)}
         out.append(Summary(
             method=label, builder="peer" if spec is None else spec.builder,
             settings={} if spec is None else spec.config,
@@ -288,10 +275,8 @@ def _tune_auto(bundle: Bundle, config: BenchConfig, log: Callable[[str], None] |
              for d in config.datasets
              for p in load_prompts(d, config.calibration_prompts, offset=config.num_prompts,
                                    prompt_chars=config.prompt_chars)]
-    warps = {k: v for k, v in (("top_k", config.top_k), ("top_p", config.top_p), ("min_p", config.min_p))
-             if v is not None}
     for temperature in config.temperatures:
-        at = warps if temperature > 0 else {}
+        at = config.warps if temperature > 0 else {}
         refs = [reference(bundle, ids, config.max_new_tokens, temperature, config.seed, label=d, warps=at)
                 for d, ids in calib]
         for m in auto:
@@ -325,19 +310,12 @@ def run_bench(bundle: Bundle, config: BenchConfig, argv: Sequence[str] | None = 
     # disjoint from the evaluation prompts: a tree, or plain AR when none is forecast to beat it.
     resolved, tuning = _tune_auto(bundle, config, log if progress else None)
     for t in tuning:
-        rate, speedup = t.forecast_interval(None, config.num_prompts * len(config.datasets))
-        spread = "" if rate is None else f"; 90% interval for {config.num_prompts * len(config.datasets)} " \
-            f"evaluation prompts {rate.text} tok/s" + ("" if speedup is None else f", {speedup.text}x AR") \
-            + f"; +-15% would need about {t.prompts_for(None)} + {t.prompts_for(None)} prompts"
-        log(f"tune T={t.temperature:g}: {t.method} -> {t.choice_text} (forecast {t.forecast_tokens_per_s:.1f} tok/s "
-            f"= {t.forecast_tokens_per_s / t.ar_tokens_per_s:.2f}x AR, measured on {t.calibration_prompts} "
-            "calibration prompts" + spread + ("; no tree is forecast to beat AR)" if t.use_ar else ")"))
+        log(f"tune T={t.temperature:g}: {t.method} -> {t.choice_text} "
+            f"{t.forecast_text(config.num_prompts * len(config.datasets))}")
     timed = [m for m in config.methods if not (m.is_ar and m.label == AR)]
     decoders = {(m.label, t): None if resolved[(m.label, t)].is_ar
                 else make_decoder(bundle, resolved[(m.label, t)], config.backend)
                 for m in timed for t in config.temperatures}
-
-    warps = {"top_k": config.top_k, "top_p": config.top_p, "min_p": config.min_p}
 
     def verifier_of(label: str, temperature: float) -> str:
         """How ``label`` verifies at ``temperature`` (AR draws with the keyed sampler, like ``match``)."""
@@ -352,9 +330,9 @@ def run_bench(bundle: Bundle, config: BenchConfig, argv: Sequence[str] | None = 
         sampler = sampler_for(verifier, config.seed, draw, ids.device) if temperature > 0 else None
         decoder = None if label == AR else decoders[(label, temperature if tuned_at is None else tuned_at)]
         if decoder is None:
-            return generate_ar(bundle.target, ids, max_new, temperature, sampler, stop_token_ids=stops, **warps)
+            return generate_ar(bundle.target, ids, max_new, temperature, sampler, stop_token_ids=stops, **config.warps)
         return decoder.generate(ids, max_new, temperature, sampler, stop_token_ids=stops,
-                                verifier=None if temperature == 0 else verifier, **warps)
+                                verifier=None if temperature == 0 else verifier, **config.warps)
 
     peers = {}
     for name in config.peers:

@@ -1,8 +1,5 @@
-"""Model bundles for the harness: a target, its tokenizer, a drafter and correction heads.
-
-``load_bundle(name)`` returns the zoo model ``name`` or, for ``"tiny-random"``, a seconds-to-build toy (a random
-Qwen3 over bytes, an oracle drafter, test heads) so that every command runs without trained weights.
-"""
+"""Model bundles for the harness (a target, its tokenizer, a drafter, correction heads): a zoo model, or
+``"tiny-random"``, a toy built in seconds so that every command runs without trained weights."""
 
 from __future__ import annotations
 

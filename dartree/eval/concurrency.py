@@ -1,13 +1,5 @@
-"""Serving benchmark: aggregate throughput with C requests in flight (the paper's Table 4 setting).
-
-For every concurrency C batched AR serves the prompts first, then every method (:func:`dartree.serve.serve`);
-throughput is all tokens over the whole run's wall time, speedup over batched AR at the same C, and every
-request's tokens are compared with AR's (sampled-tree rows say ``law`` instead).  ``budget=auto`` /
-``width=auto`` are tuned per C with :func:`dartree.eval.tune.score_at_concurrency`: replayed acceptance
-(once, on the prompts after the evaluation prompts), the batched verify cost at C, and one short batched
-run for the drafter and commit times.  A tree that pays at C=1 may not at C=8, where the forward is
-compute-bound.
-"""
+"""Serving benchmark: aggregate throughput with C requests in flight against batched AR (the paper's Table 4
+setting; docs/internals.md, "The benchmark harness")."""
 
 from __future__ import annotations
 
@@ -20,12 +12,14 @@ from typing import Any
 
 import torch
 
+from dartree.eval.bench import BenchConfig
 from dartree.eval.bundles import Bundle, encode, stop_token_id
+from dartree.eval.costmodel import VerifyCost, pick_best, score_at_concurrency
 from dartree.eval.datasets import load_prompts
 from dartree.eval.methods import AR, MethodSpec, make_decoder, resolve_backend, sampler_for
-from dartree.eval.probes import probe_verify_cost
+from dartree.eval.probes import probe_verify_cost, replay_settings
+from dartree.eval.report import markdown_table
 from dartree.eval.simulate import reference
-from dartree.eval.tune import DEFAULT_WIDTHS, VerifyCost, pick_best, replay_stats, score_at_concurrency
 from dartree.models.target import HFTarget
 from dartree.rounds import DEFAULT_VERIFIER, SAMPLED_VERIFIERS
 from dartree.serve import ServeResult, serve
@@ -71,52 +65,33 @@ def check_methods(methods: Sequence[MethodSpec]) -> None:
 
 
 @torch.no_grad()
-def run_concurrency(
-    bundle: Bundle,
-    methods: Sequence[MethodSpec],
-    levels: Sequence[int],
-    dataset: str = "humaneval",
-    num_prompts: int = 16,
-    max_new_tokens: int = 64,
-    temperature: float = 0.0,
-    seed: int = 0,
-    backend: str = "auto",
-    max_prompt_tokens: int = 256,
-    stop_at_eos: bool = False,
-    warmup: bool = True,
-    tune_budgets: Sequence[int] = (8, 16, 32, 64),
-    tune_widths: Sequence[int] = DEFAULT_WIDTHS,
-    progress: bool = True,
-    log: Callable[[str], None] = print,
-    *,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    min_p: float | None = None,
-    verifier: str | None = None,
-) -> list[ConcurrencyRow]:
-    """Serve ``num_prompts`` prompts of ``dataset`` at every concurrency in ``levels`` (see module docstring),
-    at T>0 under the warpers and ``verifier`` (a method's own ``verifier=`` wins)."""
+def run_concurrency(bundle: Bundle, config: BenchConfig, levels: Sequence[int], progress: bool = True,
+                    log: Callable[[str], None] = print) -> list[ConcurrencyRow]:
+    """Serve ``config.num_prompts`` prompts of its first dataset at its first temperature at every concurrency
+    in ``levels``; ``auto`` settings are tuned per level on the ``max(levels)`` prompts after those."""
     from tqdm import tqdm
 
     if not levels or any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in levels):
         raise ValueError(f"concurrency: expected integers >= 1, got {list(levels)}")
-    check_methods(methods)
+    check_methods(config.methods)
+    dataset, temperature, seed, backend = config.datasets[0], config.temperatures[0], config.seed, config.backend
+    max_new_tokens, tune_budgets, verifier = config.max_new_tokens, config.tune_budgets, config.verifier
     device = next(bundle.target.parameters()).device
-    prompts = [torch.tensor(encode(bundle.tokenizer, p.text)[-max_prompt_tokens:], dtype=torch.int64, device=device)
-               for p in load_prompts(dataset, num_prompts)]
-    stop = stop_token_id(bundle) if stop_at_eos else None
-    timed = [m for m in methods if not m.is_ar]
+
+    def encoded(offset: int, count: int) -> list[torch.Tensor]:
+        return [torch.tensor(encode(bundle.tokenizer, p.text)[-config.max_prompt_tokens:], dtype=torch.int64,
+                             device=device) for p in load_prompts(dataset, count, offset=offset)]
+
+    prompts = encoded(0, config.num_prompts)
+    stop = stop_token_id(bundle) if config.stop_at_eos else None
+    timed = [m for m in config.methods if not m.is_ar]
     fixed = [m for m in timed if not m.auto_fields]
     decoders = {m.label: make_decoder(bundle, m, backend) for m in fixed}
-    calibration: list[torch.Tensor] = []
-    if len(fixed) < len(timed):
-        calibration = [torch.tensor(encode(bundle.tokenizer, p.text)[-max_prompt_tokens:], dtype=torch.int64,
-                                    device=device) for p in load_prompts(dataset, max(levels), offset=num_prompts)]
+    calibration = encoded(config.num_prompts, max(levels)) if len(fixed) < len(timed) else []
     calibration_new = min(32, max_new_tokens)
     replays: dict[str, dict] = {}            # per method: single-request replays of every candidate (any C)
     verify_costs: dict[int, VerifyCost] = {}
-
-    warps = {"top_k": top_k, "top_p": top_p, "min_p": min_p} if temperature > 0 else {}
+    warps = config.warps if temperature > 0 else {}
 
     def verifier_of(spec: MethodSpec | None) -> str | None:
         """The acceptance rule of ``spec`` (``None``: AR, and every method at T=0)."""
@@ -133,7 +108,7 @@ def run_concurrency(
 
     def candidates(m: MethodSpec) -> list[MethodSpec]:
         grid = [{}]
-        for key, values in (("budget", tune_budgets), ("width", tune_widths)):
+        for key, values in (("budget", tune_budgets), ("width", config.tune_widths)):
             if key in m.auto_fields:
                 grid = [{**g, key: v} for g in grid for v in values]
         return [m.with_settings(**g) for g in grid]
@@ -144,9 +119,9 @@ def run_concurrency(
         cands = candidates(m)
         if m.label not in replays:       # tau and tree sizes: per-request, measured once for every C
             refs = [reference(bundle, x.tolist(), calibration_new, temperature, seed) for x in calibration]
-            replays[m.label] = {(cand.config["budget"], cand.config.get("width")): replay_stats(bundle, cand, refs,
-                                                                                                 backend)
-                                for cand in cands}
+            stats = replay_settings(bundle, cands, refs, backend)
+            replays[m.label] = {(x.config["budget"], x.config.get("width")): s
+                                for x, s in zip(cands, stats, strict=True)}
         if c not in verify_costs:        # the batched target forward over c trees of n nodes
             greedy_cpu = temperature == 0 and HFTarget(bundle.target).scores_rows_apart
             prefix = int(sum(x.shape[0] for x in calibration) / len(calibration)) + calibration_new // 2
@@ -168,7 +143,7 @@ def run_concurrency(
             f"round {best.round_s * 1e3:.1f} ms of which verify {best.verify_s * 1e3:.1f} ms)")
         return choice
 
-    if warmup:                 # first calls allocate caches and pick kernels: untimed
+    if config.warmup:          # first calls allocate caches and pick kernels: untimed
         for spec, engine in ((None, bundle.target), *((m, decoders[m.label]) for m in fixed)):
             run(engine, spec, prompts[:2], 2, min(8, max_new_tokens))
     rows: list[ConcurrencyRow] = []
@@ -185,7 +160,7 @@ def run_concurrency(
                 best = tuned(spec, c)
                 chosen = ",".join(f"{k}={v}" for k, v in sorted(best.config.items()) if k in spec.auto_fields)
                 engine = make_decoder(bundle, best, backend)
-                if warmup:     # as every fixed decoder was: first calls allocate buffers, untimed
+                if config.warmup:     # as every fixed decoder was: first calls allocate buffers, untimed
                     run(engine, spec, prompts[:2], 2, min(8, max_new_tokens))
             else:
                 engine = decoders[label]
@@ -208,25 +183,16 @@ def run_concurrency(
 def concurrency_markdown(rows: Sequence[ConcurrencyRow], meta: dict[str, Any] | None = None) -> str:
     """Speedup over batched AR per method (rows) and concurrency (columns), then the raw figures."""
     levels = sorted({r.concurrency for r in rows})
-    methods = list(dict.fromkeys(r.method for r in rows))
     cell = {(r.method, r.concurrency): r for r in rows}
-    lines = []
-    if meta:
-        lines.append(" ".join(f"{k}: {v}" for k, v in meta.items()))
-        lines.append("")
-    lines.append("| method | " + " | ".join(f"C={c}" for c in levels) + " |")
-    lines.append("|---|" + "---:|" * len(levels))
-    for m in methods:
-        lines.append(f"| {m} | " + " | ".join(
-            f"{cell[m, c].speedup:.2f}x" if (m, c) in cell else "-" for c in levels) + " |")
-    lines.append("")
-    lines.append("| method | C | tokens/s | speedup | tau | steps | lossless | auto chose |")
-    lines.append("|---|---:|---:|---:|---:|---:|---:|---|")
-    for r in rows:
-        checked = f"{r.lossless_prompts}/{r.prompts}" if r.token_checked else "law (rejection)"
-        lines.append(f"| {r.method} | {r.concurrency} | {r.tokens_per_s:.1f} | {r.speedup:.2f}x | {r.tau:.2f} | "
-                     f"{r.steps} | {checked} | {r.settings or '-'} |")
-    return "\n".join(lines) + "\n"
+    speedups = [[m, *(f"{cell[m, c].speedup:.2f}x" if (m, c) in cell else "-" for c in levels)]
+                for m in dict.fromkeys(r.method for r in rows)]
+    raw = [[r.method, r.concurrency, f"{r.tokens_per_s:.1f}", f"{r.speedup:.2f}x", f"{r.tau:.2f}", r.steps,
+            f"{r.lossless_prompts}/{r.prompts}" if r.token_checked else "law (rejection)", r.settings or "-"]
+           for r in rows]
+    head = [" ".join(f"{k}: {v}" for k, v in meta.items()), ""] if meta else []
+    return "\n".join([*head, markdown_table(["method", *(f"C={c}" for c in levels)], speedups), "",
+                      markdown_table(["method", "C", "tokens/s", "speedup", "tau", "steps", "lossless", "auto chose"],
+                                     raw)]) + "\n"
 
 
 def plot_concurrency(rows: Sequence[ConcurrencyRow], path: Path) -> Path:

@@ -1,15 +1,12 @@
-"""The tuner's cost model: a round's seconds from measured parts, and the ranking of settings by it.
-
-``round_s = draft_s + build_s + verify_s(tree) + overhead_s`` and ``tokens_per_s = tau / round_s``
-(docs/internals.md, "The budget tuner", says where each term is measured); :class:`VerifyCost` is the
-measured verify time by tree size, :class:`Candidate` one setting scored.
-"""
+"""The tuner's cost model: ``tokens_per_s = tau / (draft_s + build_s + verify_s(tree) + overhead_s)`` from
+measured parts, and the ranking of settings by it (docs/internals.md, "The budget tuner")."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from dartree.arguments import check_int
 from dartree.rounds import walk_pays
 
 __all__ = ["VerifyCost", "ConfigStats", "Candidate", "score_candidates", "score_at_concurrency", "pick_best",
@@ -133,8 +130,7 @@ def score_at_concurrency(stats: dict[tuple[int, int | None], ConfigStats], cost:
     ``rows`` draws from the replayed tree sizes (a batched forward is as wide as its largest tree);
     ``build_scale``: building ``rows`` trees in single builds (default ``rows``; batched heads make it less).
     """
-    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
-        raise ValueError(f"rows: must be an integer >= 1, got {rows!r}")
+    check_int("rows", rows)
     scale = float(rows) if build_scale is None else build_scale
     if not scale > 0:
         raise ValueError(f"build_scale: must be > 0, got {build_scale!r}")

@@ -9,6 +9,8 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from dartree.arguments import check_int
+
 __all__ = ["Interval", "t_quantile", "ratio_prediction", "ratio_units_for"]
 
 
@@ -32,8 +34,7 @@ class Interval:
 def t_quantile(p: float, df: int) -> float:
     """Student's t distribution's ``p`` quantile with ``df`` degrees of freedom, for ``0.5 <= p < 1``
     (bisection on the CDF, integrated by Simpson's rule; about 6 digits)."""
-    if isinstance(df, bool) or not isinstance(df, int) or df < 1:
-        raise ValueError(f"df: must be an integer >= 1, got {df!r}")
+    check_int("df", df)
     if isinstance(p, bool) or not isinstance(p, int | float) or not 0.5 <= p < 1:
         raise ValueError(f"p: must be in [0.5, 1), got {p!r}")
     return _t_quantile(float(p), df)
@@ -64,8 +65,7 @@ def ratio_prediction(num: Sequence[float], den: Sequence[float], new_units: int,
     than 2 units).  Delta method: with ``s^2`` the sample variance of the residuals ``num_i - R den_i``, the
     half-width is ``t(n - 1) * sqrt(s^2 (1/n + 1/new_units)) / mean(den)``: both samples' spread is in it.
     """
-    if isinstance(new_units, bool) or not isinstance(new_units, int) or new_units < 1:
-        raise ValueError(f"new_units: must be an integer >= 1, got {new_units!r}")
+    check_int("new_units", new_units)
     spread = _ratio_spread(num, den, level)
     if spread is None:
         return None

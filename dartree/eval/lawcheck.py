@@ -1,12 +1,6 @@
-"""A distribution check of sampled decodes on the benchmark's own prompts: are the tokens drawn from the
-target's warped law?  (Sampled-tree verifiers are lossless in law, not token for token.)
-
-Each tested token becomes ``u = F(t-) + V * p(t)`` (the randomized probability integral transform under the
-target's warped law at its prefix, from one teacher-forced forward; ``V ~ Uniform(0, 1)``, seeded), exactly
-Uniform(0, 1) and independent token to token for a lossless decoder; :class:`LawCheck` tests the pooled
-``u`` with a chi-square over :data:`BINS` bins at false-alarm rate :data:`ALPHA`.  A token of probability 0
-fails it alone.  The derivation: docs/verification.md, "The law check".
-"""
+"""A distribution check of sampled decodes: randomized PIT values of the tokens under the target's warped law,
+tested for uniformity by a chi-square (sampled-tree verifiers are lossless in law, not token for token; the
+derivation: docs/verification.md, "The law check")."""
 
 from __future__ import annotations
 

@@ -1,13 +1,5 @@
-"""Methods as the harness names them: ``ar`` or a builder with its settings, parsed from text.
-
-Syntax: ``NAME[:KEY=VALUE,...]`` where NAME is ``ar``, ``auto`` (the tuner picks the builder, its budget and
-at T>0 the verifier; it takes only ``verifier=`` / ``head=`` / ``drafter=``) or a registered builder, and KEY
-is a field of that builder's config, ``head`` (default ``gru``), ``verifier`` (``match`` / ``rejection`` /
-``traversal``; default: the run's) or ``drafter`` (a name of :data:`DRAFTERS`; default: the bundle's).
-``budget=auto`` / ``width=auto`` / ``beta=auto`` are resolved by :mod:`dartree.eval.tune` before decoding.
-
-    parse_method("dartree-pruned:budget=32,width=8,head=markov")
-"""
+"""Methods as the harness names them, parsed from ``NAME[:KEY=VALUE,...]`` text, e.g.
+``dartree-pruned:budget=32,width=8,head=markov`` (the syntax: docs/internals.md, "The benchmark harness")."""
 
 from __future__ import annotations
 
@@ -30,25 +22,16 @@ AUTO_FIELDS = ("budget", "width", "beta")
 #: the auto fields a tuner also searches when they are left unset (beta: only when asked, ``beta=auto``)
 SEARCHED_WHEN_UNSET = ("budget", "width")
 BACKEND_CHOICES = ("auto", "ref", "fast")
-_INT_FIELDS = ("budget", "width", "topk")
 
 
 @dataclass(frozen=True)
 class MethodSpec:
-    """A method to benchmark.
+    """A method to benchmark."""
 
-    builder: ``"ar"`` or a registry name.
-    settings: the builder config fields set explicitly, sorted by name (values may be ``"auto"``).
-    head: the bundle head a corrected builder uses (``None`` for ``ar`` and uncorrected builders).
-    label: how tables name it (the text it was parsed from, normalised).
-    verifier: ``match``, ``rejection`` or ``traversal`` at T>0 (``verifier=...``; ``None``: the run's default).
-    drafter: a name of :data:`DRAFTERS` (``drafter=lookup``: prompt lookup; ``None``: the bundle's drafter).
-    """
-
-    builder: str
-    settings: tuple[tuple[str, Any], ...] = ()
-    head: str | None = None
-    label: str = ""
+    builder: str                                 # "ar", "auto" or a registry name
+    settings: tuple[tuple[str, Any], ...] = ()   # the config fields set explicitly, sorted (values may be "auto")
+    head: str | None = None                      # the bundle head a corrected builder uses
+    label: str = ""                              # how tables name it (the text it was parsed from, normalised)
     verifier: str | None = None       # the T>0 acceptance rule (VERIFIERS; None: the run's default)
     drafter: str | None = None        # a registered drafter (DRAFTERS; None: the bundle's own)
 
@@ -84,9 +67,14 @@ class MethodSpec:
         return tuple(f.name for f in dataclasses.fields(builder_spec(self.builder).config_cls))
 
 
-def _typed(key: str, text: str, kind: Any) -> Any:
+def _value(key: str, text: str, kind: Any) -> Any:
     """``text`` as the config field's annotated type (int, float, bool or str; a plugin's own fields too);
-    ``none`` for a field that may be ``None`` (e.g. ``head_depths=none``: the head proposes at every depth)."""
+    ``none`` for a field that may be ``None`` (e.g. ``head_depths=none``: the head proposes at every depth),
+    ``auto`` for the fields a tuner searches (:data:`AUTO_FIELDS`)."""
+    if text == AUTO:
+        if key not in AUTO_FIELDS:
+            raise ValueError(f"{key}: 'auto' is allowed only for {AUTO_FIELDS}")
+        return AUTO
     name = (kind if isinstance(kind, str) else getattr(kind, "__name__", str(kind))).replace(" ", "")
     if name.endswith("|None") and text.lower() == "none":
         return None
@@ -100,22 +88,9 @@ def _typed(key: str, text: str, kind: Any) -> Any:
                 raise ValueError
             return text.lower() in ("true", "1")
     except ValueError:
-        raise ValueError(f"{key}: expected {name.split('|')[0]}, got {text!r}") from None
+        also = " or 'auto'" if key in AUTO_FIELDS else ""
+        raise ValueError(f"{key}: expected {name.split('|')[0]}{also}, got {text!r}") from None
     return text
-
-
-def _value(key: str, text: str, kind: Any = str) -> Any:
-    if text == AUTO:
-        if key not in AUTO_FIELDS:
-            raise ValueError(f"{key}: 'auto' is allowed only for {AUTO_FIELDS}")
-        return AUTO
-    if key not in _INT_FIELDS and key != "beta":
-        return _typed(key, text, kind)
-    try:
-        return int(text) if key in _INT_FIELDS else float(text)
-    except ValueError:
-        expected = "an integer" if key in _INT_FIELDS else "a number <= 0"
-        raise ValueError(f"{key}: expected {expected} or 'auto', got {text!r}") from None
 
 
 def _option(key: str, raw: str) -> str:
@@ -142,27 +117,27 @@ def parse_method(text: str, defaults: dict[str, Any] | None = None) -> MethodSpe
         if rest.strip():
             raise ValueError(f"method: 'ar' takes no settings, got {text!r}")
         return MethodSpec(AR, label=AR)
-    if name == AUTO:
-        return _parse_auto(text, rest)
-    spec = builder_spec(name)
-    fields = tuple(f.name for f in dataclasses.fields(spec.config_cls))
-    kinds = {f.name: f.type for f in dataclasses.fields(spec.config_cls)}
+    # auto: the tuner picks the builder and its settings; ``head`` is the one a corrected builder would use
+    spec = None if name == AUTO else builder_spec(name)
+    kinds = {} if spec is None else {f.name: f.type for f in dataclasses.fields(spec.config_cls)}
+    fields = tuple(kinds)
     settings: dict[str, Any] = {}
-    head: str | None = "gru" if spec.needs_head else None
+    head: str | None = "gru" if spec is not None and spec.needs_head else None
     options: dict[str, str] = {}
     items: list[str] = []                          # KEY=VALUE as given, spaces stripped: the label
-    seen: set[str] = set()
     for item in filter(None, (s.strip() for s in rest.split(","))):
         key, eq, raw = item.partition("=")
         key = key.strip()
+        if spec is None and (not eq or key not in ("verifier", "head", "drafter")):
+            raise ValueError(f"method: 'auto' takes only verifier=, head= and drafter= (the tuner picks the builder "
+                             f"and its settings), got {item!r} in {text!r}")
         if not eq or not key:
             raise ValueError(f"method: expected KEY=VALUE in {text!r}, got {item!r}")
-        if key in seen:
+        if any(i.partition("=")[0] == key for i in items):
             raise ValueError(f"{key}: set twice in {text!r}; give each setting once")
-        seen.add(key)
         items.append(f"{key}={raw.strip()}")
         if key == "head":
-            if not spec.needs_head:
+            if spec is not None and not spec.needs_head:
                 raise ValueError(f"head: builder {name!r} uses no correction head")
             head = raw.strip()
             continue
@@ -179,26 +154,9 @@ def parse_method(text: str, defaults: dict[str, Any] | None = None) -> MethodSpe
             settings[key] = value
     method = MethodSpec(name, tuple(sorted(settings.items())), head, label, options.get("verifier"),
                         options.get("drafter"))
-    concrete = {k: v for k, v in settings.items() if v != AUTO}
-    make_builder(name, "ref", **concrete)          # validates every concrete value now
+    if spec is not None:                           # validates every concrete value now
+        make_builder(name, "ref", **{k: v for k, v in settings.items() if v != AUTO})
     return method
-
-
-def _parse_auto(text: str, rest: str) -> MethodSpec:
-    """``auto[:verifier=...,head=...,drafter=...]``: the tuner picks the builder and its budget (and at T>0 the
-    verifier, unless given here); ``head`` is the head a corrected builder would use."""
-    settings: dict[str, str] = {}
-    for item in filter(None, (x.strip() for x in rest.split(","))):
-        key, eq, raw = item.partition("=")
-        key, raw = key.strip(), raw.strip()
-        if not eq or key not in ("verifier", "head", "drafter"):
-            raise ValueError(f"method: 'auto' takes only verifier=, head= and drafter= (the tuner picks the builder "
-                             f"and its settings), got {item!r} in {text!r}")
-        if key in settings:
-            raise ValueError(f"{key}: set twice in {text!r}; give each setting once")
-        settings[key] = raw if key == "head" else _option(key, raw)
-    label = AUTO + (":" + ",".join(f"{k}={v}" for k, v in settings.items()) if settings else "")
-    return MethodSpec(AUTO, (), settings.get("head"), label, settings.get("verifier"), settings.get("drafter"))
 
 
 def parse_methods(texts: list[str] | tuple[str, ...], defaults: dict[str, Any] | None = None) -> tuple[MethodSpec, ...]:

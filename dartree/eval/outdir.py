@@ -1,10 +1,5 @@
-"""Run folders: where a command writes its results, complete or not at all, one writer at a time.
-
-Each command owns a set of file names in its ``--out`` folder (its *kind*: :data:`BENCH_FILES`, ...);
-files of other kinds are never touched.  :func:`open_run` (lock, recover, check) returns a :class:`RunFolder`
-that stages every file of the run, and :meth:`RunFolder.commit` replaces the earlier run of that kind in one
-step; :func:`write_atomic` writes a single file.  The design step by step: docs/internals.md, "Run folders".
-"""
+"""Run folders: where a command writes its results, complete or not at all, one writer at a time
+(:func:`open_run`, :class:`RunFolder`, :func:`write_atomic`; the design: docs/internals.md, "Run folders")."""
 
 from __future__ import annotations
 
@@ -13,6 +8,7 @@ import fnmatch
 import glob
 import json
 import os
+import secrets
 import shutil
 import signal
 import tempfile
@@ -24,7 +20,7 @@ from typing import Any
 
 __all__ = ["BENCH_FILES", "CONCURRENCY_FILES", "TREE_FILES", "sweep_files", "tune_files", "run_files",
            "open_run", "RunFolder", "write_atomic", "JOURNAL", "STAGING_PREFIX", "HELD_SIGNALS",
-           "file_mode", "signal_handlers"]
+           "signal_handlers"]
 
 BENCH_FILES: tuple[str, ...] = ("results.md", "results.json", "acceptance.png", "tuning_*.png")
 CONCURRENCY_FILES: tuple[str, ...] = ("concurrency.md", "concurrency.json", "concurrency.png")
@@ -72,29 +68,17 @@ def _fsync(path: Path, directory: bool = False) -> None:
         os.close(fd)
 
 
-def file_mode() -> int:
-    """The mode ``open()`` gives a new file here: ``0o666`` less the umask (read from ``/proc`` where it can
-    be, so that the umask is never changed, even for a moment)."""
-    try:
-        with open("/proc/self/status") as f:
-            mask = next(int(line.split()[1], 8) for line in f if line.startswith("Umask:"))
-    except (OSError, StopIteration, ValueError, IndexError):
-        mask = os.umask(0o022)
-        os.umask(mask)
-    return 0o666 & ~mask
-
-
 def write_atomic(path: Path, data: bytes | str) -> Path:
-    """Write ``data`` to ``path`` complete or not at all: a temporary file beside it (mode :func:`file_mode`),
-    ``fsync``, then ``os.replace`` (a symlink at ``path`` is replaced, not written through).  Returns ``path``."""
+    """Write ``data`` to ``path`` complete or not at all: a temporary file beside it, ``fsync``, then
+    ``os.replace`` (a symlink at ``path`` is replaced, not written through).  Returns ``path``."""
     raw = data.encode() if isinstance(data, str) else data
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)     # the mode open() gives: 0o666 less the umask
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(raw)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, file_mode())
         os.replace(tmp, path)
     except BaseException:
         with suppress(OSError):        # a second failure must not hide the error being raised
@@ -110,11 +94,9 @@ HELD_SIGNALS: tuple[signal.Signals, ...] = tuple(getattr(signal, n) for n in ("S
 
 @contextmanager
 def _signals_held() -> Iterator[None]:
-    """Hold back SIGINT/SIGTERM/SIGHUP so that a commit's renames are not cut short: each is recorded and
-    delivered again, to its earlier handler, when the block ends.  A Python handler, not a signal mask: a
-    mask holds a signal back from the calling thread only, and the kernel may deliver a ``kill`` to another
-    (tqdm's monitor thread).  Outside the main thread and for a handler installed from C, nothing is held.
-    """
+    """Hold back SIGINT/SIGTERM/SIGHUP so that a commit's renames are not cut short, delivering each when the
+    block ends.  A Python handler, not a signal mask: a mask holds a signal back from the calling thread only,
+    and the kernel may deliver a ``kill`` to another (tqdm's monitor thread)."""
     pending: list[int] = []
     try:                                         # None: a handler set from C, which Python cannot restore
         with signal_handlers({sig: lambda signum, frame: pending.append(signum) for sig in HELD_SIGNALS
@@ -351,12 +333,8 @@ def _lock(out: Path) -> int:
 
 
 def open_run(out: Path, patterns: Sequence[str], force: bool = False) -> RunFolder:
-    """Open ``out`` for a run of the kind ``patterns``: steps 1-3 of docs/internals.md, "Run folders".
-
-    Creates ``out`` (and its parents) when missing; a run that commits nothing removes them.  ``ValueError``
-    naming the folder when it cannot be created or written, is a file, another run holds it, a name of this
-    kind is a folder, or it holds an earlier run of this kind and ``force`` is false.
-    """
+    """Open ``out`` for a run of the kind ``patterns`` (steps 1-3 of docs/internals.md, "Run folders"), creating
+    it when missing; ``ValueError`` naming the folder when it cannot be used (earlier results need ``force``)."""
     out = Path(out)
     if os.path.lexists(out) and not out.is_dir():
         what = "a symbolic link to nothing" if out.is_symlink() and not out.exists() else "a file"

@@ -1,8 +1,5 @@
-"""Figures: acceptance by position (Figure 5), sweeps (Figures 4, 6), trees (Figures 8-11), depths (Figure 7).
-
-Every function writes one PNG with matplotlib's object API (no pyplot state) and returns its path; a figure
-is rendered in memory and written complete or not at all.
-"""
+"""Figures: acceptance by position (Figure 5), sweeps (Figures 4, 6), trees (Figures 8-11), depths (Figure 7);
+each function writes one PNG, complete or not at all, and returns its path."""
 
 from __future__ import annotations
 
@@ -13,8 +10,9 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from dartree.eval.bench import Summary
+from dartree.eval.costmodel import setting_text
 from dartree.eval.outdir import write_atomic
-from dartree.eval.tune import TuneResult, setting_text
+from dartree.eval.tune import TuneResult
 from dartree.tree import DraftTree
 
 __all__ = ["plot_acceptance", "plot_sweep", "plot_tree", "plot_depth_distribution", "plot_tuning", "token_label",

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dartree.arguments import check_int
 from dartree.builders import make_builder
 from dartree.decode import GenerationResult, generate_ar
 from dartree.eval.bundles import Bundle
@@ -21,26 +22,22 @@ from dartree.models.target import HFTarget
 from dartree.tree import DraftTree
 from dartree.verify.sampling import KeyedSampler
 
-__all__ = ["Measurement", "measure_verify_cost", "probe_verify_cost", "measure_overhead", "replay_stats",
-           "replay_settings", "measure_specs", "screen_decodes", "concrete"]
+__all__ = ["Measurement", "measure_verify_cost", "probe_verify_cost", "measure_overhead", "replay_settings",
+           "measure_specs", "screen_decodes", "concrete"]
 
 
 @dataclass(frozen=True)
 class Measurement:
-    """Real decodes of one setting (``budget=None``: AR) on the calibration prompts, timed whole.
-
-    per_label / per_prompt: ``(label, tokens, seconds)`` per calibration set / per prompt (in the order of
-    the references).  beta: the depth penalty decoded with when the tuner searched it, else ``None``.
-    """
+    """Real decodes of one setting (``budget=None``: AR) on the calibration prompts, timed whole."""
 
     budget: int | None
     width: int | None
     tokens: int
     seconds: float
     rounds: int
-    per_label: tuple[tuple[str, int, float], ...] = ()
-    beta: float | None = None
-    per_prompt: tuple[tuple[str, int, float], ...] = ()
+    per_label: tuple[tuple[str, int, float], ...] = ()     # (label, tokens, seconds) per calibration set
+    beta: float | None = None                             # the depth penalty, when the tuner searched it
+    per_prompt: tuple[tuple[str, int, float], ...] = ()    # (label, tokens, seconds) per reference, in order
     verifier: str | None = None       # how it verified at T>0 ("match" / "rejection" / "traversal"; None: greedy or AR)
     builder: str = ""                 # the registry name when ``auto`` searched several ("" otherwise)
 
@@ -92,9 +89,8 @@ def measure_verify_cost(model: torch.nn.Module, layer_ids: Sequence[int] = (), p
     sizes = tuple(sorted(set(int(s) for s in sizes)))
     if not sizes or sizes[0] < 1:
         raise ValueError(f"sizes: need tree sizes >= 1, got {sizes}")
-    for name, value in (("repeats", repeats), ("rows", rows)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}: must be an integer >= 1, got {value!r}")
+    check_int("repeats", repeats)
+    check_int("rows", rows)
     if logits not in ("all", "root", "walk"):
         raise ValueError(f"logits: expected 'all', 'root' or 'walk', got {logits!r}")
     if logits == "walk" and rows != 1:
@@ -151,12 +147,6 @@ def measure_overhead(bundle: Bundle, method: MethodSpec, ref: Reference, backend
                                                              max(1, min(ref.new_tokens, 32)), temperature, sampler,
                                                              **(warps or {}))
     return sum(r.commit_s + r.accept_s for r in decoded.rounds) / max(1, decoded.num_rounds)
-
-
-@torch.no_grad()
-def replay_stats(bundle: Bundle, method: MethodSpec, refs: Iterable[Reference], backend: str) -> ConfigStats:
-    """Replay ``method`` (concrete settings) on every reference; pooled per-round statistics."""
-    return replay_settings(bundle, [method], refs, backend)[0]
 
 
 def replay_settings(bundle: Bundle, methods: Sequence[MethodSpec], refs: Iterable[Reference], backend: str,

@@ -7,12 +7,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from dartree.eval.bench import MODEL_STAGES, STAGES, BenchResult, Summary
+from dartree.eval.bench import MODEL_STAGES, BenchResult, Summary
 from dartree.eval.datasets import DATASETS, count_prompts
 from dartree.eval.methods import AR, AUTO
 from dartree.eval.outdir import write_atomic
 from dartree.eval.tune import TuneResult
-from dartree.rounds import SAMPLED_VERIFIERS
+from dartree.rounds import ROUND_STAGES, SAMPLED_VERIFIERS
 
 __all__ = ["markdown_table", "table1", "table2", "tuning_table", "forecast_table", "bench_markdown", "write_bench"]
 
@@ -89,15 +89,15 @@ def table2(summaries: Sequence[Summary], temperature: float) -> str:
         group = [s for s in summaries if s.method == method and s.temperature == temperature]
         if group[0].builder == "peer":        # a peer's loop is timed whole: no stages
             continue
-        ms = {st: _per_round(group, lambda s, st=st: s.stage_ms[st]) for st in STAGES}
+        ms = {st: _per_round(group, lambda s, st=st: s.stage_ms[st]) for st in ROUND_STAGES}
         total = sum(ms.values())
         overhead = total - sum(ms[st] for st in MODEL_STAGES)
         tree, tau = _per_round(group, lambda s: s.mean_tree_size), _per_round(group, lambda s: s.tau)
-        rows.append([method, *(f"{ms[st]:.2f}" for st in STAGES), f"{total:.2f}", f"{overhead:.2f}",
+        rows.append([method, *(f"{ms[st]:.2f}" for st in ROUND_STAGES), f"{total:.2f}", f"{overhead:.2f}",
                      f"{100 * overhead / total:.0f}%" if total > 0 else "-", f"{tree:.1f}", f"{tau:.2f}",
                      f"{total / tau:.2f}"])
-    header = ["method", *(f"{st} ms" for st in STAGES), "round ms", "overhead ms", "overhead %", "tree size", "tau",
-              "ms/token"]
+    header = ["method", *(f"{st} ms" for st in ROUND_STAGES), "round ms", "overhead ms", "overhead %", "tree size",
+              "tau", "ms/token"]
     return markdown_table(header, rows)
 
 

@@ -1,14 +1,5 @@
-"""Replay speculative rounds against a known continuation, without running the target on any tree.
-
-Greedy decoding (or a :class:`~dartree.KeyedSampler` at T>0) commits exactly :func:`~dartree.generate_ar`'s
-tokens, so once that reference is known a round is determined by the drafter and the builder: the target's
-pick at a node of depth d on the reference path is reference token d+1.  :func:`simulate` walks the rounds
-that way (draft, build, accept against the reference, append the committed tokens' hidden states from one
-causal forward), which makes acceptance of many configurations cheap (sweeps, the tuner, tree pictures);
-with :class:`ReplayBlocks` the drafter runs once per reference.  Trees and accepted lengths are real
-decoding's up to floating-point differences in the hidden states, and the last round cannot run past the
-reference's end.  A replay, not the engine: the engine's verify stage is the tree forward a replay skips.
-"""
+"""Replay speculative rounds against a known continuation (the target's own), without running the target on
+any tree: acceptance of many settings cheaply (docs/internals.md, "The benchmark harness")."""
 
 from __future__ import annotations
 
@@ -83,15 +74,9 @@ class Simulation:
 
 
 class ReplayBlocks:
-    """The drafter's block at every root position of one reference, drafted once for all its replays.
-
-    perf: the tuner replays some 60 settings per reference, and drafting per replay was most of its time
-    (docs/results.md).  A round's block depends only on the reference up to its root, so one pass appends
-    the context one position at a time and drafts a block at every position a round can start from: every
-    block is a pure function of the reference and the position (equal to per-round drafting up to
-    floating-point differences, for a drafter without state of its own).  ``seconds[p]``: the draft's wall
-    time.  Memory: ``new_tokens - 1`` blocks of logits on the drafter's device; keep one reference's at a time.
-    """
+    """The drafter's block at every root position of one reference, drafted once for all its replays (a block
+    depends only on the reference up to its root).  perf: drafting per replay was most of the tuner's time.
+    Memory: ``new_tokens - 1`` blocks of logits on the drafter's device; keep one reference's at a time."""
 
     def __init__(self, drafter, ref: Reference) -> None:
         seq, hidden = ref.sequence, ref.hidden

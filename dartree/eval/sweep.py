@@ -1,10 +1,5 @@
-"""Parameter sweeps (the paper's Figures 4 and 6): width, budget, depth penalty beta, top-K.
-
-Each point replays the rounds of every calibration prompt with one setting changed
-(:mod:`dartree.eval.simulate`: exact acceptance, no target forward per point) and reports tau, the
-mean tree size, the measured draft and build time per round, and the cost model's expected tokens
-per second and speedup over AR (:mod:`dartree.eval.tune`: verify cost measured on this machine).
-"""
+"""Parameter sweeps (the paper's Figures 4 and 6): width, budget, depth penalty beta, top-K, each point replayed
+(exact acceptance, no target forward) and priced by the tuner's cost model."""
 
 from __future__ import annotations
 
@@ -13,11 +8,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from dartree.eval.bundles import Bundle
+from dartree.eval.costmodel import VerifyCost, score_candidates
 from dartree.eval.methods import MethodSpec
-from dartree.eval.probes import probe_verify_cost
+from dartree.eval.probes import measure_overhead, probe_verify_cost, replay_settings
 from dartree.eval.report import markdown_table
 from dartree.eval.simulate import Reference
-from dartree.eval.tune import VerifyCost, measure_overhead, replay_stats, score_candidates
 
 __all__ = ["SWEEP_PARAMS", "DEFAULT_VALUES", "SweepPoint", "SweepResult", "check_sweep_values", "run_sweep",
            "sweep_table"]
@@ -109,11 +104,10 @@ def run_sweep(
     ar_rate = sum(r.new_tokens for r in refs) / sum(r.ar_seconds for r in refs)
     points = []
     for m in methods:
-        for v in values:
-            if progress is not None:
-                progress(f"{m.label} {param}={v:g}")
-            concrete = m.with_settings(**{param: cast(v)})
-            stats = replay_stats(bundle, concrete, refs, backend)
+        if progress is not None:
+            progress(f"{m.label}: {param} = {', '.join(f'{v:g}' for v in values)}")
+        settings = [m.with_settings(**{param: cast(v)}) for v in values]
+        for v, concrete, stats in zip(values, settings, replay_settings(bundle, settings, refs, backend), strict=True):
             c = score_candidates({(int(concrete.config.get("budget", 0)), None): stats}, verify_cost, overhead_s)[0]
             points.append(SweepPoint(m.label, float(v), stats.tau, stats.mean_tree_size, 1000 * stats.draft_s,
                                      1000 * stats.build_s, 1000 * c.verify_s, c.tokens_per_s,

@@ -13,8 +13,6 @@ __all__ = ["recorded_rounds", "depth_counts"]
 
 def recorded_rounds(bundle: Bundle, method: MethodSpec, ref: Reference, backend: str) -> tuple[SimulatedRound, ...]:
     """Every round of decoding ``ref`` with ``method``, each with its tree and accepted node indices."""
-    if method.is_ar:
-        raise ValueError("method: 'ar' builds no tree; pick a tree builder")
     head = bundle.heads[method.head] if method.head is not None else None
     return simulate(bundle, make_method_builder(method, backend), head, ref, record=True).rounds
 

@@ -1,10 +1,5 @@
-"""Adaptive budget (the paper's Appendix B): pick the tree budget B and width W for *this* machine,
-or plain AR when no tree pays here: a cost model (:mod:`dartree.eval.costmodel`) ranks every setting, the
-best-ranked few are decoded for real beside AR and the fastest measured is chosen.
-
-Entry points: :func:`tune` (for ``auto``: builders x budgets x verifiers), :func:`choose`, :class:`TuneResult`.
-The steps and the cost model: docs/internals.md, "The budget tuner".
-"""
+"""Adaptive budget (the paper's Appendix B): the tree budget B and width W that pay on *this* machine, or
+plain AR; for ``auto`` the builder and verifier too (the steps: docs/internals.md, "The budget tuner")."""
 
 from __future__ import annotations
 
@@ -14,6 +9,7 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from dartree.arguments import check_int
 from dartree.builders import builder_spec, registered
 from dartree.eval.bundles import Bundle
 from dartree.eval.costmodel import (
@@ -22,11 +18,10 @@ from dartree.eval.costmodel import (
     VerifyCost,
     pick_best,
     pick_finalists,
-    score_at_concurrency,
     score_candidates,
     setting_text,
 )
-from dartree.eval.forecast import Interval, ratio_prediction, ratio_units_for, t_quantile
+from dartree.eval.forecast import Interval, ratio_prediction, ratio_units_for
 from dartree.eval.methods import AR, AUTO, MethodSpec
 from dartree.eval.probes import (
     Measurement,
@@ -36,18 +31,14 @@ from dartree.eval.probes import (
     measure_verify_cost,
     probe_verify_cost,
     replay_settings,
-    replay_stats,
     screen_decodes,
 )
 from dartree.eval.simulate import Reference
 from dartree.rounds import DEFAULT_VERIFIER, SAMPLED_VERIFIERS
 
-__all__ = ["VerifyCost", "ConfigStats", "Candidate", "Measurement", "TuneResult", "measure_verify_cost",
-           "replay_stats", "replay_settings", "score_candidates", "score_at_concurrency", "pick_best", "choose",
-           "tune", "AUTO_BUILDERS", "DEFAULT_AUTO_FINALISTS", "DEFAULT_SCREEN_PROMPTS",
-           "measure_overhead", "setting_text", "pick_finalists", "DEFAULT_BUDGETS", "DEFAULT_WIDTHS",
-           "DEFAULT_BETAS", "DEFAULT_FINALISTS", "DEFAULT_MIN_SPEEDUP", "Interval", "ratio_prediction",
-           "ratio_units_for", "t_quantile"]
+__all__ = ["TuneResult", "choose", "tune", "AUTO_BUILDERS", "DEFAULT_AUTO_FINALISTS", "DEFAULT_SCREEN_PROMPTS",
+           "DEFAULT_BUDGETS", "DEFAULT_WIDTHS", "DEFAULT_BETAS", "DEFAULT_FINALISTS", "DEFAULT_MIN_SPEEDUP",
+           "measure_verify_cost"]      # the prepared device run (gpu_steps) imports it from here
 
 #: Budgets tried by ``budget=auto`` and ``auto``.  3 as well as 4: on one CPU thread the target's forward of a tree
 #: of 4 nodes is markedly cheaper than of 5, and at T=1 corrected-sequoia B=3 beat B=4 measured side by side
@@ -161,6 +152,16 @@ class TuneResult:
         rows = [(t, sec) for lab, t, sec in self.chosen.per_prompt if label is None or lab == label]
         return ratio_units_for([t for t, _ in rows], [sec for _, sec in rows], tolerance, level)
 
+    def forecast_text(self, prompts: int) -> str:
+        """The forecast in words, with its 90% interval for ``prompts`` other prompts where there is one."""
+        rate, speedup = self.forecast_interval(None, prompts)
+        spread = "" if rate is None else f"; 90% interval for {prompts} other prompts: {rate.text} tokens/s" + (
+            "" if speedup is None else f", {speedup.text}x AR") + \
+            f"; within 15% would need about {self.prompts_for(None)} prompts each side"
+        return (f"(forecast {self.forecast_tokens_per_s:.1f} tokens/s = "
+                f"{self.forecast_tokens_per_s / self.ar_tokens_per_s:.2f}x AR, measured on {self.calibration_prompts} "
+                f"calibration prompts{spread}{'; no tree is forecast to beat AR' if self.use_ar else ''})")
+
     @property
     def choice_text(self) -> str:
         """``ar``, or ``[builder] B=.. W=.. [verifier]`` of the chosen tree."""
@@ -226,18 +227,10 @@ def tune(
     screen_prompts: int = DEFAULT_SCREEN_PROMPTS,
     warps: dict | None = None,
 ) -> TuneResult:
-    """Choose ``budget`` (and ``width``) of ``method`` for this machine, or plain AR; for ``auto`` the
-    builder too (each of ``builders``).  docs/internals.md, "The budget tuner", gives the steps.
-
-    Fields set to a number stay fixed; those ``"auto"`` (or unset) are searched over ``budgets`` /
-    ``widths``; ``beta`` over ``betas`` only when ``"auto"`` (each (budget, width) keeps the beta of highest
-    replayed tau: its effect on a round's cost is below the timing noise).  ``refs``: calibration references
-    (:func:`dartree.eval.simulate.reference`) made at ``temperature`` with ``seed`` and ``warps``, ``labels``
-    their sets.  At T>0 settings are ranked under each verifier the method may use: ``match`` by replay,
-    a sampled verifier by real decodes on ``screen_prompts`` references (its path is a draw).  The
-    ``finalists`` best-ranked are decoded for real beside AR and the fastest is chosen (``finalists=0``:
-    the ranking alone, against the references' AR timing).
-    """
+    """Choose ``budget`` (and ``width``, ``beta`` when ``auto``) of ``method`` for this machine, or plain AR;
+    for ``auto`` the builder too (each of ``builders``).  ``refs``: calibration references made at
+    ``temperature`` with ``seed`` and ``warps`` (``labels``: their sets).  The steps: docs/internals.md,
+    "The budget tuner"."""
     if not method.is_auto:
         if method.is_ar:
             raise ValueError("method: 'ar' has no budget to tune")
@@ -247,10 +240,8 @@ def tune(
     progress = progress or (lambda text: None)
     if not refs:
         raise ValueError("refs: need at least one calibration reference")
-    if isinstance(finalists, bool) or not isinstance(finalists, int) or finalists < 0:
-        raise ValueError(f"finalists: must be an integer >= 0, got {finalists!r}")
-    if isinstance(screen_prompts, bool) or not isinstance(screen_prompts, int) or screen_prompts < 1:
-        raise ValueError(f"screen_prompts: must be an integer >= 1, got {screen_prompts!r}")
+    check_int("finalists", finalists, 0)
+    check_int("screen_prompts", screen_prompts)
     groups: tuple[Callable[[Candidate], object], ...] = (lambda c: c.verifier,)
     if method.is_auto:         # every builder at every budget, its width and beta at their defaults
         known = registered()

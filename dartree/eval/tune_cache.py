@@ -1,12 +1,5 @@
-"""Tuning results cached per model and machine, so that ``dartree generate`` decodes with the tree
-that pays here without tuning on every call.
-
-One JSON file, ``tune.json`` in the user's cache folder (``$DARTREE_CACHE_DIR``, else
-``$XDG_CACHE_HOME/dartree``, else ``~/.cache/dartree``), maps a key to the choice of one tuning.  The key
-is everything the choice depends on: the model (a SHA-256 over every weight), the machine (device, its
-name, torch threads), the method's fixed settings, the temperature and warpers.  Writes are atomic and
-serialised by a ``flock`` on the folder.
-"""
+"""Tuning results cached per model and machine (``tune.json`` in the user's cache folder), so that ``dartree
+generate`` decodes with the tree that pays here (docs/internals.md, "The benchmark harness")."""
 
 from __future__ import annotations
 

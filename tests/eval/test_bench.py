@@ -2,10 +2,11 @@ import json
 
 import pytest
 
-from dartree.eval.bench import STAGES, BenchConfig, acceptance_curve, run_bench
+from dartree.eval.bench import BenchConfig, acceptance_curve, run_bench
 from dartree.eval.methods import parse_methods
 from dartree.eval.plots import plot_acceptance
 from dartree.eval.report import bench_markdown, table1, table2, write_bench
+from dartree.rounds import ROUND_STAGES
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +30,7 @@ def test_per_round_stats_add_up(result):
         assert 1 + sum(r.committed) == r.new_tokens == 10       # the first token from the prefill
         assert all(c == a + 1 for c, a in zip(r.committed[:-1], r.accepted_lengths[:-1], strict=True))
         assert sum(r.stage_s) + r.prefill_s <= r.seconds
-        assert len(r.stage_s) == len(STAGES)
+        assert len(r.stage_s) == len(ROUND_STAGES)
     for s in result.summaries:
         cell = [r for r in result.records if (r.method, r.dataset, r.temperature) == (s.method, s.dataset,
                                                                                       s.temperature)]
@@ -88,7 +89,7 @@ def test_tables_and_json_shapes(result, tmp_path):
     assert t1[0].count("|") == 2 + 2 * 2 + 2 + 1 and len(t1) == 2 + 3
     t2 = table2(result.summaries, 1.0).splitlines()
     assert len(t2) == 2 + 3
-    assert all(f"{st} ms" in t2[0] for st in STAGES) and "overhead ms" in t2[0] and "overhead %" in t2[0]
+    assert all(f"{st} ms" in t2[0] for st in ROUND_STAGES) and "overhead ms" in t2[0] and "overhead %" in t2[0]
     md = bench_markdown(result)
     assert "Adaptive budget" in md and "Lossless check: every compared output" in md and "T=1" in md
     paths = write_bench(result, tmp_path)

@@ -5,6 +5,7 @@ import json
 import pytest
 
 from dartree.cli import main
+from dartree.eval.bench import BenchConfig
 from dartree.eval.concurrency import concurrency_markdown, run_concurrency
 from dartree.eval.methods import parse_method
 
@@ -12,9 +13,9 @@ TOY = ["--model", "tiny-random", "--threads", "1", "--backend", "ref"]
 
 
 def test_run_concurrency_is_lossless_and_reports_every_cell(bundle):
-    methods = [parse_method("chain"), parse_method("ddtree:budget=6")]
-    rows = run_concurrency(bundle, methods, [1, 3], num_prompts=4, max_new_tokens=6, temperature=1.0,
-                           progress=False, warmup=False, verifier="match")
+    config = BenchConfig((parse_method("chain"), parse_method("ddtree:budget=6")), num_prompts=4, max_new_tokens=6,
+                         temperatures=(1.0,), warmup=False, verifier="match")
+    rows = run_concurrency(bundle, config, [1, 3], progress=False)
     assert [(r.method, r.concurrency) for r in rows] == [
         (m, c) for c in (1, 3) for m in ("ar", "chain", "ddtree:budget=6")]
     assert all(r.lossless_prompts == r.prompts == 4 and r.tokens == 24 for r in rows)
@@ -24,7 +25,7 @@ def test_run_concurrency_is_lossless_and_reports_every_cell(bundle):
     text = concurrency_markdown(rows)
     assert "| chain | " in text and "C=3" in text
     with pytest.raises(ValueError, match="concurrency"):
-        run_concurrency(bundle, methods, [0], progress=False)
+        run_concurrency(bundle, config, [0], progress=False)
 
 
 def test_cli_concurrency_writes_table_and_json(tmp_path, capsys):
@@ -44,8 +45,9 @@ def test_cli_concurrency_writes_table_and_json(tmp_path, capsys):
 
 
 def test_auto_budget_is_tuned_per_concurrency(bundle):
-    rows = run_concurrency(bundle, [parse_method("ddtree:budget=auto")], [1, 2], num_prompts=2, max_new_tokens=4,
-                           progress=False, warmup=False, tune_budgets=(2, 6), log=lambda _m: None)
+    config = BenchConfig((parse_method("ddtree:budget=auto"),), num_prompts=2, max_new_tokens=4, warmup=False,
+                         tune_budgets=(2, 6))
+    rows = run_concurrency(bundle, config, [1, 2], progress=False, log=lambda _m: None)
     auto = [r for r in rows if r.method == "ddtree:budget=auto"]
     assert [r.concurrency for r in auto] == [1, 2]
     assert all(r.settings in ("budget=2", "budget=6") and r.lossless_prompts == 2 for r in auto)
@@ -63,9 +65,10 @@ def test_the_warpers_and_the_verifier_reach_every_served_row(bundle, monkeypatch
 
     serve = cc.serve
     monkeypatch.setattr(cc, "serve", recording)
-    methods = [parse_method("chain"), parse_method("ddtree:budget=4,verifier=match")]
-    rows = run_concurrency(bundle, methods, [2], num_prompts=2, max_new_tokens=4, temperature=0.8,
-                           progress=False, warmup=False, top_k=3, top_p=0.9, min_p=0.05, verifier="rejection")
+    config = BenchConfig((parse_method("chain"), parse_method("ddtree:budget=4,verifier=match")), num_prompts=2,
+                         max_new_tokens=4, temperatures=(0.8,), warmup=False, top_k=3, top_p=0.9, min_p=0.05,
+                         verifier="rejection")
+    rows = run_concurrency(bundle, config, [2], progress=False)
     warps = {"top_k": 3, "top_p": 0.9, "min_p": 0.05}
     assert seen == [(kind, {**warps, "verifier": v}) for kind, v in
                     ((type(bundle.target).__name__, None), ("SpeculativeDecoder", "rejection"),
@@ -80,8 +83,9 @@ def test_cli_concurrency_passes_the_sampling_options(monkeypatch, tmp_path):
     import dartree.eval.concurrency as cc
     got = {}
 
-    def fake(*args, **kwargs):
-        got.update(kwargs)
+    def fake(bundle, config, levels, **kwargs):
+        got.update(top_k=config.top_k, top_p=config.top_p, min_p=config.min_p, verifier=config.verifier,
+                   temperature=config.temperatures[0])
         return []
 
     monkeypatch.setattr(cc, "run_concurrency", fake)

@@ -24,7 +24,7 @@ def test_parse_settings_head_and_defaults():
     ("ar:budget=3", "'ar' takes no settings"),
     ("chain:budget=3", "budget: not a setting of 'chain'"),
     ("ddtree:head=gru", "head: builder 'ddtree' uses no correction head"),
-    ("ddtree:budget=x", "budget: expected an integer or 'auto'"),
+    ("ddtree:budget=x", "budget: expected int or 'auto'"),
     ("ddtree:budget=0", "budget: must be an integer >= 1"),
     ("dartree-pruned:beta=0.5", "beta: must be a finite number <= 0"),
     ("ddtree:topk=auto", "topk: 'auto' is allowed only for"),

@@ -9,10 +9,11 @@ import torch
 
 from dartree import generate_ar
 from dartree.eval import peers
-from dartree.eval.bench import STAGES, BenchConfig, RunRecord, summarize
+from dartree.eval.bench import BenchConfig, RunRecord, summarize
 from dartree.eval.bundles import tiny_random_bundle
 from dartree.eval.methods import AR, MethodSpec
 from dartree.eval.report import table1, table2
+from dartree.rounds import ROUND_STAGES
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +54,7 @@ def test_bad_peer_names_are_refused():
 
 def _record(method: str, seconds: float, committed: tuple[int, ...], new_tokens: int = 8) -> RunRecord:
     return RunRecord(method, "humaneval", 0.0, "p0", 5, new_tokens, seconds, 0.0, tuple(c - 1 for c in committed),
-                     committed, (0,) * len(committed), (0.0,) * len(STAGES), True)
+                     committed, (0,) * len(committed), (0.0,) * len(ROUND_STAGES), True)
 
 
 def test_a_peer_row_has_a_speedup_and_no_stages():

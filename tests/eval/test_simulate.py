@@ -3,9 +3,9 @@ import torch
 
 from dartree.eval.bundles import encode, load_bundle
 from dartree.eval.methods import make_decoder, make_method_builder, parse_method
+from dartree.eval.probes import replay_settings
 from dartree.eval.simulate import ReplayBlocks, reference, simulate
 from dartree.eval.trees import depth_counts, recorded_rounds
-from dartree.eval.tune import replay_settings, replay_stats
 from dartree.verify.sampling import KeyedSampler
 
 
@@ -87,7 +87,7 @@ def test_replay_blocks_are_the_same_whoever_read_them_before(bundle):
     methods = [parse_method(t) for t in ("ddtree:budget=4", "dartree-pruned:budget=6,width=2,beta=-0.5")]
     pooled = replay_settings(bundle, methods, refs, "ref")
     for method, stats in zip(methods, pooled, strict=True):
-        alone = replay_stats(bundle, method, refs, "ref")
+        (alone,) = replay_settings(bundle, [method], refs, "ref")
         assert (stats.tau, stats.tree_sizes, stats.accepted_lengths) == \
                (alone.tau, alone.tree_sizes, alone.accepted_lengths)
 

@@ -2,19 +2,12 @@ import pytest
 
 from dartree.eval.bundles import encode
 from dartree.eval.concurrency import check_methods
+from dartree.eval.costmodel import ConfigStats, VerifyCost, pick_best, score_at_concurrency, score_candidates
 from dartree.eval.methods import parse_method
+from dartree.eval.probes import measure_verify_cost, replay_settings
 from dartree.eval.report import tuning_table
 from dartree.eval.simulate import reference
-from dartree.eval.tune import (
-    ConfigStats,
-    VerifyCost,
-    measure_verify_cost,
-    pick_best,
-    replay_stats,
-    score_at_concurrency,
-    score_candidates,
-    tune,
-)
+from dartree.eval.tune import tune
 
 
 def _stats(tau: float, size: float, build_s: float = 0.0) -> ConfigStats:
@@ -113,8 +106,8 @@ def test_beta_auto_keeps_the_best_beta_of_each_setting(bundle):
     result = tune(bundle, method, refs, "ref", budgets=(2, 6), widths=(2,), verify_cost=cost, betas=betas,
                   min_speedup=0)                 # never AR: the tree is resolved
     for c in result.candidates:
-        taus = [replay_stats(bundle, method.with_settings(budget=c.budget, width=2, beta=beta), refs, "ref").tau
-                for beta in betas]
+        settings = [method.with_settings(budget=c.budget, width=2, beta=beta) for beta in betas]
+        taus = [stats.tau for stats in replay_settings(bundle, settings, refs, "ref")]
         assert c.beta == betas[taus.index(max(taus))] and c.tau == max(taus)
     assert result.settings() == {"budget": result.best.budget, "width": 2, "beta": result.best.beta}
     assert result.resolve(method).config == result.settings()
