@@ -254,7 +254,7 @@ def run_meta(bundle: Bundle, argv: Sequence[str] | None) -> dict[str, Any]:
         "processor": platform.processor() or platform.machine(),
         "torch_threads": torch.get_num_threads(),
         "device": str(next(bundle.target.parameters()).device),
-        # the compiled host loops of the fast backend (dartree.native): off means the numpy fallbacks ran
+        # the compiled host loops of the fast backend (dartree.native): off means the tensorized builders ran
         "native_host_loops": native.enabled(),
         # which forward the target ran (dartree.models.lean: "lean" once probed equal to the model's own)
         "target_forward": HFTarget(bundle.target).forward_path,

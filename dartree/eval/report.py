@@ -228,7 +228,7 @@ def _need(prompts: int | None, dataset: str, prompt_chars: int) -> str:
 def bench_markdown(result: BenchResult) -> str:
     """The whole benchmark report: Table 1 and Table 2 per temperature, tuning tables, lossless line."""
     meta = result.meta
-    native = ", compiled host loops" if meta["native_host_loops"] else ", numpy host loops (dartree._native not built)"
+    native = ", compiled host loops" if meta["native_host_loops"] else ", tensorized builders (no _native)"
     native += ", lean target forward" if meta["target_forward"] == "lean" else ", the target's own forward"
     parts = [f"# dartree bench: {meta['model']}", "",
              f"{meta['date_utc']}; {meta['machine']}, torch {meta['torch']}, {meta['torch_threads']} threads, "
