@@ -126,7 +126,6 @@ def main() -> None:
             mean = statistics.fmean(sums[s])
             print(f"{s:>18}  {mean:.4f}" + (f"  x{mean / base:.3f}" if base else ""))
         taus = specs(args.tau) if args.tau else []
-        warps = {s: parse(s, run) for s in taus}
         committed = {s: 0 for s in taus}
         rounds = {s: 0 for s in taus}
         per_seed = {s: [] for s in taus}
