@@ -86,12 +86,13 @@ def main() -> None:
 
     draw = Rejection.draw
 
-    def patched_draw(self, tree, block, head=None, *, head_depths=None, offset=0, root_state=None):
+    def patched_draw(self, tree, block, head=None, *, head_depths=None, offset=0, root_state=None, **kwargs):
         if active["roots"] is not None and head is not None:
             state = head.initial_state(block) if root_state is None else root_state
             active["roots"].append(head_method(head, "vocab_logits")(block, offset + 1, state[:, None])[:, 0])
         if active["q"] is None:
-            return draw(self, tree, block, head, head_depths=head_depths, offset=offset, root_state=root_state)
+            return draw(self, tree, block, head, head_depths=head_depths, offset=offset, root_state=root_state,
+                        **kwargs)
         return rejection.sample_tree(tree, block, head, active["q"], self.generator, head_depths=head_depths,
                                      offset=offset, root_state=root_state)
 

@@ -22,7 +22,8 @@ def log(msg: str) -> None:
 
 
 def setting_defaults(args: argparse.Namespace) -> dict[str, Any]:
-    return {k: getattr(args, k) for k in ("budget", "width", "topk", "beta") if getattr(args, k, None) is not None}
+    return {k: getattr(args, k) for k in ("budget", "width", "topk", "beta", "proposal_temperature")
+            if getattr(args, k, None) is not None}
 
 
 def warps_of(args: argparse.Namespace) -> dict[str, Any]:
