@@ -9,8 +9,10 @@ any ``q`` is lossless as long as the stored ``q`` is the draws'.  This script as
 - ``tau``: seeded decodes (the engine's tau, the default verifier) with each proposal, interleaved prompt by
   prompt, several seeds.
 
-A proposal is ``T<m>`` (the run's warp with its temperature times ``m``), ``T<m>p<top_p>`` (and top-p ``top_p`` on
-``q``, ``p1`` none), or ``mix<m1>,<m2>,<e>`` (``(1 - e) * q(T * m1) + e * q(T * m2)``, first-node figure only)::
+A proposal is ``T<m>`` (the run's warp with its temperature times ``m``: what the Sequoia builders'
+``proposal_temperature=m`` draws from), ``T<m>p<top_p>`` (and top-p ``top_p`` on ``q``, ``p1`` none), or
+``mix<m1>,<m2>,<e>`` (``(1 - e) * q(T * m1) + e * q(T * m2)``, first-node figure only).  Figures:
+docs/results.md, "The proposal's own temperature at T>0"::
 
     taskset -c 1 .venv/bin/python benchmarks/proposal_sweep.py --temperature 1 --budget 3 --prompts 16
     taskset -c 1 .venv/bin/python benchmarks/proposal_sweep.py --temperature 0.7 --top-p 0.95 --budget 3
