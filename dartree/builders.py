@@ -10,6 +10,7 @@ Backend dispatch happens here and nowhere else.  Researchers add a strategy with
 from __future__ import annotations
 
 import dataclasses
+import math
 import operator
 import re
 from collections.abc import Callable
@@ -142,6 +143,11 @@ class SequoiaConfig:
     reuse_depths: with the rejection verifier, a head and one live row, a drafted block serves the next rounds
         while at least this many of its depths are left (docs/verification.md); ``0``: draft every round.
         Default 2: the fastest value tried on the zoo at T=1 (docs/results.md).
+    proposal_temperature: with the rejection verifier, the temperature the tree's tokens are drawn at, as a
+        multiple of the run's (a finite number > 0; the run's top-k / top-p / min-p kept).  Any proposal is
+        lossless (the verifier tests the draws against the ``q`` they came from); one a little flatter than the
+        target's accepts more where the head is overconfident relative to the sharpened target (docs/results.md,
+        "The proposal's own temperature").  Default 1: the run's warp.
     """
 
     budget: int = 16
@@ -150,6 +156,7 @@ class SequoiaConfig:
     normalize: Normalize = "candidates"
     head_depths: int | None = 3
     reuse_depths: int = 2
+    proposal_temperature: float = 1.0
 
     def __post_init__(self) -> None:
         _check_int(self, "budget", 1, MAX_NODES)
@@ -159,6 +166,11 @@ class SequoiaConfig:
         if self.head_depths is not None:
             _check_int(self, "head_depths", 1)
         _check_int(self, "reuse_depths", 0)
+        ratio = self.proposal_temperature
+        if isinstance(ratio, bool) or not isinstance(ratio, int | float) or not 0 < ratio < math.inf:
+            raise ValueError(f"proposal_temperature: must be a finite number > 0 (the proposal's temperature over "
+                             f"the run's; 1: the run's own), got {ratio!r}")
+        object.__setattr__(self, "proposal_temperature", float(ratio))
 
 
 BuildFn = Callable[[DraftBlock, "CorrectionHead | None", Any], DraftTree]

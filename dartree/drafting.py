@@ -110,6 +110,8 @@ class Drafting:
         config = getattr(builder, "config", None)
         # where the head proposes under a redrawing verifier: a Sequoia config says, else HEAD_DEPTHS
         self.head_depths = getattr(config, "head_depths", HEAD_DEPTHS)
+        # the proposal's temperature over the run's under a redrawing verifier: a Sequoia config says, else the run's
+        self.proposal_temperature = getattr(config, "proposal_temperature", 1.0)
         self.shape = shape_of(builder) if verifier.redraws else None
         depths = getattr(config, "reuse_depths", 0) if self.shape is not None and head is not None else 0
         self.reuse = BlockReuse(head, depths) if depths else None
@@ -142,7 +144,7 @@ class Drafting:
             return tree
         carry = reuse.carried(block, offset) if offset else None
         drawn = self.verifier.draw(tree, block, self.head, head_depths=self.head_depths, offset=offset,
-                                   root_state=carry)
+                                   root_state=carry, proposal_temperature=self.proposal_temperature)
         if reuse is not None:
             reuse.drew(drawn)
         return drawn

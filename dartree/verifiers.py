@@ -7,6 +7,7 @@ and :class:`Traversal` (trees drawn from known proposals).  A round calls :meth:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import torch
@@ -46,8 +47,10 @@ class Verifier:
         self.walk = WalkRows(False) if walk is None else walk
 
     def draw(self, tree: DraftTree, block: DraftBlock, head=None, *, head_depths: int | None = None,
-             offset: int = 0, root_state: Tensor | None = None) -> DraftTree | SampledTree:
-        """The tree the target verifies (build work): ``tree`` itself unless the verifier draws its tokens."""
+             offset: int = 0, root_state: Tensor | None = None,
+             proposal_temperature: float = 1.0) -> DraftTree | SampledTree:
+        """The tree the target verifies (build work): ``tree`` itself unless the verifier draws its tokens (at the
+        run's temperature times ``proposal_temperature``)."""
         return tree
 
     def accept(self, drafted: DraftTree | SampledTree, scored: TargetOutput, prefix,
@@ -108,8 +111,9 @@ class Match(Verifier):
 class Rejection(Match):
     """T>0, recursive rejection sampling over a tree whose tokens were drawn from known proposals: the
     builder's shape, tokens from the head's warped distribution at depths ``<= head_depths`` along the sampled
-    path (builders with a head), else from the drafter's (:func:`~dartree.verify.rejection.sample_tree`).
-    Draws come from the sampler's ``torch.Generator`` (``None``: torch's global one)."""
+    path (builders with a head), else from the drafter's (:func:`~dartree.verify.rejection.sample_tree`), at the
+    run's temperature times the builder's ``proposal_temperature`` (the run's filters kept).  Draws come from the
+    sampler's ``torch.Generator`` (``None``: torch's global one)."""
 
     name = "rejection"
     redraws = True
@@ -117,9 +121,21 @@ class Rejection(Match):
     def __init__(self, sampler: Sampler, warp: Warp) -> None:
         super().__init__(sampler, warp)
         self.generator: torch.Generator | None = sampler.generator     # a GeneratorSampler (Sampling checks it)
+        self.proposals = {1.0: warp}          # proposal_temperature -> the warp the tree's tokens are drawn from
 
-    def draw(self, tree, block, head=None, *, head_depths=None, offset=0, root_state=None) -> SampledTree:
-        return sample_tree(tree, block, head, self.warp, self.generator, head_depths=head_depths, offset=offset,
+    def draw(self, tree, block, head=None, *, head_depths=None, offset=0, root_state=None,
+             proposal_temperature=1.0) -> SampledTree:
+        # the stored proposal is the draws' own: sample_tree keeps the q it drew from, whatever its warp
+        warp = self.proposals.get(proposal_temperature)
+        if warp is None:
+            temperature = self.warp.temperature * proposal_temperature
+            try:
+                warp = self.proposals[proposal_temperature] = dataclasses.replace(self.warp, temperature=temperature)
+            except ValueError as e:
+                raise ValueError(f"proposal_temperature: {proposal_temperature!r} times the run's temperature "
+                                 f"{self.warp.temperature!r} is {temperature!r}, not a temperature to sample at "
+                                 f"({e})") from None
+        return sample_tree(tree, block, head, warp, self.generator, head_depths=head_depths, offset=offset,
                            root_state=root_state)
 
     def accept(self, drafted, scored, prefix, rows=None) -> VerifyResult:

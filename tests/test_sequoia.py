@@ -248,3 +248,71 @@ def test_a_one_row_shape_is_the_row_of_a_batch():
             want = shape_tree(two, config, gamma, None if roots is None else torch.tensor([7, 2]))
             for name in ("tokens", "parents", "depths", "scores", "ranks", "num_nodes"):
                 assert torch.equal(getattr(got, name), getattr(want, name)[:1]), (gamma, name)
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf"), True, "1.2", None])
+def test_a_bad_proposal_temperature_is_named(bad):
+    with pytest.raises(ValueError, match=r"^proposal_temperature: must be a finite number > 0 .*got"):
+        make_builder("corrected-sequoia", proposal_temperature=bad)
+
+
+def test_proposal_temperature_as_a_method_setting():
+    method = parse_method("corrected-sequoia:budget=3,proposal_temperature=1.3")
+    assert make_builder(method.builder, **method.config).config.proposal_temperature == 1.3
+    assert make_builder("sequoia").config.proposal_temperature == 1.0
+    with pytest.raises(ValueError, match=r"^proposal_temperature: must be a finite number > 0"):
+        parse_method("corrected-sequoia:proposal_temperature=0")
+    with pytest.raises(ValueError, match=r"^proposal_temperature: expected float, got 'warm'"):
+        parse_method("corrected-sequoia:proposal_temperature=warm")
+
+
+@pytest.mark.parametrize("ratio", [1.0, 1.5])
+@pytest.mark.parametrize("verifier", ["rejection", "traversal"])
+def test_the_trees_tokens_are_drawn_at_the_configured_proposal_temperature(verifier, ratio, monkeypatch):
+    """The builder's ``proposal_temperature`` reaches every draw: each round's tree is drawn from the run's warp
+    with its temperature times the ratio (filters kept), and the stored proposal is that draw's ``q``: the
+    head's logits at the root warped so."""
+    from dartree import verifiers
+    from dartree.decode import SpeculativeDecoder
+    from dartree.testing import OracleDrafter
+    from dartree.verify import GeneratorSampler
+    from dartree.verify.rejection import proposal_probs
+    from dartree.verify.warp import Warp
+    from tests.test_decode import GAMMA, model_for
+
+    drawn = []
+    real = verifiers.sample_tree
+
+    def spy(template, block, head, warp, *args, **kwargs):
+        sampled = real(template, block, head, warp, *args, **kwargs)
+        state = head.initial_state(block) if kwargs["root_state"] is None else kwargs["root_state"]
+        every = torch.arange(block.vocab_size).expand(1, -1)
+        logits = head.logits(block, kwargs["offset"] + 1, state[:, None], every)[:, 0]
+        drawn.append((warp, sampled.probs[0, int(sampled.row_of[0, 0])], proposal_probs(warp, logits)[0]))
+        return sampled
+
+    monkeypatch.setattr(verifiers, "sample_tree", spy)
+    model = model_for("llama", "sdpa")
+    builder = make_builder("corrected-sequoia", budget=6, topk=3, proposal_temperature=ratio)
+    dec = SpeculativeDecoder(model, OracleDrafter(model, GAMMA, demote=0.3, seed=1), builder, PathHashHead())
+    sampler = GeneratorSampler(torch.Generator().manual_seed(0))
+    out = dec.generate(torch.tensor([3, 14, 15, 92]), 12, temperature=0.7, sampler=sampler, top_k=5,
+                       verifier=verifier)
+    assert len(drawn) == out.num_rounds > 1
+    for warp, stored, want in drawn:
+        assert warp == Warp(0.7 * ratio, top_k=5)
+        torch.testing.assert_close(stored, want, rtol=0, atol=0)
+
+
+def test_a_proposal_temperature_past_the_temperature_range_is_named_at_decode():
+    from dartree.decode import SpeculativeDecoder
+    from dartree.testing import OracleDrafter
+    from dartree.verify import GeneratorSampler
+    from tests.test_decode import GAMMA, model_for
+
+    model = model_for("llama", "sdpa")
+    builder = make_builder("corrected-sequoia", budget=4, topk=3, proposal_temperature=1e9)
+    dec = SpeculativeDecoder(model, OracleDrafter(model, GAMMA, seed=1), builder, PathHashHead())
+    with pytest.raises(ValueError, match=r"^proposal_temperature: 1000000000.0 times the run's temperature 1.0 is "):
+        dec.generate(torch.tensor([3, 14, 15]), 4, temperature=1.0,
+                     sampler=GeneratorSampler(torch.Generator().manual_seed(0)), verifier="traversal")

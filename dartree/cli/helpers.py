@@ -27,7 +27,8 @@ def file_stem(label: str) -> str:
 
 
 def setting_defaults(args: argparse.Namespace) -> dict[str, Any]:
-    return {k: getattr(args, k) for k in ("budget", "width", "topk", "beta") if getattr(args, k, None) is not None}
+    return {k: getattr(args, k) for k in ("budget", "width", "topk", "beta", "proposal_temperature")
+            if getattr(args, k, None) is not None}
 
 
 def warps_of(args: argparse.Namespace) -> dict[str, Any]:

@@ -170,6 +170,11 @@ def _beta(text: str) -> float:
     return _parsed(text, float, lambda v: -math.inf < v <= 0, "a finite number <= 0 (a depth penalty)") + 0.0
 
 
+def _proposal_temperature(text: str) -> float:
+    return _parsed(text, float, lambda v: 0 < v < math.inf, "a finite number > 0 (the proposal's temperature over "
+                   "the run's)")
+
+
 def _seed(text: str) -> int:
     return _parsed(text, int, lambda v: 0 <= v < 2**63, "an integer in [0, 2**63)")
 
@@ -252,6 +257,9 @@ def _method_defaults(p: argparse.ArgumentParser) -> None:
     g.add_argument("--width", type=_budget, default=None, help="dartree-pruned supertree width, or 'auto'")
     g.add_argument("--topk", type=_positive_int, default=None, help="candidates per depth")
     g.add_argument("--beta", type=_beta, default=None, help="dartree-pruned depth penalty (<= 0)")
+    g.add_argument("--proposal-temperature", type=_proposal_temperature, default=None, metavar="RATIO",
+                   help="(corrected-)sequoia at T > 0: draw the tree's tokens at the run's temperature times RATIO "
+                        "(> 0; default 1)")
 
 
 def _prompt_args(p: argparse.ArgumentParser, dataset_default: str = "humaneval") -> None:

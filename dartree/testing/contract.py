@@ -181,6 +181,8 @@ def _check_law(builder: TreeBuilder, head, temperature: float, seed: int, draws:
     count = int(tree.num_nodes[0])
     parents, depth = tree.parents[0, :count].tolist(), int(tree.depths[0, :count].max())
     head_depths = getattr(builder.config, "head_depths", HEAD_DEPTHS) or gamma
+    # the draws' warp: the run's temperature times the builder's proposal_temperature (a Sequoia config's)
+    drawn = Warp(temperature * getattr(builder.config, "proposal_temperature", 1.0))
     memo: dict = {}
 
     def p(path: tuple[int, ...]):
@@ -202,7 +204,7 @@ def _check_law(builder: TreeBuilder, head, temperature: float, seed: int, draws:
             logits = head.logits(block, d, state(path), torch.arange(6)[None])[0, 0]
         else:
             logits = block.logits[0, d - 1]
-        return proposal_probs(warp, logits).double().numpy()
+        return proposal_probs(drawn, logits).double().numpy()
 
     law = continued(round_law(parents, p, q), p, depth + 1)
     truth = continued({(): 1.0}, p, depth + 1)

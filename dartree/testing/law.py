@@ -178,7 +178,7 @@ def outcome_counts(decoder, prompt: torch.Tensor, length: int, draws: int, *, te
     return counts
 
 
-def round_law(parents: list[int], target, proposal, step=None) -> dict[tuple[int, ...], float]:
+def round_law(parents: list[int], target, proposal, step=None, stored=None) -> dict[tuple[int, ...], float]:
     """The exact law of the tokens one round of the rejection verifier commits (accepted drafts, then the bonus) on
     a tree of shape ``parents`` (children in index order are the sibling order), every draw without replacement
     and every acceptance outcome enumerated; a node keeps ``min(children, tokens of positive q)`` children.
@@ -186,7 +186,8 @@ def round_law(parents: list[int], target, proposal, step=None) -> dict[tuple[int
     ``target(path)`` / ``proposal(path)``: float64 ``[V]`` numpy laws (``p``, and the ``q`` the children are drawn
     from) at the node below the root whose tokens are ``path``.  ``step(r, s, x) -> (accept, r_next, s_next)``:
     one sibling's test, by default the verifier's own ``accept_step`` looked up at call time (a patched rule is
-    the one enumerated).
+    the one enumerated).  ``stored(path)``: the ``q`` the verifier tests the draws against, by default
+    ``proposal`` (another one is a verifier told a wrong proposal).
     """
     import itertools
 
@@ -215,6 +216,7 @@ def round_law(parents: list[int], target, proposal, step=None) -> dict[tuple[int
             return out
         q = np.asarray(proposal(path), dtype=np.float64)
         q = q / q.sum()
+        told = q if stored is None else np.asarray(stored(path), dtype=np.float64) / np.sum(stored(path))
         support = [int(v) for v in np.flatnonzero(q > 0)]
         m = min(len(kids[u]), len(support))
         for seq in itertools.permutations(support, m):
@@ -235,7 +237,7 @@ def round_law(parents: list[int], target, proposal, step=None) -> dict[tuple[int
                 if a < 1:
                     stage(i + 1, r2, s2, pr * (1 - a))
 
-            stage(0, p, q, pr)
+            stage(0, p, told, pr)
         memo[u, path] = out
         return out
 

@@ -48,6 +48,8 @@ def files(tmp_path):
     (["show-tree", "--prompt", "", "--out", "{tmp}/t"], "--prompt: the prompt is empty"),
     (["generate", "--prompt", "x", "--method", "ddtree:budget=8,budget=4"], "budget: set twice"),
     (["generate", "--prompt", "x", "--method", "dartree-pruned:beta=0.5"], "beta: must be"),
+    (["generate", "--prompt", "x", "--method", "corrected-sequoia:proposal_temperature=-1"],
+     "proposal_temperature: must be a finite number > 0"),
     (["bench", "--num-prompts", "200", "--out", "{tmp}/b"], "dataset 'humaneval' has 164 prompts, asked for 200"),
     (["bench", "--methods", "ddtree:budget=auto", "--num-prompts", "163", "--out", "{tmp}/b"],
      "--calibration-prompts: 'auto' settings are tuned on the prompts of 'humaneval' after its 163 evaluation "
@@ -80,6 +82,9 @@ def test_errors_found_before_the_model_loads(argv, message, files, loads, capsys
     (["--values", "inf"], "argument --values"),
     (["--beta", "0.5"], "argument --beta: expected a finite number <= 0 (a depth penalty), got '0.5'"),
     (["--beta", "nan"], "argument --beta"),
+    (["--proposal-temperature", "0"], "argument --proposal-temperature: expected a finite number > 0 (the "
+                                      "proposal's temperature over the run's), got '0'"),
+    (["--proposal-temperature", "inf"], "argument --proposal-temperature"),
     (["--temperature", "nan"], "argument --temperature: expected 0 (greedy) or a finite number >= 1e-06"),
     (["--temperature", "1e-7"], "argument --temperature: expected 0 (greedy) or a finite number >= 1e-06"),
     (["--temperature", "1e300"], "argument --temperature: expected 0 (greedy) or a finite number >= 1e-06 and "

@@ -26,14 +26,18 @@ corrected-sequoia 16.7 / 120.6: every builder's x1.05 verifier fails, the test r
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import pytest
 import torch
 
 import dartree
+from dartree.testing import PathHashHead
+from dartree.testing.drafter import SharpDrafter
 from dartree.testing.law import chi_square, outcome_counts, power, target_law
-from tests.law.helpers import ALPHA, PROMPT, WARPS, biased, decoder, options, target
+from dartree.verify import rejection
+from tests.law.helpers import ALPHA, GAMMA, PROMPT, SHARPNESS, WARPS, biased, decoder, options, target
 from tests.verify.helpers import one_thread  # noqa: F401 (autouse fixture)
 
 LENGTH = 3
@@ -104,3 +108,52 @@ def test_one_row_decodes_follow_the_target_law(name, verifier, warp):
         counts[key] = counts.get(key, 0) + 1
     check = chi_square(counts, law(warp), ALPHA)
     assert check.passed, f"{name} ({verifier}, {warp}) one row: {check}"
+
+
+PROPOSAL_TEMPERATURE = 3.0
+
+
+def sequoia_decoder(proposal_temperature: float):
+    """corrected-sequoia in the suite's configuration drawing at the run's temperature times
+    ``proposal_temperature`` (its config's field: the real plumbing from the builder to the draws)."""
+    builder = dartree.make_builder("corrected-sequoia", backend="fast", topk=4, budget=8,
+                                   proposal_temperature=proposal_temperature)
+    return dartree.SpeculativeDecoder(target(), SharpDrafter(target(), GAMMA, SHARPNESS), builder, PathHashHead())
+
+
+@contextlib.contextmanager
+def drawn_warmer(ratio: float):
+    """The draws taken from ``q ** (1 / ratio)`` renormalised (without filters: ``q`` at ``ratio`` times its
+    temperature) while the tree keeps ``q``: a verifier told the run's proposal, not the draws'."""
+    before = rejection._draws
+
+    def draws(q, m, generator):
+        warm = q.double().pow(1.0 / ratio)
+        return before((warm / warm.sum(-1, keepdim=True)).to(q.dtype), m, generator)
+
+    rejection._draws = draws
+    try:
+        yield
+    finally:
+        rejection._draws = before
+
+
+@pytest.mark.slow
+def test_a_proposal_at_its_own_temperature_decodes_the_target_law_and_a_wrongly_told_one_does_not():
+    """``proposal_temperature=3`` decodes the target's law (T=1, 3,500 decodes); the same draws tested against
+    the run's ``q`` fail.  Measured with these seeds: chi-square 23.4 and 341.0 on 21 df (bound 60.7).  3, not
+    the 1.5 of the exact test: at 1.5 the wrong law's chi-square divergence (about 0.007 a decode at the round's
+    likeliest root, measured by enumeration; 2: 0.03, 3: 0.5) needs far more decodes to be caught (the exact
+    test catches it)."""
+    def run_with(dec):
+        counts = outcome_counts(dec, PROMPT, LENGTH, POWERED_DRAWS, seed=11, verifier="rejection",
+                                **options(WARPS["T1"]))
+        return chi_square(counts, law("T1"), ALPHA)
+
+    check = run_with(sequoia_decoder(PROPOSAL_TEMPERATURE))
+    assert check.passed, f"proposal_temperature={PROPOSAL_TEMPERATURE}: {check}"
+    print(f"proposal_temperature={PROPOSAL_TEMPERATURE}: {check}")
+    with drawn_warmer(PROPOSAL_TEMPERATURE):
+        wrong = run_with(sequoia_decoder(1.0))
+    assert not wrong.passed, f"draws at {PROPOSAL_TEMPERATURE}x told the run's q passed: {wrong}"
+    print(f"draws at {PROPOSAL_TEMPERATURE}x, told the run's q: {wrong}")

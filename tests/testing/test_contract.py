@@ -122,6 +122,12 @@ def test_check_builder_checks_the_law_at_temperature_1():
     check_builder("corrected-sequoia", examples=2, temperature=1.0, draws=1000)
 
 
+def test_check_builder_checks_the_law_of_a_proposal_at_its_own_temperature():
+    """Both law checks with the draws at 1.5x the run's temperature: the enumeration from the proposal the decoder
+    draws from, and the seeded decodes."""
+    check_builder("corrected-sequoia", {"proposal_temperature": 1.5}, examples=1, temperature=0.7, draws=1000)
+
+
 def test_check_builder_catches_a_verifier_accepting_5_percent_too_often(monkeypatch):
     """The law check fails with the builder and the seed named: exactly (the enumeration), and by the seeded
     chi-square alone (the enumeration kept on the correct rule, the decode on the biased one)."""
