@@ -14,6 +14,9 @@ from dartree.fast import twins
 from dartree.fast.host_builders import HostCandidates
 from dartree.scoring import log_normalize_host, rest_logsumexp
 
+#: tests of the C loops themselves; without the module only test_the_compiled_module_is_built fails, and says why
+compiled = pytest.mark.skipif(not native.available(), reason="dartree._native is not built")
+
 
 def candidates(x: torch.Tensor, topk: int, normalize: str = "candidates") -> HostCandidates:
     return HostCandidates(DraftBlock(logits=x, root=torch.zeros(x.shape[0], dtype=torch.int64)), topk, normalize)
@@ -29,6 +32,7 @@ def stable_topk(x: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor]
     return tokens[..., :topk], values[..., :topk]
 
 
+@compiled
 @settings(max_examples=60, deadline=None)
 @given(vocab=st.integers(1, 5000), topk_frac=st.floats(0, 1), seed=st.integers(0, 2**16),
        kind=st.sampled_from(["normal", "ties", "masked", "zeros"]))
@@ -52,6 +56,7 @@ def test_select_equals_a_stable_sort(vocab: int, topk_frac: float, seed: int, ki
     assert np.array_equal(values.view(np.int32), ref_values.numpy().view(np.int32))  # -0.0 stays -0.0
 
 
+@compiled
 def test_select_on_a_large_vocabulary_with_ties_at_the_boundary() -> None:
     x = torch.zeros(1, 2, 151936)
     x[0, 0, ::7] = 1.0  # 21706 tied maxima: the K smallest ids win
@@ -61,6 +66,7 @@ def test_select_on_a_large_vocabulary_with_ties_at_the_boundary() -> None:
     assert np.array_equal(tokens, ref.numpy())
 
 
+@compiled
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 def test_select_rejects_nan_and_plus_inf_anywhere(bad: float) -> None:
     for pos in (0, 4095, 4099):  # a group, the last group, the tail
@@ -84,6 +90,7 @@ def test_rest_logsumexp_is_the_log_sum_exp_of_the_other_tokens() -> None:
     assert rest_logsumexp(far, torch.zeros(1, 1, 1, dtype=torch.int64)).item() == float("-inf")  # underflow
 
 
+@compiled
 @pytest.mark.parametrize("vocab_normalize", [True, False])
 def test_compiled_candidates_equal_the_twin(vocab_normalize: bool) -> None:
     x = torch.randint(0, 4, (3, 5, 700), generator=torch.Generator().manual_seed(1)).float()
@@ -94,6 +101,7 @@ def test_compiled_candidates_equal_the_twin(vocab_normalize: bool) -> None:
         assert u.dtype == v.dtype and torch.equal(u, v)
 
 
+@compiled
 def test_select_reports_the_first_row_with_too_few_finite_logits() -> None:
     x = torch.randn(2, 3, 50)
     x[1, 2, 3:] = float("-inf")  # 3 finite logits at row 1, depth 3
@@ -131,6 +139,7 @@ def _candidates_pair(x: torch.Tensor, topk: int):
     return c.rest, torch_rest, c.log_q, c.tokens, c.logits
 
 
+@compiled
 @pytest.mark.parametrize("vocab", [1, 7, 8, 9, 100, 4098])
 @pytest.mark.parametrize("kind", ["normal", "ties", "masked", "far", "wide"])
 def test_compiled_normaliser_equals_the_torch_formula_bit_for_bit(vocab: int, kind: str) -> None:
@@ -161,6 +170,7 @@ def test_compiled_normaliser_equals_the_torch_formula_bit_for_bit(vocab: int, ki
         assert np.all(rest == -np.inf)
 
 
+@compiled
 def test_compiled_normaliser_is_the_log_sum_exp_of_the_rest() -> None:
     g = torch.Generator().manual_seed(4)
     x = torch.randn(1, 3, 151936, generator=g) * 2
@@ -189,6 +199,7 @@ def test_tree_structure_rejects_broken_parents(bad: str) -> None:
         tree_structure_host(parents, num_nodes)
 
 
+@compiled
 def test_compiled_best_first_refuses_more_nodes_than_the_trie() -> None:
     lib = native.lib()
     b, gamma, k, n = 1, 2, 2, 8  # the trie holds 1 + 2 + 4 = 7 nodes with the root
@@ -200,6 +211,7 @@ def test_compiled_best_first_refuses_more_nodes_than_the_trie() -> None:
                        np.empty((b, n), dtype=np.float32))
 
 
+@compiled
 def test_compiled_calls_check_their_buffers() -> None:
     lib = native.lib()
     x = np.zeros((2, 10), dtype=np.float32)
@@ -214,6 +226,7 @@ def test_compiled_calls_check_their_buffers() -> None:
         call(x.astype(np.float64), np.empty(6, dtype=np.int64))
 
 
+@compiled
 def test_compiled_calls_refuse_sizes_and_indices_they_cannot_trust() -> None:
     """Direct calls with made-up sizes or indices are errors, never out-of-bounds memory."""
     lib = native.lib()
