@@ -95,19 +95,20 @@ class _Linear:
     """One ``nn.Linear``: :func:`dartree.models.kmajor.linear` with its decisions made once (perf: a forward makes
     dozens of these calls).  Runs without autograd, on the device and dtype it was probed on."""
 
-    __slots__ = ("module", "start", "width")
+    __slots__ = ("params", "start", "width")
 
     def __init__(self, module: nn.Linear, kmajor: bool) -> None:
         w = module.weight
-        self.module, self.width = module, w.shape[1]
+        self.params, self.width = module._parameters, w.shape[1]     # the live dict: no Module.__getattr__ a call
         self.start = exact_from(w.shape[1], w.shape[0], w.dtype, module.bias is not None) \
             if kmajor and w.device.type == "cpu" else None
 
     def __call__(self, x: Tensor) -> Tensor:
-        m = self.module
+        p = self.params
+        w, b = p["weight"], p.get("bias")
         if self.start is not None and x.numel() >= self.start * self.width and not torch.is_grad_enabled():
-            return kmajor_product(x, m.weight, m.bias)
-        return F.linear(x, m.weight, m.bias)
+            return kmajor_product(x, w, b)
+        return F.linear(x, w, b)
 
 
 class _Layer:
