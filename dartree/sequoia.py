@@ -1,27 +1,10 @@
 """Rank-optimal tree shapes for sampled trees (Sequoia, Chen et al. 2024): the ``sequoia`` builders' shape.
 
-Under the rejection verifier (:mod:`dartree.verify.rejection`) a node's children are drawn without
-replacement from its proposal and tested in draw order, so what a child is worth depends on its *sibling
-rank*, not on its token.  Sequoia's model: the probability that a node's ``r``-th child is the accepted
-one, given the node was reached, is a constant ``P_r`` (the accepted-rank histogram, measured on a
-workload).  A node whose path from the root has sibling ranks ``r_1..r_d`` is then reached with
-probability ``prod P_{r_i}``, and a tree's expected number of accepted draft tokens is the sum of its
-nodes' values.
-
-With ``P`` non-increasing and every ``P_r < 1``, a node's value is below its parent's and below its
-previous sibling's, so the ``budget`` nodes of highest value form a valid tree (every ancestor and every
-earlier sibling of a kept node is kept) and no other tree of that many nodes is worth more: the
-best-first pop below is optimal, with no dynamic programme (``tests/test_sequoia.py`` checks it against
-every tree of small budgets).
-
-The shape depends only on ``(budget, gamma, acceptance)``: the same for every row and round, computed
-once and cached.  Scores are float32 sums of ``log P_r`` along the path, and nodes come in the total
-order of every builder (higher score first, then rank path; :func:`dartree.tree.rank_path_key`).
-
-Why this shape at T>0: the other builders' shapes put many children on the root, but under rejection a
-sibling past the first is rarely accepted while the first child of an accepted node is accepted about half
-of the time at every depth, so a deep first-child chain with a few siblings near the root accepts more
-(figures: docs/results.md, "Measurements behind design choices in the code").
+Under the rejection verifier a child is worth what its sibling rank is worth (``P_r``, the accepted-rank
+histogram), so the ``budget`` nodes of highest ``prod P_r`` form the best tree of that size: a best-first pop, no
+dynamic programme.  The shape depends only on ``(budget, gamma, acceptance)`` and is cached; its nodes come in
+every builder's total order (:func:`dartree.tree.rank_path_key`).  The model, why the pop is optimal and why this
+shape pays at T>0: docs/builders.md, "Sequoia's rank-optimal shape"; figures: docs/results.md.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """The correction head as the decoder sees it: protocol checked at the boundary, time inside its calls.
 
-:class:`TimedHead` wraps the head for the decoding loop: it forwards every call, adds the time spent inside
-head calls to ``seconds`` (the ``head`` stage), and checks what each call returns where it enters the builder
-(a tensor on the block's device, of the documented shape, a state width that does not change, floating
-logits), reading only metadata (no host sync).  ``advance_logits`` is exposed only when the head has it
-(builders detect it with ``head_method``); ``prepare_block`` always, returning ``None`` when the head has none.
-A head that is not exactly a :func:`trusted_head` class gets a copy of ``states``: a head that edits its
-argument in place would otherwise change the states the builder keeps for other branches, and the tree.
-On CUDA each call is bracketed by ``torch.cuda.synchronize`` so that its time is charged to the head.
-:func:`checked_head` is the same proxy without the synchronisation, for ``TreeBuilder.build`` called directly.
+:class:`TimedHead` wraps the head for the decoding loop: the time inside its calls is the ``head`` stage, and what
+each call returns is checked from metadata only (no host sync).  :func:`checked_head` is the same proxy without
+the CUDA synchronisation, for ``TreeBuilder.build`` called directly.  What is checked, and why an untrusted head
+gets copies of ``states``: docs/internals.md, "The head proxy".
 """
 
 from __future__ import annotations

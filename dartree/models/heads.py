@@ -266,8 +266,7 @@ class GRUHead(nn.Module):
         ``None`` where autograd tracks the weights or the gate table does not apply."""
         if torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()):
             return None
-        # perf: the parameter dicts read directly (nn.Module.__getattr__ costs about 3 us a lookup on one
-        # CPU thread, and a build looked up twelve names twice: 60 us of a 1.4 ms build)
+        # perf: the parameter dicts read directly (nn.Module.__getattr__ per name is a visible share of a build)
         g = self._modules["prefix_gru"]._parameters
         proj = self._modules["embed_proj"]._modules
         fc1, fc2 = proj["0"]._parameters, proj["2"]._parameters
@@ -369,7 +368,7 @@ class GRUHead(nn.Module):
 
     def _plan_vocab_logits(self, plan: _Plan, block: DraftBlock, depth: int, states: Tensor, base: Tensor) -> Tensor:
         """:meth:`vocab_logits` on the CPU without autograd, bit for bit the same ops, the weights' views and copies
-        from the plan (perf: a sampled round makes about three of these calls, and the lookups were a fifth of one),
+        from the plan (perf: a sampled round makes several of these calls; the lookups were a large share of one),
         a depth's fc1 term kept for the block's later rounds (block reuse asks for the same depths again)."""
         hidden = block.hidden
         key = (hidden, hidden.data_ptr(), tensor_version(hidden))

@@ -1,5 +1,5 @@
 """The KV-cache keyword across transformers 5.x: ``cache=`` (5.2x on; ``past_key_values`` is its deprecated alias
-there) or ``past_key_values=`` (earlier 5.x releases, e.g. 5.17, which the GPU image of 2026-12 ships)."""
+there) or ``past_key_values=`` (earlier 5.x releases, e.g. 5.17, which the GPU image ships: docs/gpu-check.md)."""
 
 from __future__ import annotations
 

@@ -1,15 +1,10 @@
 """Traversal Verification: sampled draft trees verified leaf to root, sequence by sequence; lossless at T>0.
 
-Source: Weng et al., "Traversal Verification for Speculative Tree Decoding" (arXiv 2505.12398, NeurIPS
-2025); no public implementation, this one is written from the algorithm's description, with our own proof
-and our sibling update for draws without replacement, checked by exact enumeration
-(tests/verify/test_traversal.py).  The trees are :func:`~dartree.verify.rejection.sample_tree`'s; every
-node carries the probability with which its path may be accepted, the tree is walked in post-order, and a
-rejected leaf is deleted and its parent updated (Block Verification's residual).
-
-Entry points: :func:`verify_traversal` (accept a sampled tree), :func:`traverse` (the walk of one row, its
-coins given), :func:`child_weight`, :func:`after_deletion`, :func:`children_of`.  The algorithm, why it is
-exact, the randomness, the tests and measurements: docs/verification.md, "Traversal verification".
+Weng et al. 2025 (arXiv 2505.12398), written from the algorithm's description, with our own sibling update for
+draws without replacement.  Entry points: :func:`verify_traversal` (accept a sampled tree), :func:`traverse` (the
+walk of one row, its coins given), :func:`child_weight`, :func:`after_deletion`, :func:`children_of`.  The
+algorithm, why it is exact, the randomness, the tests and measurements: docs/verification.md, "Traversal
+verification".
 
 Shape: ``tree`` tensors ``[b, n]``; target logits ``[b, n, V]``.
 """
@@ -112,7 +107,7 @@ def traverse(children: Sequence[Sequence[int]], tokens: Sequence[int], target: C
 
 def _distributions(warp: Warp, logits: Tensor) -> np.ndarray:
     """The warped softmax, float64 on the host: computed in float32 and renormalised in float64 (perf: a float64
-    softmax over [6, 4098] took 2.8x as long on the zoo's CPU; the float32 one is the model's own precision).
+    softmax costs several times as much; the float32 one is the model's own precision).
 
     Shape: float ``[..., V]`` -> float64 ``[..., V]``.
     """
@@ -141,7 +136,7 @@ def verify_traversal(sampled: SampledTree, target_logits: Tensor, warp: Warp,
     # host read on purpose: the walk runs on the host; every coin it may use, in one draw
     coins = torch.rand((b, n), generator=generator, dtype=torch.float64, device=device).cpu().numpy()
     # one host read of the target's distributions at every node with children and of the proposals (perf: the walk
-    # visits most of them; on the zoo at B=16, 0.4 ms a round less than a read per visited node); a leaf's only
+    # visits most of them, so one read costs less than one per visited node); a leaf's only
     # when its path is accepted (its bonus)
     inner = [(row, u) for row in range(b) for u in range(n) if kids[row][u]]
     at = {pair: i for i, pair in enumerate(inner)}
