@@ -62,7 +62,7 @@ def cmd_show_tree(args: argparse.Namespace) -> int:
     from dartree.eval.methods import parse_method, parse_methods
     from dartree.eval.outdir import TREE_FILES
     from dartree.eval.plots import plot_depth_distribution, plot_tree
-    from dartree.eval.trees import depth_counts, recorded_rounds
+    from dartree.eval.simulate import depth_counts, recorded_rounds
 
     with user_input():
         method = parse_method(args.method, setting_defaults(args))
