@@ -39,7 +39,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from dartree.eval.checks import check_positions, read_prompt_file
     from dartree.eval.methods import make_decoder, parse_method, sampler_for
     from dartree.eval.tune_cache import check_cached, resolve_unset
-    from dartree.rounds import DEFAULT_VERIFIER
 
     if (args.prompt is None) == (args.prompt_file is None):
         raise UsageError("generate: give exactly one of --prompt and --prompt-file")
@@ -65,7 +64,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     with user_input():
         check_positions(bundle, [ids.shape[1]], args.max_new_tokens)
     stops = None if args.no_stop or stop_token_id(bundle) is None else [stop_token_id(bundle)]
-    verifier = None if method.is_ar else method.verifier or args.verifier or DEFAULT_VERIFIER
+    verifier = method.verifier_at(args.temperature, args.verifier)
     sampler = sampler_for(verifier, args.seed) if args.temperature > 0 else None
     options = {**warps_of(args), "verifier": verifier if args.temperature > 0 else None}
     out = sys.stdout
@@ -124,8 +123,8 @@ def _cache_tuning(bundle, config, result) -> None:
     digest, by_label = model_hash(bundle), {m.label: m for m in config.methods}
     for t in result.tuning:
         method = by_label[t.method]
-        if method.is_auto and t.temperature > 0 and not method.verifier and config.verifier:   # the run's --verifier
-            method = dataclasses.replace(method, verifier=config.verifier)
+        if method.is_auto and t.temperature > 0:        # ranked under the run's --verifier
+            method = method.under(config.verifier)
         path = store_or_warn(cache_key(bundle, method, t.temperature, digest, config.warps), entry_of(t), log)
     if path is not None:
         log(f"tuning cached for `dartree generate` in {path}")

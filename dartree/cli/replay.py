@@ -111,16 +111,13 @@ def cmd_tune(args: argparse.Namespace) -> int:
     with user_input():
         method = parse_method(args.method, setting_defaults(args))      # unset budget / width are searched
         if method.is_auto:
-            if args.verifier and not method.verifier:                      # auto ranked under --verifier only
-                method = dataclasses.replace(method, verifier=args.verifier)
+            method = method.under(args.verifier)                            # auto ranked under --verifier only
             check_grid(method, args.budgets, args.widths, "--budgets", "--widths")
         elif method.is_ar or "budget" not in method.fields():
             raise ValueError(f"method: {method.label!r} has no budget to tune (or give --method auto: the tuner "
                              "picks the builder too)")
         else:                    # something is left to search, and every setting of the grid is valid
-            searched = [k for k in ("budget", "width") if k in method.fields()
-                        and method.config.get(k, "auto") == "auto"]
-            searched += ["beta"] if method.config.get("beta") == "auto" else []     # beta: only when asked
+            searched = method.searched
             if not searched:     # every tunable setting is fixed: --budgets / --widths would be ignored
                 raise ValueError(f"method: {method.label!r} (with --budget/--width) fixes every setting tune "
                                  "searches; leave budget (or width) unset or 'auto'")

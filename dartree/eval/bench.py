@@ -24,7 +24,7 @@ from dartree.eval.peers import PEER_PREFIX, PEERS, PeerResult, make_peer, peer_u
 from dartree.eval.simulate import reference
 from dartree.eval.tune import DEFAULT_BUDGETS, DEFAULT_MIN_SPEEDUP, DEFAULT_WIDTHS, TuneResult, tune
 from dartree.models.target import HFTarget
-from dartree.rounds import DEFAULT_VERIFIER, SAMPLED_VERIFIERS, VERIFIERS
+from dartree.rounds import SAMPLED_VERIFIERS, VERIFIERS
 from dartree.verify.warp import Warp
 
 __all__ = ["BenchConfig", "RunRecord", "Summary", "BenchResult", "run_bench", "summarize", "MODEL_STAGES",
@@ -281,8 +281,7 @@ def _tune_auto(bundle: Bundle, config: BenchConfig, log: Callable[[str], None] |
                 for d, ids in calib]
         for m in auto:
             # methods that name a verifier keep it; the others are ranked under the run's, else under each
-            method = m if m.verifier or config.verifier is None or temperature == 0 else \
-                dataclasses.replace(m, verifier=config.verifier)
+            method = m if temperature == 0 else m.under(config.verifier)
             result = tune(bundle, method, refs, config.backend, config.tune_budgets, config.tune_widths,
                           progress=(lambda s, t=temperature: log(f"tune T={t:g}: {s}")) if log else None,
                           temperature=temperature, seed=config.seed, min_speedup=config.tune_min_speedup, warps=at)
@@ -319,10 +318,8 @@ def run_bench(bundle: Bundle, config: BenchConfig, argv: Sequence[str] | None = 
 
     def verifier_of(label: str, temperature: float) -> str:
         """How ``label`` verifies at ``temperature`` (AR draws with the keyed sampler, like ``match``)."""
-        spec = None if label == AR else resolved[(label, temperature)]
-        if temperature == 0:
-            return "greedy"
-        return "match" if spec is None or spec.is_ar else spec.verifier or config.verifier or DEFAULT_VERIFIER
+        return (MethodSpec(AR) if label == AR else resolved[(label, temperature)]).verifier_at(temperature,
+                                                                                              config.verifier)
 
     def run(label: str, ids: torch.Tensor, max_new: int, temperature: float,
             tuned_at: float | None = None, draw: int = 0) -> GenerationResult:

@@ -21,7 +21,7 @@ from dartree.eval.probes import probe_verify_cost, replay_settings
 from dartree.eval.report import markdown_table
 from dartree.eval.simulate import reference
 from dartree.models.target import HFTarget
-from dartree.rounds import DEFAULT_VERIFIER, SAMPLED_VERIFIERS
+from dartree.rounds import SAMPLED_VERIFIERS
 from dartree.serve import ServeResult, serve
 
 __all__ = ["ConcurrencyRow", "check_methods", "run_concurrency", "concurrency_markdown", "plot_concurrency"]
@@ -95,9 +95,7 @@ def run_concurrency(bundle: Bundle, config: BenchConfig, levels: Sequence[int], 
 
     def verifier_of(spec: MethodSpec | None) -> str | None:
         """The acceptance rule of ``spec`` (``None``: AR, and every method at T=0)."""
-        if temperature == 0 or spec is None:
-            return None
-        return spec.verifier or verifier or DEFAULT_VERIFIER
+        return None if temperature == 0 or spec is None else spec.verifier_at(temperature, verifier)
 
     def run(engine, spec: MethodSpec | None, ps: Sequence[torch.Tensor], c: int, max_new: int,
             on_finish=None) -> ServeResult:
