@@ -8,6 +8,7 @@ import dataclasses
 import json
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 from dartree.cli.errors import UsageError, user_input
@@ -24,6 +25,7 @@ from dartree.cli.helpers import (
     round_summary,
     setting_defaults,
     warps_of,
+    write_named,
     written,
 )
 from dartree.cli.parser import methods_for
@@ -138,7 +140,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from dartree.eval.concurrency import check_methods, concurrency_markdown, plot_concurrency, run_concurrency
     from dartree.eval.datasets import load_prompts
     from dartree.eval.methods import parse_methods
-    from dartree.eval.outdir import BENCH_FILES, CONCURRENCY_FILES
+    from dartree.eval.outdir import BENCH_FILES, named_files
     from dartree.eval.peers import PEERS
     from dartree.eval.plots import plot_acceptance, plot_tuning
     from dartree.eval.report import bench_markdown
@@ -181,7 +183,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             check_methods(config.methods)
         for m in config.methods:
             check_grid(m, config.tune_budgets, config.tune_widths, "--tune-budgets", "--tune-widths")
-    with prepare_out(args, Path(preset["out"]), CONCURRENCY_FILES if levels else BENCH_FILES) as run:
+    with prepare_out(args, Path(preset["out"]), named_files("concurrency") if levels else BENCH_FILES) as run:
         bundle = load(args)
         check_fit(bundle, config.methods)        # heads, topk: before anything is run
         check_lengths(bundle, [p.text for p in prompts], config.max_prompt_tokens, config.max_new_tokens)
@@ -199,10 +201,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
             text = bench_markdown(result)
         with written(run):          # the files replace an earlier run together, once all are written
             if levels:
-                run.write("concurrency.md", text)
-                run.write("concurrency.json", json.dumps({"meta": meta, "rows": [dataclasses.asdict(r) for r in rows]},
-                                                         indent=1))
-                plot_concurrency(rows, run.path("concurrency.png"))
+                write_named(run, "concurrency", text, {"meta": meta, "rows": [dataclasses.asdict(r) for r in rows]},
+                            partial(plot_concurrency, rows))
             else:
                 run.write("results.md", text)
                 run.write("results.json", json.dumps(result.to_json(), indent=1, default=str))

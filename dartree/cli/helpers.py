@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from collections import Counter
@@ -14,6 +15,7 @@ from typing import Any
 from dartree.cli.errors import UsageError, user_input
 
 __all__ = ["log", "file_stem", "setting_defaults", "warps_of", "bench_preset", "load", "prepare_out", "written",
+           "write_named",
            "prompt_ids", "dataset_prompts", "references", "check_fit", "check_grid", "check_lengths", "round_summary"]
 
 
@@ -123,6 +125,14 @@ def written(run) -> Iterator[None]:
         where = f"{e.filename}: " if getattr(e, "filename", None) else ""
         raise UsageError(f"--out: cannot write the results to {run.out}: {where}{e.strerror or e}; nothing in "
                          f"{run.out} was replaced") from e
+
+
+def write_named(run, stem: str, markdown: str, data: Any, plot) -> None:
+    """Stage the files of :func:`dartree.eval.outdir.named_files`: ``markdown``, ``data`` as JSON and the plot
+    ``plot(path)`` draws."""
+    run.write(f"{stem}.md", markdown)
+    run.write(f"{stem}.json", json.dumps(data, indent=1))
+    plot(run.path(f"{stem}.png"))
 
 
 def prompt_ids(bundle, text: str, limit: int) -> list[int]:

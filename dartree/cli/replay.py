@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
+from functools import partial
 
 from dartree.cli.errors import UsageError, user_input
 from dartree.cli.helpers import (
@@ -19,6 +19,7 @@ from dartree.cli.helpers import (
     references,
     setting_defaults,
     warps_of,
+    write_named,
     written,
 )
 
@@ -27,7 +28,7 @@ __all__ = ["cmd_sweep", "cmd_show_tree", "cmd_tune"]
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from dartree.eval.methods import make_method_builder, parse_methods
-    from dartree.eval.outdir import sweep_files
+    from dartree.eval.outdir import named_files
     from dartree.eval.plots import plot_sweep
     from dartree.eval.sweep import DEFAULT_VALUES, check_sweep_values, run_sweep, sweep_table
 
@@ -41,17 +42,16 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             for v in values:                            # every point's builder config is valid
                 make_method_builder(m.with_settings(**{args.param: v if args.param == "beta" else int(v)}), "ref")
     prompts = dataset_prompts(args)
-    with prepare_out(args, args.out, sweep_files(args.param)) as run:
+    with prepare_out(args, args.out, named_files(f"sweep_{args.param}")) as run:
         bundle = load(args)
         check_fit(bundle, methods, [int(v) for v in values] if args.param == "topk" else ())
         refs = references(bundle, args, [p.text for p in prompts])
         result = run_sweep(bundle, methods, args.param, values, refs, args.backend, progress=log)
         table = sweep_table(result)
         with written(run):          # the three files replace an earlier sweep of this parameter together
-            run.write(f"sweep_{args.param}.md",
-                      f"# Sweep of {args.param} on {bundle.name}, {args.dataset}, T={args.temperature:g}\n\n{table}\n")
-            run.write(f"sweep_{args.param}.json", json.dumps(dataclasses.asdict(result), indent=1))
-            plot_sweep(args.param, result.series(), run.path(f"sweep_{args.param}.png"))
+            write_named(run, f"sweep_{args.param}", f"# Sweep of {args.param} on {bundle.name}, {args.dataset}, "
+                        f"T={args.temperature:g}\n\n{table}\n", dataclasses.asdict(result),
+                        partial(plot_sweep, args.param, result.series()))
     print(table)
     log(f"wrote {', '.join(map(str, run.committed))}")
     return 0
@@ -102,7 +102,7 @@ def cmd_show_tree(args: argparse.Namespace) -> int:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     from dartree.eval.methods import parse_method
-    from dartree.eval.outdir import tune_files
+    from dartree.eval.outdir import named_files
     from dartree.eval.plots import plot_tuning
     from dartree.eval.report import tuning_table
     from dartree.eval.tune import tune
@@ -124,7 +124,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
             check_grid(method, args.budgets, args.widths, "--budgets", "--widths", searched)
     warp = warps_of(args)
     prompts = dataset_prompts(args)
-    with prepare_out(args, args.out, tune_files(method.builder)) as run:
+    with prepare_out(args, args.out, named_files(f"tune_{method.builder}")) as run:
         bundle = load(args)
         check_fit(bundle, [method])
         refs = references(bundle, args, [p.text for p in prompts], warp)
@@ -132,10 +132,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
                       temperature=args.temperature, seed=args.seed, warps=warp)
         table = tuning_table(result)
         with written(run):          # the three files replace an earlier tuning of this builder together
-            run.write(f"tune_{method.builder}.md", f"# Adaptive budget for {method.label} on {bundle.name}\n\n"
-                                                   f"{table}\n")
-            run.write(f"tune_{method.builder}.json", json.dumps(dataclasses.asdict(result), indent=1))
-            plot_tuning(result, run.path(f"tune_{method.builder}.png"))
+            write_named(run, f"tune_{method.builder}", f"# Adaptive budget for {method.label} on {bundle.name}\n\n"
+                        f"{table}\n", dataclasses.asdict(result), partial(plot_tuning, result))
     cached = store_or_warn(cache_key(bundle, method, args.temperature, warps=warp), entry_of(result), log)
     print(table)
     chosen = "plain AR (no tree is forecast to beat it)" if result.use_ar else " ".join(
