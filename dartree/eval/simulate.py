@@ -108,16 +108,15 @@ class ReplayBlocks:
         return self.blocks[p], self.seconds[p]
 
 
-def device_sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)   # stage timing needs the device idle at the boundary
-
-
 def timed(device: torch.device, fn):
-    """``fn()`` and its wall seconds, up to the device's last kernel."""
+    """``fn()`` and its wall seconds, from an idle device to its last kernel."""
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize(device)   # stage timing needs the device idle at both boundaries
     start = time.perf_counter()
     out = fn()
-    device_sync(device)
+    if cuda:
+        torch.cuda.synchronize(device)
     return out, time.perf_counter() - start
 
 
