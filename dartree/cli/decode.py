@@ -11,8 +11,8 @@ import time
 from functools import partial
 from pathlib import Path
 
-from dartree.cli.errors import UsageError, user_input
 from dartree.cli.helpers import (
+    UsageError,
     bench_preset,
     check_fit,
     check_grid,
@@ -24,6 +24,7 @@ from dartree.cli.helpers import (
     prompt_ids,
     round_summary,
     setting_defaults,
+    user_input,
     warps_of,
     write_named,
     written,

@@ -7,8 +7,8 @@ import argparse
 import dataclasses
 from functools import partial
 
-from dartree.cli.errors import UsageError, user_input
 from dartree.cli.helpers import (
+    UsageError,
     check_fit,
     check_grid,
     dataset_prompts,
@@ -18,6 +18,7 @@ from dartree.cli.helpers import (
     prepare_out,
     references,
     setting_defaults,
+    user_input,
     warps_of,
     write_named,
     written,
