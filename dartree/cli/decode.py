@@ -138,12 +138,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if levels and args.peers is not None:
         raise UsageError("--peers: the peers run one request at a time; drop --concurrency to compare them")
     from dartree.eval.bench import BenchConfig, run_bench, run_meta
-    from dartree.eval.concurrency import check_methods, concurrency_markdown, plot_concurrency, run_concurrency
+    from dartree.eval.concurrency import check_methods, concurrency_markdown, run_concurrency
     from dartree.eval.datasets import load_prompts
     from dartree.eval.methods import parse_methods
     from dartree.eval.outdir import BENCH_FILES, named_files
     from dartree.eval.peers import PEERS
-    from dartree.eval.plots import plot_acceptance, plot_tuning
+    from dartree.eval.plots import plot_acceptance, plot_concurrency, plot_tuning
     from dartree.eval.report import bench_markdown
 
     preset, defaults = bench_preset(args, ("methods", "datasets", "temperatures", "num_prompts", "max_new_tokens",

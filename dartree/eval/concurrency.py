@@ -7,7 +7,6 @@ import statistics
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -24,7 +23,7 @@ from dartree.models.target import HFTarget
 from dartree.rounds import SAMPLED_VERIFIERS
 from dartree.serve import ServeResult, serve
 
-__all__ = ["ConcurrencyRow", "check_methods", "run_concurrency", "concurrency_markdown", "plot_concurrency"]
+__all__ = ["ConcurrencyRow", "check_methods", "run_concurrency", "concurrency_markdown"]
 
 
 @dataclass(frozen=True)
@@ -192,19 +191,3 @@ def concurrency_markdown(rows: Sequence[ConcurrencyRow], meta: dict[str, Any] | 
                       markdown_table(["method", "C", "tokens/s", "speedup", "tau", "steps", "lossless", "auto chose"],
                                      raw)]) + "\n"
 
-
-def plot_concurrency(rows: Sequence[ConcurrencyRow], path: Path) -> Path:
-    """Speedup over batched AR against concurrency, one line per method (log2 x axis); returns ``path``."""
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(6.4, 4.0))
-    ax = fig.subplots()
-    for method in dict.fromkeys(r.method for r in rows):
-        mine = sorted((r.concurrency, r.speedup) for r in rows if r.method == method)
-        ax.plot([c for c, _ in mine], [s for _, s in mine], marker="o", markersize=4, label=method)
-    from dartree.eval.plots import label_axes, save_png
-
-    ax.set_xscale("log", base=2)
-    ax.axhline(1.0, color="grey", linewidth=0.8)
-    label_axes(ax, "concurrency C (requests in flight)", "speedup over batched AR")
-    return save_png(fig, path)
