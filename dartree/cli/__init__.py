@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 
 from dartree.cli.decode import cmd_bench, cmd_generate
-from dartree.cli.errors import UsageError
+from dartree.cli.helpers import UsageError
 from dartree.cli.parser import PRESETS, build_parser, join_negative_values
 from dartree.cli.replay import cmd_show_tree, cmd_sweep, cmd_tune
 from dartree.eval.outdir import signal_handlers

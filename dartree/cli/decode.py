@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
-from dartree.cli.errors import UsageError, user_input
 from dartree.cli.helpers import (
+    UsageError,
     bench_preset,
     check_fit,
     check_grid,
@@ -22,7 +24,9 @@ from dartree.cli.helpers import (
     prompt_ids,
     round_summary,
     setting_defaults,
+    user_input,
     warps_of,
+    write_named,
     written,
 )
 from dartree.cli.parser import methods_for
@@ -38,7 +42,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from dartree.eval.checks import check_positions, read_prompt_file
     from dartree.eval.methods import make_decoder, parse_method, sampler_for
     from dartree.eval.tune_cache import check_cached, resolve_unset
-    from dartree.rounds import DEFAULT_VERIFIER
 
     if (args.prompt is None) == (args.prompt_file is None):
         raise UsageError("generate: give exactly one of --prompt and --prompt-file")
@@ -64,7 +67,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     with user_input():
         check_positions(bundle, [ids.shape[1]], args.max_new_tokens)
     stops = None if args.no_stop or stop_token_id(bundle) is None else [stop_token_id(bundle)]
-    verifier = None if method.is_ar else method.verifier or args.verifier or DEFAULT_VERIFIER
+    verifier = method.verifier_at(args.temperature, args.verifier)
     sampler = sampler_for(verifier, args.seed) if args.temperature > 0 else None
     options = {**warps_of(args), "verifier": verifier if args.temperature > 0 else None}
     out = sys.stdout
@@ -123,8 +126,8 @@ def _cache_tuning(bundle, config, result) -> None:
     digest, by_label = model_hash(bundle), {m.label: m for m in config.methods}
     for t in result.tuning:
         method = by_label[t.method]
-        if method.is_auto and t.temperature > 0 and not method.verifier and config.verifier:   # the run's --verifier
-            method = dataclasses.replace(method, verifier=config.verifier)
+        if method.is_auto and t.temperature > 0:        # ranked under the run's --verifier
+            method = method.under(config.verifier)
         path = store_or_warn(cache_key(bundle, method, t.temperature, digest, config.warps), entry_of(t), log)
     if path is not None:
         log(f"tuning cached for `dartree generate` in {path}")
@@ -134,14 +137,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
     levels = list(dict.fromkeys(args.concurrency or ()))
     if levels and args.peers is not None:
         raise UsageError("--peers: the peers run one request at a time; drop --concurrency to compare them")
-    from dartree.eval.bench import BenchConfig, run_bench
-    from dartree.eval.concurrency import check_methods
+    from dartree.eval.bench import BenchConfig, run_bench, run_meta
+    from dartree.eval.concurrency import check_methods, concurrency_markdown, run_concurrency
     from dartree.eval.datasets import load_prompts
     from dartree.eval.methods import parse_methods
-    from dartree.eval.outdir import BENCH_FILES
+    from dartree.eval.outdir import BENCH_FILES, named_files
     from dartree.eval.peers import PEERS
-    from dartree.eval.plots import plot_acceptance, plot_tuning
-    from dartree.eval.report import bench_markdown, write_bench
+    from dartree.eval.plots import plot_acceptance, plot_concurrency, plot_tuning
+    from dartree.eval.report import bench_markdown
 
     preset, defaults = bench_preset(args, ("methods", "datasets", "temperatures", "num_prompts", "max_new_tokens",
                                            "budget", "out"))
@@ -181,31 +184,48 @@ def cmd_bench(args: argparse.Namespace) -> int:
             check_methods(config.methods)
         for m in config.methods:
             check_grid(m, config.tune_budgets, config.tune_widths, "--tune-budgets", "--tune-widths")
-    if levels:
-        from dartree.cli.concurrency import bench_concurrency
-
-        return bench_concurrency(args, config, levels, prompts, Path(preset["out"]))
-    out = Path(preset["out"])
-    with prepare_out(args, out, BENCH_FILES) as run:
+    with prepare_out(args, Path(preset["out"]), named_files("concurrency") if levels else BENCH_FILES) as run:
         bundle = load(args)
-        check_fit(bundle, config.methods)
+        check_fit(bundle, config.methods)        # heads, topk: before anything is run
         check_lengths(bundle, [p.text for p in prompts], config.max_prompt_tokens, config.max_new_tokens)
         start = time.perf_counter()
-        result = run_bench(bundle, config, argv=args.argv, log=log)
+        if levels:
+            rows = run_concurrency(bundle, config, levels, log=log)
+            meta = run_meta(bundle, args.argv)
+            meta.update(dataset=config.datasets[0], temperature=config.temperatures[0], prompts=config.num_prompts,
+                        max_new_tokens=config.max_new_tokens)
+            if config.temperatures[0] > 0:      # the warpers and the run's verifier, as they were passed to every row
+                meta.update(config.warps, verifier=config.verifier or "default")
+            text = concurrency_markdown(rows, meta)
+        else:
+            result = run_bench(bundle, config, argv=args.argv, log=log)
+            text = bench_markdown(result)
         with written(run):          # the files replace an earlier run together, once all are written
-            write_bench(result, run.staged)
-            plot_acceptance(result.summaries, run.path("acceptance.png"))
-            for t, name in zip(result.tuning, tuning_plot_names(result.tuning), strict=True):
-                plot_tuning(t, run.path(name))
-    _cache_tuning(bundle, config, result)
-    print(bench_markdown(result))
-    log(f"wrote {', '.join(map(str, run.committed))} in {time.perf_counter() - start:.0f} s")
-    if not result.lossless:
+            if levels:
+                write_named(run, "concurrency", text, {"meta": meta, "rows": [dataclasses.asdict(r) for r in rows]},
+                            partial(plot_concurrency, rows))
+            else:
+                run.write("results.md", text)
+                run.write("results.json", json.dumps(result.to_json(), indent=1, default=str))
+                plot_acceptance(result.summaries, run.path("acceptance.png"))
+                for t, name in zip(result.tuning, tuning_plot_names(result.tuning), strict=True):
+                    plot_tuning(t, run.path(name))
+    if levels:
+        print(text)
+        log(f"wrote {', '.join(map(str, run.committed))}")
+        lost = [(r.method, r.concurrency) for r in rows if r.token_checked and r.lossless_prompts != r.prompts]
+        failure = f"{lost} differ from AR's output" if lost else ""
+    else:
+        _cache_tuning(bundle, config, result)
+        print(text)
+        log(f"wrote {', '.join(map(str, run.committed))} in {time.perf_counter() - start:.0f} s")
         bad = sum(not r.matches_ar for r in result.records)
         law = [f"{c.method} T={c.temperature:g}" for c in result.law_checks if not c.passed]
-        log("LOSSLESS CHECK FAILED: " + (f"{bad} of {len(result.records)} outputs differ from AR's" if bad else "")
-            + ("; " if bad and law else "") + (f"the distribution check rejects {', '.join(law)}" if law else "")
-            + " (see the table's lossless column and the report's last line)"
-            + ("" if args.strict else "; exit status 0 because of --no-strict"))
+        failure = "" if result.lossless else (
+            (f"{bad} of {len(result.records)} outputs differ from AR's" if bad else "") + ("; " if bad and law else "")
+            + (f"the distribution check rejects {', '.join(law)}" if law else "")
+            + " (see the table's lossless column and the report's last line)")
+    if failure:
+        log(f"LOSSLESS CHECK FAILED: {failure}" + ("" if args.strict else "; exit status 0 because of --no-strict"))
         return 1 if args.strict else 0
     return 0

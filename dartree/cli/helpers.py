@@ -1,8 +1,10 @@
-"""What the commands share: loading the model, the output folder, prompts and references, checks."""
+"""What the commands share: user errors (one line, exit status 2), loading the model, the output folder, prompts
+and references, checks."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from collections import Counter
@@ -11,10 +13,25 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from dartree.cli.errors import UsageError, user_input
+__all__ = ["UsageError", "user_input", "log", "file_stem", "setting_defaults", "warps_of", "bench_preset", "load",
+           "prepare_out", "written", "write_named", "prompt_ids", "dataset_prompts", "references", "check_fit",
+           "check_grid", "check_lengths", "round_summary"]
 
-__all__ = ["log", "file_stem", "setting_defaults", "warps_of", "bench_preset", "load", "prepare_out", "written",
-           "prompt_ids", "dataset_prompts", "references", "check_fit", "check_grid", "check_lengths", "round_summary"]
+
+class UsageError(ValueError):
+    """A mistake in the command line or in what it names, printed as one line (exit status 2).  Only errors raised
+    here or by a check of the user's input (:func:`user_input`) become one: any other exception is a bug."""
+
+
+@contextmanager
+def user_input() -> Iterator[None]:
+    """Inside this block a ``ValueError`` is a check of the user's input failing: re-raise it as a UsageError."""
+    try:
+        yield
+    except UsageError:
+        raise
+    except ValueError as e:
+        raise UsageError(str(e)) from e
 
 
 def log(msg: str) -> None:
@@ -123,6 +140,14 @@ def written(run) -> Iterator[None]:
         where = f"{e.filename}: " if getattr(e, "filename", None) else ""
         raise UsageError(f"--out: cannot write the results to {run.out}: {where}{e.strerror or e}; nothing in "
                          f"{run.out} was replaced") from e
+
+
+def write_named(run, stem: str, markdown: str, data: Any, plot) -> None:
+    """Stage the files of :func:`dartree.eval.outdir.named_files`: ``markdown``, ``data`` as JSON and the plot
+    ``plot(path)`` draws."""
+    run.write(f"{stem}.md", markdown)
+    run.write(f"{stem}.json", json.dumps(data, indent=1))
+    plot(run.path(f"{stem}.png"))
 
 
 def prompt_ids(bundle, text: str, limit: int) -> list[int]:

@@ -103,28 +103,32 @@ def methods_for(preset: dict[str, Any], temperatures: list[float]) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------- parsing
-def _budget(text: str) -> int | str:
-    return _parsed(text, lambda t: t if t == "auto" else int(t), lambda v: v == "auto" or v >= 1,
-                   "an integer >= 1 or 'auto'")
+def _number(cast, ok, expected: str):
+    """An argparse type: ``cast(text)`` if it parses and ``ok`` accepts it, else an error saying what was
+    ``expected`` (a float comes back with -0 as 0.0)."""
+    def parse(text: str):
+        try:
+            value = cast(text)
+        except ValueError:
+            value = None
+        if value is None or not ok(value):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        return value + 0.0 if cast is float else value
+
+    return parse
 
 
-def _parsed(text: str, cast, ok, expected: str):
-    """``cast(text)`` if it parses and ``ok`` accepts it, else an argparse error saying what was ``expected``."""
-    try:
-        value = cast(text)
-    except ValueError:
-        value = None
-    if value is None or not ok(value):
-        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
-    return value
+_budget = _number(lambda t: t if t == "auto" else int(t), lambda v: v == "auto" or v >= 1, "an integer >= 1 or 'auto'")
+_positive_int = _number(int, lambda v: v >= 1, "an integer >= 1")
+_count = _number(int, lambda v: v >= 0, "an integer >= 0")
+_beta = _number(float, lambda v: -math.inf < v <= 0, "a finite number <= 0 (a depth penalty)")
+_proposal_temperature = _number(float, lambda v: 0 < v < math.inf,
+                                "a finite number > 0 (the proposal's temperature over the run's)")
+_seed = _number(int, lambda v: 0 <= v < 2**63, "an integer in [0, 2**63)")
 
 
-def _positive_int(text: str) -> int:
-    return _parsed(text, int, lambda v: v >= 1, "an integer >= 1")
-
-
-def _count(text: str) -> int:
-    return _parsed(text, int, lambda v: v >= 0, "an integer >= 0")
+def _fraction(name: str, note: str = ""):
+    return _number(float, lambda v: 0 <= v <= 1, f"a number with 0 <= {name} <= 1{note}")
 
 
 def _threads(text: str) -> int:
@@ -139,15 +143,8 @@ def _threads(text: str) -> int:
 def _temperature(text: str) -> float:
     from dartree.verify.sampling import MAX_TEMPERATURE, MIN_TEMPERATURE
 
-    return _parsed(text, float, lambda v: v == 0 or MIN_TEMPERATURE <= v <= MAX_TEMPERATURE,
-                   f"0 (greedy) or a finite number >= {MIN_TEMPERATURE:g} and <= {MAX_TEMPERATURE:g}") + 0.0  # -0: 0.0
-
-
-def _fraction(name: str, note: str = ""):
-    def parse(text: str) -> float:
-        return _parsed(text, float, lambda v: 0 <= v <= 1, f"a number with 0 <= {name} <= 1{note}") + 0.0
-
-    return parse
+    return _number(float, lambda v: v == 0 or MIN_TEMPERATURE <= v <= MAX_TEMPERATURE,
+                   f"0 (greedy) or a finite number >= {MIN_TEMPERATURE:g} and <= {MAX_TEMPERATURE:g}")(text)
 
 
 def _sampling_args(p: argparse.ArgumentParser) -> None:
@@ -164,19 +161,6 @@ def _sampling_args(p: argparse.ArgumentParser) -> None:
                         "against the target's law), 'rejection' (the same trees, recursive rejection sampling: "
                         "lossless in distribution) or 'match' (target-sample matching: with the seed, equal to AR "
                         "token for token, which bench checks); a method's own verifier=... wins")
-
-
-def _beta(text: str) -> float:
-    return _parsed(text, float, lambda v: -math.inf < v <= 0, "a finite number <= 0 (a depth penalty)") + 0.0
-
-
-def _proposal_temperature(text: str) -> float:
-    return _parsed(text, float, lambda v: 0 < v < math.inf, "a finite number > 0 (the proposal's temperature over "
-                   "the run's)")
-
-
-def _seed(text: str) -> int:
-    return _parsed(text, int, lambda v: 0 <= v < 2**63, "an integer in [0, 2**63)")
 
 
 def _numbers(text: str) -> list[float]:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
+from functools import partial
 
-from dartree.cli.errors import UsageError, user_input
 from dartree.cli.helpers import (
+    UsageError,
     check_fit,
     check_grid,
     dataset_prompts,
@@ -18,7 +18,9 @@ from dartree.cli.helpers import (
     prepare_out,
     references,
     setting_defaults,
+    user_input,
     warps_of,
+    write_named,
     written,
 )
 
@@ -27,7 +29,7 @@ __all__ = ["cmd_sweep", "cmd_show_tree", "cmd_tune"]
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from dartree.eval.methods import make_method_builder, parse_methods
-    from dartree.eval.outdir import sweep_files
+    from dartree.eval.outdir import named_files
     from dartree.eval.plots import plot_sweep
     from dartree.eval.sweep import DEFAULT_VALUES, check_sweep_values, run_sweep, sweep_table
 
@@ -41,17 +43,16 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             for v in values:                            # every point's builder config is valid
                 make_method_builder(m.with_settings(**{args.param: v if args.param == "beta" else int(v)}), "ref")
     prompts = dataset_prompts(args)
-    with prepare_out(args, args.out, sweep_files(args.param)) as run:
+    with prepare_out(args, args.out, named_files(f"sweep_{args.param}")) as run:
         bundle = load(args)
         check_fit(bundle, methods, [int(v) for v in values] if args.param == "topk" else ())
         refs = references(bundle, args, [p.text for p in prompts])
         result = run_sweep(bundle, methods, args.param, values, refs, args.backend, progress=log)
         table = sweep_table(result)
         with written(run):          # the three files replace an earlier sweep of this parameter together
-            run.write(f"sweep_{args.param}.md",
-                      f"# Sweep of {args.param} on {bundle.name}, {args.dataset}, T={args.temperature:g}\n\n{table}\n")
-            run.write(f"sweep_{args.param}.json", json.dumps(dataclasses.asdict(result), indent=1))
-            plot_sweep(args.param, result.series(), run.path(f"sweep_{args.param}.png"))
+            write_named(run, f"sweep_{args.param}", f"# Sweep of {args.param} on {bundle.name}, {args.dataset}, "
+                        f"T={args.temperature:g}\n\n{table}\n", dataclasses.asdict(result),
+                        partial(plot_sweep, args.param, result.series()))
     print(table)
     log(f"wrote {', '.join(map(str, run.committed))}")
     return 0
@@ -62,7 +63,7 @@ def cmd_show_tree(args: argparse.Namespace) -> int:
     from dartree.eval.methods import parse_method, parse_methods
     from dartree.eval.outdir import TREE_FILES
     from dartree.eval.plots import plot_depth_distribution, plot_tree
-    from dartree.eval.trees import depth_counts, recorded_rounds
+    from dartree.eval.simulate import depth_counts, recorded_rounds
 
     with user_input():
         method = parse_method(args.method, setting_defaults(args))
@@ -102,7 +103,7 @@ def cmd_show_tree(args: argparse.Namespace) -> int:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     from dartree.eval.methods import parse_method
-    from dartree.eval.outdir import tune_files
+    from dartree.eval.outdir import named_files
     from dartree.eval.plots import plot_tuning
     from dartree.eval.report import tuning_table
     from dartree.eval.tune import tune
@@ -111,23 +112,20 @@ def cmd_tune(args: argparse.Namespace) -> int:
     with user_input():
         method = parse_method(args.method, setting_defaults(args))      # unset budget / width are searched
         if method.is_auto:
-            if args.verifier and not method.verifier:                      # auto ranked under --verifier only
-                method = dataclasses.replace(method, verifier=args.verifier)
+            method = method.under(args.verifier)                            # auto ranked under --verifier only
             check_grid(method, args.budgets, args.widths, "--budgets", "--widths")
         elif method.is_ar or "budget" not in method.fields():
             raise ValueError(f"method: {method.label!r} has no budget to tune (or give --method auto: the tuner "
                              "picks the builder too)")
         else:                    # something is left to search, and every setting of the grid is valid
-            searched = [k for k in ("budget", "width") if k in method.fields()
-                        and method.config.get(k, "auto") == "auto"]
-            searched += ["beta"] if method.config.get("beta") == "auto" else []     # beta: only when asked
+            searched = method.searched
             if not searched:     # every tunable setting is fixed: --budgets / --widths would be ignored
                 raise ValueError(f"method: {method.label!r} (with --budget/--width) fixes every setting tune "
                                  "searches; leave budget (or width) unset or 'auto'")
             check_grid(method, args.budgets, args.widths, "--budgets", "--widths", searched)
     warp = warps_of(args)
     prompts = dataset_prompts(args)
-    with prepare_out(args, args.out, tune_files(method.builder)) as run:
+    with prepare_out(args, args.out, named_files(f"tune_{method.builder}")) as run:
         bundle = load(args)
         check_fit(bundle, [method])
         refs = references(bundle, args, [p.text for p in prompts], warp)
@@ -135,10 +133,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
                       temperature=args.temperature, seed=args.seed, warps=warp)
         table = tuning_table(result)
         with written(run):          # the three files replace an earlier tuning of this builder together
-            run.write(f"tune_{method.builder}.md", f"# Adaptive budget for {method.label} on {bundle.name}\n\n"
-                                                   f"{table}\n")
-            run.write(f"tune_{method.builder}.json", json.dumps(dataclasses.asdict(result), indent=1))
-            plot_tuning(result, run.path(f"tune_{method.builder}.png"))
+            write_named(run, f"tune_{method.builder}", f"# Adaptive budget for {method.label} on {bundle.name}\n\n"
+                        f"{table}\n", dataclasses.asdict(result), partial(plot_tuning, result))
     cached = store_or_warn(cache_key(bundle, method, args.temperature, warps=warp), entry_of(result), log)
     print(table)
     chosen = "plain AR (no tree is forecast to beat it)" if result.use_ar else " ".join(

@@ -21,10 +21,10 @@ from dartree.eval.datasets import load_prompts
 from dartree.eval.lawcheck import LawCheck, law_check, pit_values
 from dartree.eval.methods import AR, MethodSpec, make_decoder, resolve_backend, sampler_for
 from dartree.eval.peers import PEER_PREFIX, PEERS, PeerResult, make_peer, peer_unavailable
-from dartree.eval.simulate import reference
+from dartree.eval.simulate import reference, timed
 from dartree.eval.tune import DEFAULT_BUDGETS, DEFAULT_MIN_SPEEDUP, DEFAULT_WIDTHS, TuneResult, tune
 from dartree.models.target import HFTarget
-from dartree.rounds import DEFAULT_VERIFIER, SAMPLED_VERIFIERS, VERIFIERS
+from dartree.rounds import SAMPLED_VERIFIERS, VERIFIERS
 from dartree.verify.warp import Warp
 
 __all__ = ["BenchConfig", "RunRecord", "Summary", "BenchResult", "run_bench", "summarize", "MODEL_STAGES",
@@ -236,12 +236,6 @@ def summarize(records: Sequence[RunRecord], methods: Sequence[MethodSpec], backe
     return tuple(out)
 
 
-def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
-    start = time.perf_counter()
-    result = fn()
-    return result, time.perf_counter() - start
-
-
 def run_meta(bundle: Bundle, argv: Sequence[str] | None) -> dict[str, Any]:
     """What a results file records about the run: versions, threads, device, model, command line."""
     return {
@@ -281,8 +275,7 @@ def _tune_auto(bundle: Bundle, config: BenchConfig, log: Callable[[str], None] |
                 for d, ids in calib]
         for m in auto:
             # methods that name a verifier keep it; the others are ranked under the run's, else under each
-            method = m if m.verifier or config.verifier is None or temperature == 0 else \
-                dataclasses.replace(m, verifier=config.verifier)
+            method = m if temperature == 0 else m.under(config.verifier)
             result = tune(bundle, method, refs, config.backend, config.tune_budgets, config.tune_widths,
                           progress=(lambda s, t=temperature: log(f"tune T={t:g}: {s}")) if log else None,
                           temperature=temperature, seed=config.seed, min_speedup=config.tune_min_speedup, warps=at)
@@ -312,17 +305,15 @@ def run_bench(bundle: Bundle, config: BenchConfig, argv: Sequence[str] | None = 
     for t in tuning:
         log(f"tune T={t.temperature:g}: {t.method} -> {t.choice_text} "
             f"{t.forecast_text(config.num_prompts * len(config.datasets))}")
-    timed = [m for m in config.methods if not (m.is_ar and m.label == AR)]
+    compared = [m for m in config.methods if not (m.is_ar and m.label == AR)]
     decoders = {(m.label, t): None if resolved[(m.label, t)].is_ar
                 else make_decoder(bundle, resolved[(m.label, t)], config.backend)
-                for m in timed for t in config.temperatures}
+                for m in compared for t in config.temperatures}
 
     def verifier_of(label: str, temperature: float) -> str:
         """How ``label`` verifies at ``temperature`` (AR draws with the keyed sampler, like ``match``)."""
-        spec = None if label == AR else resolved[(label, temperature)]
-        if temperature == 0:
-            return "greedy"
-        return "match" if spec is None or spec.is_ar else spec.verifier or config.verifier or DEFAULT_VERIFIER
+        return (MethodSpec(AR) if label == AR else resolved[(label, temperature)]).verifier_at(temperature,
+                                                                                              config.verifier)
 
     def run(label: str, ids: torch.Tensor, max_new: int, temperature: float,
             tuned_at: float | None = None, draw: int = 0) -> GenerationResult:
@@ -363,18 +354,18 @@ def run_bench(bundle: Bundle, config: BenchConfig, argv: Sequence[str] | None = 
         cell[0].extend(u)
         cell[1].append(bad)
 
-    total = len(config.datasets) * config.num_prompts * (len(config.temperatures) * (1 + len(timed)) + len(peers))
+    total = len(config.datasets) * config.num_prompts * (len(config.temperatures) * (1 + len(compared)) + len(peers))
     bar = tqdm(total=total, desc="bench", disable=not progress, file=sys.stderr)
     for dataset in config.datasets:
         for temperature in config.temperatures:
             for draw, (prompt_id, ids) in enumerate(prompts[dataset]):
-                ar, seconds = _timed(lambda: run(AR, ids, config.max_new_tokens, temperature))  # noqa: B023
+                ar, seconds = timed(device, lambda: run(AR, ids, config.max_new_tokens, temperature))  # noqa: B023
                 ar_tokens = ar.tokens.cpu()
                 records.append(_record(AR, dataset, temperature, prompt_id, ar, seconds, None))
                 bar.update(1)
-                for m in timed:
-                    res, seconds = _timed(lambda: run(m.label, ids, config.max_new_tokens, temperature,  # noqa: B023
-                                                      draw=draw))  # noqa: B023
+                for m in compared:
+                    res, seconds = timed(device, lambda: run(m.label, ids, config.max_new_tokens,  # noqa: B023
+                                                             temperature, draw=draw))  # noqa: B023
                     verifier = verifier_of(m.label, temperature)
                     # rejection is lossless in law, not token for token: its tokens are not compared with AR's,
                     # they are tested against the target's law at their prefixes (untimed, after the decode)
@@ -387,7 +378,7 @@ def run_bench(bundle: Bundle, config: BenchConfig, argv: Sequence[str] | None = 
                 if temperature != 0:
                     continue
                 for label, peer in peers.items():
-                    out, seconds = _timed(lambda: peer(ids, config.max_new_tokens))  # noqa: B023
+                    out, seconds = timed(device, lambda: peer(ids, config.max_new_tokens))  # noqa: B023
                     records.append(_peer_record(label, dataset, prompt_id, ids.shape[1], out, seconds, ar_tokens))
                     bar.update(1)
     bar.close()

@@ -7,7 +7,6 @@ import statistics
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,10 +20,10 @@ from dartree.eval.probes import probe_verify_cost, replay_settings
 from dartree.eval.report import markdown_table
 from dartree.eval.simulate import reference
 from dartree.models.target import HFTarget
-from dartree.rounds import DEFAULT_VERIFIER, SAMPLED_VERIFIERS
+from dartree.rounds import SAMPLED_VERIFIERS
 from dartree.serve import ServeResult, serve
 
-__all__ = ["ConcurrencyRow", "check_methods", "run_concurrency", "concurrency_markdown", "plot_concurrency"]
+__all__ = ["ConcurrencyRow", "check_methods", "run_concurrency", "concurrency_markdown"]
 
 
 @dataclass(frozen=True)
@@ -95,9 +94,7 @@ def run_concurrency(bundle: Bundle, config: BenchConfig, levels: Sequence[int], 
 
     def verifier_of(spec: MethodSpec | None) -> str | None:
         """The acceptance rule of ``spec`` (``None``: AR, and every method at T=0)."""
-        if temperature == 0 or spec is None:
-            return None
-        return spec.verifier or verifier or DEFAULT_VERIFIER
+        return None if temperature == 0 or spec is None else spec.verifier_at(temperature, verifier)
 
     def run(engine, spec: MethodSpec | None, ps: Sequence[torch.Tensor], c: int, max_new: int,
             on_finish=None) -> ServeResult:
@@ -194,19 +191,3 @@ def concurrency_markdown(rows: Sequence[ConcurrencyRow], meta: dict[str, Any] | 
                       markdown_table(["method", "C", "tokens/s", "speedup", "tau", "steps", "lossless", "auto chose"],
                                      raw)]) + "\n"
 
-
-def plot_concurrency(rows: Sequence[ConcurrencyRow], path: Path) -> Path:
-    """Speedup over batched AR against concurrency, one line per method (log2 x axis); returns ``path``."""
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(6.4, 4.0))
-    ax = fig.subplots()
-    for method in dict.fromkeys(r.method for r in rows):
-        mine = sorted((r.concurrency, r.speedup) for r in rows if r.method == method)
-        ax.plot([c for c, _ in mine], [s for _, s in mine], marker="o", markersize=4, label=method)
-    from dartree.eval.plots import label_axes, save_png
-
-    ax.set_xscale("log", base=2)
-    ax.axhline(1.0, color="grey", linewidth=0.8)
-    label_axes(ax, "concurrency C (requests in flight)", "speedup over batched AR")
-    return save_png(fig, path)

@@ -97,11 +97,7 @@ def _packages(limit: int | None, prompt_chars: int) -> list[Prompt]:
 def load_prompts(name: str, num_prompts: int, *, offset: int = 0, prompt_chars: int = 600) -> tuple[Prompt, ...]:
     """``num_prompts`` prompts of dataset ``name``, skipping the first ``offset``; ``ValueError`` when it has
     fewer (a benchmark never silently shrinks)."""
-    if name not in DATASETS:
-        raise ValueError(f"dataset: must be one of {DATASETS}, got {name!r}")
-    for arg, value, low in (("num_prompts", num_prompts, 1), ("offset", offset, 0), ("prompt_chars", prompt_chars, 16)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{arg}: must be an integer >= {low}, got {value!r}")
+    _check(name, "dataset:", num_prompts=(num_prompts, 1), offset=(offset, 0), prompt_chars=(prompt_chars, 16))
     limit = offset + num_prompts
     prompts = _load(name, limit, prompt_chars)
     if len(prompts) < limit:
@@ -113,11 +109,18 @@ def load_prompts(name: str, num_prompts: int, *, offset: int = 0, prompt_chars: 
 @functools.cache
 def count_prompts(name: str, *, prompt_chars: int = 600) -> int:
     """How many prompts dataset ``name`` has with that ``prompt_chars`` (once per process: it reads every file)."""
-    if name not in DATASETS:
-        raise ValueError(f"name: the dataset must be one of {DATASETS}, got {name!r}")
-    if isinstance(prompt_chars, bool) or not isinstance(prompt_chars, int) or prompt_chars < 16:
-        raise ValueError(f"prompt_chars: must be an integer >= 16, got {prompt_chars!r}")
+    _check(name, "name: the dataset", prompt_chars=(prompt_chars, 16))
     return len(_load(name, None, prompt_chars))
+
+
+def _check(name: str, unknown: str, **counts: tuple[object, int]) -> None:
+    """``ValueError`` naming the argument: a dataset ``name`` not in :data:`DATASETS` (``unknown``: how the
+    message begins), a count that is not an integer >= its least (``counts``: argument -> (value, least))."""
+    if name not in DATASETS:
+        raise ValueError(f"{unknown} must be one of {DATASETS}, got {name!r}")
+    for arg, (value, low) in counts.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{arg}: must be an integer >= {low}, got {value!r}")
 
 
 def _load(name: str, limit: int | None, prompt_chars: int) -> list[Prompt]:

@@ -10,7 +10,7 @@ from typing import Any
 from dartree.builders import TreeBuilder, builder_spec, make_builder, registered
 from dartree.decode import SpeculativeDecoder
 from dartree.eval.bundles import Bundle
-from dartree.rounds import SAMPLED_VERIFIERS, VERIFIERS
+from dartree.rounds import DEFAULT_VERIFIER, SAMPLED_VERIFIERS, VERIFIERS
 
 __all__ = ["AR", "AUTO", "AUTO_FIELDS", "SEARCHED_WHEN_UNSET", "DRAFTERS", "register_drafter",
            "MethodSpec", "parse_method", "parse_methods", "BACKEND_CHOICES", "resolve_backend",
@@ -54,6 +54,25 @@ class MethodSpec:
         if self.is_auto:
             return ("builder",)
         return tuple(k for k, v in self.settings if v == AUTO)
+
+    @property
+    def searched(self) -> tuple[str, ...]:
+        """The settings a tuner searches: budget and width where the builder has them and they are unset or
+        ``auto``, beta only when ``auto``."""
+        config, fields = self.config, self.fields()
+        return tuple(k for k in AUTO_FIELDS if k in fields
+                     and (config.get(k) == AUTO or (k in SEARCHED_WHEN_UNSET and k not in config)))
+
+    def under(self, verifier: str | None) -> MethodSpec:
+        """This method with the run's ``verifier`` where it names none (its own wins)."""
+        return self if self.verifier or verifier is None else dataclasses.replace(self, verifier=verifier)
+
+    def verifier_at(self, temperature: float, default: str | None = None) -> str:
+        """How it verifies at ``temperature``: ``greedy`` at 0; at T>0 its own verifier, else the run's
+        ``default``, else ``DEFAULT_VERIFIER`` (AR draws with the keyed sampler: ``match``)."""
+        if temperature == 0:
+            return "greedy"
+        return "match" if self.is_ar else self.verifier or default or DEFAULT_VERIFIER
 
     def with_settings(self, **values: Any) -> MethodSpec:
         """A copy with ``values`` replacing (or adding) settings; the label is kept."""

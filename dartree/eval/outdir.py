@@ -18,12 +18,11 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BENCH_FILES", "CONCURRENCY_FILES", "TREE_FILES", "sweep_files", "tune_files", "run_files",
+__all__ = ["BENCH_FILES", "TREE_FILES", "named_files", "run_files",
            "open_run", "RunFolder", "write_atomic", "JOURNAL", "STAGING_PREFIX", "HELD_SIGNALS",
            "signal_handlers"]
 
 BENCH_FILES: tuple[str, ...] = ("results.md", "results.json", "acceptance.png", "tuning_*.png")
-CONCURRENCY_FILES: tuple[str, ...] = ("concurrency.md", "concurrency.json", "concurrency.png")
 TREE_FILES: tuple[str, ...] = ("tree_*.png", "depth_distribution.png")
 #: The commit journal of a run folder (present only while a commit is in progress or was killed).
 JOURNAL = ".dartree-journal.json"
@@ -31,14 +30,10 @@ JOURNAL = ".dartree-journal.json"
 STAGING_PREFIX = ".dartree-staging-"
 
 
-def sweep_files(param: str) -> tuple[str, ...]:
-    """The files ``dartree sweep --param PARAM`` writes (sweeps of other parameters are another kind)."""
-    return tuple(f"sweep_{glob.escape(param)}.{ext}" for ext in ("md", "json", "png"))
-
-
-def tune_files(builder: str) -> tuple[str, ...]:
-    """The files ``dartree tune`` writes for one builder."""
-    return tuple(f"tune_{glob.escape(builder)}.{ext}" for ext in ("md", "json", "png"))
+def named_files(stem: str) -> tuple[str, ...]:
+    """A table, its JSON and its plot: what ``bench --concurrency`` (``concurrency``), ``sweep --param P``
+    (``sweep_P``: sweeps of other parameters are another kind) and ``tune`` (``tune_BUILDER``) write."""
+    return tuple(f"{glob.escape(stem)}.{ext}" for ext in ("md", "json", "png"))
 
 
 def _matches(name: str, patterns: Sequence[str]) -> bool:

@@ -1,5 +1,5 @@
-"""Figures: acceptance by position (Figure 5), sweeps (Figures 4, 6), trees (Figures 8-11), depths (Figure 7);
-each function writes one PNG, complete or not at all, and returns its path."""
+"""Figures: acceptance by position (Figure 5), sweeps (Figures 4, 6), trees (Figures 8-11), depths (Figure 7),
+tuning, serving speedup by concurrency; each function writes one PNG, complete or not at all, and returns its path."""
 
 from __future__ import annotations
 
@@ -10,12 +10,14 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from dartree.eval.bench import Summary
+from dartree.eval.concurrency import ConcurrencyRow
 from dartree.eval.costmodel import setting_text
 from dartree.eval.outdir import write_atomic
 from dartree.eval.tune import TuneResult
 from dartree.tree import DraftTree
 
-__all__ = ["plot_acceptance", "plot_sweep", "plot_tree", "plot_depth_distribution", "plot_tuning", "token_label",
+__all__ = ["plot_acceptance", "plot_sweep", "plot_tree", "plot_depth_distribution", "plot_tuning", "plot_concurrency",
+           "token_label",
            "save_png", "label_axes"]
 
 
@@ -163,4 +165,17 @@ def plot_tuning(result: TuneResult, path: Path) -> Path:
     right.set_xscale("log", base=2)
     right.set_title(f"cost model for {result.method}", fontsize=9)
     label_axes(right, "budget B", "expected tokens / s")
+    return save_png(fig, path)
+
+
+def plot_concurrency(rows: Sequence[ConcurrencyRow], path: Path) -> Path:
+    """Speedup over batched AR against concurrency, one line per method (log2 x axis); returns ``path``."""
+    fig = Figure(figsize=(6.4, 4.0))
+    ax = fig.subplots()
+    for method in dict.fromkeys(r.method for r in rows):
+        mine = sorted((r.concurrency, r.speedup) for r in rows if r.method == method)
+        ax.plot([c for c, _ in mine], [s for _, s in mine], marker="o", markersize=4, label=method)
+    ax.set_xscale("log", base=2)
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    label_axes(ax, "concurrency C (requests in flight)", "speedup over batched AR")
     return save_png(fig, path)

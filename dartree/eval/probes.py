@@ -17,7 +17,7 @@ from dartree.decode import GenerationResult, generate_ar
 from dartree.eval.bundles import Bundle
 from dartree.eval.costmodel import ConfigStats, VerifyCost
 from dartree.eval.methods import MethodSpec, make_decoder, resolve_backend, sampler_for
-from dartree.eval.simulate import Reference, ReplayBlocks, device_sync, simulate, timed
+from dartree.eval.simulate import Reference, ReplayBlocks, simulate, timed
 from dartree.models.target import HFTarget
 from dartree.tree import DraftTree
 from dartree.verify.sampling import KeyedSampler
@@ -108,7 +108,6 @@ def measure_verify_cost(model: torch.nn.Module, layer_ids: Sequence[int] = (), p
     for _ in range(repeats + 1):                           # the first repetition warms up and is dropped
         for n, tree in zip(sizes, trees, strict=True):
             for way in ways:
-                device_sync(target.device)
                 out, seconds = timed(target.device, lambda: target.forward_tree(target.tree_inputs(tree),  # noqa: B023
                                                                                  logits=way))  # noqa: B023
                 final = out.final if out.final is not None else final
@@ -118,7 +117,6 @@ def measure_verify_cost(model: torch.nn.Module, layer_ids: Sequence[int] = (), p
     row_s = 0.0
     if logits != "all" and final is not None:           # the walk's rows: one LM-head row per accepted node
         row = final[:, 0]
-        device_sync(target.device)
         row_s = statistics.median([timed(target.device, lambda: target.head_logits(row))[1]
                                    for _ in range(repeats + 1)][1:])
     target.reset()

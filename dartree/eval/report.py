@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from dartree.eval.bench import MODEL_STAGES, BenchResult, Summary
 from dartree.eval.datasets import DATASETS, count_prompts
 from dartree.eval.methods import AR, AUTO
-from dartree.eval.outdir import write_atomic
 from dartree.eval.tune import TuneResult
 from dartree.rounds import ROUND_STAGES, SAMPLED_VERIFIERS
 
-__all__ = ["markdown_table", "table1", "table2", "tuning_table", "forecast_table", "bench_markdown", "write_bench"]
+__all__ = ["markdown_table", "table1", "table2", "tuning_table", "forecast_table", "bench_markdown"]
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
@@ -304,12 +301,3 @@ def bench_markdown(result: BenchResult) -> str:
         parts += ["", f"Lossless check: {matched}."]
     return "\n".join(parts) + "\n"
 
-
-def write_bench(result: BenchResult, out: Path) -> dict[str, Path]:
-    """Write ``results.md`` and ``results.json`` into ``out``, each complete or not at all; returns their paths."""
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {"markdown": out / "results.md", "json": out / "results.json"}
-    text = json.dumps(result.to_json(), indent=1, default=str)      # serialised first: a failure writes nothing
-    write_atomic(paths["markdown"], bench_markdown(result))
-    write_atomic(paths["json"], text)
-    return paths

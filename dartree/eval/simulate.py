@@ -1,9 +1,11 @@
 """Replay speculative rounds against a known continuation (the target's own), without running the target on
-any tree: acceptance of many settings cheaply (docs/internals.md, "The benchmark harness")."""
+any tree: acceptance of many settings cheaply, and the trees of real rounds for pictures (docs/internals.md,
+"The benchmark harness")."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -12,13 +14,15 @@ from torch import Tensor
 from dartree.block import DraftBlock
 from dartree.decode import generate_ar
 from dartree.eval.bundles import Bundle
+from dartree.eval.methods import MethodSpec, make_method_builder
 from dartree.models.target import HFTarget
 from dartree.protocols import CorrectionHead
 from dartree.tree import PAD, DraftTree
 from dartree.verify.accept import accept_picks
 from dartree.verify.sampling import KeyedSampler
 
-__all__ = ["Reference", "ReplayBlocks", "SimulatedRound", "Simulation", "reference", "simulate"]
+__all__ = ["Reference", "ReplayBlocks", "SimulatedRound", "Simulation", "reference", "simulate", "recorded_rounds",
+           "depth_counts"]
 
 
 @dataclass(frozen=True)
@@ -104,16 +108,15 @@ class ReplayBlocks:
         return self.blocks[p], self.seconds[p]
 
 
-def device_sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)   # stage timing needs the device idle at the boundary
-
-
 def timed(device: torch.device, fn):
-    """``fn()`` and its wall seconds, up to the device's last kernel."""
+    """``fn()`` and its wall seconds, from an idle device to its last kernel."""
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize(device)   # stage timing needs the device idle at both boundaries
     start = time.perf_counter()
     out = fn()
-    device_sync(device)
+    if cuda:
+        torch.cuda.synchronize(device)
     return out, time.perf_counter() - start
 
 
@@ -140,7 +143,14 @@ def simulate(bundle: Bundle, builder, head: CorrectionHead | None, ref: Referenc
              blocks: ReplayBlocks | None = None) -> Simulation:
     """Replay the rounds of decoding ``ref`` with ``builder`` (and ``head``); see the module docstring.
     ``record`` keeps every round's tree (on the CPU) and accepted nodes; ``blocks`` (made from ``ref``) gives
-    the drafter's blocks, else the replay drafts round by round."""
+    the drafter's blocks, else the replay drafts round by round.
+
+    Why not the engine's stages (``Engine.draft/build/verify/commit``): they are bound to an ``HFTarget`` that
+    owns the KV cache (build cuts the tree to the cache's room and draws the verifier's samples from the
+    target, verify is the tree forward, commit writes the cache), and the drafter behind ``Drafting`` keeps
+    block-reuse state; a replay has no target forward and no cache, reads one block per position drafted once
+    for every setting (:class:`ReplayBlocks`), and accepts against the reference.  It shares the builder and
+    the acceptance walk (``accept_picks``) with the engine, not the stages."""
     drafter = bundle.drafter
     seq = ref.sequence
     device = seq.device
@@ -175,3 +185,23 @@ def simulate(bundle: Bundle, builder, head: CorrectionHead | None, ref: Referenc
                                      tree.to("cpu") if record else None, kept, p, bonus))
         p += count
     return Simulation(tuple(rounds), gamma)
+
+
+def recorded_rounds(bundle: Bundle, method: MethodSpec, ref: Reference, backend: str) -> tuple[SimulatedRound, ...]:
+    """Every round of decoding ``ref`` with ``method``, each with its tree and accepted node indices."""
+    head = bundle.heads[method.head] if method.head is not None else None
+    return simulate(bundle, make_method_builder(method, backend), head, ref, record=True).rounds
+
+
+def depth_counts(rounds: Sequence[SimulatedRound], gamma: int) -> list[float]:
+    """Mean number of draft nodes at depth 1..gamma per tree over ``rounds`` (the paper's Figure 7)."""
+    if not rounds:
+        raise ValueError("rounds: need at least one recorded round")
+    totals = [0.0] * gamma
+    for r in rounds:
+        if r.tree is None:
+            raise ValueError("rounds: recorded rounds needed (simulate(..., record=True))")
+        n = int(r.tree.num_nodes[0])
+        for d in r.tree.depths[0, 1:n].tolist():
+            totals[d - 1] += 1
+    return [t / len(rounds) for t in totals]

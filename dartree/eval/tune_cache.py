@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from dartree.eval.bundles import Bundle
-from dartree.eval.methods import AUTO, AUTO_FIELDS, SEARCHED_WHEN_UNSET, MethodSpec
+from dartree.eval.methods import AUTO, SEARCHED_WHEN_UNSET, MethodSpec
 from dartree.eval.outdir import write_atomic
 
 __all__ = ["CACHE_FILE", "DEVICE_DEFAULT_BUDGET", "cache_dir", "model_hash", "machine", "cache_key", "lookup", "store",
@@ -193,8 +193,7 @@ def resolve_unset(bundle: Bundle, method: MethodSpec, temperature: float,
     from dartree.eval.methods import AR
 
     config, explicit = method.config, bool(method.auto_fields)
-    searched = [k for k in AUTO_FIELDS if k in method.fields()
-                and (config.get(k) == AUTO or (k in SEARCHED_WHEN_UNSET and k not in config))]
+    searched = list(method.searched)
     if not method.is_auto and ("budget" not in method.fields() or not searched
                                or (not explicit and "budget" in config)):
         return method, ""                       # the user's numbers (an unset width keeps its default)

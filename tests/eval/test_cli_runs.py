@@ -11,12 +11,11 @@ import pytest
 
 import dartree.eval.bench
 import dartree.eval.bundles
-import dartree.eval.report
 from dartree.cli import main
 from dartree.cli.parser import build_parser, join_negative_values
 from dartree.eval.bench import BenchConfig, run_bench
 from dartree.eval.methods import parse_method
-from dartree.eval.outdir import BENCH_FILES, open_run
+from dartree.eval.outdir import BENCH_FILES, RunFolder, open_run
 from tests.eval.cli_helpers import fails
 
 TOY = ["--model", "tiny-random", "--threads", "1", "--backend", "ref"]
@@ -76,9 +75,9 @@ def test_ctrl_c_while_the_files_are_written_leaves_the_earlier_run(earlier, load
     if where == "acceptance.png":
         monkeypatch.setattr(dartree.eval.plots, "plot_acceptance", interrupted)
     else:
-        real = dartree.eval.report.write_atomic
-        monkeypatch.setattr(dartree.eval.report, "write_atomic",
-                            lambda path, data: interrupted() if path.name == where else real(path, data))
+        real = RunFolder.write
+        monkeypatch.setattr(RunFolder, "write",
+                            lambda run, name, data: interrupted() if name == where else real(run, name, data))
     with pytest.raises(SystemExit) as e:
         main([*BENCH, "--out", str(earlier)])
     assert e.value.code == 130 and "interrupted" in capsys.readouterr().err
@@ -90,15 +89,16 @@ def test_ctrl_c_while_the_files_are_written_leaves_the_earlier_run(earlier, load
 
 def test_a_full_disk_while_results_json_is_written_is_one_line_and_replaces_nothing(earlier, loads, monkeypatch,
                                                                                    capsys):
-    real = dartree.eval.report.write_atomic
+    real = RunFolder.write
 
-    def full(path, data):
-        if path.name == "results.json":
+    def full(run, name, data):
+        if name == "results.json":
+            path = run.path(name)
             path.write_text(data[: len(data) // 2])          # half of it reached the disk
             raise OSError(errno.ENOSPC, "No space left on device", str(path))
-        return real(path, data)
+        return real(run, name, data)
 
-    monkeypatch.setattr(dartree.eval.report, "write_atomic", full)
+    monkeypatch.setattr(RunFolder, "write", full)
     line = fails([*BENCH, "--out", str(earlier)], capsys)
     assert f"--out: cannot write the results to {earlier}" in line and "No space left on device" in line
     assert f"nothing in {earlier} was replaced" in line

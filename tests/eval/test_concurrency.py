@@ -81,6 +81,7 @@ def test_the_warpers_and_the_verifier_reach_every_served_row(bundle, monkeypatch
 
 def test_cli_concurrency_passes_the_sampling_options(monkeypatch, tmp_path):
     import dartree.eval.concurrency as cc
+    import dartree.eval.plots
     got = {}
 
     def fake(bundle, config, levels, **kwargs):
@@ -89,7 +90,7 @@ def test_cli_concurrency_passes_the_sampling_options(monkeypatch, tmp_path):
         return []
 
     monkeypatch.setattr(cc, "run_concurrency", fake)
-    monkeypatch.setattr(cc, "plot_concurrency", lambda rows, path: path.write_bytes(b"png") and path)
+    monkeypatch.setattr(dartree.eval.plots, "plot_concurrency", lambda rows, path: path.write_bytes(b"png") and path)
     main(["bench", *TOY, "--concurrency", "1", "--methods", "chain", "--num-prompts", "2", "--temperatures", "0.7",
           "--verifier", "match", "--top-k", "4", "--top-p", "0.8", "--min-p", "0.1", "--no-warmup",
           "--out", str(tmp_path / "cc")])

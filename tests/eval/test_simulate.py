@@ -4,8 +4,7 @@ import torch
 from dartree.eval.bundles import encode, load_bundle
 from dartree.eval.methods import make_decoder, make_method_builder, parse_method
 from dartree.eval.probes import replay_settings
-from dartree.eval.simulate import ReplayBlocks, reference, simulate
-from dartree.eval.trees import depth_counts, recorded_rounds
+from dartree.eval.simulate import ReplayBlocks, depth_counts, recorded_rounds, reference, simulate
 from dartree.verify.sampling import KeyedSampler
 
 
