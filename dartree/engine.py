@@ -5,10 +5,7 @@
     verified = engine.verify(tree)          # one target forward over every row's tree + acceptance
     done = engine.commit(verified)          # per-row KV compaction, drafter context, stop / length
 
-``generate`` is a batch of one (its drafter used as is, :class:`OneRow`), ``generate_batch`` admits every prompt,
-``serve`` admits prompts as rows finish, and the AR baselines are an engine without a drafter.  The verifier and the
-draft and build stages are chosen once per engine; each row's tokens equal what it would get alone (T=0, and T>0
-with a ``KeyedSampler``).
+How each entry point drives it, and each row equal to its decode alone: docs/internals.md, "The engine".
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """Correction heads: GRU (Domino) and Markov (DSpark), for many branches at once.
 
-Both implement :class:`dartree.protocols.CorrectionHead` (and its optional fused ``advance_logits`` and
-``prepare_block``).  Inside a builder they only score the ``K`` candidate tokens of a depth: the base
-logits are gathered from the block and the correction gathers only the ``K`` rows of its output
-projection, so no full-vocabulary product is computed per branch.  Formulas, weight names and the
-checkpoint fields they read: ``docs/checkpoints.md``.  The GRU state at depth d has read the root and the
-branch's tokens at depths 1..d-1 (float ``[.., G]``); the Markov state is the previous token as float32
-``[.., 1]`` (exact for ids below 2**24).
+Both implement :class:`dartree.protocols.CorrectionHead` (and its optional ``advance_logits`` and ``prepare_block``)
+and score only the ``K`` candidate tokens of a depth: the base logits gathered from the block, the correction from
+the ``K`` rows of its output projection (no full-vocabulary product per branch).  Formulas, states, weight names and
+the checkpoint fields they read: docs/checkpoints.md.
 """
 
 from __future__ import annotations
