@@ -145,12 +145,10 @@ def simulate(bundle: Bundle, builder, head: CorrectionHead | None, ref: Referenc
     ``record`` keeps every round's tree (on the CPU) and accepted nodes; ``blocks`` (made from ``ref``) gives
     the drafter's blocks, else the replay drafts round by round.
 
-    Why not the engine's stages (``Engine.draft/build/verify/commit``): they are bound to an ``HFTarget`` that
-    owns the KV cache (build cuts the tree to the cache's room and draws the verifier's samples from the
-    target, verify is the tree forward, commit writes the cache), and the drafter behind ``Drafting`` keeps
-    block-reuse state; a replay has no target forward and no cache, reads one block per position drafted once
-    for every setting (:class:`ReplayBlocks`), and accepts against the reference.  It shares the builder and
-    the acceptance walk (``accept_picks``) with the engine, not the stages."""
+    Why not the engine's stages: ``Engine.build/verify/commit`` need the target and its KV cache (the tree cut to
+    the cache's room, the verifier's draws, the tree forward, the cache write) and ``Engine.draft`` keeps
+    block-reuse state, while a replay runs no target, reads blocks drafted once for every setting
+    (:class:`ReplayBlocks`) and accepts against the reference; it shares the builder and ``accept_picks``."""
     drafter = bundle.drafter
     seq = ref.sequence
     device = seq.device

@@ -270,15 +270,14 @@ def tune(
 def _grids(method: MethodSpec, budgets: Sequence[int], widths: Sequence[int], betas: Sequence[float]
            ) -> tuple[tuple[int, ...], tuple[int | None, ...], tuple[float | None, ...]]:
     """The budgets, widths and betas searched for ``method``: its ``auto`` (or unset) fields over the grids."""
-    config, has_width = method.config, "width" in method.fields()
-    budget_grid = tuple(budgets) if config.get("budget", AUTO) == AUTO else (config["budget"],)
-    width_grid: tuple[int | None, ...] = (None,)
-    if has_width:
-        width_grid = tuple(widths) if config.get("width", AUTO) == AUTO else (config["width"],)
+    config, searched, has_width = method.config, method.searched, "width" in method.fields()
+    budget_grid = tuple(budgets) if "budget" in searched else (config["budget"],)
+    width_grid: tuple[int | None, ...] = ((tuple(widths) if "width" in searched else (config["width"],)) if has_width
+                                          else (None,))
     _check_sizes("budgets", budget_grid)
     _check_sizes("widths", width_grid if has_width else (1,))
     beta_grid: tuple[float | None, ...] = (None,)
-    if config.get("beta") == AUTO:
+    if "beta" in searched:
         beta_grid = tuple(betas)
         if not beta_grid or any(isinstance(v, bool) or not isinstance(v, int | float) or not v <= 0
                                 for v in beta_grid):
