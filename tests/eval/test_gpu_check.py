@@ -95,8 +95,8 @@ def test_isolated_step_result_is_read_back() -> None:
 
 
 def test_child_options_drop_steps_and_inline() -> None:
-    assert gpu_check._options(["--device", "cpu", "--steps", "env", "speed", "--inline", "--quick"]) == [
-        "--device", "cpu", "--quick"]
+    args = gpu_check._parser().parse_args(["--device", "cpu", "--steps", "env", "speed", "--inline", "--quick"])
+    assert gpu_check._child_options(args) == ["--device", "cpu", "--out", "runs/gpu-check", "--quick"]
 
 
 @pytest.mark.parametrize(("argv", "names"), [
