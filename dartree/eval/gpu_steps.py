@@ -124,9 +124,10 @@ def _free(c: Check) -> None:
 
 def _run(c: Check, cmd: list[str], what: str, env: dict[str, str] | None = None, timeout: float | None = None):
     """``cmd`` run from the source tree, stopped 3 s before the step's budget: ``None`` then, ``what`` noted."""
+    left = c.time_left()                 # infinite with --inline: no timeout (subprocess refuses an infinite one)
     try:
         return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env,
-                              timeout=timeout or max(5.0, c.time_left() - 3))
+                              timeout=timeout or (max(5.0, left - 3) if left < float("inf") else None))
     except subprocess.TimeoutExpired:
         c.out_of_time(what=f"{what} (stopped at the step's budget)")
     except OSError:
