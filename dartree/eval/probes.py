@@ -23,7 +23,7 @@ from dartree.tree import DraftTree
 from dartree.verify.sampling import KeyedSampler
 
 __all__ = ["Measurement", "measure_verify_cost", "probe_verify_cost", "measure_overhead", "replay_settings",
-           "measure_specs", "screen_decodes", "concrete"]
+           "measure_specs", "screen_decodes", "concrete", "synthetic_tree"]
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ class Measurement:
         return {label: t / s if s > 0 else float("inf") for label, t, s in self.per_label}
 
 
-def _synthetic_tree(nodes: int, gamma: int, device: torch.device, rows: int = 1) -> DraftTree:
+def synthetic_tree(nodes: int, gamma: int, device: torch.device, rows: int = 1) -> DraftTree:
     """A valid tree of ``nodes`` nodes and depth <= ``gamma`` (w chains of equal length; w minimal),
     repeated in ``rows`` rows."""
     width = max(1, -(-(nodes - 1) // gamma))
@@ -101,7 +101,7 @@ def measure_verify_cost(model: torch.nn.Module, layer_ids: Sequence[int] = (), p
     target.prefill(list(prefix))
     ways = ("all", "root") if logits == "walk" else (logits,)
     final = None
-    trees = [_synthetic_tree(n, gamma, target.device, rows) for n in sizes]
+    trees = [synthetic_tree(n, gamma, target.device, rows) for n in sizes]
     times: dict[tuple[int, str], list[float]] = {(n, way): [] for n in sizes for way in ways}
     # interleaved, every size and way in each repetition: load drifting during the probe charges every size
     # alike (docs/results.md, "Measurements behind design choices in the code")

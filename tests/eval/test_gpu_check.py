@@ -95,14 +95,14 @@ def test_isolated_step_result_is_read_back() -> None:
 
 
 def test_child_options_drop_steps_and_inline() -> None:
-    assert gpu_check._options(["--device", "cpu", "--steps", "env", "parity", "--inline", "--quick"]) == [
-        "--device", "cpu", "--quick"]
+    args = gpu_check._parser().parse_args(["--device", "cpu", "--steps", "env", "speed", "--inline", "--quick"])
+    assert gpu_check._child_options(args) == ["--device", "cpu", "--out", "runs/gpu-check", "--quick"]
 
 
 @pytest.mark.parametrize(("argv", "names"), [
     (["--device", "tpu"], "--device: must be cuda, cuda:N or cpu"),
-    (["--device", "cpu", "--steps", "nope"], "--steps: unknown ['nope']; allowed: env, native, tests"),
-    (["--device", "cpu", "--cost-models", "gpt-5"], "allowed: llama-1b, qwen3-0.6b"),
+    (["--device", "cpu", "--steps", "nope"], "--steps: unknown ['nope']; allowed: env, tests, lossless_zoo"),
+    (["--device", "cpu", "--budget-scale", "2"], "unrecognized arguments: --budget-scale"),
     (["--device", "cpu", "--budget-s", "0"], "--budget-s: must be a number of seconds > 0"),
 ])
 def test_bad_arguments_name_the_argument_and_allowed_values(argv, names, capsys) -> None:
@@ -119,10 +119,11 @@ def test_cuda_without_a_gpu_is_an_argument_error(monkeypatch) -> None:
         gpu_check.main(["--device", "cuda"])
 
 
-def test_registered_steps_match_their_names() -> None:
-    assert tuple(s.name for s in gpu_check.steps()) == gpu_check.STEP_NAMES
-    assert all(s.budget(True) <= s.budget(False) for s in gpu_check.steps())
-    assert sum(s.budget(False) for s in gpu_check.steps()) <= gpu_check.TOTAL_BUDGET_S["full"] + 60
+def test_the_seven_steps_fit_the_run_budget() -> None:
+    assert gpu_check.STEP_NAMES == ("env", "tests", "lossless_zoo", "lossless_random", "speed", "verify_cost", "graphs")
+    assert all(s.budget(True) <= s.budget(False) for s in gpu_check.STEPS)
+    for mode, quick in (("full", False), ("quick", True)):
+        assert sum(s.budget(quick) for s in gpu_check.STEPS) <= gpu_check.TOTAL_BUDGET_S[mode] + 30
 
 
 def _make(*args: str) -> str:

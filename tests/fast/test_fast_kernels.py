@@ -5,10 +5,12 @@ sets TRITON_INTERPRET=1), which is ~1000x slower: shapes here are tiny on purpos
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
-from dartree import DraftBlock, DraftTree, make_builder
+from dartree import BUILDERS, DraftBlock, DraftTree, make_builder
 from dartree.fast import host, ops, twins
 from dartree.fast.keys import lexsort, order32, pack, word_plan
 from dartree.scoring import candidates
@@ -265,3 +267,40 @@ def test_selection_ops_reject_bad_sizes_alike(backend: str) -> None:
             ops.depth_step(scores, torch.zeros(2, 2, 2, device=DEVICE), 0.0, 1)
         with pytest.raises(ValueError, match="^budget"):
             ops.top_b(scores, 4)
+
+
+#: every builder, with the budget (and width) it takes
+BUILDER_CONFIGS: dict[str, dict] = {
+    "chain": {}, "corrected-chain": {}, "ddtree": {"budget": 32}, "corrected-chain-ddtree": {"budget": 32},
+    "sequential-heap": {"budget": 16}, "dartree-fixed": {"budget": 32}, "dartree-pruned": {"budget": 32, "width": 8},
+    "sequoia": {"budget": 32}, "corrected-sequoia": {"budget": 32},
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
+def test_every_fast_builder_on_the_device_equals_ref(device: str) -> None:
+    """Every builder's fast backend on ``device`` == ref (built on the CPU), every field exact
+    (normalize="candidates"): through the Triton kernels and the torch twins, and the host loops on the CPU.
+    The GPU check's tests step runs it on CUDA, where the blocks go up to Qwen3's vocabulary."""
+    assert set(BUILDER_CONFIGS) == set(BUILDERS)
+    kernels = ("torch", "triton") if device != "cpu" else ("host", "torch")
+    if device == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":   # CPU tensors reach Triton only interpreted
+        kernels += ("triton",)
+    shapes = [(3, 4, 111, True), (2, 6, 1000, False)]
+    if device == "cuda":
+        shapes += [(3, 8, 32000, False), (4, 16, 4096, True), (1, 16, 151936, False)]
+    for b, gamma, vocab, ties in shapes:
+        block = DraftBlock(logits=random_logits(vocab, (b, gamma, vocab), ties),
+                           root=torch.randint(0, vocab, (b,), generator=torch.Generator().manual_seed(vocab)))
+        on_device = DraftBlock(logits=block.logits.to(device), root=block.root.to(device))
+        for name, cfg in BUILDER_CONFIGS.items():
+            cfg = {"topk": 8, "normalize": "candidates", **cfg}
+            head = PathHashHead() if make_builder(name).needs_head else None
+            ref = make_builder(name, backend="ref", **cfg).build(block, head)
+            for k in kernels:
+                with ops.force_backend(k):
+                    fast = make_builder(name, backend="fast", **cfg).build(on_device, head).to("cpu")
+                bad = [f for f in ("tokens", "parents", "depths", "scores", "ranks", "num_nodes")
+                       if not torch.equal(getattr(ref, f), getattr(fast, f))]
+                assert not bad, f"{name} [{b}, {gamma}, {vocab}] fast/{k} on {device} != ref in {bad}"
