@@ -339,11 +339,7 @@ class TreeBuilder:
     def _checked(self, tree: DraftTree, block: DraftBlock) -> DraftTree:
         """A registered strategy's tree, checked as the decoder needs it (:func:`dartree.tree.check_decodable`,
         the config's ``budget`` included) unless the strategy is trusted (dartree's own: :attr:`trusted`)."""
-        if self.trusted:
-            return tree
-        budget = getattr(self.config, "budget", None)
-        return check_decodable(tree, block, budget if isinstance(budget, int) and not isinstance(budget, bool)
-                               else None)
+        return tree if self.trusted else _decodable(tree, block, self.config)
 
 
 def checked_tree(builder: object, tree: DraftTree, block: DraftBlock) -> DraftTree:
@@ -352,7 +348,12 @@ def checked_tree(builder: object, tree: DraftTree, block: DraftBlock) -> DraftTr
     or trusts dartree's own strategies).  The decoders call this on every tree a builder hands them."""
     if isinstance(builder, TreeBuilder) and type(builder).build is TreeBuilder.build:
         return tree                # TreeBuilder.build checked it already (or it is dartree's own, trusted)
-    budget = getattr(getattr(builder, "config", None), "budget", None)
+    return _decodable(tree, block, getattr(builder, "config", None))
+
+
+def _decodable(tree: DraftTree, block: DraftBlock, config: Any) -> DraftTree:
+    """:func:`dartree.tree.check_decodable` against ``config``'s ``budget`` when it has an integer one."""
+    budget = getattr(config, "budget", None)
     return check_decodable(tree, block, budget if isinstance(budget, int) and not isinstance(budget, bool) else None)
 
 

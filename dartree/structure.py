@@ -1,9 +1,9 @@
 """What verification derives from a tree's parents: ancestor mask, positions, sibling links.
 
 The ground floor under :class:`dartree.tree.DraftTree` and :mod:`dartree.fast.ops` (which adds the Triton
-kernel for CUDA).  :func:`tree_structure` runs :func:`tree_structure_host` on CPU tensors (numpy: a dozen
-calls beat ~40 small torch ops on a few hundred nodes) and :func:`tree_structure_torch` elsewhere (pointer
-doubling, no host sync); both have one output contract.
+kernel for CUDA).  :func:`tree_structure` is pointer doubling in torch (no host sync); :func:`ancestor_mask`, on the
+decoder's path every round, runs in numpy on CPU tensors (a dozen calls beat ~40 small torch ops) and checks the
+parents (a broken parent is an error, not a wrong mask).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["PAD", "TreeStructure", "ancestor_mask", "tree_structure", "tree_structure_host", "tree_structure_torch"]
+__all__ = ["PAD", "TreeStructure", "ancestor_mask", "tree_structure"]
 
 PAD = -1
 
@@ -35,22 +35,14 @@ class TreeStructure(NamedTuple):
     next_sibling: Tensor
 
 
-def tree_structure(parents: Tensor, num_nodes: Tensor, prefix_len: int | Tensor = 0) -> TreeStructure:
-    """Ancestor mask, positions and links of a padded tree (host numpy on CPU, torch elsewhere).
-    Shape: parents int64 ``[b, n]``; num_nodes int64 ``[b]``; prefix_len int or int64 ``[b]``."""
-    if parents.device.type == "cpu":
-        return tree_structure_host(parents, num_nodes, prefix_len)
-    return tree_structure_torch(parents, num_nodes, prefix_len)
-
-
 def ancestor_mask(parents: Tensor, num_nodes: Tensor) -> Tensor:
     """bool ``[b, n, n]``: ``mask[r, i, j]`` iff node j is node i or an ancestor of it (the ``mask`` of
     :func:`tree_structure` alone: numpy on the host for CPU tensors, torch elsewhere)."""
     if parents.device.type != "cpu":
-        return tree_structure_torch(parents, num_nodes).mask
+        return tree_structure(parents, num_nodes).mask
     par = parents.numpy()
     n = par.shape[1]
-    return torch.from_numpy(_host_mask(par, _valid(num_nodes.numpy(), n))[0])
+    return torch.from_numpy(_host_mask(par, _valid(num_nodes.numpy(), n)))
 
 
 def _valid(num_nodes: np.ndarray, n: int) -> np.ndarray:
@@ -61,8 +53,8 @@ def _valid(num_nodes: np.ndarray, n: int) -> np.ndarray:
     return np.arange(n)[None, :] < num_nodes[:, None]
 
 
-def _host_mask(par: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Pointer doubling on the host; returns the mask and the ``child`` flags (valid, not the root).  A
+def _host_mask(par: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """Pointer doubling on the host, stopping once every jump reached a root (``ceil(log2 D)`` steps for depth D).  A
     parent outside the row's nodes, or a cycle, is an error (not a wrong mask or an endless loop)."""
     b, n = par.shape
     idx = np.arange(n)
@@ -81,7 +73,7 @@ def _host_mask(par: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, np.ndarr
                 r, i = np.argwhere(broken)[0]
                 raise ValueError(f"parents: row {r} node {i}: its parent {int(par[r, i])} is not a node of the "
                                  f"row (0..{int(valid[r].sum()) - 1}) or its ancestors do not reach the root")
-            return mask, child
+            return mask
         mask |= mask[rows, jump]
         jump = nxt
     r, i = np.argwhere(nxt != jump)[0]
@@ -94,35 +86,7 @@ def _doubling_steps(n: int) -> int:
     return max(n - 2, 0).bit_length()
 
 
-def tree_structure_host(parents: Tensor, num_nodes: Tensor, prefix_len: int | Tensor = 0) -> TreeStructure:
-    """numpy :func:`tree_structure_torch` for CPU tensors: pointer doubling over ``[b, n, n]`` boolean rows,
-    stopping once every jump reached a root (``ceil(log2 D)`` steps for depth D, not ``log2 n``)."""
-    par = parents.numpy()
-    b, n = par.shape
-    prefix = np.asarray(prefix_len.cpu() if isinstance(prefix_len, Tensor) else prefix_len, dtype=np.int64)
-    valid = _valid(num_nodes.numpy(), n)
-    mask, child = _host_mask(par, valid)
-    depth = mask.sum(2) - valid
-    positions = (prefix[:, None] if prefix.ndim == 1 else prefix) + depth
-
-    first_child = np.full((b, n), PAD, dtype=np.int64)
-    next_sibling = np.full((b, n), PAD, dtype=np.int64)
-    r, i = np.nonzero(child)
-    if r.size:
-        p = par[r, i]
-        # (row, parent, index) order: sibling groups in index order, the first of each is the first child.
-        order = np.lexsort((i, p, r))
-        r, p, i = r[order], p[order], i[order]
-        head = np.ones(r.size, dtype=bool)
-        head[1:] = (r[1:] != r[:-1]) | (p[1:] != p[:-1])
-        first_child[r[head], p[head]] = i[head]
-        follows = ~head[1:]
-        next_sibling[r[:-1][follows], i[:-1][follows]] = i[1:][follows]
-    return TreeStructure(mask=torch.from_numpy(mask), positions=torch.from_numpy(positions.astype(np.int64)),
-                         first_child=torch.from_numpy(first_child), next_sibling=torch.from_numpy(next_sibling))
-
-
-def tree_structure_torch(parents: Tensor, num_nodes: Tensor, prefix_len: int | Tensor = 0) -> TreeStructure:
+def tree_structure(parents: Tensor, num_nodes: Tensor, prefix_len: int | Tensor = 0) -> TreeStructure:
     """Ancestor mask, positions and links from parents by pointer doubling; no host sync (the steps depend
     only on ``n``).  Shape: parents int64 ``[b, n]``; num_nodes int64 ``[b]``; prefix_len int or int64 ``[b]``."""
     b, n = parents.shape

@@ -90,6 +90,8 @@ class TimedHead:
         self._trusted = type(head) in _TRUSTED
         self._block_source: Any = None          # the block last handed to the head, and its copy (_own_block)
         self._block_copy: Any = None
+        if head_method(head, "advance_logits") is not None:     # exposed only when the head has it
+            self.advance_logits = self._advance_logits
 
     def take(self) -> float:
         """Seconds accumulated since the last ``take`` (and reset to 0)."""
@@ -178,6 +180,12 @@ class TimedHead:
         out = self._call("advance", self._own_block(block), depth, self._own(states), self._own(tokens))
         return _state("advance", out, block, tuple(tokens.shape), self._width)
 
+    def _advance_logits(self, block: Any, depth: int, states: Tensor, tokens: Tensor,
+                        candidates: Tensor) -> tuple[Tensor, Tensor]:
+        out = self._call("advance_logits", self._own_block(block), depth, self._own(states), self._own(tokens),
+                         self._own(candidates))
+        return _pair("advance_logits", out, block, tokens, self._width, candidates)
+
     def __getattr__(self, name: str) -> Any:      # other attributes of the head (not its methods above)
         if name in ("head", "advance_logits", "_width"):
             raise AttributeError(name)
@@ -233,20 +241,9 @@ def trusted_head(cls: type) -> type:
     return cls
 
 
-class _TimedFusedHead(TimedHead):
-    """A :class:`TimedHead` whose head has the optional fused ``advance_logits``."""
-
-    def advance_logits(self, block: Any, depth: int, states: Tensor, tokens: Tensor,
-                       candidates: Tensor) -> tuple[Tensor, Tensor]:
-        out = self._call("advance_logits", self._own_block(block), depth, self._own(states), self._own(tokens),
-                         self._own(candidates))
-        return _pair("advance_logits", out, block, tokens, self._width, candidates)
-
-
 def timed_head(head: Any, device: torch.device | str = "cpu", sync: bool = True) -> TimedHead:
     """``head`` wrapped in a :class:`TimedHead` (with ``advance_logits`` iff ``head`` has it)."""
-    cls = _TimedFusedHead if head_method(head, "advance_logits") is not None else TimedHead
-    return cls(head, device, sync)
+    return TimedHead(head, device, sync)
 
 
 def checked_head(head: Any, device: torch.device | str) -> TimedHead:

@@ -70,7 +70,8 @@ class DraftTree:
         """Check every structural invariant; raise ``ValueError`` naming the first one broken.
 
         ``gamma``, ``budget`` and ``vocab_size`` (tokens in ``[0, vocab_size)``) are checked when given; returns
-        ``self``.  Host syncs and Python loops: for tests and debugging (the decoder runs :func:`check_decodable`).
+        ``self``.  :func:`check_decodable`'s clauses (the tree's own root), then ranks, scores and padding; host
+        syncs: for tests and debugging (the decoder runs :func:`check_decodable`).
         """
         for name, value in (("gamma", gamma), ("budget", budget), ("vocab_size", vocab_size)):
             check_int(name, value, optional=True)
@@ -100,40 +101,26 @@ class DraftTree:
             raise ValueError(f"num_nodes: must be >= 1 with max == n={shape[1]}, got {nn}")
         if budget is not None and max(nn) > 1 + budget:
             raise ValueError(f"num_nodes: {max(nn)} exceeds 1 + budget ({budget})")
-        tok, par, dep, rnk, sc = (x.tolist() for x in (self.tokens, self.parents, self.depths, self.ranks,
-                                                       self.scores))
-        for r, count in enumerate(nn):
-            if par[r][0] != PAD or dep[r][0] != 0 or rnk[r][0] != PAD or sc[r][0] != 0.0:
-                raise ValueError(f"row {r}: root must have parent -1, depth 0, rank -1, score 0.0")
-            if tok[r][0] < 0:
-                raise ValueError(f"tokens: row {r} root token {tok[r][0]} < 0")
-            if vocab_size is not None and tok[r][0] >= vocab_size:
-                raise ValueError(f"tokens: row {r} root token {tok[r][0]} >= vocab_size={vocab_size}")
-            seen: set[tuple[int, int]] = set()
-            for i in range(1, count):
-                p = par[r][i]
-                if not 0 <= p < i:
-                    raise ValueError(f"parents: row {r} node {i} has parent {p}, need 0 <= parent < {i}")
-                if dep[r][i] != dep[r][p] + 1:
-                    raise ValueError(f"depths: row {r} node {i} has depth {dep[r][i]}, parent depth {dep[r][p]}")
-                if gamma is not None and dep[r][i] > gamma:
-                    raise ValueError(f"depths: row {r} node {i} deeper than gamma={gamma}")
-                if rnk[r][i] < 0:
-                    raise ValueError(f"ranks: row {r} node {i} has rank {rnk[r][i]} < 0")
-                if tok[r][i] < 0:
-                    raise ValueError(f"tokens: row {r} node {i} has token {tok[r][i]} < 0")
-                if vocab_size is not None and tok[r][i] >= vocab_size:
-                    raise ValueError(f"tokens: row {r} node {i} has token {tok[r][i]} >= vocab_size={vocab_size}")
-                if (p, tok[r][i]) in seen:
-                    raise ValueError(f"tokens: row {r} node {i} repeats a sibling token {tok[r][i]}")
-                seen.add((p, tok[r][i]))
-                if sc[r][i] != sc[r][i]:
-                    raise ValueError(f"scores: row {r} node {i} has a NaN score")
-                if sc[r][i] > sc[r][p]:
-                    raise ValueError(f"scores: row {r} node {i} outscores its parent")
-            for i in range(count, shape[1]):
-                if par[r][i] != PAD or tok[r][i] != PAD:
-                    raise ValueError(f"row {r}: padding slot {i} must hold -1")
+        # the decoder's contract (root, tokens, parents, depths, distinct siblings), then what it does not read
+        vocab = vocab_size if vocab_size is not None else max(int(self.tokens.max()) + 1, 1)
+        detail = _broken(self, self.tokens[:, 0], vocab, shape[1] if gamma is None else gamma, shape[1])
+        if detail is not None:
+            raise ValueError(detail)
+        valid = self.valid()
+        child = valid & (torch.arange(shape[1], device=self.device) > 0)
+        parent_score = torch.gather(self.scores, 1, torch.where(child, self.parents, 0))    # parents checked
+        flags = {
+            "row {r}: root must have parent -1, depth 0, rank -1, score 0.0":
+                ((self.ranks[:, 0] != PAD) | (self.scores[:, 0] != 0.0))[:, None],
+            "ranks: row {r} node {i} has rank {rank} < 0": child & (self.ranks < 0),
+            "scores: row {r} node {i} has a NaN score": child & self.scores.isnan(),
+            "scores: row {r} node {i} outscores its parent": child & (self.scores > parent_score),
+            "row {r}: padding slot {i} must hold -1": ~valid & ((self.parents != PAD) | (self.tokens != PAD)),
+        }
+        for message, flag in flags.items():
+            if bool(flag.any()):
+                r, i = (int(x) for x in flag.nonzero()[0])
+                raise ValueError(message.format(r=r, i=i, rank=int(self.ranks[r, i])))
         return self
 
     # ---------------------------------------------------------------------------- derived data

@@ -141,6 +141,6 @@ def test_validate_refuses_bad_arguments_and_fields() -> None:
             tree.validate(gamma=gamma)
     with pytest.raises(ValueError, match=r"^scores: expected a float32 tensor \[b, n\], got NoneType"):
         edited(tree, scores=None).validate()
-    with pytest.raises(ValueError, match=r"^tokens: row \d .*>= vocab_size=5"):
+    with pytest.raises(ValueError, match=r"^tokens: row \d node \d+ has token \d+, need 0 <= token < V=5"):
         tree.validate(vocab_size=5)
     tree.validate(gamma=3, budget=6, vocab_size=10)

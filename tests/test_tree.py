@@ -48,7 +48,7 @@ def test_select_keeps_order_and_remaps_parents() -> None:
 @pytest.mark.parametrize("field,value,message", [
     ("parents", [[PAD, 0, 0, 3], [PAD, 0, PAD, PAD]], "^parents: row 0 node 3"),
     ("depths", [[0, 1, 1, 1], [0, 1, PAD, PAD]], "^depths: row 0 node 3"),
-    ("tokens", [[7, 1, 1, 3], [8, 5, PAD, PAD]], "^tokens: row 0 node 2 repeats a sibling"),
+    ("tokens", [[7, 1, 1, 3], [8, 5, PAD, PAD]], "^siblings: row 0 has two children of node 0 with the same token 1"),
     ("scores", [[0.0, -0.1, -0.5, 0.5], [0.0, -0.2, 0.0, 0.0]], "^scores: row 0 node 3 outscores"),
     ("tokens", [[7, 1, 2, 3], [8, 5, 4, PAD]], "^row 1: padding slot 2"),
 ])
@@ -61,6 +61,25 @@ def test_validate_reports_the_broken_invariant(field: str, value: list, message:
         DraftTree(**fields).validate()
     with pytest.raises(ValueError, match="^num_nodes:"):
         tree.validate(budget=2)
+
+
+@pytest.mark.parametrize("parents", [[PAD, 3, 1, 2], [PAD, 0, 3, 2], [PAD, 0, 1, 4]])
+def test_validate_reports_a_cycle_or_an_outside_parent_as_a_value_error(parents: list) -> None:
+    """A 3-cycle, a 2-cycle or a parent past the row is a broken ``parents`` (never an IndexError)."""
+    tree = DraftTree(tokens=torch.tensor([[7, 1, 2, 3]]), parents=torch.tensor([parents]),
+                     depths=torch.tensor([[0, 1, 2, 3]]), scores=torch.tensor([[0.0, -1.0, -2.0, -3.0]]),
+                     ranks=torch.tensor([[PAD, 0, 0, 0]]), num_nodes=torch.tensor([4]))
+    with pytest.raises(ValueError, match="^parents: row 0 node [1-3] has parent [2-4], need 0 <= parent < [1-3]"):
+        tree.validate()
+
+
+def test_validate_reads_no_padding_parent_as_an_index() -> None:
+    """A padding slot's parent out of range is reported as padding (it is never used as an index)."""
+    tree = two_rows()
+    parents = tree.parents.clone()
+    parents[1, 3] = 99
+    with pytest.raises(ValueError, match="^row 1: padding slot 3 must hold -1"):
+        DraftTree(tree.tokens, parents, tree.depths, tree.scores, tree.ranks, tree.num_nodes).validate()
 
 
 def test_builder_tree_mask_matches_paths() -> None:
@@ -95,5 +114,5 @@ def test_validate_rejects_nan_scores_and_a_negative_root() -> None:
         DraftTree(tree.tokens, tree.parents, tree.depths, bad, tree.ranks, tree.num_nodes).validate()
     tokens = tree.tokens.clone()
     tokens[0, 0] = -1
-    with pytest.raises(ValueError, match="^tokens: row 0 root token -1 < 0"):
+    with pytest.raises(ValueError, match="^tokens: row 0 node 0 has token -1, need 0 <= token"):
         DraftTree(tokens, tree.parents, tree.depths, tree.scores, tree.ranks, tree.num_nodes).validate()

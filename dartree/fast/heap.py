@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from dartree.block import DraftBlock, check_logits
-from dartree.fast.heads import head_advance_logits, head_initial, head_logits
+from dartree.fast.heads import head_advance_logits
 from dartree.fast.widths import trie_size
 from dartree.protocols import CorrectionHead
 from dartree.scoring import check_candidate_logits, log_normalize_host
@@ -50,7 +50,7 @@ def sequential_heap(block: DraftBlock, head: CorrectionHead, config) -> DraftTre
     b, gamma, topk = cand_tokens.shape
     dev = block.device
     n_out = trie_size(topk, gamma, config.budget)
-    root_state = head_initial(head, block)[:, 0]                    # [b, S]
+    root_state = head.initial_state(block)                          # [b, S]
     states = root_state.new_zeros((b, n_out, root_state.shape[-1]))  # head state of expanded node t
     states[:, 0] = root_state
     all_rows = torch.arange(b, device=dev)
@@ -77,7 +77,7 @@ def sequential_heap(block: DraftBlock, head: CorrectionHead, config) -> DraftTre
             sel: Tensor | slice = slice(None) if whole else rows  # plain slicing when every row is here
             sub = block if whole else block.rows(rows)
             if t == 0:
-                logits = head_logits(head, sub, 1, states[sel, :1], cand_t[sel, 0])
+                logits = head.logits(sub, 1, states[sel, :1], cand_t[sel, 0])
             else:
                 src = torch.tensor([sources[r] for r in members], device=dev)
                 tok = torch.tensor([[tokens[r]] for r in members], device=dev)

@@ -3,10 +3,10 @@
 :func:`backend` picks per tensor: CPU -> ``"host"``, CUDA -> ``"triton"``, anything else (``meta``) ->
 ``"torch"``; :func:`force_backend` overrides it (tests run twins and kernels on CPU tensors).  The ops run
 the Triton kernel (:mod:`dartree.fast.triton_kernels`, imported lazily so that ``TRITON_INTERPRET`` can be
-set first) within its limits, else the torch twin (:mod:`dartree.fast.twins`); on the host, the tree
-structure and the greedy walk run in numpy (a torch op costs microseconds of dispatch however small its
-tensor).  :func:`builders` makes the choice for whole builds: the compiled host builders on CPU tensors
-when ``dartree._native`` is built, the tensorized builders otherwise.
+set first) within its limits, else the torch twin (:mod:`dartree.fast.twins`); on the host, the ancestor
+mask and the greedy walk, once a round each, run in numpy (a torch op costs microseconds of dispatch however
+small its tensor).  :func:`builders` makes the choice for whole builds: the compiled host builders on CPU
+tensors when ``dartree._native`` is built, the tensorized builders otherwise.
 """
 
 from __future__ import annotations
@@ -111,8 +111,6 @@ def top_b(scores: Tensor, budget: int) -> Tensor:
 def tree_structure(parents: Tensor, num_nodes: Tensor, prefix_len: int | Tensor = 0) -> TreeStructure:
     """Ancestor mask, positions and links of a padded tree.
     Shape: parents ``[b, n]``, num_nodes ``[b]`` -> :class:`TreeStructure`."""
-    if _host(parents):
-        return structure.tree_structure_host(parents, num_nodes, prefix_len)
     args = (parents, num_nodes, prefix_len)
     return _impl(parents, "tree_structure", *args).tree_structure(*args)
 

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from dartree.block import DraftBlock
 from dartree.fast.core import candidate_set
-from dartree.fast.heads import check_logits_finite, head_advance, head_initial, head_logits
+from dartree.fast.heads import check_logits_finite, head_initial
 from dartree.protocols import CorrectionHead
 from dartree.scoring import log_normalize
 from dartree.sequoia import RankShape, rank_shape
@@ -74,7 +74,7 @@ def _build(block: DraftBlock, head: CorrectionHead | None, config) -> DraftTree:
         index = torch.zeros(n, dtype=torch.int64, device=device)                  # node -> row of `states`
         for depth, (nodes, slot, rank, ups, kids) in enumerate(levels, start=1):
             tokens = cands.tokens[:, depth - 1]                                   # [b, K]
-            logits = head_logits(head, block, depth, states[:, index[ups]], tokens)   # [b, m, K]
+            logits = head.logits(block, depth, states[:, index[ups]], tokens)         # [b, m, K]
             check_logits_finite(logits)
             log_q = log_normalize(logits, cands.rest_lse[:, depth - 1, None])
             order = torch.sort(log_q, dim=-1, descending=True, stable=True).indices  # [b, m, K]
@@ -82,8 +82,8 @@ def _build(block: DraftBlock, head: CorrectionHead | None, config) -> DraftTree:
             cand[:, nodes - 1] = k
             if kids.numel():
                 index[nodes[kids]] = torch.arange(kids.numel(), device=device)
-                states = head_advance(head, block, depth, states[:, index[ups][slot[kids]]],
-                                      torch.gather(tokens, 1, k[:, kids]))
+                states = head.advance(block, depth, states[:, index[ups][slot[kids]]],
+                                     torch.gather(tokens, 1, k[:, kids]))
     depth_of = depths[1:].expand(b, -1)
     drafted = cands.tokens[torch.arange(b, device=device)[:, None], depth_of - 1, cand]
     return DraftTree(

@@ -14,8 +14,7 @@ from torch import Tensor
 from dartree.fast.keys import pack
 from dartree.fast.results import CandidateSet, DepthStep, GreedyWalk, check_depth_step
 from dartree.scoring import child_scores, log_normalize, rest_logsumexp
-from dartree.structure import PAD
-from dartree.structure import tree_structure_torch as tree_structure
+from dartree.structure import PAD, tree_structure
 
 __all__ = ["topk_candidates", "depth_step", "top_b", "tree_structure", "greedy_walk"]
 

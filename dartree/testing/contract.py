@@ -14,7 +14,7 @@ import torch
 
 from dartree.arguments import check_int
 from dartree.block import DraftBlock
-from dartree.builders import TreeBuilder, builder_spec, make_builder
+from dartree.builders import TreeBuilder, builder_spec, make_builder, shape_of
 from dartree.tree import check_decodable
 
 __all__ = ["check_builder"]
@@ -158,9 +158,7 @@ def _law_world():
 
 
 def _check_law(builder: TreeBuilder, head, temperature: float, seed: int, draws: int, alpha: float) -> None:
-    from dartree.builders import SequoiaConfig
     from dartree.decode import SpeculativeDecoder
-    from dartree.fast.sequoia import shape_tree
     from dartree.testing.drafter import SharpDrafter
     from dartree.testing.law import chi_square, continued, outcome_counts, round_law, target_law
     from dartree.verify.rejection import HEAD_DEPTHS, proposal_probs
@@ -176,8 +174,8 @@ def _check_law(builder: TreeBuilder, head, temperature: float, seed: int, draws:
     with torch.no_grad():
         root = int(model(prompt[None]).logits[0, -1].argmax())
     block = drafter.draft_rows(torch.tensor([root]))
-    static = isinstance(builder.config, SequoiaConfig) and getattr(builder, "trusted", False)
-    tree = shape_tree(block, builder.config, gamma, block.root) if static else _built(builder, block, head, where)
+    shape = shape_of(builder)          # a static shape is what the decoder verifies (its tokens are drawn)
+    tree = _built(builder, block, head, where) if shape is None else shape(block, gamma, block.root)
     count = int(tree.num_nodes[0])
     parents, depth = tree.parents[0, :count].tolist(), int(tree.depths[0, :count].max())
     head_depths = getattr(builder.config, "head_depths", HEAD_DEPTHS) or gamma

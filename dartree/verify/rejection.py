@@ -23,7 +23,7 @@ from dartree.verify.sampling import inverse_cdf
 from dartree.verify.warp import Warp
 
 __all__ = ["SampledTree", "HostLists", "sample_tree", "verify_rejection", "check_verify_args", "accept_step",
-           "draw_index", "proposal_probs", "HEAD_DEPTHS", "NUCLEUS_CANDIDATES"]
+           "draw_index", "proposal_probs", "proposal_row", "HEAD_DEPTHS", "NUCLEUS_CANDIDATES"]
 
 #: the depths a correction head proposes at in a decode (the drafter below).  Each depth costs one head call
 #: and a draw, and the sampled path reaches depth 3 too rarely for the head's proposal there to pay: deeper
@@ -77,10 +77,10 @@ class SampledTree:
     def proposal(self, row: int, node: int, vocab: int) -> np.ndarray:
         """Node ``node``'s proposal over the whole vocabulary (float64, host)."""
         support = None if self.support is None else self.support.cpu().numpy()
-        return _proposal(self.probs.cpu().numpy(), support, row, int(self.row_of[row, node]), vocab)
+        return proposal_row(self.probs.cpu().numpy(), support, row, int(self.row_of[row, node]), vocab)
 
 
-def _proposal(probs: np.ndarray, support: np.ndarray | None, row: int, r: int, vocab: int) -> np.ndarray:
+def proposal_row(probs: np.ndarray, support: np.ndarray | None, row: int, r: int, vocab: int) -> np.ndarray:
     """Proposal row ``r`` of ``row`` over the whole vocabulary, float64 renormalised (host arrays)."""
     q = probs[row, r].astype(np.float64)
     q /= q.sum()                                        # float32 proposals, renormalised in float64
@@ -499,7 +499,7 @@ def verify_rejection(sampled: SampledTree, target_logits: Tensor, warp: Warp,
             r = warp.logits(target_logits[row, u]).softmax(-1, dtype=torch.float64).cpu().numpy()
             nxt = None
             if kids[u]:
-                s = _proposal(probs, support, row, row_of[u], vocab)
+                s = proposal_row(probs, support, row, row_of[u], vocab)
                 for child in kids[u]:
                     # accept_step, its residuals computed only on a rejection (perf: 3 of its 4 passes over V)
                     used += 1

@@ -17,9 +17,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from dartree.tree import PAD, DraftTree
-from dartree.verify.accept import VerifyResult
-from dartree.verify.rejection import SampledTree, check_verify_args, draw_index
+from dartree.tree import DraftTree
+from dartree.verify.accept import VerifyResult, host_result
+from dartree.verify.rejection import SampledTree, check_verify_args, draw_index, proposal_row
 from dartree.verify.warp import Warp
 
 __all__ = ["verify_traversal", "traverse", "child_weight", "after_deletion", "children_of"]
@@ -178,24 +178,10 @@ def verify_traversal(sampled: SampledTree, target_logits: Tensor, warp: Warp,
         def proposal(u: int, row: int = row) -> np.ndarray:
             if widened is not None:
                 return widened[row_of[row][u]]              # never written: the walk makes new arrays
-            q = proposals[row, row_of[row][u]].astype(np.float64)
-            q /= q.sum()                                    # float32 proposals, renormalised in float64
-            if support is None:
-                return q
-            full = np.zeros(vocab)
-            full[support[row, row_of[row][u]]] = q
-            return full
+            return proposal_row(proposals, support, row, row_of[row][u], vocab)
 
         path, residual = traverse(kids[row], tokens[row], target, proposal, coin)
         bonus.append(draw_index(residual, coins[row, used]))
         paths.append(path)
-    # the outcome in one tensor (perf: one host-to-tensor copy): accepted nodes, committed tokens, the accepted
-    # length, the bonus, the picks (none)
-    out = []
-    for row, path in enumerate(paths):
-        committed = [tokens[row][i] for i in path[1:]] + [bonus[row]]
-        out.append(path + [PAD] * (n - len(path)) + committed + [PAD] * (n - len(committed))
-                   + [len(path) - 1, bonus[row]] + [PAD] * n)
-    out = torch.tensor(out, dtype=torch.int64, device=tree.device)
-    return VerifyResult(accepted=out[:, :n], accepted_length=out[:, 2 * n], bonus=out[:, 2 * n + 1],
-                        tokens=out[:, n: 2 * n], picks=out[:, 2 * n + 2:])
+    committed = [[tokens[row][i] for i in path[1:]] + [bonus[row]] for row, path in enumerate(paths)]
+    return host_result(paths, committed, None, n, tree.device)          # picks: none sampled at a node

@@ -14,7 +14,7 @@ from dartree import BUILDERS, DraftBlock, DraftTree, make_builder
 from dartree.fast import host, ops, twins
 from dartree.fast.keys import lexsort, order32, pack, word_plan
 from dartree.scoring import candidates
-from dartree.structure import tree_structure_host
+from dartree.structure import tree_structure
 from dartree.testing import PathHashHead
 from dartree.verify.accept import accept_picks
 from tests.strategies import random_logits
@@ -191,12 +191,12 @@ def reference_walk(tree: DraftTree, picks: torch.Tensor) -> tuple[torch.Tensor, 
 
 
 @pytest.mark.parametrize("index", range(3))
-def test_tree_structure_kernel_twin_and_host_equal_the_reference(index: int) -> None:
+def test_tree_structure_kernel_twin_and_host_mask_equal_the_reference(index: int) -> None:
     tree = small_trees()[index]
     for t in (tree, ragged(tree)):
         prefix = [5, 0, 7][: t.batch_size]
         ref = reference_structure(t, prefix)
-        assert_equal(tree_structure_host(t.parents, t.num_nodes, torch.tensor(prefix)), ref)
+        assert_equal(tree_structure(t.parents, t.num_nodes, torch.tensor(prefix)), ref)
         assert torch.equal(t.ancestor_mask(), ref[0])
         t = t.to(DEVICE)
         prefix_t = torch.tensor(prefix, device=DEVICE)
