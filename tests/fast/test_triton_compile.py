@@ -15,7 +15,7 @@ import torch
 
 from dartree import DraftBlock, make_builder
 from dartree.fast import ops, triton_kernels
-from dartree.fast.triton_compile import ARCHS, compile_all, distinct, largest_launches
+from tests.fast.triton_compile import ARCHS, compile_all, distinct, largest_launches
 from dartree.fast.triton_kernels import LIMITS, Launch, record_launches
 from dartree.testing import PathHashHead
 from dartree.verify.accept import accept_picks

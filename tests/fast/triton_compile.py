@@ -1,8 +1,9 @@
-"""Ahead-of-time compilation of the Triton kernels for CUDA targets, on any machine (no GPU needed).
+"""Ahead-of-time compilation of the Triton kernels for CUDA targets, on any machine (no GPU needed): CI's tool
+(tests/fast/test_triton_compile.py), not the library's, so it lives with the tests.
 
 A :class:`~dartree.fast.triton_kernels.Launch` recorded by ``record_launches`` becomes what Triton's JIT would
 compile on a GPU, compiled by ``triton.compile`` down to a cubin in a subprocess without ``TRITON_INTERPRET``.
-``python -m dartree.fast.triton_compile`` compiles the largest supported shapes for sm_80, sm_89 and sm_90 and
+``python -m tests.fast.triton_compile`` compiles the largest supported shapes for sm_80, sm_89 and sm_90 and
 prints the table of docs/kernels.md ("Compiling for GPUs").
 """
 
@@ -140,7 +141,7 @@ def compile_all(launches: list[Launch], archs: Iterable[int] = ARCHS,
             src, dst = os.path.join(tmp, f"jobs{w}.pkl"), os.path.join(tmp, f"out{w}.pkl")
             with open(src, "wb") as f:
                 pickle.dump(jobs[w :: min(workers, len(jobs))], f)
-            cmd = [sys.executable, "-m", "dartree.fast.triton_compile", "--worker", src, dst]
+            cmd = [sys.executable, "-m", "tests.fast.triton_compile", "--worker", src, dst]
             procs.append((subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True),
                           dst))
         results: list[Compiled | None] = [None] * len(jobs)
@@ -196,6 +197,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from dartree.fast.triton_compile import main as _main  # pickled results must name the real module
+    from tests.fast.triton_compile import main as _main  # pickled results must name the real module
 
     _main()
