@@ -15,10 +15,10 @@ import torch
 
 from dartree import DraftBlock, make_builder
 from dartree.fast import ops, triton_kernels
-from tests.fast.triton_compile import ARCHS, compile_all, distinct, largest_launches
 from dartree.fast.triton_kernels import LIMITS, Launch, record_launches
 from dartree.testing import PathHashHead
 from dartree.verify.accept import accept_picks
+from tests.fast.triton_compile import ARCHS, compile_all, distinct, largest_launches
 from tests.strategies import random_logits
 
 KERNELS = {"_topk_candidates_kernel", "_depth_step_kernel", "_top_b_kernel", "_tree_structure_kernel",
