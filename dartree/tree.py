@@ -18,12 +18,20 @@ from dartree.arguments import check_int
 from dartree.block import DraftBlock, check_not_meta
 from dartree.structure import PAD, TreeStructure, ancestor_mask, tree_structure
 
-__all__ = ["DraftTree", "PAD", "check_decodable", "rank_path_key"]
+__all__ = ["DraftTree", "PAD", "check_decodable", "children_lists", "rank_path_key"]
 
 
 def rank_path_key(score: float, rank_path: tuple[int, ...]) -> tuple[float, tuple[int, ...]]:
     """Sort key of the total order: higher score first, then rank path (a tuple: a prefix sorts first)."""
     return (-score, rank_path)
+
+
+def children_lists(parents: list[int], count: int) -> list[list[int]]:
+    """Each node's children in node (sibling) order, from one row's host ``parents`` and its node ``count``."""
+    kids: list[list[int]] = [[] for _ in parents]
+    for i in range(1, count):
+        kids[parents[i]].append(i)
+    return kids
 
 
 @dataclass(frozen=True)
@@ -174,14 +182,12 @@ class DraftTree:
 
     def format(self, row: int = 0, token_text=str) -> str:
         """A text rendering of one row, depth-first, children in node (total) order."""
-        tok, sc, par = self.tokens[row].tolist(), self.scores[row].tolist(), self.parents[row].tolist()
-        kids: dict[int, list[int]] = {}
-        for i in range(1, int(self.num_nodes[row])):
-            kids.setdefault(par[i], []).append(i)
+        tok, sc = self.tokens[row].tolist(), self.scores[row].tolist()
+        kids = children_lists(self.parents[row].tolist(), int(self.num_nodes[row]))
         lines = [f"{token_text(tok[0])!s}  (root)"]
 
         def walk(i: int, indent: str) -> None:
-            children = kids.get(i, [])
+            children = kids[i]
             for j, c in enumerate(children):
                 last = j == len(children) - 1
                 lines.append(f"{indent}{'└─ ' if last else '├─ '}{token_text(tok[c])!s}  [{sc[c]:.3f}]")

@@ -17,7 +17,7 @@ from dartree.arguments import check_int
 from dartree.block import DraftBlock
 from dartree.protocols import head_method
 from dartree.scoring import candidates as top_candidates
-from dartree.tree import PAD, DraftTree
+from dartree.tree import PAD, DraftTree, children_lists
 from dartree.verify.accept import VerifyResult, check_logits, host_result
 from dartree.verify.sampling import inverse_cdf
 from dartree.verify.warp import Warp
@@ -220,11 +220,7 @@ def sample_tree(template: DraftTree, block: DraftBlock, head=None, warp: Warp | 
     host = torch.cat([template.parents, template.depths, template.tokens, template.num_nodes[:, None]], dim=1).tolist()
     counts = [h[3 * n] for h in host]
     depths = [h[n: 2 * n] for h in host]
-    kids = [[[] for _ in range(n)] for _ in range(b)]
-    for r in range(b):
-        parents, row_kids = host[r], kids[r]
-        for i in range(1, counts[r]):
-            row_kids[parents[i]].append(i)
+    kids = [children_lists(host[r][:n], counts[r]) for r in range(b)]
     tokens = [h[2 * n: 3 * n] for h in host]
     keep = [[u < c for u in range(n)] for c in counts]
     deepest = max(depths[r][u] for r, c in enumerate(counts) for u in range(c))
@@ -490,9 +486,7 @@ def verify_rejection(sampled: SampledTree, target_logits: Tensor, warp: Warp,
     paths, committed = [], []             # per row: the accepted nodes (root first), the committed tokens
     for row in range(b):
         parents, tokens, row_of = host[row][:n], host[row][n: 2 * n], host[row][2 * n: 3 * n]
-        kids: list[list[int]] = [[] for _ in range(n)]
-        for i in range(1, host[row][3 * n]):
-            kids[parents[i]].append(i)
+        kids = children_lists(parents, host[row][3 * n])
         u, path, used = 0, [0], 0
         while True:
             # the target's distribution at the visited node only (float64, host): a softmax over V is the walk's cost

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from dartree.tree import DraftTree
+from dartree.tree import DraftTree, children_lists
 from dartree.verify.accept import VerifyResult, host_result
 from dartree.verify.rejection import SampledTree, check_verify_args, draw_index, proposal_row
 from dartree.verify.warp import Warp
@@ -30,13 +30,8 @@ def children_of(tree: DraftTree) -> list[list[list[int]]]:
 
     Shape: ``tree`` ``[b, n]`` -> host lists ``[b][n][children]``.
     """
-    out = []
-    for count, parents in zip(tree.num_nodes.tolist(), tree.parents.tolist(), strict=True):
-        kids: list[list[int]] = [[] for _ in parents]
-        for i in range(1, count):
-            kids[parents[i]].append(i)
-        out.append(kids)
-    return out
+    return [children_lists(parents, count)
+            for count, parents in zip(tree.num_nodes.tolist(), tree.parents.tolist(), strict=True)]
 
 
 def child_weight(w: float, r: np.ndarray, s: np.ndarray, x: int) -> float:
