@@ -68,6 +68,7 @@ def synthetic_tree(nodes: int, gamma: int, device: torch.device, rows: int = 1) 
     tokens = (idx * 7 + 3) % 97
     ranks = torch.where(idx > 0, (idx - 1) % width, torch.full_like(idx, -1))
     scores = -depths.float()
+
     def rep(x: torch.Tensor) -> torch.Tensor:
         return x[None].expand(rows, -1).contiguous()
 
