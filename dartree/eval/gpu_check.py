@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import os
 import platform
@@ -110,30 +111,23 @@ def run_inline(step: Step, check: Check) -> Outcome:
     return Outcome(status, text, time.monotonic() - start, dict(data))
 
 
-def _child_command(step: str, options: list[str], result: Path, limit: float) -> list[str]:
-    return [sys.executable, "-m", "dartree.eval.gpu_check", *options, "--child", step, "--result", str(result),
-            "--time-limit", f"{limit:.1f}"]
-
-
-def _partial_file(result: Path) -> Path:
-    return result.with_name(result.name + ".partial.md")
-
-
 def run_isolated(step: Step, options: list[str], timeout: float,
                  command: Callable[[str, list[str], Path, float], list[str]] | None = None) -> Outcome:
     """Run ``step`` in a child process (the same options) killed after ``timeout`` seconds.
 
     The child's output is echoed with a prefix; its last lines go in the report when it crashes or
-    overruns.  ``command`` builds the child's command line (tests replace it).
+    overruns.  ``command(step name, options, result file, time limit)`` builds the child's command line (tests
+    replace it); the child keeps what it has done in the result file's name + ``.partial.md``.
     """
-    command = command or _child_command
     start = time.monotonic()
     tail: collections.deque[str] = collections.deque(maxlen=40)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(gpu_steps.ROOT), env.get("PYTHONPATH")]))
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
-        result = Path(tmp) / "result.json"
-        cmd = command(step.name, options, result, max(1.0, timeout - _GRACE_S))
+        result, limit = Path(tmp) / "result.json", max(1.0, timeout - _GRACE_S)
+        cmd = (command(step.name, options, result, limit) if command else
+               [sys.executable, "-m", "dartree.eval.gpu_check", *options, "--child", step.name, "--result", str(result),
+                "--time-limit", f"{limit:.1f}"])
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
                                 env=env, start_new_session=True)
 
@@ -150,16 +144,14 @@ def run_isolated(step: Step, options: list[str], timeout: float,
             proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             timed_out = True
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)     # the child and anything it started (pytest, compilers)
-            except ProcessLookupError:
-                pass
+            with contextlib.suppress(ProcessLookupError):   # the child and anything it started (pytest, compilers)
+                os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         reader.join(timeout=5)
         seconds = time.monotonic() - start
         last = "\n".join(tail)
         if timed_out:
-            done = _partial_file(result)
+            done = Path(f"{result}.partial.md")
             kept = f"What it had finished:\n\n{done.read_text()}\n\n" if done.is_file() else ""
             return Outcome("timed out", f"stopped after {timeout:.0f} s (its budget).  {kept}The last lines it "
                                         f"printed:\n\n```\n{last}\n```", seconds)
@@ -228,8 +220,8 @@ def _check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 
 
 def _child_options(args: argparse.Namespace) -> list[str]:
-    """What each step's process is given: the device, the report folder, quick or not."""
-    return ["--device", args.device, "--out", str(args.out), *(["--quick"] if args.quick else [])]
+    """What each step's process is given: the device, quick or not."""
+    return ["--device", args.device, *(["--quick"] if args.quick else [])]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -239,9 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     _check_args(p, args)
     if args.child:                        # one step, in its own process: the result as json
         step = next(s for s in STEPS if s.name == args.child)
-        check = Check(args.device, args.quick, args.out, args.time_limit)
-        check.partial_file = _partial_file(args.result)
-        outcome = run_inline(step, check)
+        outcome = run_inline(step, Check(args.device, args.quick, args.time_limit, Path(f"{args.result}.partial.md")))
         args.result.write_text(json.dumps(asdict(outcome), default=str))
         return 0
     mode = "quick" if args.quick else "full"
@@ -263,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         if limit < 2 * _GRACE_S:
             outcome = Outcome("skipped", f"skipped: the run's time budget ({budget:.0f} s) was spent")
         elif args.inline:
-            outcome = run_inline(step, Check(args.device, args.quick, args.out))
+            outcome = run_inline(step, Check(args.device, args.quick))
         else:
             outcome = run_isolated(step, _child_options(args), limit)
         done.append((step, outcome, max(0.0, limit)))

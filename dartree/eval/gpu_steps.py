@@ -60,14 +60,13 @@ class Skip(Exception):
 
 
 class Check:
-    """What a step is given: the device, quick or full, the report folder (scratch files only) and its own budget,
-    ``time_limit`` seconds (``None``: none)."""
+    """What a step is given: the device, quick or full, its own budget (``time_limit`` seconds, ``None``: none) and
+    where :meth:`checkpoint` keeps what is done (``partial_file``: an isolated step's)."""
 
-    def __init__(self, device: str = "cuda", quick: bool = False, out: Path = Path("runs/gpu-check"),
-                 time_limit: float | None = None) -> None:
-        self.device, self.quick, self.out, self.time_limit = torch.device(device), quick, Path(out), time_limit
-        self.start = time.monotonic()
-        self.partial_file: Path | None = None   # where :meth:`checkpoint` keeps what is done (isolated steps)
+    def __init__(self, device: str = "cuda", quick: bool = False, time_limit: float | None = None,
+                 partial_file: Path | None = None) -> None:
+        self.device, self.quick, self.time_limit, self.start = torch.device(device), quick, time_limit, time.monotonic()
+        self.partial_file = partial_file
         self.notes: list[str] = []        # what a step left out near its budget (status "partial")
         self.problems: list[str] = []     # what a step found wrong without raising (status "failed")
 

@@ -96,7 +96,7 @@ def test_isolated_step_result_is_read_back() -> None:
 
 def test_child_options_drop_steps_and_inline() -> None:
     args = gpu_check._parser().parse_args(["--device", "cpu", "--steps", "env", "speed", "--inline", "--quick"])
-    assert gpu_check._child_options(args) == ["--device", "cpu", "--out", "runs/gpu-check", "--quick"]
+    assert gpu_check._child_options(args) == ["--device", "cpu", "--quick"]
 
 
 @pytest.mark.parametrize(("argv", "names"), [
