@@ -1,8 +1,4 @@
-"""``make gpu-check``: everything that needs a GPU, in one command, one report (docs/gpu-check.md).
-
-    PYTHONPATH=. python3 -m dartree.eval.gpu_check --out runs/gpu-check          # CUDA, full (<= 8 min)
-    PYTHONPATH=. python3 -m dartree.eval.gpu_check --quick --out runs/gpu-check  # CUDA, quick (<= 4 min)
-    PYTHONPATH=. python3 -m dartree.eval.gpu_check --device cpu --quick          # the same code paths on the CPU
+"""``make gpu-check``: everything that needs a GPU, in one command, one report (docs/gpu-check.md: usage).
 
 Each step of :data:`STEPS` (functions in :mod:`dartree.eval.gpu_steps`) runs in its own process with a time
 budget; a step that fails, crashes or overruns is recorded and the next one runs.  ``report.md`` and

@@ -243,10 +243,7 @@ def step_env(c: Check) -> tuple[str, dict]:
 
 
 def step_tests(c: Check) -> tuple[str, dict]:
-    """Builds ``dartree._native`` in place when this python has none (offline), then one pytest run: tests/fast and
-    tests/verify with every Triton specialisation compiled (``-m "aot_full or not aot_full"``; quick: the dispatch
-    test and every builder fast == ref on the device) and the kernel benchmarks of benchmarks/test_bench_device.py
-    on the device (each op through the Triton kernel, the torch twin, the host loop on the CPU; whole builds)."""
+    """``dartree._native`` built in place when missing, then one pytest run with the kernel benchmarks (docs)."""
     if not (_has("pytest") and _has("pytest_benchmark")):
         raise Skip("pytest and pytest-benchmark are needed")
     from dartree import native
@@ -288,9 +285,7 @@ def step_tests(c: Check) -> tuple[str, dict]:
 
 
 def step_lossless_zoo(c: Check) -> tuple[str, dict]:
-    """Greedy fp32 decoding of the zoo with every builder (fast backend, on the device) == HF ``generate`` token for
-    token, and dartree's AR; every round compacts the KV cache on the device.  Then the zoo target in bf16 vs
-    fp32: argmax differences on that fp32-greedy text, teacher-forced."""
+    """Every builder's greedy fp32 decoding of the zoo == HF ``generate``; bf16 argmax divergence (docs)."""
     from dartree import BUILDERS
     from dartree.decode import generate_ar
     from dartree.eval.bundles import encode
@@ -330,10 +325,7 @@ def step_lossless_zoo(c: Check) -> tuple[str, dict]:
 
 
 def step_lossless_random(c: Check) -> tuple[str, dict]:
-    """A random-weight model (Llama 3.2 1B's shape on CUDA), an oracle drafter with noise (the target's own
-    continuation, some tokens demoted or dropped) and the path-hash test head: greedy output of three builders
-    against HF ``generate`` in fp32 (must be identical) and bf16 (divergences counted, each explained by the
-    logit gap at the first differing token)."""
+    """Three builders on a random-weight model with an oracle drafter vs HF ``generate``, fp32 and bf16 (docs)."""
     from dartree.decode import SpeculativeDecoder
     from dartree.eval.methods import make_method_builder, parse_method
     from dartree.testing import PathHashHead
@@ -377,10 +369,7 @@ def step_lossless_random(c: Check) -> tuple[str, dict]:
 
 
 def step_speed(c: Check) -> tuple[str, dict]:
-    """The bench (:func:`dartree.eval.bench.run_bench`) on the zoo at T=0 and T=1: AR, HF generate (T=0), ddtree,
-    dartree-pruned, corrected-sequoia and the tuned ``dartree-pruned:budget=auto,width=auto,beta=auto``, in the
-    bench's own tables: speedup, tau and what was checked (tokens == AR, or the law check of sampled rows); the
-    ms of each stage per round and the overhead (the round minus the model forwards)."""
+    """The bench (:func:`dartree.eval.bench.run_bench`) on the zoo at T=0 and T=1, in its own tables (docs)."""
     from dartree.eval.bench import BenchConfig, run_bench
     from dartree.eval.methods import AR, parse_methods
     from dartree.eval.report import table1, table2
@@ -414,8 +403,7 @@ def step_speed(c: Check) -> tuple[str, dict]:
 
 
 def step_verify_cost(c: Check) -> tuple[str, dict]:
-    """Median time of tree inputs + a tree forward of n = 1..128 nodes over a 512-token prefix (quick: 256), as a
-    multiple of n = 1 (one AR step over the same prefix), for random-weight models in bf16."""
+    """A tree forward of n = 1..128 nodes as a multiple of one AR step, random-weight models in bf16 (docs)."""
     from dartree.eval.tune import measure_verify_cost
 
     shapes = ["tiny-qwen3", "small-qwen3"] if not c.cuda else ["qwen3-0.6b", "qwen3-1.7b"] + (
@@ -508,10 +496,7 @@ def _graph_row(c: Check, model, n: int, prefix: int, repeats: int) -> list:
 
 
 def step_graphs(c: Check) -> tuple[str, dict]:
-    """A measured option, not the engine's default: one model forward of n tree nodes over a StaticCache, eager vs
-    replayed from a CUDA graph captured at that fixed size (the launches an eager forward makes are what a graph
-    saves); the zoo target (fp32) and a random-weight Qwen3 0.6B (bf16).  On the CPU the eager forward runs (the
-    static-cache path) and the graph column says it needs CUDA."""
+    """One tree forward over a StaticCache, eager vs replayed from a CUDA graph of that size (docs)."""
     sizes, repeats, prefix = ((1, 16), 10, 256) if c.quick else ((1, 16, 64), 20, 256)
     models = [("zoo target (fp32)", lambda: _zoo(c).target)]
     if c.cuda and not c.quick:
