@@ -35,23 +35,21 @@ ROOT = Path(__file__).resolve().parents[2]
 ZOO = "pystdlib-tiny"
 #: Random-weight model shapes: name -> (family, config fields): the published configurations' shapes (Llama 3.2
 #: 1B, Qwen3 0.6B / 1.7B / 8B) on CUDA, the tiny ones on the CPU.
+_QWEN3 = dict(num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128, vocab_size=151936,
+              tie_word_embeddings=True)      # the fields Qwen3 0.6B and 1.7B share
+_TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+             head_dim=16, vocab_size=1000, tie_word_embeddings=True)
 MODEL_SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
     "llama-1b": ("llama", dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
                                num_key_value_heads=8, head_dim=64, vocab_size=128256, tie_word_embeddings=True)),
-    "qwen3-0.6b": ("qwen3", dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
-                                 num_attention_heads=16, num_key_value_heads=8, head_dim=128, vocab_size=151936,
-                                 tie_word_embeddings=True)),
-    "qwen3-1.7b": ("qwen3", dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
-                                 num_attention_heads=16, num_key_value_heads=8, head_dim=128, vocab_size=151936,
-                                 tie_word_embeddings=True)),
-    "qwen3-8b": ("qwen3", dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
-                               num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=False)),
-    "tiny-llama": ("llama", dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                                 num_key_value_heads=2, head_dim=16, vocab_size=1000, tie_word_embeddings=True)),
-    "tiny-qwen3": ("qwen3", dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                                 num_key_value_heads=2, head_dim=16, vocab_size=1000, tie_word_embeddings=True)),
-    "small-qwen3": ("qwen3", dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
-                                  num_key_value_heads=2, head_dim=64, vocab_size=4096, tie_word_embeddings=True)),
+    "qwen3-0.6b": ("qwen3", dict(_QWEN3, hidden_size=1024, intermediate_size=3072)),
+    "qwen3-1.7b": ("qwen3", dict(_QWEN3, hidden_size=2048, intermediate_size=6144)),
+    "qwen3-8b": ("qwen3", dict(_QWEN3, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                               num_attention_heads=32, tie_word_embeddings=False)),
+    "tiny-llama": ("llama", _TINY),
+    "tiny-qwen3": ("qwen3", _TINY),
+    "small-qwen3": ("qwen3", dict(_TINY, hidden_size=256, intermediate_size=768, num_hidden_layers=4, head_dim=64,
+                                  vocab_size=4096)),
 }
 
 
@@ -197,11 +195,11 @@ def explain_divergence(model, reference: torch.Tensor, other: torch.Tensor, prom
             f"{ulps:.1f} {str(dtype).split('.')[-1]} spacings ({kind})", ulps <= 8)
 
 
+@torch.no_grad()
 def _hf_greedy(model, ids: torch.Tensor, new: int) -> torch.Tensor:
     """HF ``generate`` greedy, exactly ``new`` tokens: ``[1, L + new]``."""
-    with torch.no_grad():
-        return model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=new,
-                              min_new_tokens=new, pad_token_id=0)
+    return model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=new,
+                          min_new_tokens=new, pad_token_id=0)
 
 
 def _zoo(c: Check):
