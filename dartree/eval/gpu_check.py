@@ -30,7 +30,7 @@ import torch
 from dartree.eval import gpu_steps
 from dartree.eval.gpu_steps import Check, Skip, md_table
 
-__all__ = ["main", "STEPS", "Step", "Check", "Outcome", "Skip", "STATUSES", "run_inline", "run_isolated",
+__all__ = ["main", "STEPS", "Step", "Check", "Outcome", "Skip", "run_inline", "run_isolated",
            "REPORT_MD", "REPORT_JSON", "TOTAL_BUDGET_S", "CPU_BUDGET_SCALE", "STEP_NAMES", "render"]
 
 REPORT_MD = "report.md"
@@ -39,8 +39,7 @@ REPORT_JSON = "report.json"
 TOTAL_BUDGET_S = {"full": 480.0, "quick": 240.0}
 #: the budgets are an H200's; on the CPU (the rehearsal) every one is this many times longer
 CPU_BUDGET_SCALE = 4.0
-#: what a step ended as; "failed" and "timed out" make the exit status 1
-STATUSES = ("passed", "partial", "skipped", "failed", "timed out")
+#: a step ends "passed", "partial", "skipped", "failed" or "timed out"; these two make the exit status 1
 _BAD = ("failed", "timed out")
 #: seconds kept back from a step's budget: the process starts (imports torch), writes its result
 _GRACE_S = 8.0
