@@ -31,7 +31,7 @@ from dartree.eval import gpu_steps
 from dartree.eval.gpu_steps import Check, Skip, md_table
 
 __all__ = ["main", "STEPS", "Step", "Check", "Outcome", "Skip", "run_inline", "run_isolated",
-           "REPORT_MD", "REPORT_JSON", "TOTAL_BUDGET_S", "CPU_BUDGET_SCALE", "STEP_NAMES", "render"]
+           "REPORT_MD", "REPORT_JSON", "TOTAL_BUDGET_S", "CPU_BUDGET_SCALE", "render"]
 
 REPORT_MD = "report.md"
 REPORT_JSON = "report.json"
@@ -83,8 +83,6 @@ STEPS: list[Step] = [
          gpu_steps.step_verify_cost, 60, 25),
     Step("graphs", "CUDA graphs for the tree forward at fixed sizes", gpu_steps.step_graphs, 35, 20),
 ]
-#: the names ``--steps`` takes (the order they run in)
-STEP_NAMES: tuple[str, ...] = tuple(step.name for step in STEPS)
 
 
 # ------------------------------------------------------------------------------------------ running
@@ -189,7 +187,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cuda", help="cuda (default), cuda:N, or cpu (the same code paths, tiny)")
     p.add_argument("--quick", action="store_true", help="the quick pass: fewer sizes and prompts (<= 4 min)")
     p.add_argument("--out", type=Path, default=Path("runs/gpu-check"), help="report folder (report.md, report.json)")
-    p.add_argument("--steps", nargs="+", metavar="STEP", help=f"run only these steps, of {', '.join(STEP_NAMES)}")
+    p.add_argument("--steps", nargs="+", metavar="STEP",
+                   help=f"run only these steps, of {', '.join(s.name for s in STEPS)}")
     p.add_argument("--budget-s", type=float, default=None,
                    help="the whole run's wall-clock budget in seconds (default 480, quick 240); steps past it "
                         "are skipped, each step's own budget is cut to what is left")
