@@ -24,7 +24,7 @@ from dartree.rounds import (
     check_requests,
 )
 from dartree.sampling_options import Sampling
-from dartree.timing import timed_head
+from dartree.timing import TimedHead
 
 __all__ = ["Drafter", "RoundStats", "GenerationResult", "SpeculativeDecoder", "generate_ar", "STOP_REASONS",
            "ROUND_STAGES"]
@@ -66,7 +66,7 @@ class SpeculativeDecoder:
         self.builder = builder
         self.head = head
         #: the head proxy the builder is given: it times the head's calls (the ``head`` stage)
-        self.timed_head = None if head is None else timed_head(head, self.target.device)
+        self.timed_head = None if head is None else TimedHead(head, self.target.device)
 
     # inference mode, not only no_grad: no version-counter or view tracking on a decode's many small ops
     @torch.inference_mode()
