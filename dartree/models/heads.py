@@ -48,21 +48,11 @@ GATE_TABLE_LIMIT = 1 << 24
 
 @trusted_head
 class GRUHead(nn.Module):
-    """Domino correction head: a GRU over the branch's target embeddings + a low-rank residual.
-
-    Args:
-        hidden_size: the drafter's (= target's) hidden size ``H``.
-        vocab_size: ``V``.
-        gru_hidden_dim: GRU state width ``G``.
-        emb_dim: bottleneck width of the correction MLP.
-        prefix_len: depths ``<= prefix_len`` are not corrected (Domino's ``pure_draft_prefix_len``).
-        embedding: the target's token-embedding matrix ``[V, H]`` (or call :meth:`bind`).
-        bias: GRU and ``embed_proj`` biases (the released Domino heads have none: ``False``).
-        bias_norm: RMSNorm ``bias_norm`` over the state before ``embed_proj`` (``use_bias_norm``).
-        bias_gate: multiply the correction by ``sigmoid(bias_gate(H_d))`` (``use_bias_gate``).
-        norm_eps: epsilon of ``bias_norm`` (the drafter's ``rms_norm_eps``).
-
-    State: float ``[.., G]``.
+    """Domino correction head: a GRU over the branch's target embeddings + a low-rank residual; state float
+    ``[.., G]``.  The arguments are the checkpoint's fields (docs/checkpoints.md, "Config keys"): ``hidden_size``
+    ``H``, ``vocab_size`` ``V``, ``gru_hidden_dim`` ``G``, ``emb_dim``, ``prefix_len`` (``pure_draft_prefix_len``),
+    ``bias`` (GRU and ``embed_proj`` biases), ``bias_norm`` / ``bias_gate`` (``use_bias_norm`` / ``use_bias_gate``),
+    ``norm_eps`` (``rms_norm_eps``); ``embedding``: the target's token embeddings ``[V, H]`` (or :meth:`bind`).
     """
 
     def __init__(self, hidden_size: int, vocab_size: int, gru_hidden_dim: int, emb_dim: int, prefix_len: int = 1,
