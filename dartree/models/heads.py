@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from dartree.arguments import check_int
 from dartree.block import DraftBlock
 from dartree.models.drafter import RMSNorm
 from dartree.models.kmajor import derived, exact_from, kmajor_copy, kmajor_product, linear, tensor_version
@@ -61,10 +62,8 @@ class GRUHead(nn.Module):
         super().__init__()
         for name, value in (("hidden_size", hidden_size), ("vocab_size", vocab_size),
                             ("gru_hidden_dim", gru_hidden_dim), ("emb_dim", emb_dim)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
-        if isinstance(prefix_len, bool) or not isinstance(prefix_len, int) or prefix_len < 0:
-            raise ValueError(f"prefix_len: expected an int >= 0, got {prefix_len!r}")
+            check_int(name, value)
+        check_int("prefix_len", prefix_len, 0)
         for name, value in (("bias", bias), ("bias_norm", bias_norm), ("bias_gate", bias_gate)):
             if not isinstance(value, bool):
                 raise ValueError(f"{name}: expected a bool, got {value!r}")
@@ -536,10 +535,8 @@ class MarkovHead(nn.Module):
 
     def __init__(self, vocab_size: int, markov_rank: int) -> None:
         super().__init__()
-        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or not 1 <= vocab_size < 2**24:
-            raise ValueError(f"vocab_size: expected an int in [1, 2**24), got {vocab_size!r}")
-        if isinstance(markov_rank, bool) or not isinstance(markov_rank, int) or markov_rank < 1:
-            raise ValueError(f"markov_rank: expected an int >= 1, got {markov_rank!r}")
+        check_int("vocab_size", vocab_size, 1, 2**24 - 1)          # the state holds a token id as float32
+        check_int("markov_rank", markov_rank)
         self.vocab_size, self.markov_rank = vocab_size, markov_rank
         self.markov_w1 = nn.Embedding(vocab_size, markov_rank)
         self.markov_w2 = nn.Linear(markov_rank, vocab_size, bias=False)
