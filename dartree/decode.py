@@ -156,8 +156,7 @@ def generate_ar(
     speculative verification draws it.  Each step is reported as a round (committed 1, tree size 0).
     ``sampling``: as in ``generate`` (its ``verifier`` unused).
     """
-    if not isinstance(target, HFTarget):
-        target = as_target(target, ())
+    target = as_target(target)
     req = check_request(target, input_ids, max_new_tokens, temperature, sampler, stop_token_ids,
                         top_k=top_k, top_p=top_p, min_p=min_p, sampling=sampling)
     engine = Engine(target, options=req, single=True)
