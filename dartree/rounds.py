@@ -39,9 +39,7 @@ ROUND_STAGES = ("draft", "head", "builder", "mask", "target", "accept", "context
 
 
 class StageTimes(NamedTuple):
-    """A round's wall seconds by stage (:class:`RoundStats` has the meaning of each): ``draft``, ``build``,
-    ``mask``, ``verify``, ``commit`` are disjoint; ``head`` is inside ``build``, ``target`` inside ``verify``,
-    ``context`` inside ``commit``."""
+    """A round's wall seconds by stage, as :class:`RoundStats` holds them (which contain which: its docstring)."""
 
     draft_s: float = 0.0
     build_s: float = 0.0
