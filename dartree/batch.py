@@ -40,5 +40,4 @@ def generate_ar_batch(
                           top_k=top_k, top_p=top_p, min_p=min_p, sampling=sampling)
     engine = Engine(target, options=reqs[0])
     engine.admit(reqs)
-    engine.run()
-    return [engine.result(q) for q in range(len(reqs))]
+    return engine.run()

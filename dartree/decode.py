@@ -101,8 +101,7 @@ class SpeculativeDecoder:
         if on_round is not None:
             on_round(None, list(engine.generated[0]))
             engine.on_round = lambda q, stats, kept: on_round(stats, kept)
-        engine.run()
-        return engine.result(0)
+        return engine.run()[0]
 
     def engine(self, options: Request | None = None, single: bool = False) -> Engine:
         """A fresh :class:`~dartree.engine.Engine` over this decoder's target, drafter, builder and head with a
@@ -131,8 +130,7 @@ class SpeculativeDecoder:
                               top_k=top_k, top_p=top_p, min_p=min_p, verifier=verifier, sampling=sampling)
         engine = self.engine(reqs[0])
         engine.admit(reqs)
-        engine.run()
-        return [engine.result(q) for q in range(len(reqs))]
+        return engine.run()
 
 
 @torch.inference_mode()      # as SpeculativeDecoder.generate
@@ -161,5 +159,4 @@ def generate_ar(
                         top_k=top_k, top_p=top_p, min_p=min_p, sampling=sampling)
     engine = Engine(target, options=req, single=True)
     engine.admit([req])
-    engine.run()
-    return engine.result(0)
+    return engine.run()[0]
