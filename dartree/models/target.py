@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import inspect
 import weakref
 from dataclasses import dataclass
 
@@ -17,7 +16,7 @@ from torch import Tensor, nn
 from transformers.cache_utils import Cache, DynamicCache, StaticCache
 
 from dartree.arguments import check_int
-from dartree.models.hf_compat import cache_kwargs
+from dartree.models.hf_compat import cache_kwargs, parameters
 from dartree.models.lean import LeanForward, lean_forward
 from dartree.tree import DraftTree
 from dartree.verify.cache import cache_layers, compact_tail, cut_cache, merge_rows, move_slots, select_rows
@@ -212,7 +211,6 @@ class HFTarget:
         self._lm_head = model.get_output_embeddings()
         self._first = torch.zeros(1, dtype=torch.int64, device=self.device)
         self._rows_apart: bool | None = None
-        self._keeps_logits: bool | None = None
         probe = _new_cache(self.model.config, self.max_cache_len)
         kinds = sorted({type(layer).__name__ for layer in probe.layers} - {"DynamicLayer", "StaticLayer"})
         if kinds:
@@ -279,13 +277,7 @@ class HFTarget:
     def keeps_logits(self) -> bool:
         """Whether the model's forward takes ``logits_to_keep`` (then prefills run the LM head on the
         positions they use only, as the references do; otherwise they slice full logits)."""
-        if self._keeps_logits is None:
-            try:
-                params = inspect.signature(self.model.forward).parameters
-            except (TypeError, ValueError):
-                params = {}
-            self._keeps_logits = "logits_to_keep" in params
-        return self._keeps_logits
+        return "logits_to_keep" in (parameters(self.model.forward) or ())
 
     def _run(self, input_ids: Tensor, position_ids: Tensor, attention_mask: Tensor | None,
              root_only: bool = False, keep: int | Tensor | None = None) -> TargetOutput:
