@@ -59,13 +59,13 @@ def test_depth_step(benchmark, provider: str, name: str) -> None:
 @pytest.mark.parametrize("provider", ["bare", "proxy"])
 @pytest.mark.parametrize("name", ["zoo-gru", "path-hash"])
 def test_proxy_depth_step(benchmark, provider: str, name: str) -> None:
-    """What the decoder's head proxy (``timed_head``: output checks, and a copy of ``states`` for a user
+    """What the decoder's head proxy (``TimedHead``: output checks, and a copy of ``states`` for a user
     head such as ``PathHashHead``; none for dartree's own) adds to one ``advance`` + ``logits`` step."""
     from dartree.testing import PathHashHead
-    from dartree.timing import timed_head
+    from dartree.timing import TimedHead
 
     head, block = _head("zoo-gru") if name == "zoo-gru" else (PathHashHead(), _head("zoo-gru")[1])
-    proxy = timed_head(head)
+    proxy = TimedHead(head)
     g = torch.Generator().manual_seed(1)
     proxy.initial_state(block)                                   # the proxy learns the state width
     states = head.initial_state(block)[:, None].expand(-1, BRANCHES, -1).contiguous()

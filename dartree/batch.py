@@ -35,11 +35,9 @@ def generate_ar_batch(
     """Batched autoregressive baseline: one causal step for every live row per forward, each row equal to
     :func:`dartree.decode.generate_ar` on its prompt (ragged lengths; finished rows leave the batch).
     ``sampling``: as in ``generate_ar``."""
-    if not isinstance(target, HFTarget):
-        target = as_target(target, ())
+    target = as_target(target)
     reqs = check_requests(target, prompts, max_new_tokens, temperature, sampler, stop_token_ids,
                           top_k=top_k, top_p=top_p, min_p=min_p, sampling=sampling)
     engine = Engine(target, options=reqs[0])
     engine.admit(reqs)
-    engine.run()
-    return [engine.result(q) for q in range(len(reqs))]
+    return engine.run()

@@ -28,6 +28,11 @@ def _check_counts(tokens: Tensor, counts: list[int], batch: int) -> None:
         raise ValueError(f"counts: each must lie in [0, {tokens.shape[1]}], got {counts}")
 
 
+def _pad(x: Tensor, cap: int) -> Tensor:
+    """Keys or values ``[b, kv, c, hd]`` zero-padded to ``cap`` slots."""
+    return x if x.shape[2] == cap else torch.cat([x, x.new_zeros(*x.shape[:2], cap - x.shape[2], x.shape[3])], dim=2)
+
+
 def _row_copy(template):
     """A deep copy of ``template`` sharing its ``nn.Module`` objects (read-only weights, too big to copy), so that a
     drafter wrapping another stateful drafter gets its own wrapped drafter (a shallow copy shared it across rows)."""
@@ -111,16 +116,11 @@ class DFlashRows:
         self.lengths: list[int] = []
         self._kv: list[tuple[Tensor, Tensor]] = []
 
-    def _buffers(self, b: int, capacity: int, device: torch.device) -> list[tuple[Tensor, Tensor]]:
-        c = self.drafter.config
-        shape = (b, c.num_key_value_heads, capacity, c.head_dim)
-        dtype = self.drafter.fc.weight.dtype
-        return [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
-                for _ in self.drafter.layers]
-
     def start(self, batch_size: int) -> None:
         self.lengths = [0] * batch_size
-        self._kv = self._buffers(batch_size, 64, self.drafter.fc.weight.device)
+        c, weight = self.drafter.config, self.drafter.fc.weight      # zeroed buffers of 64 slots, grown by _pad
+        shape = (batch_size, c.num_key_value_heads, 64, c.head_dim)
+        self._kv = [(weight.new_zeros(shape), weight.new_zeros(shape)) for _ in self.drafter.layers]
 
     @torch.no_grad()
     def append_rows(self, hidden_states: Tensor | None, tokens: Tensor, counts: list[int]) -> None:
@@ -137,13 +137,9 @@ class DFlashRows:
         device = feats.device
         lengths = torch.tensor(self.lengths, dtype=torch.int64, device=device)
         positions = lengths[:, None] + torch.arange(m, device=device)                 # [b, m]
-        need = max(self.lengths) + m
-        cap = self._kv[0][0].shape[2]
+        need, cap = max(self.lengths) + m, self._kv[0][0].shape[2]
         if need > cap:                                                                # grow by doubling
-            grown = self._buffers(b, max(need, 2 * cap), device)
-            for (k, v), (k1, v1) in zip(grown, self._kv, strict=True):
-                k[:, :, :cap], v[:, :, :cap] = k1, v1
-            self._kv = grown
+            self._kv = [(_pad(k, max(need, 2 * cap)), _pad(v, max(need, 2 * cap))) for k, v in self._kv]
         new = self.drafter.context_key_values(feats, positions)
         for (k, v), (k1, v1) in zip(self._kv, new, strict=True):
             # entries past a row's count land in that row's padding, which nothing reads
@@ -182,12 +178,7 @@ class DFlashRows:
         if not old_lengths:
             return
         cap = max(old_kv[0][0].shape[2], self._kv[0][0].shape[2])
-
-        def pad(x: Tensor) -> Tensor:
-            return x if x.shape[2] == cap else torch.cat([x, x.new_zeros(*x.shape[:2], cap - x.shape[2], x.shape[3])],
-                                                         dim=2)
-
-        self._kv = [(torch.cat([pad(k0), pad(k1)]), torch.cat([pad(v0), pad(v1)]))
+        self._kv = [(torch.cat([_pad(k0, cap), _pad(k1, cap)]), torch.cat([_pad(v0, cap), _pad(v1, cap)]))
                     for (k0, v0), (k1, v1) in zip(old_kv, self._kv, strict=True)]
         self.lengths = old_lengths + self.lengths
 

@@ -24,7 +24,7 @@ from dartree.rounds import (
     check_requests,
 )
 from dartree.sampling_options import Sampling
-from dartree.timing import timed_head
+from dartree.timing import TimedHead
 
 __all__ = ["Drafter", "RoundStats", "GenerationResult", "SpeculativeDecoder", "generate_ar", "STOP_REASONS",
            "ROUND_STAGES"]
@@ -66,7 +66,7 @@ class SpeculativeDecoder:
         self.builder = builder
         self.head = head
         #: the head proxy the builder is given: it times the head's calls (the ``head`` stage)
-        self.timed_head = None if head is None else timed_head(head, self.target.device)
+        self.timed_head = None if head is None else TimedHead(head, self.target.device)
 
     # inference mode, not only no_grad: no version-counter or view tracking on a decode's many small ops
     @torch.inference_mode()
@@ -101,8 +101,7 @@ class SpeculativeDecoder:
         if on_round is not None:
             on_round(None, list(engine.generated[0]))
             engine.on_round = lambda q, stats, kept: on_round(stats, kept)
-        engine.run()
-        return engine.result(0)
+        return engine.run()[0]
 
     def engine(self, options: Request | None = None, single: bool = False) -> Engine:
         """A fresh :class:`~dartree.engine.Engine` over this decoder's target, drafter, builder and head with a
@@ -131,8 +130,7 @@ class SpeculativeDecoder:
                               top_k=top_k, top_p=top_p, min_p=min_p, verifier=verifier, sampling=sampling)
         engine = self.engine(reqs[0])
         engine.admit(reqs)
-        engine.run()
-        return [engine.result(q) for q in range(len(reqs))]
+        return engine.run()
 
 
 @torch.inference_mode()      # as SpeculativeDecoder.generate
@@ -156,11 +154,9 @@ def generate_ar(
     speculative verification draws it.  Each step is reported as a round (committed 1, tree size 0).
     ``sampling``: as in ``generate`` (its ``verifier`` unused).
     """
-    if not isinstance(target, HFTarget):
-        target = as_target(target, ())
+    target = as_target(target)
     req = check_request(target, input_ids, max_new_tokens, temperature, sampler, stop_token_ids,
                         top_k=top_k, top_p=top_p, min_p=min_p, sampling=sampling)
     engine = Engine(target, options=req, single=True)
     engine.admit([req])
-    engine.run()
-    return engine.result(0)
+    return engine.run()[0]

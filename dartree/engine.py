@@ -274,10 +274,11 @@ class Engine:
         return [live[r] for r in range(b) if done[r]]
 
     # ---------------------------------------------------------------------------------- output
-    def run(self) -> None:
-        """Rounds until no row is live."""
+    def run(self) -> list[GenerationResult]:
+        """Rounds until no row is live; then every request's result, in admission order."""
         while self.live:
             self.step()
+        return [self.result(q) for q in range(len(self.reqs))]
 
     def result(self, q: int) -> GenerationResult:
         """Request ``q``'s tokens and per-round statistics so far."""

@@ -54,29 +54,10 @@ class BatchDrafter(Protocol):
 
 @runtime_checkable
 class CorrectionHead(Protocol):
-    """Path-conditioned re-scoring of draft candidates.  ``depth`` is 1-based.
-
-    Shape:
-        initial_state -> ``[b, S]`` the state at the root.
-        logits:  states ``[b, m, S]`` (m branches at depth-1), candidates int64 ``[b, K]`` (the set
-                 ``C_depth``) -> corrected logits ``[b, m, K]`` of the K candidates on each branch.
-        advance: states ``[b, m, S]``, tokens int64 ``[b, m]`` appended at ``depth`` -> ``[b, m, S]``.
-
-    ``b`` is the batch of ``block``; builders may pass a sub-block (``block.rows(...)``) with the matching
-    states, so a head must index the block by the batch it is given, never cache by row.
-
-    Optional methods (found by :func:`head_method`; builders fall back to the calls above), each equal bit for
-    bit (fp32) to what it replaces:
-
-    - ``advance_logits(block, depth, states, tokens, candidates) -> (new_states, logits)``:
-      ``s = advance(block, depth, states, tokens); (s, logits(block, depth + 1, s, candidates))``, for
-      ``1 <= depth < gamma`` (never at the last depth);
-    - ``vocab_logits(block, depth, states) -> [b, m, V]``: ``logits`` with every token a candidate (to float
-      rounding; what sampled trees propose from);
-    - ``prepare_block(block, candidates [b, gamma, K]) -> steps | None`` (perf: shared work done once):
-      ``steps.logits(depth, states)`` and ``steps.advance_logits(depth, states, tokens)`` equal ``logits`` /
-      ``advance_logits`` with ``candidates[:, depth - 1]`` / ``candidates[:, depth]``; ``None`` declines.  The
-      depth-wise fast builders use it; the reference backend and the sequential heap make the plain calls.
+    """Path-conditioned re-scoring of draft candidates (``depth`` 1-based): ``initial_state`` -> ``[b, S]``,
+    ``logits`` -> ``[b, m, K]``, ``advance`` -> ``[b, m, S]``.  Shapes, the optional methods (found by
+    :func:`head_method`: ``advance_logits``, ``vocab_logits``, ``prepare_block``) and what each must equal:
+    docs/custom-head.md, "The head protocol".
     """
 
     def initial_state(self, block: DraftBlock) -> Tensor: ...

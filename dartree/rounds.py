@@ -39,9 +39,7 @@ ROUND_STAGES = ("draft", "head", "builder", "mask", "target", "accept", "context
 
 
 class StageTimes(NamedTuple):
-    """A round's wall seconds by stage (:class:`RoundStats` has the meaning of each): ``draft``, ``build``,
-    ``mask``, ``verify``, ``commit`` are disjoint; ``head`` is inside ``build``, ``target`` inside ``verify``,
-    ``context`` inside ``commit``."""
+    """A round's wall seconds by stage, as :class:`RoundStats` holds them (which contain which: its docstring)."""
 
     draft_s: float = 0.0
     build_s: float = 0.0
@@ -236,15 +234,16 @@ class WalkRows:
         self.committed += committed
 
 
-def as_target(target: HFTarget | nn.Module, layer_ids: tuple[int, ...]) -> HFTarget:
-    """``target`` as an :class:`HFTarget` capturing ``layer_ids`` (a causal LM is wrapped; an HFTarget is checked)."""
+def as_target(target: HFTarget | nn.Module, layer_ids: tuple[int, ...] | None = None) -> HFTarget:
+    """``target`` as an :class:`HFTarget` capturing ``layer_ids`` (a causal LM is wrapped; an HFTarget is checked);
+    ``None`` (the AR baselines): an HFTarget as it is, a causal LM wrapped capturing no layers."""
     if isinstance(target, HFTarget):
-        if target.layer_ids != layer_ids:
+        if layer_ids is not None and target.layer_ids != layer_ids:
             raise ValueError(f"target: captures layers {target.layer_ids}, but the drafter needs {layer_ids}; "
                              f"build HFTarget(model, layer_ids=drafter.target_layer_ids)")
         return target
     if isinstance(target, nn.Module):
-        return HFTarget(target, layer_ids=layer_ids)
+        return HFTarget(target, layer_ids=layer_ids or ())
     raise ValueError(f"target: expected an HFTarget or a transformers causal LM, got {type(target).__name__}")
 
 

@@ -62,8 +62,7 @@ def serve(
     :class:`SpeculativeDecoder`, or an ``HFTarget`` / causal LM (the batched AR baseline); ``on_finish(index,
     result)`` is called as each request completes; ``sampling``: as in :meth:`SpeculativeDecoder.generate`."""
     check_int("concurrency", concurrency)
-    target = decoder.target if isinstance(decoder, SpeculativeDecoder) else \
-        decoder if isinstance(decoder, HFTarget) else as_target(decoder, ())
+    target = decoder.target if isinstance(decoder, SpeculativeDecoder) else as_target(decoder)
     reqs = check_requests(target, prompts, max_new_tokens, temperature, sampler, stop_token_ids,
                           top_k=top_k, top_p=top_p, min_p=min_p, verifier=verifier, sampling=sampling)
     batch = decoder.engine(reqs[0]) if isinstance(decoder, SpeculativeDecoder) else Engine(target, options=reqs[0])

@@ -18,8 +18,7 @@ from torch import Tensor, nn
 from dartree.block import DraftBlock
 from dartree.protocols import check_head, head_method
 
-__all__ = ["check_head_device", "check_steps", "TimedHead", "timed_head",
-           "checked_head", "trusted_head"]
+__all__ = ["check_head_device", "TimedHead", "checked_head", "trusted_head"]
 
 def check_head_device(head: Any, device: torch.device | str) -> None:
     """Raise ``ValueError`` if ``head`` is a module whose parameters are not on ``device``."""
@@ -125,7 +124,14 @@ class TimedHead:
             return None
         self._check_block(block)          # the fast builders prepare before they ask for the initial state
         steps = self._timed(prepare, self._own_block(block), self._own(candidates))
-        return None if steps is None else _TimedSteps(self, check_steps(steps), block, candidates)
+        if steps is None:
+            return None
+        missing = [m for m in ("logits", "advance_logits") if not callable(getattr(steps, m, None))]
+        if missing:
+            raise ValueError(f"head.prepare_block: returned {type(steps).__name__}, which lacks {missing}; it must "
+                             f"return None or an object with logits(depth, states) and "
+                             f"advance_logits(depth, states, tokens) (dartree.protocols.CorrectionHead)")
+        return _TimedSteps(self, steps, block, candidates)
 
     def _check_block(self, block: Any) -> None:
         """Once per build: the head's device and the drafter's hidden width (metadata only)."""
@@ -196,17 +202,6 @@ class TimedHead:
         return getattr(self.head, name)
 
 
-def check_steps(steps: Any) -> Any:
-    """``steps`` (what a head's ``prepare_block`` returned), after checking it has callable ``logits``
-    and ``advance_logits`` (:class:`dartree.protocols.CorrectionHead`)."""
-    missing = [m for m in ("logits", "advance_logits") if not callable(getattr(steps, m, None))]
-    if missing:
-        raise ValueError(f"head.prepare_block: returned {type(steps).__name__}, which lacks {missing}; it must "
-                         f"return None or an object with logits(depth, states) and "
-                         f"advance_logits(depth, states, tokens) (dartree.protocols.CorrectionHead)")
-    return steps
-
-
 class _TimedSteps:
     """A prepared head's calls, timed and counted on the :class:`TimedHead` and checked as its own are."""
 
@@ -241,12 +236,7 @@ def trusted_head(cls: type) -> type:
     return cls
 
 
-def timed_head(head: Any, device: torch.device | str = "cpu", sync: bool = True) -> TimedHead:
-    """``head`` wrapped in a :class:`TimedHead` (with ``advance_logits`` iff ``head`` has it)."""
-    return TimedHead(head, device, sync)
-
-
 def checked_head(head: Any, device: torch.device | str) -> TimedHead:
     """``head`` wrapped for a direct :meth:`~dartree.builders.TreeBuilder.build` call: every output
-    checked as the decoder's proxy checks it (:func:`timed_head`), with no CUDA synchronisation."""
-    return timed_head(head, device, sync=False)
+    checked as the decoder's proxy checks it (:class:`TimedHead`), with no CUDA synchronisation."""
+    return TimedHead(head, device, sync=False)

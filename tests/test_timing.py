@@ -11,10 +11,10 @@ from dartree.builders import BuilderSpec, ChainConfig, TreeBuilder
 from dartree.fast import ops
 from dartree.models import GRUHead
 from dartree.testing import PathHashHead
-from dartree.timing import TimedHead, timed_head
+from dartree.timing import TimedHead
 
 #: how a head reaches the builder: through the decoder's proxy, or as given to a direct build
-WRAPS = {"decoder": timed_head, "direct": lambda head: head}
+WRAPS = {"decoder": TimedHead, "direct": lambda head: head}
 
 
 def block(hidden: int = 8, vocab: int = 12) -> DraftBlock:
@@ -46,7 +46,7 @@ class Edited(PathHashHead):
         return self.fix(out) if self.method == "advance" else out
 
 
-def build(head, backend: str = "ref", blk: DraftBlock | None = None, wrap=timed_head):
+def build(head, backend: str = "ref", blk: DraftBlock | None = None, wrap=TimedHead):
     blk = block() if blk is None else blk
     return make_builder("dartree-pruned", backend, budget=6, width=3, topk=4).build(blk, wrap(head))
 
@@ -91,7 +91,7 @@ def test_a_direct_build_wraps_a_bare_head_once_and_the_decoders_proxy_not_again(
 
     builder = TreeBuilder(BuilderSpec(name="spy", config_cls=ChainConfig, needs_head=True, ref=spy), "ref",
                           ChainConfig())
-    bare, proxy = PathHashHead(), timed_head(PathHashHead())
+    bare, proxy = PathHashHead(), TimedHead(PathHashHead())
     builder.build(block(), bare)
     builder.build(block(), proxy)
     assert type(seen[0]) is not PathHashHead and isinstance(seen[0], TimedHead) and seen[0].head is bare
@@ -102,7 +102,7 @@ def test_a_direct_build_wraps_a_bare_head_once_and_the_decoders_proxy_not_again(
 def test_a_direct_build_gives_the_same_tree_as_through_the_proxy() -> None:
     for backend in ("ref", "fast"):
         builder = make_builder("dartree-pruned", backend, budget=6, width=3, topk=4)
-        got, want = builder.build(block(), PathHashHead()), builder.build(block(), timed_head(PathHashHead()))
+        got, want = builder.build(block(), PathHashHead()), builder.build(block(), TimedHead(PathHashHead()))
         assert got.canonical() == want.canonical() and torch.equal(got.scores, want.scores)
 
 
@@ -114,8 +114,8 @@ def test_head_on_another_device_and_hidden_width() -> None:
         with pytest.raises(ValueError, match=r"^block: hidden has width 5, but GRUHead expects hidden_size=8"):
             build(head, backend, blk=block(hidden=5))
     with pytest.raises(ValueError, match=r"^head: GRUHead's parameters are on meta, the block on cpu"):
-        timed_head(head.to("meta"), "cpu")
-    proxy = timed_head(GRUHead(hidden_size=8, vocab_size=12, gru_hidden_dim=4, emb_dim=6), "cpu")
+        TimedHead(head.to("meta"), "cpu")
+    proxy = TimedHead(GRUHead(hidden_size=8, vocab_size=12, gru_hidden_dim=4, emb_dim=6), "cpu")
     proxy.head.to("meta")                                             # moved after the decoder was built
     with pytest.raises(ValueError, match=r"^head: GRUHead's parameters are on meta"):
         make_builder("dartree-pruned", budget=6, width=3, topk=4).build(block(), proxy)
@@ -210,7 +210,7 @@ def test_what_prepare_block_returns_is_checked_where_it_enters(make, match, time
     for kernels in ("host", "torch"):
         with ops.force_backend(kernels), pytest.raises(ValueError, match=match):
             make_builder("dartree-pruned", backend="fast", budget=4, width=2, topk=3).build(
-                block(), timed_head(head) if timed else head)
+                block(), TimedHead(head) if timed else head)
 
 
 class NarrowGRU(GRUHead):
@@ -225,18 +225,18 @@ def test_only_the_bundled_head_classes_skip_the_checks_of_prepared_calls():
     from dartree.models import MarkovHead
 
     gru, narrow = (cls(hidden_size=8, vocab_size=12, gru_hidden_dim=4, emb_dim=6) for cls in (GRUHead, NarrowGRU))
-    assert all(timed_head(h)._trusted for h in (gru, MarkovHead(12, 3)))
-    assert not any(timed_head(h)._trusted for h in (narrow, PathHashHead()))
+    assert all(TimedHead(h)._trusted for h in (gru, MarkovHead(12, 3)))
+    assert not any(TimedHead(h)._trusted for h in (narrow, PathHashHead()))
     narrow.set_embedding(torch.randn(12, 8))
     with pytest.raises(ValueError, match=r"prepare_block\(\.\.\.\)\.logits: returned logits of shape"):
-        make_builder("dartree-pruned", backend="fast", budget=4, width=2, topk=3).build(block(), timed_head(narrow))
+        make_builder("dartree-pruned", backend="fast", budget=4, width=2, topk=3).build(block(), TimedHead(narrow))
 
 
 def test_a_prepare_block_that_declines_gives_the_protocol_calls():
     """``None`` from prepare_block: the builder makes the protocol calls (same tree as without it)."""
     declining, plain = Prepared(lambda h, b, c: None), PathHashHead()
     builder = make_builder("dartree-pruned", backend="fast", budget=5, width=2, topk=3)
-    got, want = builder.build(block(), timed_head(declining)), builder.build(block(), plain)
+    got, want = builder.build(block(), TimedHead(declining)), builder.build(block(), plain)
     assert got.canonical() == want.canonical() and torch.equal(got.scores, want.scores)
     steps = Prepared(lambda h, b, c: Steps(h, b, c))
-    assert builder.build(block(), timed_head(steps)).canonical() == want.canonical()
+    assert builder.build(block(), TimedHead(steps)).canonical() == want.canonical()

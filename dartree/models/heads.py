@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from dartree.arguments import check_int
 from dartree.block import DraftBlock
 from dartree.models.drafter import RMSNorm
 from dartree.models.kmajor import derived, exact_from, kmajor_copy, kmajor_product, linear, tensor_version
@@ -48,21 +49,11 @@ GATE_TABLE_LIMIT = 1 << 24
 
 @trusted_head
 class GRUHead(nn.Module):
-    """Domino correction head: a GRU over the branch's target embeddings + a low-rank residual.
-
-    Args:
-        hidden_size: the drafter's (= target's) hidden size ``H``.
-        vocab_size: ``V``.
-        gru_hidden_dim: GRU state width ``G``.
-        emb_dim: bottleneck width of the correction MLP.
-        prefix_len: depths ``<= prefix_len`` are not corrected (Domino's ``pure_draft_prefix_len``).
-        embedding: the target's token-embedding matrix ``[V, H]`` (or call :meth:`bind`).
-        bias: GRU and ``embed_proj`` biases (the released Domino heads have none: ``False``).
-        bias_norm: RMSNorm ``bias_norm`` over the state before ``embed_proj`` (``use_bias_norm``).
-        bias_gate: multiply the correction by ``sigmoid(bias_gate(H_d))`` (``use_bias_gate``).
-        norm_eps: epsilon of ``bias_norm`` (the drafter's ``rms_norm_eps``).
-
-    State: float ``[.., G]``.
+    """Domino correction head: a GRU over the branch's target embeddings + a low-rank residual; state float
+    ``[.., G]``.  The arguments are the checkpoint's fields (docs/checkpoints.md, "Config keys"): ``hidden_size``
+    ``H``, ``vocab_size`` ``V``, ``gru_hidden_dim`` ``G``, ``emb_dim``, ``prefix_len`` (``pure_draft_prefix_len``),
+    ``bias`` (GRU and ``embed_proj`` biases), ``bias_norm`` / ``bias_gate`` (``use_bias_norm`` / ``use_bias_gate``),
+    ``norm_eps`` (``rms_norm_eps``); ``embedding``: the target's token embeddings ``[V, H]`` (or :meth:`bind`).
     """
 
     def __init__(self, hidden_size: int, vocab_size: int, gru_hidden_dim: int, emb_dim: int, prefix_len: int = 1,
@@ -71,10 +62,8 @@ class GRUHead(nn.Module):
         super().__init__()
         for name, value in (("hidden_size", hidden_size), ("vocab_size", vocab_size),
                             ("gru_hidden_dim", gru_hidden_dim), ("emb_dim", emb_dim)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
-        if isinstance(prefix_len, bool) or not isinstance(prefix_len, int) or prefix_len < 0:
-            raise ValueError(f"prefix_len: expected an int >= 0, got {prefix_len!r}")
+            check_int(name, value)
+        check_int("prefix_len", prefix_len, 0)
         for name, value in (("bias", bias), ("bias_norm", bias_norm), ("bias_gate", bias_gate)):
             if not isinstance(value, bool):
                 raise ValueError(f"{name}: expected a bool, got {value!r}")
@@ -546,10 +535,8 @@ class MarkovHead(nn.Module):
 
     def __init__(self, vocab_size: int, markov_rank: int) -> None:
         super().__init__()
-        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or not 1 <= vocab_size < 2**24:
-            raise ValueError(f"vocab_size: expected an int in [1, 2**24), got {vocab_size!r}")
-        if isinstance(markov_rank, bool) or not isinstance(markov_rank, int) or markov_rank < 1:
-            raise ValueError(f"markov_rank: expected an int >= 1, got {markov_rank!r}")
+        check_int("vocab_size", vocab_size, 1, 2**24 - 1)          # the state holds a token id as float32
+        check_int("markov_rank", markov_rank)
         self.vocab_size, self.markov_rank = vocab_size, markov_rank
         self.markov_w1 = nn.Embedding(vocab_size, markov_rank)
         self.markov_w2 = nn.Linear(markov_rank, vocab_size, bias=False)

@@ -8,19 +8,24 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["cache_kwargs"]
+__all__ = ["cache_kwargs", "parameters"]
 
 
 @functools.lru_cache(maxsize=64)
-def _keyword(fn: Callable) -> str:
+def _parameters(fn: Callable) -> frozenset[str] | None:
     try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):           # no signature: the current name
-        return "cache"
-    return "cache" if "cache" in params or "past_key_values" not in params else "past_key_values"
+        return frozenset(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return None
+
+
+def parameters(fn: Callable) -> frozenset[str] | None:
+    """The parameter names of ``fn`` (a bound method: its function's), cached; ``None`` without a signature."""
+    return _parameters(getattr(fn, "__func__", fn))
 
 
 def cache_kwargs(fn: Callable, cache: Any) -> dict[str, Any]:
     """``{"cache": cache}`` or ``{"past_key_values": cache}``: what ``fn`` (a model's ``forward``, or
-    ``create_causal_mask``) takes."""
-    return {_keyword(getattr(fn, "__func__", fn)): cache}
+    ``create_causal_mask``) takes (no signature: the current name)."""
+    params = parameters(fn) or frozenset()
+    return {"cache" if "cache" in params or "past_key_values" not in params else "past_key_values": cache}

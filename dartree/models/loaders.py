@@ -308,6 +308,7 @@ def _dflash_config(config: CheckpointConfig, kind: str) -> DFlashConfig:
 
 
 # ----------------------------------------------------------------------------------- weights
+@torch.no_grad()
 def _load_into(module: nn.Module, weights: dict[str, Tensor], prefix: str, path: Path) -> None:
     """Copy ``prefix + name`` tensors into ``module``'s state; pop them from ``weights``."""
     state = module.state_dict()
@@ -349,8 +350,7 @@ def _gru_head_from(config: CheckpointConfig, weights: dict[str, Tensor], hidden_
                    bias_norm=config.bool("use_bias_norm", False),
                    bias_gate=config.bool("use_bias_gate", False),
                    norm_eps=config.float("rms_norm_eps", 1e-6, where="top", positive=True, below=1.0))
-    with torch.no_grad():
-        _load_into(head, weights, "", path)
+    _load_into(head, weights, "", path)
     return head.requires_grad_(False).eval()       # inference: no autograd graph in the builders
 
 
@@ -360,8 +360,7 @@ def _markov_head_from(config: CheckpointConfig, weights: dict[str, Tensor], voca
     if kind != "vanilla":
         config.fail("markov_head_type", f"{kind!r} is not supported (only the vanilla DSpark Markov head)")
     head = MarkovHead(vocab_size, config.int("markov_rank", minimum=1))
-    with torch.no_grad():
-        _load_into(head, weights, prefix, path)
+    _load_into(head, weights, prefix, path)
     return head.requires_grad_(False).eval()
 
 
@@ -399,15 +398,14 @@ def load_drafter(path: str | Path, target: nn.Module | None = None) -> DFlashDra
     embedding = weights.pop("embed_tokens.weight", None)
     lm_head = weights.pop("lm_head.weight", None)
     confidence = _split(weights, ("confidence_head.",))
-    with torch.no_grad():
-        _load_into(drafter, weights, "", path)
-        if confidence:
-            w = confidence.get("confidence_head.proj.weight")
-            if w is None or w.dim() != 2:
-                raise ValueError(f"weights: {path} has confidence_head tensors but no 2-D confidence_head.proj.weight")
-            drafter.confidence_head = nn.Linear(w.shape[1], w.shape[0], bias="confidence_head.proj.bias" in confidence)
-            _load_into(drafter.confidence_head, confidence, "confidence_head.proj.", path)
-            _check_consumed(confidence, path)
+    _load_into(drafter, weights, "", path)
+    if confidence:
+        w = confidence.get("confidence_head.proj.weight")
+        if w is None or w.dim() != 2:
+            raise ValueError(f"weights: {path} has confidence_head tensors but no 2-D confidence_head.proj.weight")
+        drafter.confidence_head = nn.Linear(w.shape[1], w.shape[0], bias="confidence_head.proj.bias" in confidence)
+        _load_into(drafter.confidence_head, confidence, "confidence_head.proj.", path)
+        _check_consumed(confidence, path)
     _check_consumed(weights, path)
     if (embedding is None) != (lm_head is None):
         raise ValueError(f"weights: {path} has only one of embed_tokens.weight / lm_head.weight")

@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import inspect
 import weakref
 from dataclasses import dataclass
 
@@ -17,7 +16,7 @@ from torch import Tensor, nn
 from transformers.cache_utils import Cache, DynamicCache, StaticCache
 
 from dartree.arguments import check_int
-from dartree.models.hf_compat import cache_kwargs
+from dartree.models.hf_compat import cache_kwargs, parameters
 from dartree.models.lean import LeanForward, lean_forward
 from dartree.tree import DraftTree
 from dartree.verify.cache import cache_layers, compact_tail, cut_cache, merge_rows, move_slots, select_rows
@@ -44,6 +43,13 @@ def _mask_for(mask: Tensor, attn_implementation: str, dtype: torch.dtype) -> Ten
     return torch.where(mask, torch.zeros((), dtype=dtype, device=mask.device), low)
 
 
+def _new_cache(config, capacity: int | None) -> Cache:
+    """An empty cache: static of ``capacity`` slots, or dynamic (``None``)."""
+    if capacity is None:
+        return DynamicCache(config=config)
+    return StaticCache(config=config, max_cache_len=capacity)
+
+
 def _probe_equal(model: nn.Module, lean: LeanForward, capacity: int | None) -> str | None:
     """Run the model and ``lean`` on the same inputs and caches (static of ``capacity`` slots, or dynamic): a
     prefill, a tree-masked forward, an AR step and a causal extend, every hidden state and logit compared bit
@@ -65,14 +71,8 @@ def _probe_equal(model: nn.Module, lean: LeanForward, capacity: int | None) -> s
              (ids[None, 40:41], torch.full((1, 1), 32, device=device), None),
              (ids[None, 41:45], torch.arange(33, 37, device=device)[None], None))
     every = tuple(range(layers + 1))
-
-    def new_cache() -> Cache:
-        if capacity is None:
-            return DynamicCache(config=config)
-        return StaticCache(config=config, max_cache_len=capacity)
-
     with torch.no_grad():
-        theirs_cache, mine_cache = new_cache(), new_cache()
+        theirs_cache, mine_cache = _new_cache(config, capacity), _new_cache(config, capacity)
         for step, (x, pos, m) in enumerate(steps):
             theirs = model(input_ids=x, position_ids=pos, attention_mask=m, use_cache=True, output_hidden_states=True,
                            **cache_kwargs(model.forward, theirs_cache))
@@ -211,8 +211,7 @@ class HFTarget:
         self._lm_head = model.get_output_embeddings()
         self._first = torch.zeros(1, dtype=torch.int64, device=self.device)
         self._rows_apart: bool | None = None
-        self._keeps_logits: bool | None = None
-        probe = self._new_cache()
+        probe = _new_cache(self.model.config, self.max_cache_len)
         kinds = sorted({type(layer).__name__ for layer in probe.layers} - {"DynamicLayer", "StaticLayer"})
         if kinds:
             raise ValueError(f"model: its cache has {kinds} layers; tree verification needs full-attention "
@@ -258,14 +257,9 @@ class HFTarget:
         """int64 ``[b]`` committed slots per row, on the target's device."""
         return torch.tensor(self._lengths, dtype=torch.int64, device=self.device)
 
-    def _new_cache(self) -> Cache:
-        if self.cache_kind == "static":
-            return StaticCache(config=self.model.config, max_cache_len=self.max_cache_len)
-        return DynamicCache(config=self.model.config)
-
     def reset(self) -> None:
         """Forget everything: a fresh, empty cache."""
-        self._cache = self._new_cache()
+        self._cache = _new_cache(self.model.config, self.max_cache_len)
         self._set_lengths([])
         self._pending = None
 
@@ -283,13 +277,7 @@ class HFTarget:
     def keeps_logits(self) -> bool:
         """Whether the model's forward takes ``logits_to_keep`` (then prefills run the LM head on the
         positions they use only, as the references do; otherwise they slice full logits)."""
-        if self._keeps_logits is None:
-            try:
-                params = inspect.signature(self.model.forward).parameters
-            except (TypeError, ValueError):
-                params = {}
-            self._keeps_logits = "logits_to_keep" in params
-        return self._keeps_logits
+        return "logits_to_keep" in (parameters(self.model.forward) or ())
 
     def _run(self, input_ids: Tensor, position_ids: Tensor, attention_mask: Tensor | None,
              root_only: bool = False, keep: int | Tensor | None = None) -> TargetOutput:
@@ -452,11 +440,10 @@ class HFTarget:
         if tree.batch_size != max(1, len(self._lengths)):
             raise ValueError(f"tree: {tree.batch_size} rows, the cache holds {len(self._lengths)}")
         self._check_room(tree.max_nodes, "tree")
-        kv_len = self.max_cache_len if self.cache_kind == "static" else None
         if tree.batch_size == 1 and tree.device == self.device:    # the decoding loop: refill buffers
-            return self._inputs.fill(tree, self._width, kv_len=kv_len)
+            return self._inputs.fill(tree, self._width, kv_len=self.max_cache_len)     # None: a dynamic cache
         if self._uniform:
-            return tree_inputs(tree, self._width, kv_len=kv_len)
+            return tree_inputs(tree, self._width, kv_len=self.max_cache_len)
         return tree_inputs(tree, self.lengths_tensor().to(tree.device), cache_len=self._width,
                            kv_len=self._kv_len(tree.max_nodes))
 

@@ -14,7 +14,7 @@ from dartree.block import DraftBlock
 from dartree.fast import ops
 from dartree.models import heads as heads_module
 from dartree.models.heads import GRUHead
-from dartree.timing import timed_head
+from dartree.timing import TimedHead
 from tests.models.conftest import HIDDEN, VOCAB
 from tests.strategies import random_logits
 
@@ -179,7 +179,7 @@ def test_builders_with_a_prepared_head_build_the_trees_of_the_protocol_calls(tin
         block = make_block(b=2, gamma=5, seed=len(which))
         with torch.inference_mode(), ops.force_backend(kernels):
             builder = make_builder(name, backend="fast", **cfg)
-            timed = timed_head(head)
+            timed = TimedHead(head)
             trees = [builder.build(block, h) for h in (head, Unprepared(head), timed)]
             cands = torch.zeros(block.batch_size, block.gamma, 2, dtype=torch.int64)
             assert head.prepare_block(block, cands) is not None, which    # the first build took the prepared path
