@@ -180,20 +180,13 @@ def _ones(shape: tuple[int, ...]) -> list:
 def sample_tree(template: DraftTree, block: DraftBlock, head=None, warp: Warp | None = None,
                 generator: torch.Generator | None = None, topk: int | None = None,
                 head_depths: int | None = None, offset: int = 0, root_state: Tensor | None = None) -> SampledTree:
-    """``template``'s shape (any valid tree of the block; its tokens past the root ignored) with tokens drawn from
-    each node's proposal.
-
-    ``head``: a correction head proposing along the sampled path (one logits call, one draw and one ``advance``
-    per depth), or ``None`` (the block's logits propose).  ``topk``: ``None`` (the head scores the whole
-    vocabulary) or how many of the drafter's top tokens at each depth it scores.  ``head_depths``: ``None``
-    (every depth) or the depths the head proposes at, the drafter's ``q`` below (only with ``topk=None``).
-    ``warp``: the proposal's temperature and filters (default: temperature 1).  ``generator``: on the block's
-    device, or ``None`` (torch's global one).  ``offset``, ``root_state``: a reused block drafted ``offset``
-    committed tokens earlier (the template's depth ``d`` is the block's ``offset + d``) and the head's state
-    ``[b, S]`` after those tokens (its ``initial_state`` when ``None``; required with a head and ``offset > 0``).
+    """``template``'s shape with tokens drawn from each node's proposal: a correction ``head``'s along the
+    sampled path, or the block's logits (``head=None``).  The arguments: docs/verification.md, "Sampled trees
+    verified by rejection sampling" (API).
 
     Shape:
-        template: ``[b, n]`` on the block's device, depths ``<= gamma - offset``; block.logits ``[b, gamma, V]``.
+        template: ``[b, n]`` on the block's device, depths ``<= gamma - offset``; block.logits ``[b, gamma, V]``;
+        root_state: ``[b, S]``.
     """
     warp = Warp(1.0) if warp is None else warp
     if not isinstance(template, DraftTree):

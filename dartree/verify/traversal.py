@@ -1,10 +1,8 @@
 """Traversal Verification: sampled draft trees verified leaf to root, sequence by sequence; lossless at T>0.
 
 Weng et al. 2025 (arXiv 2505.12398), written from the algorithm's description, with our own sibling update for
-draws without replacement.  Entry points: :func:`verify_traversal` (accept a sampled tree), :func:`traverse` (the
-walk of one row, its coins given), :func:`child_weight`, :func:`after_deletion`, :func:`children_of`.  The
-algorithm, why it is exact, the randomness, the tests and measurements: docs/verification.md, "Traversal
-verification".
+draws without replacement.  The algorithm, why it is exact, the randomness, the tests and measurements:
+docs/verification.md, "Traversal verification".
 
 Shape: ``tree`` tensors ``[b, n]``; target logits ``[b, n, V]``.
 """
