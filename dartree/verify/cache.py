@@ -63,17 +63,8 @@ def compact_tail(cache: Cache, prefix_len: int, nodes: Tensor, host_nodes: list[
             raise ValueError(f"host_nodes: expected the {c} nodes of a batch-1 nodes tensor, got {len(host_nodes)}")
         _move_host(live, prefix_len, host_nodes)
     else:
-        idx_cache: dict[torch.device, Tensor] = {}
-        for layer in live:
-            b, heads, _, _ = layer.keys.shape
-            device = layer.keys.device
-            if device not in idx_cache:
-                idx_cache[device] = (nodes.to(device) + prefix_len)[:, None, :, None]
-            idx = idx_cache[device]
-            keys = torch.gather(layer.keys, 2, idx.expand(b, heads, c, layer.keys.shape[-1]))
-            values = torch.gather(layer.values, 2, idx.expand(b, heads, c, layer.values.shape[-1]))
-            layer.keys[:, :, prefix_len:prefix_len + c] = keys       # gathered first: overlap is safe
-            layer.values[:, :, prefix_len:prefix_len + c] = values
+        move_slots(cache, nodes + prefix_len, torch.arange(prefix_len, prefix_len + c, device=nodes.device)
+                   .expand_as(nodes))
     for layer in live:
         _cut(layer, prefix_len + c)
 
