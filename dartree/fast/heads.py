@@ -19,18 +19,13 @@ from dartree.block import DraftBlock
 from dartree.fast import checks
 from dartree.protocols import CorrectionHead, head_method
 
-__all__ = ["HeadSteps", "head_initial", "head_advance_logits", "check_logits_finite"]
+__all__ = ["HeadSteps", "head_advance_logits", "check_logits_finite"]
 
 
 def check_logits_finite(logits: Tensor) -> None:
     """Reject NaN / inf corrected logits of the tensorized builders: deferred to the end of the build
     (the host builders check the numpy view they read instead)."""
     checks.defer(~torch.isfinite(logits).all(), "head.logits: must be finite (found NaN or inf)")
-
-
-def head_initial(head: CorrectionHead, block: DraftBlock) -> Tensor:
-    """Root states ``[b, 1, S]``."""
-    return head.initial_state(block)[:, None]
 
 
 def head_advance_logits(head: CorrectionHead, block: DraftBlock, depth: int, states: Tensor, tokens: Tensor,
@@ -69,7 +64,7 @@ class HeadSteps:
 
     def initial(self) -> Tensor:
         """Root states ``[b, 1, S]``."""
-        return head_initial(self.head, self.block)
+        return self.head.initial_state(self.block)[:, None]
 
     def logits(self, depth: int, states: Tensor) -> Tensor:
         """Corrected logits ``[b, m, K]`` of ``C_depth`` after the branch states ``[b, m, S]``."""
