@@ -168,17 +168,10 @@ BuildFn = Callable[[DraftBlock, "CorrectionHead | None", Any], DraftTree]
 
 @dataclass(frozen=True)
 class BuilderSpec:
-    """A registry entry: how to configure a strategy and the functions of each backend.
-
-    ``trusted``: the strategy's trees meet the decoder's contract by construction, so the decoder skips
-    :func:`dartree.tree.check_decodable` on them (perf: one host sync per round on accelerators).  Honoured only
-    for the build functions and config classes of dartree's own strategies (property-tested on both backends);
-    any other spec, a ``dataclasses.replace`` copy included, is checked on every tree.
-
-    :func:`register_builder` checks every field: ``name`` starts a method spec (``NAME[:KEY=VALUE,...]``),
-    ``ref`` (and ``fast`` unless ``None``) is ``fn(block, head, config) -> DraftTree``, ``config_cls`` a
-    dataclass of the settings (a ``topk`` is checked against the block's vocabulary).
-    """
+    """A registry entry: how to configure a strategy and the functions of each backend; the fields, what
+    :func:`register_builder` checks of them and when ``trusted`` is honoured: docs/builders.md, "Adding a
+    strategy".  ``trusted`` skips :func:`dartree.tree.check_decodable` (perf: one host sync per round on
+    accelerators)."""
 
     name: str
     config_cls: type

@@ -2,12 +2,7 @@
 
 The builders get the head as the decoder's proxy (:class:`dartree.timing.TimedHead`; ``TreeBuilder.build`` wraps
 any other head in one), which checks the shape, device and dtype of every output where it enters.  Non-finite
-corrected logits are an error, as in the reference; how that is checked depends on the device:
-
-- CPU (the host builders): immediately, on the numpy view the builder reads anyway (free);
-- the tensorized builders (every other device): the flag ``~isfinite(logits).all()`` is handed to
-  :func:`dartree.fast.checks.defer`, and :meth:`dartree.builders.TreeBuilder.build` reads every
-  deferred flag of the build at once, after it (one host synchronisation per build, none per depth).
+corrected logits are an error, checked without a sync per depth: docs/kernels.md, "Checks without syncs".
 """
 
 from __future__ import annotations
