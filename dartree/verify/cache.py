@@ -36,14 +36,9 @@ def cache_length(cache: Cache) -> int:
 
 def compact_tail(cache: Cache, prefix_len: int, nodes: Tensor, host_nodes: list[int] | None = None) -> None:
     """Keep the first ``prefix_len`` slots untouched and move the tree slots ``prefix_len + nodes``
-    (per row, in order) right after them; drop everything else.
-
-    O(kept tree slots) per layer: the committed prefix is never copied.
-
-    ``host_nodes`` (batch 1: ``nodes[0]`` as a Python list, when the caller already has it on the
-    host) lets the leading nodes that already sit in place (``nodes[j] == j``: the root, and the
-    first nodes of a path through the tree's first slots, e.g. every node of a chain) stay untouched;
-    only the rest is copied, with one ``index_select`` per tensor.
+    (per row, in order) right after them; drop everything else (docs/verification.md, "KV-cache compaction").
+    ``host_nodes``: batch 1, ``nodes[0]`` as a Python list when the caller has it on the host (the leading
+    nodes already in place, ``nodes[j] == j``, are then not copied).
 
     Shape:
         nodes: int64 ``[b, c]`` tree node indices to keep (root first; ``c >= 1``), every
