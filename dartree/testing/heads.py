@@ -71,6 +71,10 @@ class PathHashHead:
 
     def advance_logits(self, block: DraftBlock, depth: int, states: Tensor, tokens: Tensor,
                        candidates: Tensor) -> tuple[Tensor, Tensor]:
-        """The fused call of the protocol: ``advance`` at ``depth``, then ``logits`` at ``depth + 1``."""
-        new = self.advance(block, depth, states, tokens)
-        return new, self.logits(block, depth + 1, new, candidates)
+        """The fused call of the protocol: ``advance`` at ``depth``, then ``logits`` at ``depth + 1``, with
+        the new state's two fields used directly (no stack and re-slice): the same float32 operations."""
+        tok = tokens.float()[..., None]                                  # [b, m, 1]
+        h = torch.remainder(states[..., 0:1] * 31.0 + tok, 1009.0)      # [b, m, 1]
+        base = _base_candidate_logits(block, depth + 1, candidates, tokens.shape[1])
+        mix = torch.remainder(7.0 * h + 13.0 * candidates[:, None, :].float() + 5.0 * (depth + 1) + 3.0 * tok, 17.0)
+        return torch.cat([h, tok], dim=-1), base + self.strength * ((mix - 8.0) / 8.0)
