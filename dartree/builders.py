@@ -132,22 +132,12 @@ class PrunedConfig:
 class SequoiaConfig:
     """``sequoia`` / ``corrected-sequoia``: the rank-optimal shape of :mod:`dartree.sequoia`.
 
-    budget: draft nodes (root excluded), ``>= 1``; fewer only if ``gamma`` and ``len(acceptance)`` cap the shape.
-    acceptance: ``P_r``, the probability that a node's ``r``-th child is the accepted one (in (0, 1),
-        non-increasing, summing to at most 1; ``"0.5/0.2/0.1"`` is read too).  Default: measured on the zoo.
-    topk: candidates per depth, ``1 <= topk <= V``: a node's ``r``-th child is its ``r``-th best candidate (the
-        head's along the path for ``corrected-sequoia``).
-    normalize: ``"vocab"`` or ``"candidates"``.
-    head_depths: depths below the root at which the head proposes under the rejection verifier (``None``: all);
-        default 3: deeper head calls cost about what they give back (docs/results.md).
-    reuse_depths: with the rejection verifier, a head and one live row, a drafted block serves the next rounds
-        while at least this many of its depths are left (docs/verification.md); ``0``: draft every round.
-        Default 2: the fastest value tried on the zoo at T=1 (docs/results.md).
-    proposal_temperature: with the rejection verifier, the temperature the tree's tokens are drawn at, as a
-        multiple of the run's (a finite number > 0; the run's top-k / top-p / min-p kept).  Any proposal is
-        lossless (the verifier tests the draws against the ``q`` they came from); one a little flatter than the
-        target's accepts more where the head is overconfident relative to the sharpened target (docs/results.md,
-        "The proposal's own temperature").  Default 1: the run's warp.
+    budget, topk, normalize: as :class:`TreeConfig` (fewer nodes only where ``gamma`` and ``len(acceptance)`` cap
+    the shape; a node's ``r``-th child is its ``r``-th best candidate, the head's for ``corrected-sequoia``).
+    acceptance: ``P_r`` (:func:`dartree.sequoia.check_acceptance`; ``"0.5/0.2/0.1"`` is read too).
+    head_depths (``None``: every depth), reuse_depths (``0``: draft every round), proposal_temperature (a multiple
+    of the run's, ``> 0``): the rejection verifier's settings, their defaults and why: docs/builders.md,
+    "Sequoia's rank-optimal shape".
     """
 
     budget: int = 16
@@ -178,17 +168,10 @@ BuildFn = Callable[[DraftBlock, "CorrectionHead | None", Any], DraftTree]
 
 @dataclass(frozen=True)
 class BuilderSpec:
-    """A registry entry: how to configure a strategy and the functions of each backend.
-
-    ``trusted``: the strategy's trees meet the decoder's contract by construction, so the decoder skips
-    :func:`dartree.tree.check_decodable` on them (perf: one host sync per round on accelerators).  Honoured only
-    for the build functions and config classes of dartree's own strategies (property-tested on both backends);
-    any other spec, a ``dataclasses.replace`` copy included, is checked on every tree.
-
-    :func:`register_builder` checks every field: ``name`` starts a method spec (``NAME[:KEY=VALUE,...]``),
-    ``ref`` (and ``fast`` unless ``None``) is ``fn(block, head, config) -> DraftTree``, ``config_cls`` a
-    dataclass of the settings (a ``topk`` is checked against the block's vocabulary).
-    """
+    """A registry entry: how to configure a strategy and the functions of each backend; the fields, what
+    :func:`register_builder` checks of them and when ``trusted`` is honoured: docs/builders.md, "Adding a
+    strategy".  ``trusted`` skips :func:`dartree.tree.check_decodable` (perf: one host sync per round on
+    accelerators)."""
 
     name: str
     config_cls: type

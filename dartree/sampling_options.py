@@ -67,19 +67,8 @@ def stop_tokens(stop_token_ids: object, vocab_size: int | None = None) -> frozen
 
 @dataclass(frozen=True, kw_only=True)
 class Sampling:
-    """How a decode picks its tokens; checked when made, a bad value named with its allowed values.
-
-    ``temperature``: 0 (greedy: the target's argmax; every other option is checked and unused) or a number in
-    ``[1e-6, 1e4]`` (:data:`~dartree.verify.sampling.MIN_TEMPERATURE`, ``MAX_TEMPERATURE``).  ``top_k`` /
-    ``top_p`` / ``min_p``: HF ``generate``'s warpers (:class:`~dartree.verify.warp.Warp`; ``None``: off).
-    ``sampler``: the draws at T>0 (``None``: a ``GeneratorSampler`` on torch's global generator, made per call;
-    a sampler given here keeps its state from call to call).  ``verifier``: one of :data:`VERIFIERS`, or
-    ``None``: :data:`DEFAULT_VERIFIER` with a ``GeneratorSampler`` (or none), ``"match"`` with a
-    ``KeyedSampler`` or a custom sampler; the sampled verifiers need a ``GeneratorSampler`` (the AR baselines
-    verify nothing and ignore it).  ``stop_token_ids``: an int, an iterable of ints, a numpy or tensor integer
-    array; held as a ``frozenset`` (an iterator is read once, here); the call checks them against the target's
-    vocabulary.
-    """
+    """How a decode picks its tokens; checked when made, a bad value named with its allowed values.  Each
+    option: docs/quickstart.md, "From Python"."""
 
     temperature: float = 0.0
     top_k: int | None = None

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from dartree.arguments import check_int
-from dartree.tree import DraftTree, rank_path_key
+from dartree.tree import DraftTree, children_lists, rank_path_key
 
 __all__ = ["best_first_select", "top_b_select"]
 
@@ -39,11 +39,8 @@ def best_first_select(tree: DraftTree, budget: int) -> Tensor:
     for r in range(tree.batch_size):
         scores = tree.scores[r].tolist()
         paths = tree.rank_paths(r)
-        kids: dict[int, list[int]] = {}
-        for i, p in enumerate(tree.parents[r, : len(paths)].tolist()):
-            if i > 0:
-                kids.setdefault(p, []).append(i)
-        heap = [(rank_path_key(scores[i], paths[i]), i) for i in kids.get(0, [])]
+        kids = children_lists(tree.parents[r, : len(paths)].tolist(), len(paths))
+        heap = [(rank_path_key(scores[i], paths[i]), i) for i in kids[0]]
         heapq.heapify(heap)
         keep[r, 0] = True
         taken = 0
@@ -51,6 +48,6 @@ def best_first_select(tree: DraftTree, budget: int) -> Tensor:
             _, i = heapq.heappop(heap)
             keep[r, i] = True
             taken += 1
-            for c in kids.get(i, []):
+            for c in kids[i]:
                 heapq.heappush(heap, (rank_path_key(scores[c], paths[c]), c))
     return keep.to(tree.device)

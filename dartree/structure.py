@@ -40,17 +40,12 @@ def ancestor_mask(parents: Tensor, num_nodes: Tensor) -> Tensor:
     :func:`tree_structure` alone: numpy on the host for CPU tensors, torch elsewhere)."""
     if parents.device.type != "cpu":
         return tree_structure(parents, num_nodes).mask
-    par = parents.numpy()
+    par, counts = parents.numpy(), num_nodes.numpy()
     n = par.shape[1]
-    return torch.from_numpy(_host_mask(par, _valid(num_nodes.numpy(), n)))
-
-
-def _valid(num_nodes: np.ndarray, n: int) -> np.ndarray:
-    """bool ``[b, n]``: which columns are nodes; a node count outside ``0..n`` is an error."""
-    bad = np.flatnonzero((num_nodes < 0) | (num_nodes > n))
+    bad = np.flatnonzero((counts < 0) | (counts > n))
     if bad.size:
-        raise ValueError(f"num_nodes: row {bad[0]} has {int(num_nodes[bad[0]])}, outside 0..{n}")
-    return np.arange(n)[None, :] < num_nodes[:, None]
+        raise ValueError(f"num_nodes: row {bad[0]} has {int(counts[bad[0]])}, outside 0..{n}")
+    return torch.from_numpy(_host_mask(par, np.arange(n)[None, :] < counts[:, None]))
 
 
 def _host_mask(par: np.ndarray, valid: np.ndarray) -> np.ndarray:
@@ -68,15 +63,13 @@ def _host_mask(par: np.ndarray, valid: np.ndarray) -> np.ndarray:
     for _ in range(_doubling_steps(n) + 2):
         nxt = jump[rows, jump]
         if np.array_equal(nxt, jump):
-            broken = outside | (child & (jump != 0))     # every ancestor walk of a tree ends at the root
-            if broken.any():
-                r, i = np.argwhere(broken)[0]
-                raise ValueError(f"parents: row {r} node {i}: its parent {int(par[r, i])} is not a node of the "
-                                 f"row (0..{int(valid[r].sum()) - 1}) or its ancestors do not reach the root")
-            return mask
+            break
         mask |= mask[rows, jump]
         jump = nxt
-    r, i = np.argwhere(nxt != jump)[0]
+    broken = outside | (child & (jump != 0))     # every ancestor walk of a tree ends at the root (a cycle never)
+    if not broken.any():
+        return mask
+    r, i = np.argwhere(broken)[0]
     raise ValueError(f"parents: row {r} node {i}: its parent {int(par[r, i])} is not a node of the row "
                      f"(0..{int(valid[r].sum()) - 1}) or its ancestors do not reach the root")
 

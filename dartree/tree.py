@@ -16,7 +16,7 @@ from torch import Tensor
 
 from dartree.arguments import check_int
 from dartree.block import DraftBlock, check_not_meta
-from dartree.structure import PAD, TreeStructure, ancestor_mask, tree_structure
+from dartree.structure import PAD, ancestor_mask, tree_structure
 
 __all__ = ["DraftTree", "PAD", "check_decodable", "children_lists", "rank_path_key"]
 
@@ -132,11 +132,6 @@ class DraftTree:
         return self
 
     # ---------------------------------------------------------------------------- derived data
-    def structure(self, prefix_len: int | Tensor = 0) -> TreeStructure:
-        """Ancestor mask, positions and first-child / next-sibling links in one pass
-        (:func:`dartree.structure.tree_structure`; :func:`dartree.fast.ops.tree_structure` adds the CUDA kernel)."""
-        return tree_structure(self.parents, self.num_nodes, prefix_len)
-
     def ancestor_mask(self) -> Tensor:
         """bool ``[b, n, n]``: ``mask[r, i, j]`` iff node j is node i or an ancestor (padding all False)."""
         return ancestor_mask(self.parents, self.num_nodes)
@@ -150,7 +145,7 @@ class DraftTree:
 
     def links(self) -> tuple[Tensor, Tensor]:
         """First-child and next-sibling links, int64 ``[b, n]`` each, -1 where none (children in node order)."""
-        s = self.structure()
+        s = tree_structure(self.parents, self.num_nodes)
         return s.first_child, s.next_sibling
 
     def node_paths(self, row: int) -> list[list[int]]:

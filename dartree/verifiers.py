@@ -74,10 +74,8 @@ class Greedy(Verifier):
         self.walks = walks
 
     def accept(self, drafted, scored, prefix, rows=None) -> VerifyResult:
-        if rows is not None:
-            return walk_greedy(drafted, scored.logits[:, 0], rows)
-        if self.walks:
-            return walk_greedy(drafted, scored.logits[:, 0], scored_rows(scored.logits))
+        if rows is not None or self.walks:
+            return walk_greedy(drafted, scored.logits[:, 0], rows or scored_rows(scored.logits))
         return verify_greedy(drafted, scored.logits.to(drafted.device))
 
     def next_token(self, logits: Tensor, positions: Tensor) -> Tensor:

@@ -2,12 +2,7 @@
 
 The builders get the head as the decoder's proxy (:class:`dartree.timing.TimedHead`; ``TreeBuilder.build`` wraps
 any other head in one), which checks the shape, device and dtype of every output where it enters.  Non-finite
-corrected logits are an error, as in the reference; how that is checked depends on the device:
-
-- CPU (the host builders): immediately, on the numpy view the builder reads anyway (free);
-- the tensorized builders (every other device): the flag ``~isfinite(logits).all()`` is handed to
-  :func:`dartree.fast.checks.defer`, and :meth:`dartree.builders.TreeBuilder.build` reads every
-  deferred flag of the build at once, after it (one host synchronisation per build, none per depth).
+corrected logits are an error, checked without a sync per depth: docs/kernels.md, "Checks without syncs".
 """
 
 from __future__ import annotations
@@ -19,18 +14,13 @@ from dartree.block import DraftBlock
 from dartree.fast import checks
 from dartree.protocols import CorrectionHead, head_method
 
-__all__ = ["HeadSteps", "head_initial", "head_advance_logits", "check_logits_finite"]
+__all__ = ["HeadSteps", "head_advance_logits", "check_logits_finite"]
 
 
 def check_logits_finite(logits: Tensor) -> None:
     """Reject NaN / inf corrected logits of the tensorized builders: deferred to the end of the build
     (the host builders check the numpy view they read instead)."""
     checks.defer(~torch.isfinite(logits).all(), "head.logits: must be finite (found NaN or inf)")
-
-
-def head_initial(head: CorrectionHead, block: DraftBlock) -> Tensor:
-    """Root states ``[b, 1, S]``."""
-    return head.initial_state(block)[:, None]
 
 
 def head_advance_logits(head: CorrectionHead, block: DraftBlock, depth: int, states: Tensor, tokens: Tensor,
@@ -69,7 +59,7 @@ class HeadSteps:
 
     def initial(self) -> Tensor:
         """Root states ``[b, 1, S]``."""
-        return head_initial(self.head, self.block)
+        return self.head.initial_state(self.block)[:, None]
 
     def logits(self, depth: int, states: Tensor) -> Tensor:
         """Corrected logits ``[b, m, K]`` of ``C_depth`` after the branch states ``[b, m, S]``."""

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from dartree.block import DraftBlock
 from dartree.fast.core import candidate_set
-from dartree.fast.heads import check_logits_finite, head_initial
+from dartree.fast.heads import check_logits_finite
 from dartree.protocols import CorrectionHead
 from dartree.scoring import log_normalize
 from dartree.sequoia import RankShape, rank_shape
@@ -70,7 +70,7 @@ def _build(block: DraftBlock, head: CorrectionHead | None, config) -> DraftTree:
         cand = ranks[1:].expand(b, -1)                                            # [b, n-1] candidate index
     else:
         cand = torch.empty(b, n - 1, dtype=torch.int64, device=device)
-        states = head_initial(head, block)                                        # [b, 1, S] the root's
+        states = head.initial_state(block)[:, None]                               # [b, 1, S] the root's
         index = torch.zeros(n, dtype=torch.int64, device=device)                  # node -> row of `states`
         for depth, (nodes, slot, rank, ups, kids) in enumerate(levels, start=1):
             tokens = cands.tokens[:, depth - 1]                                   # [b, K]

@@ -55,11 +55,6 @@ def _block(seed: int) -> DraftBlock:
     return DraftBlock(logits=logits, root=torch.randint(0, vocab, (batch,), generator=g))
 
 
-def _fits(builder: TreeBuilder, block: DraftBlock) -> bool:
-    topk = getattr(builder.config, "topk", None)
-    return topk is None or topk <= block.vocab_size
-
-
 def check_builder(builder: TreeBuilder | str, config: dict[str, Any] | None = None, *, examples: int = 12,
                   seed: int = 0, decode: bool = True, temperature: float = 0.0, draws: int = 2000,
                   alpha: float = 1e-6) -> None:
@@ -78,10 +73,10 @@ def check_builder(builder: TreeBuilder | str, config: dict[str, Any] | None = No
 
     builders = _configured(builder, config)
     head = PathHashHead() if builders[0].needs_head else None
-    budget = getattr(builders[0].config, "budget", None)
+    budget, topk = (getattr(builders[0].config, name, None) for name in ("budget", "topk"))
     for k in range(examples):
         block = _block(seed + k)
-        if not _fits(builders[0], block):
+        if topk is not None and topk > block.vocab_size:
             continue
         trees = []
         for b in builders:

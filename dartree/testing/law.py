@@ -193,13 +193,13 @@ def round_law(parents: list[int], target, proposal, step=None, stored=None) -> d
 
     import numpy as np
 
+    from dartree.tree import children_lists
+
     if step is None:
         from dartree.verify import rejection
 
         step = rejection.accept_step
-    kids: dict[int, list[int]] = {i: [] for i in range(len(parents))}
-    for i, p in enumerate(parents[1:], start=1):
-        kids[p].append(i)
+    kids = children_lists(parents, len(parents))
     memo: dict = {}
 
     def merge(out: dict, key: tuple, value: float) -> None:

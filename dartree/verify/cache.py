@@ -36,14 +36,9 @@ def cache_length(cache: Cache) -> int:
 
 def compact_tail(cache: Cache, prefix_len: int, nodes: Tensor, host_nodes: list[int] | None = None) -> None:
     """Keep the first ``prefix_len`` slots untouched and move the tree slots ``prefix_len + nodes``
-    (per row, in order) right after them; drop everything else.
-
-    O(kept tree slots) per layer: the committed prefix is never copied.
-
-    ``host_nodes`` (batch 1: ``nodes[0]`` as a Python list, when the caller already has it on the
-    host) lets the leading nodes that already sit in place (``nodes[j] == j``: the root, and the
-    first nodes of a path through the tree's first slots, e.g. every node of a chain) stay untouched;
-    only the rest is copied, with one ``index_select`` per tensor.
+    (per row, in order) right after them; drop everything else (docs/verification.md, "KV-cache compaction").
+    ``host_nodes``: batch 1, ``nodes[0]`` as a Python list when the caller has it on the host (the leading
+    nodes already in place, ``nodes[j] == j``, are then not copied).
 
     Shape:
         nodes: int64 ``[b, c]`` tree node indices to keep (root first; ``c >= 1``), every
@@ -63,17 +58,8 @@ def compact_tail(cache: Cache, prefix_len: int, nodes: Tensor, host_nodes: list[
             raise ValueError(f"host_nodes: expected the {c} nodes of a batch-1 nodes tensor, got {len(host_nodes)}")
         _move_host(live, prefix_len, host_nodes)
     else:
-        idx_cache: dict[torch.device, Tensor] = {}
-        for layer in live:
-            b, heads, _, _ = layer.keys.shape
-            device = layer.keys.device
-            if device not in idx_cache:
-                idx_cache[device] = (nodes.to(device) + prefix_len)[:, None, :, None]
-            idx = idx_cache[device]
-            keys = torch.gather(layer.keys, 2, idx.expand(b, heads, c, layer.keys.shape[-1]))
-            values = torch.gather(layer.values, 2, idx.expand(b, heads, c, layer.values.shape[-1]))
-            layer.keys[:, :, prefix_len:prefix_len + c] = keys       # gathered first: overlap is safe
-            layer.values[:, :, prefix_len:prefix_len + c] = values
+        move_slots(cache, nodes + prefix_len, torch.arange(prefix_len, prefix_len + c, device=nodes.device)
+                   .expand_as(nodes))
     for layer in live:
         _cut(layer, prefix_len + c)
 

@@ -68,17 +68,8 @@ def tree_inputs(
     cache_len: int | None = None,
     kv_len: int | None = None,
 ) -> TreeInputs:
-    """Build input ids, position ids and the tree attention mask for ``tree``.
-
-    Args:
-        tree: the batch of trees to score.
-        prefix_len: committed tokens each row attends to: an int shared by all rows, or int64 ``[b]``
-            (a right-padded batch cache: row ``r`` sees columns ``[0, prefix_len[r])``).
-        cache_len: cache column of node 0 (how many slots the cache holds before the tree is written).
-            Defaults to ``prefix_len`` when that is an int; required when it is a tensor (taking the
-            maximum would synchronise with the device).
-        kv_len: total key columns the attention sees.  Defaults to ``cache_len + n`` (a growing cache);
-            a static cache passes its capacity.
+    """Input ids, position ids and the tree attention mask for ``tree`` after a cache of ``cache_len`` slots
+    (the arguments: docs/verification.md, "Tree inputs").
 
     Shape:
         prefix_len: int or int64 ``[b]``.
@@ -124,13 +115,10 @@ def tree_inputs(
 
 
 class TreeInputBuffer:
-    """Batch-1 tree inputs filled into preallocated buffers, for the decoding loop.
-
-    Equal to ``tree_inputs(tree, prefix_len, kv_len=kv_len)`` for a one-row tree, but the mask is a
-    view of a buffer that persists across rounds: the prefix columns are set once (only the columns
-    committed since the last call are written), the tree block is overwritten, and the columns a
-    longer earlier tree left behind are cleared.  Invariant after every :meth:`fill`: columns
-    ``[0, prefix_len)`` are True and columns ``>= prefix_len + n`` are False in every buffer row.
+    """Batch-1 tree inputs filled into a mask buffer kept across rounds, for the decoding loop: equal to
+    ``tree_inputs(tree, prefix_len, kv_len=kv_len)`` (docs/verification.md, "Tree inputs").  Invariant after
+    every :meth:`fill`: columns ``[0, prefix_len)`` are True and columns ``>= prefix_len + n`` are False in every
+    buffer row.
     """
 
     def __init__(self, device: torch.device | str) -> None:

@@ -22,7 +22,7 @@ from dartree.verify.accept import VerifyResult, check_logits, host_result
 from dartree.verify.sampling import inverse_cdf
 from dartree.verify.warp import Warp
 
-__all__ = ["SampledTree", "HostLists", "sample_tree", "verify_rejection", "check_verify_args", "accept_step",
+__all__ = ["SampledTree", "HostLists", "sample_tree", "verify_rejection", "walk_coins", "accept_step",
            "draw_index", "proposal_probs", "proposal_row", "HEAD_DEPTHS", "NUCLEUS_CANDIDATES"]
 
 #: the depths a correction head proposes at in a decode (the drafter below).  Each depth costs one head call
@@ -74,10 +74,13 @@ class SampledTree:
             return None
         return made[2]
 
+    def host_proposals(self) -> tuple[np.ndarray, np.ndarray | None]:
+        """``probs`` and ``support`` as host arrays (``support`` ``None`` when ``P == V``)."""
+        return self.probs.cpu().numpy(), None if self.support is None else self.support.cpu().numpy()
+
     def proposal(self, row: int, node: int, vocab: int) -> np.ndarray:
         """Node ``node``'s proposal over the whole vocabulary (float64, host)."""
-        support = None if self.support is None else self.support.cpu().numpy()
-        return proposal_row(self.probs.cpu().numpy(), support, row, int(self.row_of[row, node]), vocab)
+        return proposal_row(*self.host_proposals(), row, int(self.row_of[row, node]), vocab)
 
 
 def proposal_row(probs: np.ndarray, support: np.ndarray | None, row: int, r: int, vocab: int) -> np.ndarray:
@@ -180,20 +183,13 @@ def _ones(shape: tuple[int, ...]) -> list:
 def sample_tree(template: DraftTree, block: DraftBlock, head=None, warp: Warp | None = None,
                 generator: torch.Generator | None = None, topk: int | None = None,
                 head_depths: int | None = None, offset: int = 0, root_state: Tensor | None = None) -> SampledTree:
-    """``template``'s shape (any valid tree of the block; its tokens past the root ignored) with tokens drawn from
-    each node's proposal.
-
-    ``head``: a correction head proposing along the sampled path (one logits call, one draw and one ``advance``
-    per depth), or ``None`` (the block's logits propose).  ``topk``: ``None`` (the head scores the whole
-    vocabulary) or how many of the drafter's top tokens at each depth it scores.  ``head_depths``: ``None``
-    (every depth) or the depths the head proposes at, the drafter's ``q`` below (only with ``topk=None``).
-    ``warp``: the proposal's temperature and filters (default: temperature 1).  ``generator``: on the block's
-    device, or ``None`` (torch's global one).  ``offset``, ``root_state``: a reused block drafted ``offset``
-    committed tokens earlier (the template's depth ``d`` is the block's ``offset + d``) and the head's state
-    ``[b, S]`` after those tokens (its ``initial_state`` when ``None``; required with a head and ``offset > 0``).
+    """``template``'s shape with tokens drawn from each node's proposal: a correction ``head``'s along the
+    sampled path, or the block's logits (``head=None``).  The arguments: docs/verification.md, "Sampled trees
+    verified by rejection sampling" (API).
 
     Shape:
-        template: ``[b, n]`` on the block's device, depths ``<= gamma - offset``; block.logits ``[b, gamma, V]``.
+        template: ``[b, n]`` on the block's device, depths ``<= gamma - offset``; block.logits ``[b, gamma, V]``;
+        root_state: ``[b, S]``.
     """
     warp = Warp(1.0) if warp is None else warp
     if not isinstance(template, DraftTree):
@@ -448,14 +444,21 @@ def draw_index(p: np.ndarray, u: float) -> int:
     return int(np.flatnonzero(p > 0)[-1])      # u * total rounded up to the total
 
 
-def check_verify_args(sampled: SampledTree, target_logits: Tensor, warp: Warp) -> None:
-    """``ValueError`` naming the argument of a sampled tree's verifier (:func:`verify_rejection`,
-    :func:`~dartree.verify.traversal.verify_traversal`) that is not what it takes."""
+def walk_coins(sampled: SampledTree, target_logits: Tensor, warp: Warp,
+               generator: torch.Generator | None) -> np.ndarray:
+    """The arguments of a sampled tree's verifier (:func:`verify_rejection`,
+    :func:`~dartree.verify.traversal.verify_traversal`) checked (a ``ValueError`` names the one that is not what
+    it takes), then every coin its host walk may use, in one draw: float64 uniforms ``[b, n]`` on the host
+    (``generator`` on any device; ``None``: torch's global one)."""
     if not isinstance(sampled, SampledTree):
         raise ValueError(f"sampled: expected a SampledTree (from sample_tree), got {type(sampled).__name__}")
     if not isinstance(warp, Warp):
         raise ValueError(f"warp: expected a dartree.verify.warp.Warp, got {type(warp).__name__}")
     check_logits(sampled.tree, target_logits)
+    device = generator.device if generator is not None else torch.device("cpu")
+    # host read on purpose: the walk runs on the host
+    return torch.rand(tuple(sampled.tree.tokens.shape), generator=generator, dtype=torch.float64,
+                      device=device).cpu().numpy()
 
 
 def verify_rejection(sampled: SampledTree, target_logits: Tensor, warp: Warp,
@@ -463,26 +466,21 @@ def verify_rejection(sampled: SampledTree, target_logits: Tensor, warp: Warp,
     """Recursive rejection sampling down ``sampled.tree`` (module docstring); the committed tokens have the
     distribution of the target's (warped) sampling.
 
-    ``generator``: on any device (``None``: torch's global generator); each row's coins are drawn at once, as
-    uniforms ``[b, n]``: one per sibling tested and one for the bonus, used in walk order.  The returned
-    ``picks`` are all ``PAD`` (no token is sampled at a node).
+    ``generator``: the coins' (:func:`walk_coins`), one per sibling tested and one for the bonus, used in walk
+    order.  The returned ``picks`` are all ``PAD`` (no token is sampled at a node).
 
     Shape:
         target_logits: float ``[b, n, V]`` the target's next-token logits at each node (unwarped).
         returns: a :class:`~dartree.verify.accept.VerifyResult`, as :func:`~dartree.verify.accept.verify_sampled`'s.
     """
-    check_verify_args(sampled, target_logits, warp)
+    coins = walk_coins(sampled, target_logits, warp, generator)
     tree = sampled.tree
     b, n = tree.tokens.shape
     vocab = target_logits.shape[-1]
     # one host read of the tree's integers (parents, tokens, proposal rows, node counts): the walk runs on the host
     ints = torch.cat([tree.parents, tree.tokens, sampled.row_of.to(tree.device), tree.num_nodes[:, None]], dim=1)
     host = ints.tolist()
-    device = generator.device if generator is not None else torch.device("cpu")
-    # every coin the walk may use, in one draw
-    coins = torch.rand((b, n), generator=generator, dtype=torch.float64, device=device).cpu().numpy()
-    probs = sampled.probs.cpu().numpy()                                 # float32 [b, R, P] proposals
-    support = None if sampled.support is None else sampled.support.cpu().numpy()
+    probs, support = sampled.host_proposals()                          # float32 [b, R, P] proposals
     paths, committed = [], []             # per row: the accepted nodes (root first), the committed tokens
     for row in range(b):
         parents, tokens, row_of = host[row][:n], host[row][n: 2 * n], host[row][2 * n: 3 * n]

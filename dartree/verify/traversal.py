@@ -1,10 +1,8 @@
 """Traversal Verification: sampled draft trees verified leaf to root, sequence by sequence; lossless at T>0.
 
 Weng et al. 2025 (arXiv 2505.12398), written from the algorithm's description, with our own sibling update for
-draws without replacement.  Entry points: :func:`verify_traversal` (accept a sampled tree), :func:`traverse` (the
-walk of one row, its coins given), :func:`child_weight`, :func:`after_deletion`, :func:`children_of`.  The
-algorithm, why it is exact, the randomness, the tests and measurements: docs/verification.md, "Traversal
-verification".
+draws without replacement.  The algorithm, why it is exact, the randomness, the tests and measurements:
+docs/verification.md, "Traversal verification".
 
 Shape: ``tree`` tensors ``[b, n]``; target logits ``[b, n, V]``.
 """
@@ -19,7 +17,7 @@ from torch import Tensor
 
 from dartree.tree import DraftTree, children_lists
 from dartree.verify.accept import VerifyResult, host_result
-from dartree.verify.rejection import SampledTree, check_verify_args, draw_index, proposal_row
+from dartree.verify.rejection import SampledTree, draw_index, proposal_row, walk_coins
 from dartree.verify.warp import Warp
 
 __all__ = ["verify_traversal", "traverse", "child_weight", "after_deletion", "children_of"]
@@ -116,28 +114,21 @@ def verify_traversal(sampled: SampledTree, target_logits: Tensor, warp: Warp,
     """Traversal Verification of ``sampled.tree`` (module docstring); the committed tokens have the
     distribution of the target's (warped) sampling.  The contract of
     :func:`~dartree.verify.rejection.verify_rejection`: the same arguments and result.
-
-    ``generator``: on any device (``None``: torch's global generator); each row's coins are drawn at once, as
-    uniforms ``[b, n]``.  The returned ``picks`` are all ``PAD`` (no token is sampled at a node).
     """
-    check_verify_args(sampled, target_logits, warp)
+    coins = walk_coins(sampled, target_logits, warp, generator)
     tree = sampled.tree
     b, n = tree.tokens.shape
     vocab = target_logits.shape[-1]
     made = sampled.host_lists()            # perf: sample_tree's own lists of this tree, when it made them
     kids = children_of(tree) if made is None else made.children
     tokens = tree.tokens.tolist() if made is None else made.tokens
-    device = generator.device if generator is not None else torch.device("cpu")
-    # host read on purpose: the walk runs on the host; every coin it may use, in one draw
-    coins = torch.rand((b, n), generator=generator, dtype=torch.float64, device=device).cpu().numpy()
     # one host read of the target's distributions at every node with children and of the proposals (perf: the walk
     # visits most of them, so one read costs less than one per visited node); a leaf's only
     # when its path is accepted (its bonus)
     inner = [(row, u) for row in range(b) for u in range(n) if kids[row][u]]
     at = {pair: i for i, pair in enumerate(inner)}
     # float32 [b, R, P] on the host; a visited row is widened to float64 (exact) when its proposal is read
-    proposals = sampled.probs.cpu().numpy()
-    support = None if sampled.support is None else sampled.support.cpu().numpy()
+    proposals, support = sampled.host_proposals()
     widened = None                        # [R, V] float64 every proposal row renormalised, when made at once
     if b == 1 and [u for _, u in inner] == list(range(len(inner))):     # perf: a slice, no gather of [inner, V]
         if support is None:

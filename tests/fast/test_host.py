@@ -181,7 +181,7 @@ def test_compiled_normaliser_is_the_log_sum_exp_of_the_rest() -> None:
     torch.testing.assert_close(torch.from_numpy(rest).double(), exact, rtol=0, atol=4e-6)
 
 
-@pytest.mark.parametrize("bad", ["out of range", "cycle", "count"])
+@pytest.mark.parametrize("bad", ["out of range", "cycle", "3-cycle", "count"])
 def test_ancestor_mask_rejects_broken_parents(bad: str) -> None:
     from dartree.structure import ancestor_mask
 
@@ -191,6 +191,8 @@ def test_ancestor_mask_rejects_broken_parents(bad: str) -> None:
         parents[0, 2] = 7
     if bad == "cycle":
         parents[0, 1], parents[0, 2] = 2, 1
+    if bad == "3-cycle":      # never settles: was an IndexError
+        parents[0, 1:] = torch.tensor([2, 3, 1])
     if bad == "count":
         num_nodes = torch.tensor([5])
     with pytest.raises(ValueError, match="parents: row 0 node|num_nodes: row 0"):
