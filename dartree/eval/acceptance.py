@@ -9,7 +9,7 @@ import torch
 
 from dartree.rounds import check_request
 from dartree.sequoia import MIN_TESTS, acceptance_from_walks
-from dartree.tree import PAD
+from dartree.tree import PAD, children_lists
 from dartree.verify.rejection import SampledTree
 
 __all__ = ["measure_acceptance"]
@@ -44,9 +44,7 @@ def measure_acceptance(decoder, prompts: Sequence, max_new_tokens: int = 64, tem
 def _walk(parents: list[int], count: int, path: list[int]) -> list[tuple[int, int | None]]:
     """One round's ``(children, accepted rank or None)`` per visited node with children (``path``: the
     accepted nodes, root first; children in node order are the draw order)."""
-    kids: list[list[int]] = [[] for _ in range(count)]
-    for i in range(1, count):
-        kids[parents[i]].append(i)
+    kids = children_lists(parents, count)
     out: list[tuple[int, int | None]] = []
     for j, u in enumerate(path):
         if kids[u]:

@@ -14,7 +14,7 @@ from dartree.eval.concurrency import ConcurrencyRow
 from dartree.eval.costmodel import setting_text
 from dartree.eval.outdir import write_atomic
 from dartree.eval.tune import TuneResult
-from dartree.tree import DraftTree
+from dartree.tree import DraftTree, children_lists
 
 __all__ = ["plot_acceptance", "plot_sweep", "plot_tree", "plot_depth_distribution", "plot_tuning", "plot_concurrency",
            "token_label",
@@ -84,14 +84,12 @@ def plot_tree(tree: DraftTree, accepted: Sequence[int], token_text: Callable[[in
     parents = tree.parents[row, :n].tolist()
     depths = tree.depths[row, :n].tolist()
     tokens = tree.tokens[row, :n].tolist()
-    children: dict[int, list[int]] = {}
-    for i in range(1, n):
-        children.setdefault(parents[i], []).append(i)
+    children = children_lists(parents, n)
     y: dict[int, float] = {}
     next_leaf = [0.0]
 
     def place(i: int) -> None:            # leaves top to bottom in depth-first order, parents centred
-        kids = children.get(i, [])
+        kids = children[i]
         for c in kids:
             place(c)
         if kids:
