@@ -66,14 +66,17 @@ def machine(device: torch.device | str) -> dict[str, Any]:
     return {"device": device.type, "device_name": name, "torch_threads": torch.get_num_threads()}
 
 
+def _fixed(method: MethodSpec) -> dict[str, Any]:      # the settings tuned as given: a budget / width of auto out
+    return {k: v for k, v in sorted(method.config.items()) if not (k in SEARCHED_WHEN_UNSET and v == AUTO)}
+
+
 def cache_key(bundle: Bundle, method: MethodSpec, temperature: float, digest: str | None = None,
               warps: dict | None = None) -> str:
     """The key of ``method`` tuned for ``bundle`` on this machine at ``temperature`` (a JSON string).  The
     searched fields (``budget`` / ``width`` unset or ``auto``) are left out; ``beta=auto`` stays in it.
     ``digest``: a precomputed :func:`model_hash`."""
-    fixed = {k: v for k, v in method.config.items() if not (k in SEARCHED_WHEN_UNSET and v == AUTO)}
     key = {"v": _VERSION, "model": digest or model_hash(bundle), **machine(_device(bundle)), "builder": method.builder,
-           "head": method.head, "settings": dict(sorted(fixed.items())), "temperature": float(temperature)}
+           "head": method.head, "settings": _fixed(method), "temperature": float(temperature)}
     if method.is_auto and method.verifier:          # auto:verifier=... searched one verifier only
         key["verifier"] = method.verifier
     warp = {k: v for k, v in (warps or {}).items() if v is not None}
@@ -145,12 +148,11 @@ DEVICE_DEFAULT_BUDGET: dict[str, int] = {"cpu": 16, "cuda": 64}
 def tune_hint(method: MethodSpec, temperature: float, threads: int | None = None) -> str:
     """The command that tunes ``method`` here (``threads``: default torch's now) and caches the choice."""
     threads = threads or torch.get_num_threads()
-    text = method.builder + "".join(
-        f"{',' if i else ':'}{k}={v}" for i, (k, v) in enumerate(
-            (k, v) for k, v in sorted(method.config.items()) if not (k in SEARCHED_WHEN_UNSET and v == AUTO)))
+    settings = [f"{k}={v}" for k, v in _fixed(method).items()]
     if method.head not in (None, "gru"):
-        text += ("," if ":" in text else ":") + f"head={method.head}"
-    return (f"dartree tune --method {text} --temperature {temperature:g} --threads {threads} --num-prompts 8")
+        settings.append(f"head={method.head}")
+    text = method.builder + (":" + ",".join(settings) if settings else "")
+    return f"dartree tune --method {text} --temperature {temperature:g} --threads {threads} --num-prompts 8"
 
 
 def _device(bundle: Bundle) -> torch.device:
