@@ -258,16 +258,14 @@ def bench_markdown(result: BenchResult) -> str:
                   "it); prompts for +-15%: how many prompts each side would need for that interval to be within "
                   "15% of the forecast, at the spread the calibration prompts showed.", "", forecast_table(result)]
     for tr in result.tuning:
+        cost = tr.verify_cost
+        by_size = {way: ", ".join(f"n={n}: {1000 * s:.2f} ms" for n, s in zip(cost.sizes, times, strict=True))
+                   for way, times in (("all", cost.seconds), ("root", cost.root_seconds)) if times}
         parts += ["", f"## Adaptive budget for {tr.method}, T={tr.temperature:g}", "",
-                  f"Verify cost measured on this machine at prefix {tr.verify_cost.prefix_len}: " + ", ".join(
-                      f"n={n}: {1000 * s:.2f} ms"
-                      for n, s in zip(tr.verify_cost.sizes, tr.verify_cost.seconds, strict=True))
-                  + ("; scoring the root only: " + ", ".join(
-                      f"n={n}: {1000 * s:.2f} ms"
-                      for n, s in zip(tr.verify_cost.sizes, tr.verify_cost.root_seconds, strict=True))
-                     if tr.verify_cost.root_seconds else "")
-                  + (f"; one LM-head row of the acceptance walk (per accepted node): "
-                     f"{1000 * tr.verify_cost.row_s:.2f} ms" if tr.verify_cost.row_s > 0 else ""),
+                  f"Verify cost measured on this machine at prefix {cost.prefix_len}: {by_size['all']}"
+                  + (f"; scoring the root only: {by_size['root']}" if cost.root_seconds else "")
+                  + (f"; one LM-head row of the acceptance walk (per accepted node): {1000 * cost.row_s:.2f} ms"
+                     if cost.row_s > 0 else ""),
                   "", f"{tr.calibration_prompts} calibration prompts; the cost model ranks every setting, its "
                   f"{sum(not m.is_ar for m in tr.measured)} best (the best of each "
                   + ("verifier, then of each builder and verifier, then of each budget" if tr.builder == AUTO else
