@@ -48,32 +48,26 @@ def _per_round(group: Sequence[Summary], value) -> float:
 
 def table1(summaries: Sequence[Summary], temperature: float) -> str:
     """Rows: methods; per dataset: speedup over AR and tau; then lossless prompts (Table 1)."""
-    cells = {(s.method, s.dataset): s for s in summaries if s.temperature == temperature}
-    datasets = list(dict.fromkeys(s.dataset for s in summaries if s.temperature == temperature))
-    header = ["method", "settings"]
-    for d in datasets:
-        header += [f"{d} speedup", f"{d} tau"]
-    header += ["tok/s", "lossless"]
+    at = [s for s in summaries if s.temperature == temperature]
+    cells = {(s.method, s.dataset): s for s in at}
+    datasets = list(dict.fromkeys(s.dataset for s in at))
+    header = ["method", "settings", *(f"{d} {column}" for d in datasets for column in ("speedup", "tau")), "tok/s",
+              "lossless"]
     rows = []
-    for method in _methods([s for s in summaries if s.temperature == temperature]):
-        row: list[Any] = [method, ""]
-        ok = total = 0
-        tokens = seconds = 0.0
-        verifier, law = "greedy", ""
-        for d in datasets:
+    for method in _methods(at):
+        mine = [cells[method, d] for d in datasets if (method, d) in cells]
+        last = mine[-1]
+        row: list[Any] = [method, _settings(last)]
+        for d in datasets:                          # a peer may report no rounds: no tau
             s = cells.get((method, d))
-            if s is None:
-                row += ["-", "-"]
-                continue
-            row[1] = _settings(s)
-            row += [f"{s.speedup:.2f}x", f"{s.tau:.2f}" if s.rounds else "-"]     # a peer may report no rounds
-            ok, total = ok + s.lossless_prompts, total + s.prompts
-            tokens, seconds = tokens + s.tokens, seconds + s.seconds
-            verifier, law = s.verifier, s.law or law
+            row += ["-", "-"] if s is None else [f"{s.speedup:.2f}x", f"{s.tau:.2f}" if s.rounds else "-"]
+        seconds = sum(s.seconds for s in mine)
+        law = next((s.law for s in reversed(mine) if s.law), "")
         # what was checked: tokens equal to AR's (greedy; keyed draws for match), or the law test of sampled rows
-        check = (law or "in law: not tested") if verifier in SAMPLED_VERIFIERS else \
-            f"{ok}/{total} = AR" + (" (keyed)" if verifier == "match" else "")
-        row += [f"{tokens / seconds:.1f}" if seconds else "-", "-" if method == AR else check]
+        check = (law or "in law: not tested") if last.verifier in SAMPLED_VERIFIERS else \
+            f"{sum(s.lossless_prompts for s in mine)}/{sum(s.prompts for s in mine)} = AR" + (
+                " (keyed)" if last.verifier == "match" else "")
+        row += [f"{sum(s.tokens for s in mine) / seconds:.1f}" if seconds else "-", "-" if method == AR else check]
         rows.append(row)
     return markdown_table(header, rows)
 
