@@ -170,9 +170,14 @@ def forecast_table(result: BenchResult) -> str:
         ar_calib = tr.measurement(None)
         ar_by_label = {} if ar_calib is None else ar_calib.label_tokens_per_s()
         by_label = tr.forecast_by_label()
-
-        def row(dataset: str, forecast: float | None, ar_cal: float | None, measured: float, ar_ev: float,
-                prompts: int, tr: TuneResult = tr) -> None:
+        points = [(s.dataset, by_label.get(s.dataset), ar_by_label.get(s.dataset), s.tokens_per_s,
+                   ar_eval[s.dataset].tokens_per_s, s.prompts) for s in cells if s.dataset in ar_eval]
+        if cells and ar_eval:
+            ars = list(ar_eval.values())
+            points.append(("all", tr.forecast_tokens_per_s, tr.ar_tokens_per_s, sum(s.tokens for s in cells)
+                           / sum(s.seconds for s in cells), sum(s.tokens for s in ars) / sum(s.seconds for s in ars),
+                           sum(s.prompts for s in cells)))
+        for dataset, forecast, ar_cal, measured, ar_ev, prompts in points:
             # the speedup error takes out AR's drift between calibration and evaluation (a shared machine)
             known = forecast is not None and bool(ar_cal)
             rate, speedup = tr.forecast_interval(None if dataset == "all" else dataset, max(1, prompts))
@@ -189,16 +194,6 @@ def forecast_table(result: BenchResult) -> str:
                          " / ".join(inside), _need(tr.prompts_for(None if dataset == "all" else dataset), dataset,
                                                    result.config.prompt_chars),
                          "-" if not ar_cal else f"{ar_cal:.1f} -> {ar_ev:.1f}"])
-
-        for s in cells:
-            if s.dataset in ar_eval:
-                row(s.dataset, by_label.get(s.dataset), ar_by_label.get(s.dataset), s.tokens_per_s,
-                    ar_eval[s.dataset].tokens_per_s, s.prompts)
-        if cells and ar_eval:
-            ars = list(ar_eval.values())
-            row("all", tr.forecast_tokens_per_s, tr.ar_tokens_per_s, sum(s.tokens for s in cells)
-                / sum(s.seconds for s in cells), sum(s.tokens for s in ars) / sum(s.seconds for s in ars),
-                sum(s.prompts for s in cells))
     header = ["method", "T", "resolved", "dataset", "forecast tok/s", "90% interval", "measured tok/s", "error",
               "forecast speedup", "90% interval", "measured speedup", "speedup error", "in 90% (tok/s / speedup)",
               "prompts for +-15% (each side)", "AR tok/s calibration -> evaluation"]
