@@ -120,7 +120,7 @@ def _load(name: str, limit: int | None, prompt_chars: int) -> list[Prompt]:
         return _humaneval(limit)
     if name == "stdlib":
         return _code_files(list(_held_out_stdlib()), "stdlib", limit, prompt_chars)
-    import tqdm                     # "packages": the installed tqdm package
+    import tqdm  # "packages": the installed tqdm package
 
     root = Path(tqdm.__file__).parent
     files = [(f"tqdm/{p.relative_to(root).as_posix()}", p) for p in sorted(root.rglob("*.py"))]
