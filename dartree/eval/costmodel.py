@@ -75,9 +75,7 @@ class ConfigStats:
     mean_tree_size: float
     draft_s: float                 # mean per round
     build_s: float                 # mean per round
-    rounds: int
     tree_sizes: tuple[int, ...]
-    accepted_lengths: tuple[int, ...]
     verify_s: float | None = None  # mean per round (mask + target forward) of real decodes
     overhead_s: float | None = None  # mean per round (acceptance walk + commit) of real decodes
 

@@ -176,8 +176,7 @@ def _pooled(rounds: Sequence, decoded: bool = False) -> ConfigStats:
         tau=mean("committed"), mean_tree_size=mean("tree_size"),
         draft_s=mean("draft_s", "context_s") if decoded else mean("draft_s"),
         build_s=mean("head_s", "builder_s") if decoded else mean("build_s"),
-        rounds=len(rounds), tree_sizes=tuple(r.tree_size for r in rounds),
-        accepted_lengths=tuple(r.accepted_length for r in rounds),
+        tree_sizes=tuple(r.tree_size for r in rounds),
         verify_s=mean("mask_s", "target_s") if decoded else None,
         overhead_s=mean("accept_s", "kv_s") if decoded else None)
 

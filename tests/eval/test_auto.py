@@ -22,9 +22,8 @@ REJECTION_TAU = {("corrected-sequoia", 4): 2.4, ("corrected-sequoia", 16): 2.0, 
 
 
 def _stats(tau: float, size: int, measured: bool) -> ConfigStats:
-    rounds = 10
-    return ConfigStats(tau, size, 0.002, 0.001, rounds, (size,) * rounds, (round(tau) - 1,) * rounds,
-                       0.005 if measured else None, 0.0005 if measured else None)
+    return ConfigStats(tau, size, 0.002, 0.001, (size,) * 10, 0.005 if measured else None,
+                       0.0005 if measured else None)
 
 
 @pytest.fixture

@@ -11,8 +11,7 @@ from dartree.eval.tune import tune
 
 
 def _stats(tau: float, size: float, build_s: float = 0.0) -> ConfigStats:
-    return ConfigStats(tau=tau, mean_tree_size=size, draft_s=0.002, build_s=build_s, rounds=10,
-                       tree_sizes=(int(size),) * 10, accepted_lengths=())
+    return ConfigStats(tau=tau, mean_tree_size=size, draft_s=0.002, build_s=build_s, tree_sizes=(int(size),) * 10)
 
 
 def test_verify_cost_interpolates_and_extrapolates():
@@ -54,7 +53,7 @@ def test_concurrency_cost_model_shrinks_the_tree_as_the_batch_grows():
     assert best8.budget == 8
     assert best8.round_s == pytest.approx(0.006 + 8 * 0.0005 + at8.at(9) + 0.002)
     assert best8.tokens_per_s == pytest.approx(8 * 2.8 / best8.round_s)
-    ragged = {(8, None): ConfigStats(2.0, 5.0, 0.0, 0.0, 4, (2, 4, 6, 8), ())}
+    ragged = {(8, None): ConfigStats(2.0, 5.0, 0.0, 0.0, (2, 4, 6, 8))}
     one, two = (score_at_concurrency(ragged, at8, c, 0.0, 0.0)[0] for c in (1, 2))
     assert one.verify_s == pytest.approx(sum(at8.at(s + 1) for s in (2, 4, 6, 8)) / 4)      # the mean
     # the largest of two draws: 2 w.p. 1/16, 4 w.p. 3/16, 6 w.p. 5/16, 8 w.p. 7/16

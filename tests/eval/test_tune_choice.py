@@ -31,8 +31,7 @@ COST = VerifyCost((1, 65), (0.010, 0.042))             # a CPU-like 0.5 ms per n
 
 
 def _stats(tau: float, size: int) -> ConfigStats:
-    return ConfigStats(tau=tau, mean_tree_size=size, draft_s=0.008, build_s=0.004, rounds=10,
-                       tree_sizes=(size,) * 10, accepted_lengths=())
+    return ConfigStats(tau=tau, mean_tree_size=size, draft_s=0.008, build_s=0.004, tree_sizes=(size,) * 10)
 
 
 def _candidates(taus=(1.4, 1.5, 1.5)):
