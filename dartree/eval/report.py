@@ -102,10 +102,8 @@ def accelerator_forecast(summaries: Sequence[Summary], temperature: float) -> st
         return ""
     ar_round, ar_target = _per_round(ar, lambda s: s.round_ms), _per_round(ar, lambda s: s.stage_ms["target"])
     for method in _methods(group):
-        if method == AR:
-            continue
         rs = [s for s in group if s.method == method]
-        if rs[0].builder == AR:
+        if rs[0].builder == AR:                     # AR itself, or a method tuned to plain AR
             continue
         tau, round_ms = _per_round(rs, lambda s: s.tau), _per_round(rs, lambda s: s.round_ms)
         target = _per_round(rs, lambda s: s.stage_ms["target"])
