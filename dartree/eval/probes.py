@@ -49,10 +49,6 @@ class Measurement:
     def tokens_per_s(self) -> float:
         return self.tokens / self.seconds if self.seconds > 0 else float("inf")
 
-    @property
-    def tau(self) -> float:
-        return self.tokens / max(1, self.rounds)
-
     def label_tokens_per_s(self) -> dict[str, float]:
         return {label: t / s if s > 0 else float("inf") for label, t, s in self.per_label}
 
