@@ -161,10 +161,7 @@ _DEEPSPEC_KEYS = ("num_anchors", "markov_rank")
 
 
 def _format(config: CheckpointConfig) -> str:
-    """``"dspark"``, ``"domino"`` or ``"dflash"`` (docs/checkpoints.md, "Supported formats"): ``architectures``
-    decides DeepSpec (``Qwen3DSparkModel``) against z-lab / Domino (``DFlashDraftModel``), as it decides the
-    authors' class; DeepSpec-only keys beside a DFlash architecture are ignored with a warning (as z-lab's loader
-    ignores them), and without architectures they make the config ambiguous: refused."""
+    """``"dspark"``, ``"domino"`` or ``"dflash"``, by the one rule of docs/checkpoints.md, "Supported formats"."""
     archs = config.raw.get("architectures") or []
     if not isinstance(archs, list):
         config.fail("architectures", f"expected a list of names, got {archs!r}")
