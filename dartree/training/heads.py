@@ -96,22 +96,9 @@ def _summary(ev: dict) -> str:
     return ", ".join(f"{k} {v:.3f}" for k, v in ev.items())
 
 
-def _warm_start(args: argparse.Namespace, model) -> dict:
-    """The ``--init-from`` bundle's heads (name -> head), or ``{}``."""
-    if args.init_from is None:
-        return {}
-    from dartree.models.loaders import load_head
-
-    return {name: load_head(args.init_from / f"{name}_head", target=model) for name in ("gru", "markov")}
-
-
-def _gru_configs(args: argparse.Namespace) -> list[dict]:
-    widths = args.gru_widths or [(args.gru_hidden, args.gru_emb_dim)]
-    return [{"gru_hidden_dim": g, "emb_dim": e, "prefix_len": 1} for g, e in widths]
-
-
 def stage_heads(work: Path, args: argparse.Namespace) -> None:
     from dartree.models.heads import GRUHead, MarkovHead
+    from dartree.models.loaders import load_head
     from dartree.training.distill import load_distill
 
     final = work / "heads_final.pt"
@@ -122,8 +109,11 @@ def stage_heads(work: Path, args: argparse.Namespace) -> None:
     distill = load_distill(work)
     c = model.config
     torch.manual_seed(2)
-    started = _warm_start(args, model)
-    gru_configs = _gru_configs(args)
+    started = {}                                      # the --init-from bundle's heads (name -> head)
+    if args.init_from is not None:
+        started = {name: load_head(args.init_from / f"{name}_head", target=model) for name in ("gru", "markov")}
+    widths = args.gru_widths or [(args.gru_hidden, args.gru_emb_dim)]
+    gru_configs = [{"gru_hidden_dim": g, "emb_dim": e, "prefix_len": 1} for g, e in widths]
     if not args.gru_widths and "gru" in started:     # one width, none asked for: the bundle's settings
         g = started["gru"]
         gru_configs = [{"gru_hidden_dim": g.gru_hidden_dim, "emb_dim": g.emb_dim, "prefix_len": g.prefix_len}]

@@ -38,12 +38,12 @@ def target_config(vocab_size: int, args: argparse.Namespace):
     )
 
 
-def eval_target(model, ids: torch.Tensor, seq: int, batches: int = 8, batch: int = 16) -> float:
+def eval_target(model, ids: torch.Tensor, seq: int, batches: int = 8) -> float:
     model.eval()
     gen = torch.Generator().manual_seed(1234)
     total = 0.0
     for _ in range(batches):
-        x = random_windows(ids, batch, seq + 1, gen)
+        x = random_windows(ids, 16, seq + 1, gen)
         out = model(input_ids=x[:, :-1])
         total += F.cross_entropy(out.logits.flatten(0, 1), x[:, 1:].flatten()).item()
     model.train()
@@ -66,8 +66,7 @@ def stage_target(work: Path, args: argparse.Namespace) -> None:
         return
     data = load_data(work)
     tokenizer_vocab = json.loads((work / "tokenizer.json").read_text())["model"]["vocab"]
-    vocab = len(tokenizer_vocab) + len(SPECIAL_TOKENS)
-    vocab = max(vocab, args.vocab)
+    vocab = max(len(tokenizer_vocab) + len(SPECIAL_TOKENS), args.vocab)
     torch.manual_seed(0)
     config = target_config(vocab, args)
     config._attn_implementation = "sdpa"
