@@ -274,18 +274,13 @@ def _broken(tree: DraftTree, root: Tensor, vocab_size: int, gamma: int, limit: i
 
 
 def check_decodable(tree: DraftTree, block: DraftBlock, budget: int | None = None) -> DraftTree:
-    """Check the contract the decoder relies on for a builder's tree; return ``tree``.
+    """Check the contract the decoder relies on for a builder's tree (a broken one gives wrong output or fails deep
+    inside the target); return ``tree``.  Over every row's valid nodes: the root is ``block.root`` (parent -1, depth
+    0); tokens in ``[0, V)``; ``0 <= parents[i] < i``; ``depths[i] == depths[parents[i]] + 1 <= block.gamma``;
+    distinct sibling tokens; ``1 <= num_nodes <= n`` (and ``<= 1 + budget``).  Scores, ranks and padding are
+    :meth:`DraftTree.validate`'s.  One host read; a ``ValueError`` names the clause, the row and the node.
 
-    The decoder verifies ``tree`` as it is, so a broken tree would give silently wrong output (a wrong root) or
-    fail deep inside the target (a token ``>= V``).  Over the valid nodes of every row: the root is
-    ``block.root`` (parent -1, depth 0); tokens in ``[0, V)``; ``0 <= parents[i] < i``;
-    ``depths[i] == depths[parents[i]] + 1 <= block.gamma``; distinct sibling tokens; ``1 <= num_nodes <= n``
-    (and ``<= 1 + budget``).  Scores, ranks and padding are not read by the decoder and not checked
-    (:meth:`DraftTree.validate` does).  One host read of the tree's integers, a dozen numpy calls; messages are
-    made only on failure.  Raises ``ValueError`` naming the clause, the row and the node.
-
-    Shape:
-        tree: ``[b, n]`` with ``b = block.batch_size``.
+    Shape: tree ``[b, n]`` with ``b = block.batch_size``.
     """
     if not isinstance(tree, DraftTree):
         raise ValueError(f"builder: build() must return a DraftTree, got {type(tree).__name__}")

@@ -99,15 +99,9 @@ NUCLEUS_CANDIDATES = 256
 
 
 def proposal_probs(warp: Warp, logits: Tensor) -> Tensor:
-    """The distribution children are drawn from: ``warp.probs(logits)`` without top-p, else a nucleus of the
-    ``NUCLEUS_CANDIDATES`` most likely tokens taken in descending order (the most likely tokens until their
-    mass reaches ``top_p``) and renormalised.
-
-    Any proposal keeps the verifier exact, provided the stored ``q`` is the one the draws came from (it is:
-    this function's output is both); filtering the proposal as the target is filtered only keeps drafts the
-    target cannot accept out of the tree.  transformers' exact top-p needs a sort of the vocabulary per row,
-    where a top-``NUCLEUS_CANDIDATES`` is several times cheaper, which shortens the build stage of sampled
-    trees under top-p (figures: docs/results.md, "Measurements behind design choices in the code").
+    """The distribution children are drawn from: ``warp.probs(logits)`` without top-p, else the nucleus (the most
+    likely tokens until their mass reaches ``top_p``) of the ``NUCLEUS_CANDIDATES`` most likely, renormalised; why
+    that stays exact and pays: docs/verification.md, "Proposals under top-p".
 
     Shape: float ``[..., V]`` -> float32 ``[..., V]``.
     """
