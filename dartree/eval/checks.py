@@ -11,7 +11,7 @@ from dartree.builders import builder_spec
 from dartree.eval.bundles import Bundle
 from dartree.eval.methods import MethodSpec
 
-__all__ = ["read_prompt_file", "vocab_size", "max_positions", "check_methods_fit", "check_positions"]
+__all__ = ["read_prompt_file", "check_methods_fit", "check_positions"]
 
 
 def read_prompt_file(path: Path) -> str:
@@ -28,30 +28,11 @@ def read_prompt_file(path: Path) -> str:
         raise ValueError(f"--prompt-file: cannot read {path}: {e.strerror or e}") from None
 
 
-def vocab_size(bundle: Bundle) -> int:
-    """Size of the drafter's vocabulary (the largest ``topk`` a builder can take), else the target's."""
-    drafter = bundle.drafter
-    size = getattr(drafter, "vocab_size", None) or getattr(getattr(drafter, "config", None), "vocab_size", None)
-    if size is None:
-        size = bundle.target.config.get_text_config(decoder=True).vocab_size
-    return int(size)
-
-
-def max_positions(bundle: Bundle) -> int | None:
-    """The target's ``max_position_embeddings`` (``None`` when its config sets none)."""
-    limit = getattr(bundle.target.config.get_text_config(decoder=True), "max_position_embeddings", None)
-    return int(limit) if limit is not None else None
-
-
-def _topk(method: MethodSpec) -> int | None:
-    defaults = {f.name: f.default for f in dataclasses.fields(builder_spec(method.builder).config_cls)}
-    topk = method.config.get("topk", defaults.get("topk"))
-    return None if topk is None else int(topk)
-
-
 def check_methods_fit(bundle: Bundle, methods: Iterable[MethodSpec], topk_values: Sequence[int] = ()) -> None:
     """Every method's head exists in ``bundle`` and its ``topk`` (and every ``topk_values``) fits the vocabulary."""
-    vocab = vocab_size(bundle)
+    drafter = bundle.drafter        # the drafter's vocabulary (the largest topk a builder can take), else the target's
+    vocab = getattr(drafter, "vocab_size", None) or getattr(getattr(drafter, "config", None), "vocab_size", None)
+    vocab = int(vocab if vocab is not None else bundle.target.config.get_text_config(decoder=True).vocab_size)
     for m in methods:
         if m.is_ar:
             continue
@@ -60,9 +41,10 @@ def check_methods_fit(bundle: Bundle, methods: Iterable[MethodSpec], topk_values
                              f"(in method {m.label!r})")
         if m.is_auto:                   # the builders it searches take their default topk
             continue
-        topk = _topk(m)
-        if topk is not None and topk > vocab:
-            raise ValueError(f"topk: {topk} exceeds the vocabulary of model {bundle.name!r} (V={vocab}) in method "
+        defaults = {f.name: f.default for f in dataclasses.fields(builder_spec(m.builder).config_cls)}
+        topk = m.config.get("topk", defaults.get("topk"))
+        if topk is not None and int(topk) > vocab:
+            raise ValueError(f"topk: {int(topk)} exceeds the vocabulary of model {bundle.name!r} (V={vocab}) in method "
                              f"{m.label!r}; allowed 1..{vocab}")
     for topk in topk_values:
         if topk > vocab:
@@ -74,9 +56,10 @@ def check_positions(bundle: Bundle, prompt_lengths: Iterable[int], max_new_token
                     prompt_option: str = "") -> None:
     """Each prompt plus ``max_new_tokens`` fits the target's maximum positions (``prompt_option``: the option
     that shortens prompts, for the message)."""
-    limit = max_positions(bundle)
-    if limit is None:
+    limit = getattr(bundle.target.config.get_text_config(decoder=True), "max_position_embeddings", None)
+    if limit is None:                  # the config sets no maximum
         return
+    limit = int(limit)
     longest = max(prompt_lengths, default=0)
     if longest + max_new_tokens > limit:
         if longest >= limit:

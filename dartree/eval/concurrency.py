@@ -7,6 +7,7 @@ import statistics
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import product
 from typing import Any
 
 import torch
@@ -104,11 +105,8 @@ def run_concurrency(bundle: Bundle, config: BenchConfig, levels: Sequence[int], 
                      verifier=rule, **warps)
 
     def candidates(m: MethodSpec) -> list[MethodSpec]:
-        grid = [{}]
-        for key, values in (("budget", tune_budgets), ("width", config.tune_widths)):
-            if key in m.auto_fields:
-                grid = [{**g, key: v} for g in grid for v in values]
-        return [m.with_settings(**g) for g in grid]
+        grids = {k: v for k, v in (("budget", tune_budgets), ("width", config.tune_widths)) if k in m.auto_fields}
+        return [m.with_settings(**dict(zip(grids, values, strict=True))) for values in product(*grids.values())]
 
     def tuned(m: MethodSpec, c: int) -> MethodSpec:
         """The candidate setting of ``m`` with the best modelled throughput at concurrency ``c``

@@ -86,14 +86,6 @@ def _held_out_stdlib() -> tuple[tuple[str, Path], ...]:
     return tuple((rel, path) for rel, path in stdlib_files() if is_validation(rel))
 
 
-def _packages(limit: int | None, prompt_chars: int) -> list[Prompt]:
-    import tqdm
-
-    root = Path(tqdm.__file__).parent
-    files = [(f"tqdm/{p.relative_to(root).as_posix()}", p) for p in sorted(root.rglob("*.py"))]
-    return _code_files(files, "packages", limit, prompt_chars)
-
-
 def load_prompts(name: str, num_prompts: int, *, offset: int = 0, prompt_chars: int = 600) -> tuple[Prompt, ...]:
     """``num_prompts`` prompts of dataset ``name``, skipping the first ``offset``; ``ValueError`` when it has
     fewer (a benchmark never silently shrinks)."""
@@ -128,4 +120,8 @@ def _load(name: str, limit: int | None, prompt_chars: int) -> list[Prompt]:
         return _humaneval(limit)
     if name == "stdlib":
         return _code_files(list(_held_out_stdlib()), "stdlib", limit, prompt_chars)
-    return _packages(limit, prompt_chars)
+    import tqdm  # "packages": the installed tqdm package
+
+    root = Path(tqdm.__file__).parent
+    files = [(f"tqdm/{p.relative_to(root).as_posix()}", p) for p in sorted(root.rglob("*.py"))]
+    return _code_files(files, "packages", limit, prompt_chars)

@@ -74,6 +74,13 @@ class MethodSpec:
             return "greedy"
         return "match" if self.is_ar else self.verifier or default or DEFAULT_VERIFIER
 
+    def member(self, builder: str, settings: dict[str, Any], verifier: str | None = None) -> MethodSpec:
+        """The method ``auto`` as ``builder`` with ``settings``: its head (default gru) where the builder takes
+        one, its label and drafter, and ``verifier``, else its own."""
+        head = (self.head or "gru") if builder_spec(builder).needs_head else None
+        return MethodSpec(builder, tuple(sorted(settings.items())), head, self.label, verifier or self.verifier,
+                          self.drafter)
+
     def with_settings(self, **values: Any) -> MethodSpec:
         """A copy with ``values`` replacing (or adding) settings; the label is kept."""
         merged = {**self.config, **values}

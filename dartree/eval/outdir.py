@@ -19,8 +19,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["BENCH_FILES", "TREE_FILES", "named_files", "run_files",
-           "open_run", "RunFolder", "write_atomic", "JOURNAL", "STAGING_PREFIX", "HELD_SIGNALS",
-           "signal_handlers"]
+           "open_run", "RunFolder", "write_atomic", "JOURNAL", "STAGING_PREFIX", "signal_handlers"]
 
 BENCH_FILES: tuple[str, ...] = ("results.md", "results.json", "acceptance.png", "tuning_*.png")
 TREE_FILES: tuple[str, ...] = ("tree_*.png", "depth_distribution.png")
@@ -82,19 +81,15 @@ def write_atomic(path: Path, data: bytes | str) -> Path:
     return path
 
 
-#: the signals a commit holds back (those present on this platform)
-HELD_SIGNALS: tuple[signal.Signals, ...] = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP")
-                                                 if hasattr(signal, n))
-
-
 @contextmanager
 def _signals_held() -> Iterator[None]:
     """Hold back SIGINT/SIGTERM/SIGHUP so that a commit's renames are not cut short, delivering each when the
     block ends.  A Python handler, not a signal mask: a mask holds a signal back from the calling thread only,
     and the kernel may deliver a ``kill`` to another (tqdm's monitor thread)."""
     pending: list[int] = []
+    held = [getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n)]   # those present here
     try:                                         # None: a handler set from C, which Python cannot restore
-        with signal_handlers({sig: lambda signum, frame: pending.append(signum) for sig in HELD_SIGNALS
+        with signal_handlers({sig: lambda signum, frame: pending.append(signum) for sig in held
                               if signal.getsignal(sig) is not None}):
             yield
     finally:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Callable, Mapping, Sequence
+from itertools import product
 from pathlib import Path
 
 from matplotlib.figure import Figure
@@ -43,8 +44,7 @@ def plot_acceptance(summaries: Sequence[Summary], path: Path) -> Path:
     datasets = list(dict.fromkeys(s.dataset for s in summaries))
     fig = Figure(figsize=(4.8 * len(datasets), 3.6 * len(temps)))
     grid = fig.subplots(len(temps), len(datasets), squeeze=False)
-    for (t, d), ax in ((cell, grid[i][j]) for i, t_ in enumerate(temps) for j, d_ in enumerate(datasets)
-                       for cell in [(t_, d_)]):
+    for (t, d), ax in zip(product(temps, datasets), grid.flat, strict=True):     # a row per temperature
         for s in summaries:
             if s.temperature == t and s.dataset == d and s.acceptance:
                 ax.plot(range(1, len(s.acceptance) + 1), s.acceptance, marker="o", markersize=3,

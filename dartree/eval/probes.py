@@ -232,13 +232,11 @@ def measure_specs(bundle: Bundle, specs: Sequence[tuple[MethodSpec, str | None, 
 @torch.no_grad()
 def screen_decodes(bundle: Bundle, methods: Sequence[MethodSpec], refs: Sequence[Reference], backend: str,
                    temperature: float, seed: int = 0, verifier: str = "rejection",
-                   progress: Callable[[str], None] | None = None, warps: dict | None = None) -> list[ConfigStats]:
+                   warps: dict | None = None) -> list[ConfigStats]:
     """Acceptance and per-round times of every method (concrete settings) under ``verifier``, from real
     decodes of every reference's prompt, pooled per method, in order."""
     out = []
-    for k, method in enumerate(methods):
-        if progress is not None and k % 5 == 0:
-            progress(f"decoding {len(methods) - k} settings with {verifier} on {len(refs)} screen prompts")
+    for method in methods:
         decoder = make_decoder(bundle, method, backend)
         rounds = []
         for i, ref in enumerate(refs):

@@ -48,32 +48,26 @@ def _per_round(group: Sequence[Summary], value) -> float:
 
 def table1(summaries: Sequence[Summary], temperature: float) -> str:
     """Rows: methods; per dataset: speedup over AR and tau; then lossless prompts (Table 1)."""
-    cells = {(s.method, s.dataset): s for s in summaries if s.temperature == temperature}
-    datasets = list(dict.fromkeys(s.dataset for s in summaries if s.temperature == temperature))
-    header = ["method", "settings"]
-    for d in datasets:
-        header += [f"{d} speedup", f"{d} tau"]
-    header += ["tok/s", "lossless"]
+    at = [s for s in summaries if s.temperature == temperature]
+    cells = {(s.method, s.dataset): s for s in at}
+    datasets = list(dict.fromkeys(s.dataset for s in at))
+    header = ["method", "settings", *(f"{d} {column}" for d in datasets for column in ("speedup", "tau")), "tok/s",
+              "lossless"]
     rows = []
-    for method in _methods([s for s in summaries if s.temperature == temperature]):
-        row: list[Any] = [method, ""]
-        ok = total = 0
-        tokens = seconds = 0.0
-        verifier, law = "greedy", ""
-        for d in datasets:
+    for method in _methods(at):
+        mine = [cells[method, d] for d in datasets if (method, d) in cells]
+        last = mine[-1]
+        row: list[Any] = [method, _settings(last)]
+        for d in datasets:                          # a peer may report no rounds: no tau
             s = cells.get((method, d))
-            if s is None:
-                row += ["-", "-"]
-                continue
-            row[1] = _settings(s)
-            row += [f"{s.speedup:.2f}x", f"{s.tau:.2f}" if s.rounds else "-"]     # a peer may report no rounds
-            ok, total = ok + s.lossless_prompts, total + s.prompts
-            tokens, seconds = tokens + s.tokens, seconds + s.seconds
-            verifier, law = s.verifier, s.law or law
+            row += ["-", "-"] if s is None else [f"{s.speedup:.2f}x", f"{s.tau:.2f}" if s.rounds else "-"]
+        seconds = sum(s.seconds for s in mine)
+        law = next((s.law for s in reversed(mine) if s.law), "")
         # what was checked: tokens equal to AR's (greedy; keyed draws for match), or the law test of sampled rows
-        check = (law or "in law: not tested") if verifier in SAMPLED_VERIFIERS else \
-            f"{ok}/{total} = AR" + (" (keyed)" if verifier == "match" else "")
-        row += [f"{tokens / seconds:.1f}" if seconds else "-", "-" if method == AR else check]
+        check = (law or "in law: not tested") if last.verifier in SAMPLED_VERIFIERS else \
+            f"{sum(s.lossless_prompts for s in mine)}/{sum(s.prompts for s in mine)} = AR" + (
+                " (keyed)" if last.verifier == "match" else "")
+        row += [f"{sum(s.tokens for s in mine) / seconds:.1f}" if seconds else "-", "-" if method == AR else check]
         rows.append(row)
     return markdown_table(header, rows)
 
@@ -176,9 +170,14 @@ def forecast_table(result: BenchResult) -> str:
         ar_calib = tr.measurement(None)
         ar_by_label = {} if ar_calib is None else ar_calib.label_tokens_per_s()
         by_label = tr.forecast_by_label()
-
-        def row(dataset: str, forecast: float | None, ar_cal: float | None, measured: float, ar_ev: float,
-                prompts: int, tr: TuneResult = tr) -> None:
+        points = [(s.dataset, by_label.get(s.dataset), ar_by_label.get(s.dataset), s.tokens_per_s,
+                   ar_eval[s.dataset].tokens_per_s, s.prompts) for s in cells if s.dataset in ar_eval]
+        if cells and ar_eval:
+            ars = list(ar_eval.values())
+            points.append(("all", tr.forecast_tokens_per_s, tr.ar_tokens_per_s, sum(s.tokens for s in cells)
+                           / sum(s.seconds for s in cells), sum(s.tokens for s in ars) / sum(s.seconds for s in ars),
+                           sum(s.prompts for s in cells)))
+        for dataset, forecast, ar_cal, measured, ar_ev, prompts in points:
             # the speedup error takes out AR's drift between calibration and evaluation (a shared machine)
             known = forecast is not None and bool(ar_cal)
             rate, speedup = tr.forecast_interval(None if dataset == "all" else dataset, max(1, prompts))
@@ -195,16 +194,6 @@ def forecast_table(result: BenchResult) -> str:
                          " / ".join(inside), _need(tr.prompts_for(None if dataset == "all" else dataset), dataset,
                                                    result.config.prompt_chars),
                          "-" if not ar_cal else f"{ar_cal:.1f} -> {ar_ev:.1f}"])
-
-        for s in cells:
-            if s.dataset in ar_eval:
-                row(s.dataset, by_label.get(s.dataset), ar_by_label.get(s.dataset), s.tokens_per_s,
-                    ar_eval[s.dataset].tokens_per_s, s.prompts)
-        if cells and ar_eval:
-            ars = list(ar_eval.values())
-            row("all", tr.forecast_tokens_per_s, tr.ar_tokens_per_s, sum(s.tokens for s in cells)
-                / sum(s.seconds for s in cells), sum(s.tokens for s in ars) / sum(s.seconds for s in ars),
-                sum(s.prompts for s in cells))
     header = ["method", "T", "resolved", "dataset", "forecast tok/s", "90% interval", "measured tok/s", "error",
               "forecast speedup", "90% interval", "measured speedup", "speedup error", "in 90% (tok/s / speedup)",
               "prompts for +-15% (each side)", "AR tok/s calibration -> evaluation"]
@@ -258,16 +247,14 @@ def bench_markdown(result: BenchResult) -> str:
                   "it); prompts for +-15%: how many prompts each side would need for that interval to be within "
                   "15% of the forecast, at the spread the calibration prompts showed.", "", forecast_table(result)]
     for tr in result.tuning:
+        cost = tr.verify_cost
+        by_size = {way: ", ".join(f"n={n}: {1000 * s:.2f} ms" for n, s in zip(cost.sizes, times, strict=True))
+                   for way, times in (("all", cost.seconds), ("root", cost.root_seconds)) if times}
         parts += ["", f"## Adaptive budget for {tr.method}, T={tr.temperature:g}", "",
-                  f"Verify cost measured on this machine at prefix {tr.verify_cost.prefix_len}: " + ", ".join(
-                      f"n={n}: {1000 * s:.2f} ms"
-                      for n, s in zip(tr.verify_cost.sizes, tr.verify_cost.seconds, strict=True))
-                  + ("; scoring the root only: " + ", ".join(
-                      f"n={n}: {1000 * s:.2f} ms"
-                      for n, s in zip(tr.verify_cost.sizes, tr.verify_cost.root_seconds, strict=True))
-                     if tr.verify_cost.root_seconds else "")
-                  + (f"; one LM-head row of the acceptance walk (per accepted node): "
-                     f"{1000 * tr.verify_cost.row_s:.2f} ms" if tr.verify_cost.row_s > 0 else ""),
+                  f"Verify cost measured on this machine at prefix {cost.prefix_len}: {by_size['all']}"
+                  + (f"; scoring the root only: {by_size['root']}" if cost.root_seconds else "")
+                  + (f"; one LM-head row of the acceptance walk (per accepted node): {1000 * cost.row_s:.2f} ms"
+                     if cost.row_s > 0 else ""),
                   "", f"{tr.calibration_prompts} calibration prompts; the cost model ranks every setting, its "
                   f"{sum(not m.is_ar for m in tr.measured)} best (the best of each "
                   + ("verifier, then of each builder and verifier, then of each budget" if tr.builder == AUTO else

@@ -143,12 +143,8 @@ def simulate(bundle: Bundle, builder, head: CorrectionHead | None, ref: Referenc
              blocks: ReplayBlocks | None = None) -> Simulation:
     """Replay the rounds of decoding ``ref`` with ``builder`` (and ``head``); see the module docstring.
     ``record`` keeps every round's tree (on the CPU) and accepted nodes; ``blocks`` (made from ``ref``) gives
-    the drafter's blocks, else the replay drafts round by round.
-
-    Why not the engine's stages: ``Engine.build/verify/commit`` need the target and its KV cache (the tree cut to
-    the cache's room, the verifier's draws, the tree forward, the cache write) and ``Engine.draft`` keeps
-    block-reuse state, while a replay runs no target, reads blocks drafted once for every setting
-    (:class:`ReplayBlocks`) and accepts against the reference; it shares the builder and ``accept_picks``."""
+    the drafter's blocks, else the replay drafts round by round.  Why not the engine's stages:
+    docs/internals.md, "The benchmark harness" (Replays)."""
     drafter = bundle.drafter
     seq = ref.sequence
     device = seq.device

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from dartree.arguments import check_int
-from dartree.builders import builder_spec, registered
+from dartree.builders import registered
 from dartree.eval.bundles import Bundle
 from dartree.eval.costmodel import (
     Candidate,
@@ -177,9 +177,7 @@ class TuneResult:
         if self.use_ar:
             return MethodSpec(AR, label=method.label)
         if method.is_auto:
-            member = _auto_member(self.best.builder, method)
-            return dataclasses.replace(member, settings=tuple(sorted(self.settings().items())), label=method.label,
-                                       verifier=self.verifier or method.verifier)
+            return method.member(self.best.builder, self.settings(), self.verifier)
         return dataclasses.replace(method.with_settings(**self.settings()), verifier=self.verifier or method.verifier)
 
 
@@ -249,7 +247,7 @@ def tune(
         if not builders or bad:
             raise ValueError(f"builders: need registered builders with a budget, got {list(builders)} (bad: {bad})")
         budget_grid = _check_sizes("budgets", tuple(budgets))
-        grids = [(_auto_member(b, method), budget_grid, (None,), (None,)) for b in builders]
+        grids = [(method.member(b, {"budget": AUTO}), budget_grid, (None,), (None,)) for b in builders]
         groups += (lambda c: (c.builder, c.verifier),)
     else:
         grids = [(method, *_grids(method, budgets, widths, betas))]
@@ -283,12 +281,6 @@ def _grids(method: MethodSpec, budgets: Sequence[int], widths: Sequence[int], be
                                 for v in beta_grid):
             raise ValueError(f"betas: need numbers <= 0 (depth penalties), got {beta_grid}")
     return budget_grid, width_grid, beta_grid
-
-
-def _auto_member(builder: str, method: MethodSpec) -> MethodSpec:
-    """The member ``builder`` of ``auto``'s search: its budget searched, ``auto``'s head (default gru)."""
-    head = (method.head or "gru") if builder_spec(builder).needs_head else None
-    return MethodSpec(builder, (("budget", AUTO),), head, builder, method.verifier, method.drafter)
 
 
 def _check_sizes(name: str, grid: tuple) -> tuple:
@@ -363,7 +355,7 @@ def _decide(bundle: Bundle, method: MethodSpec, candidates: tuple[Candidate, ...
         progress(f"{method.label}: decoding AR and " + ", ".join(f"{c.builder} {t}" if method.is_auto else t
                                                                  for c, t in zip(ranked, texts, strict=True))
                  + f" for real on {len(refs)} calibration prompts")
-        specs = [(concrete(_auto_member(c.builder, method) if method.is_auto else method, c.budget, c.width, c.beta),
+        specs = [(concrete(method.member(c.builder, {}) if method.is_auto else method, c.budget, c.width, c.beta),
                   c.verifier, c.beta) for c in ranked]
         measured = measure_specs(bundle, specs, refs, backend, temperature, seed, labels, builders=True, warps=warps)
         ar_rate = measured[0].tokens_per_s

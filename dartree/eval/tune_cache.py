@@ -191,7 +191,7 @@ def resolve_unset(bundle: Bundle, method: MethodSpec, temperature: float,
     with the command that tunes it.  Unset ones: the cached choice (with beta unset too, also one that searched
     beta), else :data:`DEVICE_DEFAULT_BUDGET`.  Numbers given stay as they are.
     """
-    from dartree.builders import builder_spec, registered
+    from dartree.builders import registered
     from dartree.eval.methods import AR
 
     config, explicit = method.config, bool(method.auto_fields)
@@ -227,8 +227,6 @@ def resolve_unset(bundle: Bundle, method: MethodSpec, temperature: float,
         raise ValueError(f"method auto: the cached choice names builder {builder!r}, which is not registered here; "
                          f"run `{tune_hint(method, temperature)}` again")
     chosen = {k: float(v) if k == "beta" else int(v) for k, v in entry["settings"].items()}
-    head = (method.head or "gru") if builder_spec(builder).needs_head else None
-    verifier = entry.get("verifier") or method.verifier
-    spec = MethodSpec(builder, tuple(sorted(chosen.items())), head, method.label, verifier, method.drafter)
-    text = " ".join([builder, *(f"{k}={v}" for k, v in chosen.items()), *([verifier] if verifier else [])])
+    spec = method.member(builder, chosen, entry.get("verifier"))
+    text = " ".join([builder, *(f"{k}={v}" for k, v in chosen.items()), *([spec.verifier] if spec.verifier else [])])
     return spec, f"auto -> {text} for this machine ({when})"

@@ -36,8 +36,7 @@ def fake(monkeypatch):
     def replay(bundle, methods, refs, backend, progress=None):
         return [_stats(1.2, m.config["budget"], False) for m in methods]
 
-    def screen(bundle, methods, refs, backend, temperature, seed=0, verifier="traversal", progress=None,
-               warps=None):
+    def screen(bundle, methods, refs, backend, temperature, seed=0, verifier="traversal", warps=None):
         assert verifier == "traversal" and temperature == 1.0
         return [_stats(REJECTION_TAU[(m.builder, m.config["budget"])], m.config["budget"], True) for m in methods]
 
