@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
-from dartree.training.common import log, lr_at, optimizer_step, resume, save_checkpoint
+from dartree.training.common import budget_steps, log, optimizer_step, resume, save_checkpoint
 from dartree.training.drafter import (
     anchored_blocks,
     block_loss,
@@ -160,20 +158,16 @@ def stage_heads(work: Path, args: argparse.Namespace) -> None:
         state["initial"] = ev
         log(f"heads before training: {_summary(ev)}")
     gen = torch.Generator().manual_seed(state["step"] + 13)
-    budget = args.heads_minutes * 60.0
-    bar = tqdm(desc="heads", initial=state["step"], mininterval=20)
-    last_save = time.time()
     for m in trained.values():
         m.train()
-    while state["elapsed"] < budget:
-        t0 = time.time()
+    for t0, lr, bar in budget_steps("heads", args.heads_minutes, args.heads_lr, 30, state,
+                                    lambda: save_checkpoint(ckpt_path, {**grus, "markov": markov}, opt, state)):
         x, anchors, sampled = chunk_batch(train, args.drafter_batch, args.anchors, drafter.block_size, gen)
         h, base, y, previous = head_batch(drafter, model, x, anchors, sampled)
         losses = {name: block_loss(gru_logits(gru, h, base, previous), y[:, gru.prefix_len:]).mean()
                   for name, gru in grus.items()}
         if train_markov:
             losses["markov"] = block_loss(markov.full_logits(base, previous), y).mean()
-        lr = lr_at(state["step"], state["elapsed"] / budget, args.heads_lr, 30)
         optimizer_step(opt, sum(losses.values()), groups, lr, state, t0, bar)
         bar.set_postfix({name: f"{loss.item():.3f}" for name, loss in losses.items()})
         if state["step"] % args.eval_every == 0:
@@ -182,10 +176,6 @@ def stage_heads(work: Path, args: argparse.Namespace) -> None:
                 m.train()
             state["history"].append((state["step"], {name: loss.item() for name, loss in losses.items()}, ev))
             log(f"heads step {state['step']}: {_summary(ev)}")
-        if time.time() - last_save > 300:
-            save_checkpoint(ckpt_path, {**grus, "markov": markov}, opt, state)
-            last_save = time.time()
-    bar.close()
     save_checkpoint(ckpt_path, {**grus, "markov": markov}, opt, state)   # a longer --heads-minutes resumes here
     ev = eval_heads(grus, evaluated, drafter, model, validation, args, decode_prompts=2 * args.decode_prompts)
     state["final"] = ev
