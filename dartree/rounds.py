@@ -347,7 +347,7 @@ def check_requests(target: HFTarget, prompts: Sequence[Tensor], max_new_tokens: 
     return reqs
 
 
-def check_block(block: object, roots: Tensor, vocab_size: int, rows: int = 1) -> None:
+def check_block(block: object, roots: Tensor, vocab_size: int, rows: int) -> None:
     """A drafter's block must be a DraftBlock of ``rows`` rows over the target's vocabulary, built on ``roots``."""
     if not isinstance(block, DraftBlock) or block.batch_size != rows:
         raise ValueError(f"drafter: draft must return a DraftBlock of batch {rows}, got "
