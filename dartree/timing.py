@@ -22,8 +22,7 @@ __all__ = ["check_head_device", "TimedHead", "checked_head", "trusted_head"]
 
 def check_head_device(head: Any, device: torch.device | str) -> None:
     """Raise ``ValueError`` if ``head`` is a module whose parameters are not on ``device``."""
-    params = getattr(head, "parameters", None)
-    if not isinstance(head, nn.Module) or params is None:
+    if not isinstance(head, nn.Module):
         return
     first = next(iter(head.parameters()), None)
     if first is not None and first.device != torch.device(device):

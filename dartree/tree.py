@@ -83,21 +83,19 @@ class DraftTree:
         """
         for name, value in (("gamma", gamma), ("budget", budget), ("vocab_size", vocab_size)):
             check_int(name, value, optional=True)
-        fields = {"tokens": self.tokens, "parents": self.parents, "depths": self.depths, "ranks": self.ranks}
+        fields = {"tokens": self.tokens, "parents": self.parents, "depths": self.depths, "ranks": self.ranks,
+                  "scores": self.scores}
         for name, t in fields.items():
-            if not isinstance(t, Tensor) or t.dtype != torch.int64 or t.dim() != 2:
+            dtype, kind = (torch.float32, "a float32") if name == "scores" else (torch.int64, "an int64")
+            if not isinstance(t, Tensor) or t.dtype != dtype or t.dim() != 2:
                 got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, Tensor) else type(t).__name__
-                raise ValueError(f"{name}: expected an int64 tensor [b, n], got {got}")
-        if not isinstance(self.scores, Tensor) or self.scores.dtype != torch.float32 or self.scores.dim() != 2:
-            got = (f"{self.scores.dtype} {tuple(self.scores.shape)}" if isinstance(self.scores, Tensor)
-                   else type(self.scores).__name__)
-            raise ValueError(f"scores: expected a float32 tensor [b, n], got {got}")
+                raise ValueError(f"{name}: expected {kind} tensor [b, n], got {got}")
         if not isinstance(self.num_nodes, Tensor):
             raise ValueError(f"num_nodes: expected an int64 tensor [b], got {type(self.num_nodes).__name__}")
         if self.tokens.device.type == "meta":
             raise ValueError("tokens: on the meta device (a tensor without data); build the tree on a real device")
         shape = self.tokens.shape
-        for name, t in {**fields, "scores": self.scores}.items():
+        for name, t in fields.items():
             if t.shape != shape:
                 raise ValueError(f"{name}: shape {tuple(t.shape)} differs from tokens {tuple(shape)}")
             if t.device != self.device:

@@ -294,11 +294,9 @@ def _draw_head(tokens: list, keep: list, kids, depths, block: DraftBlock, head, 
     b, n = len(tokens), len(tokens[0])
     vocab = block.logits.shape[-1]
     device = block.logits.device
-    if k < vocab:
-        cand = top_candidates(block, k, "candidates").tokens              # [b, gamma, K]
-    else:                                                                 # the whole vocabulary, in token order
-        cand = None
-    cand_host = cand.tolist() if cand is not None else None               # None: a candidate index is its token
+    # [b, gamma, K]; None: the whole vocabulary, in token order (a candidate index is its token)
+    cand = top_candidates(block, k, "candidates").tokens if k < vocab else None
+    cand_host = cand.tolist() if cand is not None else None
     vocab_logits = head_method(head, "vocab_logits") if k == vocab else None
     row_of = [[PAD] * n for _ in range(b)]
     blocks: list[Tensor] = []             # proposal rows, [b, m, P] per depth (then the drafter's)
@@ -389,9 +387,8 @@ def _draw_head(tokens: list, keep: list, kids, depths, block: DraftBlock, head, 
                                     for r in range(b)], dtype=torch.int64, device=device)
                 blocks.append(q[sel])
             slot_depth += [PAD] * m
-    width = k if k < vocab else vocab
     probs = (blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=1)) if blocks else \
-        torch.zeros(b, 0, width, dtype=torch.float32, device=device)
+        torch.zeros(b, 0, k, dtype=torch.float32, device=device)
     states_out = (states, torch.tensor(stated, dtype=torch.bool, device=device), stated)
     if cand is None:
         return probs, None, row_of, states_out
