@@ -73,6 +73,13 @@ static int acquire(PyObject *obj, Buf *b, Py_ssize_t itemsize, Py_ssize_t count,
 #define I64(b) ((int64_t *)(b).view.buf)
 #define I64_OR_NULL(b) ((b).held ? (int64_t *)(b).view.buf : NULL)
 
+/* 0 when the call of `fn` has `want` arguments, else -1 with a TypeError. */
+static int expect_args(Py_ssize_t nargs, Py_ssize_t want, const char *fn) {
+    if (nargs == want) return 0;
+    PyErr_Format(PyExc_TypeError, "%s: expected %zd arguments", fn, want);
+    return -1;
+}
+
 static int get_ssize(PyObject *obj, Py_ssize_t *out, const char *name) {
     *out = PyLong_AsSsize_t(obj);
     if (*out == -1 && PyErr_Occurred()) return -1;
@@ -81,6 +88,34 @@ static int get_ssize(PyObject *obj, Py_ssize_t *out, const char *name) {
         return -1;
     }
     return 0;
+}
+
+/* The cumulative widths offset[0..n] (offset[0] = 0) of the int64 buffer `obj` of n widths, malloc'd; NULL with
+ * an error set when a width is negative or their sum overflows (`fn` names the call). */
+static Py_ssize_t *width_offsets(PyObject *obj, Py_ssize_t n, const char *fn) {
+    Buf w;
+    if (acquire(obj, &w, 8, n, 0, 0, "widths") < 0) {
+        release(&w, 1);
+        return NULL;
+    }
+    Py_ssize_t *offset = malloc(sizeof(Py_ssize_t) * (size_t)(n + 1));
+    int bad_width = 0;
+    if (offset) {
+        offset[0] = 0;
+        for (Py_ssize_t d = 0; d < n && !bad_width; d++) {
+            int64_t wd = I64(w)[d];
+            bad_width = wd < 0 || __builtin_add_overflow(offset[d], (Py_ssize_t)wd, &offset[d + 1]);
+        }
+    }
+    release(&w, 1);
+    if (!offset) {
+        PyErr_NoMemory();
+    } else if (bad_width) {
+        free(offset);
+        offset = NULL;
+        PyErr_Format(PyExc_ValueError, "%s: every width must be >= 0 (and their sum representable)", fn);
+    }
+    return offset;
 }
 
 static int normalize_row(const float *z, Py_ssize_t k, const double *rest, float *out, double *scratch);
@@ -389,10 +424,7 @@ static long candidate_rows(const float *logits, Py_ssize_t rows, Py_ssize_t voca
  * select, then (with `vocab` and K < V) the row's rest_lse, then log q = z - logaddexp(lse(z), rest) (rest
  * -inf without it): dartree.fast.host_builders.HostCandidates in one call. */
 static PyObject *native_candidates(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 9) {
-        PyErr_SetString(PyExc_TypeError, "candidates: expected 9 arguments");
-        return NULL;
-    }
+    if (expect_args(nargs, 9, "candidates") < 0) return NULL;
     Py_ssize_t rows, vocab, topk, with_rest;
     if (get_ssize(args[1], &rows, "rows") < 0 || get_ssize(args[2], &vocab, "vocab") < 0 ||
         get_ssize(args[3], &topk, "topk") < 0 || get_ssize(args[4], &with_rest, "vocab_normalize") < 0)
@@ -402,8 +434,7 @@ static PyObject *native_candidates(PyObject *self, PyObject *const *args, Py_ssi
         return NULL;
     }
     with_rest = with_rest && topk < vocab;
-    Buf b[5];
-    memset(b, 0, sizeof b);
+    Buf b[5] = {0};
     if (acquire(args[0], &b[0], 4, mul(rows, vocab), 0, 0, "logits") < 0 ||
         acquire(args[5], &b[1], 8, mul(rows, topk), 1, 0, "tokens") < 0 ||
         acquire(args[6], &b[2], 4, mul(rows, topk), 1, 0, "values") < 0 ||
@@ -515,7 +546,7 @@ static int depth_rows(const float *logits, Py_ssize_t b, Py_ssize_t m, Py_ssize_
             tokens[w] = cand[r * k + rk];
             scores[w] = child[p];
             identity &= par == kept;
-            if (gather) gather[w] = r * m + par;
+            gather[w] = r * m + par;
             if (anc_out) {
                 memcpy(anc_out + w * gamma, anc_in + (r * m + par) * gamma, sizeof(int64_t) * (size_t)gamma);
                 anc_out[w * gamma + depth - 1] = kept + 1;
@@ -530,7 +561,7 @@ static int depth_rows(const float *logits, Py_ssize_t b, Py_ssize_t m, Py_ssize_
 /* depth_step(logits f32 [b, m, K], b, m, K, rest f64 [b] | None, parent f32 [b, m], beta (float), width,
  *            cand_tokens i64 [b, K], log_q f32 [b, m, K] (out), parents i64 [b, W], ranks i64 [b, W],
  *            tokens i64 [b, W], scores f32 [b, W], anc_in i64 [b, m, gamma] | None, anc_out i64 [b, W, gamma] | None,
- *            gamma, depth, gather i64 [b, W] | None)
+ *            gamma, depth, gather i64 [b, W])
  * -> (nonfinite, identity): nonfinite = some log q is NaN or infinite (nothing else is then meaningful);
  *    identity = W == m and every kept child's parent is its own index (the branch states need no gather).
  * gather: r * m + parent, the row of each kept child's parent state in the [b * m, S] states.
@@ -538,10 +569,7 @@ static int depth_rows(const float *logits, Py_ssize_t b, Py_ssize_t m, Py_ssize_
  * Per row: log q of every branch's K candidates; child scores (parent + log q) + beta in float32; the best
  * `width` of the m*K flat positions under (score descending, position), listed in position order. */
 static PyObject *native_depth_step(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 19) {
-        PyErr_SetString(PyExc_TypeError, "depth_step: expected 19 arguments");
-        return NULL;
-    }
+    if (expect_args(nargs, 19, "depth_step") < 0) return NULL;
     Py_ssize_t b, m, k, width, gamma, depth;
     if (get_ssize(args[1], &b, "b") < 0 || get_ssize(args[2], &m, "m") < 0 || get_ssize(args[3], &k, "topk") < 0 ||
         get_ssize(args[7], &width, "width") < 0 || get_ssize(args[16], &gamma, "gamma") < 0 ||
@@ -555,8 +583,7 @@ static PyObject *native_depth_step(PyObject *self, PyObject *const *args, Py_ssi
         PyErr_SetString(PyExc_ValueError, "depth_step: need 1 <= width <= m * K and 1 <= depth <= gamma");
         return NULL;
     }
-    Buf a[12];
-    memset(a, 0, sizeof a);
+    Buf a[12] = {0};
     if (acquire(args[0], &a[0], 4, mul(b, total), 0, 0, "logits") < 0 || acquire(args[4], &a[1], 8, b, 0, 1, "rest") < 0 ||
         acquire(args[5], &a[2], 4, mul(b, m), 0, 0, "parent_scores") < 0 ||
         acquire(args[8], &a[3], 8, mul(b, k), 0, 0, "cand_tokens") < 0 ||
@@ -567,7 +594,7 @@ static PyObject *native_depth_step(PyObject *self, PyObject *const *args, Py_ssi
         acquire(args[13], &a[8], 4, mul(b, width), 1, 0, "scores") < 0 ||
         acquire(args[14], &a[9], 8, mul(mul(b, m), gamma), 0, 1, "anc_in") < 0 ||
         acquire(args[15], &a[10], 8, mul(mul(b, width), gamma), 1, 1, "anc_out") < 0 ||
-        acquire(args[18], &a[11], 8, mul(b, width), 1, 1, "gather") < 0) {
+        acquire(args[18], &a[11], 8, mul(b, width), 1, 0, "gather") < 0) {
         release(a, 12);
         return NULL;
     }
@@ -581,7 +608,7 @@ static PyObject *native_depth_step(PyObject *self, PyObject *const *args, Py_ssi
     const int64_t *cand = I64(a[3]), *anc_in = I64_OR_NULL(a[9]);
     float *log_q = F32(a[4]), *scores = F32(a[8]);
     int64_t *parents = I64(a[5]), *ranks = I64(a[6]), *tokens = I64(a[7]), *anc_out = I64_OR_NULL(a[10]);
-    int64_t *gather = I64_OR_NULL(a[11]);
+    int64_t *gather = I64(a[11]);
     double *scratch = malloc(sizeof(double) * (size_t)k);
     float *child = malloc(sizeof(float) * (size_t)(2 * total)); /* the scores, then a copy to select in */
     if (!scratch || !child) {
@@ -712,10 +739,7 @@ static int select_rows(Py_ssize_t b, Py_ssize_t gamma, const Py_ssize_t *offset,
  * may hold nodes of rank -1 (fillers): they are never selected; fewer than n_out other nodes in a row is a
  * ValueError. */
 static PyObject *native_select_tree(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 15) {
-        PyErr_SetString(PyExc_TypeError, "select_tree: expected 15 arguments");
-        return NULL;
-    }
+    if (expect_args(nargs, 15, "select_tree") < 0) return NULL;
     Py_ssize_t b, gamma, n_out;
     if (get_ssize(args[0], &b, "b") < 0 || get_ssize(args[1], &gamma, "gamma") < 0 || get_ssize(args[3], &n_out, "n_out") < 0)
         return NULL;
@@ -723,37 +747,15 @@ static PyObject *native_select_tree(PyObject *self, PyObject *const *args, Py_ss
         PyErr_SetString(PyExc_ValueError, "select_tree: gamma >= 1");
         return NULL;
     }
-    Buf w;
-    if (acquire(args[2], &w, 8, gamma, 0, 0, "widths") < 0) {
-        release(&w, 1);
-        return NULL;
-    }
-    Py_ssize_t *offset = malloc(sizeof(Py_ssize_t) * (size_t)(gamma + 1));
-    if (!offset) {
-        release(&w, 1);
-        return PyErr_NoMemory();
-    }
-    offset[0] = 0;
-    int bad_width = 0;
-    for (Py_ssize_t d = 0; d < gamma; d++) {
-        int64_t wd = I64(w)[d];
-        bad_width |= wd < 0 || __builtin_add_overflow(offset[d], (Py_ssize_t)wd, &offset[d + 1]);
-        if (bad_width) break;
-    }
-    release(&w, 1);
-    if (bad_width) {
-        free(offset);
-        PyErr_SetString(PyExc_ValueError, "select_tree: every width must be >= 0 (and their sum representable)");
-        return NULL;
-    }
+    Py_ssize_t *offset = width_offsets(args[2], gamma, "select_tree");
+    if (!offset) return NULL;
     Py_ssize_t total = offset[gamma];
     if (n_out > total) {
         free(offset);
         PyErr_SetString(PyExc_ValueError, "select_tree: n_out larger than the supertree");
         return NULL;
     }
-    Buf a[11];
-    memset(a, 0, sizeof a);
+    Buf a[11] = {0};
     if (acquire(args[4], &a[0], 8, mul(b, total), 0, 0, "parents") < 0 || acquire(args[5], &a[1], 8, mul(b, total), 0, 0, "ranks") < 0 ||
         acquire(args[6], &a[2], 8, mul(b, total), 0, 0, "tokens") < 0 || acquire(args[7], &a[3], 4, mul(b, total), 0, 0, "scores") < 0 ||
         acquire(args[8], &a[4], 8, mul(mul(b, total), gamma), 0, 1, "paths") < 0 || acquire(args[9], &a[5], 8, b, 0, 0, "root") < 0 ||
@@ -853,10 +855,7 @@ static Py_ssize_t bound_rows(Py_ssize_t b, Py_ssize_t gamma, Py_ssize_t depth, c
  * s(u) + beta, float32 rounding being monotone; such a node has no descendant in the final top budget,
  * whatever else is expanded (docs/builders.md, "Bound pruning"). */
 static PyObject *native_bound_frontier(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 9) {
-        PyErr_SetString(PyExc_TypeError, "bound_frontier: expected 9 arguments");
-        return NULL;
-    }
+    if (expect_args(nargs, 9, "bound_frontier") < 0) return NULL;
     Py_ssize_t b, gamma, depth, budget;
     if (get_ssize(args[0], &b, "b") < 0 || get_ssize(args[1], &gamma, "gamma") < 0 ||
         get_ssize(args[2], &depth, "depth") < 0 || get_ssize(args[4], &budget, "budget") < 0)
@@ -872,31 +871,10 @@ static PyObject *native_bound_frontier(PyObject *self, PyObject *const *args, Py
         PyErr_SetString(PyExc_ValueError, "bound_frontier: need 1 <= depth <= gamma and budget >= 1");
         return NULL;
     }
-    Buf w;
-    if (acquire(args[3], &w, 8, depth, 0, 0, "widths") < 0) {
-        release(&w, 1);
-        return NULL;
-    }
-    Py_ssize_t *offset = malloc(sizeof(Py_ssize_t) * (size_t)(depth + 1));
-    if (!offset) {
-        release(&w, 1);
-        return PyErr_NoMemory();
-    }
-    offset[0] = 0;
-    int bad_width = 0;
-    for (Py_ssize_t d = 0; d < depth && !bad_width; d++) {
-        int64_t wd = I64(w)[d];
-        bad_width |= wd < 0 || __builtin_add_overflow(offset[d], (Py_ssize_t)wd, &offset[d + 1]);
-    }
-    release(&w, 1);
-    if (bad_width) {
-        free(offset);
-        PyErr_SetString(PyExc_ValueError, "bound_frontier: every width must be >= 0 (and their sum representable)");
-        return NULL;
-    }
+    Py_ssize_t *offset = width_offsets(args[3], depth, "bound_frontier");
+    if (!offset) return NULL;
     Py_ssize_t total = offset[depth];
-    Buf a[3];
-    memset(a, 0, sizeof a);
+    Buf a[3] = {0};
     if (acquire(args[5], &a[0], 8, mul(b, total), 0, 0, "ranks") < 0 || acquire(args[6], &a[1], 4, mul(b, total), 0, 0, "scores") < 0 ||
         acquire(args[7], &a[2], 8, mul(mul(b, total), gamma), 0, 1, "paths") < 0) {
         free(offset);
@@ -977,10 +955,7 @@ static void heap_up(Entry *h, Py_ssize_t c, const Order *o) {
  * most one entry per popped node plus one.  Scores: float32 (parent + log q).  n larger than the trie of
  * gamma depths and K candidates is a ValueError. */
 static PyObject *native_best_first(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 13) {
-        PyErr_SetString(PyExc_TypeError, "best_first: expected 13 arguments");
-        return NULL;
-    }
+    if (expect_args(nargs, 13, "best_first") < 0) return NULL;
     Py_ssize_t b, gamma, k, n;
     if (get_ssize(args[1], &b, "b") < 0 || get_ssize(args[2], &gamma, "gamma") < 0 ||
         get_ssize(args[3], &k, "topk") < 0 || get_ssize(args[5], &n, "n") < 0)
@@ -989,8 +964,7 @@ static PyObject *native_best_first(PyObject *self, PyObject *const *args, Py_ssi
         PyErr_SetString(PyExc_ValueError, "best_first: need gamma, topk, n >= 1");
         return NULL;
     }
-    Buf a[9];
-    memset(a, 0, sizeof a);
+    Buf a[9] = {0};
     if (acquire(args[0], &a[0], 4, mul(mul(b, gamma), k), 0, 0, "log_q") < 0 ||
         acquire(args[4], &a[1], 8, mul(mul(b, gamma), k), 0, 1, "order") < 0 ||
         acquire(args[6], &a[2], 8, mul(mul(b, gamma), k), 0, 0, "cand_tokens") < 0 || acquire(args[7], &a[3], 8, b, 0, 0, "root") < 0 ||

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from dartree.block import DraftBlock
 from dartree.models.drafter import DFlashDrafter
 from dartree.protocols import BatchDrafter, check_drafter, is_batch_drafter
+from dartree.verify.cache import pad_slots
 
 __all__ = ["BatchDrafter", "DFlashRows", "RowsOfDrafters", "batch_drafter"]
 
@@ -26,11 +27,6 @@ def _check_counts(tokens: Tensor, counts: list[int], batch: int) -> None:
                          f"{len(counts)} counts")
     if any(not 0 <= c <= tokens.shape[1] for c in counts):
         raise ValueError(f"counts: each must lie in [0, {tokens.shape[1]}], got {counts}")
-
-
-def _pad(x: Tensor, cap: int) -> Tensor:
-    """Keys or values ``[b, kv, c, hd]`` zero-padded to ``cap`` slots."""
-    return x if x.shape[2] == cap else torch.cat([x, x.new_zeros(*x.shape[:2], cap - x.shape[2], x.shape[3])], dim=2)
 
 
 def _row_copy(template):
@@ -118,7 +114,7 @@ class DFlashRows:
 
     def start(self, batch_size: int) -> None:
         self.lengths = [0] * batch_size
-        c, weight = self.drafter.config, self.drafter.fc.weight      # zeroed buffers of 64 slots, grown by _pad
+        c, weight = self.drafter.config, self.drafter.fc.weight      # zeroed buffers of 64 slots, grown by pad_slots
         shape = (batch_size, c.num_key_value_heads, 64, c.head_dim)
         self._kv = [(weight.new_zeros(shape), weight.new_zeros(shape)) for _ in self.drafter.layers]
 
@@ -139,7 +135,7 @@ class DFlashRows:
         positions = lengths[:, None] + torch.arange(m, device=device)                 # [b, m]
         need, cap = max(self.lengths) + m, self._kv[0][0].shape[2]
         if need > cap:                                                                # grow by doubling
-            self._kv = [(_pad(k, max(need, 2 * cap)), _pad(v, max(need, 2 * cap))) for k, v in self._kv]
+            self._kv = [(pad_slots(k, max(need, 2 * cap)), pad_slots(v, max(need, 2 * cap))) for k, v in self._kv]
         new = self.drafter.context_key_values(feats, positions)
         for (k, v), (k1, v1) in zip(self._kv, new, strict=True):
             # entries past a row's count land in that row's padding, which nothing reads
@@ -178,7 +174,8 @@ class DFlashRows:
         if not old_lengths:
             return
         cap = max(old_kv[0][0].shape[2], self._kv[0][0].shape[2])
-        self._kv = [(torch.cat([_pad(k0, cap), _pad(k1, cap)]), torch.cat([_pad(v0, cap), _pad(v1, cap)]))
+        self._kv = [(torch.cat([pad_slots(k0, cap), pad_slots(k1, cap)]),
+                     torch.cat([pad_slots(v0, cap), pad_slots(v1, cap)]))
                     for (k0, v0), (k1, v1) in zip(old_kv, self._kv, strict=True)]
         self.lengths = old_lengths + self.lengths
 

@@ -139,7 +139,7 @@ class Drafting:
             tree = self.shape(block, block.gamma - offset, roots)
         else:
             tree = checked_tree(self.builder, self.builder.build(block, self.head), block)
-        tree = fit_tree(tree, block.gamma - offset, target.lengths, target.length, target)
+        tree = fit_tree(tree, block.gamma - offset, target)
         if not self.verifier.redraws:
             return tree
         carry = reuse.carried(block, offset) if offset else None

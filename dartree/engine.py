@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+from torch.nn.utils.rnn import pad_sequence
 
 from dartree.batch_drafters import batch_drafter
 from dartree.block import DraftBlock
@@ -126,8 +127,7 @@ class Engine:
         else:
             out = target.add_rows(prompts, logits="last")
         if self.drafter is not None:
-            self.drafter.add_rows(out.hidden, _padded([p.tolist() for p in prompts], target.device),
-                                  [p.shape[0] for p in prompts])
+            self.drafter.add_rows(out.hidden, pad_sequence(prompts, batch_first=True), [p.shape[0] for p in prompts])
         positions = torch.tensor([p.shape[0] for p in prompts], dtype=torch.int64, device=target.device)
         firsts = self.verifier.next_token(out.logits[:, -1], positions)     # as every later AR token
         host = firsts.tolist()       # one sync per admission, on purpose: the first tokens may end requests
@@ -287,8 +287,3 @@ class Engine:
                                 prompt=req.prompt, rounds=tuple(self.rounds[q]),
                                 stop_reason=STOP_REASONS[1] if self.stopped[q] else STOP_REASONS[0],
                                 prefill_s=self.prefill_s[q])
-
-
-def _padded(rows: list[list[int]], device: torch.device) -> Tensor:
-    m = max((len(r) for r in rows), default=0)
-    return torch.tensor([r + [0] * (m - len(r)) for r in rows], dtype=torch.int64, device=device).reshape(len(rows), m)

@@ -100,11 +100,11 @@ def check_head(head: Any) -> None:
             raise ValueError(f"head: {type(head).__name__}.{optional} is not callable")
 
 
-def check_drafter(drafter: Any, name: str = "drafter") -> None:
-    """``ValueError`` naming ``name`` and the first member of :class:`Drafter` that ``drafter`` lacks."""
+def check_drafter(drafter: Any) -> None:
+    """``ValueError`` naming the first member of :class:`Drafter` that ``drafter`` lacks."""
     for member in DRAFTER_MEMBERS:
         if not hasattr(drafter, member):
-            raise ValueError(f"{name}: missing {member!r}; a drafter needs target_layer_ids, reset(), "
+            raise ValueError(f"drafter: missing {member!r}; a drafter needs target_layer_ids, reset(), "
                              f"append_context(hidden_states, tokens) and draft(root) (dartree.protocols.Drafter)")
 
 
@@ -113,10 +113,10 @@ def is_batch_drafter(drafter: Any) -> bool:
     return all(hasattr(drafter, member) for member in BATCH_DRAFTER_MEMBERS)
 
 
-def check_sampler(sampler: Any, name: str = "sampler") -> None:
-    """``ValueError`` naming ``name`` unless ``sampler`` has :class:`Sampler`'s ``sample(logits, positions)``."""
+def check_sampler(sampler: Any) -> None:
+    """``ValueError`` unless ``sampler`` has :class:`Sampler`'s ``sample(logits, positions)``."""
     if not callable(getattr(sampler, "sample", None)):
-        raise ValueError(f"{name}: expected an object with sample(logits, positions) (dartree.protocols.Sampler), "
+        raise ValueError(f"sampler: expected an object with sample(logits, positions) (dartree.protocols.Sampler), "
                          f"got {type(sampler).__name__}")
 
 

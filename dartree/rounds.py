@@ -347,7 +347,7 @@ def check_requests(target: HFTarget, prompts: Sequence[Tensor], max_new_tokens: 
     return reqs
 
 
-def check_block(block: object, roots: Tensor, vocab_size: int, rows: int = 1) -> None:
+def check_block(block: object, roots: Tensor, vocab_size: int, rows: int) -> None:
     """A drafter's block must be a DraftBlock of ``rows`` rows over the target's vocabulary, built on ``roots``."""
     if not isinstance(block, DraftBlock) or block.batch_size != rows:
         raise ValueError(f"drafter: draft must return a DraftBlock of batch {rows}, got "
@@ -362,20 +362,19 @@ def check_block(block: object, roots: Tensor, vocab_size: int, rows: int = 1) ->
                          f"the root it was given {roots.tolist()}; DraftBlock.root must equal the root argument")
 
 
-def fit_tree(tree: DraftTree, gamma: int, lengths: Sequence[int], width: int, target: HFTarget) -> DraftTree:
-    """Drop the nodes the model cannot hold: positions past ``max_positions`` (per row: row ``r``'s
-    root sits at position ``lengths[r]``), slots past a static cache's capacity (``width`` columns
-    in use).
+def fit_tree(tree: DraftTree, gamma: int, target: HFTarget) -> DraftTree:
+    """Drop the nodes the model cannot hold: positions past ``max_positions`` (row ``r``'s root sits at position
+    ``target.lengths[r]``), slots past a static cache's capacity (``target.length`` columns in use).
 
     Only near the end of the position range or the cache; nodes are sorted so that parents precede
     children, hence both cuts are prefix-closed.  ``select`` syncs, but only in those rounds.
     """
     keep = None
-    limit = target.max_positions
+    limit, lengths = target.max_positions, target.lengths
     if limit is not None and max(lengths) + gamma > limit - 1:
-        room = limit - 1 - torch.tensor(list(lengths), dtype=torch.int64, device=tree.device)
+        room = limit - 1 - torch.tensor(lengths, dtype=torch.int64, device=tree.device)
         keep = tree.depths <= room[:, None]
-    space = None if target.capacity is None else target.capacity - width
+    space = None if target.capacity is None else target.capacity - target.length
     if space is not None and tree.max_nodes > space:
         first = torch.arange(tree.max_nodes, device=tree.device)[None, :] < space
         keep = first if keep is None else keep & first

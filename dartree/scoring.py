@@ -93,22 +93,14 @@ def rest_shift(vocab: int) -> int:
 _CHUNK = 1 << 20  # logits per chunk of rows on the CPU: the temporaries stay in cache
 
 
-def rest_logsumexp(logits: Tensor, tokens: Tensor, top: Tensor | None = None) -> Tensor:
-    """log-sum-exp of the logits outside the candidates ``tokens``: THE vocabulary normaliser.
+def rest_logsumexp(logits: Tensor, tokens: Tensor) -> Tensor:
+    """log-sum-exp of the logits outside the candidates ``tokens``: THE vocabulary normaliser, defined op by op so
+    that torch and the C loop of ``dartree/_native.c`` give the same bits (each term :func:`exp2_f32_`, summed exactly
+    in fixed point: docs/kernels.md, "An exact normaliser").  CPU rows go in chunks of ~2**20 logits.
 
-    ``top + log(sum_{v not in C} exp(x_v - top))`` (``top``: the best candidate's logit), defined so that torch
-    ops (this reference, the twins) and one C loop (``dartree/_native.c``) give the same bits: each term is
-    :func:`exp2_f32_` of ``(x_v - top) * log2 e`` (candidates, ``-inf`` and terms below ``2 ** -126`` give 0); the
-    sum is exact, each term rounded to a multiple of ``2 ** -s`` (:func:`rest_shift`, far below a float32 step of
-    the result) and added as integers, so no summation order has to agree; ``top + log(sum)`` in float64, rounded
-    once to float32 (which absorbs a last-bit difference between two libraries' ``log``).  CPU rows go in chunks
-    of ~2**20 logits (rows are independent: no bit changes).
-
-    Shape:
-        logits: float32 ``[b, gamma, V]``; tokens: int64 ``[b, gamma, K]``; top: float32 ``[b, gamma]``
-        (the best candidates' logits, if the caller has them) -> float32 ``[b, gamma]``.
+    Shape: logits float32 ``[b, gamma, V]``; tokens int64 ``[b, gamma, K]`` -> float32 ``[b, gamma]``.
     """
-    top = torch.gather(logits, -1, tokens[..., :1])[..., 0] if top is None else top
+    top = torch.gather(logits, -1, tokens[..., :1])[..., 0]         # the best candidate's logit
     vocab = logits.shape[-1]
     x, tok, t = logits.reshape(-1, vocab), tokens.reshape(-1, tokens.shape[-1]), top.reshape(-1, 1)
     rows, shift = x.shape[0], rest_shift(vocab)

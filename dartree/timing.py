@@ -22,8 +22,7 @@ __all__ = ["check_head_device", "TimedHead", "checked_head", "trusted_head"]
 
 def check_head_device(head: Any, device: torch.device | str) -> None:
     """Raise ``ValueError`` if ``head`` is a module whose parameters are not on ``device``."""
-    params = getattr(head, "parameters", None)
-    if not isinstance(head, nn.Module) or params is None:
+    if not isinstance(head, nn.Module):
         return
     first = next(iter(head.parameters()), None)
     if first is not None and first.device != torch.device(device):
@@ -102,9 +101,9 @@ class TimedHead:
         out, self.calls = self.calls, 0
         return out
 
-    def _call(self, name: str, *args: Any) -> Any:
+    def _call(self, fn: Any, *args: Any) -> Any:
         self.calls += 1
-        return self._timed(getattr(self.head, name), *args)
+        return self._timed(fn, *args)
 
     def _timed(self, fn: Any, *args: Any) -> Any:
         if self._cuda:
@@ -144,7 +143,7 @@ class TimedHead:
 
     def initial_state(self, block: Any) -> Tensor:
         self._check_block(block)
-        out = _state("initial_state", self._call("initial_state", self._own_block(block)), block,
+        out = _state("initial_state", self._call(self.head.initial_state, self._own_block(block)), block,
                      (block.batch_size,), None)
         self._width = out.shape[-1]
         return out
@@ -168,27 +167,25 @@ class TimedHead:
         return self._block_copy
 
     def logits(self, block: Any, depth: int, states: Tensor, candidates: Tensor) -> Tensor:
-        out = self._call("logits", self._own_block(block), depth, self._own(states), self._own(candidates))
+        out = self._call(self.head.logits, self._own_block(block), depth, self._own(states), self._own(candidates))
         return _logits("logits", out, block, states, candidates)
 
     def _vocab_logits(self, block: Any, depth: int, states: Tensor) -> Tensor:
         """The head's optional ``vocab_logits``, timed and checked (``vocab_logits`` when the head has one)."""
         if self._trusted:           # perf: a sampled round's proposals (dartree's own heads: shapes tested, no copies)
-            self.calls += 1
-            return self._timed(self.head.vocab_logits, block, depth, states)
-        out = self._call("vocab_logits", self._own_block(block), depth, self._own(states))
+            return self._call(self.head.vocab_logits, block, depth, states)
+        out = self._call(self.head.vocab_logits, self._own_block(block), depth, self._own(states))
         return _logits("vocab_logits", out, block, states, block.logits)      # its last dimension: V
 
     def advance(self, block: Any, depth: int, states: Tensor, tokens: Tensor) -> Tensor:
         if self._trusted:           # perf: as vocab_logits
-            self.calls += 1
-            return self._timed(self.head.advance, block, depth, states, tokens)
-        out = self._call("advance", self._own_block(block), depth, self._own(states), self._own(tokens))
+            return self._call(self.head.advance, block, depth, states, tokens)
+        out = self._call(self.head.advance, self._own_block(block), depth, self._own(states), self._own(tokens))
         return _state("advance", out, block, tuple(tokens.shape), self._width)
 
     def _advance_logits(self, block: Any, depth: int, states: Tensor, tokens: Tensor,
                         candidates: Tensor) -> tuple[Tensor, Tensor]:
-        out = self._call("advance_logits", self._own_block(block), depth, self._own(states), self._own(tokens),
+        out = self._call(self.head.advance_logits, self._own_block(block), depth, self._own(states), self._own(tokens),
                          self._own(candidates))
         return _pair("advance_logits", out, block, tokens, self._width, candidates)
 
@@ -209,15 +206,13 @@ class _TimedSteps:
         self._head, self._steps, self._block, self._candidates = timed, steps, block, candidates
 
     def logits(self, depth: int, states: Tensor) -> Tensor:
-        self._head.calls += 1
-        out = self._head._timed(self._steps.logits, depth, self._head._own(states))
+        out = self._head._call(self._steps.logits, depth, self._head._own(states))
         if self._head._trusted:
             return out
         return _logits("prepare_block(...).logits", out, self._block, states, self._candidates)
 
     def advance_logits(self, depth: int, states: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
-        self._head.calls += 1
-        out = self._head._timed(self._steps.advance_logits, depth, self._head._own(states), self._head._own(tokens))
+        out = self._head._call(self._steps.advance_logits, depth, self._head._own(states), self._head._own(tokens))
         if self._head._trusted:
             return out
         return _pair("prepare_block(...).advance_logits", out, self._block, tokens, self._head._width,

@@ -83,21 +83,19 @@ class DraftTree:
         """
         for name, value in (("gamma", gamma), ("budget", budget), ("vocab_size", vocab_size)):
             check_int(name, value, optional=True)
-        fields = {"tokens": self.tokens, "parents": self.parents, "depths": self.depths, "ranks": self.ranks}
+        fields = {"tokens": self.tokens, "parents": self.parents, "depths": self.depths, "ranks": self.ranks,
+                  "scores": self.scores}
         for name, t in fields.items():
-            if not isinstance(t, Tensor) or t.dtype != torch.int64 or t.dim() != 2:
+            dtype, kind = (torch.float32, "a float32") if name == "scores" else (torch.int64, "an int64")
+            if not isinstance(t, Tensor) or t.dtype != dtype or t.dim() != 2:
                 got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, Tensor) else type(t).__name__
-                raise ValueError(f"{name}: expected an int64 tensor [b, n], got {got}")
-        if not isinstance(self.scores, Tensor) or self.scores.dtype != torch.float32 or self.scores.dim() != 2:
-            got = (f"{self.scores.dtype} {tuple(self.scores.shape)}" if isinstance(self.scores, Tensor)
-                   else type(self.scores).__name__)
-            raise ValueError(f"scores: expected a float32 tensor [b, n], got {got}")
+                raise ValueError(f"{name}: expected {kind} tensor [b, n], got {got}")
         if not isinstance(self.num_nodes, Tensor):
             raise ValueError(f"num_nodes: expected an int64 tensor [b], got {type(self.num_nodes).__name__}")
         if self.tokens.device.type == "meta":
             raise ValueError("tokens: on the meta device (a tensor without data); build the tree on a real device")
         shape = self.tokens.shape
-        for name, t in {**fields, "scores": self.scores}.items():
+        for name, t in fields.items():
             if t.shape != shape:
                 raise ValueError(f"{name}: shape {tuple(t.shape)} differs from tokens {tuple(shape)}")
             if t.device != self.device:
@@ -274,18 +272,13 @@ def _broken(tree: DraftTree, root: Tensor, vocab_size: int, gamma: int, limit: i
 
 
 def check_decodable(tree: DraftTree, block: DraftBlock, budget: int | None = None) -> DraftTree:
-    """Check the contract the decoder relies on for a builder's tree; return ``tree``.
+    """Check the contract the decoder relies on for a builder's tree (a broken one gives wrong output or fails deep
+    inside the target); return ``tree``.  Over every row's valid nodes: the root is ``block.root`` (parent -1, depth
+    0); tokens in ``[0, V)``; ``0 <= parents[i] < i``; ``depths[i] == depths[parents[i]] + 1 <= block.gamma``;
+    distinct sibling tokens; ``1 <= num_nodes <= n`` (and ``<= 1 + budget``).  Scores, ranks and padding are
+    :meth:`DraftTree.validate`'s.  One host read; a ``ValueError`` names the clause, the row and the node.
 
-    The decoder verifies ``tree`` as it is, so a broken tree would give silently wrong output (a wrong root) or
-    fail deep inside the target (a token ``>= V``).  Over the valid nodes of every row: the root is
-    ``block.root`` (parent -1, depth 0); tokens in ``[0, V)``; ``0 <= parents[i] < i``;
-    ``depths[i] == depths[parents[i]] + 1 <= block.gamma``; distinct sibling tokens; ``1 <= num_nodes <= n``
-    (and ``<= 1 + budget``).  Scores, ranks and padding are not read by the decoder and not checked
-    (:meth:`DraftTree.validate` does).  One host read of the tree's integers, a dozen numpy calls; messages are
-    made only on failure.  Raises ``ValueError`` naming the clause, the row and the node.
-
-    Shape:
-        tree: ``[b, n]`` with ``b = block.batch_size``.
+    Shape: tree ``[b, n]`` with ``b = block.batch_size``.
     """
     if not isinstance(tree, DraftTree):
         raise ValueError(f"builder: build() must return a DraftTree, got {type(tree).__name__}")

@@ -246,11 +246,11 @@ def _method_defaults(p: argparse.ArgumentParser) -> None:
                         "(> 0; default 1)")
 
 
-def _prompt_args(p: argparse.ArgumentParser, dataset_default: str = "humaneval") -> None:
+def _prompt_args(p: argparse.ArgumentParser) -> None:
     from dartree.eval.datasets import DATASETS
 
     g = p.add_argument_group("prompts")
-    g.add_argument("--dataset", choices=DATASETS, default=dataset_default, help="prompt set")
+    g.add_argument("--dataset", choices=DATASETS, default="humaneval", help="prompt set")
     g.add_argument("--num-prompts", type=_positive_int, default=2, help="prompts (default 2)")
     g.add_argument("--max-new-tokens", type=_positive_int, default=64, help="tokens per prompt (default 64)")
     g.add_argument("--temperature", type=_temperature, default=0.0, help="0 = greedy (default)")

@@ -5,7 +5,9 @@ order is applied exactly: docs/kernels.md, "How the total order is applied exact
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -171,17 +173,12 @@ def expand(block: DraftBlock, cands: CandidateSet, widths: list[int], head: Corr
     expansion.record(expansion.Expansion(depths=done, full_depths=len(widths),
                                          branches=b * (1 + sum(widths[:done - 1])),
                                          full_branches=b * (1 + sum(widths[:-1]))))
-    if trace:
-        return Supertree(tree.parents, tree.ranks, tree.tokens, tree.scores, tree.words,
-                         log_q=torch.cat(traced, dim=1))
-    return tree
+    return dataclasses.replace(tree, log_q=torch.cat(traced, dim=1)) if trace else tree
 
 
 def _flatten(tree: Supertree) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """All kept nodes depth after depth: parents (flat index, -1 = the root), tokens, ranks, scores."""
-    offsets = [0]
-    for w in tree.widths:
-        offsets.append(offsets[-1] + w)
+    offsets = [0, *itertools.accumulate(tree.widths)]
     parents = torch.cat([torch.full_like(tree.parents[0], PAD)]
                         + [p + offsets[d - 1] for d, p in enumerate(tree.parents) if d > 0], dim=1)
     return parents, torch.cat(tree.tokens, 1), torch.cat(tree.ranks, 1), torch.cat(tree.scores, 1)

@@ -46,15 +46,6 @@ class HostCandidates:
         if status == 2:
             raise ValueError(too_few_finite(row // gamma, row % gamma + 1, finite, topk))
         self.tokens_t = torch.from_numpy(self.tokens)
-        self._by_depth: tuple[np.ndarray, np.ndarray | None] | None = None
-
-    def by_depth(self) -> tuple[np.ndarray, np.ndarray | None]:
-        """``tokens`` as ``[gamma, b, K]`` and ``rest`` as float64 ``[gamma, b]`` (or None), contiguous per
-        depth: the inputs of the compiled depth step."""
-        if self._by_depth is None:
-            rest = None if self.rest is None else np.ascontiguousarray(self.rest.T, dtype=np.float64)
-            self._by_depth = (np.ascontiguousarray(self.tokens.transpose(1, 0, 2)), rest)
-        return self._by_depth
 
 
 def _columns_tree(ints: np.ndarray, scores: np.ndarray) -> DraftTree:
@@ -104,7 +95,9 @@ def _expand(block: DraftBlock, cands: HostCandidates, widths: list[int], head: C
     ints = np.empty((4, b * total), dtype=np.int64)  # parents, ranks, tokens, parent-state rows
     scores = np.empty(b * total, dtype=np.float32)
     paths = np.zeros(b * (total + 1) * gamma, dtype=np.int64) if branching else None  # a zero root path first
-    tokens_by_depth, rest_by_depth = cands.by_depth()
+    # the compiled depth step's inputs, contiguous per depth: tokens [gamma, b, K], rest float64 [gamma, b] or None
+    tokens_by_depth = np.ascontiguousarray(cands.tokens.transpose(1, 0, 2))
+    rest_by_depth = None if cands.rest is None else np.ascontiguousarray(cands.rest.T, dtype=np.float64)
     steps = HeadSteps(head, block, cands.tokens_t)
     states = steps.initial()
     logits = steps.logits(1, states)

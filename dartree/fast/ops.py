@@ -58,14 +58,15 @@ def force_backend(name: str) -> Iterator[None]:
         _forced = previous
 
 
-def _impl(x: Tensor, op: str, *args) -> ModuleType:
-    """The Triton kernels when ``x``'s backend is ``"triton"`` and they are designed for these sizes
-    (``triton_kernels.LIMITS``), else the torch twins (never a truncated kernel)."""
-    if backend(x) == "triton":
+def _call(op: str, *args):
+    """``op`` of the Triton kernels when the first argument's backend is ``"triton"`` and they are designed for
+    these sizes (``triton_kernels.LIMITS``), else of the torch twins (never a truncated kernel)."""
+    module = twins
+    if backend(args[0]) == "triton":
         kernels = importlib.import_module("dartree.fast.triton_kernels")
         if kernels.supports(op, *args):
-            return kernels
-    return twins
+            module = kernels
+    return getattr(module, op)(*args)
 
 
 def _host(x: Tensor) -> bool:
@@ -90,29 +91,25 @@ def builders(x: Tensor) -> ModuleType:
 def topk_candidates(logits: Tensor, topk: int, vocab_normalize: bool) -> CandidateSet:
     """Top-K candidates per position with log q (:func:`dartree.fast.twins.topk_candidates`).
     Shape: logits float ``[b, gamma, V]``; ``1 <= topk <= V`` -> :class:`CandidateSet` ``[b, gamma, K]``."""
-    args = (logits, topk, vocab_normalize)
-    return _impl(logits, "topk_candidates", *args).topk_candidates(*args)
+    return _call("topk_candidates", logits, topk, vocab_normalize)
 
 
 def depth_step(parent_scores: Tensor, log_q: Tensor, beta: float, width: int) -> DepthStep:
     """Top-``width`` children of ``m`` lex-ordered branches (:func:`dartree.fast.twins.depth_step`).
     Shape: parent_scores ``[b, m]``, log_q ``[b, m | 1, K]`` -> :class:`DepthStep` ``[b, width]``."""
-    args = (parent_scores, log_q, beta, width)
-    return _impl(parent_scores, "depth_step", *args).depth_step(*args)
+    return _call("depth_step", parent_scores, log_q, beta, width)
 
 
 def top_b(scores: Tensor, budget: int) -> Tensor:
     """Positions of the best ``budget`` scores, best first, ties by position.
     Shape: scores float32 ``[b, N]`` -> int64 ``[b, budget]``."""
-    args = (scores, budget)
-    return _impl(scores, "top_b", *args).top_b(*args)
+    return _call("top_b", scores, budget)
 
 
 def tree_structure(parents: Tensor, num_nodes: Tensor, prefix_len: int | Tensor = 0) -> TreeStructure:
     """Ancestor mask, positions and links of a padded tree.
     Shape: parents ``[b, n]``, num_nodes ``[b]`` -> :class:`TreeStructure`."""
-    args = (parents, num_nodes, prefix_len)
-    return _impl(parents, "tree_structure", *args).tree_structure(*args)
+    return _call("tree_structure", parents, num_nodes, prefix_len)
 
 
 def ancestor_mask(parents: Tensor, num_nodes: Tensor) -> Tensor:
@@ -128,5 +125,4 @@ def greedy_walk(tokens: Tensor, parents: Tensor, num_nodes: Tensor, picks: Tenso
     Shape: tokens, parents, picks ``[b, n]``, num_nodes ``[b]`` -> :class:`GreedyWalk`."""
     if _host(tokens):
         return host.greedy_walk(tokens, parents, num_nodes, picks)
-    args = (tokens, parents, num_nodes, picks)
-    return _impl(tokens, "greedy_walk", *args).greedy_walk(*args)
+    return _call("greedy_walk", tokens, parents, num_nodes, picks)

@@ -99,17 +99,17 @@ def _launch(kernel, grid: tuple[int, ...], args: tuple, num_warps: int, **conste
         kernel[grid](*args, num_warps=num_warps, **constexprs)
 
 
-def supports(op: str, *args, **kwargs) -> bool:
+def supports(op: str, *args) -> bool:
     """Whether the kernel of ``op`` is designed for these arguments (the op's own signature); the wrappers
     raise where it is not, and :mod:`dartree.fast.ops` sends such calls to the torch twin."""
     if op == "topk_candidates":
         logits, topk = args[0], args[1]
         return topk <= LIMITS["topk"] and logits.shape[-1] <= LIMITS["flat"]
     if op == "depth_step":
-        parent_scores, log_q, width = args[0], args[1], args[3] if len(args) > 3 else kwargs["width"]
+        parent_scores, log_q, width = args[0], args[1], args[3]
         return width <= LIMITS["width"] and parent_scores.shape[1] * log_q.shape[-1] <= LIMITS["flat"]
     if op == "top_b":
-        scores, budget = args[0], args[1] if len(args) > 1 else kwargs["budget"]
+        scores, budget = args[0], args[1]
         return budget <= LIMITS["budget"] and scores.shape[1] <= LIMITS["flat"]
     if op in ("tree_structure", "greedy_walk"):
         return args[0].shape[1] <= LIMITS["nodes"]
@@ -375,9 +375,8 @@ def _tree_structure_kernel(parents_ptr, num_ptr, prefix_ptr, mask_ptr, pos_ptr, 
     tl.store(next_ptr + row * n + i, tl.where(nxt < NP, nxt, -1).to(tl.int64), mask=out_i)
 
 
-def tree_structure(parents: Tensor, num_nodes: Tensor, prefix_len: int | Tensor = 0,
-                   block_rows: int = 16) -> TreeStructure:
-    """Triton twin of :func:`dartree.fast.twins.tree_structure` (``block_rows`` nodes per program)."""
+def tree_structure(parents: Tensor, num_nodes: Tensor, prefix_len: int | Tensor = 0) -> TreeStructure:
+    """Triton twin of :func:`dartree.fast.twins.tree_structure` (up to 16 nodes per program)."""
     b, n = parents.shape
     if num_nodes.shape != (b,):
         raise ValueError(f"num_nodes: expected [{b}], got {tuple(num_nodes.shape)}")
@@ -390,7 +389,7 @@ def tree_structure(parents: Tensor, num_nodes: Tensor, prefix_len: int | Tensor 
     positions = torch.empty(b, n, dtype=torch.int64, device=dev)
     first = torch.empty(b, n, dtype=torch.int64, device=dev)
     nxt = torch.empty(b, n, dtype=torch.int64, device=dev)
-    bi = min(_pow2(block_rows), _pow2(n), max(2, 8192 // _pow2(n)))  # anc: [bi, NP] int32 in registers
+    bi = min(16, _pow2(n), max(2, 8192 // _pow2(n)))  # anc: [bi, NP] int32 in registers
     _launch(_tree_structure_kernel, (b, triton.cdiv(n, bi)), (par, num, prefix, mask, positions, first, nxt, n), 4,
             BI=bi, NP=_pow2(n))
     return TreeStructure(mask=mask.bool(), positions=positions, first_child=first, next_sibling=nxt)

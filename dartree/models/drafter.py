@@ -29,13 +29,7 @@ MAX_BLOCK_SIZE = 4096
 
 def dflash_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
     """The reference rule for a config without ``target_layer_ids`` (z-lab and Domino ``build_target_layer_ids``):
-    one layer per draft layer, evenly spaced.
-
-    One draft layer reads layer ``num_target_layers // 2``; else ``round(1 + i * (num_target_layers - 4) /
-    (num_draft_layers - 1))`` for ``i = 0..n-1``, with Python's ``round``, as the references.  For a 2-layer
-    target that reaches ``-1``, the embedding output, which is what the references read
-    (``hidden_states[layer + 1]``); only a layer outside ``[-1, num_target_layers)`` is refused.
-    """
+    one layer per draft layer, evenly spaced (docs/checkpoints.md, "Target-layer fallback")."""
     check_int("num_target_layers", num_target_layers)
     check_int("num_draft_layers", num_draft_layers)
     if num_draft_layers == 1:
@@ -348,16 +342,9 @@ class DFlashLayer(nn.Module):
 
 
 class DFlashDrafter(nn.Module):
-    """Block-parallel drafter conditioned on target hidden states (docs/internals.md, "The DFlash drafter").
-
-    Args:
-        config: the drafter's shape.
-        target: optional HF causal LM whose input embedding and output head it shares (as :meth:`bind`).
-
-    Attributes:
-        target_layer_ids, block_size (the root + ``block_size - 1`` mask slots), gamma (``block_size - 1``,
-        or ``block_size`` with ``config.shift_label``), heads (correction heads shipped with the checkpoint).
-    """
+    """Block-parallel drafter conditioned on target hidden states (docs/internals.md, "The DFlash drafter"):
+    ``target``, an optional HF causal LM whose input embedding and output head it shares (:meth:`bind`);
+    ``heads``, the correction heads shipped with its checkpoint."""
 
     def __init__(self, config: DFlashConfig, target: nn.Module | None = None) -> None:
         super().__init__()

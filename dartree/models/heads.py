@@ -404,10 +404,8 @@ class GRUHead(nn.Module):
         return new, self._logits(block, depth + 1, new, candidates)
 
     def prepare_block(self, block: DraftBlock, candidates: Tensor) -> _GRUSteps | None:
-        """The protocol's optional per-build preparation (:class:`dartree.protocols.CorrectionHead`): every
-        depth's base logits and ``fc1`` hidden half computed once, the weights resolved once (:meth:`_plan`),
-        and each depth's candidate rows of the output projection gathered when it is first scored; ``None``
-        (use the protocol calls) where autograd tracks the weights or the gate table does not apply.
+        """The protocol's optional per-build preparation (docs/custom-head.md): :class:`_GRUSteps`, or ``None`` (use
+        the protocol calls) where autograd tracks the weights or the gate table does not apply.
 
         Shape: candidates int64 ``[b, gamma, K]`` (``C_d`` at ``[:, d - 1]``).
         """
@@ -524,14 +522,8 @@ class _GRUSteps:
 
 @trusted_head
 class MarkovHead(nn.Module):
-    """DSpark vanilla Markov head: a rank-r bigram bias ``markov_w2[v] . markov_w1[previous token]``.
-
-    Args:
-        vocab_size: ``V`` (below 2**24: the state stores the previous token id as float32).
-        markov_rank: ``r``.
-
-    State: float32 ``[.., 1]`` holding the previous token id.
-    """
+    """DSpark vanilla Markov head: a rank-``markov_rank`` bigram bias ``markov_w2[v] . markov_w1[previous token]``;
+    state float32 ``[.., 1]``, the previous token id (so ``vocab_size`` is below 2**24)."""
 
     def __init__(self, vocab_size: int, markov_rank: int) -> None:
         super().__init__()

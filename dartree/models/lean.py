@@ -182,12 +182,12 @@ def _why_not(model: nn.Module) -> str | None:
     return None
 
 
-def lean_forward(model: nn.Module, grouped: bool = True) -> tuple[LeanForward | None, str | None]:
-    """``(LeanForward(model, grouped), None)``, or ``(None, reason)`` when the model's layout is not one it knows."""
+def lean_forward(model: nn.Module) -> tuple[LeanForward | None, str | None]:
+    """``(LeanForward(model), None)``, or ``(None, reason)`` when the model's layout is not one it knows."""
     why = _why_not(model)
     if why is not None:
         return None, why
-    return LeanForward(model, grouped), None
+    return LeanForward(model), None
 
 
 class LeanForward:

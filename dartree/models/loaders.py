@@ -36,6 +36,7 @@ DOMINO_PROJECTORS = ("domino", "causal_v5")
 _GRU_PREFIXES = ("prefix_gru.", "embed_proj.", "bias_norm.", "bias_gate.")
 _MARKOV_PREFIX = "markov_head."
 _MISSING = object()
+_FLOAT_ONLY = "expected a floating dtype (float32, bfloat16, float16): integer (quantised) weights are not supported"
 
 
 # ------------------------------------------------------------------------------ the config file
@@ -82,16 +83,15 @@ class CheckpointConfig:
             self.fail(key, f"expected an integer <= {maximum}, got {v!r}")
         return int(v)
 
-    def float(self, key: str, default: object = _MISSING, where: str = "any", positive: bool = False,
-              below: float = float("inf")) -> float:
+    def float(self, key: str, default: object = _MISSING, where: str = "any", below: float | None = None) -> float:
+        """A number; with ``below``, one in ``(0, below)``."""
         v = self.value(key, default, where)
         if v is default:
             return v
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             self.fail(key, f"expected a number, got {v!r}")
-        if positive and not 0 < v < below:
-            self.fail(key, f"expected a finite number > 0, got {v!r}" if below == float("inf")
-                      else f"expected a number in (0, {below:g}), got {v!r}")
+        if below is not None and not 0 < v < below:
+            self.fail(key, f"expected a number in (0, {below:g}), got {v!r}")
         return float(v)
 
     def bool(self, key: str, default: object = _MISSING, where: str = "any") -> bool:
@@ -161,10 +161,7 @@ _DEEPSPEC_KEYS = ("num_anchors", "markov_rank")
 
 
 def _format(config: CheckpointConfig) -> str:
-    """``"dspark"``, ``"domino"`` or ``"dflash"`` (docs/checkpoints.md, "Supported formats"): ``architectures``
-    decides DeepSpec (``Qwen3DSparkModel``) against z-lab / Domino (``DFlashDraftModel``), as it decides the
-    authors' class; DeepSpec-only keys beside a DFlash architecture are ignored with a warning (as z-lab's loader
-    ignores them), and without architectures they make the config ambiguous: refused."""
+    """``"dspark"``, ``"domino"`` or ``"dflash"``, by the one rule of docs/checkpoints.md, "Supported formats"."""
     archs = config.raw.get("architectures") or []
     if not isinstance(archs, list):
         config.fail("architectures", f"expected a list of names, got {archs!r}")
@@ -292,7 +289,7 @@ def _dflash_config(config: CheckpointConfig, kind: str) -> DFlashConfig:
         mask_token_id=config.int("mask_token_id", minimum=0),
         block_size=config.int("block_size", 16, minimum=2, maximum=MAX_BLOCK_SIZE),
         head_dim=head_dim,
-        rms_norm_eps=config.float("rms_norm_eps", 1e-6, where="top", positive=True, below=1.0),
+        rms_norm_eps=config.float("rms_norm_eps", 1e-6, where="top", below=1.0),
         rope_theta=theta,
         num_target_layers=num_target_layers,
         shift_label=_shift_label(config, kind),
@@ -328,8 +325,7 @@ def _check_float(name: str, tensor: Tensor, path: Path) -> None:
     """Weights are floating point and finite: integer weights (quantised, or a broken export) are not cast
     silently, and a NaN or infinite weight would decode garbage or fail far from its cause."""
     if not tensor.is_floating_point():
-        raise ValueError(f"weights: {name} in {path} is {tensor.dtype}; expected a floating dtype (float32, bfloat16, "
-                         f"float16): integer (quantised) weights are not supported")
+        raise ValueError(f"weights: {name} in {path} is {tensor.dtype}; {_FLOAT_ONLY}")
     _check_finite(name, tensor, path)
 
 
@@ -349,7 +345,7 @@ def _gru_head_from(config: CheckpointConfig, weights: dict[str, Tensor], hidden_
                    bias="prefix_gru.bias_ih_l0" in weights,        # released Domino heads are bias-free
                    bias_norm=config.bool("use_bias_norm", False),
                    bias_gate=config.bool("use_bias_gate", False),
-                   norm_eps=config.float("rms_norm_eps", 1e-6, where="top", positive=True, below=1.0))
+                   norm_eps=config.float("rms_norm_eps", 1e-6, where="top", below=1.0))
     _load_into(head, weights, "", path)
     return head.requires_grad_(False).eval()       # inference: no autograd graph in the builders
 
@@ -456,8 +452,7 @@ def _check_stored_dtypes(path: Path) -> None:
             for name in f.keys():
                 dtype = f.get_slice(name).get_dtype()
                 if not dtype.startswith(("F", "BF")):
-                    raise ValueError(f"weights: {name} in {file} is {dtype}; expected a floating dtype (float32, "
-                                     "bfloat16, float16): integer (quantised) weights are not supported")
+                    raise ValueError(f"weights: {name} in {file} is {dtype}; {_FLOAT_ONLY}")
 
 
 def load_target(path: str | Path, attn_implementation: str = "sdpa") -> nn.Module:

@@ -62,7 +62,10 @@ def _tensors(module: nn.Module, prefix: str = "") -> dict[str, Tensor]:
     return {prefix + k: v.detach().contiguous().clone() for k, v in module.state_dict().items()}
 
 
-def _write(path: str | Path, config: dict, tensors: dict[str, Tensor]) -> Path:
+def _write(path: str | Path, config: dict, tensors: dict[str, Tensor],
+           drafter_config: DFlashConfig | None = None) -> Path:
+    if drafter_config is not None:          # a head-only checkpoint: the block size of the drafter it corrects
+        config["block_size"] = drafter_config.block_size
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
@@ -125,15 +128,11 @@ def save_gru_head(head: GRUHead, path: str | Path, drafter_config: DFlashConfig 
     config = {"head_type": "gru", "hidden_size": head.hidden_size, "vocab_size": head.vocab_size, **_gru_flags(head)}
     if head.bias_norm is not None:
         config["rms_norm_eps"] = head.bias_norm.eps
-    if drafter_config is not None:
-        config["block_size"] = drafter_config.block_size
-    return _write(path, config, _tensors(head))
+    return _write(path, config, _tensors(head), drafter_config)
 
 
 def save_markov_head(head: MarkovHead, path: str | Path, drafter_config: DFlashConfig | None = None) -> Path:
     """Write a head-only Markov (DSpark vanilla) checkpoint."""
     config = {"head_type": "markov", "vocab_size": head.vocab_size, "markov_rank": head.markov_rank,
               "markov_head_type": "vanilla"}
-    if drafter_config is not None:
-        config["block_size"] = drafter_config.block_size
-    return _write(path, config, _tensors(head, "markov_head."))
+    return _write(path, config, _tensors(head, "markov_head."), drafter_config)

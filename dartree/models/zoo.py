@@ -52,16 +52,11 @@ def available() -> list[str]:
     return sorted(p.name for p in ZOO_DIR.iterdir() if (p / "target" / "config.json").is_file())
 
 
-def _load_tokenizer(path: Path):
-    from transformers import PreTrainedTokenizerFast
-
-    return PreTrainedTokenizerFast(tokenizer_file=str(path), eos_token="<|endoftext|>", pad_token="<|endoftext|>",
-                                   mask_token="<|mask|>")
-
-
 def load(name: str = DEFAULT_NAME, attn_implementation: str = "sdpa") -> ZooBundle:
     """Load bundled zoo entry ``name`` (one of :func:`available`) from the package's files (no download, no
     training); ``attn_implementation``: ``"sdpa"`` or ``"eager"`` for the target."""
+    from transformers import PreTrainedTokenizerFast
+
     names = available()
     if name not in names:
         raise ValueError(f"name: unknown zoo entry {name!r}; available: {names}")
@@ -71,5 +66,6 @@ def load(name: str = DEFAULT_NAME, attn_implementation: str = "sdpa") -> ZooBund
     target = load_target(path / "target", attn_implementation)     # missing / unexpected tensors are errors
     drafter = load_drafter(path / "drafter", target=target)
     heads = {key: load_head(path / f"{key}_head", target=target) for key in ("gru", "markov")}
-    tokenizer = _load_tokenizer(path / "tokenizer.json")
+    tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(path / "tokenizer.json"), eos_token="<|endoftext|>",
+                                        pad_token="<|endoftext|>", mask_token="<|mask|>")
     return ZooBundle(name=name, path=path, target=target, tokenizer=tokenizer, drafter=drafter, heads=heads)

@@ -59,12 +59,10 @@ def ncx2_sf(x: float, df: int, nc: float) -> float:
     if nc <= 0:
         return chi2_sf(x, df)
     mean = nc / 2.0
-    total, j = 0.0, 0
-    top = int(mean + 12.0 * math.sqrt(mean) + 30)
-    while j <= top:
+    total = 0.0
+    for j in range(int(mean + 12.0 * math.sqrt(mean) + 30) + 1):
         weight = math.exp(j * math.log(mean) - mean - math.lgamma(j + 1.0))
         total += weight * chi2_sf(x, df + 2 * j)
-        j += 1
     return min(1.0, total)
 
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
-__all__ = ["ZOO_NAME", "SPECIAL_TOKENS", "log", "lr_at", "optimizer_step", "resume", "save_checkpoint"]
+__all__ = ["ZOO_NAME", "SPECIAL_TOKENS", "log", "lr_at", "budget_steps", "optimizer_step", "resume", "save_checkpoint"]
 
 ZOO_NAME = "pystdlib-tiny"
 SPECIAL_TOKENS = ["<|endoftext|>", "<|mask|>"]
@@ -25,6 +27,22 @@ def lr_at(step: int, frac: float, peak: float, warmup: int) -> float:
     if step < warmup:
         return peak * (step + 1) / warmup
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
+
+
+def budget_steps(stage: str, minutes: float, peak: float, warmup: int, state: dict,
+                 save: Callable[[], None]) -> Iterator[tuple[float, float, tqdm]]:
+    """The steps of a stage's wall-clock budget of ``minutes`` (a resumed ``state``'s time included): yields each
+    step's start time, learning rate (:func:`lr_at`) and progress bar, for :func:`optimizer_step`; ``save()``
+    writes the checkpoint every 5 minutes."""
+    budget = minutes * 60.0
+    bar = tqdm(desc=stage, initial=state["step"], mininterval=20)
+    last_save = time.time()
+    while state["elapsed"] < budget:
+        yield time.time(), lr_at(state["step"], state["elapsed"] / budget, peak, warmup), bar
+        if time.time() - last_save > 300:
+            save()
+            last_save = time.time()
+    bar.close()
 
 
 @torch.no_grad()

@@ -1,11 +1,6 @@
-"""Stage 3, ``distill``: the frozen target continues real-text prompts: the distillation data.
-
-As a decoder starts after a real prompt, each sequence is a prompt (a window of ``--prompt-min`` ..
-``--prompt-max`` tokens of the training split or of installed packages' source) followed by
-``--distill-new-tokens`` tokens of the target's continuation: greedy (teacher forcing gives exactly its
-greedy labels) or, for a ``--sampled-fraction``, sampled at temperature 1.  Anchors lie only in the
-continuation.  Chunks: ``{"tokens": int32 [b, L + N], "prompt_len": L, "sampled": bool}`` (one batched forward).
-"""
+"""Stage 3, ``distill``: the frozen target continues real-text prompts, greedy or (``--sampled-fraction``) sampled
+at temperature 1: the distillation data (docs/zoo.md, the ``distill`` stage).  Chunks: ``{"tokens": int32
+[b, L + N], "prompt_len": L, "sampled": bool}``, rows of one prompt length (one batched forward)."""
 
 from __future__ import annotations
 

@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
-from dartree.training.common import log, lr_at, optimizer_step, resume, save_checkpoint
+from dartree.training.common import budget_steps, log, optimizer_step, resume, save_checkpoint
 from dartree.training.target import load_target
 
 __all__ = ["mask_token_id", "drafter_config", "target_features", "anchored_blocks", "sample_anchors",
@@ -220,18 +218,14 @@ def stage_drafter(work: Path, args: argparse.Namespace) -> None:
         log(f"drafter before training: {_summary(ev)}")
     gen = torch.Generator().manual_seed(state["step"] + 11)
     weights = depth_weights(config.gamma)
-    budget = args.drafter_minutes * 60.0
-    bar = tqdm(desc="drafter", initial=state["step"], mininterval=20)
-    last_save = time.time()
     drafter.train()
-    while state["elapsed"] < budget:
-        t0 = time.time()
+    for t0, lr, bar in budget_steps("drafter", args.drafter_minutes, args.drafter_lr, 50, state,
+                                    lambda: save_checkpoint(ckpt_path, {"model": drafter}, opt, state)):
         x, anchors, sampled = chunk_batch(train, args.drafter_batch, args.anchors, config.block_size, gen)
         hidden, target_logits = target_features(model, x, config.target_layer_ids)
         y = block_targets(target_logits, anchors, config.gamma, sampled)
         logits = F.linear(anchored_blocks(drafter, hidden, x, anchors), drafter.lm_head_weight)
         loss = (block_loss(logits, y) * weights).mean()
-        lr = lr_at(state["step"], state["elapsed"] / budget, args.drafter_lr, 50)
         optimizer_step(opt, loss, params, lr, state, t0, bar)
         bar.set_postfix(loss=f"{loss.item():.3f}")
         if state["step"] % args.eval_every == 0:
@@ -241,10 +235,6 @@ def stage_drafter(work: Path, args: argparse.Namespace) -> None:
             state["history"].append((state["step"], loss.item(), ev["loss"], ev["chain_tau"],
                                      ev.get("decode_chain_tau")))
             log(f"drafter step {state['step']}: train {loss.item():.3f} {_summary(ev)}")
-        if time.time() - last_save > 300:
-            save_checkpoint(ckpt_path, {"model": drafter}, opt, state)
-            last_save = time.time()
-    bar.close()
     drafter.eval()
     ev = eval_drafter(drafter, model, validation, args, decode_prompts=2 * args.decode_prompts)
     state["final"] = ev

@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
-from dartree.training.common import log, lr_at, optimizer_step, resume, save_checkpoint
+from dartree.training.common import budget_steps, log, optimizer_step, resume, save_checkpoint
 from dartree.training.drafter import (
     anchored_blocks,
     block_loss,
@@ -96,22 +94,9 @@ def _summary(ev: dict) -> str:
     return ", ".join(f"{k} {v:.3f}" for k, v in ev.items())
 
 
-def _warm_start(args: argparse.Namespace, model) -> dict:
-    """The ``--init-from`` bundle's heads (name -> head), or ``{}``."""
-    if args.init_from is None:
-        return {}
-    from dartree.models.loaders import load_head
-
-    return {name: load_head(args.init_from / f"{name}_head", target=model) for name in ("gru", "markov")}
-
-
-def _gru_configs(args: argparse.Namespace) -> list[dict]:
-    widths = args.gru_widths or [(args.gru_hidden, args.gru_emb_dim)]
-    return [{"gru_hidden_dim": g, "emb_dim": e, "prefix_len": 1} for g, e in widths]
-
-
 def stage_heads(work: Path, args: argparse.Namespace) -> None:
     from dartree.models.heads import GRUHead, MarkovHead
+    from dartree.models.loaders import load_head
     from dartree.training.distill import load_distill
 
     final = work / "heads_final.pt"
@@ -122,8 +107,11 @@ def stage_heads(work: Path, args: argparse.Namespace) -> None:
     distill = load_distill(work)
     c = model.config
     torch.manual_seed(2)
-    started = _warm_start(args, model)
-    gru_configs = _gru_configs(args)
+    started = {}                                      # the --init-from bundle's heads (name -> head)
+    if args.init_from is not None:
+        started = {name: load_head(args.init_from / f"{name}_head", target=model) for name in ("gru", "markov")}
+    widths = args.gru_widths or [(args.gru_hidden, args.gru_emb_dim)]
+    gru_configs = [{"gru_hidden_dim": g, "emb_dim": e, "prefix_len": 1} for g, e in widths]
     if not args.gru_widths and "gru" in started:     # one width, none asked for: the bundle's settings
         g = started["gru"]
         gru_configs = [{"gru_hidden_dim": g.gru_hidden_dim, "emb_dim": g.emb_dim, "prefix_len": g.prefix_len}]
@@ -170,20 +158,16 @@ def stage_heads(work: Path, args: argparse.Namespace) -> None:
         state["initial"] = ev
         log(f"heads before training: {_summary(ev)}")
     gen = torch.Generator().manual_seed(state["step"] + 13)
-    budget = args.heads_minutes * 60.0
-    bar = tqdm(desc="heads", initial=state["step"], mininterval=20)
-    last_save = time.time()
     for m in trained.values():
         m.train()
-    while state["elapsed"] < budget:
-        t0 = time.time()
+    for t0, lr, bar in budget_steps("heads", args.heads_minutes, args.heads_lr, 30, state,
+                                    lambda: save_checkpoint(ckpt_path, {**grus, "markov": markov}, opt, state)):
         x, anchors, sampled = chunk_batch(train, args.drafter_batch, args.anchors, drafter.block_size, gen)
         h, base, y, previous = head_batch(drafter, model, x, anchors, sampled)
         losses = {name: block_loss(gru_logits(gru, h, base, previous), y[:, gru.prefix_len:]).mean()
                   for name, gru in grus.items()}
         if train_markov:
             losses["markov"] = block_loss(markov.full_logits(base, previous), y).mean()
-        lr = lr_at(state["step"], state["elapsed"] / budget, args.heads_lr, 30)
         optimizer_step(opt, sum(losses.values()), groups, lr, state, t0, bar)
         bar.set_postfix({name: f"{loss.item():.3f}" for name, loss in losses.items()})
         if state["step"] % args.eval_every == 0:
@@ -192,10 +176,6 @@ def stage_heads(work: Path, args: argparse.Namespace) -> None:
                 m.train()
             state["history"].append((state["step"], {name: loss.item() for name, loss in losses.items()}, ev))
             log(f"heads step {state['step']}: {_summary(ev)}")
-        if time.time() - last_save > 300:
-            save_checkpoint(ckpt_path, {**grus, "markov": markov}, opt, state)
-            last_save = time.time()
-    bar.close()
     save_checkpoint(ckpt_path, {**grus, "markov": markov}, opt, state)   # a longer --heads-minutes resumes here
     ev = eval_heads(grus, evaluated, drafter, model, validation, args, decode_prompts=2 * args.decode_prompts)
     state["final"] = ev

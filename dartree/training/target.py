@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
-from dartree.training.common import SPECIAL_TOKENS, log, lr_at, optimizer_step, resume, save_checkpoint
+from dartree.training.common import SPECIAL_TOKENS, budget_steps, log, optimizer_step, resume, save_checkpoint
 from dartree.training.data import load_data, random_windows
 
 __all__ = ["target_config", "eval_target", "stage_target", "load_target"]
@@ -38,12 +36,12 @@ def target_config(vocab_size: int, args: argparse.Namespace):
     )
 
 
-def eval_target(model, ids: torch.Tensor, seq: int, batches: int = 8, batch: int = 16) -> float:
+def eval_target(model, ids: torch.Tensor, seq: int, batches: int = 8) -> float:
     model.eval()
     gen = torch.Generator().manual_seed(1234)
     total = 0.0
     for _ in range(batches):
-        x = random_windows(ids, batch, seq + 1, gen)
+        x = random_windows(ids, 16, seq + 1, gen)
         out = model(input_ids=x[:, :-1])
         total += F.cross_entropy(out.logits.flatten(0, 1), x[:, 1:].flatten()).item()
     model.train()
@@ -66,8 +64,7 @@ def stage_target(work: Path, args: argparse.Namespace) -> None:
         return
     data = load_data(work)
     tokenizer_vocab = json.loads((work / "tokenizer.json").read_text())["model"]["vocab"]
-    vocab = len(tokenizer_vocab) + len(SPECIAL_TOKENS)
-    vocab = max(vocab, args.vocab)
+    vocab = max(len(tokenizer_vocab) + len(SPECIAL_TOKENS), args.vocab)
     torch.manual_seed(0)
     config = target_config(vocab, args)
     config._attn_implementation = "sdpa"
@@ -80,25 +77,17 @@ def stage_target(work: Path, args: argparse.Namespace) -> None:
     gen = torch.Generator().manual_seed(state["step"] + 1)
     train = data["train"]
     model.train()
-    budget = args.target_minutes * 60.0
-    bar = tqdm(desc="target", initial=state["step"], mininterval=20)
-    last_save = time.time()
-    while state["elapsed"] < budget:
-        t0 = time.time()
+    for t0, lr, bar in budget_steps("target", args.target_minutes, args.target_lr, 100, state,
+                                    lambda: save_checkpoint(ckpt_path, {"model": model}, opt, state)):
         x = random_windows(train, args.batch, args.seq + 1, gen)
         out = model(input_ids=x[:, :-1])
         loss = F.cross_entropy(out.logits.flatten(0, 1), x[:, 1:].flatten())
-        lr = lr_at(state["step"], state["elapsed"] / budget, args.target_lr, 100)
         optimizer_step(opt, loss, model.parameters(), lr, state, t0, bar)
         bar.set_postfix(loss=f"{loss.item():.3f}")
         if state["step"] % 250 == 0:
             val = eval_target(model, data["validation"], args.seq)
             state["history"].append((state["step"], loss.item(), val))
             log(f"target step {state['step']}: train {loss.item():.3f} validation {val:.3f}")
-        if time.time() - last_save > 300:
-            save_checkpoint(ckpt_path, {"model": model}, opt, state)
-            last_save = time.time()
-    bar.close()
     val = eval_target(model, data["validation"], args.seq, batches=32)
     state["final_validation_loss"] = val
     log(f"target done: validation loss {val:.4f} after {state['elapsed'] / 60:.1f} min")

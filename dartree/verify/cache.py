@@ -12,7 +12,7 @@ from transformers.cache_utils import Cache, DynamicLayer, StaticLayer
 from dartree.arguments import check_int
 
 __all__ = ["compact_tail", "cache_length", "cache_layers", "move_slots", "cut_cache",
-           "select_rows", "merge_rows"]
+           "select_rows", "merge_rows", "pad_slots"]
 
 
 def cache_layers(cache: Cache) -> list:
@@ -146,10 +146,12 @@ def _padded_to(layer, like, rows: int, width: int, name: str) -> Tensor:
     x = getattr(layer, name)
     if isinstance(layer, StaticLayer):
         return x
-    x = x[:, :, :width]
-    if x.shape[2] < width:
-        x = torch.cat([x, x.new_zeros(x.shape[0], x.shape[1], width - x.shape[2], x.shape[3])], dim=2)
-    return x
+    return pad_slots(x[:, :, :width], width)
+
+
+def pad_slots(x: Tensor, cap: int) -> Tensor:
+    """Keys or values ``[b, kv, c, hd]`` zero-padded to ``cap >= c`` slots."""
+    return x if x.shape[2] == cap else torch.cat([x, x.new_zeros(*x.shape[:2], cap - x.shape[2], x.shape[3])], dim=2)
 
 
 def merge_rows(cache: Cache, other: Cache, rows: tuple[int, int], width: int) -> None:

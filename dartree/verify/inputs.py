@@ -105,8 +105,7 @@ def tree_inputs(
 
     cols = torch.arange(kv_len, device=device)
     sees_prefix = cols[None, :] < prefix[:, None]                                     # [b, kv]
-    mask = torch.zeros(b, n, kv_len, dtype=torch.bool, device=device)
-    mask |= sees_prefix[:, None, :] & valid[:, :, None]
+    mask = sees_prefix[:, None, :] & valid[:, :, None]                                # [b, n, kv]
     nodes = ops.ancestor_mask(tree.parents, tree.num_nodes)                             # [b, n, n]
     diag = torch.eye(n, dtype=torch.bool, device=device)[None]
     nodes = nodes | (diag & ~valid[:, :, None])        # a padding slot sees only itself

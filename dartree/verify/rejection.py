@@ -99,15 +99,9 @@ NUCLEUS_CANDIDATES = 256
 
 
 def proposal_probs(warp: Warp, logits: Tensor) -> Tensor:
-    """The distribution children are drawn from: ``warp.probs(logits)`` without top-p, else a nucleus of the
-    ``NUCLEUS_CANDIDATES`` most likely tokens taken in descending order (the most likely tokens until their
-    mass reaches ``top_p``) and renormalised.
-
-    Any proposal keeps the verifier exact, provided the stored ``q`` is the one the draws came from (it is:
-    this function's output is both); filtering the proposal as the target is filtered only keeps drafts the
-    target cannot accept out of the tree.  transformers' exact top-p needs a sort of the vocabulary per row,
-    where a top-``NUCLEUS_CANDIDATES`` is several times cheaper, which shortens the build stage of sampled
-    trees under top-p (figures: docs/results.md, "Measurements behind design choices in the code").
+    """The distribution children are drawn from: ``warp.probs(logits)`` without top-p, else the nucleus (the most
+    likely tokens until their mass reaches ``top_p``) of the ``NUCLEUS_CANDIDATES`` most likely, renormalised; why
+    that stays exact and pays: docs/verification.md, "Proposals under top-p".
 
     Shape: float ``[..., V]`` -> float32 ``[..., V]``.
     """
@@ -300,11 +294,9 @@ def _draw_head(tokens: list, keep: list, kids, depths, block: DraftBlock, head, 
     b, n = len(tokens), len(tokens[0])
     vocab = block.logits.shape[-1]
     device = block.logits.device
-    if k < vocab:
-        cand = top_candidates(block, k, "candidates").tokens              # [b, gamma, K]
-    else:                                                                 # the whole vocabulary, in token order
-        cand = None
-    cand_host = cand.tolist() if cand is not None else None               # None: a candidate index is its token
+    # [b, gamma, K]; None: the whole vocabulary, in token order (a candidate index is its token)
+    cand = top_candidates(block, k, "candidates").tokens if k < vocab else None
+    cand_host = cand.tolist() if cand is not None else None
     vocab_logits = head_method(head, "vocab_logits") if k == vocab else None
     row_of = [[PAD] * n for _ in range(b)]
     blocks: list[Tensor] = []             # proposal rows, [b, m, P] per depth (then the drafter's)
@@ -395,9 +387,8 @@ def _draw_head(tokens: list, keep: list, kids, depths, block: DraftBlock, head, 
                                     for r in range(b)], dtype=torch.int64, device=device)
                 blocks.append(q[sel])
             slot_depth += [PAD] * m
-    width = k if k < vocab else vocab
     probs = (blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=1)) if blocks else \
-        torch.zeros(b, 0, width, dtype=torch.float32, device=device)
+        torch.zeros(b, 0, k, dtype=torch.float32, device=device)
     states_out = (states, torch.tensor(stated, dtype=torch.bool, device=device), stated)
     if cand is None:
         return probs, None, row_of, states_out

@@ -84,7 +84,6 @@ def test_rest_logsumexp_is_the_log_sum_exp_of_the_other_tokens() -> None:
     rest = rest_logsumexp(x, tokens)
     exact = torch.logsumexp(x.double().scatter(-1, tokens, float("-inf")), -1)
     torch.testing.assert_close(rest.double(), exact, rtol=0, atol=2e-6)
-    assert torch.equal(rest, rest_logsumexp(x, tokens, x.gather(-1, tokens[..., :1])[..., 0]))
     far = torch.full((1, 1, 10), -200.0)
     far[..., 0] = 0.0
     assert rest_logsumexp(far, torch.zeros(1, 1, 1, dtype=torch.int64)).item() == float("-inf")  # underflow
