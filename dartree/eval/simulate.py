@@ -70,7 +70,6 @@ class Simulation:
     """All rounds of one replayed prompt."""
 
     rounds: tuple[SimulatedRound, ...]
-    gamma: int
 
     @property
     def tau(self) -> float:
@@ -158,7 +157,6 @@ def simulate(bundle: Bundle, builder, head: CorrectionHead | None, ref: Referenc
         drafter.reset()
         drafter.append_context(None if hidden is None else hidden[:, :p], seq[:, :p])
     rounds: list[SimulatedRound] = []
-    gamma = 0
     while p < end - 1:
         block, draft_s = timed(device, lambda: drafter.draft(seq[:, p])) if blocks is None else blocks.block(p)  # noqa: B023
         tree, build_s = timed(device, lambda: builder.build(block, head))  # noqa: B023
@@ -178,7 +176,7 @@ def simulate(bundle: Bundle, builder, head: CorrectionHead | None, ref: Referenc
         rounds.append(SimulatedRound(accepted_length, count, size, draft_s, build_s,
                                      tree.to("cpu") if record else None, kept, p, bonus))
         p += count
-    return Simulation(tuple(rounds), gamma)
+    return Simulation(tuple(rounds))
 
 
 def recorded_rounds(bundle: Bundle, method: MethodSpec, ref: Reference, backend: str) -> tuple[SimulatedRound, ...]:
