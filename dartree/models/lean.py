@@ -119,8 +119,6 @@ class _Layer:
                                           for n in ("q_proj", "k_proj", "v_proj", "o_proj"))
         self.gate, self.up, self.down = (_Linear(getattr(mlp, n), kmajor)
                                          for n in ("gate_proj", "up_proj", "down_proj"))
-        self.act = mlp.act_fn
-        self.silu = type(mlp.act_fn).__name__ in _ACTS        # perf: F.silu itself, not the module call
         self.norm_in, self.norm_post = layer.input_layernorm, layer.post_attention_layernorm
         self.q_norm, self.k_norm = getattr(a, "q_norm", None), getattr(a, "k_norm", None)
         self.groups = int(a.num_key_value_groups)
@@ -287,8 +285,8 @@ class LeanForward:
             h = h + layer.o(out.reshape(b, m, -1))
             norm = layer.norm_post
             x = _rms(h, norm.weight, norm.variance_epsilon)
-            gate = layer.gate(x)
-            h = h + layer.down((F.silu(gate) if layer.silu else layer.act(gate)) * layer.up(x))
+            # perf: F.silu itself, not the module call (_why_not admits only SiLU activations)
+            h = h + layer.down(F.silu(layer.gate(x)) * layer.up(x))
             if layer.index + 1 in wanted and layer.index + 1 < count:
                 states[layer.index + 1] = h
         norm = base.norm
