@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch.nn.utils.rnn import pad_sequence
 from transformers.generation.logits_process import (
     MinPLogitsWarper,
     TemperatureLogitsWarper,
@@ -166,9 +167,7 @@ def generate(model, input_ids: Tensor, logits_processor=None, stopping_criteria=
         raise ValueError("pad_token_id: rows ended at eos_token_id at different lengths; set pad_token_id (or "
                          "eos_token_id, which HF uses as the pad) to pad them")
     fill = 0 if pad is None else int(pad.reshape(-1)[0])
-    out = torch.full((b, width), fill, dtype=torch.int64, device=input_ids.device)
-    for r, row in enumerate(rows):
-        out[r, : row.shape[0]] = row.to(input_ids.device)
+    out = pad_sequence([row.to(input_ids.device) for row in rows], batch_first=True, padding_value=fill)
     sequences = torch.cat([input_ids, out], dim=1)
     if generation_config.return_dict_in_generate:
         from transformers.generation.utils import GenerateDecoderOnlyOutput

@@ -53,14 +53,12 @@ class StageTimes(NamedTuple):
 
 @dataclass(frozen=True)
 class RoundStats:
-    """One round of speculative decoding (or one AR step); the stages and what each time holds:
-    docs/verification.md, "One round".
+    """One round of speculative decoding (or one AR step); the stages and what each time (``*_s``, wall seconds)
+    holds: docs/verification.md, "One round".
 
     accepted_length: draft tokens the target accepted (before any truncation).
     committed: tokens appended to the output this round (accepted + bonus, after truncation).
     tree_size: draft nodes in the verified tree (root excluded).
-    *_s: wall seconds; ``draft``, ``build``, ``mask``, ``verify`` and ``commit`` are disjoint and sum to the round;
-    ``head_s`` is inside ``build_s``, ``target_s`` inside ``verify_s``, ``context_s`` inside ``commit_s``.
     head_calls: correction-head method calls in the build (what bound pruning saves).
     """
 
@@ -122,11 +120,8 @@ class RoundStats:
 
 @dataclass(frozen=True)
 class GenerationResult:
-    """Output of :meth:`SpeculativeDecoder.generate` or :func:`generate_ar`.
-
-    The first new token comes from the prefill (the prompt's last logits, as the references take
-    it); ``rounds`` are the rounds after it, so ``1 + sum(r.committed for r in rounds) ==
-    len(tokens)`` and ``tau`` is the mean committed per drafted round.
+    """Output of :meth:`SpeculativeDecoder.generate` or :func:`generate_ar`: the first new token comes from the
+    prefill, ``rounds`` are the rounds after it (docs/verification.md, "``generate`` and ``generate_ar``").
 
     Shape:
         tokens: int64 ``[1, m]`` the new tokens only (the prompt excluded).

@@ -132,11 +132,8 @@ def candidates(block: DraftBlock, topk: int, normalize: Normalize) -> Candidates
 
 
 def pairwise_sum(x: Tensor) -> Tensor:
-    """Sum over the last dimension in a fixed pairwise order, independent of the leading shape.
-
-    ``torch.sum`` picks its reduction order from the shape, so a row can round differently inside a bigger
-    batch; builders compare scores exactly, so every backend pads to a power of two with zeros (exact) and adds
-    halves.  Shape: x ``[..., K]`` -> ``[...]``.
+    """Sum over the last dimension in a fixed pairwise order (zero-padded to a power of two, halves added),
+    independent of the leading shape, as ``torch.sum`` is not.  Shape: x ``[..., K]`` -> ``[...]``.
     """
     k = x.shape[-1]
     width = 1 << (k - 1).bit_length()
@@ -149,15 +146,11 @@ def pairwise_sum(x: Tensor) -> Tensor:
 
 
 def log_normalize(cand_logits: Tensor, rest_lse: Tensor) -> Tensor:
-    """log q of K candidates: ``z - logaddexp(lse(z), rest_lse)``, identical for any batching.
+    """log q of K candidates: ``z - logaddexp(lse(z), rest_lse)`` in float64, the candidate sum in a fixed pairwise
+    order (:func:`pairwise_sum`), rounded once to float32: identical for any batching (why: docs/builders.md,
+    "Exactness across backends and batchings").  CPU tensors go through :func:`log_normalize_host` (numpy).
 
-    In float64, rounded once to float32: CPU element-wise ``exp``/``log`` may differ in the last bit between
-    vector lanes and the scalar tail, so a row could round differently inside a bigger batch; in float64 that
-    vanishes in the final rounding.  The candidate sum has a fixed pairwise order (:func:`pairwise_sum`).  CPU
-    tensors go through :func:`log_normalize_host` (numpy: fewer, cheaper calls), others through torch.
-
-    Shape:
-        cand_logits: float ``[..., K]``; rest_lse: float ``[...]`` (broadcast) -> float32 ``[..., K]``.
+    Shape: cand_logits float ``[..., K]``; rest_lse float ``[...]`` (broadcast) -> float32 ``[..., K]``.
     """
     if cand_logits.device.type == "cpu":
         rest = rest_lse.detach().cpu().numpy() if isinstance(rest_lse, Tensor) else rest_lse

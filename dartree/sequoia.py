@@ -48,14 +48,12 @@ def check_acceptance(value: object) -> tuple[float, ...]:
         value = value.tolist()
     if isinstance(value, tuple | list):
         value = tuple(plain_scalar(x) for x in value)
-    if not isinstance(value, tuple) or not value \
-            or any(isinstance(x, bool) or not isinstance(x, int | float) for x in value):
+    numbers = isinstance(value, tuple) and value and not any(
+        isinstance(x, bool) or not isinstance(x, int | float) for x in value)
+    if not numbers or not all(0.0 < x < 1.0 for x in value) \
+            or any(b > a for a, b in zip(value, value[1:], strict=False)) or math.fsum(value) > 1.0 + 1e-9:
         raise ValueError(f"acceptance: {allowed}; got {given!r}")
-    probs = tuple(float(x) for x in value)
-    if not all(0.0 < x < 1.0 for x in probs) or any(b > a for a, b in zip(probs, probs[1:], strict=False)) \
-            or math.fsum(probs) > 1.0 + 1e-9:
-        raise ValueError(f"acceptance: {allowed}; got {given!r}")
-    return probs
+    return tuple(float(x) for x in value)
 
 
 @dataclass(frozen=True)

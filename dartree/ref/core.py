@@ -61,16 +61,12 @@ def assemble(roots: list[Node], nodes: list[list[Node]], device: torch.device) -
                       u.rank_path[-1] if u.rank_path else PAD) for u in ordered])
     n = max(len(r) for r in rows)
     pad = (PAD, PAD, PAD, float("-inf"), PAD)
-    cols = list(zip(*[r + [pad] * (n - len(r)) for r in rows], strict=True))
-    ints = torch.tensor([[[u[j] for u in r] for r in cols] for j in (0, 1, 2, 4)], dtype=torch.int64)
-    ints = ints.permute(0, 2, 1)  # [field, b, n]
-    scores = torch.tensor([[u[3] for u in r] for r in cols], dtype=torch.float32).T
-    return DraftTree(
-        tokens=ints[0].contiguous().to(device), parents=ints[1].contiguous().to(device),
-        depths=ints[2].contiguous().to(device), scores=scores.contiguous().to(device),
-        ranks=ints[3].contiguous().to(device),
-        num_nodes=torch.tensor([len(r) for r in rows], dtype=torch.int64, device=device),
-    )
+    padded = [r + [pad] * (n - len(r)) for r in rows]
+    ints = torch.tensor([[[u[j] for u in r] for r in padded] for j in (0, 1, 2, 4)], dtype=torch.int64)  # [4, b, n]
+    scores = torch.tensor([[u[3] for u in r] for r in padded], dtype=torch.float32)
+    return DraftTree(tokens=ints[0].to(device), parents=ints[1].to(device), depths=ints[2].to(device),
+                     scores=scores.to(device), ranks=ints[3].to(device),
+                     num_nodes=torch.tensor([len(r) for r in rows], dtype=torch.int64, device=device))
 
 
 # ------------------------------------------------------------------------------------ scoring
