@@ -1,17 +1,10 @@
 /* Compiled host loops of the fast backend on CPU tensors (see dartree/native.py, the only caller).
  *
  * A draft tree has tens to hundreds of nodes: on one CPU thread the numpy / torch versions of these
- * loops cost a few microseconds per call, dozens of calls per depth.  Each function below is one call
- * that reads numpy buffers and writes preallocated numpy outputs, with the same results bit for bit:
- *
- *   candidates    per row: the K best tokens (logit descending, ties by token id; one vocabulary read),
- *                 the vocabulary normaliser rest_lse, and log q
- *   depth_step    one depth of the depth-wise builders: log q of every branch's candidates, child
- *                 scores (parent + log q) + beta, the best `width` (score descending, then position)
- *   bound_frontier dartree-pruned's exact bound: the branches of a depth that do not rank after the
- *                 budget-th best node so far (docs/builders.md, "Bound pruning")
- *   select_tree   the best n nodes of a depth-wise supertree in the total order, as a tree
- *   best_first    DDTree's best-first with lazy sibling pushing over per-depth sorted log q
+ * loops cost a few microseconds per call, dozens of calls per depth.  Each of the module's five functions
+ * (candidates, depth_step, bound_frontier, select_tree, best_first: each described above its wrapper, and in
+ * docs/kernels.md, "How the CPU path is made fast") is one call that reads numpy buffers and writes
+ * preallocated numpy outputs, with the same results bit for bit.
  *
  * Float rules: every float32 result is computed with the same IEEE operations, in the same order, as
  * the numpy / torch formula it replaces (scores: float32 additions; log q: float64 with numpy's pairwise
