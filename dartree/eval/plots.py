@@ -18,8 +18,7 @@ from dartree.eval.tune import TuneResult
 from dartree.tree import DraftTree, children_lists
 
 __all__ = ["plot_acceptance", "plot_sweep", "plot_tree", "plot_depth_distribution", "plot_tuning", "plot_concurrency",
-           "token_label",
-           "save_png", "label_axes"]
+           "token_label", "save_png", "label_axes"]
 
 
 def save_png(fig: Figure, path: Path) -> Path:
@@ -111,8 +110,7 @@ def plot_tree(tree: DraftTree, accepted: Sequence[int], token_text: Callable[[in
                 lw=2.2 if good else 0.8, zorder=1)
     for i in range(n):
         good = i in on_path
-        label = "root" if i == 0 else ""
-        ax.text(depths[i], y[i], token_label(token_text(tokens[i])) + (f"\n({label})" if label else ""),
+        ax.text(depths[i], y[i], token_label(token_text(tokens[i])) + ("\n(root)" if i == 0 else ""),
                 ha="center", va="center", fontsize=7, zorder=2,
                 bbox={"boxstyle": "round,pad=0.25", "fc": "#c8e6c9" if good else "white",
                       "ec": "#2e7d32" if good else "#757575", "lw": 1.2 if good else 0.6})
@@ -121,8 +119,7 @@ def plot_tree(tree: DraftTree, accepted: Sequence[int], token_text: Callable[[in
     ax.set_xlabel("depth")
     ax.set_yticks([])
     ax.set_xticks(range(max_depth + 1))
-    for side in ("top", "right", "left"):
-        ax.spines[side].set_visible(False)
+    ax.spines[["top", "right", "left"]].set_visible(False)
     ax.set_title(title or f"{n - 1} draft nodes, {len(on_path) - 1} accepted", fontsize=9)
     return save_png(fig, path)
 

@@ -220,10 +220,9 @@ def bench_markdown(result: BenchResult) -> str:
              f"{result.config.max_new_tokens} new tokens each."]
     if meta.get("command"):
         parts += ["", f"Command: `{meta['command']}`"]
-    temps = list(dict.fromkeys(s.temperature for s in result.summaries))
-    for t in temps:
-        parts += ["", f"## Speedup over AR and tau, T={t:g}", "", table1(result.summaries, t)]
-        parts += ["", f"## Time per round (ms), T={t:g}", "", table2(result.summaries, t), "",
+    for t in dict.fromkeys(s.temperature for s in result.summaries):
+        parts += ["", f"## Speedup over AR and tau, T={t:g}", "", table1(result.summaries, t),
+                  "", f"## Time per round (ms), T={t:g}", "", table2(result.summaries, t), "",
                   "Stages are disjoint and sum to the round: draft (drafter forward on the block), head (inside "
                   "correction-head calls), builder (the rest of the build), mask (tree inputs), target (target "
                   "forward), accept (acceptance walk), context (drafter forward over the committed tokens), kv "
