@@ -218,11 +218,11 @@ class Engine:
         # One host sync per round, on purpose: the loop must know how many tokens each row committed (to
         # size the cache and to check stop tokens).  Tokens, accepted nodes and tree sizes come back together.
         host = torch.cat([result.tokens, result.accepted, verified.tree_size[:, None]], dim=1).tolist()
-        counts, done, longest = [], [], 0
+        counts, done, walked = [], [], []           # walked: the accepted nodes + 1 (before truncation)
         for r, q in enumerate(live):
             row = host[r][:n]
             committed = row[: row.index(-1)] if -1 in row else row
-            longest = max(longest, len(committed))
+            walked.append(len(committed))
             kept, stop = truncate(committed, self.reqs[q].max_new_tokens - len(self.generated[q]), self.reqs[q].stop)
             self.generated[q].extend(kept)
             if self.drafting is not None:
@@ -230,7 +230,7 @@ class Engine:
             self.stopped[q] = stop
             counts.append(len(kept))
             done.append(stop or len(self.generated[q]) >= self.reqs[q].max_new_tokens)
-        self.verifier.walk.record(longest)           # the round's longest walk (accepted nodes + 1)
+        self.verifier.walk.record(max(walked))       # the round's longest walk
         c = max(counts)
         target.commit(result.accepted, counts, host[0][n: n + c] if b == 1 else None)
         roots, hidden, cached = self.roots, None, None
@@ -264,9 +264,7 @@ class Engine:
         context_s = self.clock.lap()
         times = verified.times._replace(commit_s=kv_s + context_s, context_s=context_s)
         for r, q in enumerate(live):
-            row = host[r][:n]
-            accepted_length = (row.index(-1) if -1 in row else n) - 1
-            stats = RoundStats.of(accepted_length, counts[r], host[r][2 * n], times, verified.head_calls)
+            stats = RoundStats.of(walked[r] - 1, counts[r], host[r][2 * n], times, verified.head_calls)
             self.rounds[q].append(stats)
             if self.on_round is not None:
                 self.on_round(q, stats, self.generated[q][len(self.generated[q]) - counts[r]:])
