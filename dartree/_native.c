@@ -498,14 +498,19 @@ static int normalize_row(const float *z, Py_ssize_t k, const double *rest, float
 }
 
 /* -------------------------------------------------------------------------------------- depth step */
-/* depth_step's work on checked buffers (scratch: K doubles, child: 2 m K floats); returns nonfinite and sets
- * *identity_out. */
+/* depth_step's work on checked buffers: nonfinite (and *identity_out set), or -1 when out of memory. */
 static int depth_rows(const float *logits, Py_ssize_t b, Py_ssize_t m, Py_ssize_t k, const double *rest,
                       const float *parent, float beta, Py_ssize_t width, const int64_t *cand, float *log_q,
                       int64_t *parents, int64_t *ranks, int64_t *tokens, float *scores, const int64_t *anc_in,
-                      int64_t *anc_out, Py_ssize_t gamma, Py_ssize_t depth, int64_t *gather, double *scratch,
-                      float *child, int *identity_out) {
+                      int64_t *anc_out, Py_ssize_t gamma, Py_ssize_t depth, int64_t *gather, int *identity_out) {
     const Py_ssize_t total = m * k;
+    double *scratch = malloc(sizeof(double) * (size_t)k);
+    float *child = malloc(sizeof(float) * (size_t)(2 * total)); /* the scores, then a copy to select in */
+    if (!scratch || !child) {
+        free(scratch);
+        free(child);
+        return -1;
+    }
     int bad = 0, identity = width == m;
     for (Py_ssize_t r = 0; r < b && !bad; r++) {
         for (Py_ssize_t i = 0; i < m; i++) {
@@ -547,6 +552,8 @@ static int depth_rows(const float *logits, Py_ssize_t b, Py_ssize_t m, Py_ssize_
             kept++;
         }
     }
+    free(scratch);
+    free(child);
     *identity_out = identity && !bad;
     return bad;
 }
@@ -596,26 +603,12 @@ static PyObject *native_depth_step(PyObject *self, PyObject *const *args, Py_ssi
         PyErr_SetString(PyExc_ValueError, "depth_step: anc_in and anc_out go together");
         return NULL;
     }
-    const float *logits = F32(a[0]), *parent = F32(a[2]);
     const double *rest = a[1].held ? (const double *)a[1].view.buf : NULL;
-    const int64_t *cand = I64(a[3]), *anc_in = I64_OR_NULL(a[9]);
-    float *log_q = F32(a[4]), *scores = F32(a[8]);
-    int64_t *parents = I64(a[5]), *ranks = I64(a[6]), *tokens = I64(a[7]), *anc_out = I64_OR_NULL(a[10]);
-    int64_t *gather = I64(a[11]);
-    double *scratch = malloc(sizeof(double) * (size_t)k);
-    float *child = malloc(sizeof(float) * (size_t)(2 * total)); /* the scores, then a copy to select in */
-    if (!scratch || !child) {
-        free(scratch);
-        free(child);
-        release(a, 12);
-        return PyErr_NoMemory();
-    }
     int identity;
-    int bad = depth_rows(logits, b, m, k, rest, parent, beta, width, cand, log_q, parents, ranks, tokens, scores, anc_in,
-                         anc_out, gamma, depth, gather, scratch, child, &identity);
-    free(scratch);
-    free(child);
+    int bad = depth_rows(F32(a[0]), b, m, k, rest, F32(a[2]), beta, width, I64(a[3]), F32(a[4]), I64(a[5]), I64(a[6]),
+                         I64(a[7]), F32(a[8]), I64_OR_NULL(a[9]), I64_OR_NULL(a[10]), gamma, depth, I64(a[11]), &identity);
     release(a, 12);
+    if (bad < 0) return PyErr_NoMemory();
     return Py_BuildValue("(ii)", bad, identity);
 }
 
