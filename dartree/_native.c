@@ -364,14 +364,8 @@ static long candidate_rows(const float *logits, Py_ssize_t rows, Py_ssize_t voca
     float *terms = with_rest ? malloc(sizeof(float) * (size_t)vocab) : NULL;
     double *scratch = malloc(sizeof(double) * (size_t)topk);
     long status = 0, bad_row = 0, finite = 0;
-    if (!maxima || !keys || !scratch || (with_rest && !terms)) {
-        free(maxima);
-        free(keys);
-        free(terms);
-        free(scratch);
-        return -1;
-    }
-    for (Py_ssize_t r = 0; r < rows && status != 1; r++) {
+    if (!maxima || !keys || !scratch || (with_rest && !terms)) status = -1; /* out of memory: no row is read */
+    for (Py_ssize_t r = 0; r < rows && status >= 0; r++) { /* status 1 breaks out; 2 goes on to look for a 1 */
         const float *x = logits + r * vocab;
         Py_ssize_t m = select_row(x, vocab, topk, S, maxima, maxima + n, keys);
         if (m == -1) {
