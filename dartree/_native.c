@@ -776,13 +776,10 @@ static Py_ssize_t bound_rows(Py_ssize_t b, Py_ssize_t gamma, Py_ssize_t depth, c
     Py_ssize_t *ties = malloc(sizeof(Py_ssize_t) * (size_t)(total + 1));
     Py_ssize_t *tmp = malloc(sizeof(Py_ssize_t) * (size_t)(total + 1));
     char *in = malloc((size_t)(wd + 1));
-    if (!vals || !ties || !tmp || !in) {
-        free(vals); free(ties); free(tmp); free(in);
-        return -1;
-    }
     TreeOrder order = {score, paths, gamma};
     Py_ssize_t most = 0;
-    for (Py_ssize_t r = 0; r < b; r++) {
+    if (!vals || !ties || !tmp || !in) most = -1; /* out of memory: no row is read */
+    for (Py_ssize_t r = 0; r < b && most >= 0; r++) {
         Py_ssize_t n = 0, base = b * offset[depth - 1] + r * wd;
         for (Py_ssize_t d = 0; d < depth; d++) {
             Py_ssize_t wj = offset[d + 1] - offset[d];
