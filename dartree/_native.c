@@ -651,13 +651,9 @@ static int select_rows(Py_ssize_t b, Py_ssize_t gamma, const Py_ssize_t *offset,
     Py_ssize_t *slot = malloc(sizeof(Py_ssize_t) * (size_t)(total + 1));
     float *score = malloc(sizeof(float) * (size_t)(total + 1));
     int64_t *path = path_in ? malloc(sizeof(int64_t) * (size_t)(total * gamma + 1)) : NULL;
-    int broken = 0;
-    if (!src || !depth_of || !idx || !tmp || !slot || !score || (path_in && !path)) {
-        free(src); free(depth_of); free(idx); free(tmp); free(slot); free(score); free(path);
-        return -1;
-    }
-    int few = 0;
-    for (Py_ssize_t r = 0; r < b && !broken && !few; r++) {
+    int status = 0;
+    if (!src || !depth_of || !idx || !tmp || !slot || !score || (path_in && !path)) status = -1; /* no row is read */
+    for (Py_ssize_t r = 0; r < b && !status; r++) {
         Py_ssize_t count = 0; /* nodes of the row that are not fillers */
         for (Py_ssize_t d = 0, j = 0; d < gamma; d++) {
             Py_ssize_t wd = offset[d + 1] - offset[d];
@@ -671,7 +667,7 @@ static int select_rows(Py_ssize_t b, Py_ssize_t gamma, const Py_ssize_t *offset,
             }
         }
         if (count < n_out) {
-            few = 1;
+            status = 2;
             break;
         }
         if (path) {
@@ -692,11 +688,11 @@ static int select_rows(Py_ssize_t b, Py_ssize_t gamma, const Py_ssize_t *offset,
             if (d > 0) { /* the parent's node index: depth d - 1, column par_in[f] */
                 int64_t pc = par_in[f];
                 if (pc < 0 || pc >= offset[d] - offset[d - 1]) {
-                    broken = 1;
+                    status = 1;
                     break;
                 }
                 parent = slot[offset[d - 1] + pc];
-                if (!parent) broken = 1;
+                if (!parent) status = 1;
             }
             o_tok[o + i + 1] = tok_in[f];
             o_par[o + i + 1] = parent;
@@ -706,7 +702,7 @@ static int select_rows(Py_ssize_t b, Py_ssize_t gamma, const Py_ssize_t *offset,
         }
     }
     free(src); free(depth_of); free(idx); free(tmp); free(slot); free(score); free(path);
-    return broken ? 1 : few ? 2 : 0;
+    return status;
 }
 
 /* select_tree(b, gamma, widths i64 [gamma], n_out, parents, ranks, tokens (i64), scores (f32), paths (i64) | None,
