@@ -965,14 +965,9 @@ static PyObject *native_best_first(PyObject *self, PyObject *const *args, Py_ssi
     }
     Entry *heap = malloc(sizeof(Entry) * (size_t)(n + 1));
     int32_t *path_rank = malloc(sizeof(int32_t) * (size_t)(n * gamma));
-    if (!heap || !path_rank) {
-        free(heap);
-        free(path_rank);
-        release(a, 9);
-        return PyErr_NoMemory();
-    }
-    int empty = 0;
-    for (Py_ssize_t r = 0; r < b && !empty; r++) {
+    int status = 0; /* 1: n beyond the trie */
+    if (!heap || !path_rank) status = -1; /* out of memory: no row is read */
+    for (Py_ssize_t r = 0; r < b && !status; r++) {
         const float *lq = lq_all + r * gamma * k;
         const int64_t *cand = cand_all + r * gamma * k;
         Order o = {rk_all ? rk_all + r * gamma * k : NULL, k, path_rank, (int32_t)gamma};
@@ -986,8 +981,8 @@ static PyObject *native_best_first(PyObject *self, PyObject *const *args, Py_ssi
         Py_ssize_t size = 1;
         heap[0] = (Entry){0.0f + lq[0], 0, 1, 0}; /* root score + log q: -0.0 + 0.0 is +0.0, as in the reference */
         for (Py_ssize_t node = 1; node < n; node++) {
-            if (!size) { /* n beyond the trie */
-                empty = 1;
+            if (!size) {
+                status = 1;
                 break;
             }
             Entry e = heap[0];
@@ -1016,7 +1011,8 @@ static PyObject *native_best_first(PyObject *self, PyObject *const *args, Py_ssi
     free(heap);
     free(path_rank);
     release(a, 9);
-    if (empty) {
+    if (status < 0) return PyErr_NoMemory();
+    if (status) {
         PyErr_SetString(PyExc_ValueError, "best_first: n is larger than the trie of gamma depths and K candidates");
         return NULL;
     }
