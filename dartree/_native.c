@@ -364,14 +364,8 @@ static long candidate_rows(const float *logits, Py_ssize_t rows, Py_ssize_t voca
     float *terms = with_rest ? malloc(sizeof(float) * (size_t)vocab) : NULL;
     double *scratch = malloc(sizeof(double) * (size_t)topk);
     long status = 0, bad_row = 0, finite = 0;
-    if (!maxima || !keys || !scratch || (with_rest && !terms)) {
-        free(maxima);
-        free(keys);
-        free(terms);
-        free(scratch);
-        return -1;
-    }
-    for (Py_ssize_t r = 0; r < rows && status != 1; r++) {
+    if (!maxima || !keys || !scratch || (with_rest && !terms)) status = -1; /* out of memory: no row is read */
+    for (Py_ssize_t r = 0; r < rows && status >= 0; r++) { /* status 1 breaks out; 2 goes on to look for a 1 */
         const float *x = logits + r * vocab;
         Py_ssize_t m = select_row(x, vocab, topk, S, maxima, maxima + n, keys);
         if (m == -1) {
@@ -498,14 +492,19 @@ static int normalize_row(const float *z, Py_ssize_t k, const double *rest, float
 }
 
 /* -------------------------------------------------------------------------------------- depth step */
-/* depth_step's work on checked buffers (scratch: K doubles, child: 2 m K floats); returns nonfinite and sets
- * *identity_out. */
+/* depth_step's work on checked buffers: nonfinite (and *identity_out set), or -1 when out of memory. */
 static int depth_rows(const float *logits, Py_ssize_t b, Py_ssize_t m, Py_ssize_t k, const double *rest,
                       const float *parent, float beta, Py_ssize_t width, const int64_t *cand, float *log_q,
                       int64_t *parents, int64_t *ranks, int64_t *tokens, float *scores, const int64_t *anc_in,
-                      int64_t *anc_out, Py_ssize_t gamma, Py_ssize_t depth, int64_t *gather, double *scratch,
-                      float *child, int *identity_out) {
+                      int64_t *anc_out, Py_ssize_t gamma, Py_ssize_t depth, int64_t *gather, int *identity_out) {
     const Py_ssize_t total = m * k;
+    double *scratch = malloc(sizeof(double) * (size_t)k);
+    float *child = malloc(sizeof(float) * (size_t)(2 * total)); /* the scores, then a copy to select in */
+    if (!scratch || !child) {
+        free(scratch);
+        free(child);
+        return -1;
+    }
     int bad = 0, identity = width == m;
     for (Py_ssize_t r = 0; r < b && !bad; r++) {
         for (Py_ssize_t i = 0; i < m; i++) {
@@ -547,6 +546,8 @@ static int depth_rows(const float *logits, Py_ssize_t b, Py_ssize_t m, Py_ssize_
             kept++;
         }
     }
+    free(scratch);
+    free(child);
     *identity_out = identity && !bad;
     return bad;
 }
@@ -596,26 +597,12 @@ static PyObject *native_depth_step(PyObject *self, PyObject *const *args, Py_ssi
         PyErr_SetString(PyExc_ValueError, "depth_step: anc_in and anc_out go together");
         return NULL;
     }
-    const float *logits = F32(a[0]), *parent = F32(a[2]);
     const double *rest = a[1].held ? (const double *)a[1].view.buf : NULL;
-    const int64_t *cand = I64(a[3]), *anc_in = I64_OR_NULL(a[9]);
-    float *log_q = F32(a[4]), *scores = F32(a[8]);
-    int64_t *parents = I64(a[5]), *ranks = I64(a[6]), *tokens = I64(a[7]), *anc_out = I64_OR_NULL(a[10]);
-    int64_t *gather = I64(a[11]);
-    double *scratch = malloc(sizeof(double) * (size_t)k);
-    float *child = malloc(sizeof(float) * (size_t)(2 * total)); /* the scores, then a copy to select in */
-    if (!scratch || !child) {
-        free(scratch);
-        free(child);
-        release(a, 12);
-        return PyErr_NoMemory();
-    }
     int identity;
-    int bad = depth_rows(logits, b, m, k, rest, parent, beta, width, cand, log_q, parents, ranks, tokens, scores, anc_in,
-                         anc_out, gamma, depth, gather, scratch, child, &identity);
-    free(scratch);
-    free(child);
+    int bad = depth_rows(F32(a[0]), b, m, k, rest, F32(a[2]), beta, width, I64(a[3]), F32(a[4]), I64(a[5]), I64(a[6]),
+                         I64(a[7]), F32(a[8]), I64_OR_NULL(a[9]), I64_OR_NULL(a[10]), gamma, depth, I64(a[11]), &identity);
     release(a, 12);
+    if (bad < 0) return PyErr_NoMemory();
     return Py_BuildValue("(ii)", bad, identity);
 }
 
@@ -664,13 +651,9 @@ static int select_rows(Py_ssize_t b, Py_ssize_t gamma, const Py_ssize_t *offset,
     Py_ssize_t *slot = malloc(sizeof(Py_ssize_t) * (size_t)(total + 1));
     float *score = malloc(sizeof(float) * (size_t)(total + 1));
     int64_t *path = path_in ? malloc(sizeof(int64_t) * (size_t)(total * gamma + 1)) : NULL;
-    int broken = 0;
-    if (!src || !depth_of || !idx || !tmp || !slot || !score || (path_in && !path)) {
-        free(src); free(depth_of); free(idx); free(tmp); free(slot); free(score); free(path);
-        return -1;
-    }
-    int few = 0;
-    for (Py_ssize_t r = 0; r < b && !broken && !few; r++) {
+    int status = 0;
+    if (!src || !depth_of || !idx || !tmp || !slot || !score || (path_in && !path)) status = -1; /* no row is read */
+    for (Py_ssize_t r = 0; r < b && !status; r++) {
         Py_ssize_t count = 0; /* nodes of the row that are not fillers */
         for (Py_ssize_t d = 0, j = 0; d < gamma; d++) {
             Py_ssize_t wd = offset[d + 1] - offset[d];
@@ -684,7 +667,7 @@ static int select_rows(Py_ssize_t b, Py_ssize_t gamma, const Py_ssize_t *offset,
             }
         }
         if (count < n_out) {
-            few = 1;
+            status = 2;
             break;
         }
         if (path) {
@@ -705,11 +688,11 @@ static int select_rows(Py_ssize_t b, Py_ssize_t gamma, const Py_ssize_t *offset,
             if (d > 0) { /* the parent's node index: depth d - 1, column par_in[f] */
                 int64_t pc = par_in[f];
                 if (pc < 0 || pc >= offset[d] - offset[d - 1]) {
-                    broken = 1;
+                    status = 1;
                     break;
                 }
                 parent = slot[offset[d - 1] + pc];
-                if (!parent) broken = 1;
+                if (!parent) status = 1;
             }
             o_tok[o + i + 1] = tok_in[f];
             o_par[o + i + 1] = parent;
@@ -719,7 +702,7 @@ static int select_rows(Py_ssize_t b, Py_ssize_t gamma, const Py_ssize_t *offset,
         }
     }
     free(src); free(depth_of); free(idx); free(tmp); free(slot); free(score); free(path);
-    return broken ? 1 : few ? 2 : 0;
+    return status;
 }
 
 /* select_tree(b, gamma, widths i64 [gamma], n_out, parents, ranks, tokens (i64), scores (f32), paths (i64) | None,
@@ -789,13 +772,10 @@ static Py_ssize_t bound_rows(Py_ssize_t b, Py_ssize_t gamma, Py_ssize_t depth, c
     Py_ssize_t *ties = malloc(sizeof(Py_ssize_t) * (size_t)(total + 1));
     Py_ssize_t *tmp = malloc(sizeof(Py_ssize_t) * (size_t)(total + 1));
     char *in = malloc((size_t)(wd + 1));
-    if (!vals || !ties || !tmp || !in) {
-        free(vals); free(ties); free(tmp); free(in);
-        return -1;
-    }
     TreeOrder order = {score, paths, gamma};
     Py_ssize_t most = 0;
-    for (Py_ssize_t r = 0; r < b; r++) {
+    if (!vals || !ties || !tmp || !in) most = -1; /* out of memory: no row is read */
+    for (Py_ssize_t r = 0; r < b && most >= 0; r++) {
         Py_ssize_t n = 0, base = b * offset[depth - 1] + r * wd;
         for (Py_ssize_t d = 0; d < depth; d++) {
             Py_ssize_t wj = offset[d + 1] - offset[d];
@@ -985,14 +965,9 @@ static PyObject *native_best_first(PyObject *self, PyObject *const *args, Py_ssi
     }
     Entry *heap = malloc(sizeof(Entry) * (size_t)(n + 1));
     int32_t *path_rank = malloc(sizeof(int32_t) * (size_t)(n * gamma));
-    if (!heap || !path_rank) {
-        free(heap);
-        free(path_rank);
-        release(a, 9);
-        return PyErr_NoMemory();
-    }
-    int empty = 0;
-    for (Py_ssize_t r = 0; r < b && !empty; r++) {
+    int status = 0; /* 1: n beyond the trie */
+    if (!heap || !path_rank) status = -1; /* out of memory: no row is read */
+    for (Py_ssize_t r = 0; r < b && !status; r++) {
         const float *lq = lq_all + r * gamma * k;
         const int64_t *cand = cand_all + r * gamma * k;
         Order o = {rk_all ? rk_all + r * gamma * k : NULL, k, path_rank, (int32_t)gamma};
@@ -1006,8 +981,8 @@ static PyObject *native_best_first(PyObject *self, PyObject *const *args, Py_ssi
         Py_ssize_t size = 1;
         heap[0] = (Entry){0.0f + lq[0], 0, 1, 0}; /* root score + log q: -0.0 + 0.0 is +0.0, as in the reference */
         for (Py_ssize_t node = 1; node < n; node++) {
-            if (!size) { /* n beyond the trie */
-                empty = 1;
+            if (!size) {
+                status = 1;
                 break;
             }
             Entry e = heap[0];
@@ -1036,7 +1011,8 @@ static PyObject *native_best_first(PyObject *self, PyObject *const *args, Py_ssi
     free(heap);
     free(path_rank);
     release(a, 9);
-    if (empty) {
+    if (status < 0) return PyErr_NoMemory();
+    if (status) {
         PyErr_SetString(PyExc_ValueError, "best_first: n is larger than the trie of gamma depths and K candidates");
         return NULL;
     }
