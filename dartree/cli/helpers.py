@@ -190,12 +190,11 @@ def check_grid(method, budgets: Sequence[int], widths: Sequence[int], budget_opt
 
     grid = {"budget": budgets, "width": widths, "beta": DEFAULT_BETAS}
     if method.is_auto:              # every builder auto searches, at every budget
-        from dartree.eval.methods import MethodSpec
         from dartree.eval.tune import AUTO_BUILDERS
 
         for name in AUTO_BUILDERS:
-            check_grid(MethodSpec(name, (("budget", "auto"),), label=name), budgets, widths, budget_option,
-                       width_option, ("budget",))
+            check_grid(method.member(name, {"budget": "auto"}), budgets, widths, budget_option, width_option,
+                       ("budget",))
         return
     auto = tuple(method.auto_fields if fields is None else fields)
     for values in product(*(grid[k] for k in auto)):

@@ -264,9 +264,7 @@ def _tune_auto(bundle: Bundle, config: BenchConfig, log: Callable[[str], None] |
     auto = [m for m in config.methods if m.auto_fields]
     if not auto:
         return resolved, tuning
-    limit = config.max_prompt_tokens
-    calib = [(d, encode(bundle.tokenizer, p.text)[-limit:])
-             for d in config.datasets
+    calib = [(d, encode(bundle.tokenizer, p.text)[-config.max_prompt_tokens:]) for d in config.datasets
              for p in load_prompts(d, config.calibration_prompts, offset=config.num_prompts,
                                    prompt_chars=config.prompt_chars)]
     for temperature in config.temperatures:
