@@ -105,7 +105,8 @@ def run_concurrency(bundle: Bundle, config: BenchConfig, levels: Sequence[int], 
                      verifier=rule, **warps)
 
     def candidates(m: MethodSpec) -> list[MethodSpec]:
-        grids = {k: v for k, v in (("budget", tune_budgets), ("width", config.tune_widths)) if k in m.auto_fields}
+        # an unset budget or width is searched with the 'auto' ones, as the single-request tuner does
+        grids = {k: v for k, v in (("budget", tune_budgets), ("width", config.tune_widths)) if k in m.searched}
         return [m.with_settings(**dict(zip(grids, values, strict=True))) for values in product(*grids.values())]
 
     def tuned(m: MethodSpec, c: int) -> MethodSpec:
@@ -153,7 +154,7 @@ def run_concurrency(bundle: Bundle, config: BenchConfig, levels: Sequence[int], 
                 engine = bundle.target
             elif spec.auto_fields:
                 best = tuned(spec, c)
-                chosen = ",".join(f"{k}={v}" for k, v in sorted(best.config.items()) if k in spec.auto_fields)
+                chosen = ",".join(f"{k}={v}" for k, v in sorted(best.config.items()) if k in spec.searched)
                 engine = make_decoder(bundle, best, backend)
                 if config.warmup:     # as every fixed decoder was: first calls allocate buffers, untimed
                     run(engine, spec, prompts[:2], 2, min(8, max_new_tokens))

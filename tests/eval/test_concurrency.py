@@ -52,6 +52,13 @@ def test_auto_budget_is_tuned_per_concurrency(bundle):
     assert [r.concurrency for r in auto] == [1, 2]
     assert all(r.settings in ("budget=2", "budget=6") and r.lossless_prompts == 2 for r in auto)
 
+    # an unset budget is searched with an 'auto' width (it used to raise KeyError: 'budget')
+    config = BenchConfig((parse_method("dartree-pruned:width=auto"),), num_prompts=2, max_new_tokens=4,
+                         warmup=False, tune_budgets=(2, 6), tune_widths=(1, 2))
+    rows = run_concurrency(bundle, config, [2], progress=False, log=lambda _m: None)
+    assert {r.settings for r in rows if r.method != "ar"} <= {f"budget={b},width={w}" for b in (2, 6) for w in (1, 2)}
+    assert all(r.lossless_prompts == 2 for r in rows)
+
 
 def test_the_warpers_and_the_verifier_reach_every_served_row(bundle, monkeypatch):
     """``top_k`` / ``top_p`` / ``min_p`` reach AR and every method; the run's verifier every method without
