@@ -3,7 +3,8 @@
  * A draft tree has tens to hundreds of nodes: on one CPU thread the numpy / torch versions of these
  * loops cost a few microseconds per call, dozens of calls per depth.  Each of the module's five functions
  * (candidates, depth_step, bound_frontier, select_tree, best_first: each described above its wrapper, and in
- * docs/kernels.md, "How the CPU path is made fast") is one call that reads numpy buffers and writes
+ * docs/kernels.md, "How the CPU path is made fast"; bound_frontier in docs/builders.md, "Bound pruning") is one
+ * call that reads numpy buffers and writes
  * preallocated numpy outputs, with the same results bit for bit.
  *
  * Float rules: every float32 result is computed with the same IEEE operations, in the same order, as

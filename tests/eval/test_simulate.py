@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from dartree.eval import probes
 from dartree.eval.bundles import encode, load_bundle
 from dartree.eval.methods import make_decoder, make_method_builder, parse_method
 from dartree.eval.probes import replay_settings
@@ -63,7 +64,7 @@ def test_replay_blocks_drafted_once_give_the_rounds_of_drafting_per_replay(zoo_b
             assert all(r.draft_s == blocks.seconds[r.position] for r in shared.rounds)
 
 
-def test_replay_blocks_are_the_same_whoever_read_them_before(bundle):
+def test_replay_blocks_are_the_same_whoever_read_them_before(bundle, monkeypatch):
     """Blocks drafted once are a pure function of the reference and the position: drafted twice they are
     equal, and a replay reads the same rounds from blocks other settings read before as from fresh ones;
     the tuner's pooled replays equal each setting's replay alone."""
@@ -84,11 +85,23 @@ def test_replay_blocks_are_the_same_whoever_read_them_before(bundle):
     assert all(torch.equal(blocks.blocks[p].logits, again.blocks[p].logits) for p in blocks.blocks)  # unchanged
     refs = [reference(bundle, encode(bundle.tokenizer, t), 10) for t in ("import os\n", "x = [")]
     methods = [parse_method(t) for t in ("ddtree:budget=4", "dartree-pruned:budget=6,width=2,beta=-0.5")]
+    seen: list[list[tuple]] = []            # per simulate call inside replay_settings: its rounds
+
+    def spy(*args, **kwargs):
+        sim = simulate(*args, **kwargs)
+        seen.append([(r.position, r.accepted_length, r.committed, r.tree_size) for r in sim.rounds])
+        return sim
+
+    monkeypatch.setattr(probes, "simulate", spy)
     pooled = replay_settings(bundle, methods, refs, "ref")
-    for method, stats in zip(methods, pooled, strict=True):
+    pooled_rounds, seen[:] = list(seen), []
+    for k, (method, stats) in enumerate(zip(methods, pooled, strict=True)):
         (alone,) = replay_settings(bundle, [method], refs, "ref")
         assert (stats.tau, stats.mean_tree_size, stats.tree_sizes) == \
                (alone.tau, alone.mean_tree_size, alone.tree_sizes)
+        # per round, not only the means: the pooled loop runs ref-major (ref i, method k at i * len(methods) + k)
+        assert [pooled_rounds[i * len(methods) + k] for i in range(len(refs))] == seen, method.label
+        seen[:] = []
 
 
 def test_replay_blocks_of_another_reference_are_refused(bundle):
