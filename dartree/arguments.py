@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable
 
 import numpy as np
 import torch
 
-__all__ = ["check_int", "index_arg", "plain_scalar"]
+__all__ = ["check_int", "check_number", "index_arg", "plain_scalar"]
 
 
 def plain_scalar(value: object) -> object:
@@ -38,3 +39,10 @@ def check_int(name: str, value: object, low: int = 1, high: int | None = None, o
     if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
         span = f">= {low}" if high is None else f"in [{low}, {high}]"
         raise ValueError(f"{name}: expected an int {span}{' or None' if optional else ''}, got {value!r}")
+
+
+def check_number(name: str, value: object, ok: Callable[[int | float], bool], expected: str) -> None:
+    """``ValueError`` "``name``: ``expected``, got ``value``" unless ``value`` is an int or float (never a bool)
+    with ``ok(value)`` (write ``ok`` so that NaN fails it): the one check of the library's number arguments."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not ok(value):
+        raise ValueError(f"{name}: {expected}, got {value!r}")

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from dartree.arguments import check_number
 from dartree.block import DraftBlock, check_logits, check_not_meta
 from dartree.protocols import CorrectionHead
 from dartree.scoring import NORMALIZE_CHOICES, Normalize
@@ -118,9 +119,8 @@ class PrunedConfig:
         _check_int(self, "width", 1, MAX_NODES)
         _check_int(self, "topk", 1)
         _check_normalize(self.normalize)
-        if isinstance(self.beta, bool) or not isinstance(self.beta, int | float) or not self.beta <= 0:
-            raise ValueError(f"beta: must be a finite number <= 0 (a depth penalty: a positive value breaks "
-                             f"prefix closure), got {self.beta!r}")
+        check_number("beta", self.beta, lambda x: x <= 0,
+                     "must be a finite number <= 0 (a depth penalty: a positive value breaks prefix closure)")
         if not self.beta >= MIN_BETA:        # NaN, -inf, and penalties that overflow float32 scores
             raise ValueError(f"beta: must be a finite number in [{MIN_BETA:g}, 0] (a depth penalty; scores are "
                              f"float32 and d * beta must stay finite), got {self.beta!r}")
@@ -157,9 +157,8 @@ class SequoiaConfig:
             _check_int(self, "head_depths", 1)
         _check_int(self, "reuse_depths", 0)
         ratio = self.proposal_temperature
-        if isinstance(ratio, bool) or not isinstance(ratio, int | float) or not 0 < ratio < math.inf:
-            raise ValueError(f"proposal_temperature: must be a finite number > 0 (the proposal's temperature over "
-                             f"the run's; 1: the run's own), got {ratio!r}")
+        check_number("proposal_temperature", ratio, lambda x: 0 < x < math.inf,
+                     "must be a finite number > 0 (the proposal's temperature over the run's; 1: the run's own)")
         object.__setattr__(self, "proposal_temperature", float(ratio))
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from dartree.arguments import check_int
+from dartree.arguments import check_int, check_number
 from dartree.block import DraftBlock
 
 __all__ = ["PromptLookupDrafter"]
@@ -33,8 +33,7 @@ class PromptLookupDrafter:
             check_int(name, value, low)
         if min_ngram > max_ngram:
             raise ValueError(f"min_ngram: {min_ngram} exceeds max_ngram {max_ngram}; allowed: <= max_ngram")
-        if isinstance(hit, bool) or not isinstance(hit, int | float) or not 0 < hit < 1:
-            raise ValueError(f"hit: expected a probability with 0 < hit < 1, got {hit!r}")
+        check_number("hit", hit, lambda x: 0 < x < 1, "expected a probability with 0 < hit < 1")
         self.vocab_size, self.gamma, self.max_ngram, self.min_ngram = vocab_size, gamma, max_ngram, min_ngram
         rest = (1 - hit) / (vocab_size - 1)
         self._high, self._low = math.log(hit), math.log(rest)

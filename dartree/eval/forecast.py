@@ -9,7 +9,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dartree.arguments import check_int
+from dartree.arguments import check_int, check_number
 
 __all__ = ["Interval", "t_quantile", "ratio_prediction", "ratio_units_for"]
 
@@ -35,8 +35,7 @@ def t_quantile(p: float, df: int) -> float:
     """Student's t distribution's ``p`` quantile with ``df`` degrees of freedom, for ``0.5 <= p < 1``
     (bisection on the CDF, integrated by Simpson's rule; about 6 digits)."""
     check_int("df", df)
-    if isinstance(p, bool) or not isinstance(p, int | float) or not 0.5 <= p < 1:
-        raise ValueError(f"p: must be in [0.5, 1), got {p!r}")
+    check_number("p", p, lambda x: 0.5 <= x < 1, "must be in [0.5, 1)")
     return _t_quantile(float(p), df)
 
 
@@ -95,8 +94,7 @@ def ratio_units_for(num: Sequence[float], den: Sequence[float], tolerance: float
     be within ``tolerance`` of the ratio, at this sample's spread: the smallest ``n`` with
     ``t(n - 1) * s * sqrt(2 / n) / mean(den) <= tolerance * R``.  ``None`` for fewer than 2 units.
     """
-    if isinstance(tolerance, bool) or not isinstance(tolerance, int | float) or not tolerance > 0:
-        raise ValueError(f"tolerance: must be a number > 0, got {tolerance!r}")
+    check_number("tolerance", tolerance, lambda x: x > 0, "must be a number > 0")
     sample = _ratio_spread(num, den, level)
     if sample is None or not sample[1] > 0:
         return None

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dartree.arguments import check_int
+from dartree.arguments import check_int, check_number
 from dartree.block import DraftBlock
 from dartree.models.kmajor import KMAJOR_LIMIT_BYTES, derived, linear
 from dartree.models.pointwise import rms_norm, rotate, rotate_signed, signed_sin
@@ -73,12 +73,9 @@ class DFlashConfig:
         if not isinstance(self.shift_label, bool):
             raise ValueError(f"shift_label: expected a bool, got {self.shift_label!r}")
         check_int("block_size", self.block_size, 2, MAX_BLOCK_SIZE)       # the root + at least one mask slot
-        for name, top in (("rms_norm_eps", 1.0), ("rope_theta", math.inf)):   # an epsilon >= 1 flattens every norm
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < top:
-                raise ValueError(f"{name}: expected a finite number > 0, got {value!r}" if top == math.inf else
-                                 f"{name}: expected a number in (0, 1) (RMSNorm's epsilon, typically 1e-6), "
-                                 f"got {value!r}")
+        check_number("rms_norm_eps", self.rms_norm_eps, lambda x: 0 < x < 1,   # an epsilon >= 1 flattens every norm
+                     "expected a number in (0, 1) (RMSNorm's epsilon, typically 1e-6)")
+        check_number("rope_theta", self.rope_theta, lambda x: 0 < x < math.inf, "expected a finite number > 0")
         check_int("num_target_layers", self.num_target_layers, optional=True)
         check_int("mask_token_id", self.mask_token_id, 0, self.vocab_size - 1)
         check_int("head_dim", self.head_dim, 2, optional=True)

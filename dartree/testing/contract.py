@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from dartree.arguments import check_int
+from dartree.arguments import check_int, check_number
 from dartree.block import DraftBlock
 from dartree.builders import TreeBuilder, builder_spec, make_builder, shape_of
 from dartree.tree import check_decodable
@@ -65,8 +65,7 @@ def check_builder(builder: TreeBuilder | str, config: dict[str, Any] | None = No
     false-alarm rate ``alpha``, seeded by ``seed``)."""
     from dartree.testing.heads import PathHashHead
 
-    if isinstance(temperature, bool) or not isinstance(temperature, int | float) or not 0 <= temperature < math.inf:
-        raise ValueError(f"temperature: expected a finite number >= 0, got {temperature!r}")
+    check_number("temperature", temperature, lambda x: 0 <= x < math.inf, "expected a finite number >= 0")
     check_int("draws", draws, 100)
     if not isinstance(alpha, float) or not 0 < alpha < 1:
         raise ValueError(f"alpha: expected a float in (0, 1), got {alpha!r}")

@@ -6,14 +6,13 @@ of ``(seed, absolute position, token id)``, so speculative decoding reproduces A
 
 from __future__ import annotations
 
-import math
 import sys
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from dartree.arguments import plain_scalar
+from dartree.arguments import check_number, plain_scalar
 from dartree.protocols import Sampler
 
 __all__ = ["Sampler", "GeneratorSampler", "KeyedSampler", "hash32", "MIN_TEMPERATURE", "MAX_TEMPERATURE",
@@ -35,11 +34,9 @@ def check_temperature(temperature: Any) -> float:
     """The temperature as a float: ``0`` (greedy) or a number in ``[MIN_TEMPERATURE, MAX_TEMPERATURE]``, else a
     ``ValueError`` naming the allowed values (a tiny positive one is refused, not taken as greedy)."""
     temperature = plain_scalar(temperature)
-    huge = isinstance(temperature, int) and temperature > sys.float_info.max   # math.isfinite would overflow
-    if huge or isinstance(temperature, bool) or not isinstance(temperature, int | float) \
-            or not math.isfinite(temperature) or temperature < 0:
-        raise ValueError(f"temperature: expected 0 (greedy) or a finite number >= {MIN_TEMPERATURE}, got "
-                         f"{temperature!r}")
+    # <= float's largest: refuses NaN, inf, and an int past float's range (math.isfinite would overflow on it)
+    check_number("temperature", temperature, lambda x: 0 <= x <= sys.float_info.max,
+                 f"expected 0 (greedy) or a finite number >= {MIN_TEMPERATURE}")
     if temperature > MAX_TEMPERATURE:
         raise ValueError(f"temperature: {temperature!r} is above the largest allowed {MAX_TEMPERATURE:g} (logits / T "
                          f"would tie in float32: top-k would keep every tied token); allowed: 0 or "

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from dartree.arguments import plain_scalar
+from dartree.arguments import check_number, plain_scalar
 from dartree.verify.sampling import check_temperature
 
 __all__ = ["Warp"]
@@ -41,9 +41,8 @@ class Warp:
             v = getattr(self, name)
             if v is None:
                 continue
-            ok = not isinstance(v, bool) and isinstance(v, int | float) and math.isfinite(v) and 0 <= v <= 1
-            if not ok:
-                raise ValueError(f"{name}: expected None (off) or a number with 0 <= {name} <= 1, got {v!r}")
+            check_number(name, v, lambda x: math.isfinite(x) and 0 <= x <= 1,
+                         f"expected None (off) or a number with 0 <= {name} <= 1")
             object.__setattr__(self, name, float(v))
 
     @property

@@ -88,7 +88,7 @@ def test_temperature_too_small_is_refused_not_the_lowest_token(t: float) -> None
         verify_sampled(TREE, torch.randn(1, 3, V), t, KeyedSampler(0))
 
 
-@pytest.mark.parametrize("t", [-1.0, float("nan"), float("inf"), "0.5", None, True, 1j, 2**2000])
+@pytest.mark.parametrize("t", [-1.0, float("nan"), float("inf"), "0.5", None, True, 1j, 2**2000, -2**2000])
 def test_temperature_of_the_wrong_kind_is_refused(t) -> None:
     with pytest.raises(ValueError, match=r"^temperature: expected 0 \(greedy\) or a finite number >= 1e-06"):
         check_temperature(t)
