@@ -256,16 +256,21 @@ def _signal_during_commit(folder, monkeypatch):
 
 
 _KILLED_MID_COMMIT = """
-import os, signal, sys, threading
+import os, signal, socket, sys, threading
 import dartree.eval.outdir as outdir
 out = sys.argv[1]
 ready, done = threading.Event(), threading.Event()
 worker = threading.Thread(target=lambda: (ready.set(), done.wait()), daemon=True)   # a thread like tqdm's monitor
 worker.start(); ready.wait()
+# the C-level handler writes a byte here from whichever thread it runs on: waiting for it makes the test wait
+# until the worker was scheduled and took the signal (on a loaded machine that can be after the commit otherwise)
+delivered, wakeup = socket.socketpair()
+wakeup.setblocking(False); signal.set_wakeup_fd(wakeup.fileno()); delivered.settimeout(30)
 real = os.replace
 def rename(src, dst):
     if os.path.dirname(dst) == out:
         signal.pthread_kill(worker.ident, signal.SIGTERM)    # the kernel may pick any thread for a `kill`
+        delivered.recv(1)
     return real(src, dst)
 outdir.os.replace = rename
 with outdir.open_run(outdir.Path(out), outdir.BENCH_FILES, force=True) as run:
