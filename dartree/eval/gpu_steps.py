@@ -428,14 +428,9 @@ def step_verify_cost(c: Check) -> tuple[str, dict]:
 
 def _median_s(c: Check, fn, repeats: int) -> float:
     """Median seconds of ``repeats`` calls of ``fn`` after one warm-up call, synchronised."""
-    times = []
-    for _ in range(repeats + 1):
-        c.sync()
-        start = time.perf_counter()
-        fn()
-        c.sync()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times[1:])
+    from dartree.eval.simulate import timed
+
+    return statistics.median([timed(c.device, fn)[1] for _ in range(repeats + 1)][1:])
 
 
 @torch.no_grad()
