@@ -261,8 +261,25 @@ def tune(
         found, overheads[spec.builder] = _rank(bundle, spec, refs, backend, budget_grid, width_grid, beta_grid,
                                                verify_cost, temperature, seed, verifiers, screen, progress, warps)
         candidates += found
-    return _decide(bundle, method, tuple(candidates), verify_cost, overheads, refs, backend, temperature, seed,
-                   finalists, min_speedup, labels, progress, groups, warps)
+    # the best-ranked candidates decoded for real beside AR, then the choice
+    measured: tuple[Measurement, ...] = ()
+    if finalists:
+        ranked = pick_finalists(candidates, finalists, groups)
+        texts = [setting_text(c.budget, c.width, c.beta) + (f" {c.verifier}" if c.verifier else "") for c in ranked]
+        progress(f"{method.label}: decoding AR and " + ", ".join(f"{c.builder} {t}" if method.is_auto else t
+                                                                 for c, t in zip(ranked, texts, strict=True))
+                 + f" for real on {len(refs)} calibration prompts")
+        specs = [(concrete(method.member(c.builder, {}) if method.is_auto else method, c.budget, c.width, c.beta),
+                  c.verifier, c.beta) for c in ranked]
+        measured = measure_specs(bundle, specs, refs, backend, temperature, seed, labels, builders=True, warps=warps)
+        ar_rate = measured[0].tokens_per_s
+    else:
+        ar_seconds = sum(r.ar_seconds for r in refs)
+        ar_rate = sum(r.new_tokens for r in refs) / ar_seconds if ar_seconds > 0 else float("inf")
+    best, use_ar = choose(candidates, ar_rate, measured, min_speedup)
+    return TuneResult(method.label, AUTO if method.is_auto else method.builder, tuple(candidates), best, verify_cost,
+                      overheads.get(best.builder, 0.0), ar_rate, measured, use_ar, temperature, min_speedup, len(refs),
+                      best.verifier if temperature > 0 else None)
 
 
 def _grids(method: MethodSpec, budgets: Sequence[int], widths: Sequence[int], betas: Sequence[float]
@@ -341,28 +358,3 @@ def _rank(bundle: Bundle, method: MethodSpec, refs: Sequence[Reference], backend
     return [dataclasses.replace(c, beta=chosen_beta[(c.budget, c.width)], builder=method.builder, verifier=v)
             for v, stats in scored for c in score_candidates(stats, verify_cost, overhead_s)], overhead_s
 
-
-def _decide(bundle: Bundle, method: MethodSpec, candidates: tuple[Candidate, ...], verify_cost: VerifyCost,
-            overheads: dict[str, float], refs: Sequence[Reference], backend: str, temperature: float, seed: int,
-            finalists: int, min_speedup: float, labels: Sequence[str] | None,
-            progress: Callable[[str], None], groups: Sequence[Callable[[Candidate], object]],
-            warps: dict | None = None) -> TuneResult:
-    """Decode the best-ranked candidates for real beside AR, choose, and say what was measured."""
-    measured: tuple[Measurement, ...] = ()
-    if finalists:
-        ranked = pick_finalists(candidates, finalists, groups)
-        texts = [setting_text(c.budget, c.width, c.beta) + (f" {c.verifier}" if c.verifier else "") for c in ranked]
-        progress(f"{method.label}: decoding AR and " + ", ".join(f"{c.builder} {t}" if method.is_auto else t
-                                                                 for c, t in zip(ranked, texts, strict=True))
-                 + f" for real on {len(refs)} calibration prompts")
-        specs = [(concrete(method.member(c.builder, {}) if method.is_auto else method, c.budget, c.width, c.beta),
-                  c.verifier, c.beta) for c in ranked]
-        measured = measure_specs(bundle, specs, refs, backend, temperature, seed, labels, builders=True, warps=warps)
-        ar_rate = measured[0].tokens_per_s
-    else:
-        ar_seconds = sum(r.ar_seconds for r in refs)
-        ar_rate = sum(r.new_tokens for r in refs) / ar_seconds if ar_seconds > 0 else float("inf")
-    best, use_ar = choose(candidates, ar_rate, measured, min_speedup)
-    return TuneResult(method.label, AUTO if method.is_auto else method.builder, candidates, best, verify_cost,
-                      overheads.get(best.builder, 0.0), ar_rate, measured, use_ar, temperature, min_speedup, len(refs),
-                      best.verifier if temperature > 0 else None)
