@@ -16,7 +16,6 @@ from dartree.cli.helpers import (
     bench_preset,
     check_fit,
     check_grid,
-    check_lengths,
     file_stem,
     load,
     log,
@@ -138,6 +137,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if levels and args.peers is not None:
         raise UsageError("--peers: the peers run one request at a time; drop --concurrency to compare them")
     from dartree.eval.bench import BenchConfig, run_bench, run_meta
+    from dartree.eval.bundles import encode
+    from dartree.eval.checks import check_positions
     from dartree.eval.concurrency import check_methods, concurrency_markdown, run_concurrency
     from dartree.eval.datasets import load_prompts
     from dartree.eval.methods import parse_methods
@@ -187,7 +188,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     with prepare_out(args, Path(preset["out"]), named_files("concurrency") if levels else BENCH_FILES) as run:
         bundle = load(args)
         check_fit(bundle, config.methods)        # heads, topk: before anything is run
-        check_lengths(bundle, [p.text for p in prompts], config.max_prompt_tokens, config.max_new_tokens)
+        with user_input():                       # every prompt, cut to --max-prompt-tokens, fits with its new tokens
+            check_positions(bundle, [min(len(encode(bundle.tokenizer, p.text)), config.max_prompt_tokens)
+                                     for p in prompts], config.max_new_tokens, "--max-prompt-tokens")
         start = time.perf_counter()
         if levels:
             rows = run_concurrency(bundle, config, levels, log=log)

@@ -15,7 +15,7 @@ from typing import Any
 
 __all__ = ["UsageError", "user_input", "log", "file_stem", "setting_defaults", "warps_of", "bench_preset", "load",
            "prepare_out", "written", "write_named", "prompt_ids", "dataset_prompts", "references", "check_fit",
-           "check_grid", "check_lengths", "round_summary"]
+           "check_grid", "round_summary"]
 
 
 class UsageError(ValueError):
@@ -204,16 +204,6 @@ def check_grid(method, budgets: Sequence[int], widths: Sequence[int], budget_opt
             field = str(e).split(":")[0]
             option = {"budget": budget_option, "width": width_option}.get(field, f"{budget_option}/{width_option}")
             raise UsageError(f"{option}: {e}") from e
-
-
-def check_lengths(bundle, texts: Sequence[str], max_prompt_tokens: int, max_new_tokens: int) -> None:
-    """Every prompt of ``texts`` (cut to ``max_prompt_tokens``) plus ``max_new_tokens`` fits the target."""
-    from dartree.eval.bundles import encode
-    from dartree.eval.checks import check_positions
-
-    with user_input():
-        check_positions(bundle, [min(len(encode(bundle.tokenizer, t)), max_prompt_tokens) for t in texts],
-                        max_new_tokens, "--max-prompt-tokens")
 
 
 def check_fit(bundle, methods, topk_values: Sequence[int] = ()) -> None:
