@@ -333,8 +333,7 @@ def run_bench(bundle: Bundle, config: BenchConfig, argv: Sequence[str] | None = 
 
     if config.warmup:                          # first calls allocate caches and pick kernels: untimed
         first = next(iter(prompts.values()))[0][1]
-        run(AR, first, min(8, config.max_new_tokens), 0.0)
-        for label, tuned_at in decoders:
+        for label, tuned_at in [(AR, None), *decoders]:
             run(label, first, min(8, config.max_new_tokens), 0.0, tuned_at)
         for peer in peers.values():
             peer(first, min(8, config.max_new_tokens))
