@@ -72,10 +72,6 @@ class Check:
     def cuda(self) -> bool:
         return self.device.type == "cuda"
 
-    def sync(self) -> None:
-        if self.cuda:
-            torch.cuda.synchronize(self.device)
-
     def time_left(self) -> float:
         return float("inf") if self.time_limit is None else self.time_limit - (time.monotonic() - self.start)
 
@@ -164,7 +160,8 @@ def count_launches(c: Check, fn) -> tuple[int, int, Any]:
 
     with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if c.cuda else [])) as prof:
         out = fn()
-        c.sync()
+        if c.cuda:
+            torch.cuda.synchronize(c.device)
     events = prof.events()
     kernels = sum(e.device_type == DeviceType.CUDA for e in events)
     host = [e.name for e in events if e.device_type != DeviceType.CUDA]
