@@ -80,7 +80,8 @@ def run_concurrency(bundle: Bundle, config: BenchConfig, levels: Sequence[int], 
 
     def encoded(offset: int, count: int) -> list[torch.Tensor]:
         return [torch.tensor(encode(bundle.tokenizer, p.text)[-config.max_prompt_tokens:], dtype=torch.int64,
-                             device=device) for p in load_prompts(dataset, count, offset=offset)]
+                             device=device)
+                for p in load_prompts(dataset, count, offset=offset, prompt_chars=config.prompt_chars)]
 
     prompts = encoded(0, config.num_prompts)
     stop = stop_token_id(bundle) if config.stop_at_eos else None

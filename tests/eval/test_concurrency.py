@@ -103,3 +103,16 @@ def test_cli_concurrency_passes_the_sampling_options(monkeypatch, tmp_path):
           "--out", str(tmp_path / "cc")])
     assert {k: got[k] for k in ("top_k", "top_p", "min_p", "verifier", "temperature")} == {
         "top_k": 4, "top_p": 0.8, "min_p": 0.1, "verifier": "match", "temperature": 0.7}
+
+
+def test_the_prompts_are_cut_as_the_bench_cuts_them(bundle, monkeypatch):
+    """``BenchConfig.prompt_chars`` reaches the serving benchmark's prompts (it was dropped there)."""
+    import dartree.eval.concurrency as cc
+
+    seen = []
+    real = cc.load_prompts
+    monkeypatch.setattr(cc, "load_prompts", lambda *a, **k: seen.append(k.get("prompt_chars")) or real(*a, **k))
+    config = BenchConfig((parse_method("chain"),), num_prompts=2, max_new_tokens=2, warmup=False, prompt_chars=300,
+                         datasets=("stdlib",))
+    run_concurrency(bundle, config, [1], progress=False)
+    assert seen == [300]
