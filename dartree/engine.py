@@ -174,7 +174,7 @@ class Engine:
         tree = self.drafting.build(block, self.roots, self.target)
         build_s = self.clock.lap()
         head = self.head
-        head_s, self._calls = (0.0, 0) if head is None else (head.take(), head.take_calls())
+        head_s, self._calls = (0.0, 0) if head is None else head.take()
         self._times = self._times._replace(build_s=build_s, head_s=head_s)
         return tree
 
