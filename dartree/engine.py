@@ -41,7 +41,8 @@ __all__ = ["Engine", "OneRow", "Verified"]
 
 class OneRow:
     """A single-request drafter (the protocol of :mod:`dartree.decode`) as the one row of an engine, used
-    as is: no copy, so a caller's drafter object holds the decode's context, as it always did."""
+    as is: no copy, so a caller's drafter object holds the decode's context, as it always did.  No ``keep_rows``:
+    a ``single`` engine keeps its row's state when it finishes, so it never drops a row."""
 
     def __init__(self, drafter) -> None:
         self.drafter = drafter
@@ -62,10 +63,6 @@ class OneRow:
 
     def draft_rows(self, roots: Tensor):
         return self.drafter.draft(roots)
-
-    def keep_rows(self, rows: list[int]) -> None:
-        if rows not in ([], [0]):
-            raise ValueError(f"rows: a single-request drafter has one row, got {rows}")
 
 
 @dataclass(frozen=True)
