@@ -143,8 +143,7 @@ class Engine:
             self.drafting.new_rows()         # a new row: the next round drafts
         joined_firsts = firsts[torch.tensor(joined, dtype=torch.int64, device=firsts.device)]
         self.roots = torch.cat([self.roots, joined_firsts.to(self.roots.device)])
-        joined_ids = {ids[j] for j in joined}
-        return [q for q in ids if q not in joined_ids]
+        return [q for j, q in enumerate(ids) if j not in joined]
 
     def _keep(self, rows: list[int]) -> None:
         self.target.keep_rows(rows)
