@@ -1,9 +1,6 @@
-"""The correction head as the decoder sees it: protocol checked at the boundary, time inside its calls.
-
-:class:`TimedHead` wraps the head for the decoding loop: the time inside its calls is the ``head`` stage, and what
-each call returns is checked from metadata only (no host sync).  :func:`checked_head` is the same proxy without
-the CUDA synchronisation, for ``TreeBuilder.build`` called directly.  What is checked, and why an untrusted head
-gets copies of ``states``: docs/internals.md, "The head proxy".
+"""The correction head as the decoder sees it: protocol checked at the boundary, time inside its calls
+(:class:`TimedHead`; :func:`checked_head` for ``TreeBuilder.build`` called directly).  What is timed and checked,
+and why an untrusted head gets copies of ``states``: docs/internals.md, "The head proxy".
 """
 
 from __future__ import annotations
