@@ -98,11 +98,9 @@ def verify_sampled(
     sampler: Sampler,
     prefix_len: int | Tensor = 0,
 ) -> VerifyResult:
-    """Sampled (T>0) verification by exact target-sample matching.
-
-    One token is drawn from ``softmax(target_logits.float() / temperature)`` at every node; the token drawn
-    at node i will occupy absolute position ``prefix_len + depth_i + 1``, which is the position a
-    keyed sampler is given.
+    """Sampled (T>0) verification by exact target-sample matching: one draw from ``softmax(target_logits.float()
+    / temperature)`` at every node, at the absolute position its token will occupy (docs/verification.md,
+    "Acceptance").
 
     Shape:
         target_logits: float ``[b, n, V]``.
