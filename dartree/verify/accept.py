@@ -40,11 +40,6 @@ class VerifyResult:
     tokens: Tensor
     picks: Tensor
 
-    @property
-    def committed(self) -> Tensor:
-        """int64 ``[b]``: tokens committed per row (accepted draft tokens + 1 bonus)."""
-        return self.accepted_length + 1
-
 
 def check_logits(tree: DraftTree, target_logits: Tensor) -> None:
     """``ValueError`` unless ``target_logits`` is float ``[b, n, V]`` on the tree's device."""
