@@ -90,7 +90,7 @@ def main() -> None:
                     start = time.thread_time()
                     a[0].accept(a[1], a[2], a[3])
                     verify += time.thread_time() - start
-                spent = head.take() if head is not None else 0.0
+                spent = head.take()[0] if head is not None else 0.0
                 print(f"  {'cold' if cold else 'warm'}: build {build / n * 1e6:6.0f} (head {spent / n * 1e6:4.0f}, "
                       f"builder {(build - spent) / n * 1e6:4.0f})  accept {verify / n * 1e6:5.0f}")
         dartree.timing.time = time                      # the proxy's own clock again (a cheaper read)

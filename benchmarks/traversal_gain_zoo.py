@@ -103,7 +103,7 @@ def main() -> None:
             return cache[u]
 
         def q_at(u: int) -> np.ndarray:
-            return sampled.proposal(0, u, vocab)
+            return rejection.proposal_row(*sampled.host_proposals(), 0, int(sampled.row_of[0, u]), vocab)
 
         pairs.append((expected_rejection(kids, tokens, p_at, q_at), expected_traversal(kids, tokens, p_at, q_at)))
         return driver(sampled, logits, warp, generator)

@@ -192,8 +192,10 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 _RESERVED_NAMES = ("ar",)
 
 
-def _check_spec(spec: Any) -> None:
-    """Raise ``ValueError`` naming the first field of ``spec`` that :func:`register_builder` refuses."""
+def register_builder(spec: BuilderSpec, *, replace: bool = False) -> None:
+    """Add a strategy to the registry; ``ValueError`` naming the bad field (the registry untouched) if ``spec``
+    is not a valid :class:`BuilderSpec`, or if its name is dartree's own (:data:`BUILDERS`: a plugin never
+    silently replaces a built-in strategy) or already registered and ``replace`` is False."""
     if not isinstance(spec, BuilderSpec):
         raise ValueError(f"spec: expected a BuilderSpec, got {type(spec).__name__}")
     name = spec.name
@@ -217,13 +219,6 @@ def _check_spec(spec: Any) -> None:
                          f"{sorted(fields)}; got {spec.defaults!r}")
     if not isinstance(spec.trusted, bool):
         raise ValueError(f"trusted: must be True or False, got {spec.trusted!r}")
-
-
-def register_builder(spec: BuilderSpec, *, replace: bool = False) -> None:
-    """Add a strategy to the registry; ``ValueError`` naming the bad field (the registry untouched) if ``spec``
-    is not a valid :class:`BuilderSpec`, or if its name is dartree's own (:data:`BUILDERS`: a plugin never
-    silently replaces a built-in strategy) or already registered and ``replace`` is False."""
-    _check_spec(spec)
     if spec.name in _REGISTRY and _REGISTRY[spec.name] != spec:
         if spec.name in _BUILT_IN_NAMES:
             raise ValueError(f"name: {spec.name!r} is one of dartree's own builders {sorted(_BUILT_IN_NAMES)}; "

@@ -41,7 +41,8 @@ __all__ = ["Engine", "OneRow", "Verified"]
 
 class OneRow:
     """A single-request drafter (the protocol of :mod:`dartree.decode`) as the one row of an engine, used
-    as is: no copy, so a caller's drafter object holds the decode's context, as it always did."""
+    as is: no copy, so a caller's drafter object holds the decode's context, as it always did.  No ``keep_rows``:
+    a ``single`` engine keeps its row's state when it finishes, so it never drops a row."""
 
     def __init__(self, drafter) -> None:
         self.drafter = drafter
@@ -62,10 +63,6 @@ class OneRow:
 
     def draft_rows(self, roots: Tensor):
         return self.drafter.draft(roots)
-
-    def keep_rows(self, rows: list[int]) -> None:
-        if rows not in ([], [0]):
-            raise ValueError(f"rows: a single-request drafter has one row, got {rows}")
 
 
 @dataclass(frozen=True)
@@ -146,8 +143,7 @@ class Engine:
             self.drafting.new_rows()         # a new row: the next round drafts
         joined_firsts = firsts[torch.tensor(joined, dtype=torch.int64, device=firsts.device)]
         self.roots = torch.cat([self.roots, joined_firsts.to(self.roots.device)])
-        joined_ids = {ids[j] for j in joined}
-        return [q for q in ids if q not in joined_ids]
+        return [q for j, q in enumerate(ids) if j not in joined]
 
     def _keep(self, rows: list[int]) -> None:
         self.target.keep_rows(rows)
@@ -174,7 +170,7 @@ class Engine:
         tree = self.drafting.build(block, self.roots, self.target)
         build_s = self.clock.lap()
         head = self.head
-        head_s, self._calls = (0.0, 0) if head is None else (head.take(), head.take_calls())
+        head_s, self._calls = (0.0, 0) if head is None else head.take()
         self._times = self._times._replace(build_s=build_s, head_s=head_s)
         return tree
 

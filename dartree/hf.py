@@ -42,14 +42,13 @@ def _decoder(model, drafter, builder, head) -> SpeculativeDecoder:
     model, so the lean forward's probe, the target's buffers and the drafter's state are made once."""
     cache: OrderedDict = model.__dict__.setdefault("_dartree_decoders", OrderedDict())
     key = (id(drafter), id(builder), id(head))
-    found = cache.get(key)
-    if found is None or found[0] is not drafter or found[1] is not builder or found[2] is not head:
+    if key not in cache:        # a kept decoder holds its drafter, builder and head: no other object has their ids
         target = HFTarget(model, layer_ids=tuple(drafter.target_layer_ids))
-        found = cache[key] = (drafter, builder, head, SpeculativeDecoder(target, drafter, builder, head))
+        cache[key] = SpeculativeDecoder(target, drafter, builder, head)
         while len(cache) > KEPT_DECODERS:
             cache.popitem(last=False)
     cache.move_to_end(key)
-    return found[3]
+    return cache[key]
 
 
 def _check(generation_config, logits_processor, stopping_criteria) -> None:

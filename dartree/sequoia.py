@@ -21,8 +21,8 @@ import torch
 from dartree.arguments import plain_scalar
 from dartree.tree import rank_path_key
 
-__all__ = ["DEFAULT_ACCEPTANCE", "RankShape", "rank_shape", "check_acceptance", "expected_accepted",
-           "acceptance_from_walks", "MIN_TESTS"]
+__all__ = ["DEFAULT_ACCEPTANCE", "RankShape", "rank_shape", "check_acceptance", "acceptance_from_walks",
+           "MIN_TESTS"]
 
 #: ``P_r``, the probability that the ``r``-th drawn child is the accepted one: the accepted-rank histogram of
 #: rejection walks on the zoo at T=1, smoothed to be non-increasing (how it was measured: docs/results.md,
@@ -102,14 +102,6 @@ def rank_shape(budget: int, gamma: int, acceptance: tuple[float, ...]) -> RankSh
         push(parent, rank + 1)                  # the next sibling, then the first child
         push(len(parents) - 1, 0)
     return RankShape(tuple(parents), tuple(depths), tuple(ranks), tuple(scores))
-
-
-def expected_accepted(shape: RankShape, acceptance: tuple[float, ...]) -> float:
-    """The model's expected number of accepted draft tokens of ``shape``: the sum of its nodes' values."""
-    value = [1.0]
-    for parent, rank in zip(shape.parents[1:], shape.ranks[1:], strict=True):
-        value.append(value[parent] * acceptance[rank])
-    return math.fsum(value[1:])
 
 
 #: a rank needs this many tests (nodes that drew it) before :func:`acceptance_from_walks` estimates it

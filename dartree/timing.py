@@ -1,9 +1,6 @@
-"""The correction head as the decoder sees it: protocol checked at the boundary, time inside its calls.
-
-:class:`TimedHead` wraps the head for the decoding loop: the time inside its calls is the ``head`` stage, and what
-each call returns is checked from metadata only (no host sync).  :func:`checked_head` is the same proxy without
-the CUDA synchronisation, for ``TreeBuilder.build`` called directly.  What is checked, and why an untrusted head
-gets copies of ``states``: docs/internals.md, "The head proxy".
+"""The correction head as the decoder sees it: protocol checked at the boundary, time inside its calls
+(:class:`TimedHead`; :func:`checked_head` for ``TreeBuilder.build`` called directly).  What is timed and checked,
+and why an untrusted head gets copies of ``states``: docs/internals.md, "The head proxy".
 """
 
 from __future__ import annotations
@@ -81,7 +78,7 @@ class TimedHead:
         check_head_device(head, device)
         self.head = head
         self.seconds = 0.0
-        self.calls = 0                          # head method calls since the last take_calls
+        self.calls = 0                          # head method calls since the last take
         self._cuda = sync and torch.device(device).type == "cuda"
         self._width: int | None = None          # the state width S of the last initial_state
         # perf: dartree's own heads' calls are not re-checked (their shapes are tested); a subclass is
@@ -91,14 +88,9 @@ class TimedHead:
         if head_method(head, "advance_logits") is not None:     # exposed only when the head has it
             self.advance_logits = self._advance_logits
 
-    def take(self) -> float:
-        """Seconds accumulated since the last ``take`` (and reset to 0)."""
-        out, self.seconds = self.seconds, 0.0
-        return out
-
-    def take_calls(self) -> int:
-        """Head method calls since the last ``take_calls`` (and reset to 0)."""
-        out, self.calls = self.calls, 0
+    def take(self) -> tuple[float, int]:
+        """Seconds and head method calls accumulated since the last ``take`` (both reset to 0)."""
+        out, self.seconds, self.calls = (self.seconds, self.calls), 0.0, 0
         return out
 
     def _call(self, fn: Any, *args: Any) -> Any:

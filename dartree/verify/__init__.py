@@ -8,7 +8,7 @@ from dartree.verify.accept import (
     walk_greedy,
     walk_sampled,
 )
-from dartree.verify.cache import cache_length, compact_tail
+from dartree.verify.cache import compact_tail
 from dartree.verify.inputs import ATTENTION_IMPLEMENTATIONS, TreeInputBuffer, TreeInputs, tree_inputs
 from dartree.verify.rejection import SampledTree, sample_tree, verify_rejection
 from dartree.verify.sampling import GeneratorSampler, KeyedSampler, Sampler, hash32
@@ -26,7 +26,6 @@ __all__ = [
     "VerifyResult",
     "Warp",
     "accept_picks",
-    "cache_length",
     "compact_tail",
     "hash32",
     "sample_tree",

@@ -40,11 +40,6 @@ class VerifyResult:
     tokens: Tensor
     picks: Tensor
 
-    @property
-    def committed(self) -> Tensor:
-        """int64 ``[b]``: tokens committed per row (accepted draft tokens + 1 bonus)."""
-        return self.accepted_length + 1
-
 
 def check_logits(tree: DraftTree, target_logits: Tensor) -> None:
     """``ValueError`` unless ``target_logits`` is float ``[b, n, V]`` on the tree's device."""
@@ -98,11 +93,9 @@ def verify_sampled(
     sampler: Sampler,
     prefix_len: int | Tensor = 0,
 ) -> VerifyResult:
-    """Sampled (T>0) verification by exact target-sample matching.
-
-    One token is drawn from ``softmax(target_logits.float() / temperature)`` at every node; the token drawn
-    at node i will occupy absolute position ``prefix_len + depth_i + 1``, which is the position a
-    keyed sampler is given.
+    """Sampled (T>0) verification by exact target-sample matching: one draw from ``softmax(target_logits.float()
+    / temperature)`` at every node, at the absolute position its token will occupy (docs/verification.md,
+    "Acceptance").
 
     Shape:
         target_logits: float ``[b, n, V]``.

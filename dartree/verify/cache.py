@@ -11,8 +11,7 @@ from transformers.cache_utils import Cache, DynamicLayer, StaticLayer
 
 from dartree.arguments import check_int
 
-__all__ = ["compact_tail", "cache_length", "cache_layers", "move_slots", "cut_cache",
-           "select_rows", "merge_rows", "pad_slots"]
+__all__ = ["compact_tail", "cache_layers", "move_slots", "cut_cache", "select_rows", "merge_rows", "pad_slots"]
 
 
 def cache_layers(cache: Cache) -> list:
@@ -24,14 +23,6 @@ def cache_layers(cache: Cache) -> list:
             raise ValueError(f"cache: layer {i} is a {type(layer).__name__}; only full-attention DynamicLayer "
                              f"and StaticLayer can be compacted")
     return cache.layers
-
-
-def cache_length(cache: Cache) -> int:
-    """Slots in use (a Python int; a ``StaticLayer`` keeps it on the device, so this syncs for static caches)."""
-    layers = cache_layers(cache)
-    if not layers or not layers[0].is_initialized:
-        return 0
-    return int(layers[0].get_seq_length())
 
 
 def compact_tail(cache: Cache, prefix_len: int, nodes: Tensor, host_nodes: list[int] | None = None) -> None:

@@ -78,10 +78,6 @@ class SampledTree:
         """``probs`` and ``support`` as host arrays (``support`` ``None`` when ``P == V``)."""
         return self.probs.cpu().numpy(), None if self.support is None else self.support.cpu().numpy()
 
-    def proposal(self, row: int, node: int, vocab: int) -> np.ndarray:
-        """Node ``node``'s proposal over the whole vocabulary (float64, host)."""
-        return proposal_row(*self.host_proposals(), row, int(self.row_of[row, node]), vocab)
-
 
 def proposal_row(probs: np.ndarray, support: np.ndarray | None, row: int, r: int, vocab: int) -> np.ndarray:
     """Proposal row ``r`` of ``row`` over the whole vocabulary, float64 renormalised (host arrays)."""

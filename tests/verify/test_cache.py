@@ -7,7 +7,7 @@ import torch
 from transformers.cache_utils import DynamicCache, DynamicSlidingWindowLayer
 
 from dartree.models.target import HFTarget
-from dartree.verify import cache_length, compact_tail, verify_greedy
+from dartree.verify import compact_tail, verify_greedy
 from tests.verify.helpers import ARCHS, make_tree, one_thread, tiny_lm  # noqa: F401 (autouse fixture)
 
 V = 128
@@ -33,16 +33,16 @@ def test_commit_equals_fresh_prefill(arch, attn, kind):
         target = HFTarget(model, cache=kind, max_cache_len=32 if kind == "static" else None)
         target.prefill(prompt[:, :-1])
         target.forward_tree(target.tree_inputs(tree))
-        assert cache_length(target.cache) == 4 + 6
+        assert int(target.cache.get_seq_length()) == 4 + 6
         if count == 2:                                         # rollback, then redo the round
             target.rollback()
-            assert cache_length(target.cache) == 4 and target.length == 4
+            assert int(target.cache.get_seq_length()) == 4 and target.length == 4
             target.forward_tree(target.tree_inputs(tree))
         target.commit(res.accepted, count)
         committed = torch.cat([prompt[:, :-1], tree.tokens[:, res.accepted[0, :count]]], dim=1)
         fresh = HFTarget(model)
         fresh.prefill(committed)
-        assert target.length == committed.shape[1] == cache_length(target.cache)
+        assert target.length == committed.shape[1] == int(target.cache.get_seq_length())
         for (k, v), (fk, fv) in zip(layer_kv(target, target.length), layer_kv(fresh, target.length), strict=True):
             torch.testing.assert_close(k, fk, atol=1e-5, rtol=1e-5)
             torch.testing.assert_close(v, fv, atol=1e-5, rtol=1e-5)
@@ -72,7 +72,7 @@ def test_compact_tail_batch_rows_keep_their_own_slots():
     compact_tail(cache, 3, torch.tensor(nodes))
     for layer, (k, v) in zip(cache.layers, want, strict=True):
         assert torch.equal(layer.keys, k) and torch.equal(layer.values, v)
-    assert cache_length(cache) == 6
+    assert int(cache.get_seq_length()) == 6
 
 
 def test_compact_bad_inputs_leave_cache_untouched():
@@ -102,7 +102,7 @@ def test_compact_tail_keeps_the_slots_with_and_without_host_nodes(nodes):
     for host in (None, nodes):
         got = random_cache(1, prefix + 9)
         compact_tail(got, prefix, torch.tensor([nodes]), host)
-        assert cache_length(got) == prefix + len(nodes)
+        assert int(got.get_seq_length()) == prefix + len(nodes)
         for a, (k, v) in zip(got.layers, want, strict=True):
             assert torch.equal(a.keys, k) and torch.equal(a.values, v)
     with pytest.raises(ValueError, match="host_nodes"):

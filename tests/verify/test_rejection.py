@@ -23,7 +23,7 @@ from dartree.scoring import candidates as top_candidates
 from dartree.testing.heads import PathHashHead
 from dartree.tree import PAD
 from dartree.verify import SampledTree, Warp, rejection, sample_tree, verify_greedy, verify_rejection
-from dartree.verify.rejection import draw_index
+from dartree.verify.rejection import draw_index, proposal_row
 from dartree.verify.traversal import children_of
 from tests.verify.helpers import make_tree, one_thread  # noqa: F401 (autouse fixture)
 
@@ -118,7 +118,7 @@ def test_head_proposals_follow_the_sampled_path(name):
             want = warp.probs(head.logits(one, d, state, cand[r: r + 1, d - 1]))[0, 0]
             torch.testing.assert_close(sampled.probs[r, sampled.row_of[r, u]], want)
             assert torch.equal(sampled.support[r, sampled.row_of[r, u]], cand[r, d - 1])
-            full = sampled.proposal(r, u, V)
+            full = proposal_row(*sampled.host_proposals(), r, int(sampled.row_of[r, u]), V)
             kids = [i for i in range(int(tree.num_nodes[r])) if int(tree.parents[r, i]) == u]
             assert all(full[int(tree.tokens[r, i])] > 0 for i in kids)              # drawn from the proposal
 
@@ -167,7 +167,7 @@ def test_head_proposals_over_the_vocabulary(vocab, head_depths):
             else:
                 want = warp.probs(block.logits[r, d - 1])
             torch.testing.assert_close(sampled.probs[r, sampled.row_of[r, u]], want)
-            q = sampled.proposal(r, u, V)
+            q = proposal_row(*sampled.host_proposals(), r, int(sampled.row_of[r, u]), V)
             kids = [i for i in range(int(tree.num_nodes[r])) if int(tree.parents[r, i]) == u]
             assert all(q[int(tree.tokens[r, i])] > 0 for i in kids)
             checked += d > (head_depths or GAMMA)
@@ -193,7 +193,7 @@ def test_a_node_keeps_no_more_children_than_its_proposal_has_tokens(head):
             kids = [i for i in range(count) if int(tree.parents[r, i]) == u]
             assert len(kids) <= 2
             if kids:
-                q = sampled.proposal(r, u, V)
+                q = proposal_row(*sampled.host_proposals(), r, int(sampled.row_of[r, u]), V)
                 assert (q > 0).sum() == 2 and all(q[int(tree.tokens[r, i])] > 0 for i in kids)
                 if not head:
                     np.testing.assert_allclose(q, warp.probs(block.logits[r, int(tree.depths[r, u])]).double().numpy(),
