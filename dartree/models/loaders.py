@@ -437,10 +437,6 @@ def load_head(path: str | Path, target: nn.Module | None = None) -> GRUHead | Ma
     return head
 
 
-def _first_line(e: BaseException) -> str:
-    return f"{type(e).__name__}: " + (str(e).strip().splitlines() or [""])[0]
-
-
 def _check_stored_dtypes(path: Path) -> None:
     """The target's stored tensors are floating point, read from the safetensors headers: transformers casts
     whatever it loads to float32, so an integer (quantised or broken) export would decode garbage with exit 0
@@ -482,7 +478,8 @@ def load_target(path: str | Path, attn_implementation: str = "sdpa") -> nn.Modul
         if ours or not isinstance(e, ValueError | OSError | TypeError | KeyError | RuntimeError) and \
                 type(e).__module__.split(".")[0] not in ("safetensors", "huggingface_hub", "transformers"):
             raise
-        raise ValueError(f"target: {path} could not be loaded as a causal LM: {_first_line(e)}") from e
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise ValueError(f"target: {path} could not be loaded as a causal LM: {type(e).__name__}: {first}") from e
     problems = [f"{len(info[key])} {what} tensor(s): {sorted(map(str, info[key]))[:8]}"
                 for key, what in (("missing_keys", "missing"), ("unexpected_keys", "unexpected"),
                                   ("mismatched_keys", "mismatched"))
