@@ -33,10 +33,9 @@ def _configured(builder: TreeBuilder | str, config: dict[str, Any] | None) -> li
     spec = builder_spec(builder)
     config = dict(config or {})
     fields = {f.name for f in dataclasses.fields(spec.config_cls)}
-    if "budget" in fields:
-        config.setdefault("budget", 8)
-    if "topk" in fields:
-        config.setdefault("topk", 4)
+    for name, default in (("budget", 8), ("topk", 4)):
+        if name in fields:
+            config.setdefault(name, default)
     made = [make_builder(builder, "ref", **config)]
     if spec.fast is not None:
         made.append(make_builder(builder, "fast", **config))
