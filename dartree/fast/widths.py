@@ -36,11 +36,10 @@ def beam_widths(budget: int, topk: int, gamma: int) -> list[int]:
     best ``B - d + 1`` children of depth d-1's kept nodes."""
     out, prev = [], 1
     for depth in range(1, gamma + 1):
-        keep = min(budget - depth + 1, prev * topk)
-        if keep <= 0:
+        prev = min(budget - depth + 1, prev * topk)
+        if prev <= 0:
             break
-        out.append(keep)
-        prev = keep
+        out.append(prev)
     return out
 
 
@@ -51,8 +50,7 @@ def quota_widths(budget: int, topk: int, gamma: int) -> list[int]:
         quota = -(-(budget - used) // (gamma - depth + 1))
         if quota <= 0:
             break
-        keep = min(quota, prev * topk)
-        out.append(keep)
-        used += keep
-        prev = keep
+        prev = min(quota, prev * topk)
+        out.append(prev)
+        used += prev
     return out

@@ -183,9 +183,7 @@ def _why_not(model: nn.Module) -> str | None:
 def lean_forward(model: nn.Module) -> tuple[LeanForward | None, str | None]:
     """``(LeanForward(model), None)``, or ``(None, reason)`` when the model's layout is not one it knows."""
     why = _why_not(model)
-    if why is not None:
-        return None, why
-    return LeanForward(model), None
+    return (LeanForward(model), None) if why is None else (None, why)
 
 
 class LeanForward:

@@ -45,9 +45,7 @@ class CheckpointConfig:
 
     def __init__(self, raw: dict, file: Path) -> None:
         self.raw, self.file = raw, file
-        draft = raw.get("dflash_config", {})
-        if draft is None:
-            draft = {}
+        draft = {} if raw.get("dflash_config") is None else raw["dflash_config"]
         if not isinstance(draft, dict):
             self.fail("dflash_config", f"expected a JSON object, got {type(draft).__name__}")
         self.draft = draft
@@ -350,13 +348,12 @@ def _gru_head_from(config: CheckpointConfig, weights: dict[str, Tensor], hidden_
     return head.requires_grad_(False).eval()       # inference: no autograd graph in the builders
 
 
-def _markov_head_from(config: CheckpointConfig, weights: dict[str, Tensor], vocab_size: int, path: Path,
-                      prefix: str) -> MarkovHead:
+def _markov_head_from(config: CheckpointConfig, weights: dict[str, Tensor], vocab_size: int, path: Path) -> MarkovHead:
     kind = config.value("markov_head_type", "vanilla")
     if kind != "vanilla":
         config.fail("markov_head_type", f"{kind!r} is not supported (only the vanilla DSpark Markov head)")
     head = MarkovHead(vocab_size, config.int("markov_rank", minimum=1))
-    _load_into(head, weights, prefix, path)
+    _load_into(head, weights, _MARKOV_PREFIX, path)
     return head.requires_grad_(False).eval()
 
 
@@ -388,7 +385,7 @@ def load_drafter(path: str | Path, target: nn.Module | None = None) -> DFlashDra
         heads["gru"] = _gru_head_from(config, _split(weights, _GRU_PREFIXES), dconfig.hidden_size,
                                       dconfig.vocab_size, path)
     if kind == "dspark" and config.int("markov_rank", 0, minimum=0, where="top") > 0:
-        heads["markov"] = _markov_head_from(config, weights, dconfig.vocab_size, path, _MARKOV_PREFIX)
+        heads["markov"] = _markov_head_from(config, weights, dconfig.vocab_size, path)
 
     drafter = DFlashDrafter(dconfig)
     embedding = weights.pop("embed_tokens.weight", None)
@@ -428,17 +425,13 @@ def load_head(path: str | Path, target: nn.Module | None = None) -> GRUHead | Ma
         head = _gru_head_from(config, weights, config.int("hidden_size", minimum=1),
                               config.int("vocab_size", minimum=1), path)
     elif kind == "markov":
-        head = _markov_head_from(config, weights, config.int("vocab_size", minimum=1), path, _MARKOV_PREFIX)
+        head = _markov_head_from(config, weights, config.int("vocab_size", minimum=1), path)
     else:
         config.fail("head_type", f"expected 'gru' or 'markov', got {kind!r}")
     _check_consumed(weights, path)
     if target is not None:
         head.bind(target)
     return head
-
-
-def _first_line(e: BaseException) -> str:
-    return f"{type(e).__name__}: " + (str(e).strip().splitlines() or [""])[0]
 
 
 def _check_stored_dtypes(path: Path) -> None:
@@ -482,7 +475,8 @@ def load_target(path: str | Path, attn_implementation: str = "sdpa") -> nn.Modul
         if ours or not isinstance(e, ValueError | OSError | TypeError | KeyError | RuntimeError) and \
                 type(e).__module__.split(".")[0] not in ("safetensors", "huggingface_hub", "transformers"):
             raise
-        raise ValueError(f"target: {path} could not be loaded as a causal LM: {_first_line(e)}") from e
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise ValueError(f"target: {path} could not be loaded as a causal LM: {type(e).__name__}: {first}") from e
     problems = [f"{len(info[key])} {what} tensor(s): {sorted(map(str, info[key]))[:8]}"
                 for key, what in (("missing_keys", "missing"), ("unexpected_keys", "unexpected"),
                                   ("mismatched_keys", "mismatched"))

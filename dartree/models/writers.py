@@ -101,8 +101,7 @@ def save_drafter(
         tensors.update(_tensors(gru_head))
         return _write(path, config, tensors)
     if markov_head is None and not c.shift_label:
-        draft["shift_label"] = False
-        config["dflash_config"] = draft
+        config["dflash_config"] = {**draft, "shift_label": False}
         return _write(path, config, tensors)
     # DeepSpec DSpark: every slot of [root, mask, ...] is a proposal
     if not c.shift_label:

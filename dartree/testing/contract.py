@@ -33,10 +33,9 @@ def _configured(builder: TreeBuilder | str, config: dict[str, Any] | None) -> li
     spec = builder_spec(builder)
     config = dict(config or {})
     fields = {f.name for f in dataclasses.fields(spec.config_cls)}
-    if "budget" in fields:
-        config.setdefault("budget", 8)
-    if "topk" in fields:
-        config.setdefault("topk", 4)
+    for name, default in (("budget", 8), ("topk", 4)):
+        if name in fields:
+            config.setdefault(name, default)
     made = [make_builder(builder, "ref", **config)]
     if spec.fast is not None:
         made.append(make_builder(builder, "fast", **config))
@@ -143,14 +142,6 @@ def _check_lossless(builder: TreeBuilder, head, seed: int) -> None:
 _LAW_PROMPT = (1, 2, 3)
 
 
-def _law_world():
-    """The law checks' tiny target: a 6-token Llama with peaked next-token laws and a tail."""
-    model = _llama(6)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(30.0)
-    return model
-
-
 def _check_law(builder: TreeBuilder, head, temperature: float, seed: int, draws: int, alpha: float) -> None:
     from dartree.decode import SpeculativeDecoder
     from dartree.testing.drafter import SharpDrafter
@@ -159,7 +150,9 @@ def _check_law(builder: TreeBuilder, head, temperature: float, seed: int, draws:
     from dartree.verify.warp import Warp
 
     where = f"{builder.name} ({builder.backend}) at T={temperature:g}, seed {seed}"
-    model, warp, gamma = _law_world(), Warp(temperature), 3
+    model, warp, gamma = _llama(6), Warp(temperature), 3
+    with torch.no_grad():           # peaked next-token laws, and a tail
+        model.lm_head.weight.mul_(30.0)
     prompt = torch.tensor(_LAW_PROMPT)
     # exact: one round on the builder's own tree after the prompt and its most likely next token
     drafter = SharpDrafter(model, gamma)

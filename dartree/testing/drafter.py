@@ -189,8 +189,7 @@ class SharpDrafter:
         seqs = [tuple(c) + (r,) for c, r in zip(self.contexts, roots.tolist(), strict=True)]
         missing = list(dict.fromkeys(s for s in seqs if s not in self._memo))
         if missing:
-            for s, block in zip(missing, self._blocks([list(s) for s in missing]), strict=True):
-                self._memo[s] = block
+            self._memo.update(zip(missing, self._blocks([list(s) for s in missing]), strict=True))
         return DraftBlock(logits=torch.stack([self._memo[s] for s in seqs]), root=roots)
 
     def _blocks(self, seqs: list[list[int]]) -> Tensor:

@@ -148,11 +148,8 @@ def target_law(model, prompt: torch.Tensor, length: int, warp) -> dict[tuple[int
         seqs = list(law)
         ids = torch.stack([torch.cat([prompt, torch.tensor(s, dtype=torch.int64)]) for s in seqs]).to(device)
         p = warp.logits(model(input_ids=ids).logits[:, -1].float()).double().softmax(-1).cpu()
-        nxt = {}
-        for row, seq in enumerate(seqs):
-            for v in torch.nonzero(p[row]).reshape(-1).tolist():
-                nxt[seq + (v,)] = law[seq] * float(p[row, v])
-        law = nxt
+        law = {seq + (v,): law[seq] * float(p[row, v])
+               for row, seq in enumerate(seqs) for v in torch.nonzero(p[row]).reshape(-1).tolist()}
     return law
 
 
@@ -166,13 +163,11 @@ def outcome_counts(decoder, prompt: torch.Tensor, length: int, draws: int, *, te
     sampler = GeneratorSampler(torch.Generator().manual_seed(seed))
     prompt = prompt.reshape(-1)
     counts: dict[tuple[int, ...], int] = {}
-    done = 0
-    while done < draws:
+    for done in range(0, draws, rows):
         take = min(rows, draws - done)
         for out in decoder.generate_batch([prompt] * take, length, temperature, sampler, **options):
             key = tuple(out.tokens[0].tolist())
             counts[key] = counts.get(key, 0) + 1
-        done += take
     return counts
 
 

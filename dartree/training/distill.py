@@ -42,13 +42,11 @@ def continue_prompts(model, prompts: torch.Tensor, new_tokens: int, sampled: boo
     cache = DynamicCache(config=model.config)
     out = model(input_ids=prompts, use_cache=True, **cache_kwargs(model.forward, cache))
     tokens = [prompts, pick(out.logits[:, -1])]
-    pos = prompts.shape[1]
-    for _ in range(new_tokens - 1):
+    for pos in range(prompts.shape[1], prompts.shape[1] + new_tokens - 1):
         position_ids = torch.full((prompts.shape[0], 1), pos, dtype=torch.int64)
         out = model(input_ids=tokens[-1], position_ids=position_ids, use_cache=True,
                     **cache_kwargs(model.forward, cache))
         tokens.append(pick(out.logits[:, -1]))
-        pos += 1
     return torch.cat(tokens, dim=1)
 
 
@@ -86,15 +84,13 @@ def _chunks(model, sources: list[torch.Tensor], count: int, args: argparse.Names
     rng = random.Random(seed)
     chunks: list[dict] = []
     bar = tqdm(total=count, desc=desc, mininterval=20)
-    made = 0
-    while made < count:
+    for _ in range(0, count, CHUNK_ROWS):
         source = sources[rng.randrange(len(sources))]
         length = rng.randint(args.prompt_min, args.prompt_max)
         sampled = rng.random() < args.sampled_fraction
         prompts = random_windows(source, CHUNK_ROWS, length, gen)
         tokens = continue_prompts(model, prompts, args.distill_new_tokens, sampled=sampled, gen=gen)
         chunks.append({"tokens": tokens.to(torch.int32), "prompt_len": length, "sampled": sampled})
-        made += CHUNK_ROWS
         bar.update(CHUNK_ROWS)
     bar.close()
     return chunks

@@ -158,12 +158,10 @@ def eval_drafter(drafter, model, chunks: list[dict], args: argparse.Namespace, d
             logits = F.linear(anchored_blocks(drafter, hidden, x, anchors), drafter.lm_head_weight)
             y = block_targets(target_logits, anchors, gamma, sampled)
             loss = block_loss(logits, y).mean().item()
+            sums["sampled_loss" if sampled else "loss"] += loss
+            counts["sampled" if sampled else "greedy"] += 1
             if sampled:
-                sums["sampled_loss"] += loss
-                counts["sampled"] += 1
                 continue
-            sums["loss"] += loss
-            counts["greedy"] += 1
             hit = logits.argmax(-1) == y
             correct += hit.float().mean((0, 1))
             sums["accepted"] += hit.long().cumprod(-1).sum(-1).float().mean().item()

@@ -23,10 +23,6 @@ __all__ = ["stage_export", "publish", "EXPORTED"]
 EXPORTED = ("target", "drafter", "gru_head", "markov_head", "tokenizer.json", "training_stats.json")
 
 
-def _exported(name: str) -> bool:
-    return name in EXPORTED or name.startswith("gru_head_")
-
-
 def publish(staged: Path, out: Path) -> None:
     """Put the bundle written to ``staged`` at ``out``.  ``out`` missing: one rename.  ``out`` holding an
     earlier export (nothing but :data:`EXPORTED` names): renamed aside, ``staged`` renamed in, the earlier one
@@ -37,7 +33,7 @@ def publish(staged: Path, out: Path) -> None:
     if os.path.lexists(out):
         if not out.is_dir():
             raise ValueError(f"--out: {out} is a file, not a folder")
-        others = sorted(p.name for p in out.iterdir() if not _exported(p.name))
+        others = sorted(p.name for p in out.iterdir() if p.name not in EXPORTED and not p.name.startswith("gru_head_"))
         if others:
             raise ValueError(f"--out: {out} holds {others}, which an export does not write; the bundle is left in "
                              f"{staged}: move it there yourself, or pick an --out that holds only an earlier export")
