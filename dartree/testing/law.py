@@ -158,8 +158,11 @@ def outcome_counts(decoder, prompt: torch.Tensor, length: int, draws: int, *, te
     """How often each ``length``-token output came out of ``draws`` seeded decodes of ``prompt``: batches of
     ``rows`` independent copies through ``decoder.generate_batch`` (``options``: its keywords), one seeded
     ``torch.Generator``."""
+    from dartree.arguments import check_int
     from dartree.verify import GeneratorSampler
 
+    check_int("draws", draws, low=0)
+    check_int("rows", rows)
     sampler = GeneratorSampler(torch.Generator().manual_seed(seed))
     prompt = prompt.reshape(-1)
     counts: dict[tuple[int, ...], int] = {}

@@ -204,3 +204,11 @@ def test_batch_rows_reaching_the_models_last_position_at_different_rounds_keep_t
             counts[key] = counts.get(key, 0) + 1
         check = chi_square(counts, target_law(model, prompt, 3, Warp(1.0)), ALPHA)
         assert check.passed, f"{name} ({verifier}), prompt {parity}: {check}"
+
+
+def test_outcome_counts_refuses_rows_and_draws_it_cannot_use():
+    """rows <= 0 looped forever; a negative draws counted nothing: both now name the argument."""
+    for bad in ({"rows": 0}, {"rows": -1}, {"draws": -1}):
+        args = {"draws": 10, **bad}
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            outcome_counts(decoder("dartree-pruned", "fast"), PROMPT, 3, args.pop("draws"), **args)
