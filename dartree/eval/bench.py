@@ -24,7 +24,7 @@ from dartree.eval.peers import PEER_PREFIX, PEERS, PeerResult, make_peer, peer_u
 from dartree.eval.simulate import reference, timed
 from dartree.eval.tune import DEFAULT_BUDGETS, DEFAULT_MIN_SPEEDUP, DEFAULT_WIDTHS, TuneResult, tune
 from dartree.models.target import HFTarget
-from dartree.rounds import SAMPLED_VERIFIERS, VERIFIERS
+from dartree.rounds import DEFAULT_VERIFIER, SAMPLED_VERIFIERS, VERIFIERS
 from dartree.verify.warp import Warp
 
 __all__ = ["BenchConfig", "RunRecord", "Summary", "BenchResult", "run_bench", "summarize", "MODEL_STAGES",
@@ -309,17 +309,21 @@ def run_bench(bundle: Bundle, config: BenchConfig, argv: Sequence[str] | None = 
                 for m in compared for t in config.temperatures}
 
     def verifier_of(label: str, temperature: float) -> str:
-        """How ``label`` verifies at ``temperature`` (AR draws with the keyed sampler, like ``match``)."""
+        """How ``label`` verifies at ``temperature`` (``match`` for AR: its tokens are compared, not law-tested)."""
         return (MethodSpec(AR) if label == AR else resolved[(label, temperature)]).verifier_at(temperature,
                                                                                               config.verifier)
 
     def run(label: str, ids: torch.Tensor, max_new: int, temperature: float,
-            tuned_at: float | None = None, draw: int = 0) -> GenerationResult:
+            tuned_at: float | None = None, draw: int = 0, keyed: bool = False) -> GenerationResult:
         verifier = verifier_of(label, temperature if tuned_at is None else tuned_at) if temperature > 0 else "greedy"
-        sampler = sampler_for(verifier, config.seed, draw, ids.device) if temperature > 0 else None
         decoder = None if label == AR else decoders[(label, temperature if tuned_at is None else tuned_at)]
         if decoder is None:
+            # AR (and a method resolved to it) is timed with the generator sampler, the draw a user's AR gets
+            # (the keyed one hashes the whole vocabulary a token); ``keyed``: the untimed run match rows equal
+            ar_sampler = "match" if keyed else DEFAULT_VERIFIER
+            sampler = sampler_for(ar_sampler, config.seed, draw, ids.device) if temperature > 0 else None
             return generate_ar(bundle.target, ids, max_new, temperature, sampler, stop_token_ids=stops, **config.warps)
+        sampler = sampler_for(verifier, config.seed, draw, ids.device) if temperature > 0 else None
         return decoder.generate(ids, max_new, temperature, sampler, stop_token_ids=stops,
                                 verifier=None if temperature == 0 else verifier, **config.warps)
 
@@ -356,18 +360,24 @@ def run_bench(bundle: Bundle, config: BenchConfig, argv: Sequence[str] | None = 
     for dataset in config.datasets:
         for temperature in config.temperatures:
             for draw, (prompt_id, ids) in enumerate(prompts[dataset]):
-                ar, seconds = timed(device, lambda: run(AR, ids, config.max_new_tokens, temperature))  # noqa: B023
-                ar_tokens = ar.tokens.cpu()
+                ar, seconds = timed(device, lambda: run(AR, ids, config.max_new_tokens, temperature,  # noqa: B023
+                                                        draw=draw))  # noqa: B023
+                ar_tokens, keyed_tokens = ar.tokens.cpu(), None
                 records.append(_record(AR, dataset, temperature, prompt_id, ar, seconds, None))
                 bar.update(1)
                 for m in compared:
                     res, seconds = timed(device, lambda: run(m.label, ids, config.max_new_tokens,  # noqa: B023
                                                              temperature, draw=draw))  # noqa: B023
                     verifier = verifier_of(m.label, temperature)
+                    against = ar_tokens
+                    if temperature > 0 and verifier == "match" and decoders[(m.label, temperature)] is not None:
+                        if keyed_tokens is None:      # AR with the keyed sampler, untimed: what matching equals
+                            keyed_tokens = run(AR, ids, config.max_new_tokens, temperature, keyed=True).tokens.cpu()
+                        against = keyed_tokens
                     # rejection is lossless in law, not token for token: its tokens are not compared with AR's,
                     # they are tested against the target's law at their prefixes (untimed, after the decode)
                     records.append(_record(m.label, dataset, temperature, prompt_id, res, seconds,
-                                           None if verifier in SAMPLED_VERIFIERS else ar_tokens, verifier))
+                                           None if verifier in SAMPLED_VERIFIERS else against, verifier))
                     if verifier in SAMPLED_VERIFIERS:
                         law_add(m.label, temperature, res.sequence, ids.shape[1] + 1)
                     bar.set_postfix_str(f"{dataset} T={temperature:g} {m.label}", refresh=False)

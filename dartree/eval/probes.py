@@ -19,6 +19,7 @@ from dartree.eval.costmodel import ConfigStats, VerifyCost
 from dartree.eval.methods import MethodSpec, make_decoder, resolve_backend, sampler_for
 from dartree.eval.simulate import Reference, ReplayBlocks, simulate, timed
 from dartree.models.target import HFTarget
+from dartree.rounds import DEFAULT_VERIFIER
 from dartree.tree import DraftTree
 from dartree.verify.sampling import KeyedSampler
 
@@ -207,7 +208,9 @@ def measure_specs(bundle: Bundle, specs: Sequence[tuple[MethodSpec, str | None, 
     for i, (ref, label) in enumerate(zip(refs, labels, strict=True)):
         ids = ref.sequence[:, : ref.prompt_len]
         for j in [*range(i % len(runs), len(runs)), *range(i % len(runs))]:
-            sampler = sampler_for(runs[j][0][3], seed, i, ids.device) if temperature > 0 else None
+            # AR (no verifier) draws with the generator sampler, as a user's AR does (the keyed one costs more)
+            rule = runs[j][0][3] or DEFAULT_VERIFIER
+            sampler = sampler_for(rule, seed, i, ids.device) if temperature > 0 else None
             start = time.perf_counter()
             result = runs[j][2](ids, ref.new_tokens, temperature, sampler)
             rows[j].append((label, result.tokens.shape[1], time.perf_counter() - start, max(1, result.num_rounds)))

@@ -86,3 +86,35 @@ def test_pit_is_uniform_under_the_law_and_not_under_another(bundle):
     assert df == 9 and stat == pytest.approx(80.0) and p < 1e-12
     with pytest.raises(ValueError, match="law_draws"):
         _config(["chain"], law_draws=-1)
+
+
+def test_ar_is_timed_with_the_generator_sampler_and_match_rows_equal_an_untimed_keyed_ar(bundle, monkeypatch):
+    """The AR baseline at T>0 draws with the cheap generator sampler (as a user's AR does; the keyed sampler hashes
+    the vocabulary every token, ~13% of an AR step on the zoo); a ``match`` row is compared with an untimed keyed
+    AR run, and a method resolved to AR (``auto`` -> ar) with the timed AR's own draws."""
+    from dartree.verify.sampling import KeyedSampler
+
+    calls, inside = [], []
+    real_ar, real_timed = bench_mod.generate_ar, bench_mod.timed
+
+    def spy_ar(*args, **kwargs):
+        calls.append((type(args[4]).__name__, bool(inside)))
+        return real_ar(*args, **kwargs)
+
+    def spy_timed(device, fn):
+        inside.append(1)
+        try:
+            return real_timed(device, fn)
+        finally:
+            inside.pop()
+
+    monkeypatch.setattr(bench_mod, "generate_ar", spy_ar)
+    monkeypatch.setattr(bench_mod, "timed", spy_timed)
+    res = run_bench(bundle, _config(["ddtree:budget=4,verifier=match"], law_draws=0), log=lambda s: None,
+                    progress=False)
+    assert calls == [("GeneratorSampler", True), ("KeyedSampler", False)]
+    assert res.lossless and all(r.matches_ar for r in res.records)
+    assert isinstance(bench_mod.sampler_for("match", 0), KeyedSampler)
+    calls.clear()                              # no match row: no keyed AR run at all
+    run_bench(bundle, _config(["chain"], law_draws=0), log=lambda s: None, progress=False)
+    assert calls == [("GeneratorSampler", True)]
