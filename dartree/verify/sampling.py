@@ -6,6 +6,7 @@ of ``(seed, absolute position, token id)``, so speculative decoding reproduces A
 
 from __future__ import annotations
 
+import functools
 import sys
 from typing import Any
 
@@ -77,11 +78,22 @@ def inverse_cdf(probs: Tensor, generator: torch.Generator | None) -> Tensor:
     return torch.searchsorted(cdf, point, right=True)
 
 
-def _mul32(x: Tensor, c: int) -> Tensor:
-    """``(x * c) mod 2**32`` for ``0 <= x < 2**32`` held in int64, without int64 overflow."""
-    lo = (x & 0xFFFF) * c                       # < 2**48
-    hi = ((x >> 16) * c) & 0xFFFF               # only the low 16 bits survive the << 16
-    return (lo + (hi << 16)) & _MASK32
+def _mul32_(x: Tensor, c: int) -> Tensor:
+    """``x = (x * c) mod 2**32`` in place for ``0 <= x < 2**32`` held in int64, without int64 overflow: with
+    ``c = hi * 2**16 + lo``, ``x * lo`` and ``x * hi`` stay below ``2**48`` and only the low 16 bits of ``x * hi``
+    survive the shift."""
+    low = x * (c & 0xFFFF)
+    x.mul_(c >> 16).bitwise_and_(0xFFFF).bitwise_left_shift_(16).add_(low)
+    return x.bitwise_and_(_MASK32)
+
+
+def _fmix32_(x: Tensor) -> Tensor:
+    """The murmur3 32-bit finaliser in place on int64 values in ``[0, 2**32)``."""
+    x.bitwise_xor_(x >> 16)
+    _mul32_(x, 0x85EBCA6B)
+    x.bitwise_xor_(x >> 13)
+    _mul32_(x, 0xC2B2AE35)
+    return x.bitwise_xor_(x >> 16)
 
 
 def hash32(x: Tensor) -> Tensor:
@@ -89,12 +101,29 @@ def hash32(x: Tensor) -> Tensor:
 
     Pure integer arithmetic that never overflows int64, so every device gives the same bits.
     """
-    x = x & _MASK32
-    x = x ^ (x >> 16)
-    x = _mul32(x, 0x85EBCA6B)
-    x = x ^ (x >> 13)
-    x = _mul32(x, 0xC2B2AE35)
+    return _fmix32_(x & _MASK32)
+
+
+def fmix32(x: int) -> int:
+    """:func:`hash32` of one Python int."""
+    x &= _MASK32
+    x ^= x >> 16
+    x = (x * 0x85EBCA6B) & _MASK32
+    x ^= x >> 13
+    x = (x * 0xC2B2AE35) & _MASK32
     return x ^ (x >> 16)
+
+
+@functools.lru_cache(maxsize=8)
+def _token_keys(vocab_size: int, device: torch.device) -> Tensor:
+    """int64 ``[V]``: each token's term of the keyed hash, ``(token + 1) * 0x27D4EB2F mod 2**32`` (the same for
+    every seed and position: made once per vocabulary size and device)."""
+    return _mul32_(torch.arange(1, vocab_size + 1, device=device, dtype=torch.int64), 0x27D4EB2F)
+
+
+#: perf (CPU): at most this many positions are hashed in Python (one host read of the positions) rather than by
+#: two hashes of tiny tensors, a few microseconds of dispatch per op
+_HOST_POSITIONS = 64
 
 
 class KeyedSampler:
@@ -102,7 +131,9 @@ class KeyedSampler:
 
     ``u = (hash(seed, position, token) >> 8 + 0.5) / 2**24`` is exact in float32 and identical on
     every device; the Gumbel noise ``-log(-log(u))`` is computed in float64 (CPU and CUDA ``log``
-    agree to the last bit in practice; the uniform bits agree exactly).
+    agree to the last bit in practice; the uniform bits agree exactly).  The hash:
+    ``fmix32(fmix32(key ^ fmix32(position)) ^ (token + 1) * 0x27D4EB2F)`` with
+    ``key = fmix32(seed) ^ fmix32((seed >> 32) + 0x9E3779B9)`` (32-bit arithmetic).
 
     Shape:
         logits:    float ``[..., V]`` already divided by the temperature.
@@ -114,19 +145,22 @@ class KeyedSampler:
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
             raise ValueError(f"seed: expected an int in [0, 2**63), got {seed!r}")
         self.seed = seed
+        self._key = fmix32(seed) ^ fmix32((seed >> 32) + 0x9E3779B9)
 
     def noise(self, positions: Tensor, vocab_size: int) -> Tensor:
         """float64 ``[..., V]``: the Gumbel noise of every token at each position."""
         if positions.dtype != torch.int64:
             raise ValueError(f"positions: expected int64, got {positions.dtype}")
         device = positions.device
-        s = hash32(torch.tensor([self.seed & _MASK32], device=device)) ^ hash32(
-            torch.tensor([(self.seed >> 32) + 0x9E3779B9], device=device))
-        h = hash32(s ^ hash32(positions[..., None] & _MASK32))
-        tokens = torch.arange(vocab_size, device=device, dtype=torch.int64)
-        h = hash32(h ^ _mul32(tokens + 1, 0x27D4EB2F))
-        u = ((h >> 8).to(torch.float64) + 0.5) / float(1 << 24)
-        return -torch.log(-torch.log(u))
+        if device.type == "cpu" and positions.numel() <= _HOST_POSITIONS:
+            key = self._key
+            rows = torch.tensor([fmix32(key ^ fmix32(p)) for p in positions.reshape(-1).tolist()],
+                                dtype=torch.int64).reshape(*positions.shape, 1)
+        else:
+            rows = hash32(_fmix32_(positions[..., None] & _MASK32).bitwise_xor_(self._key))
+        h = _fmix32_(rows ^ _token_keys(vocab_size, device)).bitwise_right_shift_(8)
+        u = h.to(torch.float64).add_(0.5).div_(float(1 << 24))
+        return u.log_().neg_().log_().neg_()
 
     def sample(self, logits: Tensor, positions: Tensor) -> Tensor:
         if positions.shape != logits.shape[:-1]:
@@ -139,10 +173,8 @@ class KeyedSampler:
             # is the same bits).  Not on accelerators: unique() would read its size back to the host.
             unique, index = torch.unique(positions, return_inverse=True)
             if unique.numel() < positions.numel():
-                g = self.noise(unique, logits.shape[-1])[index]
-                return torch.argmax(logits.to(torch.float64) + g, dim=-1)
-        g = self.noise(positions, logits.shape[-1])
-        return torch.argmax(logits.to(torch.float64) + g, dim=-1)
+                return torch.argmax(self.noise(unique, logits.shape[-1])[index].add_(logits), dim=-1)
+        return torch.argmax(self.noise(positions, logits.shape[-1]).add_(logits), dim=-1)
 
 
 _TRUSTED = (GeneratorSampler, KeyedSampler)

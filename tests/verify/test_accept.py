@@ -146,6 +146,21 @@ def test_keyed_sampler_is_a_pure_function_of_seed_position_token():
         s.sample(logits, pos[:, :2])
 
 
+@pytest.mark.parametrize("seed", [0, 1234, 2**32 - 1, 2**32 + 5, 2**63 - 1])
+@pytest.mark.parametrize("count", [1, 6, 65, 130], ids=lambda n: f"positions{n}")   # host-hashed and tensor-hashed
+def test_keyed_noise_is_the_documented_hash_of_seed_position_token(seed: int, count: int):
+    """Every noise value equals the docstring's formula evaluated with Python ints, one token at a time."""
+    vocab = 37
+    pos = torch.randint(0, 2**40, (count,), generator=torch.Generator().manual_seed(seed % 997))
+    key = fmix32(seed) ^ fmix32((seed >> 32) + 0x9E3779B9)
+    want = [[(fmix32(fmix32(key ^ fmix32(p)) ^ ((t + 1) * 0x27D4EB2F & 0xFFFFFFFF)) >> 8) for t in range(vocab)]
+            for p in pos.tolist()]
+    u = (torch.tensor(want, dtype=torch.float64) + 0.5) / float(1 << 24)
+    assert torch.equal(KeyedSampler(seed).noise(pos, vocab), -torch.log(-torch.log(u)))
+    grid = pos.reshape(-1, 1)                          # a second leading dimension: the same values
+    assert torch.equal(KeyedSampler(seed).noise(grid, vocab)[:, 0], -torch.log(-torch.log(u)))
+
+
 def chi2_pvalue(observed: torch.Tensor, expected: torch.Tensor) -> float:
     """Pearson chi-square p-value; cells with expected < 5 are pooled into one."""
     small = expected < 5
