@@ -41,6 +41,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from dartree.eval.checks import check_positions, read_prompt_file
     from dartree.eval.methods import make_decoder, parse_method, sampler_for
     from dartree.eval.tune_cache import check_cached, resolve_unset
+    from dartree.rounds import DEFAULT_VERIFIER
 
     if (args.prompt is None) == (args.prompt_file is None):
         raise UsageError("generate: give exactly one of --prompt and --prompt-file")
@@ -57,6 +58,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise UsageError(f"{'--prompt' if args.prompt is not None else '--prompt-file'}: the prompt is empty; "
                          "give at least one character")
     bundle = load(args)
+    # AR verifies nothing: at T>0 it draws as the run's verifier would (a method resolved to AR: as its own): the
+    # generator sampler seeded by --seed by default, the draw bench times AR with; keyed only under match, where
+    # it equals a match tree decode with the same seed token for token
+    ar_draws = method.verifier or args.verifier or DEFAULT_VERIFIER
     with user_input():          # budget / width unset or auto: this machine's tuned choice, or the device's default
         method, note = resolve_unset(bundle, method, args.temperature, warps_of(args))
     if note:
@@ -67,7 +72,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         check_positions(bundle, [ids.shape[1]], args.max_new_tokens)
     stops = None if args.no_stop or stop_token_id(bundle) is None else [stop_token_id(bundle)]
     verifier = method.verifier_at(args.temperature, args.verifier)
-    sampler = sampler_for(verifier, args.seed) if args.temperature > 0 else None
+    sampler = sampler_for(ar_draws if method.is_ar else verifier, args.seed) if args.temperature > 0 else None
     options = {**warps_of(args), "verifier": verifier if args.temperature > 0 else None}
     out = sys.stdout
     out.write(text)

@@ -159,8 +159,9 @@ def _sampling_args(p: argparse.ArgumentParser) -> None:
                    help="how trees are verified at T>0: 'traversal' (sampled trees, Traversal Verification: leaf to "
                         "root, lossless in distribution; the default, bench included, which then tests the tokens "
                         "against the target's law), 'rejection' (the same trees, recursive rejection sampling: "
-                        "lossless in distribution) or 'match' (target-sample matching: with the seed, equal to AR "
-                        "token for token, which bench checks); a method's own verifier=... wins")
+                        "lossless in distribution) or 'match' (target-sample matching: with the seed, equal token for "
+                        "token to AR drawn keyed, which bench checks; generate --method ar draws keyed only under "
+                        "match); a method's own verifier=... wins")
 
 
 def _numbers(text: str) -> list[float]:
@@ -218,7 +219,7 @@ def _common() -> argparse.ArgumentParser:
                    help="tree builders: fast when registered (auto), or force ref / fast")
     g.add_argument("--threads", type=_threads, default=None, help="torch CPU threads (default: torch's)")
     g.add_argument("--seed", type=_seed, default=0, help="seed of the T > 0 draws (keyed for match, a generator's for "
-                   "rejection), in [0, 2**63) (default 0)")
+                   "traversal and rejection, and for AR unless the run matches), in [0, 2**63) (default 0)")
     g.add_argument("--plugin", action="append", default=[], metavar="MODULE",
                    help="import MODULE first (repeatable): it registers builders (dartree.builders.register_builder) "
                         "that --method / --methods then name; installed packages' 'dartree.plugins' entry points "

@@ -21,7 +21,7 @@ from dartree.eval.probes import probe_verify_cost, replay_settings
 from dartree.eval.report import markdown_table
 from dartree.eval.simulate import reference
 from dartree.models.target import HFTarget
-from dartree.rounds import SAMPLED_VERIFIERS
+from dartree.rounds import DEFAULT_VERIFIER, SAMPLED_VERIFIERS
 from dartree.serve import ServeResult, serve
 
 __all__ = ["ConcurrencyRow", "check_methods", "run_concurrency", "concurrency_markdown"]
@@ -99,9 +99,12 @@ def run_concurrency(bundle: Bundle, config: BenchConfig, levels: Sequence[int], 
         return None if temperature == 0 or spec is None else spec.verifier_at(temperature, verifier)
 
     def run(engine, spec: MethodSpec | None, ps: Sequence[torch.Tensor], c: int, max_new: int,
-            on_finish=None) -> ServeResult:
+            on_finish=None, keyed: bool = False) -> ServeResult:
         rule = verifier_of(spec)
-        sampler = sampler_for(rule, seed) if temperature > 0 else None
+        # AR is timed with the generator sampler, the draw a user's AR gets (the keyed one hashes the whole
+        # vocabulary a token); ``keyed``: the untimed AR serve that match rows equal token for token
+        drawn = rule if spec is not None else "match" if keyed else DEFAULT_VERIFIER
+        sampler = sampler_for(drawn, seed) if temperature > 0 else None
         return serve(engine, ps, c, max_new, temperature, sampler, None if stop is None else [stop], on_finish,
                      verifier=rule, **warps)
 
@@ -147,7 +150,7 @@ def run_concurrency(bundle: Bundle, config: BenchConfig, levels: Sequence[int], 
     bar = tqdm(total=len(levels) * (1 + len(timed)) * len(prompts), desc="serve", disable=not progress,
                file=sys.stderr)
     for c in levels:
-        ar = None
+        ar = keyed_ar = None
         for spec in (None, *timed):
             label = AR if spec is None else spec.label
             chosen = ""
@@ -165,7 +168,12 @@ def run_concurrency(bundle: Bundle, config: BenchConfig, levels: Sequence[int], 
             out = run(engine, spec, prompts, c, max_new_tokens, on_finish=lambda _i, _r: bar.update(1))
             ar = ar or out
             rule = verifier_of(spec)
-            same = sum(a.tokens.tolist() == b.tokens.tolist() for a, b in zip(ar.results, out.results, strict=True))
+            against = ar
+            if rule == "match":          # AR with the keyed sampler, untimed: what matching equals
+                keyed_ar = keyed_ar or run(bundle.target, None, prompts, c, max_new_tokens, keyed=True)
+                against = keyed_ar
+            same = sum(a.tokens.tolist() == b.tokens.tolist()
+                       for a, b in zip(against.results, out.results, strict=True))
             rounds = sum(r.num_rounds for r in out.results)
             rows.append(ConcurrencyRow(
                 method=label, backend="-" if spec is None else resolve_backend(spec.builder, backend),

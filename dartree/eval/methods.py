@@ -69,7 +69,8 @@ class MethodSpec:
 
     def verifier_at(self, temperature: float, default: str | None = None) -> str:
         """How it verifies at ``temperature``: ``greedy`` at 0; at T>0 its own verifier, else the run's
-        ``default``, else ``DEFAULT_VERIFIER`` (AR draws with the keyed sampler: ``match``)."""
+        ``default``, else ``DEFAULT_VERIFIER``; ``match`` for AR (its tokens are compared, never law-tested: what
+        it draws with is the caller's, the generator sampler unless the run matches)."""
         if temperature == 0:
             return "greedy"
         return "match" if self.is_ar else self.verifier or default or DEFAULT_VERIFIER
@@ -248,9 +249,9 @@ def make_decoder(bundle: Bundle, method: MethodSpec, backend: str, builder: Any 
 
 
 def sampler_for(verifier: str | None, seed: int, stream: int | None = None, device="cpu"):
-    """The sampler a T>0 decode verified by ``verifier`` draws with: keyed draws for ``match`` (and AR), equal
-    token for token to AR's with the same seed; for sampled trees a generator seeded with ``seed``, or per
-    ``stream`` when given."""
+    """The sampler a T>0 decode verified by ``verifier`` draws with: keyed draws for ``match`` (and ``None``),
+    equal token for token to a keyed AR's with the same seed; for sampled trees (and AR's own, cheaper draws:
+    pass ``DEFAULT_VERIFIER``) a generator seeded with ``seed``, or per ``stream`` when given."""
     import torch
 
     from dartree.verify.sampling import GeneratorSampler, KeyedSampler

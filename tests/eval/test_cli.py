@@ -58,6 +58,61 @@ def test_generate_at_t_above_0_verifies_by_traversal_unless_told(capsys, flag, v
     assert f"T=1, verifier: {verifier}, stop:" in err
 
 
+def _ar_samplers(monkeypatch) -> list[str]:
+    """The class names of the samplers ``generate_ar`` is called with, in order."""
+    import dartree.decode
+
+    seen, real = [], dartree.decode.generate_ar
+
+    def spy(*args, **kwargs):
+        seen.append(type(args[4]).__name__)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(dartree.decode, "generate_ar", spy)
+    return seen
+
+
+@pytest.mark.parametrize("flag, sampler", [([], "GeneratorSampler"), (["--verifier", "traversal"], "GeneratorSampler"),
+                                           (["--verifier", "rejection"], "GeneratorSampler"),
+                                           (["--verifier", "match"], "KeyedSampler")])
+def test_generate_ar_at_t_above_0_draws_as_the_runs_verifier(capsys, monkeypatch, flag, sampler):
+    """AR verifies nothing: it draws with the generator sampler (the draw bench times AR with) unless the run
+    matches, where it draws keyed so that it equals a ``match`` tree decode with the same seed."""
+    seen = _ar_samplers(monkeypatch)
+    assert main(["generate", *TOY, "--prompt", "def f(x):", "--method", "ar", "--max-new-tokens", "3", "--no-stop",
+                 "--temperature", "1", *flag]) == 0
+    assert seen == [sampler]
+
+
+def test_generate_ar_at_t_above_0_is_seeded_by_seed_and_equals_match_only_under_match(capsys):
+    """Default verifier: AR's draws are the generator's seeded by --seed (the same seed, the same text; another
+    seed, other text); with --verifier match AR and a match tree decode with the same seed agree token for token."""
+    def text(method, seed, *flag):
+        assert main(["generate", *TOY, "--prompt", "def f(x):", "--method", method, "--max-new-tokens", "8",
+                     "--no-stop", "--temperature", "1", "--seed", str(seed), *flag]) == 0
+        return capsys.readouterr().out
+
+    drawn = text("ar", 3)
+    assert drawn == text("ar", 3) != text("ar", 4)
+    keyed = text("ar", 3, "--verifier", "match")
+    assert keyed == text("ddtree:budget=4", 3, "--verifier", "match") != drawn
+
+
+@pytest.mark.parametrize("method, sampler", [("ddtree:budget=auto", "GeneratorSampler"),
+                                             ("ddtree:budget=auto,verifier=match", "KeyedSampler")])
+def test_generate_a_method_resolved_to_ar_draws_as_its_verifier(capsys, monkeypatch, method, sampler):
+    """A method the tuning cache resolves to AR keeps its own ``verifier=`` for AR's draws."""
+    import dartree.eval.tune_cache as tc
+    from dartree.eval.methods import AR, MethodSpec
+
+    seen = _ar_samplers(monkeypatch)
+    monkeypatch.setattr(tc, "check_cached", lambda *a: None)
+    monkeypatch.setattr(tc, "resolve_unset", lambda bundle, m, *a: (MethodSpec(AR, label=m.label), "auto -> ar"))
+    assert main(["generate", *TOY, "--prompt", "def f(x):", "--method", method, "--max-new-tokens", "3", "--no-stop",
+                 "--temperature", "1"]) == 0
+    assert seen == [sampler]
+
+
 def test_bench_writes_tables_json_and_plot(tmp_path, capsys):
     out = tmp_path / "bench"
     assert main(["bench", *TOY, "--methods", "chain", "dartree-pruned:budget=4,width=2", "--num-prompts", "1",

@@ -1,5 +1,6 @@
 """``dartree bench --concurrency``: serving rows are lossless, the table and files are written, bad input exits 2."""
 
+import dataclasses
 import json
 
 import pytest
@@ -77,9 +78,9 @@ def test_the_warpers_and_the_verifier_reach_every_served_row(bundle, monkeypatch
                          verifier="rejection")
     rows = run_concurrency(bundle, config, [2], progress=False)
     warps = {"top_k": 3, "top_p": 0.9, "min_p": 0.05}
+    ar = type(bundle.target).__name__           # the match row's untimed keyed AR serve last, warped alike
     assert seen == [(kind, {**warps, "verifier": v}) for kind, v in
-                    ((type(bundle.target).__name__, None), ("SpeculativeDecoder", "rejection"),
-                     ("SpeculativeDecoder", "match"))]
+                    ((ar, None), ("SpeculativeDecoder", "rejection"), ("SpeculativeDecoder", "match"), (ar, None))]
     by = {r.method: r for r in rows}
     assert (by["chain"].verifier, by["ddtree:budget=4,verifier=match"].verifier) == ("rejection", "match")
     assert not by["chain"].token_checked and by["ddtree:budget=4,verifier=match"].lossless_prompts == 2
@@ -116,3 +117,35 @@ def test_the_prompts_are_cut_as_the_bench_cuts_them(bundle, monkeypatch):
                          datasets=("stdlib",))
     run_concurrency(bundle, config, [1], progress=False)
     assert seen == [300]
+
+
+def test_ar_is_served_with_the_generator_sampler_and_match_rows_equal_an_untimed_keyed_ar(bundle, monkeypatch):
+    """As in the bench: the batched AR baseline at T>0 draws with the cheap generator sampler (the draw a user's
+    AR gets; the keyed sampler hashes the vocabulary every token), its serve is the row's timing; a ``match`` row
+    is compared with an untimed keyed AR serve, and a run without one serves no keyed AR at all."""
+    import dartree.eval.concurrency as cc
+
+    calls = []
+    real = cc.serve
+
+    def spy(engine, prompts, c, max_new, temperature, sampler, *args, **kwargs):
+        out = real(engine, prompts, c, max_new, temperature, sampler, *args, **kwargs)
+        if engine is bundle.target:
+            calls.append((type(sampler).__name__, out))
+        return out
+
+    monkeypatch.setattr(cc, "serve", spy)
+    config = BenchConfig((parse_method("chain"), parse_method("ddtree:budget=4,verifier=match")), num_prompts=3,
+                         max_new_tokens=6, temperatures=(1.0,), warmup=False)
+    rows = run_concurrency(bundle, config, [2], progress=False)
+    assert [kind for kind, _ in calls] == ["GeneratorSampler", "KeyedSampler"]
+    (_, timed), (_, keyed) = calls
+    by = {r.method: r for r in rows}
+    assert (by["ar"].seconds, by["ar"].tokens) == (timed.seconds, timed.tokens)        # the timed AR: generator
+    assert by["ddtree:budget=4,verifier=match"].lossless_prompts == 3                  # equal to the keyed AR
+    assert by["ddtree:budget=4,verifier=match"].speedup == pytest.approx(
+        by["ddtree:budget=4,verifier=match"].tokens_per_s / timed.tokens_per_s)
+    assert [r.tokens.tolist() for r in timed.results] != [r.tokens.tolist() for r in keyed.results]
+    calls.clear()                                 # no match row: no keyed AR serve
+    run_concurrency(bundle, dataclasses.replace(config, methods=(parse_method("chain"),)), [2], progress=False)
+    assert [kind for kind, _ in calls] == ["GeneratorSampler"]
