@@ -60,7 +60,7 @@ class BlockReuse:
             self.carry = head.initial_state(block)
         device = self.carry.device
         while self.folded < offset:
-            token = torch.tensor([[self.since[self.folded]]], dtype=torch.int64, device=device)
+            token = torch.full((1, 1), self.since[self.folded], dtype=torch.int64, device=device)
             self.carry = head.advance(block, self.folded + 1, self.carry[:, None], token)[:, 0]
             self.folded += 1
         return self.carry

@@ -79,8 +79,7 @@ class RoundStats:
     def of(cls, accepted_length: int, committed: int, tree_size: int, times: StageTimes,
            head_calls: int = 0) -> RoundStats:
         """A round's statistics from its stage times."""
-        return cls(accepted_length=accepted_length, committed=committed, tree_size=tree_size, head_calls=head_calls,
-                   **times._asdict())
+        return cls(accepted_length, committed, tree_size, *times, head_calls)      # perf: StageTimes in field order
 
     @property
     def times(self) -> StageTimes:

@@ -492,7 +492,6 @@ class DFlashDrafter(nn.Module):
         ``[m]`` -> per layer two ``[b, kv, m, hd]``."""
         return [layer.self_attn.key_values(features, positions) for layer in self.layers]
 
-    @torch.no_grad()
     def append_context(self, hidden_states: Tensor, tokens: Tensor | None = None) -> None:
         """Append the target's hidden states of newly cached tokens (positions ``context_length..``).
 

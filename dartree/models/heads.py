@@ -371,7 +371,7 @@ class GRUHead(nn.Module):
                 held[depth] = found
         part, gate = found
         normed = self._normed(states)                                        # fc1 state half: linear(normed, w_s)
-        mid = F.silu((normed @ plan.w_s_t(normed.numel() // normed.shape[-1], normed.dtype)).add_(part))
+        mid = torch._C._nn.silu_((normed @ plan.w_s_t(normed.numel() // normed.shape[-1], normed.dtype)).add_(part))
         wt = plan.fc2_t                                                              # = kmajor_product(mid, fc2...)
         flat = mid.reshape(-1, wt.shape[0])
         correction = (flat @ wt if plan.fc2_b is None else torch.addmm(plan.fc2_b, flat, wt)).view(
@@ -430,7 +430,7 @@ class _Plan:
     """:meth:`GRUHead._plan`: the weight-derived tensors of a build, and the root states per token."""
 
     __slots__ = ("table", "w_s", "rows_table", "w_hh_1", "w_hh_t", "b_hh", "hh_from", "hh_copy", "s_from", "s_copy",
-                 "roots", "fc1_h", "fc1_b", "fc2_t", "fc2_b", "parts")
+                 "w_s_1", "roots", "fc1_h", "fc1_b", "fc2_t", "fc2_b", "parts")
 
     @classmethod
     def of(cls, head: GRUHead) -> _Plan | None:
@@ -445,6 +445,7 @@ class _Plan:
         # K-major copies and the row counts from which they give F.linear's bits (CPU only)
         plan.hh_from, plan.hh_copy = _kmajor_from(w_hh, head.bias)
         plan.s_from, plan.s_copy = _kmajor_from(plan.w_s, False)
+        plan.w_s_1 = plan.w_s.t()
         plan.roots = {}
         # vocab_logits: fc1's hidden half (the view F.linear was given), fc2's K-major copy (CPU), the biases, and
         # the fc1 terms of the block last asked for, per depth
@@ -462,7 +463,7 @@ class _Plan:
 
     def w_s_t(self, rows: int, dtype: torch.dtype) -> Tensor:
         """fc1's state half transposed for ``rows`` states: its K-major copy where that gives ``F.linear``'s bits."""
-        return self.s_copy if rows >= self.s_from and dtype == self.w_s.dtype else self.w_s.t()
+        return self.s_copy if rows >= self.s_from and dtype == self.w_s.dtype else self.w_s_1
 
 
 class _GRUSteps:

@@ -147,14 +147,15 @@ class TreeInputBuffer:
             self._host = self._mask.numpy() if self.device.type == "cpu" else None   # shares memory
             self._prefix = self._end = 0
         m = self._mask
+        w = m if self._host is None else self._host        # perf: the CPU's writes through numpy (no tensor indexing)
         if prefix_len < self._prefix:                      # a shorter prefix: a new sequence
-            m[:, prefix_len:max(self._prefix, self._end)] = False
+            w[:, prefix_len:max(self._prefix, self._end)] = False
             self._end = prefix_len
         elif prefix_len > self._prefix:
-            m[:, self._prefix:prefix_len] = True
+            w[:, self._prefix:prefix_len] = True
         self._prefix = prefix_len
         if self._end > end:
-            m[:, end:self._end] = False
+            w[:, end:self._end] = False
         if self._host is not None:         # CPU: ancestor rows on the host, parents before children
             block = self._host[:n, prefix_len:end]
             block[0] = False

@@ -444,7 +444,7 @@ def walk_coins(sampled: SampledTree, target_logits: Tensor, warp: Warp,
     check_logits(sampled.tree, target_logits)
     device = generator.device if generator is not None else torch.device("cpu")
     # host read on purpose: the walk runs on the host
-    return torch.rand(tuple(sampled.tree.tokens.shape), generator=generator, dtype=torch.float64,
+    return torch.rand(sampled.tree.tokens.shape, generator=generator, dtype=torch.float64,
                       device=device).cpu().numpy()
 
 
