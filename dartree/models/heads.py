@@ -371,7 +371,7 @@ class GRUHead(nn.Module):
                 held[depth] = found
         part, gate = found
         normed = self._normed(states)                                        # fc1 state half: linear(normed, w_s)
-        mid = torch._C._nn.silu_((normed @ plan.w_s_t(normed.numel() // normed.shape[-1], normed.dtype)).add_(part))
+        mid = F.silu((normed @ plan.w_s_t(normed.numel() // normed.shape[-1], normed.dtype)).add_(part), inplace=True)
         wt = plan.fc2_t                                                              # = kmajor_product(mid, fc2...)
         flat = mid.reshape(-1, wt.shape[0])
         correction = (flat @ wt if plan.fc2_b is None else torch.addmm(plan.fc2_b, flat, wt)).view(
