@@ -492,6 +492,7 @@ class HFTarget:
         self._pending = 1
         return out
 
+    @torch.no_grad()
     def commit(self, accepted: Tensor, count: int | list[int], host_nodes: list[int] | None = None) -> None:
         """Keep, per row, the committed prefix plus the first ``count`` (or ``count[r]``) accepted pending slots:
         ``accepted`` int64 ``[b, c]`` pending slot indices (-1 past a row's count is fine), ``c >= max(count)``.
