@@ -325,8 +325,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="exit with status 1 if any output differs from AR's (default); --no-strict still "
                         "reports the failure but exits 0")
     b.add_argument("--peers", nargs="*", metavar="PEER", default=None,
-                   help="also time the peers' own loops on the same prompts at T=0, side by side: hf-generate, "
-                        "hf-prompt-lookup, dflash (z-lab's package: pip install --no-deps dflash==0.1.0); "
+                   help="also time the peers' own loops on the same prompts, side by side: hf-generate, "
+                        "hf-prompt-lookup (at T>0 they sample with HF's sampler and the run's warpers: timed, not "
+                        "compared), dflash (T=0 only; z-lab's package: pip install --no-deps dflash==0.1.0); "
                         "--peers alone: all three")
     b.add_argument("--concurrency", nargs="+", type=_positive_int, metavar="C",
                    help="serve the prompts with C requests in flight instead (e.g. 1 2 4 8): aggregate tokens/s "

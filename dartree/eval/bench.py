@@ -53,7 +53,7 @@ class BenchConfig:
     tune_budgets: tuple[int, ...] = DEFAULT_BUDGETS
     tune_widths: tuple[int, ...] = DEFAULT_WIDTHS
     tune_min_speedup: float = DEFAULT_MIN_SPEEDUP    # ``auto`` picks a tree only if it beats AR by this factor
-    peers: tuple[str, ...] = ()           # PEERS timed at T=0, rows ``peer:NAME`` (skipped, with why, if they can't)
+    peers: tuple[str, ...] = ()           # PEERS timed at each temperature they run at, rows ``peer:NAME``
     verifier: str | None = None           # T>0 acceptance rule of methods that set none (None: DEFAULT_VERIFIER)
     top_k: int | None = None              # target-side warpers at T>0, for AR and every method alike
     top_p: float | None = None
@@ -191,13 +191,14 @@ def _record(method: str, dataset: str, temperature: float, prompt_id: str, resul
                      first == -1, first, sum(r.head_calls for r in result.rounds), verifier)
 
 
-def _peer_record(label: str, dataset: str, prompt_id: str, prompt_tokens: int, result: PeerResult, seconds: float,
-                 ar_tokens: torch.Tensor) -> RunRecord:
-    first = _first_difference(result.tokens, ar_tokens)
+def _peer_record(label: str, dataset: str, temperature: float, prompt_id: str, prompt_tokens: int,
+                 result: PeerResult, seconds: float, ar_tokens: torch.Tensor) -> RunRecord:
+    """A peer's decode; at T>0 (HF's own sampling) its tokens are not compared: ``verifier`` ``"sample"``."""
+    first = _first_difference(result.tokens, ar_tokens) if temperature == 0 else -1
     committed = result.committed or ()
-    return RunRecord(label, dataset, 0.0, prompt_id, prompt_tokens, result.tokens.shape[1], seconds, 0.0,
+    return RunRecord(label, dataset, temperature, prompt_id, prompt_tokens, result.tokens.shape[1], seconds, 0.0,
                      tuple(c - 1 for c in committed), committed, (0,) * len(committed), (0.0,) * len(ROUND_STAGES),
-                     first == -1, first)
+                     first == -1, first, verifier="greedy" if temperature == 0 else "sample")
 
 
 def summarize(records: Sequence[RunRecord], methods: Sequence[MethodSpec], backend: str, gamma: int,
@@ -327,19 +328,21 @@ def run_bench(bundle: Bundle, config: BenchConfig, argv: Sequence[str] | None = 
         return decoder.generate(ids, max_new, temperature, sampler, stop_token_ids=stops,
                                 verifier=None if temperature == 0 else verifier, **config.warps)
 
-    peers = {}
+    peers: dict[float, dict] = {t: {} for t in config.temperatures}     # per temperature: label -> decoder
     for name in config.peers:
-        reason = peer_unavailable(name, bundle) if 0.0 in config.temperatures else "peers decode at T=0 only"
-        if reason is None:
-            peers[PEER_PREFIX + name] = make_peer(name, bundle)
-        else:
-            log(f"peer {name}: skipped: {reason}")
+        for t in config.temperatures:
+            warp = Warp(t, config.top_k, config.top_p, config.min_p) if t > 0 else None
+            reason = peer_unavailable(name, bundle, warp)
+            if reason is None:
+                peers[t][PEER_PREFIX + name] = make_peer(name, bundle, warp=warp, seed=config.seed)
+            else:
+                log(f"peer {name} at T={t:g}: skipped: {reason}")
 
     if config.warmup:                          # first calls allocate caches and pick kernels: untimed
         first = next(iter(prompts.values()))[0][1]
         for label, tuned_at in [(AR, None), *decoders]:
             run(label, first, min(8, config.max_new_tokens), 0.0, tuned_at)
-        for peer in peers.values():
+        for peer in (p for at in peers.values() for p in at.values()):
             peer(first, min(8, config.max_new_tokens))
 
     records: list[RunRecord] = []
@@ -355,7 +358,8 @@ def run_bench(bundle: Bundle, config: BenchConfig, argv: Sequence[str] | None = 
         cell[0].extend(u)
         cell[1].append(bad)
 
-    total = len(config.datasets) * config.num_prompts * (len(config.temperatures) * (1 + len(compared)) + len(peers))
+    runs = len(config.temperatures) * (1 + len(compared)) + sum(map(len, peers.values()))
+    total = len(config.datasets) * config.num_prompts * runs
     bar = tqdm(total=total, desc="bench", disable=not progress, file=sys.stderr)
     for dataset in config.datasets:
         for temperature in config.temperatures:
@@ -382,11 +386,10 @@ def run_bench(bundle: Bundle, config: BenchConfig, argv: Sequence[str] | None = 
                         law_add(m.label, temperature, res.sequence, ids.shape[1] + 1)
                     bar.set_postfix_str(f"{dataset} T={temperature:g} {m.label}", refresh=False)
                     bar.update(1)
-                if temperature != 0:
-                    continue
-                for label, peer in peers.items():
+                for label, peer in peers[temperature].items():
                     out, seconds = timed(device, lambda: peer(ids, config.max_new_tokens))  # noqa: B023
-                    records.append(_peer_record(label, dataset, prompt_id, ids.shape[1], out, seconds, ar_tokens))
+                    records.append(_peer_record(label, dataset, temperature, prompt_id, ids.shape[1], out, seconds,
+                                                ar_tokens))
                     bar.update(1)
     bar.close()
     # the verifier's first token of extra one-round decodes per prompt (untimed): a law check of every round's

@@ -1,7 +1,8 @@
 """Peer decoders, the decoding loops dartree does not own, timed on the same models and prompts: ``hf-generate``
 (transformers' greedy ``generate``), ``hf-prompt-lookup`` (its n-gram speculative decoding) and ``dflash`` (z-lab's
 ``dflash_generate`` on the bundle's drafter exported in their layout; an optional extra:
-``pip install --no-deps dflash==0.1.0``).  Every peer decodes greedily and returns a :class:`PeerResult`.
+``pip install --no-deps dflash==0.1.0``).  Every peer returns a :class:`PeerResult`; at T>0 the HF peers sample
+(``do_sample``, the run's warpers, HF's own sampler seeded per call), ``dflash`` decodes greedily only.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 from torch import Tensor
 
 from dartree.eval.bundles import Bundle
+from dartree.verify.warp import Warp
 
 __all__ = ["PEERS", "PEER_PREFIX", "PeerResult", "PeerDecoder", "peer_unavailable", "make_peer"]
 
@@ -39,10 +41,12 @@ class PeerResult:
 PeerDecoder = Callable[[Tensor, int], PeerResult]     # (input_ids [1, L], max_new_tokens) -> result
 
 
-def peer_unavailable(name: str, bundle: Bundle | None = None) -> str | None:
-    """Why peer ``name`` cannot run (on ``bundle``), or ``None`` when it can."""
+def peer_unavailable(name: str, bundle: Bundle | None = None, warp: Warp | None = None) -> str | None:
+    """Why peer ``name`` cannot run (on ``bundle``, sampling with ``warp``: ``None`` greedy), or ``None``."""
     if name not in PEERS:
         raise ValueError(f"peer: must be one of {PEERS}, got {name!r}")
+    if name == "dflash" and warp is not None:
+        return "dflash_generate is timed greedy only (T=0)"
     if name == "dflash":
         if importlib.util.find_spec("dflash") is None:
             return "the dflash package is not installed (pip install --no-deps dflash==0.1.0)"
@@ -55,9 +59,12 @@ def peer_unavailable(name: str, bundle: Bundle | None = None) -> str | None:
     return None
 
 
-def make_peer(name: str, bundle: Bundle, prompt_lookup_tokens: int = PROMPT_LOOKUP_TOKENS) -> PeerDecoder:
-    """A greedy decoder of peer ``name`` on ``bundle``'s target (and drafter, for ``dflash``)."""
-    reason = peer_unavailable(name, bundle)
+def make_peer(name: str, bundle: Bundle, prompt_lookup_tokens: int = PROMPT_LOOKUP_TOKENS, warp: Warp | None = None,
+              seed: int = 0) -> PeerDecoder:
+    """A decoder of peer ``name`` on ``bundle``'s target (and drafter, for ``dflash``): greedy, or with ``warp``
+    HF's sampling at its temperature, top-k, top-p and min-p (no other warper: HF's default top-k 50 is off);
+    call ``i`` seeds torch's global generator with ``seed`` and ``i`` (HF's sampler draws from it), restored after."""
+    reason = peer_unavailable(name, bundle, warp)
     if reason is not None:
         raise ValueError(f"peer: {name} cannot run: {reason}")
     target = bundle.target
@@ -66,13 +73,20 @@ def make_peer(name: str, bundle: Bundle, prompt_lookup_tokens: int = PROMPT_LOOK
 
     if name in ("hf-generate", "hf-prompt-lookup"):
         extra = {"prompt_lookup_num_tokens": prompt_lookup_tokens} if name == "hf-prompt-lookup" else {}
+        if warp is not None:
+            extra.update(temperature=warp.temperature, top_k=warp.top_k or 0, top_p=warp.top_p or 1.0,
+                         min_p=warp.min_p)
+        calls = [0]
 
         @torch.no_grad()
         def hf(input_ids: Tensor, max_new_tokens: int) -> PeerResult:
-            # min_new_tokens: the comparison needs exactly max_new_tokens (no early stop at eos)
-            out = target.generate(input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False,
-                                  max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
-                                  pad_token_id=pad, **extra)
+            with torch.random.fork_rng(devices=[input_ids.device] if input_ids.device.type == "cuda" else []):
+                torch.manual_seed(seed * 1_000_003 + calls[0])
+                calls[0] += 1
+                # min_new_tokens: the comparison needs exactly max_new_tokens (no early stop at eos)
+                out = target.generate(input_ids, attention_mask=torch.ones_like(input_ids),
+                                      do_sample=warp is not None, max_new_tokens=max_new_tokens,
+                                      min_new_tokens=max_new_tokens, pad_token_id=pad, **extra)
             return PeerResult(out[:, input_ids.shape[1]:])
 
         return hf

@@ -68,7 +68,8 @@ def table1(summaries: Sequence[Summary], temperature: float) -> str:
         check = (law or "in law: not tested") if last.verifier in SAMPLED_VERIFIERS else \
             f"{sum(s.lossless_prompts for s in mine)}/{sum(s.prompts for s in mine)} = AR" + (
                 " (keyed)" if last.verifier == "match" and last.builder != AR else "")
-        row += [f"{sum(s.tokens for s in mine) / seconds:.1f}" if seconds else "-", "-" if method == AR else check]
+        unchecked = method == AR or last.verifier == "sample"         # a peer's own sampling at T>0: not compared
+        row += [f"{sum(s.tokens for s in mine) / seconds:.1f}" if seconds else "-", "-" if unchecked else check]
         rows.append(row)
     return markdown_table(header, rows)
 

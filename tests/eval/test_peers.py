@@ -9,11 +9,12 @@ import torch
 
 from dartree import generate_ar
 from dartree.eval import peers
-from dartree.eval.bench import BenchConfig, RunRecord, summarize
+from dartree.eval.bench import BenchConfig, RunRecord, run_bench, summarize
 from dartree.eval.bundles import tiny_random_bundle
-from dartree.eval.methods import AR, MethodSpec
+from dartree.eval.methods import AR, MethodSpec, parse_methods
 from dartree.eval.report import table1, table2
 from dartree.rounds import ROUND_STAGES
+from dartree.verify.warp import Warp
 
 
 @pytest.fixture(scope="module")
@@ -68,3 +69,39 @@ def test_a_peer_row_has_a_speedup_and_no_stages():
     text = table1(summaries, 0.0)
     assert "| peer:hf-prompt-lookup |  | 2.00x | - |" in text and "| peer:dflash |  | 4.00x | 3.50 |" in text
     assert "peer:" not in table2(summaries, 0.0)
+
+
+def test_hf_peers_sample_at_t_above_0_with_the_runs_warpers_and_seed(bundle, monkeypatch):
+    """At T>0 HF's generate samples with exactly the run's warpers (its default top-k 50 off), each call seeded
+    by the peer's seed and the call's index, torch's global generator left as it was."""
+    ids = torch.tensor([[5, 6, 7, 5, 6, 7, 5, 6]])
+    seen, real = [], bundle.target.generate
+    monkeypatch.setattr(bundle.target, "generate", lambda *a, **kw: seen.append(kw) or real(*a, **kw))
+    before = torch.random.get_rng_state()
+    warp = Warp(0.7, top_p=0.9)
+    first = peers.make_peer("hf-generate", bundle, warp=warp, seed=3)
+    out = [first(ids, 12).tokens for _ in range(2)]
+    again = peers.make_peer("hf-generate", bundle, warp=warp, seed=3)(ids, 12).tokens
+    other = peers.make_peer("hf-generate", bundle, warp=warp, seed=4)(ids, 12).tokens
+    assert torch.equal(out[0], again) and not torch.equal(out[0], out[1]) and not torch.equal(out[0], other)
+    assert torch.equal(torch.random.get_rng_state(), before)
+    assert {k: seen[0][k] for k in ("do_sample", "temperature", "top_k", "top_p", "min_p")} == dict(
+        do_sample=True, temperature=0.7, top_k=0, top_p=0.9, min_p=None)
+    greedy = peers.make_peer("hf-generate", bundle)
+    assert torch.equal(greedy(ids, 12).tokens, generate_ar(bundle.target, ids, 12).tokens)
+    assert seen[-1]["do_sample"] is False
+    assert "greedy only" in peers.peer_unavailable("dflash", bundle, warp)
+
+
+def test_the_bench_times_hf_peers_at_every_temperature_and_compares_them_at_0_only(bundle):
+    config = BenchConfig(methods=parse_methods(["chain"]), datasets=("humaneval",), temperatures=(0.0, 1.0),
+                         num_prompts=1, max_new_tokens=6, max_prompt_tokens=32, backend="ref", warmup=False,
+                         law_draws=2, peers=("hf-generate",))
+    logged: list[str] = []
+    res = run_bench(bundle, config, log=logged.append, progress=False)
+    rows = {(r.method, r.temperature): r for r in res.records}
+    assert rows[("peer:hf-generate", 0.0)].verifier == "greedy" and rows[("peer:hf-generate", 0.0)].matches_ar
+    assert rows[("peer:hf-generate", 1.0)].verifier == "sample" and rows[("peer:hf-generate", 1.0)].new_tokens == 6
+    assert "| peer:hf-generate |" in table1(res.summaries, 1.0).split("\n")[-1]
+    assert table1(res.summaries, 1.0).split("\n")[-1].endswith(" | - |")      # not compared, not law-tested
+    assert table1(res.summaries, 0.0).split("\n")[-1].endswith(" | 1/1 = AR |")
