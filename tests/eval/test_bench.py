@@ -120,3 +120,15 @@ def test_a_difference_from_ar_is_recorded_with_its_first_token():
     differs = _record("m", "d", 0.0, "p", result, 1.0, torch.tensor([[5, 6, 9, 8]]))
     assert (same.matches_ar, same.first_difference) == (True, -1)
     assert (differs.matches_ar, differs.first_difference) == (False, 2)
+
+
+def test_methods_run_in_order_on_even_prompts_and_reversed_on_odd_ones(bundle):
+    """AR first, then the methods; their order alternates prompt by prompt (a decode after a tree's starts with
+    colder caches, so none always follows the same one)."""
+    config = BenchConfig(methods=parse_methods(["chain", "ddtree:budget=3"]), datasets=("humaneval",),
+                         temperatures=(0.0,), num_prompts=3, max_new_tokens=4, max_prompt_tokens=32, backend="ref",
+                         warmup=False)
+    res = run_bench(bundle, config, log=lambda s: None, progress=False)
+    assert [r.method for r in res.records] == ["ar", "chain", "ddtree:budget=3", "ar", "ddtree:budget=3", "chain",
+                                               "ar", "chain", "ddtree:budget=3"]
+    assert [r.prompt_id for r in res.records][::3] == list(dict.fromkeys(r.prompt_id for r in res.records))
