@@ -71,7 +71,8 @@ def test_a_peer_row_has_a_speedup_and_no_stages():
     assert "peer:" not in table2(summaries, 0.0)
 
 
-def test_hf_peers_sample_at_t_above_0_with_the_runs_warpers_and_seed(bundle, monkeypatch):
+@pytest.mark.parametrize("name", ["hf-generate", "hf-prompt-lookup"])
+def test_hf_peers_sample_at_t_above_0_with_the_runs_warpers_and_seed(bundle, monkeypatch, name):
     """At T>0 HF's generate samples with exactly the run's warpers (its default top-k 50 off), each call seeded
     by the peer's seed and the call's index, torch's global generator left as it was."""
     ids = torch.tensor([[5, 6, 7, 5, 6, 7, 5, 6]])
@@ -79,15 +80,15 @@ def test_hf_peers_sample_at_t_above_0_with_the_runs_warpers_and_seed(bundle, mon
     monkeypatch.setattr(bundle.target, "generate", lambda *a, **kw: seen.append(kw) or real(*a, **kw))
     before = torch.random.get_rng_state()
     warp = Warp(0.7, top_p=0.9)
-    first = peers.make_peer("hf-generate", bundle, warp=warp, seed=3)
+    first = peers.make_peer(name, bundle, warp=warp, seed=3)
     out = [first(ids, 12).tokens for _ in range(2)]
-    again = peers.make_peer("hf-generate", bundle, warp=warp, seed=3)(ids, 12).tokens
-    other = peers.make_peer("hf-generate", bundle, warp=warp, seed=4)(ids, 12).tokens
+    again = peers.make_peer(name, bundle, warp=warp, seed=3)(ids, 12).tokens
+    other = peers.make_peer(name, bundle, warp=warp, seed=4)(ids, 12).tokens
     assert torch.equal(out[0], again) and not torch.equal(out[0], out[1]) and not torch.equal(out[0], other)
     assert torch.equal(torch.random.get_rng_state(), before)
     assert {k: seen[0][k] for k in ("do_sample", "temperature", "top_k", "top_p", "min_p")} == dict(
         do_sample=True, temperature=0.7, top_k=0, top_p=0.9, min_p=None)
-    greedy = peers.make_peer("hf-generate", bundle)
+    greedy = peers.make_peer(name, bundle)
     assert torch.equal(greedy(ids, 12).tokens, generate_ar(bundle.target, ids, 12).tokens)
     assert seen[-1]["do_sample"] is False
     assert "greedy only" in peers.peer_unavailable("dflash", bundle, warp)
