@@ -369,9 +369,8 @@ def run_bench(bundle: Bundle, config: BenchConfig, argv: Sequence[str] | None = 
                 ar_tokens, keyed_tokens = ar.tokens.cpu(), None
                 records.append(_record(AR, dataset, temperature, prompt_id, ar, seconds, None))
                 bar.update(1)
-                # the methods in order on even prompts, reversed on odd ones: a decode right after a tree's finds the
-                # target's weights colder in the cache (an AR decode ~2% slower on the zoo, one CPU thread), so no
-                # method always runs after the same one
+                # the methods in order on even prompts, reversed on odd ones, so that no method always runs in the
+                # same place (after the same decode, at the same point of a prompt's drift): ABBA, as side_by_side
                 for m in compared if draw % 2 == 0 else compared[::-1]:
                     res, seconds = timed(device, lambda: run(m.label, ids, config.max_new_tokens,  # noqa: B023
                                                              temperature, draw=draw))  # noqa: B023
