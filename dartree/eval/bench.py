@@ -348,7 +348,7 @@ def run_bench(bundle: Bundle, config: BenchConfig, argv: Sequence[str] | None = 
     records: list[RunRecord] = []
     # PIT values of the tokens of sampled rows and their impossible tokens, per (method, temperature)
     pit: dict[tuple[str, float], tuple[list[float], list[int]]] = {}
-    jitter = torch.Generator().manual_seed(config.seed * 1_000_003 + 12_345)
+    jitter = torch.Generator().manual_seed((config.seed * 1_000_003 + 12_345) % 2**64)
 
     def law_add(label: str, temperature: float, sequence: torch.Tensor, first: int) -> None:
         """Test ``sequence[0, first:]``: the tokens after the first new one (which the prefill drew)."""
@@ -369,8 +369,8 @@ def run_bench(bundle: Bundle, config: BenchConfig, argv: Sequence[str] | None = 
                 ar_tokens, keyed_tokens = ar.tokens.cpu(), None
                 records.append(_record(AR, dataset, temperature, prompt_id, ar, seconds, None))
                 bar.update(1)
-                # the methods in order on even prompts, reversed on odd ones, so that no method always runs in the
-                # same place (after the same decode, at the same point of a prompt's drift): ABBA, as side_by_side
+                # the methods in order on even prompts, reversed on odd ones (AR stays first, the peers last), so
+                # that no compared method always runs after the same decode or at the same point of a prompt's drift
                 for m in compared if draw % 2 == 0 else compared[::-1]:
                     res, seconds = timed(device, lambda: run(m.label, ids, config.max_new_tokens,  # noqa: B023
                                                              temperature, draw=draw))  # noqa: B023

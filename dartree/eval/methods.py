@@ -258,5 +258,5 @@ def sampler_for(verifier: str | None, seed: int, stream: int | None = None, devi
 
     if verifier in SAMPLED_VERIFIERS:
         return GeneratorSampler(torch.Generator(device=device).manual_seed(
-            seed if stream is None else seed * 1_000_003 + stream))
+            seed if stream is None else (seed * 1_000_003 + stream) % 2**64))
     return KeyedSampler(seed)

@@ -62,8 +62,9 @@ def peer_unavailable(name: str, bundle: Bundle | None = None, warp: Warp | None 
 def make_peer(name: str, bundle: Bundle, prompt_lookup_tokens: int = PROMPT_LOOKUP_TOKENS, warp: Warp | None = None,
               seed: int = 0) -> PeerDecoder:
     """A decoder of peer ``name`` on ``bundle``'s target (and drafter, for ``dflash``): greedy, or with ``warp``
-    HF's sampling at its temperature, top-k, top-p and min-p (no other warper: HF's default top-k 50 is off);
-    call ``i`` seeds torch's global generator with ``seed`` and ``i`` (HF's sampler draws from it), restored after."""
+    HF's sampling at its temperature, top-k, top-p and min-p (HF's default top-k 50 off; warpers the model's own
+    ``generation_config`` sets still apply, as at T=0); sampling call ``i`` seeds the default generator of the
+    prompt's device with ``seed`` and ``i`` (HF's sampler draws from it), restored after."""
     reason = peer_unavailable(name, bundle, warp)
     if reason is not None:
         raise ValueError(f"peer: {name} cannot run: {reason}")
@@ -74,19 +75,29 @@ def make_peer(name: str, bundle: Bundle, prompt_lookup_tokens: int = PROMPT_LOOK
     if name in ("hf-generate", "hf-prompt-lookup"):
         extra = {"prompt_lookup_num_tokens": prompt_lookup_tokens} if name == "hf-prompt-lookup" else {}
         if warp is not None:
-            extra.update(temperature=warp.temperature, top_k=warp.top_k or 0, top_p=warp.top_p or 1.0,
-                         min_p=warp.min_p)
+            extra.update(temperature=warp.temperature, top_k=warp.top_k or 0,       # Warp's top_k is None or >= 1
+                         top_p=1.0 if warp.top_p is None else warp.top_p, min_p=warp.min_p)
         calls = [0]
 
         @torch.no_grad()
         def hf(input_ids: Tensor, max_new_tokens: int) -> PeerResult:
-            with torch.random.fork_rng(devices=[input_ids.device] if input_ids.device.type == "cuda" else []):
-                torch.manual_seed(seed * 1_000_003 + calls[0])
+            # min_new_tokens: the comparison needs exactly max_new_tokens (no early stop at eos)
+            run = lambda: target.generate(input_ids, attention_mask=torch.ones_like(input_ids),  # noqa: E731
+                                          do_sample=warp is not None, max_new_tokens=max_new_tokens,
+                                          min_new_tokens=max_new_tokens, pad_token_id=pad, **extra)
+            if warp is None:
+                return PeerResult(run()[:, input_ids.shape[1]:])
+            # HF draws from the default generator of the logits' device: that one seeded, and restored after
+            device = input_ids.device
+            with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+                key = (seed * 1_000_003 + calls[0]) % 2**64
                 calls[0] += 1
-                # min_new_tokens: the comparison needs exactly max_new_tokens (no early stop at eos)
-                out = target.generate(input_ids, attention_mask=torch.ones_like(input_ids),
-                                      do_sample=warp is not None, max_new_tokens=max_new_tokens,
-                                      min_new_tokens=max_new_tokens, pad_token_id=pad, **extra)
+                if device.type == "cuda":
+                    with torch.cuda.device(device):
+                        torch.cuda.manual_seed(key)
+                else:
+                    torch.random.default_generator.manual_seed(key)
+                out = run()
             return PeerResult(out[:, input_ids.shape[1]:])
 
         return hf

@@ -264,7 +264,9 @@ def bench_markdown(result: BenchResult) -> str:
                   f"**auto -> {tr.choice_text}**.", "", tuning_table(tr)]
     bad = [r for r in result.records if not r.matches_ar]
     law = sorted({r.method for r in result.records if r.verifier in SAMPLED_VERIFIERS})
-    matched = ("every compared output" if law else "every method's output") + " equals AR's token for token on " \
+    sampling_peers = sorted({r.method for r in result.records if r.verifier == "sample"})
+    matched = ("every compared output" if law or sampling_peers else "every method's output") + \
+        " equals AR's token for token on " \
         "every prompt (T=0 greedy; T>0 target-sample matching with the run's keyed sampler, against an untimed " \
         "keyed AR: the timed AR draws with its generator sampler, the cheaper draw)"
     failed = [c for c in result.law_checks if not c.passed]
@@ -277,6 +279,8 @@ def bench_markdown(result: BenchResult) -> str:
                     f"{result.law_checks[0].alpha:g} per method and temperature): "
                     + ", ".join(f"{c.method} T={c.temperature:g} {c.text}" for c in result.law_checks)
                     if result.law_checks else "; sampled rows: not tested")
+    if sampling_peers:
+        matched += f"; {', '.join(sampling_peers)} at T>0 sample with HF's own sampler: timed, not compared"
     if bad:
         parts += ["", f"Lossless check FAILED on {len(bad)} runs: " + ", ".join(
             f"{r.method}/{r.dataset}/T={r.temperature:g}/{r.prompt_id} (from token {r.first_difference})"

@@ -123,8 +123,8 @@ def test_a_difference_from_ar_is_recorded_with_its_first_token():
 
 
 def test_methods_run_in_order_on_even_prompts_and_reversed_on_odd_ones(bundle):
-    """AR first, then the methods; their order alternates prompt by prompt (so none always runs in the same
-    place)."""
+    """AR first, then the methods; their order alternates prompt by prompt (so none always runs after the same
+    decode)."""
     config = BenchConfig(methods=parse_methods(["chain", "ddtree:budget=3"]), datasets=("humaneval",),
                          temperatures=(0.0,), num_prompts=3, max_new_tokens=4, max_prompt_tokens=32, backend="ref",
                          warmup=False)

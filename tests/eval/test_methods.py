@@ -94,3 +94,13 @@ def test_a_method_names_its_drafter():
         assert parse_method("ddtree:drafter=mine").drafter == "mine"
     finally:
         del DRAFTERS["mine"]
+
+
+def test_sampler_for_takes_every_allowed_seed_with_a_stream():
+    """``--seed`` allows [0, 2**63): seed * 1_000_003 + stream leaves torch's seed range unless reduced."""
+    from dartree.eval.methods import sampler_for
+    from dartree.verify.sampling import GeneratorSampler
+
+    big = sampler_for("traversal", 2**63 - 1, stream=5)
+    assert isinstance(big, GeneratorSampler)
+    assert big.generator.initial_seed() == ((2**63 - 1) * 1_000_003 + 5) % 2**64

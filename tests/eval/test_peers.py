@@ -12,7 +12,7 @@ from dartree.eval import peers
 from dartree.eval.bench import BenchConfig, RunRecord, run_bench, summarize
 from dartree.eval.bundles import tiny_random_bundle
 from dartree.eval.methods import AR, MethodSpec, parse_methods
-from dartree.eval.report import table1, table2
+from dartree.eval.report import bench_markdown, table1, table2
 from dartree.rounds import ROUND_STAGES
 from dartree.verify.warp import Warp
 
@@ -92,6 +92,8 @@ def test_hf_peers_sample_at_t_above_0_with_the_runs_warpers_and_seed(bundle, mon
     assert torch.equal(greedy(ids, 12).tokens, generate_ar(bundle.target, ids, 12).tokens)
     assert seen[-1]["do_sample"] is False
     assert "greedy only" in peers.peer_unavailable("dflash", bundle, warp)
+    peers.make_peer(name, bundle, warp=Warp(1.0, top_p=0.0), seed=2**63 - 1)(ids, 3)     # any --seed; top-p 0 kept
+    assert seen[-1]["top_p"] == 0.0 and seen[-1]["top_k"] == 0
 
 
 def test_the_bench_times_hf_peers_at_every_temperature_and_compares_them_at_0_only(bundle):
@@ -106,3 +108,4 @@ def test_the_bench_times_hf_peers_at_every_temperature_and_compares_them_at_0_on
     assert "| peer:hf-generate |" in table1(res.summaries, 1.0).split("\n")[-1]
     assert table1(res.summaries, 1.0).split("\n")[-1].endswith(" | - |")      # not compared, not law-tested
     assert table1(res.summaries, 0.0).split("\n")[-1].endswith(" | 1/1 = AR |")
+    assert "peer:hf-generate at T>0 sample with HF's own sampler: timed, not compared" in bench_markdown(res)
