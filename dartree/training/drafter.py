@@ -4,7 +4,6 @@ the target's greedy labels, one block per sampled anchor, all anchors of a seque
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 from pathlib import Path
 
@@ -16,7 +15,7 @@ from dartree.training.target import load_target
 
 __all__ = ["mask_token_id", "drafter_config", "target_features", "anchored_blocks", "sample_anchors",
            "chunk_batch", "block_targets", "block_loss", "depth_weights", "validation_prompts", "decode_tau",
-           "eval_drafter", "widened_state", "stage_drafter", "load_trained_drafter"]
+           "eval_drafter", "stage_drafter", "load_trained_drafter"]
 
 
 def mask_token_id(work: Path) -> int:
@@ -38,8 +37,7 @@ def drafter_config(model, args: argparse.Namespace):
         head_dim=c.head_dim,
         intermediate_size=c.intermediate_size,
         vocab_size=c.vocab_size,
-        target_layer_ids=getattr(args, "target_layers", None) or dflash_target_layer_ids(c.num_hidden_layers,
-                                                                                         args.drafter_layers),
+        target_layer_ids=dflash_target_layer_ids(c.num_hidden_layers, args.drafter_layers),
         num_target_layers=c.num_hidden_layers,
         mask_token_id=mask_token_id(args.work),
         block_size=args.block_size,
@@ -176,21 +174,6 @@ def eval_drafter(drafter, model, chunks: list[dict], args: argparse.Namespace, d
     return out
 
 
-def widened_state(start, config) -> dict[str, torch.Tensor]:
-    """``start``'s weights for a drafter that reads ``config.target_layer_ids``: the context projection's columns of
-    a layer ``start`` reads are kept, those of a new layer start at zero (so the drafter computes what ``start`` did
-    until it trains).  Shape: ``fc.weight`` ``[H, len(layers) * H]``."""
-    state = start.state_dict()
-    old, new = list(start.config.target_layer_ids), list(config.target_layer_ids)
-    if old == new:
-        return state
-    w = state["fc.weight"]
-    h = w.shape[1] // len(old)
-    state["fc.weight"] = torch.cat([w[:, old.index(i) * h: (old.index(i) + 1) * h] if i in old
-                                    else w.new_zeros(w.shape[0], h) for i in new], dim=1)
-    return state
-
-
 def stage_drafter(work: Path, args: argparse.Namespace) -> None:
     from dartree.models.drafter import DFlashDrafter
     from dartree.training.distill import load_distill
@@ -209,11 +192,8 @@ def stage_drafter(work: Path, args: argparse.Namespace) -> None:
             raise ValueError(f"--init-from: {args.init_from / 'drafter'} is a shift_label or head-carrying "
                              "checkpoint; the training stages train the zoo layout (shift_label false, heads apart)")
         config = start.config
-        layers = getattr(args, "target_layers", None)
-        if layers is not None and layers != list(config.target_layer_ids):
-            config = dataclasses.replace(config, target_layer_ids=list(layers))
         drafter = DFlashDrafter(config, target=model)
-        drafter.load_state_dict(widened_state(start, config))
+        drafter.load_state_dict(start.state_dict())
         log(f"drafter: warm start from {args.init_from / 'drafter'}")
         if args.drafter_minutes <= 0:           # keep the bundle's drafter as it is (retrain the heads only)
             torch.save({"model": drafter.state_dict(), "config": config.to_dict()}, final)

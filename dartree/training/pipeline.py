@@ -60,16 +60,6 @@ def _head_kinds(text: str) -> list[str]:
     return kinds
 
 
-def _layers(text: str) -> list[int]:
-    try:
-        ids = [int(x) for x in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated layer numbers, e.g. 1,3,5; got {text!r}") from None
-    if len(set(ids)) != len(ids) or min(ids) < 0:
-        raise argparse.ArgumentTypeError(f"expected distinct layer numbers >= 0, got {text!r}")
-    return ids
-
-
 def _bundle_dir(text: str) -> Path:
     path = Path(text)
     missing = [name for name in ("target", "drafter", "gru_head", "markov_head", "tokenizer.json")
@@ -102,10 +92,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--heads-minutes", type=float, default=12.0, help="wall-clock training budget")
     p.add_argument("--drafter-layers", type=int, default=2)
     p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--target-layers", type=_layers, default=None,
-                   help="the target layers the drafter reads, comma-separated (e.g. 1,3,5); default: the --init-from "
-                        "drafter's, else DFlash's evenly spaced rule.  A warm start keeps its layers' fc columns and "
-                        "starts the new ones at zero (the same drafter until it trains)")
     p.add_argument("--init-from", type=_bundle_dir, default=None,
                    help="a bundle directory (e.g. dartree/models/zoo_weights/pystdlib-tiny): keep its tokenizer "
                         "and target, warm-start the drafter and heads from its weights")

@@ -195,35 +195,3 @@ def test_an_export_is_put_in_place_whole_or_not_at_all(tmp_path):
     with pytest.raises(ValueError, match=r"--out: .* holds \['notes.txt'\], which an export does not write"):
         publish(staged, out)
     assert (out / "tokenizer.json").read_text() == "two" and (out / "notes.txt").exists() and staged.exists()
-
-
-def test_a_warm_start_onto_more_target_layers_computes_what_it_started_from(capsys):
-    """--target-layers: the kept layers' fc columns move to their new places, a new layer's start at zero, so the
-    widened drafter's context features equal the start's on the start's layers whatever the new layer holds."""
-    import dataclasses
-
-    from dartree.models import DFlashDrafter
-    from dartree.models.drafter import DFlashConfig
-    from dartree.training.drafter import widened_state
-
-    torch.manual_seed(0)
-    config = DFlashConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                          intermediate_size=8, vocab_size=111, target_layer_ids=[1, 3], mask_token_id=110,
-                          block_size=5, num_target_layers=6)
-    start = DFlashDrafter(config)
-    wide = dataclasses.replace(config, target_layer_ids=[3, 5, 1])        # reordered, one new layer in between
-    drafter = DFlashDrafter(wide)
-    drafter.load_state_dict(widened_state(start, wide))
-    layer = {i: torch.randn(2, 7, 32) for i in (1, 3, 5)}
-    expected = start.context_features(torch.cat([layer[1], layer[3]], dim=-1))
-    got = drafter.context_features(torch.cat([layer[3], layer[5], layer[1]], dim=-1))
-    torch.testing.assert_close(got, expected)
-    assert drafter.fc.weight[:, 32:64].abs().sum() == 0                  # layer 5's columns
-    same = widened_state(start, config)
-    assert all(torch.equal(same[k], v) for k, v in start.state_dict().items())
-    assert parse_args(["--target-layers", "1,3,5"]).target_layers == [1, 3, 5]
-    assert parse_args([]).target_layers is None
-    for bad in ("1,1", "a", "-1,2"):
-        with pytest.raises(SystemExit):
-            parse_args(["--target-layers", bad])
-        assert "--target-layers" in capsys.readouterr().err
