@@ -26,8 +26,8 @@ __all__ = ["DEFAULT_ACCEPTANCE", "RankShape", "rank_shape", "check_acceptance", 
 
 #: ``P_r``, the probability that the ``r``-th drawn child is the accepted one: the accepted-rank histogram of
 #: rejection walks on the zoo at T=1, smoothed to be non-increasing (how it was measured: docs/results.md,
-#: "Measurements behind design choices in the code").  Its sum, 0.76, is a node's chance that one of its
-#: first 8 children is accepted.
+#: "Measurements behind design choices in the code"; the run-6 weights' histogram gives no better shapes:
+#: docs/zoo.md).  Its sum, 0.76, is a node's chance that one of its first 8 children is accepted.
 DEFAULT_ACCEPTANCE: tuple[float, ...] = (0.48, 0.09, 0.055, 0.04, 0.03, 0.025, 0.02, 0.015)
 
 
